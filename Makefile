@@ -1,0 +1,56 @@
+# fs3 — the README's two commands are `make run` and `make test`; each sets up everything it needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SYSTEM_PACKAGES := fuse3 libfuse3-dev pkg-config fio
+PROTOS := $(wildcard proto/*.proto)
+RUN_DIR ?= $(HOME)/.local/share/fs3/local
+MOUNT ?= /mnt/fs3
+PYTEST_ARGS ?=
+
+.PHONY: install system-packages venv test lint format proto run down clean
+
+install: system-packages $(VENV)/.installed
+
+# apt-get only what is missing, so a machine that has everything needs no root and no network.
+system-packages:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Generated modules are committed (so an install needs no protoc); tests/test_proto.py fails when stale.
+proto: $(VENV)/.installed
+	$(BIN)/python -m fs3.proto.generate
+
+run: install
+	$(BIN)/fs3 local up --dir $(RUN_DIR) --mount $(MOUNT)
+
+down: install
+	$(BIN)/fs3 local down --dir $(RUN_DIR)
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,224 @@
+"""One family of errors for every fs3 service and both RPC stacks.
+
+Services raise :class:`FS3Error` with a :class:`StatusCode`; the RPC layer (fs3 RPC and gRPC alike)
+encodes the code and message on the wire; the client decodes them back into the same exception; the
+FUSE mount turns the code into an errno through :data:`ERRNO`, the one table that does so.
+
+The numeric values are part of the wire protocol and mirror ``enum StatusCode`` in
+``proto/common.proto`` (a test checks that the two agree). Never renumber; only add.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as _errno
+
+
+class StatusCode(enum.IntEnum):
+    OK = 0
+
+    # generic (0-99)
+    UNKNOWN = 1
+    INVALID_ARGUMENT = 2
+    DEADLINE_EXCEEDED = 3
+    NOT_FOUND = 4
+    ALREADY_EXISTS = 5
+    PERMISSION_DENIED = 6
+    UNAUTHENTICATED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    UNAVAILABLE = 11
+    INTERNAL = 12
+    NOT_IMPLEMENTED = 13
+    CANCELLED = 14
+    CONFIG_INVALID = 15
+
+    # fs3 RPC framework (100-199)
+    RPC_MALFORMED_FRAME = 100
+    RPC_UNKNOWN_SERVICE = 101
+    RPC_UNKNOWN_METHOD = 102
+    RPC_BAD_MESSAGE = 103
+    RPC_CONNECTION_CLOSED = 104
+    RPC_FRAME_TOO_LARGE = 105
+    RPC_AUTH_FAILED = 106
+    RPC_CONNECT_FAILED = 107
+
+    # transactional KV store (200-299)
+    KV_CONFLICT = 200
+    KV_KEY_TOO_LARGE = 201
+    KV_VALUE_TOO_LARGE = 202
+    KV_TXN_TOO_LARGE = 203
+    KV_RETRY_LIMIT = 204
+    KV_TXN_CLOSED = 205
+    KV_STORE_FAILED = 206
+
+    # metadata / POSIX namespace (300-399)
+    META_NOT_DIRECTORY = 300
+    META_IS_DIRECTORY = 301
+    META_NOT_EMPTY = 302
+    META_NAME_TOO_LONG = 303
+    META_INVALID_NAME = 304
+    META_TOO_MANY_SYMLINKS = 305
+    META_TOO_MANY_LINKS = 306
+    META_NOT_PERMITTED = 307
+    META_BAD_HANDLE = 308
+    META_NO_XATTR = 309
+    META_XATTR_RANGE = 310
+    META_CROSS_DEVICE = 311
+    META_FILE_TOO_LARGE = 312
+    META_BUSY = 313
+    META_READ_ONLY = 314
+
+    # cluster manager (400-499)
+    MGMTD_NOT_PRIMARY = 400
+    MGMTD_UNKNOWN_NODE = 401
+    MGMTD_NODE_DISABLED = 402
+    MGMTD_STALE_HEARTBEAT = 403
+    MGMTD_UNKNOWN_TARGET = 404
+    MGMTD_UNKNOWN_CHAIN = 405
+    MGMTD_INVALID_CHAIN = 406
+    MGMTD_UNKNOWN_CHAIN_TABLE = 407
+    MGMTD_NOT_INITIALIZED = 408
+    MGMTD_LEASE_LOST = 409
+
+    # storage / CRAQ (500-599)
+    STORAGE_CHAIN_VERSION_MISMATCH = 500
+    STORAGE_NOT_HEAD = 501
+    STORAGE_TARGET_NOT_SERVING = 502
+    STORAGE_TARGET_OFFLINE = 503
+    STORAGE_CHUNK_NOT_FOUND = 504
+    STORAGE_CHECKSUM_MISMATCH = 505
+    STORAGE_NO_SPACE = 506
+    STORAGE_IO_ERROR = 507
+    STORAGE_ROUTING_STALE = 508
+    STORAGE_CHUNK_TOO_LARGE = 509
+
+
+# The one table from status code to errno. Anything not listed maps to EIO.
+ERRNO: dict[StatusCode, int] = {
+    StatusCode.OK: 0,
+    StatusCode.INVALID_ARGUMENT: _errno.EINVAL,
+    StatusCode.DEADLINE_EXCEEDED: _errno.ETIMEDOUT,
+    StatusCode.NOT_FOUND: _errno.ENOENT,
+    StatusCode.ALREADY_EXISTS: _errno.EEXIST,
+    StatusCode.PERMISSION_DENIED: _errno.EACCES,
+    StatusCode.UNAUTHENTICATED: _errno.EACCES,
+    StatusCode.RESOURCE_EXHAUSTED: _errno.ENOSPC,
+    StatusCode.FAILED_PRECONDITION: _errno.EINVAL,
+    StatusCode.ABORTED: _errno.EAGAIN,
+    StatusCode.UNAVAILABLE: _errno.EAGAIN,
+    StatusCode.NOT_IMPLEMENTED: _errno.ENOSYS,
+    StatusCode.CANCELLED: _errno.EINTR,
+    StatusCode.CONFIG_INVALID: _errno.EINVAL,
+    StatusCode.RPC_CONNECTION_CLOSED: _errno.ECONNRESET,
+    StatusCode.RPC_FRAME_TOO_LARGE: _errno.EMSGSIZE,
+    StatusCode.RPC_AUTH_FAILED: _errno.EACCES,
+    StatusCode.RPC_CONNECT_FAILED: _errno.ECONNREFUSED,
+    StatusCode.KV_CONFLICT: _errno.EAGAIN,
+    StatusCode.KV_KEY_TOO_LARGE: _errno.ENAMETOOLONG,
+    StatusCode.KV_VALUE_TOO_LARGE: _errno.E2BIG,
+    StatusCode.KV_TXN_TOO_LARGE: _errno.E2BIG,
+    StatusCode.KV_RETRY_LIMIT: _errno.EAGAIN,
+    StatusCode.META_NOT_DIRECTORY: _errno.ENOTDIR,
+    StatusCode.META_IS_DIRECTORY: _errno.EISDIR,
+    StatusCode.META_NOT_EMPTY: _errno.ENOTEMPTY,
+    StatusCode.META_NAME_TOO_LONG: _errno.ENAMETOOLONG,
+    StatusCode.META_INVALID_NAME: _errno.EINVAL,
+    StatusCode.META_TOO_MANY_SYMLINKS: _errno.ELOOP,
+    StatusCode.META_TOO_MANY_LINKS: _errno.EMLINK,
+    StatusCode.META_NOT_PERMITTED: _errno.EPERM,
+    StatusCode.META_BAD_HANDLE: _errno.EBADF,
+    StatusCode.META_NO_XATTR: _errno.ENODATA,
+    StatusCode.META_XATTR_RANGE: _errno.ERANGE,
+    StatusCode.META_CROSS_DEVICE: _errno.EXDEV,
+    StatusCode.META_FILE_TOO_LARGE: _errno.EFBIG,
+    StatusCode.META_BUSY: _errno.EBUSY,
+    StatusCode.META_READ_ONLY: _errno.EROFS,
+    StatusCode.STORAGE_NO_SPACE: _errno.ENOSPC,
+    StatusCode.STORAGE_CHUNK_TOO_LARGE: _errno.EFBIG,
+}
+
+
+def to_errno(code: int) -> int:
+    """The errno a POSIX caller sees for a status code (EIO for anything without a closer match)."""
+    try:
+        return ERRNO.get(StatusCode(code), _errno.EIO)
+    except ValueError:
+        return _errno.EIO
+
+
+# Codes a client may retry after backing off (and, for routing codes, refreshing routing info).
+RETRYABLE: frozenset[StatusCode] = frozenset(
+    {
+        StatusCode.UNAVAILABLE,
+        StatusCode.ABORTED,
+        StatusCode.RPC_CONNECTION_CLOSED,
+        StatusCode.RPC_CONNECT_FAILED,
+        StatusCode.KV_CONFLICT,
+        StatusCode.MGMTD_NOT_PRIMARY,
+        StatusCode.STORAGE_CHAIN_VERSION_MISMATCH,
+        StatusCode.STORAGE_NOT_HEAD,
+        StatusCode.STORAGE_TARGET_NOT_SERVING,
+        StatusCode.STORAGE_TARGET_OFFLINE,
+        StatusCode.STORAGE_ROUTING_STALE,
+    }
+)
+
+
+class FS3Error(Exception):
+    """An error with a status code that crosses process boundaries unchanged.
+
+    ``code`` is a :class:`StatusCode` (an unknown number from a newer peer decodes to UNKNOWN, with
+    the number kept in the message); ``message`` is for people and logs.
+    """
+
+    def __init__(self, code: int, message: str = "") -> None:
+        try:
+            sc = StatusCode(code)
+        except ValueError:
+            sc = StatusCode.UNKNOWN
+            message = f"status {code}: {message}"
+        self.code: StatusCode = sc
+        self.message: str = message
+        super().__init__(f"{sc.name}: {message}" if message else sc.name)
+
+    @property
+    def errno(self) -> int:
+        return to_errno(self.code)
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE
+
+    def __reduce__(self):  # keep the code when pickled across processes
+        return (type(self), (int(self.code), self.message))
+
+
+# gRPC status codes for the mgmtd stack; the exact fs3 code travels in trailing metadata.
+GRPC_METADATA_KEY = "fs3-status"
+
+
+def grpc_code_name(code: StatusCode) -> str:
+    """Name of the closest grpc.StatusCode member, for grpc.aio servers aborting with an FS3Error."""
+    table = {
+        StatusCode.OK: "OK",
+        StatusCode.INVALID_ARGUMENT: "INVALID_ARGUMENT",
+        StatusCode.DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+        StatusCode.NOT_FOUND: "NOT_FOUND",
+        StatusCode.ALREADY_EXISTS: "ALREADY_EXISTS",
+        StatusCode.PERMISSION_DENIED: "PERMISSION_DENIED",
+        StatusCode.UNAUTHENTICATED: "UNAUTHENTICATED",
+        StatusCode.RESOURCE_EXHAUSTED: "RESOURCE_EXHAUSTED",
+        StatusCode.FAILED_PRECONDITION: "FAILED_PRECONDITION",
+        StatusCode.ABORTED: "ABORTED",
+        StatusCode.UNAVAILABLE: "UNAVAILABLE",
+        StatusCode.NOT_IMPLEMENTED: "UNIMPLEMENTED",
+        StatusCode.CANCELLED: "CANCELLED",
+        StatusCode.MGMTD_NOT_PRIMARY: "UNAVAILABLE",
+    }
+    if code in table:
+        return table[code]
+    if 400 <= code < 500:
+        return "FAILED_PRECONDITION"
+    return "UNKNOWN"

@@ -1,0 +1,1 @@
+"""The cluster manager (fs3-mgmtd): membership, routing info, chain states, admin API."""

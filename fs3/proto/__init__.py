@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules of proto/*.proto (regenerate with ``make proto``)."""

@@ -1,0 +1,1 @@
+"""The metadata service (fs3-meta): the POSIX namespace over fs3.kv."""
