@@ -17,9 +17,8 @@ PROTO_DIR = ROOT / "proto"
 
 def generate(out_dir: Path, proto_dir: Path = PROTO_DIR) -> list[Path]:
     """Run protoc over every .proto in ``proto_dir``; return the files written under ``out_dir``."""
-    from grpc_tools import protoc  # dev dependency, imported only here
-
     import grpc_tools
+    from grpc_tools import protoc  # dev dependency, imported only here
 
     protos = sorted(proto_dir.glob("*.proto"))
     if not protos:

@@ -1,0 +1,326 @@
+"""Configuration: one dataclass per service, loaded from TOML, overridable from the environment.
+
+Every field has a default, so a local cluster needs no file at all. A TOML file sets fields by name;
+nested dataclasses are TOML tables (``[kv]``). Loading rejects, naming the key and the file:
+unknown keys, values of the wrong type, and values a field's ``check`` refuses.
+
+Environment overrides win over the file: ``FS3_<FIELD>`` for a top-level field and
+``FS3_<TABLE>__<FIELD>`` for a field of a table (``FS3_KV__ENGINE=lmdb``, ``FS3_LISTEN_PORT=9000``).
+Values are parsed as TOML values where that parses (numbers, booleans, ``["a", "b"]``) and taken as
+plain strings otherwise. ``FS3_*`` variables that name no field of the service being configured are
+ignored, since one environment often serves several services.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fs3.errors import FS3Error, StatusCode
+
+C = TypeVar("C")
+
+ENV_PREFIX = "FS3_"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _port(v: Any) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0..65535 (0 = any free port)"
+
+
+def _choice(*allowed: str):
+    def check(v: Any) -> str | None:
+        return None if v in allowed else f"must be one of {', '.join(allowed)}"
+
+    return check
+
+
+def _log_level(v: Any) -> str | None:
+    return (
+        None
+        if str(v).upper() in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+        else ("must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    )
+
+
+def opt(default: Any = dataclasses.MISSING, *, doc: str, check=None, factory=None):
+    """A config field with documentation (shown by ``fs3 config-template``) and an optional check."""
+    meta = {"doc": doc, "check": check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(slots=True)
+class KvConfig:
+    engine: str = opt(
+        "lmdb", doc="metadata store engine: lmdb (embedded), fdb or mem", check=_choice("lmdb", "fdb", "mem")
+    )
+    path: str = opt("", doc="lmdb: directory of the environment (shared by mgmtd and meta on one host)")
+    cluster_file: str = opt("", doc="fdb: path of the FoundationDB cluster file ('' = the default)")
+    group_commit_interval_ms: float = opt(2.0, doc="lmdb: how often the flusher fsyncs", check=_positive)
+    map_size: int = opt(1 << 34, doc="lmdb: maximum size of the environment in bytes", check=_positive)
+
+
+@dataclass(slots=True)
+class LogConfig:
+    level: str = opt("INFO", doc="log level", check=_log_level)
+    file: str = opt("", doc="log file ('' = standard error)")
+
+
+@dataclass(slots=True)
+class MgmtdConfig:
+    """fs3-mgmtd: the cluster manager."""
+
+    node_id: int = opt(1, doc="this mgmtd's node id, unique among mgmtd instances", check=_positive)
+    listen_host: str = opt("127.0.0.1", doc="address the gRPC service binds")
+    listen_port: int = opt(8000, doc="gRPC port (0 = any free port)", check=_port)
+    cluster_id: str = opt("fs3", doc="cluster name; every service of one cluster uses the same")
+    cluster_secret_file: str = opt("", doc="file holding the shared cluster secret ('' = none, tests only)")
+    lease_interval_s: float = opt(
+        10.0, doc="primary lease length; a standby takes over after it", check=_positive
+    )
+    heartbeat_timeout_s: float = opt(10.0, doc="a node silent this long is marked failed", check=_positive)
+    chain_update_interval_s: float = opt(1.0, doc="how often chain states are recomputed", check=_positive)
+    metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
+    log: LogConfig = opt(doc="logging", factory=LogConfig)
+
+
+@dataclass(slots=True)
+class MetaConfig:
+    """fs3-meta: the metadata service."""
+
+    node_id: int = opt(100, doc="this node's id, unique in the cluster", check=_positive)
+    listen_host: str = opt("127.0.0.1", doc="address the fs3 RPC service binds")
+    listen_port: int = opt(8100, doc="fs3 RPC port (0 = any free port)", check=_port)
+    mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
+    cluster_id: str = opt("fs3", doc="cluster name")
+    cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
+    transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
+    gc_interval_s: float = opt(5.0, doc="how often the garbage collector runs", check=_positive)
+    session_timeout_s: float = opt(
+        300.0, doc="write sessions of silent clients expire after this", check=_positive
+    )
+    metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
+    log: LogConfig = opt(doc="logging", factory=LogConfig)
+
+
+@dataclass(slots=True)
+class StorageConfig:
+    """fs3-storage: the storage daemon."""
+
+    node_id: int = opt(10001, doc="this node's id, unique in the cluster", check=_positive)
+    listen_host: str = opt("127.0.0.1", doc="address for client traffic")
+    listen_port: int = opt(8200, doc="fs3 RPC port for client traffic (0 = any free port)", check=_port)
+    backend_host: str = opt("", doc="address for chain-replication traffic ('' = listen_host)")
+    backend_port: int = opt(0, doc="port for chain-replication traffic (0 = share listen_port)", check=_port)
+    mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
+    cluster_id: str = opt("fs3", doc="cluster name")
+    cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
+    transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
+    target_paths: list[str] = opt(doc="one directory per target (one disk each)", factory=list)
+    heartbeat_interval_s: float = opt(2.0, doc="heartbeat to mgmtd every this many seconds", check=_positive)
+    metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    log: LogConfig = opt(doc="logging", factory=LogConfig)
+
+
+@dataclass(slots=True)
+class ClientConfig:
+    """The FUSE mount and the native client."""
+
+    mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
+    cluster_id: str = opt("fs3", doc="cluster name")
+    token_file: str = opt("", doc="file holding this client's user token")
+    transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
+    attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)
+    entry_timeout_s: float = opt(1.0, doc="kernel directory entry cache timeout", check=_positive)
+    write_buffer_bytes: int = opt(4 << 20, doc="per-open-file write buffer", check=_positive)
+    rpc_timeout_s: float = opt(30.0, doc="deadline of each RPC", check=_positive)
+    metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    log: LogConfig = opt(doc="logging", factory=LogConfig)
+
+
+SERVICE_CONFIGS: dict[str, type] = {
+    "mgmtd": MgmtdConfig,
+    "meta": MetaConfig,
+    "storage": StorageConfig,
+    "client": ClientConfig,
+}
+
+
+def _config_error(msg: str) -> FS3Error:
+    return FS3Error(StatusCode.CONFIG_INVALID, msg)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the field type ``tp``; ints widen to floats. Raises CONFIG_INVALID."""
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        (item_tp,) = typing.get_args(tp)[:1]
+        if not isinstance(value, list):
+            raise _config_error(f"{where}: expected a list, got {type(value).__name__}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        for alt in typing.get_args(tp):
+            try:
+                return _coerce(value, alt, where)
+            except FS3Error:
+                continue
+        raise _config_error(f"{where}: {value!r} is not a valid {tp}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _config_error(f"{where}: expected nothing, got {value!r}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise _config_error(f"{where}: expected true or false, got {value!r}")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _config_error(f"{where}: expected an integer, got {value!r}")
+    if tp in (str, float) and not isinstance(value, tp):
+        raise _config_error(f"{where}: expected a {tp.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type[C], data: Mapping[str, Any], source: str, prefix: str = "") -> C:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in known:
+            raise _config_error(f"unknown key '{dotted}' in {source}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, Mapping):
+                raise _config_error(f"'{dotted}' in {source} must be a table")
+            kwargs[key] = _build(tp, value, source, f"{dotted}.")
+            continue
+        value = _coerce(value, tp, f"'{dotted}' in {source}")
+        check = known[key].metadata.get("check")
+        if check is not None and (problem := check(value)):
+            raise _config_error(f"'{dotted}' in {source} {problem} (got {value!r})")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_overrides(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split("__")
+        tp: Any = cls
+        target = out
+        ok = True
+        for i, part in enumerate(parts):
+            if not dataclasses.is_dataclass(tp):
+                ok = False
+                break
+            sub_hints = hints if tp is cls else typing.get_type_hints(tp)
+            if part not in sub_hints:
+                ok = False
+                break
+            tp = sub_hints[part]
+            if i < len(parts) - 1:
+                target = target.setdefault(part, {})
+        if not ok or dataclasses.is_dataclass(tp):
+            continue
+        target[parts[-1]] = _parse_env_value(raw, tp)
+    return out
+
+
+def _parse_env_value(raw: str, tp: Any) -> Any:
+    if tp is str:
+        return raw
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def load_config(
+    cls: type[C], path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> C:
+    """Build ``cls`` from defaults, then the TOML file at ``path`` (if any), then ``FS3_*`` variables.
+
+    Raises FS3Error(CONFIG_INVALID) with one line naming the key and the file (or variable) at fault,
+    or the file that is missing or does not parse."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            with p.open("rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise _config_error(f"config file {p} does not exist") from None
+        except IsADirectoryError:
+            raise _config_error(f"config file {p} is a directory") from None
+        except PermissionError:
+            raise _config_error(f"config file {p} is not readable") from None
+        except tomllib.TOMLDecodeError as e:
+            raise _config_error(f"config file {p} is not valid TOML: {e}") from None
+    file_cfg = _build(cls, data, str(path) if path is not None else "defaults")
+    env = _env_overrides(cls, os.environ if environ is None else environ)
+    if not env:
+        return file_cfg
+    return _build(cls, _merge(data, env), f"{path or 'defaults'} with FS3_* environment overrides")
+
+
+def to_toml(cfg: Any, *, with_docs: bool = True) -> str:
+    """Render a config dataclass as a TOML document, every option with its documentation."""
+    lines: list[str] = []
+    tables: list[tuple[str, Any, str]] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            tables.append((f.name, value, f.metadata.get("doc", "")))
+            continue
+        if with_docs and f.metadata.get("doc"):
+            lines.append(f"# {f.metadata['doc']}")
+        lines.append(f"{f.name} = {_toml_value(value)}")
+    for name, value, doc in tables:
+        lines.append("")
+        if with_docs and doc:
+            lines.append(f"# {doc}")
+        lines.append(f"[{name}]")
+        for f in dataclasses.fields(value):
+            if with_docs and f.metadata.get("doc"):
+                lines.append(f"# {f.metadata['doc']}")
+            lines.append(f"{f.name} = {_toml_value(getattr(value, f.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot render {v!r} as TOML")
