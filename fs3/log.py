@@ -1,0 +1,52 @@
+"""Logging setup shared by every fs3 process.
+
+Lines are ``time level logger service=... message key=value ...``: one logger per module
+(``logging.getLogger(__name__)``), context as key=value pairs passed with :func:`kv`, so logs stay
+greppable without a structured-logging dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from fs3.config import LogConfig
+
+_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s service=%(service)s %(message)s"
+
+
+class _ServiceFilter(logging.Filter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.service = self.service
+        return True
+
+
+def kv(**fields: Any) -> str:
+    """Render context as ``key=value`` pairs (values with spaces are quoted)."""
+    parts = []
+    for k, v in fields.items():
+        s = str(v)
+        if not s or any(c.isspace() for c in s) or '"' in s:
+            s = '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        parts.append(f"{k}={s}")
+    return " ".join(parts)
+
+
+def setup_logging(cfg: LogConfig, service: str) -> None:
+    """Route the root logger to ``cfg.file`` (or standard error) at ``cfg.level``, tagged with
+    ``service``. Safe to call more than once; the last call wins."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+        h.close()
+    handler: logging.Handler
+    handler = logging.FileHandler(cfg.file) if cfg.file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S"))
+    handler.addFilter(_ServiceFilter(service))
+    root.addHandler(handler)
+    root.setLevel(cfg.level.upper())

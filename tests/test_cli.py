@@ -1,0 +1,65 @@
+"""The `fs3` console script: help, version, config templates, and honest answers for what is missing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fs3.cli.main import EX_UNAVAILABLE, SUBCOMMANDS
+
+FS3 = [sys.executable, "-m", "fs3.cli.main"]
+
+
+def fs3(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*FS3, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_help_lists_every_subcommand():
+    out = fs3("--help")
+    assert out.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in out.stdout
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("fs3") or str(__import__("pathlib").Path(sys.executable).with_name("fs3"))
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("fs3 ")
+
+
+def test_unknown_subcommand_is_a_usage_error():
+    out = fs3("frobnicate")
+    assert out.returncode == 2
+    assert "invalid choice" in out.stderr
+
+
+def test_missing_subcommands_say_so():
+    import importlib.util
+
+    missing = [n for n, s in SUBCOMMANDS.items() if importlib.util.find_spec(s.module) is None]
+    for name in missing:
+        out = fs3(name, "--help")
+        assert out.returncode == EX_UNAVAILABLE
+        assert "not available in this build" in out.stderr
+        assert f"issue {SUBCOMMANDS[name].issue}" in out.stderr
+
+
+@pytest.mark.parametrize("service", ["mgmtd", "meta", "storage", "client"])
+def test_config_template_round_trips(tmp_path, service):
+    out = fs3("config-template", service)
+    assert out.returncode == 0
+    path = tmp_path / f"{service}.toml"
+    path.write_text(out.stdout)
+    check = fs3("config-template", service, "--check", str(path))
+    assert check.returncode == 0, check.stderr
+
+
+def test_config_check_reports_unknown_key(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("listen_port = 1\nlisten_prot = 2\n")
+    out = fs3("config-template", "meta", "--check", str(path))
+    assert out.returncode == 1
+    assert "unknown key 'listen_prot'" in out.stderr and str(path) in out.stderr

@@ -1,0 +1,107 @@
+"""fs3.config: defaults, TOML files, environment overrides and the errors a user sees."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fs3.config import (
+    SERVICE_CONFIGS,
+    KvConfig,
+    MetaConfig,
+    MgmtdConfig,
+    load_config,
+    to_toml,
+)
+from fs3.errors import FS3Error, StatusCode
+
+
+def write(tmp_path, text: str):
+    p = tmp_path / "svc.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_need_no_file():
+    cfg = load_config(MgmtdConfig, environ={})
+    assert cfg == MgmtdConfig()
+    assert cfg.kv.engine == "lmdb"
+
+
+def test_file_sets_fields_and_tables(tmp_path):
+    p = write(tmp_path, 'listen_port = 9100\nmgmtd_addresses = ["a:1", "b:2"]\n[kv]\nengine = "mem"\n')
+    cfg = load_config(MetaConfig, p, environ={})
+    assert cfg.listen_port == 9100
+    assert cfg.mgmtd_addresses == ["a:1", "b:2"]
+    assert cfg.kv == KvConfig(engine="mem")
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("listen_prot = 1\n", "unknown key 'listen_prot'"),
+        ("[kv]\nengin = 'lmdb'\n", "unknown key 'kv.engin'"),
+        ("[nosuch]\nx = 1\n", "unknown key 'nosuch'"),
+        ("listen_port = 'eighty'\n", "'listen_port'"),
+        ("listen_port = 70000\n", "port number"),
+        ("listen_port = true\n", "expected an integer"),
+        ("[kv]\nengine = 'redis'\n", "must be one of lmdb, fdb, mem"),
+        ("kv = 3\n", "must be a table"),
+        ("mgmtd_addresses = 'a:1'\n", "expected a list"),
+        ("gc_interval_s = -1\n", "must be > 0"),
+    ],
+)
+def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
+    p = write(tmp_path, text)
+    with pytest.raises(FS3Error) as ei:
+        load_config(MetaConfig, p, environ={})
+    assert ei.value.code == StatusCode.CONFIG_INVALID
+    assert needle in str(ei.value)
+    assert str(p) in str(ei.value)
+
+
+def test_missing_and_unparsable_files(tmp_path):
+    with pytest.raises(FS3Error, match="does not exist"):
+        load_config(MgmtdConfig, tmp_path / "absent.toml", environ={})
+    with pytest.raises(FS3Error, match="not valid TOML"):
+        load_config(MgmtdConfig, write(tmp_path, "listen_port = = 3\n"), environ={})
+    with pytest.raises(FS3Error, match="is a directory"):
+        load_config(MgmtdConfig, tmp_path, environ={})
+
+
+def test_environment_overrides_win_over_the_file(tmp_path):
+    p = write(tmp_path, "listen_port = 9100\n[kv]\nengine = 'lmdb'\npath = '/from/file'\n")
+    env = {
+        "FS3_LISTEN_PORT": "9200",
+        "FS3_KV__ENGINE": "mem",
+        "FS3_MGMTD_ADDRESSES": '["x:1"]',
+        "FS3_CLUSTER_ID": "with spaces ok",
+        "FS3_SOMETHING_FOR_ANOTHER_SERVICE": "1",
+        "HOME": "/root",
+    }
+    cfg = load_config(MetaConfig, p, environ=env)
+    assert cfg.listen_port == 9200
+    assert cfg.kv.engine == "mem"
+    assert cfg.kv.path == "/from/file"
+    assert cfg.mgmtd_addresses == ["x:1"]
+    assert cfg.cluster_id == "with spaces ok"
+
+
+def test_bad_environment_override_is_reported():
+    with pytest.raises(FS3Error, match="environment") as ei:
+        load_config(MgmtdConfig, None, environ={"FS3_LISTEN_PORT": "high"})
+    assert "listen_port" in str(ei.value)
+
+
+def test_process_environment_is_the_default(monkeypatch):
+    monkeypatch.setenv("FS3_KV__MAP_SIZE", "4096")
+    assert load_config(MgmtdConfig).kv.map_size == 4096
+    assert "FS3_KV__MAP_SIZE" in os.environ
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_CONFIGS))
+def test_rendered_template_loads_back_to_the_defaults(tmp_path, service):
+    cls = SERVICE_CONFIGS[service]
+    p = write(tmp_path, to_toml(cls()))
+    assert load_config(cls, p, environ={}) == cls()

@@ -1,0 +1,63 @@
+"""fs3.errors: one status-code enum for both RPC stacks, one table to errno."""
+
+from __future__ import annotations
+
+import errno
+import pickle
+
+import pytest
+
+from fs3.errors import ERRNO, FS3Error, StatusCode, grpc_code_name, to_errno
+from fs3.proto import common_pb2
+
+
+def test_python_and_proto_enums_agree():
+    proto = {v.name: v.number for v in common_pb2.DESCRIPTOR.enum_types_by_name["StatusCode"].values}
+    assert proto == {c.name: int(c) for c in StatusCode}
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        (StatusCode.NOT_FOUND, errno.ENOENT),
+        (StatusCode.ALREADY_EXISTS, errno.EEXIST),
+        (StatusCode.META_NOT_DIRECTORY, errno.ENOTDIR),
+        (StatusCode.META_IS_DIRECTORY, errno.EISDIR),
+        (StatusCode.META_NOT_EMPTY, errno.ENOTEMPTY),
+        (StatusCode.META_NAME_TOO_LONG, errno.ENAMETOOLONG),
+        (StatusCode.META_TOO_MANY_SYMLINKS, errno.ELOOP),
+        (StatusCode.META_TOO_MANY_LINKS, errno.EMLINK),
+        (StatusCode.PERMISSION_DENIED, errno.EACCES),
+        (StatusCode.META_NOT_PERMITTED, errno.EPERM),
+        (StatusCode.INVALID_ARGUMENT, errno.EINVAL),
+        (StatusCode.STORAGE_NO_SPACE, errno.ENOSPC),
+        (StatusCode.STORAGE_CHECKSUM_MISMATCH, errno.EIO),
+        (StatusCode.INTERNAL, errno.EIO),
+    ],
+)
+def test_errno_table(code, expected):
+    assert to_errno(code) == expected
+    assert FS3Error(code).errno == expected
+
+
+def test_every_errno_in_the_table_is_a_real_errno():
+    assert all(v == 0 or v in errno.errorcode for v in ERRNO.values())
+
+
+def test_unknown_code_from_a_newer_peer_keeps_its_number():
+    e = FS3Error(9999, "future")
+    assert e.code == StatusCode.UNKNOWN
+    assert "9999" in e.message
+    assert to_errno(9999) == errno.EIO
+
+
+def test_error_survives_pickling_with_its_code():
+    e = pickle.loads(pickle.dumps(FS3Error(StatusCode.KV_CONFLICT, "x")))
+    assert e.code == StatusCode.KV_CONFLICT and e.message == "x" and e.retryable
+
+
+def test_grpc_mapping_names_real_grpc_codes():
+    import grpc
+
+    for code in StatusCode:
+        assert hasattr(grpc.StatusCode, grpc_code_name(code))
