@@ -93,6 +93,7 @@ class StatusCode(enum.IntEnum):
     STORAGE_IO_ERROR = 507
     STORAGE_ROUTING_STALE = 508
     STORAGE_CHUNK_TOO_LARGE = 509
+    STORAGE_CHUNK_VERSION_MISMATCH = 510
 
 
 # The one table from status code to errno. Anything not listed maps to EIO.

@@ -75,6 +75,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_IO_ERROR: _ClassVar[StatusCode]
     STORAGE_ROUTING_STALE: _ClassVar[StatusCode]
     STORAGE_CHUNK_TOO_LARGE: _ClassVar[StatusCode]
+    STORAGE_CHUNK_VERSION_MISMATCH: _ClassVar[StatusCode]
 
 class NodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -165,6 +166,7 @@ STORAGE_NO_SPACE: StatusCode
 STORAGE_IO_ERROR: StatusCode
 STORAGE_ROUTING_STALE: StatusCode
 STORAGE_CHUNK_TOO_LARGE: StatusCode
+STORAGE_CHUNK_VERSION_MISMATCH: StatusCode
 NODE_TYPE_UNSPECIFIED: NodeType
 NODE_MGMTD: NodeType
 NODE_META: NodeType
