@@ -1,0 +1,147 @@
+"""fs3.kv: one transactional, ordered key-value interface with FoundationDB's semantics.
+
+Open a store with :func:`open_database` (from a coroutine) or :func:`open_database_sync`::
+
+    from fs3.kv import open_database
+
+    db = await open_database("lmdb", path="/var/lib/fs3/meta")   # or "mem", or
+    db = await open_database("fdb", cluster_file="/etc/foundationdb/fdb.cluster")
+    db = await open_database(config.kv)                           # a KvConfig-like object
+
+    async def create(tr):
+        if await tr.get(b"INOD" + ino) is None:
+            tr.set(b"INOD" + ino, inode_bytes)
+    await db.run(create)        # retried on conflict, returns once durable
+    ...
+    await db.close()
+
+Engines and their settings (unknown settings raise ``TypeError``):
+
+``"mem"``
+    In-process, for unit tests. No settings.
+``"lmdb"``
+    The embedded default; ``path`` (a directory, created if missing) is required. Several processes
+    on one host may open the same ``path`` at once. ``map_size`` (bytes, default 16 GiB; the file is
+    sparse and grows as needed) bounds the store's size; ``group_commit_interval_ms`` (default 0)
+    is how long the committer waits for more transactions to join a batch before committing it;
+    ``max_readers`` (default 1024) bounds concurrent open transactions on the host.
+``"fdb"``
+    FoundationDB via the official binding; ``cluster_file`` (default: the binding's default lookup).
+
+See :mod:`fs3.kv.base` for the semantics every engine provides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fs3.kv.base import (
+    MAX_KEY_SIZE,
+    MAX_TXN_SIZE,
+    MAX_VALUE_SIZE,
+    Database,
+    KeyValue,
+    ReadView,
+    Transaction,
+    prefix_end,
+)
+
+__all__ = [
+    "ENGINES",
+    "MAX_KEY_SIZE",
+    "MAX_TXN_SIZE",
+    "MAX_VALUE_SIZE",
+    "Database",
+    "KeyValue",
+    "ReadView",
+    "Transaction",
+    "open_database",
+    "open_database_sync",
+    "prefix_end",
+]
+
+ENGINES = ("mem", "lmdb", "fdb")
+
+# Fields a KvConfig-like object may carry; None means "engine default".
+_CONFIG_FIELDS = ("path", "cluster_file", "group_commit_interval_ms", "map_size", "max_readers")
+_ENGINE_SETTINGS: dict[str, set[str]] = {
+    "mem": set(),
+    "lmdb": {"path", "group_commit_interval_ms", "map_size", "max_readers"},
+    "fdb": {"cluster_file"},
+}
+
+
+def open_database_sync(
+    engine: str | Any,
+    *,
+    path: str | None = None,
+    cluster_file: str | None = None,
+    group_commit_interval_ms: float | None = None,
+    map_size: int | None = None,
+    max_readers: int | None = None,
+) -> Database:
+    """Open a store without awaiting (usable before an event loop runs).
+
+    ``engine`` is ``"mem"``, ``"lmdb"`` or ``"fdb"``, or a config object with an ``engine``
+    attribute and any of ``path``, ``cluster_file``, ``group_commit_interval_ms``, ``map_size``,
+    ``max_readers`` (keyword arguments given here override its fields).
+    """
+    explicit: dict[str, Any] = {
+        "path": path,
+        "cluster_file": cluster_file,
+        "group_commit_interval_ms": group_commit_interval_ms,
+        "map_size": map_size,
+        "max_readers": max_readers,
+    }
+    explicit = {k: v for k, v in explicit.items() if v is not None}
+    settings = dict(explicit)
+    if not isinstance(engine, str):
+        # A config object carries every engine's fields; take those it sets, ignore the rest.
+        config, engine = engine, engine.engine
+        for name in _CONFIG_FIELDS:
+            value = getattr(config, name, None)
+            if name not in settings and value is not None and value != "":
+                settings[name] = value
+    if engine not in _ENGINE_SETTINGS:
+        raise ValueError(f"unknown kv engine {engine!r} (expected one of {', '.join(ENGINES)})")
+    allowed = _ENGINE_SETTINGS[engine]
+    extra = sorted(set(explicit) - allowed)
+    if extra:
+        raise TypeError(f"kv engine {engine!r} takes no setting(s) {', '.join(extra)}")
+    settings = {k: v for k, v in settings.items() if k in allowed}
+
+    if engine == "mem":
+        from fs3.kv.memory import MemoryDatabase
+
+        return MemoryDatabase()
+    if engine == "lmdb":
+        from fs3.kv.lmdb_engine import LmdbDatabase
+
+        if "path" not in settings:
+            raise TypeError("kv engine 'lmdb' needs a path")
+        return LmdbDatabase(**settings)
+    from fs3.kv.fdb_engine import FdbDatabase
+
+    return FdbDatabase(**settings)
+
+
+async def open_database(
+    engine: str | Any,
+    *,
+    path: str | None = None,
+    cluster_file: str | None = None,
+    group_commit_interval_ms: float | None = None,
+    map_size: int | None = None,
+    max_readers: int | None = None,
+) -> Database:
+    """Open a store; the same arguments as :func:`open_database_sync`, without blocking the loop."""
+    return await asyncio.to_thread(
+        open_database_sync,
+        engine,
+        path=path,
+        cluster_file=cluster_file,
+        group_commit_interval_ms=group_commit_interval_ms,
+        map_size=map_size,
+        max_readers=max_readers,
+    )

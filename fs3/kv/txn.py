@@ -1,0 +1,464 @@
+"""The engine-independent half of a transaction: buffered writes, read-your-writes and the read set.
+
+The ``mem`` and ``lmdb`` engines share this class. An engine supplies a :class:`Snapshot` (a frozen,
+consistent view of the store, taken at the transaction's first read) and a ``submit`` coroutine that
+commits a :class:`CommitRequest`. Commits use *value validation*: the request carries every value
+and range content the transaction's non-snapshot reads observed, and the engine commits only if the
+store still holds exactly those when it applies the writes (see :func:`validate`). That is
+serializable, because a transaction whose observations still hold at its commit point is equivalent
+to one that ran entirely at that point, and it needs no per-key version bookkeeping, so several
+processes sharing one LMDB environment detect each other's conflicts for free.
+
+Writes are kept normalised so that commit order does not depend on call order: a set of merged
+cleared ranges (applied first) and a map of point operations (applied after), where a point operation
+issued before a covering ``clear_range`` is dropped by that clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv.base import MAX_KEY_SIZE, MAX_TXN_SIZE, MAX_VALUE_SIZE, KeyValue, ReadView, Transaction
+
+# Keys at or above 0xFF are FoundationDB's system keyspace; refusing them everywhere keeps code that
+# works on the embedded engines working on FoundationDB.
+SYSTEM_KEYS = b"\xff"
+
+# A long range read hands the event loop back after this many rows so one scan cannot stall it.
+_ROWS_PER_YIELD = 2048
+
+
+class Adds:
+    """Atomic-add operands queued on a key whose stored value this transaction has not seen."""
+
+    __slots__ = ("operands",)
+
+    def __init__(self, operands: list[bytes]) -> None:
+        self.operands = operands
+
+
+# A point operation: a value to set, None to clear, or adds to apply to the stored value.
+PointOp = bytes | None | Adds
+
+_MISSING = object()
+
+
+def apply_add(base: bytes | None, operand: bytes) -> bytes:
+    """FoundationDB's ADD: little-endian sum truncated (or zero-extended) to the operand's width."""
+    width = len(operand)
+    if width == 0:
+        return b""
+    old = int.from_bytes(base[:width], "little") if base else 0
+    total = (old + int.from_bytes(operand, "little")) & ((1 << (8 * width)) - 1)
+    return total.to_bytes(width, "little")
+
+
+def resolve_point(op: PointOp, base: bytes | None) -> bytes | None:
+    """The value a point operation leaves when the stored value is ``base``."""
+    if isinstance(op, Adds):
+        for operand in op.operands:
+            base = apply_add(base, operand)
+        return base
+    return op
+
+
+class Snapshot(Protocol):
+    """A frozen view of the store, as engines provide it to :class:`BufferedTransaction`."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def release(self) -> None: ...
+
+
+class Store(Protocol):
+    """The live store as an engine's committer sees it while it validates and applies."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def delete_range(self, begin: bytes, end: bytes) -> None: ...
+
+
+@dataclass(slots=True)
+class CommitRequest:
+    """Everything an engine needs to validate and apply one transaction."""
+
+    # Non-snapshot point reads: key -> the value observed (None when absent).
+    reads: dict[bytes, bytes | None]
+    # Non-snapshot range reads: (begin, end, the pairs observed in [begin, end) in ascending order).
+    ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]]
+    clears: list[tuple[bytes, bytes]]
+    points: dict[bytes, PointOp]
+    # Filled in by the engine.
+    ok: bool = field(default=False)
+
+
+def validate(store: Store, req: CommitRequest) -> bool:
+    """True when every observation in ``req`` still holds in ``store``."""
+    get = store.get
+    for key, seen in req.reads.items():
+        if get(key) != seen:
+            return False
+    for begin, end, seen_pairs in req.ranges:
+        i = 0
+        n = len(seen_pairs)
+        for pair in store.iter_range(begin, end, False):
+            if i >= n or seen_pairs[i] != pair:
+                return False
+            i += 1
+        if i != n:
+            return False
+    return True
+
+
+def apply(store: Store, req: CommitRequest) -> None:
+    """Write ``req``'s mutations into ``store`` (clears first, then point operations)."""
+    for begin, end in req.clears:
+        store.delete_range(begin, end)
+    for key, op in req.points.items():
+        if op is None:
+            store.delete(key)
+        elif isinstance(op, Adds):
+            store.put(key, resolve_point(op, store.get(key)))  # type: ignore[arg-type]
+        else:
+            store.put(key, op)
+
+
+def validate_and_apply(store: Store, req: CommitRequest) -> bool:
+    req.ok = validate(store, req)
+    if req.ok:
+        apply(store, req)
+    return req.ok
+
+
+def check_key(key: bytes) -> None:
+    if len(key) > MAX_KEY_SIZE:
+        raise FS3Error(StatusCode.KV_KEY_TOO_LARGE, f"key of {len(key)} bytes exceeds {MAX_KEY_SIZE}")
+
+
+def check_write_key(key: bytes) -> None:
+    check_key(key)
+    if key >= SYSTEM_KEYS:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, "keys starting with 0xff are reserved")
+
+
+def check_value(value: bytes) -> None:
+    if len(value) > MAX_VALUE_SIZE:
+        raise FS3Error(StatusCode.KV_VALUE_TOO_LARGE, f"value of {len(value)} bytes exceeds {MAX_VALUE_SIZE}")
+
+
+def clamp_end(end: bytes) -> bytes:
+    """Range ends past the user keyspace (e.g. ``prefix_end(b"\\xff...")``) mean "to the end"."""
+    return SYSTEM_KEYS if end > SYSTEM_KEYS else end
+
+
+class _SnapshotView(ReadView):
+    """``tr.snapshot``: the same reads, recording no conflicts."""
+
+    __slots__ = ("_tr",)
+
+    def __init__(self, tr: BufferedTransaction) -> None:
+        self._tr = tr
+
+    async def get(self, key: bytes) -> bytes | None:
+        return self._tr._get(key, False)
+
+    async def get_range(
+        self, begin: bytes, end: bytes, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]:
+        return await self._tr._get_range(begin, end, limit, reverse, False)
+
+
+class BufferedTransaction(Transaction):
+    """A transaction over an engine's snapshots, committing through ``submit``.
+
+    ``open_snapshot`` is called at the first read; ``submit`` receives the request once the
+    transaction has writes (a transaction without writes commits trivially, as on FoundationDB).
+    """
+
+    def __init__(
+        self,
+        open_snapshot: Callable[[], Snapshot],
+        submit: Callable[[CommitRequest], Awaitable[None]],
+    ) -> None:
+        self._open_snapshot = open_snapshot
+        self._submit = submit
+        self._snap: Snapshot | None = None
+        self._closed = False
+        self._points: dict[bytes, PointOp] = {}
+        self._sorted_points: list[bytes] | None = None
+        self._clears: list[tuple[bytes, bytes]] = []  # sorted, disjoint, non-adjacent
+        self._reads: dict[bytes, bytes | None] = {}
+        self._ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]] = []
+        self._size = 0
+        self._snapshot_view = _SnapshotView(self)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> ReadView:
+        return self._snapshot_view
+
+    async def get(self, key: bytes) -> bytes | None:
+        return self._get(key, True)
+
+    async def get_range(
+        self, begin: bytes, end: bytes, limit: int = 0, reverse: bool = False
+    ) -> list[KeyValue]:
+        return await self._get_range(begin, end, limit, reverse, True)
+
+    def _snapshot(self) -> Snapshot:
+        if self._closed:
+            raise FS3Error(StatusCode.KV_TXN_CLOSED, "transaction already committed or cancelled")
+        snap = self._snap
+        if snap is None:
+            snap = self._snap = self._open_snapshot()
+        return snap
+
+    def _cleared(self, key: bytes) -> bool:
+        clears = self._clears
+        if not clears:
+            return False
+        i = bisect.bisect_right(clears, (key, b"\xff" * (MAX_KEY_SIZE + 2))) - 1
+        return i >= 0 and clears[i][0] <= key < clears[i][1]
+
+    def _get(self, key: bytes, conflict: bool) -> bytes | None:
+        snap = self._snapshot()
+        if len(key) > MAX_KEY_SIZE:
+            check_key(key)
+        op = self._points.get(key, _MISSING)
+        if op is not _MISSING and not isinstance(op, Adds):
+            return op  # type: ignore[return-value]
+        if self._clears and self._cleared(key):
+            return None
+        if key >= SYSTEM_KEYS:
+            return None
+        value = snap.get(key)
+        if conflict and key not in self._reads:
+            self._reads[key] = value
+            self._size += len(key)
+        if op is _MISSING:
+            return value
+        return resolve_point(op, value)  # type: ignore[arg-type]
+
+    def _points_in(self, begin: bytes, end: bytes) -> list[bytes]:
+        keys = self._sorted_points
+        if keys is None:
+            keys = self._sorted_points = sorted(self._points)
+        return keys[bisect.bisect_left(keys, begin) : bisect.bisect_left(keys, end)]
+
+    def _clears_in(self, begin: bytes, end: bytes) -> list[tuple[bytes, bytes]]:
+        return [(b, e) for b, e in self._clears if b < end and e > begin]
+
+    async def _get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool, conflict: bool
+    ) -> list[KeyValue]:
+        snap = self._snapshot()
+        end = clamp_end(end)
+        if limit < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative range limit {limit}")
+        if begin >= end:
+            return []
+        points = self._points_in(begin, end) if self._points else []
+        clears = self._clears_in(begin, end) if self._clears else []
+        underlying = snap.iter_range(begin, end, reverse)
+        seen: list[tuple[bytes, bytes]] = []
+        out: list[KeyValue] = []
+        if not points and not clears:
+            # The common case: nothing buffered in the range, results are the snapshot's rows.
+            for pair in underlying:
+                seen.append(pair)
+                out.append(KeyValue(*pair))
+                if len(out) == limit:
+                    break
+                if len(out) % _ROWS_PER_YIELD == 0:
+                    await asyncio.sleep(0)
+        else:
+            await self._merge(underlying, points, clears, limit, reverse, seen, out)
+        if conflict:
+            self._record_range(begin, end, limit, reverse, seen, out)
+        return out
+
+    async def _merge(
+        self,
+        underlying: Iterator[tuple[bytes, bytes]],
+        points: list[bytes],
+        clears: list[tuple[bytes, bytes]],
+        limit: int,
+        reverse: bool,
+        seen: list[tuple[bytes, bytes]],
+        out: list[KeyValue],
+    ) -> None:
+        """Merge the snapshot's rows with this transaction's buffered writes, in scan order."""
+        if reverse:
+            points = points[::-1]
+        ops = self._points
+
+        def cleared(key: bytes) -> bool:
+            return any(b <= key < e for b, e in clears)
+
+        def before(a: bytes, b: bytes) -> bool:
+            return a > b if reverse else a < b
+
+        nxt = next(underlying, None)
+        pi = 0
+        steps = 0
+        while nxt is not None or pi < len(points):
+            pkey = points[pi] if pi < len(points) else None
+            if nxt is not None and (pkey is None or before(nxt[0], pkey)):
+                seen.append(nxt)
+                if not cleared(nxt[0]):
+                    out.append(KeyValue(*nxt))
+                nxt = next(underlying, None)
+            else:
+                assert pkey is not None
+                base = None
+                if nxt is not None and nxt[0] == pkey:
+                    seen.append(nxt)
+                    base = nxt[1]
+                    nxt = next(underlying, None)
+                value = resolve_point(ops[pkey], base)
+                if value is not None:
+                    out.append(KeyValue(pkey, value))
+                pi += 1
+            if limit and len(out) >= limit:
+                break
+            steps += 1
+            if steps % _ROWS_PER_YIELD == 0:
+                await asyncio.sleep(0)
+
+    def _record_range(
+        self,
+        begin: bytes,
+        end: bytes,
+        limit: int,
+        reverse: bool,
+        seen: list[tuple[bytes, bytes]],
+        out: list[KeyValue],
+    ) -> None:
+        # As on FoundationDB, a read that stopped at its limit conflicts only up to the last row
+        # it returned, not with writes beyond it.
+        if limit and len(out) >= limit:
+            last = out[-1].key
+            if reverse:
+                begin = last
+                seen = [p for p in seen if p[0] >= last]
+            else:
+                end = last + b"\x00"
+                seen = [p for p in seen if p[0] <= last]
+        if reverse:
+            seen.reverse()
+        self._ranges.append((begin, end, seen))
+        self._size += len(begin) + len(end)
+
+    def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
+        snap = self._snapshot()
+        end = clamp_end(end)
+        if begin >= end:
+            return
+        self._ranges.append((begin, end, list(snap.iter_range(begin, end, False))))
+        self._size += len(begin) + len(end)
+        self._check_size()
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def _writable(self) -> None:
+        if self._closed:
+            raise FS3Error(StatusCode.KV_TXN_CLOSED, "transaction already committed or cancelled")
+
+    def _check_size(self) -> None:
+        if self._size > MAX_TXN_SIZE:
+            raise FS3Error(
+                StatusCode.KV_TXN_TOO_LARGE,
+                f"transaction of {self._size} bytes exceeds {MAX_TXN_SIZE}",
+            )
+
+    def _put_point(self, key: bytes, op: PointOp, size: int) -> None:
+        self._size += size
+        self._check_size()
+        if key not in self._points:
+            self._sorted_points = None
+        self._points[key] = op
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._writable()
+        check_write_key(key)
+        check_value(value)
+        self._put_point(key, bytes(value), len(key) + len(value))
+
+    def clear(self, key: bytes) -> None:
+        self._writable()
+        check_write_key(key)
+        self._put_point(key, None, len(key))
+
+    def add(self, key: bytes, operand: bytes) -> None:
+        self._writable()
+        check_write_key(key)
+        check_value(operand)
+        operand = bytes(operand)
+        op = self._points.get(key, _MISSING)
+        if op is _MISSING:
+            new: PointOp = apply_add(None, operand) if self._cleared(key) else Adds([operand])
+        elif isinstance(op, Adds):
+            new = Adds([*op.operands, operand])
+        else:
+            new = apply_add(op, operand)  # type: ignore[arg-type]
+        self._put_point(key, new, len(key) + len(operand))
+
+    def clear_range(self, begin: bytes, end: bytes) -> None:
+        self._writable()
+        check_key(begin)
+        if begin >= SYSTEM_KEYS:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "keys starting with 0xff are reserved")
+        end = clamp_end(end)
+        if begin >= end:
+            return
+        self._size += len(begin) + len(end)
+        self._check_size()
+        for key in self._points_in(begin, end):
+            del self._points[key]
+            self._sorted_points = None
+        # Merge with overlapping or touching ranges so the list stays sorted and disjoint.
+        keep: list[tuple[bytes, bytes]] = []
+        for b, e in self._clears:
+            if e < begin or b > end:
+                keep.append((b, e))
+            else:
+                begin, end = min(b, begin), max(e, end)
+        keep.append((begin, end))
+        keep.sort()
+        self._clears = keep
+
+    # -- lifetime --------------------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        self._writable()
+        self._check_size()
+        self._closed = True
+        self._release()
+        if not self._points and not self._clears:
+            return
+        await self._submit(
+            CommitRequest(reads=self._reads, ranges=self._ranges, clears=self._clears, points=self._points)
+        )
+
+    def cancel(self) -> None:
+        self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        snap, self._snap = self._snap, None
+        if snap is not None:
+            snap.release()
