@@ -1,0 +1,160 @@
+"""Chunk data files: one file per chunk version, in 256 sharded directories under the target.
+
+A file is named ``<chunk id in hex>.<file id in hex>`` and lives in ``chunks/<shard>/`` where the
+shard is the low byte of the chunk id's CRC32C, so that one file's chunks spread over directories
+and no directory grows huge. File ids come from a per-target counter and are never reused, which
+lets a new version be written under its final name without a rename: until a metadata transaction
+references it, the file is an orphan that recovery removes.
+
+Every method raises OSError as the kernel reports it; the engine decides what an error means.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chunk_meta import crc32c
+
+SHARDS = 256
+
+
+@dataclass(slots=True, frozen=True)
+class DataFile:
+    """A file found by :meth:`ChunkFiles.scan`; ``chunk_id`` is None for names fs3 did not write."""
+
+    path: Path
+    chunk_id: bytes | None
+    file_id: int
+    size: int
+
+
+class ChunkFiles:
+    """The data files of one target. Thread-safe: every call opens its own descriptor."""
+
+    def __init__(self, root: Path, *, sync: bool = True) -> None:
+        self.root = root
+        self.sync = sync
+        self._dir_fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        for shard in range(SHARDS):
+            (root / f"{shard:02x}").mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._dir_fds.values():
+                os.close(fd)
+            self._dir_fds.clear()
+
+    @staticmethod
+    def shard(chunk_id: bytes) -> int:
+        return crc32c(chunk_id) & (SHARDS - 1)
+
+    def path(self, chunk_id: bytes, file_id: int) -> Path:
+        return self.root / f"{self.shard(chunk_id):02x}" / f"{chunk_id.hex()}.{file_id:x}"
+
+    def write_new(self, chunk_id: bytes, file_id: int, data: bytes | bytearray | memoryview) -> None:
+        """Create the file with ``data`` and make it durable, directory entry included.
+
+        On failure the partial file is removed (best effort) and the error re-raised.
+        """
+        path = self.path(chunk_id, file_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            _pwrite_all(fd, data, 0)
+            if self.sync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        os.close(fd)
+        if self.sync:
+            # fsync of the file does not persist its name; without this a power loss could leave
+            # committed metadata pointing at a file that is not there.
+            os.fsync(self._dir_fd(self.shard(chunk_id)))
+
+    def write_at(self, chunk_id: bytes, file_id: int, offset: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``offset`` of an existing file and make it durable (in-place append)."""
+        fd = os.open(self.path(chunk_id, file_id), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            _pwrite_all(fd, data, offset)
+            if self.sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset``; shorter only if the file is shorter."""
+        fd = os.open(self.path(chunk_id, file_id), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.pread(fd, length, offset)
+            if len(data) == length or not data:
+                return data
+            parts = [data]
+            got = len(data)
+            while got < length:
+                more = os.pread(fd, length - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
+        os.truncate(self.path(chunk_id, file_id), length)
+
+    def unlink(self, chunk_id: bytes, file_id: int) -> None:
+        """Remove the file; a file already gone is fine (a crash may have removed it before)."""
+        _unlink_quietly(self.path(chunk_id, file_id))
+
+    def scan(self) -> Iterator[DataFile]:
+        """Every file under the shard directories (for recovery)."""
+        for shard in range(SHARDS):
+            shard_dir = self.root / f"{shard:02x}"
+            with os.scandir(shard_dir) as entries:
+                for entry in entries:
+                    yield _parse(shard_dir, entry)
+
+    def _dir_fd(self, shard: int) -> int:
+        with self._lock:
+            fd = self._dir_fds.get(shard)
+            if fd is None:
+                fd = os.open(self.root / f"{shard:02x}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                self._dir_fds[shard] = fd
+            return fd
+
+
+def _parse(shard_dir: Path, entry: os.DirEntry) -> DataFile:
+    path = shard_dir / entry.name
+    size = entry.stat(follow_symlinks=False).st_size
+    stem, dot, suffix = entry.name.partition(".")
+    try:
+        if not dot or not entry.is_file(follow_symlinks=False):
+            raise ValueError(entry.name)
+        return DataFile(path, bytes.fromhex(stem), int(suffix, 16), size)
+    except ValueError:
+        return DataFile(path, None, 0, size)
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n == 0:  # pragma: no cover - the kernel reports ENOSPC rather than writing nothing
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view = view[n:]
+        offset += n
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,192 @@
+"""Chunk metadata: the versions a chunk holds, their checksums, and how they are stored in LMDB.
+
+A chunk holds at most two versions: the *committed* one, which readers are served, and one *pending*
+one, written by an update that the chain has not committed yet (CRAQ). Each version records its
+length, the CRC32C of its whole content (compared between replicas and during resync), one CRC32C
+per :data:`CHECKSUM_BLOCK` bytes (so that a small read verifies only the blocks it covers) and the id
+of the data file that holds it. A pending version may also be a *removal*: committing it deletes the
+chunk.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+
+import crc32c as _crc32c
+
+from fs3.errors import FS3Error, StatusCode
+
+KiB = 1024
+MiB = 1024 * KiB
+
+MIN_CHUNK_SIZE = 64 * KiB
+MAX_CHUNK_SIZE = 64 * MiB
+#: Granularity of the per-block checksums. It is part of the on-disk format (FORMAT_VERSION).
+CHECKSUM_BLOCK = 64 * KiB
+#: Chunk ids are opaque byte strings that sort like the chunks of a file (fixed-width big-endian
+#: inode id + chunk index); LMDB keys may not exceed 511 bytes, and nobody needs more than this.
+MAX_CHUNK_ID_LEN = 64
+FORMAT_VERSION = 1
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``value`` (the CRC of the preceding bytes)."""
+    return _crc32c.crc32c(data, value)
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """Refuse a chunk size that is not a power of two from 64 KiB to 64 MiB."""
+    if (
+        not isinstance(chunk_size, int)
+        or chunk_size < MIN_CHUNK_SIZE
+        or chunk_size > MAX_CHUNK_SIZE
+        or chunk_size & (chunk_size - 1)
+    ):
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT,
+            f"chunk size {chunk_size!r} is not a power of two from {MIN_CHUNK_SIZE} to {MAX_CHUNK_SIZE}",
+        )
+
+
+def check_chunk_id(chunk_id: bytes) -> None:
+    """Refuse chunk ids that are not non-empty bytes of at most MAX_CHUNK_ID_LEN."""
+    if not isinstance(chunk_id, bytes) or not 0 < len(chunk_id) <= MAX_CHUNK_ID_LEN:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad chunk id {chunk_id!r}")
+
+
+def block_count(length: int) -> int:
+    return -(-length // CHECKSUM_BLOCK)
+
+
+def block_crcs(data: bytes | bytearray | memoryview) -> bytes:
+    """The per-block CRC32Cs of ``data`` (the last block may be short), packed little-endian u32."""
+    view = memoryview(data)
+    crcs = [crc32c(view[i : i + CHECKSUM_BLOCK]) for i in range(0, len(view), CHECKSUM_BLOCK)]
+    return struct.pack(f"<{len(crcs)}I", *crcs)
+
+
+class ChunkState(enum.IntEnum):
+    """COMMITTED: no update in flight. PENDING: a pending version (or removal) awaits commit/abort."""
+
+    COMMITTED = 1
+    PENDING = 2
+
+
+@dataclass(slots=True, frozen=True)
+class ChunkVersion:
+    """One version of a chunk. ``file_id`` names its data file; a removal has no file (0)."""
+
+    version: int
+    chain_ver: int
+    length: int
+    crc: int
+    file_id: int
+    block_crcs: bytes = field(default=b"", repr=False)
+    removal: bool = False
+
+    def block_crc(self, index: int) -> int:
+        return struct.unpack_from("<I", self.block_crcs, 4 * index)[0]
+
+
+@dataclass(slots=True, frozen=True)
+class ChunkMeta:
+    """What a target knows about one chunk: its size class and its committed and pending versions.
+
+    A chunk that was created by an update that is not committed yet has ``committed is None``; it
+    does not exist for readers until it commits.
+    """
+
+    chunk_id: bytes
+    chunk_size: int
+    committed: ChunkVersion | None
+    pending: ChunkVersion | None
+
+    @property
+    def committed_ver(self) -> int:
+        """The committed version, 0 if none."""
+        return self.committed.version if self.committed else 0
+
+    @property
+    def pending_ver(self) -> int:
+        """The pending version, 0 if none."""
+        return self.pending.version if self.pending else 0
+
+    @property
+    def update_ver(self) -> int:
+        """The newest version this target holds (pending if any, else committed): 3FS's updateVer."""
+        return self.pending_ver or self.committed_ver
+
+    @property
+    def chain_ver(self) -> int:
+        """The chain version stamped on the newest version."""
+        newest = self.pending or self.committed
+        return newest.chain_ver if newest else 0
+
+    @property
+    def length(self) -> int:
+        """Length of the committed version (0 if none)."""
+        return self.committed.length if self.committed else 0
+
+    @property
+    def crc(self) -> int:
+        """CRC32C of the committed version's content (0 if none)."""
+        return self.committed.crc if self.committed else 0
+
+    @property
+    def state(self) -> ChunkState:
+        return ChunkState.PENDING if self.pending else ChunkState.COMMITTED
+
+    def file_lengths(self) -> dict[int, int]:
+        """The data files this chunk uses, each with the length its longest user needs.
+
+        Two versions share a file only after an in-place append (pending extends committed).
+        """
+        sizes: dict[int, int] = {}
+        for v in (self.committed, self.pending):
+            if v is not None and not v.removal:
+                sizes[v.file_id] = max(sizes.get(v.file_id, 0), v.length)
+        return sizes
+
+    def physical_bytes(self) -> int:
+        """Bytes of data files this chunk holds."""
+        return sum(self.file_lengths().values())
+
+
+# -- encoding -------------------------------------------------------------------------------------
+# value := header(format u8, log2(chunk_size) u8, flags u8) [committed] [pending]
+# version := version u64, chain_ver u32, length u32, crc u32, file_id u64, removal u8, block crcs
+_HEADER = struct.Struct("<BBB")
+_VERSION = struct.Struct("<QIIIQB")
+_HAS_COMMITTED = 1
+_HAS_PENDING = 2
+
+
+def encode_meta(meta: ChunkMeta) -> bytes:
+    flags = (_HAS_COMMITTED if meta.committed else 0) | (_HAS_PENDING if meta.pending else 0)
+    parts = [_HEADER.pack(FORMAT_VERSION, meta.chunk_size.bit_length() - 1, flags)]
+    for v in (meta.committed, meta.pending):
+        if v is not None:
+            parts.append(_VERSION.pack(v.version, v.chain_ver, v.length, v.crc, v.file_id, v.removal))
+            parts.append(v.block_crcs)
+    return b"".join(parts)
+
+
+def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
+    fmt, size_log2, flags = _HEADER.unpack_from(value, 0)
+    if fmt != FORMAT_VERSION:
+        raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"chunk {chunk_id.hex()}: metadata format {fmt}")
+    pos = _HEADER.size
+    versions: list[ChunkVersion | None] = []
+    for bit in (_HAS_COMMITTED, _HAS_PENDING):
+        if not flags & bit:
+            versions.append(None)
+            continue
+        version, chain_ver, length, crc, file_id, removal = _VERSION.unpack_from(value, pos)
+        pos += _VERSION.size
+        n = 0 if removal else 4 * block_count(length)
+        crcs = bytes(value[pos : pos + n])
+        pos += n
+        versions.append(ChunkVersion(version, chain_ver, length, crc, file_id, crcs, bool(removal)))
+    return ChunkMeta(chunk_id, 1 << size_log2, versions[0], versions[1])
