@@ -1,0 +1,488 @@
+"""The fs3 RPC server: authenticates connections and dispatches requests to service handlers.
+
+::
+
+    server = RpcServer(secret, identity="meta-1")
+    server.add_service(META, handlers)          # before or after start
+    address = await server.start(("0.0.0.0", 8000))
+    ...
+    await server.stop()
+
+Every accepted connection must complete the handshake of :mod:`fs3.net.auth` within
+``limits.handshake_timeout_s``. Requests are dispatched by (service id, method id); each handler
+runs as soon as its frame arrives, and only handlers that actually wait get a task of their own.
+Malformed input fails that one call (unknown method, unparsable message) or closes that one
+connection (broken framing, oversized lengths, stalled frames), always with a logged reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import types
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import auth
+from fs3.net.buffers import BufferPool, default_pool
+from fs3.net.frame import (
+    DEFAULT_LIMITS,
+    F_ERROR,
+    F_HANDSHAKE,
+    F_PAYLOAD_CRC,
+    F_REQUEST,
+    F_RESPONSE,
+    FrameError,
+    RpcLimits,
+)
+from fs3.net.service import CallContext, Handler, HandlerResult, Method, ServiceDef
+from fs3.net.tcp import TcpTransport
+from fs3.net.transport import Address, Connection, FrameReceiver, Listener, Transport, parse_address
+from fs3.proto import common_pb2, rpc_pb2
+
+log = logging.getLogger(__name__)
+
+_MAX_ERROR_MESSAGE = 1024
+
+
+def error_message(code: int, message: str) -> bytes:
+    """The message bytes of an error frame."""
+    return common_pb2.Status(code=int(code), message=message[:_MAX_ERROR_MESSAGE]).SerializeToString()
+
+
+@types.coroutine
+def _resume(coro: Any, pending: Any) -> Generator[Any, Any, Any]:
+    """Continue a coroutine that was started by hand and suspended on ``pending``.
+
+    The server runs each handler synchronously up to its first real wait, so calls that never wait
+    (most of them) cost no task. When one does wait, this generator hands the future it waits on
+    to a new task and relays every later step, exception and cancellation, as ``await`` would.
+    """
+    while True:
+        try:
+            value = yield pending
+        except BaseException as exc:  # noqa: B036 - relayed into the handler, like await does
+            try:
+                pending = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+        else:
+            try:
+                pending = coro.send(value)
+            except StopIteration as stop:
+                return stop.value
+
+
+class _ServerSession(FrameReceiver):
+    """The server's side of one connection: handshake, then dispatch."""
+
+    __slots__ = (
+        "server",
+        "conn",
+        "loop",
+        "identity",
+        "ready",
+        "_step",
+        "_client_nonce",
+        "_server_nonce",
+        "_handshake_timer",
+        "_tasks",
+        "_handlers",
+        "_pool",
+        "_crc_flag",
+    )
+
+    def __init__(self, server: RpcServer, conn: Connection) -> None:
+        self.server = server
+        self.conn = conn
+        self.loop = asyncio.get_running_loop()
+        self.identity = ""
+        self.ready = False
+        self._step = auth.CLIENT_HELLO
+        self._client_nonce = b""
+        self._server_nonce = b""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._handlers = server._handlers
+        self._pool = server.pool
+        self._crc_flag = F_PAYLOAD_CRC if server.payload_crc else 0
+        self._handshake_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            conn.limits.handshake_timeout_s, self._handshake_timeout
+        )
+        server._sessions.add(self)
+
+    # ---- transport hooks ----------------------------------------------------------------------
+
+    def alloc_payload(self, flags: int, request_id: int, length: int) -> memoryview:
+        return memoryview(self._pool.acquire(length))[:length]
+
+    def frame_received(
+        self,
+        flags: int,
+        request_id: int,
+        service_id: int,
+        method_id: int,
+        timeout_ms: int,
+        message: memoryview | bytes,
+        payload: memoryview | None,
+    ) -> None:
+        if flags & F_REQUEST and self.ready:
+            self._dispatch(request_id, service_id, method_id, timeout_ms, message, payload)
+            return
+        self._release(payload)
+        if flags & F_HANDSHAKE and not self.ready and not flags & F_ERROR:
+            self._handshake(method_id, message)
+        elif not self.ready:
+            self._refuse("frame before authentication")
+        else:
+            log.warning(
+                "protocol violation, closing peer=%s reason=unexpected_frame flags=0x%02x",
+                self.conn.peer,
+                flags,
+            )
+            self._send_error(0, StatusCode.RPC_MALFORMED_FRAME, "a server accepts only requests")
+            self.conn.close()
+
+    def frame_error(self, error: FrameError) -> None:
+        log.warning(
+            "bad frame peer=%s identity=%s code=%s request_id=%d fatal=%s reason=%r",
+            self.conn.peer,
+            self.identity,
+            error.code.name,
+            error.request_id,
+            error.fatal,
+            error.message,
+        )
+        self._send_error(error.request_id, error.code, error.message)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self.server._sessions.discard(self)
+        log.debug("connection closed peer=%s identity=%s error=%s", self.conn.peer, self.identity, exc)
+
+    # ---- handshake ----------------------------------------------------------------------------
+
+    def _handshake(self, step: int, message: memoryview | bytes) -> None:
+        if step != self._step:
+            self._refuse(f"handshake step {step} where {self._step} was expected")
+            return
+        server = self.server
+        try:
+            if step == auth.CLIENT_HELLO:
+                hello = rpc_pb2.ClientHello.FromString(message)
+                if hello.version != auth.HANDSHAKE_VERSION:
+                    self._refuse(f"handshake version {hello.version}")
+                    return
+                if (
+                    len(hello.nonce) != auth.NONCE_BYTES
+                    or len(hello.identity.encode()) > auth.MAX_IDENTITY_BYTES
+                ):
+                    self._refuse("malformed client hello")
+                    return
+                self._client_nonce = hello.nonce
+                self._server_nonce = auth.new_nonce()
+                self.identity = hello.identity
+                proof = auth.server_proof(
+                    server._secret, self._client_nonce, self._server_nonce, self.identity
+                )
+                reply = rpc_pb2.ServerHello(
+                    version=auth.HANDSHAKE_VERSION,
+                    nonce=self._server_nonce,
+                    proof=proof,
+                    identity=server.identity,
+                )
+                self.conn.send_frame(F_HANDSHAKE, 0, 0, auth.SERVER_HELLO, reply.SerializeToString())
+                self._step = auth.CLIENT_PROOF
+            else:
+                proof = rpc_pb2.ClientProof.FromString(message).proof
+                expected = auth.client_proof(
+                    server._secret, self._server_nonce, self._client_nonce, self.identity
+                )
+                if not auth.verify(expected, proof):
+                    self._refuse("wrong cluster secret")
+                    return
+                self.ready = True
+                self._step = 0
+                if self._handshake_timer is not None:
+                    self._handshake_timer.cancel()
+                    self._handshake_timer = None
+                self.conn.send_frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b"")
+                log.debug("authenticated peer=%s identity=%s", self.conn.peer, self.identity)
+        except DecodeError:
+            self._refuse(f"unparsable handshake step {step}")
+
+    def _handshake_timeout(self) -> None:
+        self._handshake_timer = None
+        if not self.ready:
+            self._refuse("handshake timeout")
+
+    def _refuse(self, reason: str) -> None:
+        log.warning(
+            "refusing connection peer=%s identity=%s reason=%r", self.conn.peer, self.identity or "-", reason
+        )
+        self.ready = False
+        self._step = -1
+        if not self.conn.is_closing:
+            self.conn.send_frame(
+                F_HANDSHAKE | F_ERROR,
+                0,
+                0,
+                0,
+                error_message(StatusCode.RPC_AUTH_FAILED, "authentication failed"),
+            )
+            self.conn.close()
+
+    # ---- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(
+        self,
+        request_id: int,
+        service_id: int,
+        method_id: int,
+        timeout_ms: int,
+        message: memoryview | bytes,
+        payload: memoryview | None,
+    ) -> None:
+        entry = self._handlers.get((service_id << 16) | method_id)
+        if entry is None:
+            if service_id in self.server._services:
+                code, what = (
+                    StatusCode.RPC_UNKNOWN_METHOD,
+                    f"unknown method {method_id} of service {service_id}",
+                )
+            else:
+                code, what = StatusCode.RPC_UNKNOWN_SERVICE, f"unknown service {service_id}"
+            log.warning("rejecting call peer=%s request_id=%d reason=%r", self.conn.peer, request_id, what)
+            self._send_error(request_id, code, what)
+            self._release(payload)
+            return
+        method, handler = entry
+        try:
+            request = method.request.FromString(message)
+        except DecodeError as e:
+            log.warning(
+                "rejecting call peer=%s method=%s request_id=%d reason=unparsable_message error=%r",
+                self.conn.peer,
+                method.full_name,
+                request_id,
+                str(e),
+            )
+            self._send_error(
+                request_id, StatusCode.RPC_BAD_MESSAGE, f"cannot parse {method.request.__name__}"
+            )
+            self._release(payload)
+            return
+        deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
+        ctx = CallContext(self.conn.peer, self.identity, request_id, method, deadline)
+        coro = handler(request, payload, ctx)
+        try:
+            pending = coro.send(None)
+        except StopIteration as stop:
+            self._reply(request_id, method, stop.value, payload)
+            return
+        except BaseException as exc:  # noqa: B036 - every failure becomes an error reply
+            self._reply_exception(request_id, method, exc, payload)
+            return
+        task = self.loop.create_task(self._finish(request_id, method, _resume(coro, pending), payload))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish(self, request_id: int, method: Method, aw: Any, payload: memoryview | None) -> None:
+        try:
+            result = await aw
+        except BaseException as exc:  # noqa: B036
+            self._reply_exception(request_id, method, exc, payload)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        else:
+            self._reply(request_id, method, result, payload)
+
+    def _reply(
+        self, request_id: int, method: Method, result: HandlerResult, req_payload: memoryview | None
+    ) -> None:
+        if type(result) is tuple and len(result) == 2:
+            response, out = result
+        else:
+            response, out = result, None
+        if type(response) is not method.response:
+            log.error(
+                "handler returned the wrong type method=%s returned=%s expected=%s",
+                method.full_name,
+                type(response).__name__,
+                method.response.__name__,
+            )
+            self._send_error(request_id, StatusCode.INTERNAL, f"{method.full_name} returned a bad response")
+            self._release(req_payload)
+            return
+        if out is not None:
+            size = out.nbytes if isinstance(out, memoryview) else len(out)
+            if size > self.conn.limits.max_payload_bytes:
+                self._send_error(
+                    request_id,
+                    StatusCode.RPC_FRAME_TOO_LARGE,
+                    f"reply payload of {size} bytes exceeds the limit",
+                )
+                self._release(req_payload)
+                return
+        on_sent = None
+        if req_payload is not None:
+            # The reply may be (a view of) the request payload: recycle it only once it has left.
+            pool, buf = self._pool, req_payload.obj
+            on_sent = lambda: pool.release(buf)  # noqa: E731
+        try:
+            self.conn.send_frame(
+                F_RESPONSE | (self._crc_flag if out is not None else 0),
+                request_id,
+                method.service_id,
+                method.id,
+                response.SerializeToString(),
+                out,
+                0,
+                on_sent,
+            )
+        except FS3Error:
+            log.debug("reply dropped, connection closed peer=%s request_id=%d", self.conn.peer, request_id)
+
+    def _reply_exception(
+        self, request_id: int, method: Method, exc: BaseException, req_payload: memoryview | None
+    ) -> None:
+        if isinstance(exc, FS3Error):
+            code, message = exc.code, exc.message
+        elif isinstance(exc, asyncio.CancelledError):
+            code, message = StatusCode.CANCELLED, "call cancelled by the server"
+        else:
+            log.error(
+                "handler failed method=%s peer=%s request_id=%d",
+                method.full_name,
+                self.conn.peer,
+                request_id,
+                exc_info=exc,
+            )
+            code, message = StatusCode.INTERNAL, f"{method.full_name}: {type(exc).__name__}: {exc}"
+        self._send_error(request_id, code, message)
+        self._release(req_payload)
+
+    def _send_error(self, request_id: int, code: int, message: str) -> None:
+        if self.conn.is_closing:
+            return
+        self.conn.send_frame(F_RESPONSE | F_ERROR, request_id, 0, 0, error_message(code, message))
+
+    def _release(self, payload: memoryview | None) -> None:
+        if payload is not None:
+            self._pool.release(payload.obj)  # type: ignore[arg-type]
+
+    def cancel_calls(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+class RpcServer:
+    """Serves registered services to authenticated fs3 RPC clients.
+
+    ``secret`` is the cluster secret (≥ 16 bytes); ``identity`` names this server in handshakes and
+    logs; ``payload_crc`` makes replies carry a CRC32C of their payload (checked by the receiver).
+    The system service (:mod:`fs3.net.system`: Ping, Echo, Sink, Source) is always registered.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        identity: str = "server",
+        transport: Transport | None = None,
+        limits: RpcLimits = DEFAULT_LIMITS,
+        pool: BufferPool | None = None,
+        payload_crc: bool = False,
+    ) -> None:
+        from fs3.net.system import SYSTEM_SERVICE, SystemService  # system imports this module
+
+        self._secret = auth.check_secret(secret)
+        self.identity = identity
+        self.transport = transport or TcpTransport()
+        self.limits = limits
+        self.pool = pool or default_pool()
+        self.payload_crc = payload_crc
+        self._services: dict[int, ServiceDef] = {}
+        self._handlers: dict[int, tuple[Method, Handler]] = {}
+        self._sessions: set[_ServerSession] = set()
+        self._listener: Listener | None = None
+        self.add_service(SYSTEM_SERVICE, SystemService(identity, limits))
+
+    def add_service(self, service: ServiceDef, handlers: Mapping[str, Handler] | object) -> None:
+        """Register handlers for every method of ``service``.
+
+        ``handlers`` maps method names to ``async def handler(request, payload, ctx)``, or is an
+        object whose attributes are the handlers, named like the methods or in snake_case
+        (``Stat`` -> ``stat``, ``BatchRead`` -> ``batch_read``).
+        """
+        if service.id in self._services and self._services[service.id] is not service:
+            raise ValueError(
+                f"service id {service.id} already registered as {self._services[service.id].name}"
+            )
+        table: dict[int, tuple[Method, Handler]] = {}
+        for method in service:
+            if isinstance(handlers, Mapping):
+                fn = handlers.get(method.name)
+            else:
+                fn = getattr(handlers, method.name, None) or getattr(handlers, _snake(method.name), None)
+            if fn is None:
+                raise ValueError(f"no handler for {method.full_name}")
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError(f"handler for {method.full_name} must be an async function")
+            table[(service.id << 16) | method.id] = (method, fn)
+        self._services[service.id] = service
+        self._handlers.update(table)
+
+    async def start(self, address: str | Address = ("127.0.0.1", 0)) -> Address:
+        """Listen on ``address`` and return the bound address (port 0 picks a free port)."""
+        if self._listener is not None:
+            raise RuntimeError("server already started")
+        self._listener = await self.transport.listen(
+            parse_address(address), lambda conn: _ServerSession(self, conn), limits=self.limits
+        )
+        log.info("listening address=%s:%d identity=%s", *self._listener.address, self.identity)
+        return self._listener.address
+
+    @property
+    def address(self) -> Address:
+        """The bound address (after :meth:`start`)."""
+        if self._listener is None:
+            raise RuntimeError("server not started")
+        return self._listener.address
+
+    @property
+    def connection_count(self) -> int:
+        """Open connections, authenticated or not."""
+        return len(self._sessions)
+
+    async def stop(self) -> None:
+        """Stop accepting, cancel calls in progress, and close every connection."""
+        if self._listener is not None:
+            self._listener.close()
+            await self._listener.wait_closed()
+            self._listener = None
+        sessions = list(self._sessions)
+        tasks = [t for s in sessions for t in s._tasks]
+        for s in sessions:
+            s.cancel_calls()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for s in sessions:
+            s.conn.close()
+        for s in sessions:
+            await s.conn.wait_closed()
+
+    async def __aenter__(self) -> RpcServer:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))

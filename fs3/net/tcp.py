@@ -1,0 +1,518 @@
+"""The TCP transport: frames over a stream socket, on uvloop (or any asyncio loop).
+
+Receiving uses :class:`asyncio.BufferedProtocol`, so the loop reads straight into memory we own:
+small frames land in one fixed receive buffer and are handed up as views into it, and once a
+frame's header says a payload follows, the rest of that payload is read directly into the buffer
+the receiver supplied (pooled, or a caller's destination), with no intermediate copy. Sending
+gathers every frame queued during one loop iteration into a single write (``writelines`` when
+payloads are involved, so payloads are never concatenated or copied).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+
+from crc32c import crc32c
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net.frame import (
+    DEFAULT_LIMITS,
+    F_PAYLOAD_CRC,
+    HEADER_SIZE,
+    FrameError,
+    RpcLimits,
+    decode_header,
+    encode_header,
+)
+from fs3.net.transport import (
+    Address,
+    Buffer,
+    Connection,
+    FrameReceiver,
+    Listener,
+    ReceiverFactory,
+    Transport,
+)
+
+log = logging.getLogger(__name__)
+
+_RECV_BUF = 256 << 10
+# Messages up to this size are assembled in the receive buffer; larger ones get their own buffer.
+_INLINE_MESSAGE_MAX = _RECV_BUF // 2
+# Compact the receive buffer when less than this is free at its end.
+_COMPACT_BELOW = 64 << 10
+# Queued writes smaller than this in total are joined into one bytes object (cheaper for the loop
+# than many tiny buffers); anything with a large payload goes out with writelines, uncopied.
+_JOIN_BELOW = 64 << 10
+# The server stops reading from a peer whose unsent replies exceed this, until they drain.
+_BACKPRESSURE_BYTES = 16 << 20
+
+_HDR, _MSG, _DIRECT_MSG, _DIRECT_PAYLOAD, _DEAD = range(5)
+
+
+class TcpConnection(asyncio.BufferedProtocol, Connection):
+    """One TCP connection: an asyncio protocol and an fs3 :class:`Connection` in one object."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        limits: RpcLimits,
+        receiver_factory: ReceiverFactory,
+        server_side: bool,
+    ) -> None:
+        self.limits = limits
+        self.peer = "?"
+        self._loop = loop
+        self._receiver_factory = receiver_factory
+        self._receiver: FrameReceiver | None = None
+        self._server_side = server_side
+        self._transport: asyncio.Transport | None = None
+        # receive state
+        self._rbuf = bytearray(_RECV_BUF)
+        self._rview = memoryview(self._rbuf)
+        self._rstart = 0
+        self._rend = 0
+        self._state = _HDR
+        self._hdr: tuple[int, int, int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0, 0, 0)
+        self._direct: memoryview | None = None  # where the next bytes go when reading a body directly
+        self._dpos = 0
+        self._msg: memoryview | bytes = b""
+        self._direct_msg: memoryview | bytes = b""
+        self._payload: memoryview | None = None
+        self._frames = 0  # completed frames, to tell a stalled frame from a new one
+        self._partial_timer: asyncio.TimerHandle | None = None
+        # send state
+        self._wq: list[Buffer] = []
+        self._wq_bytes = 0
+        self._flush_scheduled = False
+        self._cb_queued: list[Callable[[], None]] = []
+        self._cb_in_transport: list[Callable[[], None]] = []
+        self._paused = False
+        self._reading_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._closing = False
+        self._closed: asyncio.Future[None] = loop.create_future()
+
+    # ---- asyncio protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is not an asyncio.Transport
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        # high-water 0: we hear (resume_writing) exactly when everything queued has left, which is
+        # when payload buffers may be reused. Backpressure uses our own threshold below.
+        transport.set_write_buffer_limits(high=0, low=0)
+        self._receiver = self._receiver_factory(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        d = self._direct
+        if d is not None:
+            return d[self._dpos :]
+        if self._state == _DEAD:
+            self._rstart = self._rend = 0
+            return self._rview
+        if _RECV_BUF - self._rend < _COMPACT_BELOW:
+            n = self._rend - self._rstart
+            if n:
+                self._rview[:n] = self._rview[self._rstart : self._rend]
+            self._rstart = 0
+            self._rend = n
+        return self._rview[self._rend :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        state = self._state
+        if state == _DEAD:
+            return
+        if self._direct is not None:
+            self._dpos += nbytes
+            if self._dpos < len(self._direct):
+                self._arm_partial_timer()
+                return
+            self._direct = None
+            if state == _DIRECT_MSG:
+                self._msg = self._direct_msg
+                self._direct_msg = b""
+                # rbuf is empty (everything went into the message buffer), so the payload, if any,
+                # starts with the next read.
+                if not self._start_payload(0):
+                    self._arm_partial_timer()
+                    return
+            else:
+                self._finish_payload()
+            if self._state == _DEAD:
+                return
+        else:
+            self._rend += nbytes
+        self._process()
+
+    def eof_received(self) -> bool | None:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._state != _DEAD and self._mid_frame():
+            log.debug("connection lost mid-frame peer=%s", self.peer)
+        self._state = _DEAD
+        self._closing = True
+        self._direct = None
+        if self._partial_timer is not None:
+            self._partial_timer.cancel()
+            self._partial_timer = None
+        self._wq.clear()
+        self._cb_queued.clear()
+        self._cb_in_transport.clear()
+        self._wake_drainers()
+        if not self._closed.done():
+            self._closed.set_result(None)
+        receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            receiver.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        callbacks, self._cb_in_transport = self._cb_in_transport, []
+        for cb in callbacks:
+            cb()
+        self._wake_drainers()
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
+            self._transport.resume_reading()
+
+    # ---- receive path -----------------------------------------------------------------------
+
+    def _process(self) -> None:
+        rv = self._rview
+        limits = self.limits
+        while True:
+            avail = self._rend - self._rstart
+            if self._state == _HDR:
+                if avail < HEADER_SIZE:
+                    break
+                try:
+                    hdr = decode_header(rv, self._rstart, limits)
+                except FrameError as e:
+                    self._fail(e)
+                    return
+                self._hdr = hdr
+                self._rstart += HEADER_SIZE
+                avail -= HEADER_SIZE
+                mlen = hdr[5]
+                if mlen > _INLINE_MESSAGE_MAX:
+                    buf = memoryview(bytearray(mlen))
+                    n = min(avail, mlen)
+                    buf[:n] = rv[self._rstart : self._rstart + n]
+                    self._rstart += n
+                    if n < mlen:
+                        self._direct_msg = buf
+                        self._direct = buf
+                        self._dpos = n
+                        self._state = _DIRECT_MSG
+                        break
+                    self._msg = buf
+                    if not self._start_payload(avail - n):
+                        break
+                    continue
+                self._state = _MSG
+            # _MSG: the message is assembled inline
+            hdr = self._hdr
+            mlen = hdr[5]
+            if avail < mlen:
+                break
+            start = self._rstart
+            self._rstart = start + mlen
+            if hdr[6] == 0:
+                # the common small frame: deliver a view into the receive buffer, no copy at all
+                self._state = _HDR
+                self._frames += 1
+                self._deliver(rv[start : start + mlen], None)
+                if self._state == _DEAD:
+                    return
+                continue
+            self._msg = rv[start : start + mlen]
+            if not self._start_payload(avail - mlen):
+                break
+        if self._rstart == self._rend:
+            self._rstart = self._rend = 0
+        if self._mid_frame():
+            self._arm_partial_timer()
+
+    def _start_payload(self, avail: int) -> bool:
+        """Begin the payload of the current frame; True if it completed from buffered bytes."""
+        hdr = self._hdr
+        plen = hdr[6]
+        if plen == 0:
+            self._state = _HDR
+            self._frames += 1
+            msg, self._msg = self._msg, b""
+            self._deliver(msg, None)
+            return self._state != _DEAD
+        assert self._receiver is not None
+        pview = self._receiver.alloc_payload(hdr[0], hdr[1], plen)
+        if len(pview) != plen:
+            raise AssertionError("alloc_payload returned a buffer of the wrong size")
+        n = min(avail, plen)
+        if n:
+            pview[:n] = self._rview[self._rstart : self._rstart + n]
+            self._rstart += n
+        self._payload = pview
+        if n == plen:
+            self._finish_payload()
+            return self._state != _DEAD
+        # The rest of the payload goes straight from the socket into pview. The message view
+        # points into the receive buffer, which is not written while reading directly, but keep a
+        # copy anyway: it is small, and it frees the receive buffer to be compacted.
+        if isinstance(self._msg, memoryview) and self._msg.obj is self._rbuf:
+            self._msg = bytes(self._msg)
+        self._direct = pview
+        self._dpos = n
+        self._state = _DIRECT_PAYLOAD
+        return False
+
+    def _finish_payload(self) -> None:
+        hdr = self._hdr
+        payload = self._payload
+        msg, self._msg = self._msg, b""
+        self._payload = None
+        self._state = _HDR
+        self._frames += 1
+        if hdr[0] & F_PAYLOAD_CRC and crc32c(payload) != hdr[7]:
+            # The frame boundaries are intact, so only this call fails; the stream goes on.
+            self._report(
+                FrameError(StatusCode.STORAGE_CHECKSUM_MISMATCH, "payload crc mismatch", hdr[1], False)
+            )
+            return
+        self._deliver(msg, payload)
+
+    def _deliver(self, msg: memoryview | bytes, payload: memoryview | None) -> None:
+        hdr = self._hdr
+        receiver = self._receiver
+        if receiver is None:
+            return
+        try:
+            receiver.frame_received(hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], msg, payload)
+            if self._closing:
+                self._state = _DEAD  # the receiver closed us: ignore whatever else is buffered
+        except Exception:
+            # A receiver bug must not leave the stream half-parsed; drop this connection only.
+            log.exception("frame receiver failed peer=%s request_id=%d", self.peer, hdr[1])
+            self._fail(FrameError(StatusCode.INTERNAL, "receiver failed", hdr[1]))
+
+    def redirect_payload(self, replacement: memoryview) -> None:
+        if self._state == _DIRECT_PAYLOAD and self._payload is not None:
+            if len(replacement) != len(self._payload):
+                raise ValueError("replacement buffer has the wrong size")
+            self._payload = replacement
+            self._direct = replacement
+
+    def _mid_frame(self) -> bool:
+        return self._state != _HDR or self._rend != self._rstart
+
+    def _arm_partial_timer(self) -> None:
+        if self._partial_timer is None and self._state != _DEAD:
+            self._partial_timer = self._loop.call_later(
+                self.limits.frame_timeout_s, self._partial_timeout, self._frames
+            )
+
+    def _partial_timeout(self, frames_when_armed: int) -> None:
+        self._partial_timer = None
+        if self._state == _DEAD or not self._mid_frame():
+            return
+        if self._frames != frames_when_armed:
+            self._arm_partial_timer()  # progress was made; watch the frame now in progress
+            return
+        self._fail(
+            FrameError(
+                StatusCode.DEADLINE_EXCEEDED,
+                f"frame incomplete after {self.limits.frame_timeout_s}s",
+                self._hdr[1] if self._state != _HDR else 0,
+            )
+        )
+
+    def _report(self, error: FrameError) -> None:
+        if self._receiver is not None:
+            try:
+                self._receiver.frame_error(error)
+            except Exception:
+                log.exception("frame_error handler failed peer=%s", self.peer)
+
+    def _fail(self, error: FrameError) -> None:
+        """Report a fatal frame error and close this connection (queued replies still go out)."""
+        self._report(error)
+        self._state = _DEAD
+        self._direct = None
+        self.close()
+
+    # ---- send path --------------------------------------------------------------------------
+
+    def send_frame(
+        self,
+        flags: int,
+        request_id: int,
+        service_id: int,
+        method_id: int,
+        message: bytes,
+        payload: Buffer | None = None,
+        timeout_ms: int = 0,
+        on_sent: Callable[[], None] | None = None,
+    ) -> None:
+        if self._closing:
+            raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
+        wq = self._wq
+        if payload is None:
+            hdr = encode_header(flags, request_id, service_id, method_id, len(message), 0, timeout_ms)
+            wq.append(hdr + message)
+            self._wq_bytes += HEADER_SIZE
+        else:
+            plen = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+            pcrc = crc32c(payload) if flags & F_PAYLOAD_CRC else 0
+            hdr = encode_header(
+                flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc
+            )
+            wq.append(hdr + message)
+            if plen:
+                wq.append(payload)
+            self._wq_bytes += HEADER_SIZE + plen
+        if on_sent is not None:
+            self._cb_queued.append(on_sent)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        wq = self._wq
+        if not wq or transport is None or self._state == _DEAD and transport.is_closing():
+            return
+        self._wq = []
+        if self._wq_bytes < _JOIN_BELOW:
+            transport.write(wq[0] if len(wq) == 1 else b"".join(wq))
+        else:
+            transport.writelines(wq)
+        self._wq_bytes = 0
+        if self._cb_queued:
+            self._cb_in_transport.extend(self._cb_queued)
+            self._cb_queued.clear()
+        pending = transport.get_write_buffer_size()
+        if pending == 0:
+            if self._cb_in_transport:
+                callbacks, self._cb_in_transport = self._cb_in_transport, []
+                for cb in callbacks:
+                    cb()
+        elif self._server_side and pending > _BACKPRESSURE_BYTES and not self._reading_paused:
+            # A peer that does not read its replies must not make us buffer without bound.
+            self._reading_paused = True
+            transport.pause_reading()
+
+    @property
+    def is_closing(self) -> bool:
+        return self._closing
+
+    @property
+    def write_paused(self) -> bool:
+        t = self._transport
+        return t is not None and t.get_write_buffer_size() > _BACKPRESSURE_BYTES
+
+    async def drain(self) -> None:
+        if self._closing or not self._paused:
+            return
+        fut = self._loop.create_future()
+        self._drain_waiters.append(fut)
+        await fut
+
+    def _wake_drainers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._wq:
+            self._flush()
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._wq.clear()
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+
+class TcpListener(Listener):
+    """A listening TCP socket accepting fs3 RPC connections."""
+
+    def __init__(self, server: asyncio.AbstractServer, address: Address) -> None:
+        self._server = server
+        self.address = address
+
+    def close(self) -> None:
+        self._server.close()
+
+    async def wait_closed(self) -> None:
+        # Server.wait_closed waits for accepted connections too; those are the RPC layer's to close.
+        self._server.close()
+
+
+class TcpTransport(Transport):
+    """fs3 RPC over TCP (the fallback everywhere, the only transport without an RDMA device)."""
+
+    name = "tcp"
+
+    async def connect(
+        self,
+        address: Address,
+        receiver_factory: ReceiverFactory,
+        *,
+        limits: RpcLimits = DEFAULT_LIMITS,
+        connect_timeout: float = 10.0,
+    ) -> TcpConnection:
+        loop = asyncio.get_running_loop()
+        host, port = address
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, proto = await loop.create_connection(
+                    lambda: TcpConnection(loop, limits, receiver_factory, server_side=False), host, port
+                )
+        except (OSError, TimeoutError) as e:
+            raise FS3Error(
+                StatusCode.RPC_CONNECT_FAILED, f"connect to {host}:{port}: {e or 'timed out'}"
+            ) from e
+        return proto
+
+    async def listen(
+        self,
+        address: Address,
+        receiver_factory: ReceiverFactory,
+        *,
+        limits: RpcLimits = DEFAULT_LIMITS,
+    ) -> TcpListener:
+        loop = asyncio.get_running_loop()
+        host, port = address
+        server = await loop.create_server(
+            lambda: TcpConnection(loop, limits, receiver_factory, server_side=True),
+            host,
+            port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        bound = server.sockets[0].getsockname()
+        return TcpListener(server, (bound[0], bound[1]))

@@ -1,0 +1,169 @@
+"""The transport interface under fs3 RPC.
+
+A transport moves frames (header fields, a protobuf message, an optional raw payload) between two
+endpoints and nothing else: it parses and validates frames, puts payloads where the receiver asks,
+and reports broken input. Everything that gives frames meaning — the authentication handshake,
+request ids and the pending-call table, dispatch to services — lives above it in
+:mod:`fs3.net.client` and :mod:`fs3.net.server`, so the TCP transport (:mod:`fs3.net.tcp`) and the RDMA transport (later,
+pyverbs) are interchangeable.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import TypeAlias
+
+from fs3.net.frame import DEFAULT_LIMITS, FrameError, RpcLimits
+
+Address: TypeAlias = tuple[str, int]
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+
+def parse_address(address: str | Address) -> Address:
+    """``"host:port"`` or ``(host, port)`` -> ``(host, port)``; IPv6 hosts may be ``[::1]:port``."""
+    if isinstance(address, tuple):
+        host, port = address
+        return str(host), int(port)
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class FrameReceiver(abc.ABC):
+    """What a transport calls as frames arrive on one connection (the receive hooks).
+
+    All calls happen on the event loop thread, in stream order. ``message`` views are valid only
+    during :meth:`frame_received`; payload buffers come from :meth:`alloc_payload` and belong to
+    the receiver.
+    """
+
+    @abc.abstractmethod
+    def alloc_payload(self, flags: int, request_id: int, length: int) -> memoryview:
+        """Return a writable view of exactly ``length`` bytes for the payload of the frame being
+        received (a pooled buffer, or a caller's destination buffer). ``length`` > 0."""
+
+    @abc.abstractmethod
+    def frame_received(
+        self,
+        flags: int,
+        request_id: int,
+        service_id: int,
+        method_id: int,
+        timeout_ms: int,
+        message: memoryview | bytes,
+        payload: memoryview | None,
+    ) -> None:
+        """A complete, validated frame (payload CRC already checked when flagged)."""
+
+    @abc.abstractmethod
+    def frame_error(self, error: FrameError) -> None:
+        """Input that is not a valid frame. When ``error.fatal`` the transport closes the
+        connection right after this returns (after flushing whatever the receiver sent)."""
+
+    @abc.abstractmethod
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """The connection is closed (by either side); no further calls follow."""
+
+
+class Connection(abc.ABC):
+    """One established, bidirectional frame stream."""
+
+    peer: str  # "host:port" of the other side, for logs
+    limits: RpcLimits
+
+    @abc.abstractmethod
+    def send_frame(
+        self,
+        flags: int,
+        request_id: int,
+        service_id: int,
+        method_id: int,
+        message: bytes,
+        payload: Buffer | None = None,
+        timeout_ms: int = 0,
+        on_sent: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue a frame. Never blocks and never copies ``payload``: it must stay unchanged until
+        ``on_sent`` is called (or the connection is lost, after which ``on_sent`` is not called).
+        Frames queued in one event loop iteration go out together."""
+
+    @abc.abstractmethod
+    def redirect_payload(self, replacement: memoryview) -> None:
+        """Stop writing the payload now being received into the buffer ``alloc_payload`` gave;
+        read the rest of it into ``replacement`` (same length) and deliver that instead. For a
+        receiver whose caller gave up on a reply while its payload streamed into the caller's
+        memory."""
+
+    @property
+    @abc.abstractmethod
+    def is_closing(self) -> bool:
+        """True once close() was called or the connection was lost."""
+
+    @property
+    @abc.abstractmethod
+    def write_paused(self) -> bool:
+        """True while the peer is not keeping up; callers with much to send await :meth:`drain`."""
+
+    @abc.abstractmethod
+    async def drain(self) -> None:
+        """Wait until the send queue is below its low-water mark (returns at once if closed)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush queued frames, then close. Idempotent."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Close at once, dropping queued frames. Idempotent."""
+
+    @abc.abstractmethod
+    async def wait_closed(self) -> None:
+        """Wait until the connection is fully closed."""
+
+
+class Listener(abc.ABC):
+    """A bound, accepting server endpoint."""
+
+    address: Address  # the bound address (the real port when 0 was asked for)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop accepting (established connections are not touched)."""
+
+    @abc.abstractmethod
+    async def wait_closed(self) -> None:
+        """Wait until the listener has stopped."""
+
+
+ReceiverFactory: TypeAlias = Callable[[Connection], FrameReceiver]
+
+
+class Transport(abc.ABC):
+    """A way of reaching peers: TCP today, RDMA verbs later."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def connect(
+        self,
+        address: Address,
+        receiver_factory: ReceiverFactory,
+        *,
+        limits: RpcLimits = DEFAULT_LIMITS,
+        connect_timeout: float = 10.0,
+    ) -> Connection:
+        """Open a connection; ``receiver_factory(conn)`` is called before any frame is delivered.
+        Raises FS3Error(RPC_CONNECT_FAILED) when the peer cannot be reached in ``connect_timeout``."""
+
+    @abc.abstractmethod
+    async def listen(
+        self,
+        address: Address,
+        receiver_factory: ReceiverFactory,
+        *,
+        limits: RpcLimits = DEFAULT_LIMITS,
+    ) -> Listener:
+        """Accept connections on ``address`` (port 0 picks a free port); each accepted
+        connection gets its receiver from ``receiver_factory`` before any frame is delivered."""
