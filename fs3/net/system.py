@@ -15,7 +15,7 @@ from fs3.net.service import CallContext, ServiceDef
 from fs3.proto import rpc_pb2
 
 SYSTEM_SERVICE = ServiceDef(
-    0,
+    rpc_pb2.SERVICE_SYSTEM,
     "system",
     {
         1: ("Ping", rpc_pb2.PingRequest, rpc_pb2.PingResponse),

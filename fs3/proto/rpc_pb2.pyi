@@ -1,8 +1,18 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServiceId(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVICE_SYSTEM: _ClassVar[ServiceId]
+    SERVICE_META: _ClassVar[ServiceId]
+    SERVICE_STORAGE: _ClassVar[ServiceId]
+SERVICE_SYSTEM: ServiceId
+SERVICE_META: ServiceId
+SERVICE_STORAGE: ServiceId
 
 class ClientHello(_message.Message):
     __slots__ = ("version", "nonce", "identity")
