@@ -1,0 +1,190 @@
+"""Benchmark fs3.kv engines with metadata-like workloads.
+
+    .venv/bin/python bench/kv_bench.py                      # lmdb in a temporary directory
+    .venv/bin/python bench/kv_bench.py --engine mem --json
+    .venv/bin/python bench/kv_bench.py --path /mnt/nvme/kvbench --seconds 5
+
+Workloads:
+
+* ``create xN``: N concurrent callers each running ``db.run`` transactions that read one key (the
+  parent directory's inode) and write two new keys of about 200 bytes (inode and directory entry),
+  the shape of a file create. Each is acknowledged only once durable.
+* ``point read``: ``await tr.get`` of random existing keys, 1,000 per transaction.
+* ``range scan``: a full ``get_range`` over a prefix of 50,000 entries, and 100-entry pages of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from fs3.kv import Database, Transaction, open_database, prefix_end  # noqa: E402
+
+VALUE = b"v" * 200
+READS_PER_TXN = 1000
+
+
+@dataclass(slots=True)
+class Result:
+    workload: str
+    ops: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+
+async def bench_creates(db: Database, callers: int, seconds: float, tag: str) -> Result:
+    parent = b"INOD" + b"\x00" * 8
+
+    async def seed(tr: Transaction) -> None:
+        tr.set(parent, VALUE)
+
+    await db.run(seed)
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def caller(n: int) -> None:
+        nonlocal done
+        i = 0
+        while time.perf_counter() < stop:
+            ino = f"{tag}-{n}-{i}".encode()
+
+            async def create(tr: Transaction, ino: bytes = ino) -> None:
+                if await tr.get(parent) is None:
+                    raise RuntimeError("parent vanished")
+                tr.set(b"INOD" + ino, VALUE)
+                tr.set(b"DENT" + parent[4:] + ino, VALUE)
+
+            await db.run(create)
+            i += 1
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller(n) for n in range(callers)))
+    return Result(f"create x{callers}", done, time.perf_counter() - start)
+
+
+async def load(db: Database, prefix: bytes, count: int) -> list[bytes]:
+    keys = [prefix + i.to_bytes(8, "big") for i in range(count)]
+    for at in range(0, count, 5000):
+
+        async def fill(tr: Transaction, chunk: list[bytes] = keys[at : at + 5000]) -> None:
+            for k in chunk:
+                tr.set(k, VALUE)
+
+        await db.run(fill)
+    return keys
+
+
+async def bench_point_reads(db: Database, keys: list[bytes], seconds: float) -> Result:
+    done = 0
+    rng = random.Random(1)
+    sample = [rng.choice(keys) for _ in range(READS_PER_TXN * 20)]
+    start = time.perf_counter()
+    stop = start + seconds
+    while time.perf_counter() < stop:
+        for at in range(0, len(sample), READS_PER_TXN):
+            tr = db.create_transaction()
+            get = tr.get
+            for k in sample[at : at + READS_PER_TXN]:
+                await get(k)
+            tr.cancel()
+            done += READS_PER_TXN
+    return Result("point read", done, time.perf_counter() - start)
+
+
+async def bench_scans(db: Database, prefix: bytes, entries: int, seconds: float) -> list[Result]:
+    full = pages = 0
+    start = time.perf_counter()
+    stop = start + seconds / 2
+    while time.perf_counter() < stop or full == 0:
+        tr = db.create_transaction()
+        rows = await tr.get_range(prefix, prefix_end(prefix))
+        tr.cancel()
+        assert len(rows) == entries, len(rows)
+        full += 1
+    mid = time.perf_counter()
+    rng = random.Random(2)
+    while time.perf_counter() < mid + seconds / 2:
+        tr = db.create_transaction()
+        begin = prefix + rng.randrange(entries).to_bytes(8, "big")
+        await tr.get_range(begin, prefix_end(prefix), limit=100)
+        tr.cancel()
+        pages += 1
+    return [
+        Result(f"range scan {entries} (rows)", full * entries, mid - start),
+        Result("range page of 100", pages, time.perf_counter() - mid),
+    ]
+
+
+async def main_async(args: argparse.Namespace) -> list[Result]:
+    path = args.path or tempfile.mkdtemp(prefix="kv-bench-")
+    try:
+        settings = {"path": path} if args.engine == "lmdb" else {}
+        if args.engine == "fdb" and args.cluster_file:
+            settings = {"cluster_file": args.cluster_file}
+        db = await open_database(args.engine, **settings)
+        results: list[Result] = []
+        try:
+            for callers in args.callers:
+                results.append(await bench_creates(db, callers, args.seconds, f"c{callers}"))
+            keys = await load(db, b"BNPR", args.read_keys)
+            results.append(await bench_point_reads(db, keys, args.seconds))
+            await load(db, b"BNSC", args.scan_entries)
+            results += await bench_scans(db, b"BNSC", args.scan_entries, args.seconds)
+        finally:
+            await db.close()
+        return results
+    finally:
+        if not args.path:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--engine", default="lmdb", choices=["lmdb", "mem", "fdb"])
+    parser.add_argument("--path", help="lmdb directory (default: a fresh temporary one)")
+    parser.add_argument("--cluster-file", help="fdb cluster file")
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each workload")
+    parser.add_argument("--callers", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--read-keys", type=int, default=100_000)
+    parser.add_argument("--scan-entries", type=int, default=50_000)
+    parser.add_argument("--no-uvloop", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args()
+    if not args.no_uvloop:
+        import uvloop
+
+        uvloop.install()
+    results = asyncio.run(main_async(args))
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "engine": args.engine,
+                    "results": [asdict(r) | {"per_second": round(r.per_second, 1)} for r in results],
+                },
+                indent=2,
+            )
+        )
+        return
+    print(f"engine={args.engine}")
+    print(f"{'workload':<28} {'ops':>10} {'seconds':>8} {'ops/s':>12}")
+    for r in results:
+        print(f"{r.workload:<28} {r.ops:>10} {r.seconds:>8.2f} {r.per_second:>12,.0f}")
+
+
+if __name__ == "__main__":
+    main()

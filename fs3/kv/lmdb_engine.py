@@ -1,0 +1,446 @@
+"""The ``lmdb`` engine: the embedded default, shared by several processes on one host.
+
+How it works, and why:
+
+* **Reads** run on the caller's event loop against an LMDB read transaction opened at the
+  transaction's first read (about a microsecond per point read, so thread hand-offs would cost more
+  than they save); long scans hand the loop back every few thousand rows.
+* **Commits** go to one committer thread per environment and process. It takes every queued
+  transaction, validates each against the live store (value validation, see :mod:`fs3.kv.txn`) and
+  applies the ones that pass, all inside one LMDB write transaction, so later members of a batch are
+  validated against the effects of earlier ones. LMDB's write lock is a process-shared mutex, so
+  commits from several processes serialise and see each other's writes; validation therefore
+  detects conflicts across processes too.
+* **Durability by group commit.** The batch's write transaction is committed with LMDB's own
+  fsyncs, and every transaction in it is acknowledged only after that returns: one pair of fsyncs
+  covers the whole batch, and while it runs the next batch queues up. We deliberately do not run
+  LMDB with ``sync=False`` and fsync from a flusher: in that mode the kernel may write a newer meta
+  page before the data pages it points to, and a power cut then corrupts the environment, whereas a
+  synced commit can at worst lose unacknowledged batches.
+* **Long keys.** Stock LMDB keys are at most 511 bytes, FoundationDB's 10,000. A key of
+  :data:`BUCKET_KEY_LEN` bytes or more is stored in a *bucket*: the LMDB record whose key is its
+  first :data:`BUCKET_KEY_LEN` bytes and whose value lists the (suffix, value) pairs of every long key
+  with that prefix. Short keys are stored as themselves; since bucket keys all have exactly
+  :data:`BUCKET_KEY_LEN` bytes and short keys fewer, the two never collide, and LMDB order followed by
+  suffix order within a bucket is exactly byte order of the logical keys. Namespace keys are far
+  shorter, so buckets are rare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import lmdb
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv.base import Database, Transaction
+from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
+
+log = logging.getLogger(__name__)
+
+# Part of the on-disk format: every process opening an environment must agree on it.
+BUCKET_KEY_LEN = 448
+
+DEFAULT_MAP_SIZE = 16 << 30
+DEFAULT_MAX_READERS = 1024
+# Bounds one batch's latency and the size of one LMDB write transaction.
+MAX_BATCH = 4096
+
+_LEN = struct.Struct("<I")
+
+
+def _decode_bucket(raw: bytes) -> list[tuple[bytes, bytes]]:
+    entries = []
+    pos, n = 0, len(raw)
+    view = memoryview(raw)
+    while pos < n:
+        (klen,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        suffix = bytes(view[pos : pos + klen])
+        pos += klen
+        (vlen,) = _LEN.unpack_from(raw, pos)
+        pos += 4
+        entries.append((suffix, bytes(view[pos : pos + vlen])))
+        pos += vlen
+    return entries
+
+
+def _encode_bucket(entries: list[tuple[bytes, bytes]]) -> bytes:
+    parts = []
+    for suffix, value in entries:
+        parts += (_LEN.pack(len(suffix)), suffix, _LEN.pack(len(value)), value)
+    return b"".join(parts)
+
+
+class _View:
+    """Logical-key reads over one LMDB transaction (read-only or write)."""
+
+    __slots__ = ("txn", "_get")
+
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        self.txn = txn
+        self._get = txn.get
+
+    def get(self, key: bytes) -> bytes | None:
+        if len(key) < BUCKET_KEY_LEN:
+            return self._get(key)
+        raw = self._get(key[:BUCKET_KEY_LEN])
+        if raw is None:
+            return None
+        suffix = key[BUCKET_KEY_LEN:]
+        for s, v in _decode_bucket(raw):
+            if s == suffix:
+                return v
+        return None
+
+    def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        # An LMDB key k holds logical keys >= k (itself, or a bucket's members), and only k itself
+        # when short; see the module docstring for why these bounds are exact.
+        cur = self.txn.cursor()
+        if not reverse:
+            if not cur.set_range(begin[:BUCKET_KEY_LEN]):
+                return
+            for k, v in cur:
+                if k >= end:
+                    return
+                if len(k) != BUCKET_KEY_LEN:
+                    yield k, v
+                    continue
+                for suffix, value in _decode_bucket(v):
+                    key = k + suffix
+                    if key >= end:
+                        return
+                    if key >= begin:
+                        yield key, value
+        else:
+            if cur.set_range(end):
+                if not cur.prev():
+                    return
+            elif not cur.last():
+                return
+            for k, v in cur.iterprev():
+                if len(k) != BUCKET_KEY_LEN:
+                    if k < begin:
+                        return
+                    yield k, v
+                    continue
+                for suffix, value in reversed(_decode_bucket(v)):
+                    key = k + suffix
+                    if key < begin:
+                        return
+                    if key < end:
+                        yield key, value
+
+
+class _Snapshot(_View):
+    __slots__ = ()
+
+    def release(self) -> None:
+        self.txn.abort()
+
+
+class _WriteView(_View):
+    """The committer's view: reads see earlier writes of the same batch."""
+
+    __slots__ = ()
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if len(key) < BUCKET_KEY_LEN:
+            self.txn.put(key, value)
+            return
+        self._update_bucket(key, value)
+
+    def delete(self, key: bytes) -> None:
+        if len(key) < BUCKET_KEY_LEN:
+            self.txn.delete(key)
+            return
+        self._update_bucket(key, None)
+
+    def _update_bucket(self, key: bytes, value: bytes | None) -> None:
+        bkey, suffix = key[:BUCKET_KEY_LEN], key[BUCKET_KEY_LEN:]
+        raw = self._get(bkey)
+        entries = _decode_bucket(raw) if raw is not None else []
+        i = bisect.bisect_left(entries, (suffix,))
+        present = i < len(entries) and entries[i][0] == suffix
+        if value is None:
+            if not present:
+                return
+            del entries[i]
+        elif present:
+            entries[i] = (suffix, value)
+        else:
+            entries.insert(i, (suffix, value))
+        if entries:
+            self.txn.put(bkey, _encode_bucket(entries))
+        else:
+            self.txn.delete(bkey)
+
+    def delete_range(self, begin: bytes, end: bytes) -> None:
+        cur = self.txn.cursor()
+        if not cur.set_range(begin[:BUCKET_KEY_LEN]):
+            return
+        while True:
+            k = cur.key()
+            if not k or k >= end:
+                return
+            if len(k) != BUCKET_KEY_LEN:
+                if not cur.delete():  # moves to the next record
+                    return
+                continue
+            entries = _decode_bucket(cur.value())
+            kept = [(s, v) for s, v in entries if not begin <= k + s < end]
+            if not kept:
+                if not cur.delete():
+                    return
+                continue
+            if len(kept) != len(entries):
+                cur.put(k, _encode_bucket(kept))
+            if not cur.next():
+                return
+
+
+class _Committer:
+    """One environment's commit and flush threads in this process.
+
+    The commit thread applies queued transactions in batches; the flush thread makes committed
+    batches durable. A batch is acknowledged once an fsync that began after its commit has ended:
+    either the flush thread's, or the next batch's own data fsync (which, on the same file, also
+    writes the earlier meta page).
+    """
+
+    def __init__(self, env: lmdb.Environment, path: str, interval_s: float) -> None:
+        self._env = env
+        self._path = path
+        self._interval_s = interval_s
+        self._queue: list[tuple[CommitRequest, asyncio.Future[None]]] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = False
+        self._stopping = False
+        # Durability bookkeeping, under _flush_cond: batches committed but not yet known durable.
+        self._flush_cond = threading.Condition(threading.Lock())
+        self._committed_seq = 0
+        self._durable_seq = 0
+        self._unsynced: collections.deque[tuple[int, list]] = collections.deque()
+        self._flush_stopping = False
+        self._thread = threading.Thread(target=self._run, name=f"kv-commit:{path}", daemon=True)
+        self._flusher = threading.Thread(target=self._flush_loop, name=f"kv-flush:{path}", daemon=True)
+        self._thread.start()
+        self._flusher.start()
+
+    async def submit(self, req: CommitRequest) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        with self._cond:
+            if self._stopping:
+                raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
+            self._queue.append((req, fut))
+            if self._idle:
+                self._cond.notify()
+        await fut
+
+    def stop(self) -> None:
+        """Commit and flush whatever is queued, then end the threads (blocks until they have)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+        with self._flush_cond:
+            self._flush_stopping = True
+            self._flush_cond.notify()
+        self._flusher.join()
+
+    def _take_batch(self) -> list[tuple[CommitRequest, asyncio.Future[None]]] | None:
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._idle = True
+                self._cond.wait()
+                self._idle = False
+            if self._interval_s > 0 and len(self._queue) < MAX_BATCH and not self._stopping:
+                # Let more callers join this batch before committing it.
+                deadline = time.monotonic() + self._interval_s
+                self._idle = True
+                while len(self._queue) < MAX_BATCH and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                self._idle = False
+            batch = self._queue[:MAX_BATCH]
+            del self._queue[:MAX_BATCH]
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            try:
+                with self._env.begin(write=True) as txn:
+                    view = _WriteView(txn)
+                    for req, fut in batch:
+                        # A caller that gave up will not look at the outcome; skipping is allowed.
+                        if not fut.cancelled():
+                            validate_and_apply(view, req)
+            except lmdb.MapFullError:
+                size = self._env.info()["map_size"]
+                _deliver(
+                    batch,
+                    FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})"),
+                )
+                continue
+            except Exception as e:  # an LMDB failure fails the batch, never the thread
+                log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
+                _deliver(batch, FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}"))
+                continue
+            with self._flush_cond:
+                self._committed_seq += 1
+                self._unsynced.append((self._committed_seq, batch))
+                self._flush_cond.notify()
+            # This commit's data fsync also flushed the previous batch's meta page.
+            self._mark_durable(self._committed_seq - 1)
+
+    def _flush_loop(self) -> None:
+        while True:
+            with self._flush_cond:
+                while self._committed_seq <= self._durable_seq:
+                    if self._flush_stopping:
+                        return
+                    self._flush_cond.wait()
+                target = self._committed_seq
+            try:
+                self._env.sync(True)
+            except Exception:
+                # Unacknowledged batches stay pending; their callers wait rather than be misled.
+                log.exception("kv fsync failed path=%s", self._path)
+                time.sleep(0.1)
+                continue
+            self._mark_durable(target)
+
+    def _mark_durable(self, seq: int) -> None:
+        done: list = []
+        with self._flush_cond:
+            if seq <= self._durable_seq:
+                return
+            self._durable_seq = seq
+            while self._unsynced and self._unsynced[0][0] <= seq:
+                done += self._unsynced.popleft()[1]
+        _deliver(done, None)
+
+
+def _deliver(batch: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3Error | None) -> None:
+    """Hand outcomes to each caller's event loop, one wake-up per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for item in batch:
+        by_loop.setdefault(item[1].get_loop(), []).append(item)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, items, error)
+        except RuntimeError:  # the caller's loop has closed
+            pass
+
+
+def _resolve(items: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3Error | None) -> None:
+    for req, fut in items:
+        if fut.done():
+            continue
+        if error is not None:
+            fut.set_exception(FS3Error(error.code, error.message))
+        elif req.ok:
+            fut.set_result(None)
+        else:
+            fut.set_exception(FS3Error(StatusCode.KV_CONFLICT, "a value read by this transaction changed"))
+
+
+class _Environment:
+    """One open LMDB environment in this process, shared by every handle on its path."""
+
+    def __init__(self, path: str, map_size: int, max_readers: int, interval_s: float) -> None:
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.env = lmdb.open(
+            path,
+            map_size=map_size,
+            max_readers=max_readers,
+            max_dbs=0,
+            # Each commit fsyncs its data pages but writes the meta page unsynced; the flush
+            # thread (or the next commit) makes that durable. LMDB guarantees integrity in this
+            # mode, unlike sync=False, where a power cut can leave a meta page pointing at pages
+            # that never reached the disk.
+            sync=True,
+            metasync=False,
+            readahead=False,
+        )
+        # Reader slots of processes that died (e.g. SIGKILLed) would otherwise pin old pages.
+        stale = self.env.reader_check()
+        if stale:
+            log.info("kv cleared stale readers path=%s count=%d", path, stale)
+        self.committer = _Committer(self.env, path, interval_s)
+        self.refs = 0
+
+    def close(self) -> None:
+        self.committer.stop()
+        self.env.close()
+
+
+_registry_lock = threading.Lock()
+# LMDB forbids opening one environment twice in a process, so handles share it; keyed by pid as
+# well so a forked child never uses its parent's.
+_registry: dict[tuple[int, str], _Environment] = {}
+
+
+class LmdbDatabase(Database):
+    """A handle on an LMDB environment at ``path`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        map_size: int = DEFAULT_MAP_SIZE,
+        max_readers: int = DEFAULT_MAX_READERS,
+        group_commit_interval_ms: float = 0.0,
+    ) -> None:
+        key = (os.getpid(), os.path.realpath(path))
+        with _registry_lock:
+            env = _registry.get(key)
+            if env is None:
+                try:
+                    env = _Environment(key[1], map_size, max_readers, group_commit_interval_ms / 1000)
+                except lmdb.Error as e:
+                    raise FS3Error(StatusCode.KV_STORE_FAILED, f"cannot open kv store {path}: {e}") from e
+                _registry[key] = env
+            env.refs += 1
+        self._key = key
+        self._shared: _Environment | None = env
+        self._begin = env.env.begin
+        self._submit = env.committer.submit
+        log.info("kv lmdb opened path=%s", key[1])
+
+    @property
+    def path(self) -> str:
+        return self._key[1]
+
+    def _open_snapshot(self) -> _Snapshot:
+        if self._shared is None:
+            raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self.path} is closed")
+        try:
+            return _Snapshot(self._begin())
+        except lmdb.Error as e:
+            raise FS3Error(StatusCode.KV_STORE_FAILED, f"cannot read kv store {self.path}: {e}") from e
+
+    def create_transaction(self) -> Transaction:
+        return BufferedTransaction(self._open_snapshot, self._submit)
+
+    async def close(self) -> None:
+        env, self._shared = self._shared, None
+        if env is None:
+            return
+        with _registry_lock:
+            env.refs -= 1
+            last = env.refs == 0
+            if last:
+                del _registry[self._key]
+        if last:
+            await asyncio.to_thread(env.close)
