@@ -216,8 +216,12 @@ class _ClientSession(FrameReceiver):
             entry = self.pending.pop(request_id, None)
             if entry is None:
                 if request_id == 0 and flags & F_ERROR:
+                    # the server is closing this connection; stop sending on it
                     self._close_reason = _decode_status(message)
-                    log.warning("server reported error=%s peer=%s", self._close_reason, self.conn.peer)
+                    log.warning(
+                        "server closing connection peer=%s error=%s", self.conn.peer, self._close_reason
+                    )
+                    self.conn.close()
                 else:
                     log.debug("late reply dropped peer=%s request_id=%d", self.conn.peer, request_id)
                 if payload is not None:
@@ -433,10 +437,12 @@ class RpcClient:
         s = slots[i]
         if s is not None and s.ready and not s.conn.is_closing:
             return s
-        # prefer any other open connection over waiting for this slot to (re)connect
-        for s in slots:
-            if s is not None and s.ready and not s.conn.is_closing:
-                return s
+        # Prefer another open connection over waiting for this slot; fill the slot meanwhile.
+        for other in slots:
+            if other is not None and other.ready and not other.conn.is_closing:
+                if peer.connecting[i] is None and not self._closed:
+                    self._start_open(address, peer, i)
+                return other
         return None
 
     async def _connect(self, address: Address, budget_s: float) -> _ClientSession:
@@ -446,12 +452,7 @@ class RpcClient:
         if peer is None:
             peer = self._peers[address] = _PeerPool(self.connections_per_peer)
         slot = next((i for i, s in enumerate(peer.slots) if s is None or not s.ready), 0)
-        fut = peer.connecting[slot]
-        if fut is None:
-            fut = asyncio.ensure_future(self._open(address, peer, slot))
-            # waiters may all have given up; the outcome must still count as retrieved
-            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-            peer.connecting[slot] = fut
+        fut = peer.connecting[slot] or self._start_open(address, peer, slot)
         try:
             async with asyncio.timeout(budget_s):
                 return await asyncio.shield(fut)
@@ -459,6 +460,13 @@ class RpcClient:
             raise FS3Error(
                 StatusCode.DEADLINE_EXCEEDED, f"connecting to {address[0]}:{address[1]} took too long"
             ) from None
+
+    def _start_open(self, address: Address, peer: _PeerPool, slot: int) -> asyncio.Future[_ClientSession]:
+        fut = asyncio.ensure_future(self._open(address, peer, slot))
+        # waiters may all have given up; the outcome must still count as retrieved
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        peer.connecting[slot] = fut
+        return fut
 
     async def _open(self, address: Address, peer: _PeerPool, slot: int) -> _ClientSession:
         try:

@@ -156,13 +156,20 @@ class _ServerSession(FrameReceiver):
             error.fatal,
             error.message,
         )
-        self._send_error(error.request_id, error.code, error.message)
+        if error.request_id:
+            self._send_error(error.request_id, error.code, error.message)
+        if error.fatal:
+            # request id 0: the connection itself is going away, so the client stops using it now
+            self._send_error(0, error.code, error.message)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
         self.server._sessions.discard(self)
+        if not self.ready and self._step != -1:
+            # e.g. a client that found we do not share its secret; refused connections logged already
+            log.warning("connection closed during handshake peer=%s error=%s", self.conn.peer, exc)
         log.debug("connection closed peer=%s identity=%s error=%s", self.conn.peer, self.identity, exc)
 
     # ---- handshake ----------------------------------------------------------------------------

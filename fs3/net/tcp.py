@@ -50,6 +50,9 @@ _JOIN_BELOW = 64 << 10
 # The server stops reading from a peer whose unsent replies exceed this, until they drain.
 _BACKPRESSURE_BYTES = 16 << 20
 
+# How long a connection closed for bad input keeps discarding what the peer still sends.
+_LINGER_S = 1.0
+
 _HDR, _MSG, _DIRECT_MSG, _DIRECT_PAYLOAD, _DEAD = range(5)
 
 
@@ -352,7 +355,20 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._report(error)
         self._state = _DEAD
         self._direct = None
-        self.close()
+        self._payload = None
+        if self._closing or self._transport is None:
+            return
+        # Lingering close: closing a socket with unread input makes the kernel send a reset, which
+        # can overtake the error frame we just queued. So send it, shut our side down, and discard
+        # input until the peer closes too or the linger time runs out.
+        self._closing = True
+        self._flush()
+        transport = self._transport
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._loop.call_later(_LINGER_S, transport.close)
+        else:
+            transport.close()
 
     # ---- send path --------------------------------------------------------------------------
 
@@ -394,7 +410,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._flush_scheduled = False
         transport = self._transport
         wq = self._wq
-        if not wq or transport is None or self._state == _DEAD and transport.is_closing():
+        if not wq or transport is None or transport.is_closing():
             return
         self._wq = []
         if self._wq_bytes < _JOIN_BELOW:

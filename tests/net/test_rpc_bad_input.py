@@ -1,0 +1,204 @@
+"""A server fed garbage answers with an error or closes that one connection, logs why, and keeps
+serving everyone else (DESIGN §10). Driven with raw sockets against a server in a background thread."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import rpcwire
+from conftest import TEST_LIMITS, ThreadedServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fs3.errors import StatusCode
+from fs3.net.frame import F_ERROR, F_REQUEST, F_RESPONSE, HEADER_SIZE, encode_header
+from fs3.net.system import ECHO, PING
+from fs3.proto import rpc_pb2
+
+pytestmark = pytest.mark.timeout(120)
+
+HYPOTHESIS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def valid_frames() -> list[bytes]:
+    """A few well-formed requests to mutate."""
+    return [
+        rpcwire.frame(F_REQUEST, 1, 0, PING.id, b""),
+        rpcwire.frame(
+            F_REQUEST, 2, 0, ECHO.id, rpc_pb2.EchoRequest(data=b"abc").SerializeToString(), b"x" * 100
+        ),
+        rpcwire.frame(F_REQUEST, 3, 0, ECHO.id, b"", b"y" * 5000, timeout_ms=1000),
+    ]
+
+
+def check_healthy(ts: ThreadedServer) -> None:
+    assert ts.ping().identity == "threaded"
+    assert not ts.loop_errors, ts.loop_errors
+
+
+def send_and_close(ts: ThreadedServer, data: bytes, authenticate: bool) -> bytes:
+    """Send ``data`` (after a handshake if asked), half-close, and return what the server answers
+    until it closes or goes quiet."""
+    with rpcwire.connect(ts.address) as sock:
+        if authenticate:
+            rpcwire.handshake(sock)
+        try:
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            return b""
+        try:
+            # the server answers, then closes when it sees our EOF or bad input, or stays open
+            # waiting for the rest of an incomplete frame until the frame timeout
+            return rpcwire.wait_closed(sock, timeout=TEST_LIMITS.frame_timeout_s + 3)
+        except TimeoutError:
+            return b"<still open>"
+
+
+@HYPOTHESIS
+@given(data=st.binary(min_size=1, max_size=4096), authenticate=st.booleans())
+def test_random_bytes(threaded_server: ThreadedServer, data: bytes, authenticate: bool) -> None:
+    out = send_and_close(threaded_server, data, authenticate)
+    assert out != b"<still open>"
+    for hdr, _ in rpcwire.parse_frames(out):
+        assert hdr[0] & F_RESPONSE or hdr[0] & F_ERROR  # only replies and errors ever come back
+    check_healthy(threaded_server)
+
+
+@HYPOTHESIS
+@given(
+    which=st.integers(0, 2),
+    mutations=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=8),
+    cut=st.one_of(st.none(), st.integers(0, 10_000)),
+)
+def test_mutated_and_truncated_frames(
+    threaded_server: ThreadedServer, which: int, mutations: list[tuple[int, int]], cut: int | None
+) -> None:
+    good = bytearray(valid_frames()[which])
+    for pos, value in mutations:
+        good[pos % len(good)] = value
+    if cut is not None:
+        good = good[: cut % (len(good) + 1)]
+    out = send_and_close(threaded_server, bytes(good), authenticate=True)
+    assert out != b"<still open>"
+    check_healthy(threaded_server)
+
+
+def test_valid_frames_after_handshake_are_answered(threaded_server: ThreadedServer) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        for f in valid_frames():
+            sock.sendall(f)
+        replies = [rpcwire.read_frame(sock) for _ in range(3)]
+    assert [h[1] for h, _, _ in replies] == [1, 2, 3]
+    assert replies[1][2] == b"x" * 100 and replies[2][2] == b"y" * 5000
+
+
+def error_reply(sock: socket.socket) -> tuple[int, int, str]:
+    hdr, message, _ = rpcwire.read_frame(sock)
+    assert hdr[0] & F_ERROR
+    status = rpcwire.read_status(message)
+    return hdr[1], status.code, status.message
+
+
+def test_length_of_2_pow_63_is_refused(
+    threaded_server: ThreadedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(encode_header(F_REQUEST, 77, 0, ECHO.id, 0, 1 << 63) + b"a" * 1000)
+        rid, code, message = error_reply(sock)
+        assert (rid, code) == (77, StatusCode.RPC_FRAME_TOO_LARGE) and "exceeds" in message
+        rid, code, _ = error_reply(sock)  # and the connection-level notice that it is closing
+        assert (rid, code) == (0, StatusCode.RPC_FRAME_TOO_LARGE)
+        rpcwire.wait_closed(sock)
+    check_healthy(threaded_server)
+    assert any("RPC_FRAME_TOO_LARGE" in r.getMessage() for r in caplog.records)
+
+
+def test_message_length_beyond_limit_is_refused(threaded_server: ThreadedServer) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(encode_header(F_REQUEST, 5, 0, ECHO.id, 0xFFFFFFFF, 0))
+        assert error_reply(sock)[:2] == (5, StatusCode.RPC_FRAME_TOO_LARGE)
+        rpcwire.wait_closed(sock)
+    check_healthy(threaded_server)
+
+
+def test_bad_magic_closes_with_malformed_frame(threaded_server: ThreadedServer) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * HEADER_SIZE)
+        assert error_reply(sock)[:2] == (0, StatusCode.RPC_MALFORMED_FRAME)
+        rpcwire.wait_closed(sock)
+    check_healthy(threaded_server)
+
+
+def test_unparsable_protobuf_fails_only_that_call(threaded_server: ThreadedServer) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(rpcwire.frame(F_REQUEST, 9, 0, ECHO.id, b"\xff\xff\xff\xff\x0f", b"payload"))
+        assert error_reply(sock)[:2] == (9, StatusCode.RPC_BAD_MESSAGE)
+        sock.sendall(rpcwire.frame(F_REQUEST, 10, 0, PING.id, b""))
+        hdr, message, _ = rpcwire.read_frame(sock)
+        assert hdr[1] == 10 and not hdr[0] & F_ERROR
+        assert rpc_pb2.PingResponse.FromString(message).identity == "threaded"
+
+
+def test_unknown_service_and_method_fail_only_that_call(threaded_server: ThreadedServer) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(rpcwire.frame(F_REQUEST, 1, 4242, 1, b""))
+        sock.sendall(rpcwire.frame(F_REQUEST, 2, 0, 4242, b"", b"some payload"))
+        sock.sendall(rpcwire.frame(F_REQUEST, 3, 0, PING.id, b""))
+        assert error_reply(sock)[:2] == (1, StatusCode.RPC_UNKNOWN_SERVICE)
+        assert error_reply(sock)[:2] == (2, StatusCode.RPC_UNKNOWN_METHOD)
+        hdr, _, _ = rpcwire.read_frame(sock)
+        assert hdr[1] == 3 and not hdr[0] & F_ERROR
+
+
+def test_response_frame_sent_to_a_server_closes_the_connection(threaded_server: ThreadedServer) -> None:
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(rpcwire.frame(F_RESPONSE, 1, 0, PING.id, b""))
+        assert error_reply(sock)[1] == StatusCode.RPC_MALFORMED_FRAME
+        rpcwire.wait_closed(sock)
+    check_healthy(threaded_server)
+
+
+@pytest.mark.parametrize("stop_after", [1, HEADER_SIZE - 1, HEADER_SIZE + 3, HEADER_SIZE + 5000])
+def test_client_that_never_finishes_its_frame_is_disconnected(
+    threaded_server: ThreadedServer, stop_after: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = rpcwire.frame(
+        F_REQUEST, 1, 0, ECHO.id, rpc_pb2.EchoRequest(data=b"abcdef").SerializeToString(), b"z" * 9000
+    )
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        sock.sendall(f[:stop_after])
+        start = time.monotonic()
+        # no EOF from us: the server must give up on its own after the frame timeout
+        rpcwire.wait_closed(sock, timeout=TEST_LIMITS.frame_timeout_s + 5)
+        assert time.monotonic() - start >= TEST_LIMITS.frame_timeout_s * 0.9
+    check_healthy(threaded_server)
+    assert any("incomplete" in r.getMessage() for r in caplog.records)
+
+
+def test_many_bad_clients_at_once_do_not_disturb_a_good_one(threaded_server: ThreadedServer) -> None:
+    socks = []
+    try:
+        for i in range(20):
+            s = rpcwire.connect(threaded_server.address)
+            s.sendall(bytes([i]) * (i * 7 + 1))  # never authenticated, never finished
+            socks.append(s)
+        for _ in range(5):
+            check_healthy(threaded_server)
+    finally:
+        for s in socks:
+            s.close()

@@ -1,0 +1,314 @@
+"""Calls through a real server on 127.0.0.1: results, payloads, concurrency, deadlines, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+from conftest import TEST_LIMITS, TEST_SERVICE, poll
+from rpcwire import SECRET
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
+from fs3.net.system import ECHO, PING, SINK, SOURCE, SYSTEM_SERVICE, source_pattern
+from fs3.proto import common_pb2, rpc_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_ping_and_echo(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
+    response, payload = await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+    assert response.identity == "test-server" and payload is None
+    response, payload = await rpc_client.call(
+        rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=b"hello"), payload=b"raw bytes"
+    )
+    assert response.data == b"hello" and bytes(payload) == b"raw bytes"
+    # "host:port" strings work as addresses too, and a stub calls by name
+    host, port = rpc_server.address
+    stub = rpc_client.stub(f"{host}:{port}", SYSTEM_SERVICE)
+    response, _ = await stub.call("Echo", rpc_pb2.EchoRequest(data=b"x"))
+    assert response.data == b"x"
+    assert rpc_server.connection_count == 1
+
+
+async def test_handler_sees_identity_peer_and_deadline(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    handlers.gate.set()
+    await rpc_client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(), timeout=3)
+    ctx = handlers.contexts[-1]
+    assert ctx.identity == "test-client"
+    assert ctx.peer.startswith("127.0.0.1:")
+    assert ctx.method.full_name == "test.Block"
+    remaining = ctx.remaining(asyncio.get_running_loop().time())
+    assert remaining is not None and 0 < remaining <= 3.01
+
+
+@pytest.mark.parametrize("size", [1, 4095, 65537, 16 << 20])
+async def test_large_payload_round_trip_is_byte_exact(
+    rpc_server: RpcServer, rpc_client: RpcClient, size: int
+) -> None:
+    data = os.urandom(size)
+    response, payload = await rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(), payload=data)
+    assert payload is not None and payload.nbytes == size
+    assert hashlib.sha256(payload).digest() == hashlib.sha256(data).digest()
+    response, _ = await rpc_client.call(rpc_server.address, SINK, rpc_pb2.SinkRequest(), payload=data)
+    assert response.received == size
+
+
+async def test_reply_payload_lands_in_the_callers_buffer(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    buf = bytearray(8 << 20)
+    n = (5 << 20) + 3
+    _, payload = await rpc_client.call(rpc_server.address, SOURCE, rpc_pb2.SourceRequest(length=n), into=buf)
+    assert payload is not None and payload.obj is buf and payload.nbytes == n
+    assert buf[:n] == source_pattern(n)
+    # a reply that does not fit the caller's buffer fails that call only
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(
+            rpc_server.address, SOURCE, rpc_pb2.SourceRequest(length=100), into=bytearray(10)
+        )
+    assert e.value.code == StatusCode.RPC_FRAME_TOO_LARGE
+    _, payload = await rpc_client.call(rpc_server.address, SOURCE, rpc_pb2.SourceRequest(length=100))
+    assert bytes(payload) == source_pattern(100)
+
+
+async def test_payload_crc_end_to_end() -> None:
+    server = RpcServer(SECRET, limits=TEST_LIMITS, payload_crc=True)
+    address = await server.start()
+    try:
+        async with RpcClient(SECRET, limits=TEST_LIMITS, payload_crc=True) as client:
+            data = os.urandom(1 << 20)
+            _, payload = await client.call(address, ECHO, rpc_pb2.EchoRequest(), payload=data)
+            assert bytes(payload) == data
+    finally:
+        await server.stop()
+
+
+async def test_many_concurrent_calls_share_one_connection(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    async def one(i: int) -> None:
+        data = i.to_bytes(4, "little")
+        response, payload = await rpc_client.call(
+            rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=data), payload=data * (i % 50)
+        )
+        assert response.data == data
+        assert bytes(payload or b"") == data * (i % 50)
+
+    await asyncio.gather(*(one(i) for i in range(2000)))
+    assert rpc_server.connection_count == 1
+
+
+async def test_calls_spread_over_a_pool_of_connections(rpc_server: RpcServer) -> None:
+    async with RpcClient(SECRET, limits=TEST_LIMITS, connections_per_peer=3) as client:
+        for _ in range(3):
+            await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+        await asyncio.gather(
+            *(client.call(rpc_server.address, PING, rpc_pb2.PingRequest()) for _ in range(100))
+        )
+        await poll(lambda: rpc_server.connection_count == 3, what="three connections")
+
+
+async def test_deadline_exceeded_and_late_reply_dropped(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    block = TEST_SERVICE["Block"]
+    await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, block, rpc_pb2.EchoRequest(data=b"late"), timeout=0.2)
+    assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+    assert handlers.blocked == 1
+    # other calls on the same connection are unaffected, before and after the late reply
+    response, _ = await rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=b"a"))
+    assert response.data == b"a"
+    handlers.gate.set()
+    await poll(lambda: handlers.finished == 1, what="the blocked handler to finish")
+    response, _ = await rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=b"b"))
+    assert response.data == b"b"
+    assert rpc_server.connection_count == 1
+
+
+async def test_deadlines_of_different_lengths_expire_in_order(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    block = TEST_SERVICE["Block"]
+    await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def timed(seconds: float) -> float:
+        with pytest.raises(FS3Error) as e:
+            await rpc_client.call(rpc_server.address, block, rpc_pb2.EchoRequest(), timeout=seconds)
+        assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+        return loop.time() - start
+
+    long_, short = await asyncio.gather(timed(0.6), timed(0.1))
+    assert short >= 0.1 and long_ >= 0.6 and short < long_
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest(), timeout=0)
+    assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_cancelled_call_leaves_the_connection_usable(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    task = asyncio.ensure_future(
+        rpc_client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(), timeout=10)
+    )
+    await poll(lambda: handlers.blocked == 1, what="the call to reach the handler")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    handlers.gate.set()
+    await poll(lambda: handlers.finished == 1, what="the handler to finish")
+    response, _ = await rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=b"ok"))
+    assert response.data == b"ok"
+
+
+async def test_deadline_while_reply_streams_into_callers_buffer(rpc_server: RpcServer) -> None:
+    # A reply payload that is still arriving when the deadline passes must not keep writing into
+    # the caller's buffer after the call has returned.
+    async with RpcClient(SECRET, limits=TEST_LIMITS) as client:
+        await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+        for _ in range(20):
+            buf = bytearray(32 << 20)
+            try:
+                await client.call(
+                    rpc_server.address,
+                    SOURCE,
+                    rpc_pb2.SourceRequest(length=32 << 20),
+                    into=buf,
+                    timeout=0.003,
+                )
+            except FS3Error as e:
+                assert e.code == StatusCode.DEADLINE_EXCEEDED
+                snapshot = bytes(buf)
+                await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())  # the reply has passed
+                assert bytes(buf) == snapshot
+        _, payload = await client.call(rpc_server.address, SOURCE, rpc_pb2.SourceRequest(length=1000))
+        assert bytes(payload) == source_pattern(1000)
+
+
+async def test_error_codes_propagate(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
+    fail = TEST_SERVICE["Fail"]
+    for code in (StatusCode.NOT_FOUND, StatusCode.META_NOT_EMPTY, StatusCode.STORAGE_NOT_HEAD):
+        with pytest.raises(FS3Error) as e:
+            await rpc_client.call(rpc_server.address, fail, common_pb2.Status(code=code, message="why not"))
+        assert e.value.code == code and e.value.message == "why not"
+    # a code this side does not know decodes to UNKNOWN, keeping the number
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, fail, common_pb2.Status(code=9999, message="new"))
+    assert e.value.code == StatusCode.UNKNOWN and "9999" in e.value.message
+
+
+async def test_handler_bugs_become_internal_errors(
+    rpc_server: RpcServer, rpc_client: RpcClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, TEST_SERVICE["Crash"], rpc_pb2.EchoRequest())
+    assert e.value.code == StatusCode.INTERNAL and "ZeroDivisionError" in e.value.message
+    assert any("handler failed" in r.message and "test.Crash" in r.getMessage() for r in caplog.records)
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, TEST_SERVICE["WrongType"], rpc_pb2.EchoRequest())
+    assert e.value.code == StatusCode.INTERNAL
+    # the connection carries on
+    await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+    assert rpc_server.connection_count == 1
+
+
+async def test_unknown_service_and_method(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
+    ghost = ServiceDef(77, "ghost", {1: ("Boo", rpc_pb2.PingRequest, rpc_pb2.PingResponse)})
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, ghost["Boo"], rpc_pb2.PingRequest())
+    assert e.value.code == StatusCode.RPC_UNKNOWN_SERVICE
+    extended = ServiceDef(0, "system", {99: ("Future", rpc_pb2.PingRequest, rpc_pb2.PingResponse)})
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(
+            rpc_server.address, extended["Future"], rpc_pb2.PingRequest(), payload=b"p" * 10000
+        )
+    assert e.value.code == StatusCode.RPC_UNKNOWN_METHOD
+    await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+
+
+async def test_payload_limits(rpc_server: RpcServer) -> None:
+    # the client refuses to send more than its own limit...
+    async with RpcClient(SECRET, limits=TEST_LIMITS) as client:
+        with pytest.raises(FS3Error) as e:
+            await client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(), payload=bytes((32 << 20) + 1))
+        assert e.value.code == StatusCode.RPC_FRAME_TOO_LARGE
+        with pytest.raises(FS3Error) as e:
+            await client.call(rpc_server.address, SOURCE, rpc_pb2.SourceRequest(length=1 << 40))
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+    # ...and a server with a smaller limit than its client answers RPC_FRAME_TOO_LARGE and hangs up
+    small = RpcServer(SECRET, limits=RpcLimits(max_payload_bytes=1 << 20, frame_timeout_s=0.5))
+    address = await small.start()
+    try:
+        async with RpcClient(SECRET, limits=TEST_LIMITS) as client:
+            with pytest.raises(FS3Error) as e:
+                await client.call(address, ECHO, rpc_pb2.EchoRequest(), payload=bytes(2 << 20))
+            assert e.value.code == StatusCode.RPC_FRAME_TOO_LARGE
+            # the next call reconnects
+            _, payload = await client.call(address, ECHO, rpc_pb2.EchoRequest(), payload=b"fits")
+            assert bytes(payload) == b"fits"
+    finally:
+        await small.stop()
+
+
+async def test_connect_failure_and_reconnect_after_server_restart(rpc_client: RpcClient) -> None:
+    server = RpcServer(SECRET, limits=TEST_LIMITS)
+    address = await server.start(("127.0.0.1", 0))
+    await rpc_client.call(address, PING, rpc_pb2.PingRequest())
+    await server.stop()
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(address, PING, rpc_pb2.PingRequest())
+    assert e.value.code in (StatusCode.RPC_CONNECT_FAILED, StatusCode.RPC_CONNECTION_CLOSED)
+    assert e.value.retryable
+    server = RpcServer(SECRET, limits=TEST_LIMITS, identity="second")
+    await server.start(address)
+    try:
+        response, _ = await rpc_client.call(address, PING, rpc_pb2.PingRequest())
+        assert response.identity == "second"
+    finally:
+        await server.stop()
+
+
+async def test_calls_in_flight_fail_when_the_server_stops(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    task = asyncio.ensure_future(
+        rpc_client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(), timeout=10)
+    )
+    await poll(lambda: handlers.blocked == 1, what="the call to reach the handler")
+    await rpc_server.stop()
+    with pytest.raises(FS3Error) as e:
+        await task
+    assert e.value.code in (StatusCode.CANCELLED, StatusCode.RPC_CONNECTION_CLOSED)
+
+
+async def test_registration_is_checked() -> None:
+    server = RpcServer(SECRET)
+    with pytest.raises(ValueError, match="no handler"):
+        server.add_service(TEST_SERVICE, {})
+
+    def not_async(request, payload, ctx):  # noqa: ANN001, ANN202
+        return None
+
+    with pytest.raises(TypeError):
+        server.add_service(
+            ServiceDef(5, "x", {1: ("A", rpc_pb2.PingRequest, rpc_pb2.PingResponse)}), {"A": not_async}
+        )
+    with pytest.raises(ValueError):
+        ServiceDef(
+            5,
+            "x",
+            {
+                1: ("A", rpc_pb2.PingRequest, rpc_pb2.PingResponse),
+                2: ("A", rpc_pb2.PingRequest, rpc_pb2.PingResponse),
+            },
+        )
+    with pytest.raises(ValueError):
+        ServiceDef(1 << 16, "x", {})
