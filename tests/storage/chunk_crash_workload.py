@@ -1,0 +1,87 @@
+"""Child process of the crash test: runs chunk updates and commits until it is SIGKILLed.
+
+Usage: ``python chunk_crash_workload.py TARGET_DIR SEED``. Protocol on stdout, one flushed line
+per event, chunk ids in hex:
+
+    READY                         the engine is open
+    B <chunk>                     an operation on <chunk> begins
+    P <chunk> <version> <crc>     the update returned: <version> is pending with content CRC <crc>
+    C <chunk> <version> <crc> <length>   commit returned: that version is committed (acknowledged)
+    R <chunk> <version>           commit of a removal returned: the chunk is gone (acknowledged)
+
+The child checks its own work: before each operation it reads the committed content, applies the
+operation in memory, and requires the engine's CRC of the new version to match.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import sys
+
+from fs3.storage.chunk_engine import ChunkEngine
+from fs3.storage.chunk_meta import crc32c
+
+CHUNKS = 6
+
+
+def chunk_id(n: int) -> bytes:
+    return struct.pack(">BBQHI", 0, 0, 42, 0, n)
+
+
+def chunk_size(n: int) -> int:
+    return (64 * 1024) << (n % 3)
+
+
+def emit(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    target, seed = sys.argv[1], int(sys.argv[2])
+    rng = random.Random(seed)
+    engine = ChunkEngine(target)
+    emit("READY")
+    while True:
+        n = rng.randrange(CHUNKS)
+        cid, size = chunk_id(n), chunk_size(n)
+        meta = engine.get_meta(cid)
+        assert meta is None or meta.pending is None, "the parent settles pending versions"
+        old = engine.read(cid).data if meta is not None else b""
+        emit(f"B {cid.hex()}")
+        op = rng.random()
+        if op < 0.45:  # overwrite (copy-on-write), possibly extending
+            offset = rng.randrange(0, max(1, len(old)))
+            data = rng.randbytes(rng.randrange(1, min(size - offset, 20_000) + 1))
+            new = bytearray(old)
+            new[offset : offset + len(data)] = data
+            meta = engine.update(cid, offset, data, chunk_size=size, chain_ver=1, checksum=crc32c(data))
+        elif op < 0.75 and len(old) < size:  # append at the end (in place)
+            data = rng.randbytes(rng.randrange(1, min(size - len(old), 30_000) + 1))
+            new = bytearray(old + data)
+            meta = engine.update(cid, len(old), data, chunk_size=size, chain_ver=1)
+        elif op < 0.85:
+            length = rng.randrange(0, size + 1)
+            new = bytearray(old[:length] + bytes(max(0, length - len(old))))
+            meta = engine.truncate(cid, length, chunk_size=size, chain_ver=1)
+        elif op < 0.93 and meta is not None:
+            meta = engine.remove(cid, chain_ver=1)
+            emit(f"P {cid.hex()} {meta.pending_ver} removal")
+            assert engine.commit(cid, meta.pending_ver) is None
+            emit(f"R {cid.hex()} {meta.pending_ver}")
+            continue
+        else:  # full-chunk replace, as resync or a syncing successor would receive
+            new = bytearray(rng.randbytes(rng.randrange(0, size + 1)))
+            version = (meta.committed_ver if meta else 0) + 1
+            meta = engine.replace(cid, new, chunk_size=size, chain_ver=2, version=version)
+        crc = crc32c(new)
+        assert meta.pending.crc == crc and meta.pending.length == len(new), "engine disagrees with model"
+        emit(f"P {cid.hex()} {meta.pending_ver} {crc}")
+        committed = engine.commit(cid, meta.pending_ver)
+        assert committed is not None and committed.crc == crc
+        emit(f"C {cid.hex()} {committed.committed_ver} {crc} {len(new)}")
+
+
+if __name__ == "__main__":
+    main()
