@@ -93,6 +93,12 @@ class MgmtdConfig:
     heartbeat_timeout_s: float = opt(10.0, doc="a node silent this long is marked failed", check=_positive)
     chain_update_interval_s: float = opt(1.0, doc="how often chain states are recomputed", check=_positive)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    advertise_host: str = opt(
+        "", doc="host that nodes and clients use to reach this mgmtd ('' = listen_host)"
+    )
+    client_session_timeout_s: float = opt(
+        300.0, doc="client sessions not extended for this long expire", check=_positive
+    )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
 

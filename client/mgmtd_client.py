@@ -1,0 +1,348 @@
+"""An asyncio client of fs3-mgmtd with failover across several mgmtd addresses.
+
+::
+
+    client = MgmtdClient(["10.0.0.1:8000", "10.0.0.2:8000"], token=admin_token)
+    info = await client.get_routing_info(known_version=0)
+    await client.create_targets([TargetSpec(target_id=101, node_id=10001, disk_index=0)])
+    await client.close()
+
+Every call goes to the mgmtd believed to be primary. A standby answers MGMTD_NOT_PRIMARY naming the
+primary, and the call is re-sent there; an unreachable mgmtd makes the client try the next address.
+Calls are retried that way until ``timeout_s`` runs out, then the last error is raised. Errors come
+back as :class:`fs3.errors.FS3Error` with the exact status code the server raised.
+
+Calls that did not reach a primary are safe to resend. A call that failed in flight with the
+connection dropping (UNAVAILABLE with no fs3 code) is resent too; the admin operations that are
+not idempotent (AddUser, IssueToken) then report ALREADY_EXISTS or issue a second token, which is
+why those are never resent after the request may have been delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode
+from fs3.proto import common_pb2, mgmtd_pb2, mgmtd_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+TOKEN_METADATA_KEY = "fs3-token"
+SECRET_METADATA_KEY = "fs3-cluster-secret"
+PRIMARY_METADATA_KEY = "fs3-primary"
+
+# Not resent once the request may have reached the server (see the module docstring).
+_NOT_IDEMPOTENT = frozenset({"AddUser", "IssueToken", "InitCluster"})
+
+_GRPC_TO_FS3 = {
+    grpc.StatusCode.INVALID_ARGUMENT: StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.DEADLINE_EXCEEDED: StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.NOT_FOUND: StatusCode.NOT_FOUND,
+    grpc.StatusCode.ALREADY_EXISTS: StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.PERMISSION_DENIED: StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED: StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION: StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED: StatusCode.ABORTED,
+    grpc.StatusCode.UNAVAILABLE: StatusCode.UNAVAILABLE,
+    grpc.StatusCode.INTERNAL: StatusCode.INTERNAL,
+    grpc.StatusCode.UNIMPLEMENTED: StatusCode.NOT_IMPLEMENTED,
+    grpc.StatusCode.CANCELLED: StatusCode.CANCELLED,
+}
+
+
+def decode_error(e: grpc.aio.AioRpcError) -> tuple[FS3Error, str]:
+    """The FS3Error a gRPC error carries, and the primary's address when the server named one."""
+    md = {k: v for k, v in (e.trailing_metadata() or ()) if isinstance(v, str)}
+    raw = md.get(GRPC_METADATA_KEY)
+    if raw is not None and raw.isdigit():
+        code: int = int(raw)
+    else:
+        code = _GRPC_TO_FS3.get(e.code(), StatusCode.UNKNOWN)
+    return FS3Error(code, e.details() or ""), md.get(PRIMARY_METADATA_KEY, "")
+
+
+class MgmtdClient:
+    """A client of the mgmtd cluster. Create and use it inside one event loop; ``close`` it."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        token: str | None = None,
+        cluster_secret: bytes | str | None = None,
+        timeout_s: float = 10.0,
+        rpc_timeout_s: float = 3.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one mgmtd address is needed")
+        self.addresses = list(dict.fromkeys(addresses))
+        self.timeout_s = timeout_s
+        self.rpc_timeout_s = rpc_timeout_s
+        md: list[tuple[str, str]] = []
+        if token:
+            md.append((TOKEN_METADATA_KEY, token))
+        if cluster_secret:
+            s = cluster_secret.decode() if isinstance(cluster_secret, bytes) else cluster_secret
+            md.append((SECRET_METADATA_KEY, s))
+        self._metadata = tuple(md)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, mgmtd_pb2_grpc.MgmtdStub] = {}
+        self.primary: str | None = None  # the address the last successful call went to
+
+    async def close(self) -> None:
+        channels, self._channels, self._stubs = self._channels, {}, {}
+        for ch in channels.values():
+            await ch.close()
+
+    async def __aenter__(self) -> MgmtdClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _stub(self, address: str) -> mgmtd_pb2_grpc.MgmtdStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            ch = grpc.aio.insecure_channel(address)
+            self._channels[address] = ch
+            stub = self._stubs[address] = mgmtd_pb2_grpc.MgmtdStub(ch)
+        return stub
+
+    def _order(self) -> list[str]:
+        if self.primary is None:
+            return list(self.addresses)
+        return [self.primary] + [a for a in self.addresses if a != self.primary]
+
+    async def call(self, method: str, request: Any, *, timeout_s: float | None = None) -> Any:
+        """Send ``request`` to the primary's ``method``, following redirects and failing over."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
+        last: FS3Error | None = None
+        backoff = 0.05
+        hinted: str | None = None
+        while True:
+            candidates = [hinted] if hinted else self._order()
+            hinted = None
+            for address in candidates:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    reply = await getattr(self._stub(address), method)(
+                        request,
+                        metadata=self._metadata,
+                        timeout=min(self.rpc_timeout_s, remaining),
+                        wait_for_ready=False,
+                    )
+                except grpc.aio.AioRpcError as e:
+                    err, primary = decode_error(e)
+                    if err.code == StatusCode.MGMTD_NOT_PRIMARY:
+                        last = err
+                        if primary and primary != address:
+                            hinted = primary
+                            break
+                        continue
+                    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and (
+                        e.trailing_metadata() is None
+                        or not any(k == GRPC_METADATA_KEY for k, _ in e.trailing_metadata())
+                    ):
+                        # transport trouble, not an answer: try the next mgmtd
+                        if method in _NOT_IDEMPOTENT and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                            raise err from None
+                        last = FS3Error(StatusCode.UNAVAILABLE, f"mgmtd {address}: {e.details()}")
+                        if self.primary == address:
+                            self.primary = None
+                        continue
+                    raise err from None
+                self.primary = address
+                return reply
+            if hinted:
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise last or FS3Error(StatusCode.UNAVAILABLE, "no mgmtd answered")
+            await asyncio.sleep(min(backoff, remaining))
+            backoff = min(backoff * 2, 0.5)
+
+    # ---- any mgmtd -----------------------------------------------------------------------------
+
+    async def get_primary(self) -> mgmtd_pb2.GetPrimaryReply:
+        """Ask the mgmtds in turn who the primary is (the first answer wins)."""
+        last: Exception | None = None
+        for address in self._order():
+            try:
+                return await self._stub(address).GetPrimary(
+                    mgmtd_pb2.GetPrimaryRequest(), metadata=self._metadata, timeout=self.rpc_timeout_s
+                )
+            except grpc.aio.AioRpcError as e:
+                last = decode_error(e)[0]
+        raise last or FS3Error(StatusCode.UNAVAILABLE, "no mgmtd answered")
+
+    # ---- services ------------------------------------------------------------------------------
+
+    async def register_node(
+        self, node_id: int, node_type: int, endpoints: Sequence[common_pb2.Endpoint] = (), hostname: str = ""
+    ) -> int:
+        r = await self.call(
+            "RegisterNode",
+            mgmtd_pb2.RegisterNodeRequest(
+                node_id=node_id, type=node_type, endpoints=endpoints, hostname=hostname
+            ),
+        )
+        return r.routing_version
+
+    async def heartbeat(self, request: mgmtd_pb2.HeartbeatRequest) -> mgmtd_pb2.HeartbeatReply:
+        return await self.call("Heartbeat", request)
+
+    # ---- everyone ------------------------------------------------------------------------------
+
+    async def get_routing_info(self, known_version: int = 0) -> mgmtd_pb2.GetRoutingInfoReply:
+        return await self.call("GetRoutingInfo", mgmtd_pb2.GetRoutingInfoRequest(known_version=known_version))
+
+    async def extend_session(
+        self, session: mgmtd_pb2.ClientSession, config_version: int = 0
+    ) -> mgmtd_pb2.ExtendClientSessionReply:
+        return await self.call(
+            "ExtendClientSession",
+            mgmtd_pb2.ExtendClientSessionRequest(session=session, config_version=config_version),
+        )
+
+    async def verify_token(self, token: str) -> mgmtd_pb2.User:
+        return (await self.call("VerifyToken", mgmtd_pb2.VerifyTokenRequest(token=token))).user
+
+    async def get_config(self, node_type: int, version: int = 0) -> mgmtd_pb2.ConfigInfo | None:
+        r = await self.call("GetConfig", mgmtd_pb2.GetConfigRequest(node_type=node_type, version=version))
+        return r.config if r.HasField("config") else None
+
+    # ---- admin ---------------------------------------------------------------------------------
+
+    async def init_cluster(
+        self, cluster_id: str = "fs3", admin_name: str = "root", admin_uid: int = 0
+    ) -> str:
+        """Initialize the cluster; returns the first admin's token (shown only this once)."""
+        r = await self.call(
+            "InitCluster",
+            mgmtd_pb2.InitClusterRequest(cluster_id=cluster_id, admin_name=admin_name, admin_uid=admin_uid),
+        )
+        return r.admin_token
+
+    async def unregister_node(self, node_id: int) -> None:
+        await self.call("UnregisterNode", mgmtd_pb2.UnregisterNodeRequest(node_id=node_id))
+
+    async def set_node_enabled(self, node_id: int, enabled: bool) -> None:
+        await self.call("SetNodeEnabled", mgmtd_pb2.SetNodeEnabledRequest(node_id=node_id, enabled=enabled))
+
+    async def create_targets(self, targets: Sequence[mgmtd_pb2.TargetSpec]) -> None:
+        await self.call("CreateTargets", mgmtd_pb2.CreateTargetsRequest(targets=targets))
+
+    async def remove_target(self, target_id: int) -> None:
+        await self.call("RemoveTarget", mgmtd_pb2.RemoveTargetRequest(target_id=target_id))
+
+    async def offline_target(self, target_id: int, force: bool = False) -> mgmtd_pb2.ChainInfo:
+        r = await self.call("OfflineTarget", mgmtd_pb2.OfflineTargetRequest(target_id=target_id, force=force))
+        return r.chain
+
+    async def upload_chains(
+        self, chains: dict[int, Sequence[int]], set_preferred_order: bool = False
+    ) -> None:
+        specs = [mgmtd_pb2.ChainSpec(chain_id=cid, target_ids=tids) for cid, tids in chains.items()]
+        await self.call(
+            "UploadChains",
+            mgmtd_pb2.UploadChainsRequest(chains=specs, set_preferred_order=set_preferred_order),
+        )
+
+    async def upload_chain_table(self, table_id: int, chain_ids: Sequence[int], description: str = "") -> int:
+        r = await self.call(
+            "UploadChainTable",
+            mgmtd_pb2.UploadChainTableRequest(
+                table_id=table_id, chain_ids=chain_ids, description=description
+            ),
+        )
+        return r.version
+
+    async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:
+        r = await self.call(
+            "UpdateChain", mgmtd_pb2.UpdateChainRequest(chain_id=chain_id, target_id=target_id, mode=mode)
+        )
+        return r.chain
+
+    async def rotate_lastsrv(self, chain_id: int) -> mgmtd_pb2.ChainInfo:
+        return (await self.call("RotateLastSrv", mgmtd_pb2.RotateLastSrvRequest(chain_id=chain_id))).chain
+
+    async def set_preferred_order(self, chain_id: int, target_ids: Sequence[int]) -> mgmtd_pb2.ChainInfo:
+        r = await self.call(
+            "SetPreferredOrder", mgmtd_pb2.SetPreferredOrderRequest(chain_id=chain_id, target_ids=target_ids)
+        )
+        return r.chain
+
+    async def rotate_as_preferred_order(self, chain_id: int) -> mgmtd_pb2.ChainInfo:
+        r = await self.call(
+            "RotateAsPreferredOrder", mgmtd_pb2.RotateAsPreferredOrderRequest(chain_id=chain_id)
+        )
+        return r.chain
+
+    async def add_user(
+        self,
+        uid: int,
+        name: str,
+        gid: int = 0,
+        groups: Sequence[int] = (),
+        admin: bool = False,
+        root: bool = False,
+    ) -> str:
+        """Create a user; returns its first token."""
+        r = await self.call(
+            "AddUser",
+            mgmtd_pb2.AddUserRequest(uid=uid, name=name, gid=gid, groups=groups, admin=admin, root=root),
+        )
+        return r.token
+
+    async def remove_user(self, uid: int) -> None:
+        await self.call("RemoveUser", mgmtd_pb2.RemoveUserRequest(uid=uid))
+
+    async def set_user(self, request: mgmtd_pb2.SetUserRequest) -> mgmtd_pb2.User:
+        return (await self.call("SetUser", request)).user
+
+    async def issue_token(self, uid: int, ttl_s: float = 0.0, invalidate_existing: bool = False) -> str:
+        r = await self.call(
+            "IssueToken",
+            mgmtd_pb2.IssueTokenRequest(uid=uid, ttl_s=ttl_s, invalidate_existing=invalidate_existing),
+        )
+        return r.token
+
+    async def get_user(self, uid: int) -> mgmtd_pb2.User:
+        return (await self.call("GetUser", mgmtd_pb2.GetUserRequest(uid=uid))).user
+
+    async def list_users(self) -> list[mgmtd_pb2.User]:
+        return list((await self.call("ListUsers", mgmtd_pb2.ListUsersRequest())).users)
+
+    async def list_nodes(self) -> list[mgmtd_pb2.NodeInfo]:
+        return list((await self.call("ListNodes", mgmtd_pb2.ListNodesRequest())).nodes)
+
+    async def list_targets(self, chain_id: int = 0) -> list[mgmtd_pb2.TargetInfo]:
+        return list((await self.call("ListTargets", mgmtd_pb2.ListTargetsRequest(chain_id=chain_id))).targets)
+
+    async def list_chains(self, table_id: int = 0, table_version: int = 0) -> list[mgmtd_pb2.ChainInfo]:
+        r = await self.call(
+            "ListChains", mgmtd_pb2.ListChainsRequest(table_id=table_id, table_version=table_version)
+        )
+        return list(r.chains)
+
+    async def list_chain_tables(self) -> list[mgmtd_pb2.ChainTable]:
+        return list((await self.call("ListChainTables", mgmtd_pb2.ListChainTablesRequest())).tables)
+
+    async def list_client_sessions(self) -> list[mgmtd_pb2.ClientSession]:
+        return list((await self.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())).sessions)
+
+    async def set_config(self, node_type: int, content: str, description: str = "") -> int:
+        r = await self.call(
+            "SetConfig",
+            mgmtd_pb2.SetConfigRequest(node_type=node_type, content=content, description=description),
+        )
+        return r.version

@@ -1,0 +1,252 @@
+"""The routing cache every fs3 process keeps: the cluster's nodes, targets, chains and chain tables
+as mgmtd last published them.
+
+:class:`Routing` is an immutable, indexed view of one routing snapshot. :class:`RoutingCache` keeps
+the newest one, polling mgmtd with the version it knows (mgmtd answers with nothing when that is
+current) every ``refresh_interval_s``, and at once when someone calls :meth:`RoutingCache.refresh_soon`
+-- what the data path does after a routing error such as a chain-version mismatch::
+
+    cache = RoutingCache(MgmtdClient(addresses, cluster_secret=secret), refresh_interval_s=2.0)
+    await cache.start()                  # first snapshot fetched before this returns
+    chain = cache.routing.chain(7)
+    head = cache.routing.node_of_target(chain.head.target_id)
+    ...
+    cache.refresh_soon()                 # after STORAGE_CHAIN_VERSION_MISMATCH
+    await cache.wait_for(lambda r: r.chain(7).version > old_version, timeout_s=5)
+    await cache.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from fs3.client.mgmtd_client import MgmtdClient
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import common_pb2, mgmtd_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainView:
+    """One chain: its version and its targets in order, head first, with public states."""
+
+    chain_id: int
+    version: int
+    targets: tuple[mgmtd_pb2.ChainTarget, ...]
+
+    @property
+    def head(self) -> mgmtd_pb2.ChainTarget | None:
+        """The head if it is SERVING (writes go there); None when the chain cannot take writes."""
+        if self.targets and self.targets[0].public_state == common_pb2.SERVING:
+            return self.targets[0]
+        return None
+
+    @property
+    def serving(self) -> list[int]:
+        """Target ids that may serve reads, in chain order."""
+        return [t.target_id for t in self.targets if t.public_state == common_pb2.SERVING]
+
+    def successor(self, target_id: int) -> mgmtd_pb2.ChainTarget | None:
+        """The next target a write is forwarded to (SERVING or SYNCING), or None at the tail."""
+        ids = [t.target_id for t in self.targets]
+        if target_id not in ids:
+            return None
+        for t in self.targets[ids.index(target_id) + 1 :]:
+            if t.public_state in (common_pb2.SERVING, common_pb2.SYNCING):
+                return t
+        return None
+
+    def state_of(self, target_id: int) -> int:
+        for t in self.targets:
+            if t.target_id == target_id:
+                return t.public_state
+        return common_pb2.PUBLIC_STATE_INVALID
+
+
+class Routing:
+    """An immutable, indexed view of one RoutingInfo snapshot."""
+
+    def __init__(self, info: mgmtd_pb2.RoutingInfo) -> None:
+        self.info = info
+        self.version: int = info.version
+        self.bootstrapping: bool = info.bootstrapping
+        self.nodes: dict[int, mgmtd_pb2.NodeInfo] = {n.node_id: n for n in info.nodes}
+        self.targets: dict[int, mgmtd_pb2.TargetInfo] = {t.target_id: t for t in info.targets}
+        self.chains: dict[int, ChainView] = {
+            c.chain_id: ChainView(c.chain_id, c.version, tuple(c.targets)) for c in info.chains
+        }
+        self.chain_tables: dict[tuple[int, int], mgmtd_pb2.ChainTable] = {
+            (t.table_id, t.version): t for t in info.chain_tables
+        }
+
+    @classmethod
+    def empty(cls) -> Routing:
+        return cls(mgmtd_pb2.RoutingInfo())
+
+    def chain(self, chain_id: int) -> ChainView:
+        try:
+            return self.chains[chain_id]
+        except KeyError:
+            raise FS3Error(
+                StatusCode.MGMTD_UNKNOWN_CHAIN, f"chain {chain_id} is not in routing info"
+            ) from None
+
+    def target(self, target_id: int) -> mgmtd_pb2.TargetInfo:
+        try:
+            return self.targets[target_id]
+        except KeyError:
+            raise FS3Error(
+                StatusCode.MGMTD_UNKNOWN_TARGET, f"target {target_id} is not in routing info"
+            ) from None
+
+    def node(self, node_id: int) -> mgmtd_pb2.NodeInfo:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise FS3Error(StatusCode.MGMTD_UNKNOWN_NODE, f"node {node_id} is not in routing info") from None
+
+    def node_of_target(self, target_id: int) -> mgmtd_pb2.NodeInfo:
+        return self.node(self.target(target_id).node_id)
+
+    def chain_table(self, table_id: int, version: int = 0) -> mgmtd_pb2.ChainTable:
+        """A chain table by id and version (0 = the newest)."""
+        if version == 0:
+            versions = [v for (tid, v) in self.chain_tables if tid == table_id]
+            version = max(versions, default=0)
+        try:
+            return self.chain_tables[(table_id, version)]
+        except KeyError:
+            raise FS3Error(
+                StatusCode.MGMTD_UNKNOWN_CHAIN_TABLE, f"chain table {table_id} version {version} is not known"
+            ) from None
+
+    def nodes_of_type(self, node_type: int, *, active_only: bool = True) -> list[mgmtd_pb2.NodeInfo]:
+        return [
+            n
+            for n in self.nodes.values()
+            if n.type == node_type and (not active_only or n.status == mgmtd_pb2.NODE_STATUS_ACTIVE)
+        ]
+
+    def targets_of_node(self, node_id: int) -> list[mgmtd_pb2.TargetInfo]:
+        return [t for t in self.targets.values() if t.node_id == node_id]
+
+
+Listener = Callable[[Routing], None]
+
+
+class RoutingCache:
+    """The newest routing info, refreshed in the background and early on demand."""
+
+    def __init__(
+        self,
+        client: MgmtdClient,
+        *,
+        refresh_interval_s: float = 5.0,
+        min_refresh_gap_s: float = 0.05,
+    ) -> None:
+        self.client = client
+        self.refresh_interval_s = refresh_interval_s
+        self.min_refresh_gap_s = min_refresh_gap_s
+        self.routing: Routing = Routing.empty()
+        self.last_refresh: float = 0.0  # monotonic time of the last successful poll
+        self._wake = asyncio.Event()
+        self._updated = asyncio.Condition()
+        self._task: asyncio.Task | None = None
+        self._listeners: list[Listener] = []
+
+    @property
+    def version(self) -> int:
+        return self.routing.version
+
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(routing)`` (in the event loop) whenever a new version arrives."""
+        self._listeners.append(fn)
+
+    async def start(self, *, first_timeout_s: float | None = None) -> None:
+        """Fetch the first snapshot, then keep refreshing in the background."""
+        await self.refresh(timeout_s=first_timeout_s)
+        self._task = asyncio.create_task(self._loop(), name="fs3-routing-refresh")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def refresh_soon(self) -> None:
+        """Ask for a refresh now (after a routing error); cheap to call often."""
+        self._wake.set()
+
+    async def refresh(self, *, timeout_s: float | None = None) -> Routing:
+        """Poll mgmtd once and return the newest routing."""
+        reply = await self.client.call(
+            "GetRoutingInfo",
+            mgmtd_pb2.GetRoutingInfoRequest(known_version=self.routing.version),
+            timeout_s=timeout_s,
+        )
+        self.last_refresh = time.monotonic()
+        if reply.HasField("info") and reply.info.version != self.routing.version:
+            self._install(Routing(reply.info))
+        return self.routing
+
+    def _install(self, routing: Routing) -> None:
+        old = self.routing.version
+        self.routing = routing
+        log.debug("routing updated version=%d->%d", old, routing.version)
+        for fn in list(self._listeners):
+            try:
+                fn(routing)
+            except Exception:
+                log.exception("routing listener failed")
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._updated:
+            self._updated.notify_all()
+
+    async def wait_for(self, predicate: Callable[[Routing], bool], timeout_s: float) -> Routing:
+        """Wait until the routing satisfies ``predicate`` (refreshing early); raises
+        FS3Error(DEADLINE_EXCEEDED) when it does not within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not predicate(self.routing):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FS3Error(
+                    StatusCode.DEADLINE_EXCEEDED, f"routing did not reach the state in {timeout_s}s"
+                )
+            self.refresh_soon()
+            async with self._updated:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._updated.wait(), timeout=min(remaining, self.refresh_interval_s)
+                    )
+        return self.routing
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.refresh_interval_s)
+            self._wake.clear()
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                log.warning("routing refresh failed error=%s", e)
+            except Exception:
+                log.exception("routing refresh failed")
+            # An early refresh storm (many failing requests at once) costs at most one poll per gap.
+            await asyncio.sleep(self.min_refresh_gap_s)
+
+
+def serving_targets(routing: Routing, chain_ids: Iterable[int]) -> dict[int, list[int]]:
+    """Chain id -> SERVING target ids in chain order, for the given chains."""
+    return {cid: routing.chain(cid).serving for cid in chain_ids}

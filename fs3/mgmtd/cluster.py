@@ -1,0 +1,565 @@
+"""The primary's view of the cluster: stored records mirrored in memory, plus runtime state.
+
+Only the primary has a :class:`Cluster`. It is built by :meth:`Cluster.load` when this mgmtd takes
+the lease and discarded when it loses it. Stored records (nodes, targets, chains, chain tables,
+configs) live in the KV store and are mirrored here; runtime state (heartbeat times, targets' local
+states and usage, client sessions) lives here only, as in 3FS, and is rebuilt from heartbeats after
+a failover.
+
+Every write goes through :meth:`Cluster.write`: one KV transaction that re-checks the lease
+(fencing), writes the new records and, when routing changed, the new routing version; memory is
+updated only after that transaction commits. Writes are serialized by one lock, so memory equals
+the store whenever the lock is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv.base import Database, Transaction
+from fs3.mgmtd import schema
+from fs3.mgmtd.chain_state import ChainTarget, LocalState, PublicState, next_chain
+from fs3.mgmtd.election import Election
+from fs3.proto import common_pb2, mgmtd_pb2
+
+log = logging.getLogger(__name__)
+
+Apply = Callable[[], None]
+# A write: given the transaction, stage the writes and return what to apply to memory afterwards.
+WriteFn = Callable[[Transaction], Awaitable[Apply | None]]
+
+_NODE_TYPES = {common_pb2.NODE_MGMTD, common_pb2.NODE_META, common_pb2.NODE_STORAGE}
+_LOCAL_STATES = {LocalState.UPTODATE, LocalState.ONLINE, LocalState.OFFLINE}
+
+
+@dataclass(slots=True)
+class Timing:
+    """The intervals a :class:`Cluster` works with (from MgmtdConfig)."""
+
+    heartbeat_timeout_s: float = 10.0
+    client_session_timeout_s: float = 300.0
+
+
+@dataclass(slots=True)
+class NodeRuntime:
+    status: int = mgmtd_pb2.NODE_STATUS_REGISTERED
+    last_heartbeat: float = 0.0  # monotonic
+    incarnation: int = 0
+    sequence: int = 0
+    pid: int = 0
+
+
+@dataclass(slots=True)
+class TargetRuntime:
+    local_state: LocalState | None = None  # None: not heard of since this primary took over
+    used_bytes: int = 0
+    low_space: bool = False
+
+
+@dataclass(slots=True)
+class Records:
+    """The stored records, decoded."""
+
+    nodes: dict[int, mgmtd_pb2.NodeInfo] = field(default_factory=dict)
+    targets: dict[int, mgmtd_pb2.TargetInfo] = field(default_factory=dict)
+    chains: dict[int, mgmtd_pb2.ChainInfo] = field(default_factory=dict)
+    tables: dict[tuple[int, int], mgmtd_pb2.ChainTable] = field(default_factory=dict)
+    configs: dict[int, mgmtd_pb2.ConfigInfo] = field(default_factory=dict)  # newest per node type
+    routing_version: int = 0
+    initialized: bool = False
+
+
+def chain_targets(chain: mgmtd_pb2.ChainInfo) -> list[ChainTarget]:
+    return [ChainTarget(t.target_id, PublicState(t.public_state)) for t in chain.targets]
+
+
+def make_chain(
+    chain_id: int, version: int, targets: Iterable[ChainTarget], preferred=()
+) -> mgmtd_pb2.ChainInfo:
+    return mgmtd_pb2.ChainInfo(
+        chain_id=chain_id,
+        version=version,
+        targets=[mgmtd_pb2.ChainTarget(target_id=t.target_id, public_state=int(t.state)) for t in targets],
+        preferred_order=list(preferred),
+    )
+
+
+async def load_records(tr: Transaction) -> Records:
+    """Every mgmtd record in the store, read in one transaction."""
+    r = Records()
+    for kv in await tr.get_prefix(schema.NODE):
+        n = mgmtd_pb2.NodeInfo.FromString(kv.value)
+        r.nodes[n.node_id] = n
+    for kv in await tr.get_prefix(schema.TGIF):
+        t = mgmtd_pb2.TargetInfo.FromString(kv.value)
+        r.targets[t.target_id] = t
+    for kv in await tr.get_prefix(schema.CHIF):
+        c = mgmtd_pb2.ChainInfo.FromString(kv.value)
+        r.chains[c.chain_id] = c
+    for kv in await tr.get_prefix(schema.CHIT):
+        t = mgmtd_pb2.ChainTable.FromString(kv.value)
+        r.tables[(t.table_id, t.version)] = t
+    for kv in await tr.get_prefix(schema.CONF):
+        c = mgmtd_pb2.ConfigInfo.FromString(kv.value)
+        # newest first within each type (the key holds ~version)
+        r.configs.setdefault(c.node_type, c)
+    r.routing_version = schema.decode_u64(await tr.get(schema.ROUTING_VERSION_KEY))
+    r.initialized = await tr.get(schema.CLUSTER_KEY) is not None
+    return r
+
+
+class Cluster:
+    """The primary's state and every operation that reads or changes it."""
+
+    def __init__(
+        self,
+        db: Database,
+        election: Election,
+        timing: Timing,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.election = election
+        self.timing = timing
+        self._mono = monotonic
+        self.wall = wall
+        self.rec = Records()
+        self.node_rt: dict[int, NodeRuntime] = {}
+        self.target_rt: dict[int, TargetRuntime] = {}
+        self.sessions: dict[str, mgmtd_pb2.ClientSession] = {}
+        self.target_chain: dict[int, int] = {}
+        self.bootstrapping_until = 0.0
+        self._lock = asyncio.Lock()
+        self._snapshot: mgmtd_pb2.RoutingInfo | None = None
+        self._routing_pending = False
+        self.changed = asyncio.Event()  # set when the chain updater should run now
+
+    # ---- loading and writing -------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Read every record and publish a new routing version (run once after taking the lease)."""
+
+        async def txn(tr: Transaction) -> Records:
+            await self.election.check(tr)
+            rec = await load_records(tr)
+            rec.routing_version += 1
+            tr.set(schema.ROUTING_VERSION_KEY, schema.encode_u64(rec.routing_version))
+            return rec
+
+        self.rec = await self._run(txn)
+        now = self._mono()
+        # Give every node one heartbeat timeout to reach the new primary before judging it.
+        self.node_rt = {
+            nid: NodeRuntime(
+                status=mgmtd_pb2.NODE_STATUS_DISABLED if n.disabled else mgmtd_pb2.NODE_STATUS_REGISTERED,
+                last_heartbeat=now,
+            )
+            for nid, n in self.rec.nodes.items()
+        }
+        self.target_rt = {tid: TargetRuntime() for tid in self.rec.targets}
+        for tid, t in self.rec.targets.items():
+            node = self.rec.nodes.get(t.node_id)
+            if node is not None and node.disabled:
+                self.target_rt[tid].local_state = LocalState.OFFLINE
+        self.index_chains()
+        self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
+        self._snapshot = None
+        log.info(
+            "cluster state loaded nodes=%d targets=%d chains=%d tables=%d routing_version=%d",
+            len(self.rec.nodes),
+            len(self.rec.targets),
+            len(self.rec.chains),
+            len(self.rec.tables),
+            self.rec.routing_version,
+        )
+
+    async def _run(self, fn: Callable[[Transaction], Awaitable]):
+        try:
+            return await self.db.run(fn)
+        except FS3Error as e:
+            if e.code == StatusCode.MGMTD_LEASE_LOST:
+                self.election.drop()
+                raise FS3Error(StatusCode.MGMTD_NOT_PRIMARY, "this mgmtd lost its lease") from e
+            raise
+
+    async def write(self, fn: WriteFn, *, routing: bool = True) -> None:
+        """Run ``fn`` in one fenced transaction; when ``routing``, publish a new routing version."""
+        async with self._lock:
+            new_version = self.rec.routing_version + 1
+
+            async def txn(tr: Transaction) -> Apply | None:
+                await self.election.check(tr)
+                apply = await fn(tr)
+                if routing:
+                    tr.set(schema.ROUTING_VERSION_KEY, schema.encode_u64(new_version))
+                return apply
+
+            apply = await self._run(txn)
+            if apply is not None:
+                apply()
+            if routing:
+                self.rec.routing_version = new_version
+                self._routing_pending = False
+                self._snapshot = None
+
+    def index_chains(self) -> None:
+        self.target_chain = {t.target_id: c.chain_id for c in self.rec.chains.values() for t in c.targets}
+
+    def _runtime_changed(self) -> None:
+        """Something in routing info changed in memory only: publish a version soon."""
+        self._routing_pending = True
+        self._snapshot = None
+        self.changed.set()
+
+    @property
+    def bootstrapping(self) -> bool:
+        return self._mono() < self.bootstrapping_until
+
+    # ---- routing info --------------------------------------------------------------------------
+
+    def node_info(self, node: mgmtd_pb2.NodeInfo, *, listing: bool) -> mgmtd_pb2.NodeInfo:
+        out = mgmtd_pb2.NodeInfo()
+        out.CopyFrom(node)
+        rt = self.node_rt.get(node.node_id) or NodeRuntime()
+        out.status = rt.status
+        if listing:
+            out.pid = rt.pid
+            if rt.status in (mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_FAILED):
+                out.last_heartbeat_age_s = max(0.0, self._mono() - rt.last_heartbeat)
+        return out
+
+    def target_info(self, target: mgmtd_pb2.TargetInfo, *, listing: bool) -> mgmtd_pb2.TargetInfo:
+        out = mgmtd_pb2.TargetInfo(
+            target_id=target.target_id, node_id=target.node_id, disk_index=target.disk_index
+        )
+        chain_id = self.target_chain.get(target.target_id, 0)
+        out.chain_id = chain_id
+        if chain_id:
+            for ct in self.rec.chains[chain_id].targets:
+                if ct.target_id == target.target_id:
+                    out.public_state = ct.public_state
+        rt = self.target_rt.get(target.target_id)
+        if rt is not None and rt.local_state is not None:
+            out.local_state = int(rt.local_state)
+        if listing and rt is not None:
+            out.used_bytes = rt.used_bytes
+            out.low_space = rt.low_space
+        return out
+
+    def routing_info(self) -> mgmtd_pb2.RoutingInfo:
+        """The current snapshot (rebuilt only after a change)."""
+        if self._snapshot is None or self._snapshot.bootstrapping != self.bootstrapping:
+            info = mgmtd_pb2.RoutingInfo(version=self.rec.routing_version, bootstrapping=self.bootstrapping)
+            info.nodes.extend(self.node_info(n, listing=False) for _, n in sorted(self.rec.nodes.items()))
+            info.targets.extend(
+                self.target_info(t, listing=False) for _, t in sorted(self.rec.targets.items())
+            )
+            info.chains.extend(c for _, c in sorted(self.rec.chains.items()))
+            info.chain_tables.extend(t for _, t in sorted(self.rec.tables.items()))
+            self._snapshot = info
+        return self._snapshot
+
+    # ---- nodes and heartbeats ------------------------------------------------------------------
+
+    @staticmethod
+    def _check_endpoints(endpoints: Iterable[common_pb2.Endpoint]) -> None:
+        for ep in endpoints:
+            if not ep.host or len(ep.host) > 255 or not 0 < ep.port < 65536:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad endpoint {ep.host!r}:{ep.port}")
+            if ep.transport not in ("", "tcp", "rdma"):
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad endpoint transport {ep.transport!r}")
+
+    async def register_node(self, req: mgmtd_pb2.RegisterNodeRequest) -> None:
+        if req.node_id == 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "node id 0 is not valid")
+        if req.type not in _NODE_TYPES:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"node type {req.type} cannot register")
+        self._check_endpoints(req.endpoints)
+        if len(req.hostname) > 255:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "hostname longer than 255 bytes")
+        old = self.rec.nodes.get(req.node_id)
+        if old is not None and old.type != req.type:
+            raise FS3Error(
+                StatusCode.ALREADY_EXISTS,
+                f"node {req.node_id} is registered as {common_pb2.NodeType.Name(old.type)}",
+            )
+        node = mgmtd_pb2.NodeInfo()
+        if old is not None:
+            node.CopyFrom(old)
+        node.node_id, node.type = req.node_id, req.type
+        if req.endpoints:
+            del node.endpoints[:]
+            node.endpoints.extend(req.endpoints)
+        if req.hostname:
+            node.hostname = req.hostname
+        if old is not None and node == old:
+            return
+        await self._put_node(node)
+        log.info("node registered node_id=%d type=%s", node.node_id, common_pb2.NodeType.Name(node.type))
+
+    async def _put_node(self, node: mgmtd_pb2.NodeInfo) -> None:
+        async def fn(tr: Transaction) -> Apply:
+            tr.set(schema.node_key(node.node_id), schema.stored_node(node))
+
+            def apply() -> None:
+                self.rec.nodes[node.node_id] = node
+                if node.node_id not in self.node_rt:
+                    self.node_rt[node.node_id] = NodeRuntime(last_heartbeat=self._mono())
+
+            return apply
+
+        await self.write(fn)
+
+    def _node(self, node_id: int) -> mgmtd_pb2.NodeInfo:
+        node = self.rec.nodes.get(node_id)
+        if node is None:
+            raise FS3Error(StatusCode.MGMTD_UNKNOWN_NODE, f"node {node_id} is not registered")
+        return node
+
+    async def heartbeat(self, req: mgmtd_pb2.HeartbeatRequest) -> mgmtd_pb2.HeartbeatReply:
+        node = self.rec.nodes.get(req.node_id)
+        if node is None:
+            raise FS3Error(
+                StatusCode.MGMTD_UNKNOWN_NODE, f"node {req.node_id} is not registered (register it first)"
+            )
+        if node.disabled:
+            raise FS3Error(StatusCode.MGMTD_NODE_DISABLED, f"node {req.node_id} is disabled")
+        if req.type != node.type:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT,
+                f"node {req.node_id} is registered as {common_pb2.NodeType.Name(node.type)}, "
+                f"heartbeat says {common_pb2.NodeType.Name(req.type) if req.type in common_pb2.NodeType.values() else req.type}",
+            )
+        rt = self.node_rt.setdefault(req.node_id, NodeRuntime())
+        if (req.incarnation, req.sequence) <= (rt.incarnation, rt.sequence):
+            raise FS3Error(
+                StatusCode.MGMTD_STALE_HEARTBEAT,
+                f"heartbeat ({req.incarnation}, {req.sequence}) of node {req.node_id} is not newer "
+                f"than the last one accepted ({rt.incarnation}, {rt.sequence})",
+            )
+        self._check_endpoints(req.endpoints)
+        seen: set[int] = set()
+        for th in req.targets:
+            if th.target_id in seen:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"target {th.target_id} reported twice")
+            seen.add(th.target_id)
+            target = self.rec.targets.get(th.target_id)
+            if target is None:
+                raise FS3Error(
+                    StatusCode.MGMTD_UNKNOWN_TARGET, f"target {th.target_id} is not known (create it first)"
+                )
+            if target.node_id != req.node_id:
+                raise FS3Error(
+                    StatusCode.INVALID_ARGUMENT,
+                    f"target {th.target_id} belongs to node {target.node_id}, not {req.node_id}",
+                )
+            if th.local_state not in _LOCAL_STATES:
+                raise FS3Error(
+                    StatusCode.INVALID_ARGUMENT, f"target {th.target_id}: bad local state {th.local_state}"
+                )
+
+        # Accepted: from here on nothing is refused.
+        rt.incarnation, rt.sequence = req.incarnation, req.sequence
+        rt.last_heartbeat = self._mono()
+        rt.pid = req.pid
+        changed = False
+        if rt.status != mgmtd_pb2.NODE_STATUS_ACTIVE:
+            log.info("node active node_id=%d", req.node_id)
+            rt.status = mgmtd_pb2.NODE_STATUS_ACTIVE
+            changed = True
+        if node.type == common_pb2.NODE_STORAGE:
+            reported = {th.target_id: th for th in req.targets}
+            for tid, target in self.rec.targets.items():
+                if target.node_id != req.node_id:
+                    continue
+                trt = self.target_rt.setdefault(tid, TargetRuntime())
+                th = reported.get(tid)
+                if th is None:
+                    # a storage daemon reports all its targets; one it omits is not served
+                    new_state = LocalState.OFFLINE
+                else:
+                    new_state = LocalState(th.local_state)
+                    chain_id = self.target_chain.get(tid)
+                    chain_version = self.rec.chains[chain_id].version if chain_id else 0
+                    if new_state == LocalState.UPTODATE and th.chain_version < chain_version:
+                        # A daemon acting on an older chain cannot vouch for being up to date with
+                        # the current one; that it is alive is all this report says.
+                        new_state = LocalState.ONLINE
+                    trt.used_bytes, trt.low_space = th.used_bytes, th.low_space
+                if trt.local_state != new_state:
+                    log.info(
+                        "target local state target_id=%d %s -> %s",
+                        tid,
+                        trt.local_state.name if trt.local_state else "UNKNOWN",
+                        new_state.name,
+                    )
+                    trt.local_state = new_state
+                    changed = True
+        if changed:
+            self._runtime_changed()
+        if (req.endpoints and list(req.endpoints) != list(node.endpoints)) or (
+            req.hostname and req.hostname != node.hostname
+        ):
+            updated = mgmtd_pb2.NodeInfo()
+            updated.CopyFrom(node)
+            if req.endpoints:
+                del updated.endpoints[:]
+                updated.endpoints.extend(req.endpoints)
+            if req.hostname:
+                updated.hostname = req.hostname
+            await self._put_node(updated)
+        reply = mgmtd_pb2.HeartbeatReply(
+            routing_version=self.rec.routing_version, heartbeat_timeout_s=self.timing.heartbeat_timeout_s
+        )
+        cfg = self.rec.configs.get(node.type)
+        if cfg is not None and cfg.version > req.config_version:
+            reply.config.CopyFrom(cfg)
+        return reply
+
+    async def set_node_enabled(self, node_id: int, enabled: bool) -> None:
+        node = self._node(node_id)
+        if node.disabled == (not enabled):
+            return
+        updated = mgmtd_pb2.NodeInfo()
+        updated.CopyFrom(node)
+        updated.disabled = not enabled
+        await self._put_node(updated)
+        rt = self.node_rt.setdefault(node_id, NodeRuntime())
+        if enabled:
+            rt.status, rt.last_heartbeat = mgmtd_pb2.NODE_STATUS_REGISTERED, self._mono()
+        else:
+            rt.status = mgmtd_pb2.NODE_STATUS_DISABLED
+            self._node_down(node_id)
+        self._runtime_changed()
+        log.info("node %s node_id=%d", "enabled" if enabled else "disabled", node_id)
+
+    async def unregister_node(self, node_id: int) -> None:
+        self._node(node_id)
+        owned = sorted(tid for tid, t in self.rec.targets.items() if t.node_id == node_id)
+        if owned:
+            raise FS3Error(
+                StatusCode.FAILED_PRECONDITION, f"node {node_id} still has targets {owned}; remove them first"
+            )
+
+        async def fn(tr: Transaction) -> Apply:
+            tr.clear(schema.node_key(node_id))
+
+            def apply() -> None:
+                self.rec.nodes.pop(node_id, None)
+                self.node_rt.pop(node_id, None)
+
+            return apply
+
+        await self.write(fn)
+
+    def _node_down(self, node_id: int) -> None:
+        for tid, t in self.rec.targets.items():
+            if t.node_id == node_id:
+                self.target_rt.setdefault(tid, TargetRuntime()).local_state = LocalState.OFFLINE
+
+    # ---- periodic work -------------------------------------------------------------------------
+
+    def detect_failures(self) -> None:
+        """Mark nodes silent past the heartbeat timeout failed, and their targets offline."""
+        now = self._mono()
+        for nid, rt in self.node_rt.items():
+            if rt.status in (mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_REGISTERED):
+                if now - rt.last_heartbeat > self.timing.heartbeat_timeout_s:
+                    log.warning("node failed node_id=%d silent_s=%.1f", nid, now - rt.last_heartbeat)
+                    rt.status = mgmtd_pb2.NODE_STATUS_FAILED
+                    self._node_down(nid)
+                    self._runtime_changed()
+        if not self.bootstrapping:
+            # anything still unheard of after the grace period is down
+            for trt in self.target_rt.values():
+                if trt.local_state is None:
+                    trt.local_state = LocalState.OFFLINE
+                    self._runtime_changed()
+
+    def expire_sessions(self) -> None:
+        cutoff = self.wall() - self.timing.client_session_timeout_s
+        for cid in [cid for cid, s in self.sessions.items() if s.extended_at < cutoff]:
+            log.info("client session expired client_id=%s", cid)
+            del self.sessions[cid]
+
+    async def update_chains(self) -> list[int]:
+        """One round of the chain state machine over every chain; returns the chains that changed."""
+        new_chains: dict[int, mgmtd_pb2.ChainInfo] = {}
+        for cid, chain in self.rec.chains.items():
+            local: dict[int, LocalState] = {}
+            unknown = False
+            for t in chain.targets:
+                rt = self.target_rt.get(t.target_id)
+                if rt is None or rt.local_state is None:
+                    unknown = True
+                else:
+                    local[t.target_id] = rt.local_state
+            if unknown and self.bootstrapping:
+                continue  # judge a chain only once every target of it has been heard of
+            before = chain_targets(chain)
+            after = next_chain(before, local)
+            if after != before:
+                new_chains[cid] = make_chain(cid, chain.version + 1, after, chain.preferred_order)
+        if not new_chains and not self._routing_pending:
+            return []
+
+        async def fn(tr: Transaction) -> Apply:
+            for c in new_chains.values():
+                tr.set(schema.chain_key(c.chain_id), c.SerializeToString())
+
+            def apply() -> None:
+                for c in new_chains.values():
+                    old = self.rec.chains[c.chain_id]
+                    log.info(
+                        "chain updated chain_id=%d version=%d %s -> %s",
+                        c.chain_id,
+                        c.version,
+                        _render(old),
+                        _render(c),
+                    )
+                    self.rec.chains[c.chain_id] = c
+
+            return apply
+
+        await self.write(fn)
+        return sorted(new_chains)
+
+    async def tick(self) -> list[int]:
+        """The primary's periodic work: failure detection, session expiry, chain updates."""
+        self.detect_failures()
+        self.expire_sessions()
+        return await self.update_chains()
+
+    # ---- client sessions -----------------------------------------------------------------------
+
+    def extend_session(self, s: mgmtd_pb2.ClientSession) -> None:
+        if not s.client_id or len(s.client_id) > 128:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "client_id must be 1..128 characters")
+        if len(s.description) > 1024 or len(s.hostname) > 255:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "session description or hostname too long")
+        now = self.wall()
+        old = self.sessions.get(s.client_id)
+        new = mgmtd_pb2.ClientSession()
+        new.CopyFrom(s)
+        new.started_at = old.started_at if old is not None else now
+        new.extended_at = now
+        if old is None:
+            log.info("client session started client_id=%s host=%s", s.client_id, s.hostname)
+        self.sessions[s.client_id] = new
+
+
+def _render(chain: mgmtd_pb2.ChainInfo) -> str:
+    return (
+        "["
+        + " ".join(
+            f"{t.target_id}:{common_pb2.PublicTargetState.Name(t.public_state)}" for t in chain.targets
+        )
+        + "]"
+    )

@@ -1,0 +1,161 @@
+"""Primary election by a lease record in the KV store, with fencing of every write.
+
+Every mgmtd runs :meth:`Election.tick` periodically. The lease (``SING mgmtd-lease``) names a holder,
+an epoch and an expiry time; a mgmtd takes it when it is free or expired (incrementing the epoch), and
+the holder extends it. Because the store is serializable, two mgmtds racing for an expired lease
+cannot both win: the loser's transaction conflicts, re-reads, and sees the winner.
+
+Fencing: :meth:`Election.check` is called inside every write transaction of the primary. It reads
+the lease in that same transaction and fails it with MGMTD_LEASE_LOST unless this mgmtd still holds
+the lease with the same epoch and it has not expired. A deposed primary that has not noticed yet
+therefore cannot write: either its transaction sees the new holder, or it conflicts with the
+takeover and re-reads.
+
+Expiry times are wall-clock seconds, so the mgmtds of one cluster need clocks synchronised well
+within the lease interval (one host, or NTP across hosts). The holder trusts its lease in memory
+only until ``trust_margin`` before expiry, so a primary that cannot reach the store stops acting as
+primary before anyone else may take over.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv.base import Database, ReadView, Transaction
+from fs3.mgmtd import schema
+from fs3.proto import mgmtd_pb2
+
+log = logging.getLogger(__name__)
+
+
+def decode_lease(raw: bytes | None) -> mgmtd_pb2.MgmtdLease | None:
+    return None if raw is None else mgmtd_pb2.MgmtdLease.FromString(raw)
+
+
+class Election:
+    """This mgmtd's view of the lease. Not thread-safe; use from one event loop."""
+
+    def __init__(
+        self,
+        db: Database,
+        node_id: int,
+        address: str,
+        lease_interval_s: float,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._db = db
+        self.node_id = node_id
+        self.address = address
+        self.lease_interval_s = lease_interval_s
+        self.trust_margin_s = lease_interval_s * 0.25
+        self._clock = clock
+        self._held: mgmtd_pb2.MgmtdLease | None = None
+        self.last_seen: mgmtd_pb2.MgmtdLease | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self._held.epoch if self._held is not None else 0
+
+    def is_primary(self) -> bool:
+        """Whether this mgmtd holds the lease with enough of it left to act on."""
+        return self._held is not None and self._clock() < self._held.expires_at - self.trust_margin_s
+
+    def primary_address(self) -> tuple[int, str]:
+        """(node id, address) of the primary as last seen; (0, "") when none is known to hold it."""
+        lease = self.last_seen
+        if lease is None or lease.expires_at <= self._clock():
+            return 0, ""
+        return lease.node_id, lease.address
+
+    async def tick(self) -> tuple[bool, bool]:
+        """Take or extend the lease if possible. Returns (is_primary, newly_acquired)."""
+        now = self._clock()
+        held = self._held
+
+        async def txn(tr: Transaction) -> tuple[mgmtd_pb2.MgmtdLease | None, mgmtd_pb2.MgmtdLease]:
+            cur = decode_lease(await tr.get(schema.LEASE_KEY))
+            mine = (
+                cur is not None
+                and held is not None
+                and cur.node_id == self.node_id
+                and cur.epoch == held.epoch
+            )
+            if mine:
+                new = mgmtd_pb2.MgmtdLease()
+                new.CopyFrom(cur)
+                new.expires_at = now + self.lease_interval_s
+                new.address = self.address
+            elif cur is None or cur.expires_at <= now:
+                new = mgmtd_pb2.MgmtdLease(
+                    node_id=self.node_id,
+                    address=self.address,
+                    epoch=(cur.epoch if cur is not None else 0) + 1,
+                    expires_at=now + self.lease_interval_s,
+                    acquired_at=now,
+                )
+            else:
+                return None, cur
+            tr.set(schema.LEASE_KEY, new.SerializeToString())
+            return new, new
+
+        try:
+            won, seen = await self._db.run(txn)
+        except FS3Error as e:
+            log.warning("lease renewal failed node_id=%d error=%s", self.node_id, e)
+            if self._held is not None and not self.is_primary():
+                self._held = None
+            return self.is_primary(), False
+        self.last_seen = seen
+        newly = won is not None and (held is None or held.epoch != won.epoch)
+        if won is None and held is not None:
+            log.warning(
+                "lease lost node_id=%d new_holder=%d epoch=%d", self.node_id, seen.node_id, seen.epoch
+            )
+        self._held = won
+        if newly:
+            log.info("became primary node_id=%d epoch=%d address=%s", self.node_id, won.epoch, self.address)
+        return self.is_primary(), newly
+
+    async def check(self, tr: Transaction) -> None:
+        """Fencing: fail ``tr`` unless this mgmtd still holds the lease (call in every write)."""
+        held = self._held
+        cur = decode_lease(await tr.get(schema.LEASE_KEY))
+        if (
+            held is None
+            or cur is None
+            or cur.node_id != self.node_id
+            or cur.epoch != held.epoch
+            or cur.expires_at <= self._clock()
+        ):
+            raise FS3Error(StatusCode.MGMTD_LEASE_LOST, f"mgmtd {self.node_id} no longer holds the lease")
+
+    def drop(self) -> None:
+        """Forget the lease without touching the store (after a fencing failure)."""
+        self._held = None
+
+    async def release(self) -> None:
+        """Give the lease up on a clean shutdown, so that a standby takes over at once."""
+        held = self._held
+        if held is None:
+            return
+        self._held = None
+
+        async def txn(tr: Transaction) -> None:
+            cur = decode_lease(await tr.get(schema.LEASE_KEY))
+            if cur is not None and cur.node_id == self.node_id and cur.epoch == held.epoch:
+                cur.expires_at = 0.0
+                tr.set(schema.LEASE_KEY, cur.SerializeToString())
+
+        try:
+            await self._db.run(txn)
+            log.info("lease released node_id=%d epoch=%d", self.node_id, held.epoch)
+        except FS3Error as e:
+            log.warning("lease release failed node_id=%d error=%s", self.node_id, e)
+
+
+async def read_lease(rv: ReadView) -> mgmtd_pb2.MgmtdLease | None:
+    return decode_lease(await rv.get(schema.LEASE_KEY))

@@ -1,0 +1,96 @@
+"""mgmtd's records in the KV store (DESIGN §4): key layout and value encoding.
+
+Values are serialized protobuf messages from ``proto/mgmtd.proto``, so that fields can be added
+without a migration. Integers in keys are big-endian so that a prefix scan returns ids in order.
+
+=========================================  ===============================================
+key                                        value
+=========================================  ===============================================
+``NODE`` + node id (u32)                   NodeInfo (stored fields only)
+``TGIF`` + target id (u64)                 TargetInfo (stored fields only)
+``CHIF`` + chain id (u32)                  ChainInfo
+``CHIT`` + table id (u32) + version (u32)  ChainTable
+``CONF`` + type name + 0 + ~version (u64)  ConfigInfo; newest first in a prefix scan
+``USER`` + uid (u32)                       StoredUser (tokens as SHA-256 digests)
+``SING`` + ``mgmtd-lease``                 MgmtdLease
+``SING`` + ``mgmtd-routing-version``       u64 big-endian
+``SING`` + ``mgmtd-cluster``               ClusterRecord (present once the cluster is initialized)
+=========================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import struct
+
+from fs3.proto import common_pb2, mgmtd_pb2
+
+NODE = b"NODE"
+TGIF = b"TGIF"
+CHIF = b"CHIF"
+CHIT = b"CHIT"
+CONF = b"CONF"
+USER = b"USER"
+SING = b"SING"
+
+LEASE_KEY = SING + b"mgmtd-lease"
+ROUTING_VERSION_KEY = SING + b"mgmtd-routing-version"
+CLUSTER_KEY = SING + b"mgmtd-cluster"
+
+_U64_MAX = (1 << 64) - 1
+
+
+def node_key(node_id: int) -> bytes:
+    return NODE + struct.pack(">I", node_id)
+
+
+def target_key(target_id: int) -> bytes:
+    return TGIF + struct.pack(">Q", target_id)
+
+
+def chain_key(chain_id: int) -> bytes:
+    return CHIF + struct.pack(">I", chain_id)
+
+
+def chain_table_key(table_id: int, version: int) -> bytes:
+    return CHIT + struct.pack(">II", table_id, version)
+
+
+def chain_table_prefix(table_id: int) -> bytes:
+    return CHIT + struct.pack(">I", table_id)
+
+
+def config_prefix(node_type: int) -> bytes:
+    return CONF + common_pb2.NodeType.Name(node_type).encode() + b"\0"
+
+
+def config_key(node_type: int, version: int) -> bytes:
+    return config_prefix(node_type) + struct.pack(">Q", _U64_MAX - version)
+
+
+def user_key(uid: int) -> bytes:
+    return USER + struct.pack(">I", uid)
+
+
+def encode_u64(v: int) -> bytes:
+    return struct.pack(">Q", v)
+
+
+def decode_u64(b: bytes | None) -> int:
+    return 0 if b is None else struct.unpack(">Q", b)[0]
+
+
+def stored_node(node: mgmtd_pb2.NodeInfo) -> bytes:
+    """The stored form of a node: runtime fields (status, pid, heartbeat age) are not persisted."""
+    n = mgmtd_pb2.NodeInfo()
+    n.CopyFrom(node)
+    n.ClearField("status")
+    n.ClearField("pid")
+    n.ClearField("last_heartbeat_age_s")
+    return n.SerializeToString()
+
+
+def stored_target(target: mgmtd_pb2.TargetInfo) -> bytes:
+    """The stored form of a target: its location only; states and usage are runtime."""
+    return mgmtd_pb2.TargetInfo(
+        target_id=target.target_id, node_id=target.node_id, disk_index=target.disk_index
+    ).SerializeToString()

@@ -1,0 +1,249 @@
+"""fs3-mgmtd assembled: the gRPC server, the election loop and the primary's periodic work.
+
+Every mgmtd process runs the same :class:`MgmtdServer`. It serves gRPC at once; while it is a
+standby it answers MGMTD_NOT_PRIMARY (naming the primary) to everything but GetPrimary and health.
+When it takes the lease it loads the cluster from the store and runs the chain updater; when it
+loses the lease it drops that state and becomes a standby again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from fs3 import metrics
+from fs3.config import MgmtdConfig
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv.base import Database, Transaction
+from fs3.mgmtd import users
+from fs3.mgmtd.admin import Admin
+from fs3.mgmtd.cluster import Cluster, Timing
+from fs3.mgmtd.election import Election
+from fs3.mgmtd.service import HealthServicer, MgmtdServicer, NotPrimaryError
+from fs3.proto import common_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class _Metrics:
+    def __init__(self, reg: CollectorRegistry) -> None:
+        self.is_primary = metrics.gauge("fs3_mgmtd_is_primary", "1 while this mgmtd holds the lease", reg=reg)
+        self.routing_version = metrics.gauge(
+            "fs3_mgmtd_routing_version", "current routing info version", reg=reg
+        )
+        self.heartbeats = metrics.counter("fs3_mgmtd_heartbeats_total", "heartbeats received", reg=reg)
+        self.chain_updates = metrics.counter(
+            "fs3_mgmtd_chain_updates_total", "chain versions published", reg=reg
+        )
+        self.targets = metrics.gauge("fs3_mgmtd_targets", "targets by public state", ("state",), reg=reg)
+
+
+class MgmtdServer:
+    """One mgmtd process. ``await start()``, then ``await stop()`` (or ``serve_forever``)."""
+
+    def __init__(
+        self,
+        cfg: MgmtdConfig,
+        db: Database,
+        *,
+        secret: bytes | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        """``registry``: where metrics go (the daemon passes the process registry; by default a
+        private one, so that several servers can share a test process)."""
+        self.cfg = cfg
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.db = db
+        self.secret = secret or b""
+        self.port = 0
+        self.address = ""
+        self.election: Election | None = None
+        self.cluster: Cluster | None = None
+        self.admin: Admin | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._updater: asyncio.Task | None = None
+        self._role_event = asyncio.Event()
+        self._metrics: _Metrics | None = None
+        self._metrics_server = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the port and start serving; raises FS3Error(UNAVAILABLE) when the port is taken."""
+        # SO_REUSEPORT is on by default in gRPC; off, so that a second process on the same port
+        # fails instead of silently sharing it.
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        mgmtd_pb2_grpc.add_MgmtdServicer_to_server(MgmtdServicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self), server)
+        where = f"{self.cfg.listen_host}:{self.cfg.listen_port}"
+        try:
+            port = server.add_insecure_port(where)
+        except RuntimeError as e:
+            raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {where}: {e}") from None
+        if port == 0:
+            raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {where} (address in use?)")
+        self.port = port
+        self.address = f"{self.cfg.advertise_host or self.cfg.listen_host}:{port}"
+        if self.cfg.metrics_port:
+            self._metrics_server = metrics.serve(self.cfg.metrics_port, self.cfg.listen_host, self.registry)
+        self._metrics = _Metrics(self.registry)
+        await server.start()
+        self._server = server
+        self.election = Election(self.db, self.cfg.node_id, self.address, self.cfg.lease_interval_s)
+        self._tasks.append(asyncio.create_task(self._election_loop(), name="mgmtd-election"))
+        log.info("mgmtd serving node_id=%d address=%s", self.cfg.node_id, self.address)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving; a primary gives up its lease so that a standby takes over at once."""
+        for t in [*self._tasks, *([self._updater] if self._updater else [])]:
+            t.cancel()
+        for t in [*self._tasks, *([self._updater] if self._updater else [])]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self._updater = None
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        if self.election is not None:
+            await self.election.release()
+        self._set_role(None)
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        log.info("mgmtd stopped node_id=%d", self.cfg.node_id)
+
+    # ---- roles ---------------------------------------------------------------------------------
+
+    def is_primary(self) -> bool:
+        return self.cluster is not None and self.election is not None and self.election.is_primary()
+
+    def primary_address(self) -> tuple[int, str]:
+        if self.is_primary():
+            return self.cfg.node_id, self.address
+        return self.election.primary_address() if self.election is not None else (0, "")
+
+    def require_primary(self) -> None:
+        if not self.is_primary():
+            raise NotPrimaryError(self.primary_address()[1])
+
+    def cluster_or_raise(self) -> Cluster:
+        cluster = self.cluster
+        if cluster is None or not self.is_primary():
+            raise NotPrimaryError(self.primary_address()[1])
+        return cluster
+
+    def admin_or_raise(self) -> Admin:
+        self.cluster_or_raise()
+        assert self.admin is not None
+        return self.admin
+
+    async def role_changed(self) -> None:
+        """Wait until this mgmtd becomes primary or stops being it."""
+        await self._role_event.wait()
+
+    def _set_role(self, cluster: Cluster | None) -> None:
+        if self.cluster is not None and cluster is None:
+            log.warning("stepping down to standby node_id=%d", self.cfg.node_id)
+        self.cluster = cluster
+        self.admin = Admin(cluster) if cluster is not None else None
+        if self._metrics is not None:
+            self._metrics.is_primary.set(1 if cluster is not None else 0)
+        # wake every waiter, then arm a fresh event for the next change
+        self._role_event.set()
+        self._role_event = asyncio.Event()
+
+    async def _election_loop(self) -> None:
+        assert self.election is not None
+        lease = self.cfg.lease_interval_s
+        while True:
+            try:
+                primary, newly = await self.election.tick()
+                if primary and (newly or self.cluster is None):
+                    await self._become_primary()
+                elif not primary and self.cluster is not None:
+                    await self._step_down()
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                log.warning("election round failed node_id=%d error=%s", self.cfg.node_id, e)
+                if self.cluster is not None and not self.election.is_primary():
+                    await self._step_down()
+            except Exception:
+                log.exception("election round failed node_id=%d", self.cfg.node_id)
+            # The holder renews well within its trust window; standbys look often so that a dead
+            # primary is replaced soon after its lease runs out.
+            await asyncio.sleep(lease / 4 if self.cluster is not None else min(lease / 10, 1.0))
+
+    async def _become_primary(self) -> None:
+        await self._step_down()
+        cluster = Cluster(
+            self.db,
+            self.election,
+            Timing(
+                heartbeat_timeout_s=self.cfg.heartbeat_timeout_s,
+                client_session_timeout_s=self.cfg.client_session_timeout_s,
+            ),
+        )
+        await cluster.load()
+        self._set_role(cluster)
+        self._updater = asyncio.create_task(self._update_loop(cluster), name="mgmtd-chain-updater")
+
+    async def _step_down(self) -> None:
+        if self._updater is not None:
+            self._updater.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._updater
+            self._updater = None
+        if self.cluster is not None:
+            self._set_role(None)
+
+    async def _update_loop(self, cluster: Cluster) -> None:
+        """The primary's periodic work, run at once after a change and at least every interval."""
+        interval = self.cfg.chain_update_interval_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cluster.changed.wait(), timeout=interval)
+            cluster.changed.clear()
+            if not self.is_primary():
+                return
+            try:
+                changed = await cluster.tick()
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                log.warning("chain update failed error=%s", e)
+                if e.code == StatusCode.MGMTD_NOT_PRIMARY:
+                    return
+                continue
+            except Exception:
+                log.exception("chain update failed")
+                continue
+            if self._metrics is not None:
+                self._metrics.chain_updates.inc(len(changed))
+                self._metrics.routing_version.set(cluster.rec.routing_version)
+                counts: dict[int, int] = {}
+                for ch in cluster.rec.chains.values():
+                    for t in ch.targets:
+                        counts[t.public_state] = counts.get(t.public_state, 0) + 1
+                for value in (1, 2, 3, 4, 5):
+                    name = common_pb2.PublicTargetState.Name(value)
+                    self._metrics.targets.labels(state=name).set(counts.get(value, 0))
+
+    # ---- helpers for the servicer --------------------------------------------------------------
+
+    async def verify_token(self, token: str) -> mgmtd_pb2.User:
+        now = time.time()
+
+        async def fn(tr: Transaction) -> mgmtd_pb2.User:
+            return await users.verify_token(tr.snapshot, token, now)
+
+        return await self.db.run(fn, read_only=True)
+
+    def metrics_heartbeat(self) -> None:
+        if self._metrics is not None:
+            self._metrics.heartbeats.inc()

@@ -1,0 +1,367 @@
+"""The gRPC face of mgmtd: the Mgmtd service and the standard health service.
+
+Each RPC is declared with the access it needs and whether only the primary may answer it. Errors
+leave as gRPC statuses with the exact fs3 code in the trailing metadata (``fs3-status``); a standby
+adds the primary's address (``fs3-primary``) to MGMTD_NOT_PRIMARY so that clients follow it.
+
+Access levels (DESIGN §10):
+
+* PUBLIC -- anyone (GetPrimary, health).
+* SERVICE -- the cluster secret (node register and heartbeat, InitCluster).
+* ANY -- the cluster secret or any valid user token (routing info, sessions, token checks).
+* ADMIN -- an admin user's token, or the cluster secret.
+
+With no cluster secret configured (tests and single-user local clusters) SERVICE and ANY are open;
+ADMIN always needs an admin token or the secret, so a non-admin token never reaches an admin RPC.
+A credential that is presented must be valid, whatever the level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode, grpc_code_name
+from fs3.proto import health_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
+
+if TYPE_CHECKING:
+    from fs3.mgmtd.server import MgmtdServer
+
+log = logging.getLogger(__name__)
+
+TOKEN_METADATA_KEY = "fs3-token"
+SECRET_METADATA_KEY = "fs3-cluster-secret"
+PRIMARY_METADATA_KEY = "fs3-primary"
+SERVICE_NAME = "fs3.Mgmtd"
+
+
+class Access(enum.Enum):
+    PUBLIC = "public"
+    SERVICE = "service"
+    ANY = "any"
+    ADMIN = "admin"
+
+
+class NotPrimaryError(FS3Error):
+    """MGMTD_NOT_PRIMARY, carrying the primary's address when one is known."""
+
+    def __init__(self, primary_address: str) -> None:
+        hint = f"; the primary is {primary_address}" if primary_address else "; no primary right now"
+        super().__init__(StatusCode.MGMTD_NOT_PRIMARY, "this mgmtd is not the primary" + hint)
+        self.primary_address = primary_address
+
+
+class Caller:
+    """Who is calling: a service holding the cluster secret, a user, or nobody in particular."""
+
+    __slots__ = ("service", "user")
+
+    def __init__(self, service: bool, user: mgmtd_pb2.User | None) -> None:
+        self.service = service
+        self.user = user
+
+
+Handler = Callable[[Any, Any, Caller], Awaitable[Any]]
+
+
+def rpc(access: Access, *, primary: bool = True) -> Callable[[Handler], Callable[..., Awaitable[Any]]]:
+    """Declare an RPC: check primary-ness and credentials, and turn FS3Error into a gRPC status."""
+
+    def deco(fn: Handler) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(fn)
+        async def wrapper(self: MgmtdServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                if primary:
+                    self.server.require_primary()
+                caller = await self.authorize(context, access)
+                return await fn(self, request, caller)
+            except FS3Error as e:
+                await abort(context, e)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug: answer INTERNAL and keep serving
+                log.exception("rpc failed method=%s", fn.__name__)
+                await abort(context, FS3Error(StatusCode.INTERNAL, f"{type(e).__name__}: {e}"))
+
+        return wrapper
+
+    return deco
+
+
+async def abort(context: grpc.aio.ServicerContext, e: FS3Error) -> None:
+    md: list[tuple[str, str]] = [(GRPC_METADATA_KEY, str(int(e.code)))]
+    if isinstance(e, NotPrimaryError) and e.primary_address:
+        md.append((PRIMARY_METADATA_KEY, e.primary_address))
+    context.set_trailing_metadata(tuple(md))
+    await context.abort(getattr(grpc.StatusCode, grpc_code_name(e.code)), e.message or e.code.name)
+
+
+class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
+    """Every RPC of ``service Mgmtd``; the work is done by the primary's Cluster and Admin."""
+
+    def __init__(self, server: MgmtdServer) -> None:
+        self.server = server
+
+    async def authorize(self, context: grpc.aio.ServicerContext, access: Access) -> Caller:
+        md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        secret, token = md.get(SECRET_METADATA_KEY), md.get(TOKEN_METADATA_KEY)
+        configured = self.server.secret
+        is_service = False
+        if secret is not None and configured:
+            is_service = hmac.compare_digest(secret.encode(), configured)
+            if not is_service:
+                raise FS3Error(StatusCode.UNAUTHENTICATED, "wrong cluster secret")
+        user = await self.server.verify_token(token) if token else None
+        if access == Access.PUBLIC:
+            return Caller(is_service, user)
+        if access == Access.SERVICE:
+            if is_service or not configured:
+                return Caller(is_service, user)
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "this call needs the cluster secret")
+        if access == Access.ANY:
+            if is_service or user is not None or not configured:
+                return Caller(is_service, user)
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "this call needs a user token or the cluster secret")
+        if is_service or (user is not None and user.admin):
+            return Caller(is_service, user)
+        if user is not None:
+            raise FS3Error(StatusCode.PERMISSION_DENIED, f"user {user.uid} ({user.name}) is not an admin")
+        raise FS3Error(StatusCode.UNAUTHENTICATED, "this call needs an admin token")
+
+    # ---- any mgmtd -----------------------------------------------------------------------------
+
+    @rpc(Access.PUBLIC, primary=False)
+    async def GetPrimary(self, request, caller) -> mgmtd_pb2.GetPrimaryReply:  # noqa: N802
+        node_id, address = self.server.primary_address()
+        return mgmtd_pb2.GetPrimaryReply(
+            node_id=node_id,
+            address=address,
+            is_self=self.server.is_primary(),
+            self_node_id=self.server.cfg.node_id,
+        )
+
+    # ---- services ------------------------------------------------------------------------------
+
+    @rpc(Access.SERVICE)
+    async def RegisterNode(self, request, caller) -> mgmtd_pb2.RegisterNodeReply:  # noqa: N802
+        cluster = self.server.cluster_or_raise()
+        await cluster.register_node(request)
+        return mgmtd_pb2.RegisterNodeReply(routing_version=cluster.rec.routing_version)
+
+    @rpc(Access.SERVICE)
+    async def Heartbeat(self, request, caller) -> mgmtd_pb2.HeartbeatReply:  # noqa: N802
+        self.server.metrics_heartbeat()
+        return await self.server.cluster_or_raise().heartbeat(request)
+
+    # ---- everyone ------------------------------------------------------------------------------
+
+    @rpc(Access.ANY)
+    async def GetRoutingInfo(self, request, caller) -> mgmtd_pb2.GetRoutingInfoReply:  # noqa: N802
+        info = self.server.cluster_or_raise().routing_info()
+        if request.known_version == info.version:
+            return mgmtd_pb2.GetRoutingInfoReply(version=info.version)
+        return mgmtd_pb2.GetRoutingInfoReply(info=info, version=info.version)
+
+    @rpc(Access.ANY)
+    async def ExtendClientSession(self, request, caller) -> mgmtd_pb2.ExtendClientSessionReply:  # noqa: N802
+        cluster = self.server.cluster_or_raise()
+        session = mgmtd_pb2.ClientSession()
+        session.CopyFrom(request.session)
+        if caller.user is not None and not caller.service:
+            session.uid = caller.user.uid  # a user speaks for itself only
+        cluster.extend_session(session)
+        reply = mgmtd_pb2.ExtendClientSessionReply(
+            routing_version=cluster.rec.routing_version,
+            session_timeout_s=cluster.timing.client_session_timeout_s,
+        )
+        cfg = cluster.rec.configs.get(session.type) if session.type else None
+        if cfg is not None and cfg.version > request.config_version:
+            reply.config.CopyFrom(cfg)
+        return reply
+
+    @rpc(Access.ANY)
+    async def VerifyToken(self, request, caller) -> mgmtd_pb2.UserReply:  # noqa: N802
+        return mgmtd_pb2.UserReply(user=await self.server.verify_token(request.token))
+
+    @rpc(Access.ANY)
+    async def GetConfig(self, request, caller) -> mgmtd_pb2.GetConfigReply:  # noqa: N802
+        cfg = await self.server.admin_or_raise().get_config(request.node_type, request.version)
+        return mgmtd_pb2.GetConfigReply(config=cfg) if cfg is not None else mgmtd_pb2.GetConfigReply()
+
+    # ---- admin ---------------------------------------------------------------------------------
+
+    @rpc(Access.SERVICE)
+    async def InitCluster(self, request, caller) -> mgmtd_pb2.InitClusterReply:  # noqa: N802
+        return await self.server.admin_or_raise().init_cluster(request)
+
+    @rpc(Access.ADMIN)
+    async def UnregisterNode(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+        await self.server.cluster_or_raise().unregister_node(request.node_id)
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ADMIN)
+    async def SetNodeEnabled(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+        await self.server.cluster_or_raise().set_node_enabled(request.node_id, request.enabled)
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ADMIN)
+    async def CreateTargets(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+        await self.server.admin_or_raise().create_targets(list(request.targets))
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ADMIN)
+    async def RemoveTarget(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+        await self.server.admin_or_raise().remove_target(request.target_id)
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ADMIN)
+    async def OfflineTarget(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+        chain = await self.server.admin_or_raise().offline_target(request.target_id, request.force)
+        return mgmtd_pb2.ChainReply(chain=chain)
+
+    @rpc(Access.ADMIN)
+    async def UploadChains(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+        await self.server.admin_or_raise().upload_chains(list(request.chains), request.set_preferred_order)
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ADMIN)
+    async def UploadChainTable(self, request, caller) -> mgmtd_pb2.UploadChainTableReply:  # noqa: N802
+        version = await self.server.admin_or_raise().upload_chain_table(request)
+        return mgmtd_pb2.UploadChainTableReply(version=version)
+
+    @rpc(Access.ADMIN)
+    async def UpdateChain(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+        admin = self.server.admin_or_raise()
+        chain = await admin.update_chain(request.chain_id, request.target_id, request.mode)
+        return mgmtd_pb2.ChainReply(chain=chain)
+
+    @rpc(Access.ADMIN)
+    async def RotateLastSrv(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+        return mgmtd_pb2.ChainReply(chain=await self.server.admin_or_raise().rotate_lastsrv(request.chain_id))
+
+    @rpc(Access.ADMIN)
+    async def SetPreferredOrder(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+        admin = self.server.admin_or_raise()
+        chain = await admin.set_preferred_order(request.chain_id, list(request.target_ids))
+        return mgmtd_pb2.ChainReply(chain=chain)
+
+    @rpc(Access.ADMIN)
+    async def RotateAsPreferredOrder(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+        chain = await self.server.admin_or_raise().rotate_as_preferred(request.chain_id)
+        return mgmtd_pb2.ChainReply(chain=chain)
+
+    @rpc(Access.ADMIN)
+    async def AddUser(self, request, caller) -> mgmtd_pb2.UserTokenReply:  # noqa: N802
+        return await self.server.admin_or_raise().add_user(request)
+
+    @rpc(Access.ADMIN)
+    async def RemoveUser(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+        await self.server.admin_or_raise().remove_user(request.uid)
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ADMIN)
+    async def SetUser(self, request, caller) -> mgmtd_pb2.UserReply:  # noqa: N802
+        return mgmtd_pb2.UserReply(user=await self.server.admin_or_raise().set_user(request))
+
+    @rpc(Access.ADMIN)
+    async def IssueToken(self, request, caller) -> mgmtd_pb2.UserTokenReply:  # noqa: N802
+        return await self.server.admin_or_raise().issue_token(request)
+
+    @rpc(Access.ADMIN)
+    async def GetUser(self, request, caller) -> mgmtd_pb2.UserReply:  # noqa: N802
+        return mgmtd_pb2.UserReply(user=await self.server.admin_or_raise().get_user(request.uid))
+
+    @rpc(Access.ADMIN)
+    async def ListUsers(self, request, caller) -> mgmtd_pb2.ListUsersReply:  # noqa: N802
+        return mgmtd_pb2.ListUsersReply(users=await self.server.admin_or_raise().list_users())
+
+    @rpc(Access.ADMIN)
+    async def ListNodes(self, request, caller) -> mgmtd_pb2.ListNodesReply:  # noqa: N802
+        c = self.server.cluster_or_raise()
+        return mgmtd_pb2.ListNodesReply(
+            nodes=[c.node_info(n, listing=True) for _, n in sorted(c.rec.nodes.items())]
+        )
+
+    @rpc(Access.ADMIN)
+    async def ListTargets(self, request, caller) -> mgmtd_pb2.ListTargetsReply:  # noqa: N802
+        c = self.server.cluster_or_raise()
+        out = [c.target_info(t, listing=True) for _, t in sorted(c.rec.targets.items())]
+        if request.chain_id:
+            if request.chain_id not in c.rec.chains:
+                raise FS3Error(StatusCode.MGMTD_UNKNOWN_CHAIN, f"chain {request.chain_id} does not exist")
+            order = [t.target_id for t in c.rec.chains[request.chain_id].targets]
+            by_id = {t.target_id: t for t in out}
+            out = [by_id[tid] for tid in order if tid in by_id]
+        return mgmtd_pb2.ListTargetsReply(targets=out)
+
+    @rpc(Access.ADMIN)
+    async def ListChains(self, request, caller) -> mgmtd_pb2.ListChainsReply:  # noqa: N802
+        c = self.server.cluster_or_raise()
+        if request.table_id:
+            versions = [v for (tid, v) in c.rec.tables if tid == request.table_id]
+            version = request.table_version or max(versions, default=0)
+            table = c.rec.tables.get((request.table_id, version))
+            if table is None:
+                raise FS3Error(
+                    StatusCode.MGMTD_UNKNOWN_CHAIN_TABLE,
+                    f"chain table {request.table_id} version {version} does not exist",
+                )
+            return mgmtd_pb2.ListChainsReply(chains=[c.rec.chains[cid] for cid in table.chain_ids])
+        return mgmtd_pb2.ListChainsReply(chains=[ch for _, ch in sorted(c.rec.chains.items())])
+
+    @rpc(Access.ADMIN)
+    async def ListChainTables(self, request, caller) -> mgmtd_pb2.ListChainTablesReply:  # noqa: N802
+        c = self.server.cluster_or_raise()
+        return mgmtd_pb2.ListChainTablesReply(tables=[t for _, t in sorted(c.rec.tables.items())])
+
+    @rpc(Access.ADMIN)
+    async def ListClientSessions(self, request, caller) -> mgmtd_pb2.ListClientSessionsReply:  # noqa: N802
+        c = self.server.cluster_or_raise()
+        c.expire_sessions()
+        return mgmtd_pb2.ListClientSessionsReply(sessions=[s for _, s in sorted(c.sessions.items())])
+
+    @rpc(Access.ADMIN)
+    async def SetConfig(self, request, caller) -> mgmtd_pb2.SetConfigReply:  # noqa: N802
+        return mgmtd_pb2.SetConfigReply(version=await self.server.admin_or_raise().set_config(request))
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    """grpc.health.v1: "" is SERVING while the process runs; "fs3.Mgmtd" only on the primary."""
+
+    def __init__(self, server: MgmtdServer) -> None:
+        self.server = server
+
+    def _status(self, service: str) -> int | None:
+        if service == "":
+            return health_pb2.HealthCheckResponse.SERVING
+        if service == SERVICE_NAME:
+            return (
+                health_pb2.HealthCheckResponse.SERVING
+                if self.server.is_primary()
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+        return None
+
+    async def Check(self, request, context) -> health_pb2.HealthCheckResponse:  # noqa: N802
+        status = self._status(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(self, request, context) -> AsyncIterator[health_pb2.HealthCheckResponse]:  # noqa: N802
+        last = None
+        while True:
+            status = self._status(request.service)
+            if status is None:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            await self.server.role_changed()

@@ -1,0 +1,518 @@
+"""mgmtd over gRPC, in process over the mem engine: admin API, users and tokens, heartbeats, failure
+detection driving the chain state machine, routing info, sessions, configs, health, election."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+import pytest
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import RoutingCache
+from mgmtd_harness import Admin, InProcess, StorageNode, endpoint, wait_until
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.mgmtd import schema
+from fs3.proto import common_pb2, health_pb2, health_pb2_grpc, mgmtd_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+SERVING, SYNCING, OFFLINE, LASTSRV = (
+    common_pb2.SERVING,
+    common_pb2.SYNCING,
+    common_pb2.OFFLINE,
+    common_pb2.LASTSRV,
+)
+
+
+async def expect(code: StatusCode, aw) -> FS3Error:
+    with pytest.raises(FS3Error) as e:
+        await aw
+    assert e.value.code == code, e.value
+    return e.value
+
+
+async def storage_cluster(a: Admin, n_nodes: int = 3) -> list[StorageNode]:
+    """n storage nodes with one target each (target id = node id + 100), chain 1 over all of them."""
+    nodes = [StorageNode(a.client, 10 + i, [110 + i]) for i in range(n_nodes)]
+    for n in nodes:
+        await n.register()
+    await a.client.create_targets(
+        [mgmtd_pb2.TargetSpec(target_id=110 + i, node_id=10 + i, disk_index=0) for i in range(n_nodes)]
+    )
+    await a.client.upload_chains({1: [110 + i for i in range(n_nodes)]})
+    await a.client.upload_chain_table(1, [1])
+    return nodes
+
+
+class Heartbeats:
+    """Background heartbeats of fake storage nodes; a paused node goes silent."""
+
+    def __init__(self, nodes: list[StorageNode], interval_s: float = 0.05) -> None:
+        self.nodes = nodes
+        self.paused: set[int] = set()
+        self.interval_s = interval_s
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            for n in self.nodes:
+                if n.node_id not in self.paused:
+                    with contextlib.suppress(FS3Error):
+                        await n.heartbeat()
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+def chain_states(cache: RoutingCache, chain_id: int = 1) -> list[tuple[int, int]]:
+    return [(t.target_id, t.public_state) for t in cache.routing.chain(chain_id).targets]
+
+
+# ---- cluster init, users and tokens --------------------------------------------------------------
+
+
+async def test_init_cluster_once(inproc: InProcess) -> None:
+    await inproc.start(1)
+    await inproc.primary()
+    c = inproc.client()
+    # before init no admin exists, so without the cluster secret nobody may administer
+    await expect(StatusCode.UNAUTHENTICATED, c.list_chains())
+    token = await c.init_cluster("t")
+    assert token.startswith("fs3u.0.")
+    await expect(StatusCode.ALREADY_EXISTS, c.init_cluster("t"))
+    root = await inproc.client(token=token).verify_token(token)
+    assert root.uid == 0 and root.admin and root.root
+
+
+async def test_admin_rpcs_need_an_admin_token(admin: Admin) -> None:
+    env = admin.env
+    user_token = await admin.client.add_user(1000, "alice", gid=100, groups=[100, 200])
+    anonymous = env.client()
+    alice = env.client(token=user_token)
+    forged = env.client(token=user_token[:-4] + "AAAA")
+    garbage = env.client(token="not-a-token")
+    for client, code in [
+        (anonymous, StatusCode.UNAUTHENTICATED),
+        (alice, StatusCode.PERMISSION_DENIED),
+        (forged, StatusCode.UNAUTHENTICATED),
+        (garbage, StatusCode.UNAUTHENTICATED),
+    ]:
+        await expect(code, client.list_nodes())
+        await expect(code, client.add_user(1001, "mallory", admin=True))
+        await expect(code, client.upload_chains({5: [1]}))
+        await expect(code, client.set_config(common_pb2.NODE_META, ""))
+    # a valid user token is good for what any user may do
+    assert (await alice.verify_token(user_token)).name == "alice"
+    assert (await alice.get_routing_info()).version > 0
+    users = {u.uid: u for u in await admin.client.list_users()}
+    assert users[1000].groups == [100, 200] and not users[1000].admin
+    # promoting alice makes her token an admin token
+    await admin.client.set_user(mgmtd_pb2.SetUserRequest(uid=1000, admin=True))
+    assert len(await alice.list_nodes()) == 0
+
+
+async def test_tokens_expire_and_can_be_revoked(admin: Admin) -> None:
+    first = await admin.client.add_user(1000, "alice")
+    short = await admin.client.issue_token(1000, ttl_s=0.3)
+    c = admin.client
+    assert (await c.verify_token(short)).uid == 1000
+    assert (await c.get_user(1000)).token_count == 2
+    await wait_until(lambda: time.time() > 0, 1)  # clock sanity
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            await c.verify_token(short)
+        except FS3Error as e:
+            assert e.code == StatusCode.UNAUTHENTICATED
+            break
+        assert time.monotonic() < deadline, "short-lived token never expired"
+        await asyncio.sleep(0.05)
+    assert (await c.verify_token(first)).uid == 1000
+    fresh = await c.issue_token(1000, invalidate_existing=True)
+    await expect(StatusCode.UNAUTHENTICATED, c.verify_token(first))
+    assert (await c.verify_token(fresh)).uid == 1000
+    await c.remove_user(1000)
+    await expect(StatusCode.UNAUTHENTICATED, c.verify_token(fresh))
+    await expect(StatusCode.NOT_FOUND, c.get_user(1000))
+    # the last admin stays
+    await expect(StatusCode.FAILED_PRECONDITION, c.remove_user(0))
+    await expect(StatusCode.FAILED_PRECONDITION, c.set_user(mgmtd_pb2.SetUserRequest(uid=0, admin=False)))
+    await expect(StatusCode.ALREADY_EXISTS, c.add_user(0, "root2"))
+    await expect(StatusCode.INVALID_ARGUMENT, c.add_user(7, "a/b"))
+
+
+async def test_cluster_secret(inproc: InProcess) -> None:
+    secret = b"0123456789abcdef-secret"
+    await inproc.start(1, secret=secret)
+    await inproc.primary()
+    anonymous = inproc.client()
+    wrong = inproc.client(cluster_secret=b"x" * 20)
+    service = inproc.client(cluster_secret=secret)
+    await expect(StatusCode.UNAUTHENTICATED, anonymous.init_cluster())
+    await expect(StatusCode.UNAUTHENTICATED, wrong.init_cluster())
+    await expect(
+        StatusCode.MGMTD_NOT_INITIALIZED,
+        service.create_targets([mgmtd_pb2.TargetSpec(target_id=1, node_id=1)]),
+    )
+    token = await service.init_cluster()
+    await expect(StatusCode.UNAUTHENTICATED, anonymous.register_node(10, common_pb2.NODE_STORAGE))
+    await expect(StatusCode.UNAUTHENTICATED, anonymous.get_routing_info())
+    await service.register_node(10, common_pb2.NODE_STORAGE)
+    # the secret is an admin credential; a user token is not a service credential
+    assert [n.node_id for n in await service.list_nodes()] == [10]
+    await expect(
+        StatusCode.UNAUTHENTICATED, inproc.client(token=token).register_node(11, common_pb2.NODE_META)
+    )
+    assert (await inproc.client(token=token).get_routing_info()).version > 0
+
+
+# ---- membership and heartbeats -------------------------------------------------------------------
+
+
+async def test_bad_heartbeats_are_refused(admin: Admin) -> None:
+    c = admin.client
+    node = StorageNode(c, 10, [110])
+    other = StorageNode(c, 11, [111])
+    e = await expect(StatusCode.MGMTD_UNKNOWN_NODE, node.heartbeat())
+    assert "node 10" in e.message
+    await node.register()
+    await other.register()
+    # a target nobody created
+    await expect(StatusCode.MGMTD_UNKNOWN_TARGET, node.heartbeat())
+    await c.create_targets(
+        [
+            mgmtd_pb2.TargetSpec(target_id=110, node_id=10),
+            mgmtd_pb2.TargetSpec(target_id=111, node_id=11),
+        ]
+    )
+    await node.heartbeat()
+    # stale: the same (incarnation, sequence) again, or an older one
+    req = node.request()
+    await c.heartbeat(req)
+    await expect(StatusCode.MGMTD_STALE_HEARTBEAT, c.heartbeat(req))
+    old = mgmtd_pb2.HeartbeatRequest()
+    old.CopyFrom(req)
+    old.incarnation -= 1
+    old.sequence += 100
+    await expect(StatusCode.MGMTD_STALE_HEARTBEAT, c.heartbeat(old))
+    # a target that belongs to another node
+    node.local[111] = common_pb2.UPTODATE
+    e = await expect(StatusCode.INVALID_ARGUMENT, node.heartbeat())
+    assert "belongs to node 11" in e.message
+    del node.local[111]
+    # the same target twice
+    dup = node.request()
+    dup.targets.append(dup.targets[0])
+    await expect(StatusCode.INVALID_ARGUMENT, c.heartbeat(dup))
+    # the wrong node type
+    wrong = node.request()
+    wrong.type = common_pb2.NODE_META
+    await expect(StatusCode.INVALID_ARGUMENT, c.heartbeat(wrong))
+    # a bad local state
+    bad = node.request()
+    bad.targets[0].local_state = 42
+    await expect(StatusCode.INVALID_ARGUMENT, c.heartbeat(bad))
+    # a disabled node
+    await c.set_node_enabled(10, False)
+    await expect(StatusCode.MGMTD_NODE_DISABLED, node.heartbeat())
+    await c.set_node_enabled(10, True)
+    await node.heartbeat()
+    # registering under another type, a node id 0
+    await expect(StatusCode.ALREADY_EXISTS, c.register_node(10, common_pb2.NODE_META))
+    await expect(StatusCode.INVALID_ARGUMENT, c.register_node(0, common_pb2.NODE_META))
+    await expect(StatusCode.INVALID_ARGUMENT, c.register_node(12, common_pb2.NODE_CLIENT))
+    # unregistering a node with targets
+    await expect(StatusCode.FAILED_PRECONDITION, c.unregister_node(10))
+    nodes = {n.node_id: n for n in await c.list_nodes()}
+    assert nodes[10].status == mgmtd_pb2.NODE_STATUS_ACTIVE
+    assert nodes[10].endpoints[0].port == 9010
+
+
+async def test_bad_chains_and_tables_are_refused(admin: Admin) -> None:
+    c = admin.client
+    for nid in (10, 11):
+        await c.register_node(nid, common_pb2.NODE_STORAGE, [endpoint()])
+    await expect(
+        StatusCode.MGMTD_UNKNOWN_NODE, c.create_targets([mgmtd_pb2.TargetSpec(target_id=1, node_id=99)])
+    )
+    await c.register_node(20, common_pb2.NODE_META)
+    await expect(
+        StatusCode.INVALID_ARGUMENT, c.create_targets([mgmtd_pb2.TargetSpec(target_id=1, node_id=20)])
+    )
+    await c.create_targets([mgmtd_pb2.TargetSpec(target_id=t, node_id=10 + t % 2) for t in (1, 2, 3, 4)])
+    await expect(StatusCode.ALREADY_EXISTS, c.create_targets([mgmtd_pb2.TargetSpec(target_id=1, node_id=10)]))
+    e = await expect(StatusCode.MGMTD_UNKNOWN_TARGET, c.upload_chains({1: [1, 99]}))
+    assert "target 99" in e.message
+    await expect(StatusCode.MGMTD_INVALID_CHAIN, c.upload_chains({1: []}))
+    await expect(StatusCode.MGMTD_INVALID_CHAIN, c.upload_chains({1: [1, 1]}))
+    e = await expect(StatusCode.MGMTD_INVALID_CHAIN, c.upload_chains({1: [1, 2], 2: [2, 3]}))
+    assert "target 2 is already in chain 1" in e.message
+    assert await c.list_chains() == []  # a refused upload changes nothing
+    await c.upload_chains({1: [1, 2]})
+    await c.upload_chains({1: [1, 2]})  # the same again is a no-op
+    e = await expect(StatusCode.MGMTD_INVALID_CHAIN, c.upload_chains({2: [3, 1]}))
+    assert "already in chain 1" in e.message
+    await expect(StatusCode.MGMTD_INVALID_CHAIN, c.upload_chains({1: [1, 3]}))
+    e = await expect(StatusCode.MGMTD_UNKNOWN_CHAIN, c.upload_chain_table(1, [1, 7]))
+    assert "chain 7" in e.message
+    await expect(StatusCode.INVALID_ARGUMENT, c.upload_chain_table(1, []))
+    await expect(StatusCode.INVALID_ARGUMENT, c.upload_chain_table(1, [1, 1]))
+    assert await c.upload_chain_table(1, [1]) == 1
+    assert await c.upload_chain_table(1, [1]) == 1
+    await c.upload_chains({2: [3, 4]})
+    assert await c.upload_chain_table(1, [1, 2]) == 2
+    assert [(t.table_id, t.version) for t in await c.list_chain_tables()] == [(1, 1), (1, 2)]
+    assert [ch.chain_id for ch in await c.list_chains(table_id=1)] == [1, 2]
+    assert [ch.chain_id for ch in await c.list_chains(table_id=1, table_version=1)] == [1]
+    await expect(StatusCode.MGMTD_UNKNOWN_CHAIN_TABLE, c.list_chains(table_id=9))
+    await expect(StatusCode.FAILED_PRECONDITION, c.remove_target(1))
+    await expect(StatusCode.MGMTD_UNKNOWN_TARGET, c.remove_target(77))
+    await expect(StatusCode.MGMTD_UNKNOWN_CHAIN, c.rotate_lastsrv(9))
+    await expect(
+        StatusCode.MGMTD_INVALID_CHAIN, c.update_chain(1, 3, mgmtd_pb2.CHAIN_UPDATE_ADD)
+    )  # 3 is in chain 2
+
+
+# ---- routing and the chain state machine ---------------------------------------------------------
+
+
+async def test_routing_info_is_versioned(admin: Admin) -> None:
+    c = admin.client
+    first = await c.get_routing_info(0)
+    assert first.HasField("info") and first.info.version == first.version
+    same = await c.get_routing_info(first.version)
+    assert not same.HasField("info") and same.version == first.version
+    await c.register_node(10, common_pb2.NODE_STORAGE, [endpoint()])
+    newer = await c.get_routing_info(first.version)
+    assert newer.version > first.version
+    assert [n.node_id for n in newer.info.nodes] == [10]
+
+
+async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin: Admin) -> None:
+    nodes = await storage_cluster(admin)
+    hb = Heartbeats(nodes)
+    cache = RoutingCache(admin.client, refresh_interval_s=0.05)
+    await cache.start()
+    try:
+        await cache.wait_for(
+            lambda r: (
+                [t.public_state for t in r.chain(1).targets] == [SERVING] * 3
+                and all(n.status == mgmtd_pb2.NODE_STATUS_ACTIVE for n in r.nodes.values())
+            ),
+            5,
+        )
+        v0 = cache.routing.chain(1).version
+        hb.paused.add(11)  # the middle goes silent
+        await cache.wait_for(lambda r: r.chain(1).version > v0, 5)
+        assert chain_states(cache) == [(110, SERVING), (112, SERVING), (111, OFFLINE)]
+        assert cache.routing.node(11).status == mgmtd_pb2.NODE_STATUS_FAILED
+        assert cache.routing.chain(1).head.target_id == 110
+        # it comes back with an empty target: it syncs, then serves at the end of the chain
+        nodes[1].local[111] = common_pb2.ONLINE
+        hb.paused.discard(11)
+        await cache.wait_for(lambda r: r.chain(1).targets[2].public_state == SYNCING, 5)
+        nodes[1].local[111] = common_pb2.UPTODATE
+        await cache.wait_for(lambda r: r.chain(1).targets[2].public_state == SERVING, 5)
+        assert chain_states(cache) == [(110, SERVING), (112, SERVING), (111, SERVING)]
+        assert cache.routing.chain(1).version == v0 + 3
+        # every target down: the head is the last server
+        hb.paused.update({10, 11, 12})
+        await cache.wait_for(lambda r: r.chain(1).targets[0].public_state == LASTSRV, 5)
+        assert [s for _, s in chain_states(cache)] == [LASTSRV, OFFLINE, OFFLINE]
+        # an admin may give up on it
+        chain = await admin.client.rotate_lastsrv(1)
+        assert [t.target_id for t in chain.targets] == [112, 111, 110]
+    finally:
+        await cache.stop()
+        await hb.stop()
+
+
+async def test_stale_chain_version_cannot_claim_uptodate(admin: Admin) -> None:
+    nodes = await storage_cluster(admin, 2)
+    hb = Heartbeats(nodes)
+    cache = RoutingCache(admin.client, refresh_interval_s=0.05)
+    await cache.start()
+    try:
+        await cache.wait_for(lambda r: [t.public_state for t in r.chain(1).targets] == [SERVING] * 2, 5)
+        await admin.client.offline_target(111)
+        nodes[1].local[111] = common_pb2.ONLINE
+        await cache.wait_for(lambda r: r.chain(1).targets[1].public_state == SYNCING, 5)
+        # a report made against an older chain version does not finish the sync
+        nodes[1].chain_version[111] = 1
+        nodes[1].local[111] = common_pb2.UPTODATE
+        await asyncio.sleep(0.3)  # several update rounds; nothing may change
+        await cache.refresh()
+        assert cache.routing.chain(1).targets[1].public_state == SYNCING
+        nodes[1].chain_version[111] = cache.routing.chain(1).version
+        await cache.wait_for(lambda r: r.chain(1).targets[1].public_state == SERVING, 5)
+    finally:
+        await cache.stop()
+        await hb.stop()
+
+
+async def test_admin_chain_operations(admin: Admin) -> None:
+    c = admin.client
+    nodes = await storage_cluster(admin, 3)
+    for n in nodes:
+        await n.heartbeat()
+    await c.register_node(13, common_pb2.NODE_STORAGE)
+    await c.create_targets([mgmtd_pb2.TargetSpec(target_id=113, node_id=13)])
+    chain = await c.update_chain(1, 113, mgmtd_pb2.CHAIN_UPDATE_ADD)
+    assert [(t.target_id, t.public_state) for t in chain.targets][-1] == (113, OFFLINE)
+    chain = await c.update_chain(1, 113, mgmtd_pb2.CHAIN_UPDATE_REMOVE)
+    assert [t.target_id for t in chain.targets] == [110, 111, 112]
+    await c.remove_target(113)
+    assert 113 not in [t.target_id for t in await c.list_targets()]
+    chain = await c.offline_target(110)
+    assert [(t.target_id, t.public_state) for t in chain.targets] == [
+        (111, SERVING),
+        (112, SERVING),
+        (110, OFFLINE),
+    ]
+    await expect(StatusCode.FAILED_PRECONDITION, c.rotate_lastsrv(1))
+    await expect(StatusCode.INVALID_ARGUMENT, c.set_preferred_order(1, [110, 111]))
+    chain = await c.set_preferred_order(1, [110, 111, 112])
+    assert list(chain.preferred_order) == [110, 111, 112]
+    listed = await c.list_targets(chain_id=1)
+    assert [t.target_id for t in listed] == [111, 112, 110]
+    assert all(t.chain_id == 1 and t.used_bytes == 123 for t in listed)
+
+
+async def test_client_sessions(admin: Admin) -> None:
+    c = admin.client
+    s = mgmtd_pb2.ClientSession(
+        client_id="fuse-1", hostname="h", description="mount /mnt", type=common_pb2.NODE_CLIENT
+    )
+    reply = await c.extend_session(s)
+    assert reply.session_timeout_s > 0
+    sessions = await c.list_client_sessions()
+    assert [x.client_id for x in sessions] == ["fuse-1"] and sessions[0].started_at > 0
+    await expect(StatusCode.INVALID_ARGUMENT, c.extend_session(mgmtd_pb2.ClientSession()))
+    await wait_until(_no_sessions(c), 5, "session expiry")
+
+
+def _no_sessions(c: MgmtdClient):
+    async def check() -> bool:
+        return await c.list_client_sessions() == []
+
+    return check
+
+
+async def test_configs(admin: Admin) -> None:
+    c = admin.client
+    e = await expect(StatusCode.CONFIG_INVALID, c.set_config(common_pb2.NODE_STORAGE, "no_such_key = 1\n"))
+    assert "no_such_key" in e.message
+    await expect(StatusCode.CONFIG_INVALID, c.set_config(common_pb2.NODE_STORAGE, "= broken"))
+    assert await c.get_config(common_pb2.NODE_STORAGE) is None
+    assert await c.set_config(common_pb2.NODE_STORAGE, "heartbeat_interval_s = 1.5\n", "faster") == 1
+    assert await c.set_config(common_pb2.NODE_STORAGE, "heartbeat_interval_s = 2.5\n") == 2
+    assert (await c.get_config(common_pb2.NODE_STORAGE)).version == 2
+    assert "1.5" in (await c.get_config(common_pb2.NODE_STORAGE, 1)).content
+    await expect(StatusCode.NOT_FOUND, c.get_config(common_pb2.NODE_STORAGE, 9))
+    node = StorageNode(c, 10, [])
+    await node.register()
+    reply = await node.heartbeat()
+    assert reply.config.version == 2
+    req = node.request()
+    req.config_version = 2
+    assert not (await c.heartbeat(req)).HasField("config")
+
+
+# ---- health and election -------------------------------------------------------------------------
+
+
+async def test_health_service(inproc: InProcess) -> None:
+    a = await inproc.start(1)
+    b = await inproc.start(2)
+    primary = await inproc.primary()
+    standby = b if primary is a else a
+    for server, mgmtd_status in [
+        (primary, health_pb2.HealthCheckResponse.SERVING),
+        (standby, health_pb2.HealthCheckResponse.NOT_SERVING),
+    ]:
+        async with grpc.aio.insecure_channel(server.address) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            r = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+            r = await stub.Check(health_pb2.HealthCheckRequest(service="fs3.Mgmtd"))
+            assert r.status == mgmtd_status
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.Check(health_pb2.HealthCheckRequest(service="nope"))
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    # Watch reports the standby becoming primary
+    async with grpc.aio.insecure_channel(standby.address) as ch:
+        stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service="fs3.Mgmtd"))
+        first = await stream.read()
+        assert first.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        await primary.stop(grace_s=0)
+        second = await asyncio.wait_for(stream.read(), 10)
+        assert second.status == health_pb2.HealthCheckResponse.SERVING
+        stream.cancel()
+
+
+async def test_standbys_redirect_and_take_over(inproc: InProcess) -> None:
+    servers = [await inproc.start(i) for i in (1, 2, 3)]
+    primary = await inproc.primary()
+    await asyncio.sleep(0.3)  # several election rounds: still exactly one primary
+    assert sum(s.is_primary() for s in servers) == 1
+    standby = next(s for s in servers if s is not primary)
+    # a client that only knows a standby is told where the primary is
+    raw = MgmtdClient([standby.address], timeout_s=0.5)
+    inproc.clients.append(raw)
+    async with grpc.aio.insecure_channel(standby.address) as ch:
+        from fs3.proto import mgmtd_pb2_grpc
+
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await mgmtd_pb2_grpc.MgmtdStub(ch).GetRoutingInfo(mgmtd_pb2.GetRoutingInfoRequest())
+        md = dict(e.value.trailing_metadata())
+        assert md["fs3-status"] == str(int(StatusCode.MGMTD_NOT_PRIMARY))
+        assert md["fs3-primary"] == primary.address
+    await raw.init_cluster()  # followed the redirect
+    assert raw.primary == primary.address
+    assert (await raw.get_primary()).address == primary.address
+    # the primary stops cleanly: it hands the lease over and a standby serves the same state
+    clients = inproc.client()
+    v_before = (await clients.get_routing_info()).version
+    t0 = time.monotonic()
+    await primary.stop(grace_s=0)
+    inproc.servers.remove(primary)
+    new = await inproc.primary()
+    assert new is not primary and time.monotonic() - t0 < 2.0
+    reply = await clients.get_routing_info(v_before)
+    assert reply.version > v_before  # a new primary always publishes a newer version
+    await expect(StatusCode.ALREADY_EXISTS, clients.init_cluster())  # state survived
+
+
+async def test_deposed_primary_cannot_write(inproc: InProcess) -> None:
+    server = await inproc.start(1, lease_interval_s=30.0)
+    await inproc.primary()
+    c = inproc.client(timeout_s=0.5)
+    token = await c.init_cluster()
+    admin = inproc.client(token=token, timeout_s=0.5)
+
+    async def steal(tr):
+        raw = await tr.get(schema.LEASE_KEY)
+        lease = mgmtd_pb2.MgmtdLease.FromString(raw)
+        tr.set(
+            schema.LEASE_KEY,
+            mgmtd_pb2.MgmtdLease(
+                node_id=99, address="127.0.0.1:1", epoch=lease.epoch + 1, expires_at=time.time() + 30
+            ).SerializeToString(),
+        )
+
+    await inproc.db.run(steal)
+    # the old primary still trusts its lease in memory, but its write is fenced off
+    assert server.is_primary()
+    await expect(StatusCode.MGMTD_NOT_PRIMARY, admin.add_user(5, "bob"))
+    assert not server.is_primary()
+
+    async def users_in_store(tr):
+        return [kv.key for kv in await tr.get_prefix(schema.USER)]
+
+    assert await inproc.db.run(users_in_store, read_only=True) == [schema.user_key(0)]
