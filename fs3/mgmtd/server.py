@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 
 import grpc
@@ -41,6 +42,23 @@ class _Metrics:
             "fs3_mgmtd_chain_updates_total", "chain versions published", reg=reg
         )
         self.targets = metrics.gauge("fs3_mgmtd_targets", "targets by public state", ("state",), reg=reg)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Fail with one clear message when the port is taken, before gRPC's C core logs its own."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
+    family, type_, proto, _, addr = infos[0]
+    with socket.socket(family, type_, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 class MgmtdServer:
@@ -82,6 +100,7 @@ class MgmtdServer:
         mgmtd_pb2_grpc.add_MgmtdServicer_to_server(MgmtdServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(self), server)
         where = f"{self.cfg.listen_host}:{self.cfg.listen_port}"
+        _check_bindable(self.cfg.listen_host, self.cfg.listen_port)
         try:
             port = server.add_insecure_port(where)
         except RuntimeError as e:

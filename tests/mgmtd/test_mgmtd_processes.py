@@ -1,0 +1,171 @@
+"""Real fs3-mgmtd processes over one lmdb store: election, SIGKILL failover, clean shutdown, and
+startup failures that exit non-zero with one clear line."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import RoutingCache
+from mgmtd_harness import REPO, ProcessCluster, free_port, wait_until
+
+from fs3.errors import FS3Error
+from fs3.proto import common_pb2, mgmtd_pb2
+
+pytest.importorskip("fs3.kv.lmdb_engine", reason="the lmdb engine of fs3.kv is not in this build yet")
+
+pytestmark = pytest.mark.timeout(90)
+
+LEASE_S = 1.5
+
+
+async def who_is_primary(procs, client_timeout_s: float = 1.0) -> list[str]:
+    """Addresses of the processes that say they are primary."""
+    out = []
+    for p in procs:
+        if not p.alive():
+            continue
+        c = MgmtdClient([p.address], rpc_timeout_s=client_timeout_s)
+        try:
+            if (await c.get_primary()).is_self:
+                out.append(p.address)
+        except FS3Error:
+            pass
+        finally:
+            await c.close()
+    return out
+
+
+async def test_three_mgmtds_elect_one_primary_and_fail_over_on_sigkill(processes: ProcessCluster) -> None:
+    procs = [processes.start(i, lease_interval_s=LEASE_S, heartbeat_timeout_s=2.0) for i in (1, 2, 3)]
+    primaries: list[str] = []
+
+    async def one_primary() -> bool:
+        nonlocal primaries
+        assert all(p.alive() for p in procs), [p.log() for p in procs]
+        if not all([await _answers(p) for p in procs]):
+            return False
+        primaries = await who_is_primary(procs)
+        return len(primaries) == 1
+
+    await wait_until(one_primary, 30, "all three serving, one of them primary")
+    first = next(p for p in procs if p.address == primaries[0])
+    # every standby names the same primary
+    for p in procs:
+        c = MgmtdClient([p.address])
+        assert (await c.get_primary()).address == first.address
+        await c.close()
+
+    client = MgmtdClient([p.address for p in procs], timeout_s=20.0)
+    try:
+        token = await client.init_cluster("proc")
+        admin = MgmtdClient([p.address for p in procs], token=token, timeout_s=20.0)
+        await admin.register_node(10, common_pb2.NODE_STORAGE)
+        await admin.create_targets([mgmtd_pb2.TargetSpec(target_id=100, node_id=10)])
+        await admin.upload_chains({1: [100]})
+        cache = RoutingCache(admin, refresh_interval_s=0.1)
+        await cache.start()
+        v_before = cache.version
+
+        processes.kill(first, signal.SIGKILL)
+        killed_at = time.monotonic()
+        first.popen.wait(timeout=10)
+        survivors = [p for p in procs if p is not first]
+
+        async def new_primary() -> bool:
+            nonlocal primaries
+            primaries = await who_is_primary(survivors, 0.5)
+            return len(primaries) == 1
+
+        await wait_until(new_primary, 20, "a standby to take over")
+        took = time.monotonic() - killed_at
+        # the lease has at most LEASE_S left when the primary dies; standbys look every LEASE_S/10
+        assert took < LEASE_S * 2 + 1.0, f"takeover took {took:.2f}s"
+        assert primaries[0] != first.address
+        # clients follow: the same admin client keeps working, and the state survived
+        nodes = await admin.list_nodes()
+        assert [n.node_id for n in nodes] == [10]
+        assert [c.chain_id for c in await admin.list_chains()] == [1]
+        await cache.wait_for(lambda r: r.version > v_before, 10)
+        assert cache.routing.chain(1).targets[0].target_id == 100
+        await cache.stop()
+        await admin.close()
+        # the killed one comes back as a standby
+        back = processes.start(first.node_id, lease_interval_s=LEASE_S, heartbeat_timeout_s=2.0)
+        await wait_until(lambda: _answers(back), 30, "restarted mgmtd to serve")
+        assert await who_is_primary([back]) == []
+    finally:
+        await client.close()
+
+
+async def _answers(p) -> bool:
+    c = MgmtdClient([p.address], rpc_timeout_s=0.5)
+    try:
+        await c.get_primary()
+        return True
+    except FS3Error:
+        return False
+    finally:
+        await c.close()
+
+
+async def test_sigterm_shuts_down_cleanly_and_hands_over(processes: ProcessCluster) -> None:
+    a = processes.start(1, lease_interval_s=30.0)
+    await wait_until(lambda: _is_primary(a), 30, "first mgmtd to be primary")
+    b = processes.start(2, lease_interval_s=30.0)
+    await wait_until(lambda: _answers(b), 30, "second mgmtd to serve")
+    processes.kill(a, signal.SIGTERM)
+    assert a.popen.wait(timeout=20) == 0, a.log()
+    assert "mgmtd stopped" in a.log()
+    # it released its 30 s lease, so the standby takes over long before it would have expired
+    await wait_until(lambda: _is_primary(b), 10, "standby to take over a released lease")
+
+
+async def _is_primary(p) -> bool:
+    c = MgmtdClient([p.address], rpc_timeout_s=0.5)
+    try:
+        return (await c.get_primary()).is_self
+    except FS3Error:
+        return False
+    finally:
+        await c.close()
+
+
+def _run_mgmtd(args: list[str], timeout_s: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fs3.mgmtd", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.timeout(60)
+def test_startup_failures_exit_nonzero_with_one_line(tmp_path: Path) -> None:
+    missing = _run_mgmtd(["--config", str(tmp_path / "nope.toml")])
+    assert missing.returncode != 0
+    assert missing.stderr.strip().count("\n") == 0 and "does not exist" in missing.stderr
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("node_id = 1\nno_such_option = 3\n")
+    r = _run_mgmtd(["--config", str(bad)])
+    assert r.returncode != 0 and "no_such_option" in r.stderr and r.stderr.strip().count("\n") == 0
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = _run_mgmtd(["--kv-engine", "mem", "--port", str(port), "--log-level", "CRITICAL"])
+    assert r.returncode != 0
+    assert f"127.0.0.1:{port}" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+
+    r = _run_mgmtd(["--kv-engine", "lmdb", "--port", str(free_port()), "--log-level", "CRITICAL"])
+    assert r.returncode != 0 and "kv.path" in r.stderr
