@@ -13,10 +13,11 @@ switches the committed version to it in another and then deletes the old file. A
 leaves every committed version intact, pending versions recorded for the chain to settle, and at
 worst files no metadata references, which opening the engine removes.
 
-The engine is thread-safe for calls on different chunks, which run in parallel (file I/O and fsync
-release the GIL). Calls that modify one chunk must be serialized by the caller (the CRAQ service's
-per-chunk lock); if they are not, the loser gets ABORTED rather than a lost update. Reads need no
-lock: they may run while the same chunk is updated, committed or aborted. Every call blocks on disk
+The engine is thread-safe. Calls on different chunks run in parallel (file I/O, fsync and CRC32C
+release the GIL); calls that modify one chunk take turns on a striped lock, so two racing updates
+never clobber each other (the CRAQ service still needs its own per-chunk lock to order a whole
+update-forward-commit round). Reads take no lock: they may run while the same chunk is updated,
+committed or aborted, and retry if a commit removes the file they were reading. Every call blocks on disk
 I/O: asyncio code uses :class:`fs3.storage.async_engine.AsyncChunkEngine`.
 
 A disk error (any OSError from the data files other than a missing file, or an LMDB error) takes
@@ -32,7 +33,6 @@ import errno
 import fcntl
 import logging
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -42,25 +42,27 @@ import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 
-from .chunk_files import ChunkFiles
+from .chunk_files import ChunkFiles, CorruptVersion
 from .chunk_meta import (
-    CHECKSUM_BLOCK,
-    FORMAT_VERSION,
     ChunkMeta,
     ChunkVersion,
-    block_count,
-    block_crcs,
+    check_checksum,
     check_chunk_id,
     check_chunk_size,
-    crc32c,
-    decode_meta,
-    encode_meta,
+    check_fits,
+    check_size_class,
+    next_version,
+    select_version,
 )
+from .chunk_meta_store import ChunkMetaStore
+from .chunk_recovery import RecoveryReport, recover
 
 log = logging.getLogger(__name__)
 
-_STATS = struct.Struct("<QQQ")  # used bytes, chunk count, highest file id ever recorded
 _READ_ATTEMPTS = 8
+# Modifications of one chunk serialize on one of these (held only for local I/O, never across a
+# call out, so it cannot deadlock with the service's per-chunk lock that spans the chain).
+_LOCK_STRIPES = 1024
 _SCAN_BATCH = 1024
 
 
@@ -103,21 +105,6 @@ class SpaceInfo:
     chunk_count: int
 
 
-@dataclass(slots=True, frozen=True)
-class RecoveryReport:
-    """What opening the engine found and did."""
-
-    orphans_removed: int
-    files_trimmed: int
-    unknown_files: int
-    missing_files: list[tuple[bytes, int]]
-    pending: int
-
-
-class _Corrupt(Exception):
-    """A version's bytes on disk do not match its metadata (may be a race; the caller decides)."""
-
-
 class ChunkEngine:
     """The chunks of one target. Opening it runs recovery; see :attr:`recovery`."""
 
@@ -134,6 +121,7 @@ class ChunkEngine:
         self._failure: FS3Error | None = None
         self._closed = False
         self._fid_lock = threading.Lock()
+        self._chunk_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fd = _lock_target(self.path)
@@ -141,20 +129,15 @@ class ChunkEngine:
             raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"cannot open target {self.path}: {exc}") from exc
         try:
             sync = self.options.sync
-            self._env = lmdb.open(
-                str(self.path / "meta"),
-                map_size=self.options.map_size,
-                max_dbs=2,
-                max_readers=self.options.max_readers,
+            self._store = ChunkMetaStore(
+                self.path / "meta",
                 sync=sync,
-                metasync=sync,
-                readahead=False,
+                map_size=self.options.map_size,
+                max_readers=self.options.max_readers,
             )
-            self._chunks = self._env.open_db(b"chunks")
-            self._target = self._env.open_db(b"target")
             self._files = ChunkFiles(self.path / "chunks", sync=sync)
-            self._init_target()
-            self.recovery: RecoveryReport = self._recover()
+            self.recovery: RecoveryReport
+            self.recovery, self._next_file_id = recover(self._store, self._files)
         except BaseException as exc:
             os.close(self._lock_fd)
             if isinstance(exc, OSError | lmdb.Error):
@@ -184,7 +167,7 @@ class ChunkEngine:
         if self._closed:
             return
         self._closed = True
-        self._env.close()
+        self._store.close()
         self._files.close()
         os.close(self._lock_fd)
 
@@ -220,11 +203,11 @@ class ChunkEngine:
         with self._io("read"):
             for _ in range(_READ_ATTEMPTS):
                 meta = self._get(chunk_id)
-                v = _select(chunk_id, meta, version)
+                v = select_version(chunk_id, meta, version)
                 end = v.length if length is None else min(v.length, offset + length)
                 try:
-                    data = self._read_range(chunk_id, v, offset, end)
-                except _Corrupt as exc:
+                    data = self._files.read_version(chunk_id, v, offset, end)
+                except CorruptVersion as exc:
                     # A commit or abort may have removed or trimmed the file after we looked up the
                     # metadata; only bytes that still disagree with current metadata are corrupt.
                     if self._get(chunk_id) != meta:
@@ -264,12 +247,12 @@ class ChunkEngine:
         check_chunk_size(chunk_size)
         if offset < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
-        _check_fits(chunk_id, offset + len(data), chunk_size)
-        _check_checksum(chunk_id, data, checksum)
-        with self._io("update"):
+        check_fits(chunk_id, offset + len(data), chunk_size)
+        check_checksum(chunk_id, data, checksum)
+        with self._io("update"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
-            _check_size_class(chunk_id, meta, chunk_size)
-            new_ver = _next_version(chunk_id, meta, version)
+            check_size_class(chunk_id, meta, chunk_size)
+            new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
             if (
                 self.options.in_place_append
@@ -279,7 +262,7 @@ class ChunkEngine:
                 and offset == base.length
                 and len(data) > 0
             ):
-                new = self._append_in_place(chunk_id, base, data, new_ver, chain_ver)
+                new = self._files.append_version(chunk_id, base, data, new_ver, chain_ver)
             else:
                 content = self._content(chunk_id, base)
                 if offset > len(content):
@@ -297,11 +280,11 @@ class ChunkEngine:
         check_chunk_size(chunk_size)
         if length < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {length}")
-        _check_fits(chunk_id, length, chunk_size)
-        with self._io("truncate"):
+        check_fits(chunk_id, length, chunk_size)
+        with self._io("truncate"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
-            _check_size_class(chunk_id, meta, chunk_size)
-            new_ver = _next_version(chunk_id, meta, version)
+            check_size_class(chunk_id, meta, chunk_size)
+            new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
             content = self._content(chunk_id, base)
             del content[length:]
@@ -315,11 +298,11 @@ class ChunkEngine:
         Returns None (and records nothing) if the target holds no version of the chunk.
         """
         check_chunk_id(chunk_id)
-        with self._io("remove"):
+        with self._io("remove"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
             if meta is None:
                 return None
-            new_ver = _next_version(chunk_id, meta, version)
+            new_ver = next_version(chunk_id, meta, version)
             tombstone = ChunkVersion(new_ver, chain_ver, 0, 0, 0, b"", removal=True)
             return self._install(meta, replace(meta, pending=tombstone))
 
@@ -343,13 +326,13 @@ class ChunkEngine:
         """
         check_chunk_id(chunk_id)
         check_chunk_size(chunk_size)
-        _check_fits(chunk_id, len(data), chunk_size)
-        _check_checksum(chunk_id, data, checksum)
+        check_fits(chunk_id, len(data), chunk_size)
+        check_checksum(chunk_id, data, checksum)
         if version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad version {version}")
-        with self._io("replace"):
+        with self._io("replace"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
-            _check_size_class(chunk_id, meta, chunk_size)
+            check_size_class(chunk_id, meta, chunk_size)
             committed = meta.committed if meta else None
             if not commit and version <= (committed.version if committed else 0):
                 raise FS3Error(
@@ -369,7 +352,7 @@ class ChunkEngine:
         Raises STORAGE_CHUNK_VERSION_MISMATCH if ``version`` is above committed but not pending.
         """
         check_chunk_id(chunk_id)
-        with self._io("commit"):
+        with self._io("commit"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
             if meta is None:
                 return None
@@ -395,7 +378,7 @@ class ChunkEngine:
         A chunk that was never committed disappears (None).
         """
         check_chunk_id(chunk_id)
-        with self._io("abort"):
+        with self._io("abort"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
             if meta is None or meta.pending is None:
                 return meta
@@ -416,19 +399,7 @@ class ChunkEngine:
         removed = 0
         with self._io("remove_range"):
             while True:
-                gone: list[ChunkMeta] = []
-                with self._env.begin(write=True) as txn:
-                    cursor = txn.cursor(db=self._chunks)
-                    ok = cursor.set_range(begin)
-                    while ok and len(gone) < _SCAN_BATCH:
-                        key = cursor.key()
-                        if not key or (end is not None and key >= end):
-                            break  # an empty key: the cursor ran off the end after a delete
-                        gone.append(decode_meta(key, cursor.value()))
-                        ok = cursor.delete()
-                    used, count, max_fid = _STATS.unpack(txn.get(b"stats", db=self._target))
-                    used -= sum(m.physical_bytes() for m in gone)
-                    txn.put(b"stats", _STATS.pack(used, count - len(gone), max_fid), db=self._target)
+                gone = self._store.delete_range(begin, end, _SCAN_BATCH)
                 for meta in gone:
                     for file_id in meta.file_lengths():
                         self._files.unlink(meta.chunk_id, file_id)
@@ -454,13 +425,8 @@ class ChunkEngine:
         long scan does not pin old LMDB pages; chunks changed during the scan may show either way)."""
         start = begin
         while True:
-            with self._io("iter_metas"), self._env.begin(db=self._chunks) as txn:
-                cursor = txn.cursor()
-                batch = []
-                ok = cursor.set_range(start)
-                while ok and (end is None or cursor.key() < end) and len(batch) < _SCAN_BATCH:
-                    batch.append(decode_meta(cursor.key(), cursor.value()))
-                    ok = cursor.next()
+            with self._io("iter_metas"):
+                batch = self._store.scan(start, end, _SCAN_BATCH)
             yield from batch
             if len(batch) < _SCAN_BATCH:
                 return
@@ -478,9 +444,8 @@ class ChunkEngine:
         """Capacity and free space of the file system, and what this target's chunks use."""
         with self._io("space_info"):
             st = os.statvfs(self.path)
-            with self._env.begin(db=self._target) as txn:
-                used, count, _ = _STATS.unpack(txn.get(b"stats"))
-        return SpaceInfo(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, used, count)
+            stats = self._store.stats()
+        return SpaceInfo(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, stats.used, stats.chunk_count)
 
     # -- internals --------------------------------------------------------------------------------
 
@@ -498,9 +463,11 @@ class ChunkEngine:
             raise self._fail(what, exc) from exc
 
     def _fail(self, what: str, exc: BaseException) -> FS3Error:
-        full = isinstance(exc, lmdb.MapFullError) or getattr(exc, "errno", None) in (
-            errno.ENOSPC,
-            errno.EDQUOT,
+        # LMDB reports a full disk as DiskError with only strerror's text to tell it apart
+        full = (
+            isinstance(exc, lmdb.MapFullError)
+            or getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+            or any(os.strerror(e) in str(exc) for e in (errno.ENOSPC, errno.EDQUOT))
         )
         code = StatusCode.STORAGE_NO_SPACE if full else StatusCode.STORAGE_IO_ERROR
         error = FS3Error(code, f"{what} on target {self.path}: {exc}")
@@ -514,41 +481,19 @@ class ChunkEngine:
                     log.exception("on_failure callback failed path=%s", self.path)
         return error
 
-    def _get(self, chunk_id: bytes) -> ChunkMeta | None:
-        with self._env.begin(db=self._chunks) as txn:
-            raw = txn.get(chunk_id)
-        return None if raw is None else decode_meta(chunk_id, raw)
+    def _chunk_lock(self, chunk_id: bytes) -> threading.Lock:
+        return self._chunk_locks[hash(chunk_id) % _LOCK_STRIPES]
 
-    def _read_range(self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int) -> bytes:
-        """Bytes ``[offset, end)`` of version ``v``, verified block by block."""
-        if end <= offset:
-            return b""
-        first, last = offset // CHECKSUM_BLOCK, block_count(end)
-        start, stop = first * CHECKSUM_BLOCK, min(last * CHECKSUM_BLOCK, v.length)
-        try:
-            raw = self._files.read(chunk_id, v.file_id, start, stop - start)
-        except FileNotFoundError:
-            raise _Corrupt("data file missing") from None
-        if len(raw) != stop - start:
-            raise _Corrupt(f"data file short: {len(raw)} of {stop - start} bytes at {start}")
-        view = memoryview(raw)
-        for index in range(first, last):
-            pos = (index - first) * CHECKSUM_BLOCK
-            if crc32c(view[pos : pos + CHECKSUM_BLOCK]) != v.block_crc(index):
-                raise _Corrupt(f"block {index} (bytes {index * CHECKSUM_BLOCK}..) fails its CRC32C")
-        if start == 0 and stop == v.length and crc32c(view) != v.crc:
-            raise _Corrupt("chunk CRC32C differs from its block CRC32Cs")
-        if start == offset and stop == end:
-            return raw
-        return raw[offset - start : end - start]
+    def _get(self, chunk_id: bytes) -> ChunkMeta | None:
+        return self._store.get(chunk_id)
 
     def _content(self, chunk_id: bytes, v: ChunkVersion | None) -> bytearray:
         """The whole verified content of a version (empty for none), as the base of a new one."""
         if v is None:
             return bytearray()
         try:
-            return bytearray(self._read_range(chunk_id, v, 0, v.length))
-        except _Corrupt as exc:
+            return bytearray(self._files.read_version(chunk_id, v, 0, v.length))
+        except CorruptVersion as exc:
             raise FS3Error(
                 StatusCode.STORAGE_CHECKSUM_MISMATCH,
                 f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
@@ -560,67 +505,28 @@ class ChunkEngine:
         with self._fid_lock:
             file_id = self._next_file_id
             self._next_file_id += 1
-        self._files.write_new(chunk_id, file_id, content)
-        return ChunkVersion(version, chain_ver, len(content), crc32c(content), file_id, block_crcs(content))
-
-    def _append_in_place(
-        self,
-        chunk_id: bytes,
-        base: ChunkVersion,
-        data: bytes | bytearray | memoryview,
-        version: int,
-        chain_ver: int,
-    ) -> ChunkVersion:
-        # Why appending into the committed version's file is safe:
-        #  - readers of the committed version read only [0, committed length) and check those bytes
-        #    against the committed block CRCs; this writes only at and after that length;
-        #  - it is done only when no pending version exists, so no other version's bytes live past
-        #    the committed length of this file;
-        #  - if we crash before the metadata transaction, or the version is aborted, the bytes past
-        #    the committed length belong to no version, and recovery or abort trims them;
-        #  - commit keeps the shared file (it is the new committed version's file).
-        # Anything else (overwrite, hole, pending retry, truncate) is copy-on-write.
-        self._files.write_at(chunk_id, base.file_id, base.length, data)
-        full_blocks = base.length // CHECKSUM_BLOCK
-        crcs = bytearray(base.block_crcs[: 4 * full_blocks])
-        view = memoryview(data)
-        if base.length % CHECKSUM_BLOCK:
-            take = min(CHECKSUM_BLOCK - base.length % CHECKSUM_BLOCK, len(view))
-            crcs += struct.pack("<I", crc32c(view[:take], base.block_crc(full_blocks)))
-            view = view[take:]
-        crcs += block_crcs(view)
-        length = base.length + len(data)
-        return ChunkVersion(version, chain_ver, length, crc32c(data, base.crc), base.file_id, bytes(crcs))
+        return self._files.write_version(chunk_id, file_id, content, version, chain_ver)
 
     def _install(self, old: ChunkMeta | None, new: ChunkMeta) -> ChunkMeta:
-        """Record ``new`` in place of ``old``; on failure remove the files only ``new`` uses."""
+        """Record ``new`` in place of ``old``; if that fails, remove the files only ``new`` uses."""
         try:
-            self._swap(new.chunk_id, old, new)
+            self._store.swap(new.chunk_id, old, new)
         except BaseException:
             for file_id in new.file_lengths().keys() - (old.file_lengths() if old else {}).keys():
                 with contextlib.suppress(OSError):
                     self._files.unlink(new.chunk_id, file_id)
             raise
+        self._drop_files(new.chunk_id, old, new)
         return new
 
     def _swap(self, chunk_id: bytes, old: ChunkMeta | None, new: ChunkMeta | None) -> None:
-        """One LMDB transaction: replace ``old`` by ``new`` if nobody changed it meanwhile, and keep
-        the counters in step; then delete or trim the files ``old`` needed and ``new`` does not."""
-        with self._env.begin(write=True) as txn:
-            raw = txn.get(chunk_id, db=self._chunks)
-            if raw != (None if old is None else encode_meta(old)):
-                raise FS3Error(
-                    StatusCode.ABORTED, f"chunk {chunk_id.hex()} was changed by a concurrent update"
-                )
-            if new is None:
-                txn.delete(chunk_id, db=self._chunks)
-            else:
-                txn.put(chunk_id, encode_meta(new), db=self._chunks)
-            used, count, max_fid = _STATS.unpack(txn.get(b"stats", db=self._target))
-            used += (new.physical_bytes() if new else 0) - (old.physical_bytes() if old else 0)
-            count += (new is not None) - (old is not None)
-            max_fid = max([max_fid, *(new.file_lengths() if new else ())])
-            txn.put(b"stats", _STATS.pack(used, count, max_fid), db=self._target)
+        self._store.swap(chunk_id, old, new)
+        self._drop_files(chunk_id, old, new)
+
+    def _drop_files(self, chunk_id: bytes, old: ChunkMeta | None, new: ChunkMeta | None) -> None:
+        """After ``new`` replaced ``old`` in the metadata: delete the files ``old`` needed and
+        ``new`` does not, and trim a shared file ``new`` needs less of (an aborted append). A crash
+        before this only leaves debris that recovery removes."""
         old_files = old.file_lengths() if old else {}
         new_files = new.file_lengths() if new else {}
         for file_id, length in old_files.items():
@@ -628,53 +534,6 @@ class ChunkEngine:
                 self._files.unlink(chunk_id, file_id)
             elif new_files[file_id] < length:
                 self._files.truncate(chunk_id, file_id, new_files[file_id])
-
-    def _init_target(self) -> None:
-        with self._env.begin(write=True, db=self._target) as txn:
-            fmt = txn.get(b"format")
-            if fmt is None:
-                txn.put(b"format", struct.pack("<I", FORMAT_VERSION))
-                txn.put(b"stats", _STATS.pack(0, 0, 0))
-            elif struct.unpack("<I", fmt)[0] != FORMAT_VERSION:
-                raise FS3Error(
-                    StatusCode.STORAGE_IO_ERROR,
-                    f"target {self.path} has format {struct.unpack('<I', fmt)[0]}, not {FORMAT_VERSION}",
-                )
-
-    def _recover(self) -> RecoveryReport:
-        """Remove data files no metadata references, trim bytes past the last version in a file
-        (a crashed in-place append), and find referenced files that are missing."""
-        orphans = trimmed = unknown = 0
-        seen: set[tuple[bytes, int]] = set()
-        with self._env.begin(db=self._target) as txn:
-            max_fid = _STATS.unpack(txn.get(b"stats"))[2]
-        with self._env.begin(db=self._chunks) as txn:
-            for found in self._files.scan():
-                if found.chunk_id is None:
-                    unknown += 1
-                    log.warning("unknown file in chunk directory path=%s", found.path)
-                    continue
-                max_fid = max(max_fid, found.file_id)
-                raw = txn.get(found.chunk_id)
-                needed = decode_meta(found.chunk_id, raw).file_lengths() if raw is not None else {}
-                if found.file_id not in needed:
-                    os.unlink(found.path)
-                    orphans += 1
-                    continue
-                seen.add((found.chunk_id, found.file_id))
-                if found.size > needed[found.file_id]:
-                    os.truncate(found.path, needed[found.file_id])
-                    trimmed += 1
-            missing: list[tuple[bytes, int]] = []
-            pending = 0
-            for key, raw in txn.cursor():
-                meta = decode_meta(key, raw)
-                pending += meta.pending is not None
-                missing += [(key, fid) for fid in meta.file_lengths() if (key, fid) not in seen]
-        for chunk_id, file_id in missing:
-            log.error("data file missing chunk=%s file_id=%x path=%s", chunk_id.hex(), file_id, self.path)
-        self._next_file_id = max_fid + 1
-        return RecoveryReport(orphans, trimmed, unknown, missing, pending)
 
 
 def _lock_target(path: Path) -> int:
@@ -687,58 +546,3 @@ def _lock_target(path: Path) -> int:
             StatusCode.FAILED_PRECONDITION, f"target {path} is open in another chunk engine"
         ) from None
     return fd
-
-
-def _select(chunk_id: bytes, meta: ChunkMeta | None, version: int | None) -> ChunkVersion:
-    if meta is None or (version is None and meta.committed is None):
-        raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} has no committed version")
-    if version is None:
-        assert meta.committed is not None
-        return meta.committed
-    for v in (meta.committed, meta.pending):
-        if v is not None and v.version == version and not v.removal:
-            return v
-    raise FS3Error(
-        StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
-        f"chunk {chunk_id.hex()} has no version {version} "
-        f"(committed {meta.committed_ver}, pending {meta.pending_ver or 'none'})",
-    )
-
-
-def _next_version(chunk_id: bytes, meta: ChunkMeta | None, version: int | None) -> int:
-    expected = (meta.committed_ver if meta else 0) + 1
-    if version is not None and version != expected:
-        raise FS3Error(
-            StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
-            f"chunk {chunk_id.hex()}: update to version {version} but {expected - 1} is committed",
-        )
-    if meta is not None and meta.pending is not None and meta.pending.version != expected:
-        raise FS3Error(
-            StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
-            f"chunk {chunk_id.hex()}: pending version {meta.pending.version} must be committed or aborted first",
-        )
-    return expected
-
-
-def _check_size_class(chunk_id: bytes, meta: ChunkMeta | None, chunk_size: int) -> None:
-    if meta is not None and meta.chunk_size != chunk_size:
-        raise FS3Error(
-            StatusCode.INVALID_ARGUMENT,
-            f"chunk {chunk_id.hex()} has chunk size {meta.chunk_size}, not {chunk_size}",
-        )
-
-
-def _check_fits(chunk_id: bytes, end: int, chunk_size: int) -> None:
-    if end > chunk_size:
-        raise FS3Error(
-            StatusCode.STORAGE_CHUNK_TOO_LARGE,
-            f"chunk {chunk_id.hex()}: {end} bytes do not fit in a chunk of {chunk_size}",
-        )
-
-
-def _check_checksum(chunk_id: bytes, data: bytes | bytearray | memoryview, checksum: int | None) -> None:
-    if checksum is not None and crc32c(data) != checksum:
-        raise FS3Error(
-            StatusCode.STORAGE_CHECKSUM_MISMATCH,
-            f"chunk {chunk_id.hex()}: data received does not match the sender's CRC32C",
-        )

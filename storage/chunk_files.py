@@ -6,19 +6,22 @@ and no directory grows huge. File ids come from a per-target counter and are nev
 lets a new version be written under its final name without a rename: until a metadata transaction
 references it, the file is an orphan that recovery removes.
 
-Every method raises OSError as the kernel reports it; the engine decides what an error means.
+This module also turns bytes into versions: it computes the checksums of what it writes and checks
+those of what it reads. Every method raises OSError as the kernel reports it; the engine decides
+what an error means.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .chunk_meta import crc32c
+from .chunk_meta import CHECKSUM_BLOCK, ChunkVersion, block_count, block_crcs, crc32c
 
 SHARDS = 256
 
@@ -31,6 +34,10 @@ class DataFile:
     chunk_id: bytes | None
     file_id: int
     size: int
+
+
+class CorruptVersion(Exception):
+    """A version's bytes on disk do not match its metadata (or a commit removed them meanwhile)."""
 
 
 class ChunkFiles:
@@ -106,6 +113,74 @@ class ChunkFiles:
             return b"".join(parts)
         finally:
             os.close(fd)
+
+    def write_version(
+        self,
+        chunk_id: bytes,
+        file_id: int,
+        content: bytes | bytearray | memoryview,
+        version: int,
+        chain_ver: int,
+    ) -> ChunkVersion:
+        """Write ``content`` as a new file and return the version it is, checksums computed."""
+        self.write_new(chunk_id, file_id, content)
+        return ChunkVersion(version, chain_ver, len(content), crc32c(content), file_id, block_crcs(content))
+
+    def append_version(
+        self,
+        chunk_id: bytes,
+        base: ChunkVersion,
+        data: bytes | bytearray | memoryview,
+        version: int,
+        chain_ver: int,
+    ) -> ChunkVersion:
+        """Append ``data`` to ``base``'s own file, making the version that extends it."""
+        # Why appending into the committed version's file is safe:
+        #  - readers of the committed version read only [0, committed length) and check those bytes
+        #    against the committed block CRCs; this writes only at and after that length;
+        #  - it is done only when no pending version exists, so no other version's bytes live past
+        #    the committed length of this file;
+        #  - if we crash before the metadata transaction, or the version is aborted, the bytes past
+        #    the committed length belong to no version, and recovery or abort trims them;
+        #  - commit keeps the shared file (it is the new committed version's file).
+        # Anything else (overwrite, hole, pending retry, truncate) is copy-on-write.
+        self.write_at(chunk_id, base.file_id, base.length, data)
+        full_blocks = base.length // CHECKSUM_BLOCK
+        crcs = bytearray(base.block_crcs[: 4 * full_blocks])
+        view = memoryview(data)
+        if base.length % CHECKSUM_BLOCK:
+            take = min(CHECKSUM_BLOCK - base.length % CHECKSUM_BLOCK, len(view))
+            crcs += struct.pack("<I", crc32c(view[:take], base.block_crc(full_blocks)))
+            view = view[take:]
+        crcs += block_crcs(view)
+        length = base.length + len(data)
+        return ChunkVersion(version, chain_ver, length, crc32c(data, base.crc), base.file_id, bytes(crcs))
+
+    def read_version(self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int) -> bytes:
+        """Bytes ``[offset, end)`` of version ``v``, each block read checked against its CRC32C.
+
+        Raises CorruptVersion if the file is missing, short, or fails a checksum.
+        """
+        if end <= offset:
+            return b""
+        first, last = offset // CHECKSUM_BLOCK, block_count(end)
+        start, stop = first * CHECKSUM_BLOCK, min(last * CHECKSUM_BLOCK, v.length)
+        try:
+            raw = self.read(chunk_id, v.file_id, start, stop - start)
+        except FileNotFoundError:
+            raise CorruptVersion("data file missing") from None
+        if len(raw) != stop - start:
+            raise CorruptVersion(f"data file short: {len(raw)} of {stop - start} bytes at {start}")
+        view = memoryview(raw)
+        for index in range(first, last):
+            pos = (index - first) * CHECKSUM_BLOCK
+            if crc32c(view[pos : pos + CHECKSUM_BLOCK]) != v.block_crc(index):
+                raise CorruptVersion(f"block {index} (bytes {index * CHECKSUM_BLOCK}..) fails its CRC32C")
+        if start == 0 and stop == v.length and crc32c(view) != v.crc:
+            raise CorruptVersion("chunk CRC32C differs from its block CRC32Cs")
+        if start == offset and stop == end:
+            return raw
+        return raw[offset - start : end - start]
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
         os.truncate(self.path(chunk_id, file_id), length)

@@ -190,3 +190,67 @@ def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
         pos += n
         versions.append(ChunkVersion(version, chain_ver, length, crc, file_id, crcs, bool(removal)))
     return ChunkMeta(chunk_id, 1 << size_log2, versions[0], versions[1])
+
+
+# -- version rules --------------------------------------------------------------------------------
+
+
+def select_version(chunk_id: bytes, meta: ChunkMeta | None, version: int | None) -> ChunkVersion:
+    """The version a read wants: committed (``version=None``) or the one numbered ``version``."""
+    if meta is None or (version is None and meta.committed is None):
+        raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {chunk_id.hex()} has no committed version")
+    if version is None:
+        assert meta.committed is not None
+        return meta.committed
+    for v in (meta.committed, meta.pending):
+        if v is not None and v.version == version and not v.removal:
+            return v
+    raise FS3Error(
+        StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
+        f"chunk {chunk_id.hex()} has no version {version} "
+        f"(committed {meta.committed_ver}, pending {meta.pending_ver or 'none'})",
+    )
+
+
+def next_version(chunk_id: bytes, meta: ChunkMeta | None, version: int | None) -> int:
+    """The version an update creates: always committed + 1. ``version`` (from a predecessor) must
+    be that number, and a pending version must be that number too (a retry) or be settled first.
+
+    CRAQ's finer outcomes (a stale update already committed or pending, treated as success; a
+    missing one, an error) are the service's to decide from :class:`ChunkMeta` before calling."""
+    expected = (meta.committed_ver if meta else 0) + 1
+    if version is not None and version != expected:
+        raise FS3Error(
+            StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
+            f"chunk {chunk_id.hex()}: update to version {version} but {expected - 1} is committed",
+        )
+    if meta is not None and meta.pending is not None and meta.pending.version != expected:
+        raise FS3Error(
+            StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
+            f"chunk {chunk_id.hex()}: pending version {meta.pending.version} must be committed or aborted first",
+        )
+    return expected
+
+
+def check_size_class(chunk_id: bytes, meta: ChunkMeta | None, chunk_size: int) -> None:
+    if meta is not None and meta.chunk_size != chunk_size:
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT,
+            f"chunk {chunk_id.hex()} has chunk size {meta.chunk_size}, not {chunk_size}",
+        )
+
+
+def check_fits(chunk_id: bytes, end: int, chunk_size: int) -> None:
+    if end > chunk_size:
+        raise FS3Error(
+            StatusCode.STORAGE_CHUNK_TOO_LARGE,
+            f"chunk {chunk_id.hex()}: {end} bytes do not fit in a chunk of {chunk_size}",
+        )
+
+
+def check_checksum(chunk_id: bytes, data: bytes | bytearray | memoryview, checksum: int | None) -> None:
+    if checksum is not None and crc32c(data) != checksum:
+        raise FS3Error(
+            StatusCode.STORAGE_CHECKSUM_MISMATCH,
+            f"chunk {chunk_id.hex()}: data received does not match the sender's CRC32C",
+        )
