@@ -19,7 +19,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Transaction
 from fs3.mgmtd import chain_state, schema, users
 from fs3.mgmtd.chain_state import ChainTarget, PublicState
-from fs3.mgmtd.cluster import Apply, Cluster, TargetRuntime, chain_targets, make_chain
+from fs3.mgmtd.cluster import Apply, Cluster, TargetRuntime, chain_targets, make_chain, serialized
 from fs3.proto import common_pb2, mgmtd_pb2
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class Admin:
 
     # ---- cluster -------------------------------------------------------------------------------
 
+    @serialized
     async def init_cluster(self, req: mgmtd_pb2.InitClusterRequest) -> mgmtd_pb2.InitClusterReply:
         name = req.admin_name or "root"
         users.check_user_fields(name, [])
@@ -80,6 +81,7 @@ class Admin:
 
     # ---- targets -------------------------------------------------------------------------------
 
+    @serialized
     async def create_targets(self, specs: list[mgmtd_pb2.TargetSpec]) -> None:
         self._require_init()
         if not specs:
@@ -135,6 +137,7 @@ class Admin:
             raise FS3Error(StatusCode.MGMTD_UNKNOWN_TARGET, f"target {target_id} does not exist")
         return t
 
+    @serialized
     async def remove_target(self, target_id: int) -> None:
         self._require_init()
         self._target(target_id)
@@ -165,6 +168,7 @@ class Admin:
             raise FS3Error(StatusCode.MGMTD_UNKNOWN_CHAIN, f"chain {chain_id} does not exist")
         return c
 
+    @serialized
     async def upload_chains(self, specs: list[mgmtd_pb2.ChainSpec], set_preferred: bool) -> None:
         self._require_init()
         if not specs:
@@ -250,6 +254,7 @@ class Admin:
         log.info("chain changed by admin chain_id=%d version=%d", chain_id, c.version)
         return c
 
+    @serialized
     async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:
         self._require_init()
         chain = self._chain(chain_id)
@@ -279,6 +284,7 @@ class Admin:
             c = c2
         return c
 
+    @serialized
     async def offline_target(self, target_id: int, force: bool) -> mgmtd_pb2.ChainInfo:
         self._require_init()
         self._target(target_id)
@@ -290,11 +296,13 @@ class Admin:
             chain_id, chain_state.offline_target(chain_targets(chain), target_id, force=force)
         )
 
+    @serialized
     async def rotate_lastsrv(self, chain_id: int) -> mgmtd_pb2.ChainInfo:
         self._require_init()
         chain = self._chain(chain_id)
         return await self._change_chain(chain_id, chain_state.rotate_lastsrv(chain_targets(chain)))
 
+    @serialized
     async def set_preferred_order(self, chain_id: int, order: list[int]) -> mgmtd_pb2.ChainInfo:
         self._require_init()
         chain = self._chain(chain_id)
@@ -308,6 +316,7 @@ class Admin:
         await self._put_chains([c])
         return c
 
+    @serialized
     async def rotate_as_preferred(self, chain_id: int) -> mgmtd_pb2.ChainInfo:
         self._require_init()
         chain = self._chain(chain_id)
@@ -315,6 +324,7 @@ class Admin:
             chain_id, chain_state.rotate_to_preferred(chain_targets(chain), list(chain.preferred_order))
         )
 
+    @serialized
     async def upload_chain_table(self, req: mgmtd_pb2.UploadChainTableRequest) -> int:
         self._require_init()
         if req.table_id == 0:
@@ -359,6 +369,7 @@ class Admin:
 
     # ---- users ---------------------------------------------------------------------------------
 
+    @serialized
     async def add_user(self, req: mgmtd_pb2.AddUserRequest) -> mgmtd_pb2.UserTokenReply:
         self._require_init()
         users.check_user_fields(req.name, req.groups)
@@ -394,6 +405,7 @@ class Admin:
                 return True
         return False
 
+    @serialized
     async def remove_user(self, uid: int) -> None:
         self._require_init()
 
@@ -406,6 +418,7 @@ class Admin:
         await self.c.write(fn, routing=False)
         log.info("user removed uid=%d", uid)
 
+    @serialized
     async def set_user(self, req: mgmtd_pb2.SetUserRequest) -> mgmtd_pb2.User:
         self._require_init()
         now = self.c.wall()
@@ -434,6 +447,7 @@ class Admin:
         await self.c.write(fn, routing=False)
         return out
 
+    @serialized
     async def issue_token(self, req: mgmtd_pb2.IssueTokenRequest) -> mgmtd_pb2.UserTokenReply:
         self._require_init()
         now = self.c.wall()
@@ -469,6 +483,7 @@ class Admin:
 
     # ---- configs -------------------------------------------------------------------------------
 
+    @serialized
     async def set_config(self, req: mgmtd_pb2.SetConfigRequest) -> int:
         self._require_init()
         service = _CONFIG_SERVICE.get(req.node_type)

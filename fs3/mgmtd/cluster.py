@@ -15,10 +15,12 @@ the store whenever the lock is free.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database, Transaction
@@ -28,6 +30,8 @@ from fs3.mgmtd.election import Election
 from fs3.proto import common_pb2, mgmtd_pb2
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Apply = Callable[[], None]
 # A write: given the transaction, stage the writes and return what to apply to memory afterwards.
@@ -72,6 +76,19 @@ class Records:
     configs: dict[int, mgmtd_pb2.ConfigInfo] = field(default_factory=dict)  # newest per node type
     routing_version: int = 0
     initialized: bool = False
+
+
+def serialized(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Run a method of a Cluster (or of an object with a ``c`` Cluster) under the cluster lock:
+    the checks it makes against the records in memory still hold when its write commits."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, *args: Any, **kwargs: Any) -> T:
+        cluster = self if isinstance(self, Cluster) else self.c
+        async with cluster.lock:
+            return await fn(self, *args, **kwargs)
+
+    return wrapper
 
 
 def chain_targets(chain: mgmtd_pb2.ChainInfo) -> list[ChainTarget]:
@@ -136,7 +153,8 @@ class Cluster:
         self.sessions: dict[str, mgmtd_pb2.ClientSession] = {}
         self.target_chain: dict[int, int] = {}
         self.bootstrapping_until = 0.0
-        self._lock = asyncio.Lock()
+        self._was_bootstrapping = True
+        self.lock = asyncio.Lock()  # held by every operation that writes (see serialized)
         self._snapshot: mgmtd_pb2.RoutingInfo | None = None
         self._routing_pending = False
         self.changed = asyncio.Event()  # set when the chain updater should run now
@@ -190,24 +208,27 @@ class Cluster:
             raise
 
     async def write(self, fn: WriteFn, *, routing: bool = True) -> None:
-        """Run ``fn`` in one fenced transaction; when ``routing``, publish a new routing version."""
-        async with self._lock:
-            new_version = self.rec.routing_version + 1
+        """Run ``fn`` in one fenced transaction; when ``routing``, publish a new routing version.
 
-            async def txn(tr: Transaction) -> Apply | None:
-                await self.election.check(tr)
-                apply = await fn(tr)
-                if routing:
-                    tr.set(schema.ROUTING_VERSION_KEY, schema.encode_u64(new_version))
-                return apply
+        The caller holds :attr:`lock` (see :func:`serialized`) from the moment it reads the
+        records it decides on until this returns, so no other write slips in between."""
+        assert self.lock.locked(), "Cluster.write outside the cluster lock"
+        new_version = self.rec.routing_version + 1
 
-            apply = await self._run(txn)
-            if apply is not None:
-                apply()
+        async def txn(tr: Transaction) -> Apply | None:
+            await self.election.check(tr)
+            apply = await fn(tr)
             if routing:
-                self.rec.routing_version = new_version
-                self._routing_pending = False
-                self._snapshot = None
+                tr.set(schema.ROUTING_VERSION_KEY, schema.encode_u64(new_version))
+            return apply
+
+        apply = await self._run(txn)
+        if apply is not None:
+            apply()
+        if routing:
+            self.rec.routing_version = new_version
+            self._routing_pending = False
+            self._snapshot = None
 
     def index_chains(self) -> None:
         self.target_chain = {t.target_id: c.chain_id for c in self.rec.chains.values() for t in c.targets}
@@ -276,6 +297,7 @@ class Cluster:
             if ep.transport not in ("", "tcp", "rdma"):
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad endpoint transport {ep.transport!r}")
 
+    @serialized
     async def register_node(self, req: mgmtd_pb2.RegisterNodeRequest) -> None:
         if req.node_id == 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "node id 0 is not valid")
@@ -407,14 +429,17 @@ class Cluster:
         if (req.endpoints and list(req.endpoints) != list(node.endpoints)) or (
             req.hostname and req.hostname != node.hostname
         ):
-            updated = mgmtd_pb2.NodeInfo()
-            updated.CopyFrom(node)
-            if req.endpoints:
-                del updated.endpoints[:]
-                updated.endpoints.extend(req.endpoints)
-            if req.hostname:
-                updated.hostname = req.hostname
-            await self._put_node(updated)
+            async with self.lock:
+                current = self.rec.nodes.get(req.node_id)
+                if current is not None:  # unregistered meanwhile: nothing to update
+                    updated = mgmtd_pb2.NodeInfo()
+                    updated.CopyFrom(current)
+                    if req.endpoints:
+                        del updated.endpoints[:]
+                        updated.endpoints.extend(req.endpoints)
+                    if req.hostname:
+                        updated.hostname = req.hostname
+                    await self._put_node(updated)
         reply = mgmtd_pb2.HeartbeatReply(
             routing_version=self.rec.routing_version, heartbeat_timeout_s=self.timing.heartbeat_timeout_s
         )
@@ -423,6 +448,7 @@ class Cluster:
             reply.config.CopyFrom(cfg)
         return reply
 
+    @serialized
     async def set_node_enabled(self, node_id: int, enabled: bool) -> None:
         node = self._node(node_id)
         if node.disabled == (not enabled):
@@ -440,6 +466,7 @@ class Cluster:
         self._runtime_changed()
         log.info("node %s node_id=%d", "enabled" if enabled else "disabled", node_id)
 
+    @serialized
     async def unregister_node(self, node_id: int) -> None:
         self._node(node_id)
         owned = sorted(tid for tid, t in self.rec.targets.items() if t.node_id == node_id)
@@ -477,6 +504,9 @@ class Cluster:
                     self._node_down(nid)
                     self._runtime_changed()
         if not self.bootstrapping:
+            if self._was_bootstrapping:
+                self._was_bootstrapping = False
+                self._runtime_changed()  # routing info's bootstrapping flag flips
             # anything still unheard of after the grace period is down
             for trt in self.target_rt.values():
                 if trt.local_state is None:
@@ -489,6 +519,7 @@ class Cluster:
             log.info("client session expired client_id=%s", cid)
             del self.sessions[cid]
 
+    @serialized
     async def update_chains(self) -> list[int]:
         """One round of the chain state machine over every chain; returns the chains that changed."""
         new_chains: dict[int, mgmtd_pb2.ChainInfo] = {}

@@ -161,9 +161,10 @@ class MgmtdServer:
         assert self.admin is not None
         return self.admin
 
-    async def role_changed(self) -> None:
-        """Wait until this mgmtd becomes primary or stops being it."""
-        await self._role_event.wait()
+    def role_event(self) -> asyncio.Event:
+        """An event set at the next change of role (primary or standby). Take it before looking
+        at the role, so that a change in between is not missed."""
+        return self._role_event
 
     def _set_role(self, cluster: Cluster | None) -> None:
         if self.cluster is not None and cluster is None:

@@ -358,10 +358,11 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
     async def Watch(self, request, context) -> AsyncIterator[health_pb2.HealthCheckResponse]:  # noqa: N802
         last = None
         while True:
+            changed = self.server.role_event()
             status = self._status(request.service)
             if status is None:
                 status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
             if status != last:
                 yield health_pb2.HealthCheckResponse(status=status)
                 last = status
-            await self.server.role_changed()
+            await changed.wait()

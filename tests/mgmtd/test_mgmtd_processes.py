@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import RoutingCache
-from mgmtd_harness import REPO, ProcessCluster, free_port, wait_until
+from mgmtd_harness import REPO, ProcessCluster, StorageNode, free_port, wait_until
 
 from fs3.errors import FS3Error
 from fs3.proto import common_pb2, mgmtd_pb2
@@ -94,6 +94,11 @@ async def test_three_mgmtds_elect_one_primary_and_fail_over_on_sigkill(processes
         assert [c.chain_id for c in await admin.list_chains()] == [1]
         await cache.wait_for(lambda r: r.version > v_before, 10)
         assert cache.routing.chain(1).targets[0].target_id == 100
+        # nodes follow too: a heartbeat through the same failover client reaches the new primary
+        node = StorageNode(admin, 10, [100])
+        await node.heartbeat()
+        await cache.wait_for(lambda r: r.node(10).status == mgmtd_pb2.NODE_STATUS_ACTIVE, 10)
+        assert cache.routing.target(100).local_state == common_pb2.UPTODATE
         await cache.stop()
         await admin.close()
         # the killed one comes back as a standby

@@ -279,6 +279,21 @@ async def test_bad_chains_and_tables_are_refused(admin: Admin) -> None:
     )  # 3 is in chain 2
 
 
+async def test_concurrent_uploads_cannot_put_a_target_in_two_chains(admin: Admin) -> None:
+    c = admin.client
+    await c.register_node(10, common_pb2.NODE_STORAGE)
+    await c.create_targets([mgmtd_pb2.TargetSpec(target_id=t, node_id=10) for t in range(1, 9)])
+    # eight uploads race, each claiming target 1 for a different chain
+    results = await asyncio.gather(
+        *(c.upload_chains({cid: [1, cid + 1]}) for cid in range(1, 8)), return_exceptions=True
+    )
+    assert sum(r is None for r in results) == 1
+    assert all(
+        r is None or (isinstance(r, FS3Error) and r.code == StatusCode.MGMTD_INVALID_CHAIN) for r in results
+    )
+    assert len(await c.list_chains()) == 1
+
+
 # ---- routing and the chain state machine ---------------------------------------------------------
 
 
