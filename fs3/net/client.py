@@ -292,9 +292,10 @@ class _ClientSession(FrameReceiver):
         self.conn.close()
 
     def _close_error(self) -> FS3Error:
-        if self._close_reason is not None:
-            return FS3Error(self._close_reason.code, self._close_reason.message)
-        return FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.conn.peer} closed")
+        # Calls caught by a connection's end fail as RPC_CONNECTION_CLOSED (retryable), whatever
+        # ended it; the reason goes in the message.
+        reason = f": {self._close_reason}" if self._close_reason is not None else ""
+        return FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.conn.peer} closed{reason}")
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True

@@ -11,7 +11,7 @@ import time
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net.frame import RpcLimits
-from fs3.net.service import CallContext, ServiceDef
+from fs3.net.service import CallContext, ServiceDef, inline
 from fs3.proto import rpc_pb2
 
 SYSTEM_SERVICE = ServiceDef(
@@ -43,21 +43,25 @@ class SystemService:
         self.limits = limits
         self._pattern = memoryview(b"")
 
+    @inline
     async def ping(
         self, request: rpc_pb2.PingRequest, payload: memoryview | None, ctx: CallContext
     ) -> rpc_pb2.PingResponse:
         return rpc_pb2.PingResponse(identity=self.identity, server_time_ns=time.time_ns())
 
+    @inline
     async def echo(
         self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext
     ) -> tuple[rpc_pb2.EchoResponse, memoryview | None]:
         return rpc_pb2.EchoResponse(data=request.data), payload
 
+    @inline
     async def sink(
         self, request: rpc_pb2.SinkRequest, payload: memoryview | None, ctx: CallContext
     ) -> rpc_pb2.SinkResponse:
         return rpc_pb2.SinkResponse(received=0 if payload is None else payload.nbytes)
 
+    @inline
     async def source(
         self, request: rpc_pb2.SourceRequest, payload: memoryview | None, ctx: CallContext
     ) -> tuple[rpc_pb2.SourceResponse, memoryview]:

@@ -39,11 +39,12 @@ from fs3.net.transport import (
 
 log = logging.getLogger(__name__)
 
-_RECV_BUF = 256 << 10
+# Small, because every connection has one (idle clients included); payloads bypass it anyway.
+_RECV_BUF = 64 << 10
 # Messages up to this size are assembled in the receive buffer; larger ones get their own buffer.
 _INLINE_MESSAGE_MAX = _RECV_BUF // 2
 # Compact the receive buffer when less than this is free at its end.
-_COMPACT_BELOW = 64 << 10
+_COMPACT_BELOW = 16 << 10
 # Queued writes smaller than this in total are joined into one bytes object (cheaper for the loop
 # than many tiny buffers); anything with a large payload goes out with writelines, uncopied.
 _JOIN_BELOW = 64 << 10
@@ -262,9 +263,14 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             self._deliver(msg, None)
             return self._state != _DEAD
         assert self._receiver is not None
-        pview = self._receiver.alloc_payload(hdr[0], hdr[1], plen)
-        if len(pview) != plen:
-            raise AssertionError("alloc_payload returned a buffer of the wrong size")
+        try:
+            pview = self._receiver.alloc_payload(hdr[0], hdr[1], plen)
+            if len(pview) != plen:
+                raise ValueError(f"alloc_payload gave {len(pview)} bytes for a {plen}-byte payload")
+        except Exception:
+            log.exception("payload allocation failed peer=%s request_id=%d", self.peer, hdr[1])
+            self._fail(FrameError(StatusCode.INTERNAL, "payload allocation failed", hdr[1]))
+            return False
         n = min(avail, plen)
         if n:
             pview[:n] = self._rview[self._rstart : self._rstart + n]
@@ -292,9 +298,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._frames += 1
         if hdr[0] & F_PAYLOAD_CRC and crc32c(payload) != hdr[7]:
             # The frame boundaries are intact, so only this call fails; the stream goes on.
-            self._report(
-                FrameError(StatusCode.STORAGE_CHECKSUM_MISMATCH, "payload crc mismatch", hdr[1], False)
-            )
+            self._report(FrameError(StatusCode.RPC_MALFORMED_FRAME, "payload crc mismatch", hdr[1], False))
             return
         self._deliver(msg, payload)
 

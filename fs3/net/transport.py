@@ -71,6 +71,8 @@ class Connection(abc.ABC):
     """One established, bidirectional frame stream."""
 
     peer: str  # "host:port" of the other side, for logs
+    # What this connection accepts; the receiver may replace it at any time (the server keeps it
+    # tight until the peer has authenticated) and the next frame header is checked against it.
     limits: RpcLimits
 
     @abc.abstractmethod

@@ -12,9 +12,9 @@ import pytest
 import uvloop
 from rpcwire import SECRET
 
-from fs3.errors import FS3Error
+from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
-from fs3.net.service import CallContext
+from fs3.net.service import CallContext, inline
 from fs3.proto import common_pb2, rpc_pb2
 
 
@@ -30,6 +30,8 @@ def pytest_asyncio_loop_factories(
 #   Fail: raises FS3Error with the code and message of the Status it is sent
 #   Crash: raises a plain exception (-> INTERNAL)
 #   WrongType: returns a message of the wrong class (-> INTERNAL)
+#   InlineBlock: Block, as an inline handler (started in the receive path, a task once it waits)
+#   Timeout: uses asyncio.timeout around a wait that never ends (-> DEADLINE_EXCEEDED)
 TEST_SERVICE = ServiceDef(
     100,
     "test",
@@ -38,6 +40,8 @@ TEST_SERVICE = ServiceDef(
         2: ("Fail", common_pb2.Status, rpc_pb2.EchoResponse),
         3: ("Crash", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
         4: ("WrongType", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
+        5: ("InlineBlock", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
+        6: ("Timeout", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
     },
 )
 
@@ -55,6 +59,21 @@ class ServiceUnderTest:
         await self.gate.wait()
         self.finished += 1
         return rpc_pb2.EchoResponse(data=request.data), payload
+
+    @inline
+    async def inline_block(
+        self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext
+    ) -> Any:
+        return await self.block(request, payload, ctx)
+
+    async def timeout(
+        self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext
+    ) -> Any:
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "handler gave up") from None
 
     async def fail(self, request: common_pb2.Status, payload: memoryview | None, ctx: CallContext) -> Any:
         raise FS3Error(request.code, request.message)

@@ -3,17 +3,32 @@ serving everyone else (DESIGN §10). Driven with raw sockets against a server in
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import rpcwire
 from conftest import TEST_LIMITS, ThreadedServer
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fs3.errors import StatusCode
-from fs3.net.frame import F_ERROR, F_REQUEST, F_RESPONSE, HEADER_SIZE, encode_header
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient, auth
+from fs3.net.frame import (
+    DEFAULT_LIMITS,
+    F_ERROR,
+    F_HANDSHAKE,
+    F_PAYLOAD_CRC,
+    F_REQUEST,
+    F_RESPONSE,
+    HEADER_SIZE,
+    decode_header,
+    encode_header,
+)
 from fs3.net.system import ECHO, PING
 from fs3.proto import rpc_pb2
 
@@ -202,3 +217,90 @@ def test_many_bad_clients_at_once_do_not_disturb_a_good_one(threaded_server: Thr
     finally:
         for s in socks:
             s.close()
+
+
+def test_payload_crc_mismatch_fails_only_that_call(threaded_server: ThreadedServer) -> None:
+    payload = b"p" * 3000
+    good_crc = crc32c(payload)
+    with rpcwire.connect(threaded_server.address) as sock:
+        rpcwire.handshake(sock)
+        for rid, crc in ((1, good_crc ^ 1), (2, good_crc)):
+            head = encode_header(F_REQUEST | F_PAYLOAD_CRC, rid, 0, ECHO.id, 0, len(payload), 0, crc)
+            sock.sendall(head + payload)
+        assert error_reply(sock)[:2] == (1, StatusCode.RPC_MALFORMED_FRAME)
+        hdr, _, echoed = rpcwire.read_frame(sock)
+        assert hdr[1] == 2 and echoed == payload
+
+
+def test_anonymous_peers_get_small_limits(threaded_server: ThreadedServer) -> None:
+    # Before the handshake, a frame may not even announce a payload or a large message.
+    for head in (
+        encode_header(F_HANDSHAKE, 0, 0, 1, 0, 1 << 20),
+        encode_header(F_HANDSHAKE, 0, 0, 1, 1 << 20, 0),
+    ):
+        with rpcwire.connect(threaded_server.address) as sock:
+            sock.sendall(head)
+            assert error_reply(sock)[1] == StatusCode.RPC_FRAME_TOO_LARGE
+            rpcwire.wait_closed(sock)
+    check_healthy(threaded_server)
+
+
+@contextlib.asynccontextmanager
+async def misbehaving_server(script: bytes, complete_handshake: bool) -> AsyncIterator[tuple[str, int]]:
+    """A fake server that authenticates properly (or not), then sends ``script`` and hangs up."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if complete_handshake:
+                head = await reader.readexactly(HEADER_SIZE)
+                hello = rpc_pb2.ClientHello.FromString(
+                    await reader.readexactly(decode_header(head, 0, DEFAULT_LIMITS)[5])
+                )
+                nonce = auth.new_nonce()
+                proof = auth.server_proof(rpcwire.SECRET, hello.nonce, nonce, hello.identity)
+                sh = rpc_pb2.ServerHello(version=1, nonce=nonce, proof=proof).SerializeToString()
+                writer.write(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.SERVER_HELLO, sh))
+                head = await reader.readexactly(HEADER_SIZE)
+                await reader.readexactly(decode_header(head, 0, DEFAULT_LIMITS)[5])
+                writer.write(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b""))
+                await reader.readexactly(HEADER_SIZE)  # the client's first request
+            writer.write(script)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[:2]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("script", "complete_handshake", "codes"),
+    [
+        (b"\x00" * 100, True, {StatusCode.RPC_CONNECTION_CLOSED}),
+        (encode_header(F_RESPONSE, 1, 0, 1, 0, 1 << 63), True, {StatusCode.RPC_CONNECTION_CLOSED}),
+        (encode_header(F_RESPONSE, 1, 0, 1, 10, 0) + b"\xff" * 10, True, {StatusCode.RPC_BAD_MESSAGE}),
+        (encode_header(F_REQUEST, 1, 0, 1, 0, 0), True, {StatusCode.RPC_CONNECTION_CLOSED}),
+        (encode_header(F_RESPONSE, 1, 0, 1, 100, 0)[:30], True, {StatusCode.RPC_CONNECTION_CLOSED}),
+        (
+            b"garbage instead of a hello",
+            False,
+            {StatusCode.RPC_CONNECTION_CLOSED, StatusCode.RPC_MALFORMED_FRAME},
+        ),
+    ],
+    ids=["zeros", "huge-length", "bad-protobuf", "request-to-client", "truncated", "no-handshake"],
+)
+async def test_client_survives_a_misbehaving_server(
+    script: bytes, complete_handshake: bool, codes: set[StatusCode]
+) -> None:
+    async with (
+        misbehaving_server(script, complete_handshake) as address,
+        RpcClient(rpcwire.SECRET, limits=TEST_LIMITS, connect_timeout=2) as client,
+    ):
+        with pytest.raises(FS3Error) as e:
+            await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
+        assert e.value.code in codes, e.value
