@@ -1,8 +1,10 @@
 """The ``mem`` engine: an in-process store for unit tests, with the same semantics as the others.
 
 The store is a sorted key list plus a dict. Snapshots are copy-on-write: a transaction's first read
-marks the current state shared, and the next commit copies it before changing it, so any number of
-open snapshots cost one copy per commit at most and stay frozen without locks.
+pins the current state, and a commit copies the state before changing it only while some open
+transaction still pins it. So open snapshots stay frozen without locks, a lone caller never copies,
+and concurrent callers pay one O(n) copy per commit, which is fine for the small stores of unit
+tests (use the lmdb engine for anything large).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
 
 
 class _State:
-    __slots__ = ("keys", "data", "shared")
+    __slots__ = ("keys", "data", "pins")
 
     def __init__(self, keys: list[bytes], data: dict[bytes, bytes]) -> None:
         self.keys = keys
         self.data = data
-        self.shared = False
+        # ids of the open snapshots pinning this state; set.add/discard are atomic, so snapshots
+        # can unpin from __del__ without taking the database lock.
+        self.pins: set[int] = set()
 
     def get(self, key: bytes) -> bytes | None:
         return self.data.get(key)
@@ -58,14 +62,19 @@ class _State:
 
 
 class _MemSnapshot:
-    __slots__ = ("get", "iter_range")
+    __slots__ = ("get", "iter_range", "_pins")
 
     def __init__(self, state: _State) -> None:
         self.get = state.get
         self.iter_range = state.iter_range
+        self._pins = state.pins
+        self._pins.add(id(self))
 
     def release(self) -> None:
-        pass
+        self._pins.discard(id(self))
+
+    def __del__(self) -> None:  # an abandoned transaction must not pin its state forever
+        self._pins.discard(id(self))
 
 
 class MemoryDatabase(Database):
@@ -83,7 +92,6 @@ class MemoryDatabase(Database):
         with self._lock:
             if self._closed:
                 raise FS3Error(StatusCode.KV_STORE_FAILED, "database is closed")
-            self._state.shared = True
             return _MemSnapshot(self._state)
 
     async def _submit(self, req: CommitRequest) -> None:
@@ -91,7 +99,7 @@ class MemoryDatabase(Database):
             if self._closed:
                 raise FS3Error(StatusCode.KV_STORE_FAILED, "database is closed")
             state = self._state
-            if state.shared:
+            if state.pins:
                 state = self._state = _State(list(state.keys), dict(state.data))
             if not validate_and_apply(state, req):
                 raise FS3Error(StatusCode.KV_CONFLICT, "a value read by this transaction changed")
