@@ -1,0 +1,132 @@
+"""Opening stores, and lmdb behaviour beyond the shared contract."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import Transaction, open_database, open_database_sync
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_open_from_config_object(tmp_path: Path) -> None:
+    config = SimpleNamespace(
+        engine="lmdb",
+        path=str(tmp_path / "kv"),
+        cluster_file="",
+        group_commit_interval_ms=1.0,
+        map_size=1 << 30,
+    )
+    db = await open_database(config)
+    await db.run(lambda tr: _set(tr, b"k", b"v"))
+    await db.close()
+    mem = await open_database(SimpleNamespace(engine="mem", path="/ignored", cluster_file=None))
+    await mem.close()
+
+
+async def _set(tr: Transaction, key: bytes, value: bytes) -> None:
+    tr.set(key, value)
+
+
+def test_open_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown kv engine"):
+        open_database_sync("redis")
+    with pytest.raises(TypeError, match="path"):
+        open_database_sync("mem", path=str(tmp_path))
+    with pytest.raises(TypeError, match="needs a path"):
+        open_database_sync("lmdb")
+    with pytest.raises(TypeError, match="cluster_file"):
+        open_database_sync("lmdb", path=str(tmp_path), cluster_file="x")
+
+
+async def test_lmdb_persists_and_handles_share_one_environment(tmp_path: Path) -> None:
+    first = await open_database("lmdb", path=str(tmp_path))
+    second = await open_database("lmdb", path=str(tmp_path))
+    await first.run(lambda tr: _set(tr, b"a", b"1"))
+    assert await second.run(lambda tr: tr.get(b"a"), read_only=True) == b"1"
+    await first.close()
+    await second.run(lambda tr: _set(tr, b"b", b"2"))  # still open after the other handle closed
+    await second.close()
+    with pytest.raises(FS3Error) as info:
+        await second.create_transaction().get(b"a")
+    assert info.value.code == StatusCode.KV_STORE_FAILED
+
+    reopened = await open_database("lmdb", path=str(tmp_path))
+    pairs = await reopened.run(lambda tr: tr.get_range(b"", b"\xff"), read_only=True)
+    assert [(kv.key, kv.value) for kv in pairs] == [(b"a", b"1"), (b"b", b"2")]
+    await reopened.close()
+
+
+async def test_lmdb_full_store_fails_cleanly_and_stays_usable(tmp_path: Path) -> None:
+    db = await open_database("lmdb", path=str(tmp_path), map_size=1 << 20)
+
+    async def fill(tr: Transaction) -> None:
+        for i in range(20):
+            tr.set(b"big%d" % i, bytes(100_000))
+
+    with pytest.raises(FS3Error) as info:
+        await db.run(fill)
+    assert info.value.code == StatusCode.KV_STORE_FAILED
+    assert "full" in info.value.message
+    await db.run(lambda tr: _set(tr, b"small", b"ok"))
+    assert await db.run(lambda tr: tr.get(b"small"), read_only=True) == b"ok"
+    await db.close()
+
+
+async def test_long_scan_does_not_starve_the_loop(tmp_path: Path) -> None:
+    db = await open_database("lmdb", path=str(tmp_path))
+
+    async def load(tr: Transaction) -> None:
+        for i in range(30_000):
+            tr.set(b"s%08d" % i, b"x")
+
+    await db.run(load)
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    rows = await db.run(lambda tr: tr.get_range(b"s", b"t"), read_only=True)
+    during = ticks - before
+    stop.set()
+    await task
+    assert len(rows) == 30_000
+    assert during >= 5  # the scan handed the loop back along the way
+    await db.close()
+
+
+async def test_lmdb_from_several_event_loops(tmp_path: Path) -> None:
+    db = await open_database("lmdb", path=str(tmp_path))
+    errors: list[BaseException] = []
+
+    def thread_main(n: int) -> None:
+        async def work() -> None:
+            for i in range(50):
+                await db.run(lambda tr, i=i: _set(tr, b"t%d-%d" % (n, i), b"v"))
+
+        try:
+            asyncio.run(work())
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=thread_main, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    await asyncio.to_thread(lambda: [t.join(timeout=30) for t in threads])
+    assert not errors
+    pairs = await db.run(lambda tr: tr.get_range(b"t", b"u"), read_only=True)
+    assert len(pairs) == 150
+    await db.close()
