@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Short intervals so that failure detection and failover take well under a second in tests.
 FAST = {
     "lease_interval_s": 0.8,
-    "heartbeat_timeout_s": 0.6,
+    "heartbeat_timeout_s": 1.0,
     "chain_update_interval_s": 0.05,
-    "client_session_timeout_s": 0.5,
+    "client_session_timeout_s": 1.0,
 }
 
 
