@@ -277,30 +277,45 @@ class _Committer:
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
-            try:
-                with self._env.begin(write=True) as txn:
-                    view = _WriteView(txn)
-                    for req, fut in batch:
-                        # A caller that gave up will not look at the outcome; skipping is allowed.
-                        if not fut.cancelled():
-                            validate_and_apply(view, req)
-            except lmdb.MapFullError:
-                size = self._env.info()["map_size"]
-                _deliver(
-                    batch,
-                    FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})"),
-                )
-                continue
-            except Exception as e:  # an LMDB failure fails the batch, never the thread
-                log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
-                _deliver(batch, FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}"))
-                continue
-            with self._flush_cond:
-                self._committed_seq += 1
-                self._unsynced.append((self._committed_seq, batch))
-                self._flush_cond.notify()
-            # This commit's data fsync also flushed the previous batch's meta page.
-            self._mark_durable(self._committed_seq - 1)
+            error = self._commit(batch)
+            if error is None:
+                self._committed(batch)
+            elif len(batch) == 1:
+                _deliver(batch, error)
+            else:
+                # Fail only the transactions that fail on their own (e.g. the one too big to fit).
+                for item in batch:
+                    error = self._commit([item])
+                    if error is None:
+                        self._committed([item])
+                    else:
+                        _deliver([item], error)
+
+    def _commit(self, batch: list[tuple[CommitRequest, asyncio.Future[None]]]) -> FS3Error | None:
+        """Validate and apply ``batch`` in one LMDB write transaction; an error means none of it
+        was committed."""
+        try:
+            with self._env.begin(write=True) as txn:
+                view = _WriteView(txn)
+                for req, fut in batch:
+                    # A caller that gave up will not look at the outcome; skipping is allowed.
+                    if not fut.cancelled():
+                        validate_and_apply(view, req)
+            return None
+        except lmdb.MapFullError:
+            size = self._env.info()["map_size"]
+            return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})")
+        except Exception as e:  # an LMDB failure fails the batch, never the thread
+            log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
+            return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}")
+
+    def _committed(self, batch: list[tuple[CommitRequest, asyncio.Future[None]]]) -> None:
+        with self._flush_cond:
+            self._committed_seq += 1
+            self._unsynced.append((self._committed_seq, batch))
+            self._flush_cond.notify()
+        # This commit's data fsync also flushed the previous batch's meta page.
+        self._mark_durable(self._committed_seq - 1)
 
     def _flush_loop(self) -> None:
         while True:

@@ -70,10 +70,16 @@ async def test_lmdb_full_store_fails_cleanly_and_stays_usable(tmp_path: Path) ->
         for i in range(20):
             tr.set(b"big%d" % i, bytes(100_000))
 
-    with pytest.raises(FS3Error) as info:
-        await db.run(fill)
-    assert info.value.code == StatusCode.KV_STORE_FAILED
-    assert "full" in info.value.message
+    # Small commits queued alongside the one that cannot fit must not fail with it.
+    outcomes = await asyncio.gather(
+        db.run(fill),
+        *(db.run(lambda tr, i=i: _set(tr, b"k%d" % i, b"v")) for i in range(10)),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], FS3Error)
+    assert outcomes[0].code == StatusCode.KV_STORE_FAILED
+    assert "full" in outcomes[0].message
+    assert outcomes[1:] == [None] * 10
     await db.run(lambda tr: _set(tr, b"small", b"ok"))
     assert await db.run(lambda tr: tr.get(b"small"), read_only=True) == b"ok"
     await db.close()
