@@ -1,4 +1,8 @@
-"""An asyncio client of fs3-mgmtd with failover across several mgmtd addresses.
+"""Asyncio clients of fs3-mgmtd, with failover across several mgmtd addresses.
+
+* :class:`MgmtdClient` -- every RPC of the Mgmtd service (routing info, admin API, ...).
+* :class:`NodeAgent` -- registration and heartbeats of a meta or storage daemon.
+* :class:`ClientSessionKeeper` -- the session of a FUSE mount or an admin tool.
 
 ::
 
@@ -12,18 +16,21 @@ primary, and the call is re-sent there; an unreachable mgmtd makes the client tr
 Calls are retried that way until ``timeout_s`` runs out, then the last error is raised. Errors come
 back as :class:`fs3.errors.FS3Error` with the exact status code the server raised.
 
-Calls that did not reach a primary are safe to resend. A call that failed in flight with the
-connection dropping (UNAVAILABLE with no fs3 code) is resent too; the admin operations that are
-not idempotent (AddUser, IssueToken) then report ALREADY_EXISTS or issue a second token, which is
-why those are never resent after the request may have been delivered.
+A redirected call was never executed, so resending it is safe. A call lost to the transport
+(UNAVAILABLE or a deadline, with no fs3 code) is resent to the next mgmtd too, except that
+InitCluster, AddUser and IssueToken are not resent after a deadline expired in flight: they may have
+been applied, and a second one would fail or issue a second token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -346,3 +353,146 @@ class MgmtdClient:
             mgmtd_pb2.SetConfigRequest(node_type=node_type, content=content, description=description),
         )
         return r.version
+
+
+class NodeAgent:
+    """Registers a service node with mgmtd and keeps it alive with heartbeats (meta and storage).
+
+    ``targets`` (storage only) is called before each heartbeat and returns the report for every
+    target the daemon serves. :meth:`beat_soon` sends one at once, e.g. after a local state change.
+    ``on_routing_version`` hears the routing version each reply carries (hand it to the routing
+    cache so that it refreshes early); ``on_config`` hears a newer config for this node type.
+    """
+
+    def __init__(
+        self,
+        client: MgmtdClient,
+        node_id: int,
+        node_type: int,
+        *,
+        endpoints: Sequence[common_pb2.Endpoint] = (),
+        hostname: str = "",
+        interval_s: float = 2.0,
+        targets: Callable[[], Sequence[mgmtd_pb2.TargetHeartbeat]] | None = None,
+        on_routing_version: Callable[[int], None] | None = None,
+        on_config: Callable[[mgmtd_pb2.ConfigInfo], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.node_id = node_id
+        self.node_type = node_type
+        self.endpoints = list(endpoints)
+        self.hostname = hostname or socket.gethostname()
+        self.interval_s = interval_s
+        self._targets = targets
+        self._on_routing_version = on_routing_version
+        self._on_config = on_config
+        # (incarnation, sequence) must grow across restarts: start time in ns, then a counter
+        self.incarnation = time.time_ns()
+        self.sequence = 0
+        self.config_version = 0
+        self.last_reply: mgmtd_pb2.HeartbeatReply | None = None
+        self.last_error: FS3Error | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Register and send the first heartbeat (errors raise), then heartbeat in the background."""
+        await self.client.register_node(self.node_id, self.node_type, self.endpoints, self.hostname)
+        await self.beat()
+        self._task = asyncio.create_task(self._loop(), name=f"fs3-heartbeat-{self.node_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def beat_soon(self) -> None:
+        self._wake.set()
+
+    async def beat(self) -> mgmtd_pb2.HeartbeatReply:
+        """Send one heartbeat now."""
+        self.sequence += 1
+        req = mgmtd_pb2.HeartbeatRequest(
+            node_id=self.node_id,
+            type=self.node_type,
+            incarnation=self.incarnation,
+            sequence=self.sequence,
+            endpoints=self.endpoints,
+            hostname=self.hostname,
+            pid=os.getpid(),
+            targets=list(self._targets()) if self._targets is not None else [],
+            config_version=self.config_version,
+        )
+        try:
+            reply = await self.client.heartbeat(req)
+        except FS3Error as e:
+            if e.code != StatusCode.MGMTD_UNKNOWN_NODE:
+                raise
+            # the node record is gone (unregistered, or a fresh store): register again
+            await self.client.register_node(self.node_id, self.node_type, self.endpoints, self.hostname)
+            self.sequence += 1
+            req.sequence = self.sequence
+            reply = await self.client.heartbeat(req)
+        self.last_reply = reply
+        if reply.HasField("config") and reply.config.version > self.config_version:
+            self.config_version = reply.config.version
+            if self._on_config is not None:
+                self._on_config(reply.config)
+        if self._on_routing_version is not None:
+            self._on_routing_version(reply.routing_version)
+        return reply
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+            self._wake.clear()
+            try:
+                await self.beat()
+                self.last_error = None
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                if self.last_error is None or self.last_error.code != e.code:
+                    log.warning("heartbeat failed node_id=%d error=%s", self.node_id, e)
+                self.last_error = e
+            except Exception:
+                log.exception("heartbeat failed node_id=%d", self.node_id)
+
+
+class ClientSessionKeeper:
+    """Keeps a client session (a FUSE mount, an admin tool) alive by extending it periodically."""
+
+    def __init__(
+        self, client: MgmtdClient, session: mgmtd_pb2.ClientSession, *, interval_s: float = 10.0
+    ) -> None:
+        self.client = client
+        self.session = session
+        self.interval_s = interval_s
+        self.last_reply: mgmtd_pb2.ExtendClientSessionReply | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.last_reply = await self.client.extend_session(self.session)
+        self._task = asyncio.create_task(self._loop(), name="fs3-client-session")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.last_reply = await self.client.extend_session(self.session)
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                log.warning(
+                    "client session extension failed client_id=%s error=%s", self.session.client_id, e
+                )

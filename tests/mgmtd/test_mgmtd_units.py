@@ -1,0 +1,250 @@
+"""Pieces of mgmtd and its clients on their own: tokens, key layout, the lease, the node agent, the
+session keeper and the routing cache."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, NodeAgent
+from fs3.client.routing import Routing, RoutingCache
+from hypothesis import given
+from hypothesis import strategies as st
+from mgmtd_harness import Admin, InProcess, wait_until
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import open_database
+from fs3.mgmtd import schema, users
+from fs3.mgmtd.election import Election
+from fs3.proto import common_pb2, mgmtd_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ---- tokens --------------------------------------------------------------------------------------
+
+
+def test_token_round_trip_and_digest_only_storage() -> None:
+    token, digest = users.new_token(1234)
+    uid, d2 = users.parse_token(token)
+    assert uid == 1234 and d2 == digest
+    stored = mgmtd_pb2.StoredUser(user=mgmtd_pb2.User(uid=1234))
+    t2 = users.add_token(stored, now=100.0)
+    assert t2 not in stored.SerializeToString().decode("latin-1")  # only the digest is stored
+    assert users.token_matches(stored, users.parse_token(t2)[1], now=200.0)
+    assert not users.token_matches(stored, digest, now=200.0)
+
+
+def test_token_expiry_and_limit() -> None:
+    stored = mgmtd_pb2.StoredUser(user=mgmtd_pb2.User(uid=1))
+    t = users.add_token(stored, now=100.0, ttl_s=10.0)
+    d = users.parse_token(t)[1]
+    assert users.token_matches(stored, d, now=105.0)
+    assert not users.token_matches(stored, d, now=111.0)
+    for _ in range(users.MAX_TOKENS_PER_USER + 5):
+        users.add_token(stored, now=100.0)
+    assert len(stored.tokens) == users.MAX_TOKENS_PER_USER
+
+
+@given(st.text(max_size=80))
+def test_garbage_tokens_are_refused_cleanly(text: str) -> None:
+    try:
+        users.parse_token(text)
+    except FS3Error as e:
+        assert e.code == StatusCode.UNAUTHENTICATED
+
+
+# ---- key layout ----------------------------------------------------------------------------------
+
+
+def test_keys_sort_by_id_and_newest_config_first() -> None:
+    assert schema.target_key(2) < schema.target_key(256) < schema.target_key(1 << 40)
+    assert schema.chain_table_key(1, 9) < schema.chain_table_key(1, 10) < schema.chain_table_key(2, 1)
+    assert schema.config_key(common_pb2.NODE_META, 10) < schema.config_key(common_pb2.NODE_META, 9)
+    assert schema.config_key(common_pb2.NODE_META, 1).startswith(schema.config_prefix(common_pb2.NODE_META))
+    for k in (schema.node_key(1), schema.target_key(1), schema.chain_key(1), schema.user_key(1)):
+        assert k[:4] in (b"NODE", b"TGIF", b"CHIF", b"USER")
+    assert schema.LEASE_KEY.startswith(b"SING")
+
+
+# ---- the lease -----------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_lease_one_holder_expiry_takeover_and_fencing() -> None:
+    db = await open_database("mem")
+    clock = Clock()
+    a = Election(db, 1, "a:1", 10.0, clock=clock)
+    b = Election(db, 2, "b:1", 10.0, clock=clock)
+    assert await a.tick() == (True, True)
+    assert await b.tick() == (False, False)
+    assert b.primary_address() == (1, "a:1")
+    clock.t += 5
+    assert await a.tick() == (True, False)  # extended
+    clock.t += 9
+    assert await b.tick() == (False, False)  # extended at +5, so still a's at +14
+    clock.t += 2
+    assert await b.tick() == (True, True)  # expired at +15: b takes over
+    assert b.epoch == a.epoch + 1
+    # a still believes in its lease only until the trust margin; its writes are fenced already
+    with pytest.raises(FS3Error) as e:
+        await db.run(a.check)
+    assert e.value.code == StatusCode.MGMTD_LEASE_LOST
+    await db.run(b.check)
+    assert await a.tick() == (False, False)
+    # a clean release hands over at once
+    await b.release()
+    assert await a.tick() == (True, True)
+    await db.close()
+
+
+async def test_concurrent_candidates_elect_exactly_one() -> None:
+    db = await open_database("mem")
+    elections = [Election(db, i, f"h:{i}", 5.0) for i in range(1, 6)]
+    results = await asyncio.gather(*(e.tick() for e in elections))
+    assert sum(primary for primary, _ in results) == 1
+    await db.close()
+
+
+# ---- client helpers ------------------------------------------------------------------------------
+
+
+async def test_node_agent_heartbeats_and_reregisters(admin: Admin) -> None:
+    c = admin.client
+    seen_versions: list[int] = []
+    configs: list[int] = []
+    await c.register_node(10, common_pb2.NODE_STORAGE)
+    await c.create_targets([mgmtd_pb2.TargetSpec(target_id=100, node_id=10)])
+    await c.set_config(common_pb2.NODE_STORAGE, "heartbeat_interval_s = 1.0\n")
+    state = {"local": common_pb2.UPTODATE}
+    agent = NodeAgent(
+        c,
+        10,
+        common_pb2.NODE_STORAGE,
+        interval_s=0.05,
+        targets=lambda: [
+            mgmtd_pb2.TargetHeartbeat(target_id=100, local_state=state["local"], chain_version=1)
+        ],
+        on_routing_version=seen_versions.append,
+        on_config=lambda cfg: configs.append(cfg.version),
+    )
+    await agent.start()
+    try:
+        assert configs == [1] and seen_versions
+        state["local"] = common_pb2.LOCAL_OFFLINE
+        agent.beat_soon()
+
+        async def offline() -> bool:
+            targets = {t.target_id: t for t in await c.list_targets()}
+            return targets[100].local_state == common_pb2.LOCAL_OFFLINE
+
+        await wait_until(offline, 5, "the target to be reported offline")
+        # a meta node registered by the agent, unregistered by an admin, comes back by itself
+        meta = NodeAgent(c, 20, common_pb2.NODE_META, interval_s=0.05)
+        await meta.start()
+        await c.unregister_node(20)
+
+        async def meta_back() -> bool:
+            return 20 in [n.node_id for n in await c.list_nodes()]
+
+        await wait_until(meta_back, 5, "the meta node to re-register")
+        await meta.stop()
+    finally:
+        await agent.stop()
+
+
+async def test_client_session_keeper(admin: Admin) -> None:
+    keeper = ClientSessionKeeper(
+        admin.client, mgmtd_pb2.ClientSession(client_id="mount-1", hostname="h"), interval_s=0.1
+    )
+    await keeper.start()
+    try:
+        await asyncio.sleep(1.5)  # longer than the session timeout: kept alive by extensions
+        assert [s.client_id for s in await admin.client.list_client_sessions()] == ["mount-1"]
+    finally:
+        await keeper.stop()
+
+
+async def test_routing_cache_refreshes_early_and_notifies(admin: Admin) -> None:
+    cache = RoutingCache(admin.client, refresh_interval_s=30.0)  # only early refreshes in this test
+    versions: list[int] = []
+    cache.add_listener(lambda r: versions.append(r.version))
+    await cache.start()
+    try:
+        v0 = cache.version
+        await admin.client.register_node(10, common_pb2.NODE_STORAGE)
+        routing = await cache.wait_for(lambda r: 10 in r.nodes, 5)
+        assert routing.version > v0 and versions[-1] == routing.version
+        with pytest.raises(FS3Error) as e:
+            await cache.wait_for(lambda r: 99 in r.nodes, 0.3)
+        assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+    finally:
+        await cache.stop()
+
+
+def test_routing_view() -> None:
+    info = mgmtd_pb2.RoutingInfo(
+        version=7,
+        nodes=[
+            mgmtd_pb2.NodeInfo(node_id=1, type=common_pb2.NODE_STORAGE, status=mgmtd_pb2.NODE_STATUS_ACTIVE)
+        ],
+        targets=[mgmtd_pb2.TargetInfo(target_id=t, node_id=1, chain_id=3) for t in (10, 11, 12)],
+        chains=[
+            mgmtd_pb2.ChainInfo(
+                chain_id=3,
+                version=4,
+                targets=[
+                    mgmtd_pb2.ChainTarget(target_id=10, public_state=common_pb2.SERVING),
+                    mgmtd_pb2.ChainTarget(target_id=11, public_state=common_pb2.SYNCING),
+                    mgmtd_pb2.ChainTarget(target_id=12, public_state=common_pb2.OFFLINE),
+                ],
+            )
+        ],
+        chain_tables=[
+            mgmtd_pb2.ChainTable(table_id=1, version=1, chain_ids=[3]),
+            mgmtd_pb2.ChainTable(table_id=1, version=2, chain_ids=[3]),
+        ],
+    )
+    r = Routing(info)
+    chain = r.chain(3)
+    assert chain.head.target_id == 10 and chain.serving == [10]
+    assert chain.successor(10).target_id == 11 and chain.successor(11) is None
+    assert r.node_of_target(12).node_id == 1
+    assert r.chain_table(1).version == 2 and r.chain_table(1, 1).version == 1
+    assert [n.node_id for n in r.nodes_of_type(common_pb2.NODE_STORAGE)] == [1]
+    for fn, code in [
+        (lambda: r.chain(9), StatusCode.MGMTD_UNKNOWN_CHAIN),
+        (lambda: r.target(9), StatusCode.MGMTD_UNKNOWN_TARGET),
+        (lambda: r.chain_table(9), StatusCode.MGMTD_UNKNOWN_CHAIN_TABLE),
+    ]:
+        with pytest.raises(FS3Error) as e:
+            fn()
+        assert e.value.code == code
+
+
+async def test_client_fails_over_past_a_dead_address(inproc: InProcess) -> None:
+    server = await inproc.start(1)
+    await inproc.primary()
+    from mgmtd_harness import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    client = MgmtdClient([dead, server.address], timeout_s=5.0, rpc_timeout_s=1.0)
+    try:
+        assert await client.init_cluster()
+        assert client.primary == server.address
+    finally:
+        await client.close()
+    lonely = MgmtdClient([dead], timeout_s=0.5, rpc_timeout_s=0.2)
+    try:
+        with pytest.raises(FS3Error) as e:
+            await lonely.get_routing_info()
+        assert e.value.code == StatusCode.UNAVAILABLE
+    finally:
+        await lonely.close()
