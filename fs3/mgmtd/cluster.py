@@ -18,7 +18,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +38,8 @@ Apply = Callable[[], None]
 WriteFn = Callable[[Transaction], Awaitable[Apply | None]]
 
 _NODE_TYPES = {common_pb2.NODE_MGMTD, common_pb2.NODE_META, common_pb2.NODE_STORAGE}
+MAX_ENDPOINTS = 16
+MAX_TARGETS_PER_NODE = 4096
 _LOCAL_STATES = {LocalState.UPTODATE, LocalState.ONLINE, LocalState.OFFLINE}
 
 
@@ -290,7 +292,9 @@ class Cluster:
     # ---- nodes and heartbeats ------------------------------------------------------------------
 
     @staticmethod
-    def _check_endpoints(endpoints: Iterable[common_pb2.Endpoint]) -> None:
+    def _check_endpoints(endpoints: Sequence[common_pb2.Endpoint]) -> None:
+        if len(endpoints) > MAX_ENDPOINTS:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_ENDPOINTS} endpoints")
         for ep in endpoints:
             if not ep.host or len(ep.host) > 255 or not 0 < ep.port < 65536:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad endpoint {ep.host!r}:{ep.port}")
@@ -367,6 +371,10 @@ class Cluster:
                 f"than the last one accepted ({rt.incarnation}, {rt.sequence})",
             )
         self._check_endpoints(req.endpoints)
+        if len(req.hostname) > 255:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "hostname longer than 255 bytes")
+        if len(req.targets) > MAX_TARGETS_PER_NODE:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_TARGETS_PER_NODE} targets reported")
         seen: set[int] = set()
         for th in req.targets:
             if th.target_id in seen:
