@@ -62,9 +62,20 @@ class Result:
     gb_per_s: float
     p50_us: float
     p99_us: float
+    # CPU time per call in each process: a figure that stays meaningful on a busy machine
+    client_cpu_us: float
+    server_cpu_us: float
 
 
-async def run_case(client: RpcClient, address: tuple[str, int], case: Case, duration: float) -> Result:
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_case(
+    client: RpcClient, address: tuple[str, int], server_pid: int, case: Case, duration: float
+) -> Result:
     payload = os.urandom(case.size) if case.kind in ("write", "echo") else None
     latencies: list[int] = []
     calls = 0
@@ -99,10 +110,13 @@ async def run_case(client: RpcClient, address: tuple[str, int], case: Case, dura
     workers = [asyncio.ensure_future(worker()) for _ in range(case.in_flight)]
     await asyncio.sleep(warmup)  # a benchmark's warm-up period, not synchronisation
     start = time.perf_counter_ns()
+    cpu0, server_cpu0 = time.process_time(), process_cpu_seconds(server_pid)
     stop_at = start / 1e9 + duration
     measuring = True
     await asyncio.gather(*workers)
     seconds = (time.perf_counter_ns() - start) / 1e9
+    client_cpu = time.process_time() - cpu0
+    server_cpu = process_cpu_seconds(server_pid) - server_cpu0
     del loop
     latencies.sort()
     p50 = latencies[len(latencies) // 2] / 1e3 if latencies else 0.0
@@ -117,6 +131,8 @@ async def run_case(client: RpcClient, address: tuple[str, int], case: Case, dura
         round(calls * case.size / seconds / 1e9, 3),
         round(p50, 1),
         round(p99, 1),
+        round(client_cpu / max(calls, 1) * 1e6, 2),
+        round(server_cpu / max(calls, 1) * 1e6, 2),
     )
 
 
@@ -137,12 +153,14 @@ def start_server(secret: bytes) -> tuple[subprocess.Popen[str], tuple[str, int]]
     return proc, (host, int(port))
 
 
-async def bench(cases: list[Case], duration: float, address: tuple[str, int], secret: bytes) -> list[Result]:
+async def bench(
+    cases: list[Case], duration: float, address: tuple[str, int], server_pid: int, secret: bytes
+) -> list[Result]:
     results = []
     async with RpcClient(secret, identity="rpc-bench") as client:
         await client.call(address, PING, rpc_pb2.PingRequest())
         for case in cases:
-            results.append(await run_case(client, address, case, duration))
+            results.append(await run_case(client, address, server_pid, case, duration))
     return results
 
 
@@ -167,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     secret = os.urandom(24).hex().encode()
     proc, address = start_server(secret)
     try:
-        results = uvloop.run(bench(cases, args.duration, address, secret))
+        results = uvloop.run(bench(cases, args.duration, address, proc.pid, secret))
     finally:
         proc.terminate()
         proc.wait(10)
@@ -176,12 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"{'case':<9} {'in flight':>9} {'payload':>9} {'calls/s':>10} {'GB/s':>7} {'p50 us':>9} {'p99 us':>9}"
+        f" {'cpu us/call: client':>19} {'server':>7}"
     )
     for r in results:
         size = f"{r.payload_bytes // MiB} MiB" if r.payload_bytes else "-"
         gbs = f"{r.gb_per_s:.2f}" if r.payload_bytes else "-"
         print(
             f"{r.name:<9} {r.in_flight:>9} {size:>9} {r.calls_per_s:>10,.0f} {gbs:>7} {r.p50_us:>9.1f} {r.p99_us:>9.1f}"
+            f" {r.client_cpu_us:>19.1f} {r.server_cpu_us:>7.1f}"
         )
     return 0
 

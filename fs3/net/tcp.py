@@ -92,6 +92,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._wq: list[Buffer] = []
         self._wq_bytes = 0
         self._flush_scheduled = False
+        self._in_receive = False
         self._cb_queued: list[Callable[[], None]] = []
         self._cb_in_transport: list[Callable[[], None]] = []
         self._paused = False
@@ -134,6 +135,17 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         return self._rview[self._rend :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        # Frames sent while we parse this read (replies of inline handlers, mostly) are written in
+        # one go at the end of it, rather than an event loop iteration later.
+        self._in_receive = True
+        try:
+            self._received(nbytes)
+        finally:
+            self._in_receive = False
+            if self._wq:
+                self._flush()
+
+    def _received(self, nbytes: int) -> None:
         state = self._state
         if state == _DEAD:
             return
@@ -393,7 +405,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         if payload is None:
             hdr = encode_header(flags, request_id, service_id, method_id, len(message), 0, timeout_ms)
             wq.append(hdr + message)
-            self._wq_bytes += HEADER_SIZE
+            self._wq_bytes += HEADER_SIZE + len(message)
         else:
             plen = payload.nbytes if isinstance(payload, memoryview) else len(payload)
             pcrc = crc32c(payload) if flags & F_PAYLOAD_CRC else 0
@@ -403,10 +415,11 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             wq.append(hdr + message)
             if plen:
                 wq.append(payload)
-            self._wq_bytes += HEADER_SIZE + plen
+            self._wq_bytes += HEADER_SIZE + len(message) + plen
         if on_sent is not None:
             self._cb_queued.append(on_sent)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._in_receive:
+            # Frames queued by other tasks in this loop iteration join this write.
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
@@ -443,7 +456,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
     @property
     def write_paused(self) -> bool:
         t = self._transport
-        return t is not None and t.get_write_buffer_size() > _BACKPRESSURE_BYTES
+        return self._paused and t is not None and t.get_write_buffer_size() > _BACKPRESSURE_BYTES
 
     async def drain(self) -> None:
         if self._closing or not self._paused:
