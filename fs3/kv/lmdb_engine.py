@@ -141,7 +141,11 @@ class _View:
 
 
 class _Snapshot(_View):
-    __slots__ = ()
+    __slots__ = ("version",)
+
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        super().__init__(txn)
+        self.version = txn.id()  # the LMDB transaction id it sees
 
     def release(self) -> None:
         self.txn.abort()
@@ -150,15 +154,25 @@ class _Snapshot(_View):
 class _WriteView(_View):
     """The committer's view: reads see earlier writes of the same batch."""
 
-    __slots__ = ()
+    __slots__ = ("dirty",)
+
+    def __init__(self, txn: lmdb.Transaction) -> None:
+        super().__init__(txn)
+        self.dirty = False  # whether an earlier member of the batch has written
+
+    def changed_since(self, version: int) -> bool:
+        # A write transaction's id is one past the last committed one.
+        return self.dirty or self.txn.id() - 1 > version
 
     def put(self, key: bytes, value: bytes) -> None:
+        self.dirty = True
         if len(key) < BUCKET_KEY_LEN:
             self.txn.put(key, value)
             return
         self._update_bucket(key, value)
 
     def delete(self, key: bytes) -> None:
+        self.dirty = True
         if len(key) < BUCKET_KEY_LEN:
             self.txn.delete(key)
             return
@@ -184,6 +198,7 @@ class _WriteView(_View):
             self.txn.delete(bkey)
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
+        self.dirty = True
         cur = self.txn.cursor()
         if not cur.set_range(begin[:BUCKET_KEY_LEN]):
             return

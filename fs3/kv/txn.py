@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -31,6 +32,9 @@ SYSTEM_KEYS = b"\xff"
 
 # A long range read hands the event loop back after this many rows so one scan cannot stall it.
 _ROWS_PER_YIELD = 2048
+# Reads covering more rows than this are validated coarsely (see CommitRequest.since), bounding the
+# memory a transaction keeps and the time its validation holds the store's write lock.
+EXACT_RANGE_ROWS = 10_000
 
 
 class Adds:
@@ -70,6 +74,9 @@ def resolve_point(op: PointOp, base: bytes | None) -> bytes | None:
 class Snapshot(Protocol):
     """A frozen view of the store, as engines provide it to :class:`BufferedTransaction`."""
 
+    # Orders snapshots and commits: see Store.changed_since.
+    version: int
+
     def get(self, key: bytes) -> bytes | None: ...
 
     def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]: ...
@@ -90,6 +97,10 @@ class Store(Protocol):
 
     def delete_range(self, begin: bytes, end: bytes) -> None: ...
 
+    def changed_since(self, version: int) -> bool:
+        """Whether anything was committed after the snapshot with this version was taken."""
+        ...
+
 
 @dataclass(slots=True)
 class CommitRequest:
@@ -101,12 +112,17 @@ class CommitRequest:
     ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]]
     clears: list[tuple[bytes, bytes]]
     points: dict[bytes, PointOp]
+    # Set when some read covered more than EXACT_RANGE_ROWS rows: then the request is valid only if
+    # nothing at all was committed after the snapshot with this version (a conservative check).
+    since: int | None = None
     # Filled in by the engine.
     ok: bool = field(default=False)
 
 
 def validate(store: Store, req: CommitRequest) -> bool:
     """True when every observation in ``req`` still holds in ``store``."""
+    if req.since is not None and store.changed_since(req.since):
+        return False
     get = store.get
     for key, seen in req.reads.items():
         if get(key) != seen:
@@ -202,6 +218,7 @@ class BufferedTransaction(Transaction):
         self._clears: list[tuple[bytes, bytes]] = []  # sorted, disjoint, non-adjacent
         self._reads: dict[bytes, bytes | None] = {}
         self._ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]] = []
+        self._since: int | None = None
         self._size = 0
         self._snapshot_view = _SnapshotView(self)
 
@@ -358,19 +375,26 @@ class BufferedTransaction(Transaction):
             else:
                 end = last + b"\x00"
                 seen = [p for p in seen if p[0] <= last]
+        self._size += len(begin) + len(end)
+        if len(seen) > EXACT_RANGE_ROWS:
+            self._since = self._snapshot().version
+            return
         if reverse:
             seen.reverse()
         self._ranges.append((begin, end, seen))
-        self._size += len(begin) + len(end)
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         snap = self._snapshot()
         end = clamp_end(end)
         if begin >= end:
             return
-        self._ranges.append((begin, end, list(snap.iter_range(begin, end, False))))
         self._size += len(begin) + len(end)
         self._check_size()
+        seen = list(itertools.islice(snap.iter_range(begin, end, False), EXACT_RANGE_ROWS + 1))
+        if len(seen) > EXACT_RANGE_ROWS:
+            self._since = snap.version
+        else:
+            self._ranges.append((begin, end, seen))
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -451,7 +475,13 @@ class BufferedTransaction(Transaction):
         if not self._points and not self._clears:
             return
         await self._submit(
-            CommitRequest(reads=self._reads, ranges=self._ranges, clears=self._clears, points=self._points)
+            CommitRequest(
+                reads=self._reads,
+                ranges=self._ranges,
+                clears=self._clears,
+                points=self._points,
+                since=self._since,
+            )
         )
 
     def cancel(self) -> None:

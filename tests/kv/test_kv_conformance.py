@@ -388,3 +388,25 @@ async def test_closed_transaction_refuses_use(db: Database) -> None:
     tr2.cancel()
     await expect_code(StatusCode.KV_TXN_CLOSED, tr2.commit())
     assert await read(db, b"b") is None
+
+
+async def test_conflicts_on_reads_of_many_rows(db: Database) -> None:
+    # Past 10,000 rows the embedded engines validate coarsely; the outcomes below hold either way.
+    async def load(tr: Transaction) -> None:
+        for i in range(12_000):
+            tr.set(b"m%06d" % i, b"")
+
+    await db.run(load)
+    quiet = db.create_transaction()
+    assert len(await quiet.get_range(b"m", b"n")) == 12_000
+    quiet.set(b"summary", b"12000")
+    await quiet.commit()  # nothing committed meanwhile: no conflict
+
+    t1, t2 = db.create_transaction(), db.create_transaction()
+    assert len(await t1.get_range(b"m", b"n")) == 12_000
+    t1.set(b"summary", b"t1")
+    t2.add_read_conflict_range(b"m", b"n")
+    t2.set(b"summary", b"t2")
+    await put(db, {b"m999999": b"inserted"})
+    await expect_code(StatusCode.KV_CONFLICT, t1.commit())
+    await expect_code(StatusCode.KV_CONFLICT, t2.commit())
