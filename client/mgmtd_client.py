@@ -47,6 +47,14 @@ PRIMARY_METADATA_KEY = "fs3-primary"
 # Not resent once the request may have reached the server (see the module docstring).
 _NOT_IDEMPOTENT = frozenset({"AddUser", "IssueToken", "InitCluster"})
 
+# gRPC backs off up to two minutes between reconnects by default; a mgmtd that restarts on the same
+# address must be found again within seconds.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
 _GRPC_TO_FS3 = {
     grpc.StatusCode.INVALID_ARGUMENT: StatusCode.INVALID_ARGUMENT,
     grpc.StatusCode.DEADLINE_EXCEEDED: StatusCode.DEADLINE_EXCEEDED,
@@ -117,7 +125,7 @@ class MgmtdClient:
     def _stub(self, address: str) -> mgmtd_pb2_grpc.MgmtdStub:
         stub = self._stubs.get(address)
         if stub is None:
-            ch = grpc.aio.insecure_channel(address)
+            ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
             self._channels[address] = ch
             stub = self._stubs[address] = mgmtd_pb2_grpc.MgmtdStub(ch)
         return stub

@@ -248,3 +248,38 @@ async def test_client_fails_over_past_a_dead_address(inproc: InProcess) -> None:
         assert e.value.code == StatusCode.UNAVAILABLE
     finally:
         await lonely.close()
+
+
+async def test_client_finds_a_mgmtd_restarted_on_the_same_address(inproc: InProcess) -> None:
+    from mgmtd_harness import free_port
+
+    port = free_port()
+    first = await inproc.start(1, port=port)
+    await inproc.primary()
+    client = inproc.client(timeout_s=10.0)
+    await client.init_cluster()
+    await first.stop(grace_s=0)
+    inproc.servers.remove(first)
+    with pytest.raises(FS3Error):
+        await client.call("GetRoutingInfo", mgmtd_pb2.GetRoutingInfoRequest(), timeout_s=0.5)
+    await inproc.start(2, port=port)
+    t0 = asyncio.get_running_loop().time()
+    assert (await client.get_routing_info()).version > 0
+    assert asyncio.get_running_loop().time() - t0 < 5.0
+
+
+async def test_metrics_endpoint(inproc: InProcess) -> None:
+    import urllib.request
+
+    from mgmtd_harness import free_port
+
+    port = free_port()
+    await inproc.start(1, metrics_port=port)
+    await inproc.primary()
+
+    def fetch() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    text = await asyncio.to_thread(fetch)
+    assert "fs3_mgmtd_is_primary 1.0" in text
