@@ -127,9 +127,11 @@ class _ClientSession(FrameReceiver):
     ) -> tuple[int, asyncio.Future[Reply]]:
         rid = self._next_id
         self._next_id = rid + 1
-        fut = self.loop.create_future()
-        deadline = self.loop.time() + timeout
         message = request.SerializeToString()
+        if len(message) > self.conn.limits.max_message_bytes:
+            raise FS3Error(
+                StatusCode.RPC_FRAME_TOO_LARGE, f"request message of {len(message)} bytes is too large"
+            )
         self.conn.send_frame(
             F_REQUEST | (self._crc_flag if payload is not None else 0),
             rid,
@@ -139,6 +141,8 @@ class _ClientSession(FrameReceiver):
             payload,
             min(int(timeout * 1000) + 1, 0xFFFFFFFF),
         )
+        fut = self.loop.create_future()
+        deadline = self.loop.time() + timeout
         self.pending[rid] = [fut, method.response, into, deadline]
         if self._timer is None or deadline < self._timer_at:
             self._arm(deadline)
@@ -392,6 +396,10 @@ class RpcClient:
             timeout = self.default_timeout
         if timeout <= 0:
             raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "deadline already passed")
+        if type(request) is not method.request:
+            raise TypeError(
+                f"{method.full_name} takes {method.request.__name__}, not {type(request).__name__}"
+            )
         if payload is not None:
             size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
             if size > self.limits.max_payload_bytes:

@@ -301,7 +301,11 @@ class _ServerSession(FrameReceiver):
             return
         deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
         ctx = CallContext(self.conn.peer, self.identity, request_id, method, deadline)
-        coro = handler(request, payload, ctx)
+        try:
+            coro = handler(request, payload, ctx)
+        except Exception as exc:  # a handler that is not a coroutine function after all
+            self._reply_exception(request_id, method, exc, payload)
+            return
         if not run_inline:
             task = self.loop.create_task(self._finish(request_id, method, coro, payload))
             self._tasks.add(task)
@@ -312,7 +316,7 @@ class _ServerSession(FrameReceiver):
         except StopIteration as stop:
             self._reply(request_id, method, stop.value, payload)
             return
-        except BaseException as exc:  # noqa: B036 - every failure becomes an error reply
+        except Exception as exc:
             self._reply_exception(request_id, method, exc, payload)
             return
         task = self.loop.create_task(self._finish(request_id, method, _resume(coro, pending), payload))
@@ -322,10 +326,11 @@ class _ServerSession(FrameReceiver):
     async def _finish(self, request_id: int, method: Method, aw: Any, payload: memoryview | None) -> None:
         try:
             result = await aw
-        except BaseException as exc:  # noqa: B036
+        except asyncio.CancelledError as exc:
             self._reply_exception(request_id, method, exc, payload)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+            raise
+        except Exception as exc:
+            self._reply_exception(request_id, method, exc, payload)
         else:
             self._reply(request_id, method, result, payload)
 
@@ -346,16 +351,21 @@ class _ServerSession(FrameReceiver):
             self._send_error(request_id, StatusCode.INTERNAL, f"{method.full_name} returned a bad response")
             self._release(req_payload)
             return
-        if out is not None:
-            size = out.nbytes if isinstance(out, memoryview) else len(out)
-            if size > self.conn.limits.max_payload_bytes:
-                self._send_error(
-                    request_id,
-                    StatusCode.RPC_FRAME_TOO_LARGE,
-                    f"reply payload of {size} bytes exceeds the limit",
-                )
-                self._release(req_payload)
-                return
+        try:
+            message = response.SerializeToString()
+            size = 0 if out is None else memoryview(out).nbytes
+        except Exception as exc:  # e.g. a payload that is not bytes-like
+            self._reply_exception(request_id, method, exc, req_payload)
+            return
+        limits = self.conn.limits
+        if size > limits.max_payload_bytes or len(message) > limits.max_message_bytes:
+            self._send_error(
+                request_id,
+                StatusCode.RPC_FRAME_TOO_LARGE,
+                f"reply of {len(message)} + {size} bytes exceeds the limits",
+            )
+            self._release(req_payload)
+            return
         on_sent = None
         if req_payload is not None:
             # The reply may be (a view of) the request payload: recycle it only once it has left.
@@ -367,7 +377,7 @@ class _ServerSession(FrameReceiver):
                 request_id,
                 method.service_id,
                 method.id,
-                response.SerializeToString(),
+                message,
                 out,
                 0,
                 on_sent,

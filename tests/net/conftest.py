@@ -31,6 +31,7 @@ def pytest_asyncio_loop_factories(
 #   Crash: raises a plain exception (-> INTERNAL)
 #   WrongType: returns a message of the wrong class (-> INTERNAL)
 #   InlineBlock: Block, as an inline handler (started in the receive path, a task once it waits)
+#   BadPayload: returns a payload that is not bytes-like (-> INTERNAL)
 #   Timeout: uses asyncio.timeout around a wait that never ends (-> DEADLINE_EXCEEDED)
 TEST_SERVICE = ServiceDef(
     100,
@@ -42,6 +43,7 @@ TEST_SERVICE = ServiceDef(
         4: ("WrongType", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
         5: ("InlineBlock", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
         6: ("Timeout", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
+        7: ("BadPayload", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
     },
 )
 
@@ -74,6 +76,11 @@ class ServiceUnderTest:
                 await asyncio.Event().wait()
         except TimeoutError:
             raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "handler gave up") from None
+
+    async def bad_payload(
+        self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext
+    ) -> Any:
+        return rpc_pb2.EchoResponse(), 12345
 
     async def fail(self, request: common_pb2.Status, payload: memoryview | None, ctx: CallContext) -> Any:
         raise FS3Error(request.code, request.message)

@@ -223,9 +223,13 @@ async def test_handler_bugs_become_internal_errors(
         await rpc_client.call(rpc_server.address, TEST_SERVICE["Crash"], rpc_pb2.EchoRequest())
     assert e.value.code == StatusCode.INTERNAL and "ZeroDivisionError" in e.value.message
     assert any("handler failed" in r.message and "test.Crash" in r.getMessage() for r in caplog.records)
-    with pytest.raises(FS3Error) as e:
-        await rpc_client.call(rpc_server.address, TEST_SERVICE["WrongType"], rpc_pb2.EchoRequest())
-    assert e.value.code == StatusCode.INTERNAL
+    for name in ("WrongType", "BadPayload"):
+        with pytest.raises(FS3Error) as e:
+            await rpc_client.call(rpc_server.address, TEST_SERVICE[name], rpc_pb2.EchoRequest())
+        assert e.value.code == StatusCode.INTERNAL
+    # a caller passing the wrong message class is stopped before anything is sent
+    with pytest.raises(TypeError):
+        await rpc_client.call(rpc_server.address, PING, rpc_pb2.EchoRequest())
     # the connection carries on
     await rpc_client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
     assert rpc_server.connection_count == 1
