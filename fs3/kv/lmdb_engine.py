@@ -144,7 +144,8 @@ class _Snapshot(_View):
     __slots__ = ("version",)
 
     def __init__(self, txn: lmdb.Transaction) -> None:
-        super().__init__(txn)
+        self.txn = txn
+        self._get = txn.get
         self.version = txn.id()  # the LMDB transaction id it sees
 
     def release(self) -> None:

@@ -252,7 +252,9 @@ class BufferedTransaction(Transaction):
         return i >= 0 and clears[i][0] <= key < clears[i][1]
 
     def _get(self, key: bytes, conflict: bool) -> bytes | None:
-        snap = self._snapshot()
+        snap = self._snap
+        if snap is None or self._closed:
+            snap = self._snapshot()
         if len(key) > MAX_KEY_SIZE:
             check_key(key)
         op = self._points.get(key, _MISSING)
@@ -417,10 +419,20 @@ class BufferedTransaction(Transaction):
         self._points[key] = op
 
     def set(self, key: bytes, value: bytes) -> None:
-        self._writable()
-        check_write_key(key)
-        check_value(value)
-        self._put_point(key, bytes(value), len(key) + len(value))
+        # The hottest write path, so the checks of _writable/_put_point are inlined.
+        if self._closed:
+            self._writable()
+        if len(key) > MAX_KEY_SIZE or key >= SYSTEM_KEYS:
+            check_write_key(key)
+        if len(value) > MAX_VALUE_SIZE:
+            check_value(value)
+        self._size += len(key) + len(value)
+        if self._size > MAX_TXN_SIZE:
+            self._check_size()
+        points = self._points
+        if key not in points:
+            self._sorted_points = None
+        points[key] = value if type(value) is bytes else bytes(value)
 
     def clear(self, key: bytes) -> None:
         self._writable()
