@@ -472,13 +472,14 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
                 w.set_result(None)
 
     def close(self) -> None:
-        if self._closing:
-            return
+        # Also ends a lingering close (see _fail) early.
         self._closing = True
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
         if self._wq:
             self._flush()
-        if self._transport is not None:
-            self._transport.close()
+        transport.close()
 
     def abort(self) -> None:
         self._closing = True
