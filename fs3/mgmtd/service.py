@@ -138,7 +138,9 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
     # ---- any mgmtd -----------------------------------------------------------------------------
 
     @rpc(Access.PUBLIC, primary=False)
-    async def GetPrimary(self, request, caller) -> mgmtd_pb2.GetPrimaryReply:  # noqa: N802
+    async def GetPrimary(
+        self, request: mgmtd_pb2.GetPrimaryRequest, caller: Caller
+    ) -> mgmtd_pb2.GetPrimaryReply:
         node_id, address = self.server.primary_address()
         return mgmtd_pb2.GetPrimaryReply(
             node_id=node_id,
@@ -150,27 +152,35 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
     # ---- services ------------------------------------------------------------------------------
 
     @rpc(Access.SERVICE)
-    async def RegisterNode(self, request, caller) -> mgmtd_pb2.RegisterNodeReply:  # noqa: N802
+    async def RegisterNode(
+        self, request: mgmtd_pb2.RegisterNodeRequest, caller: Caller
+    ) -> mgmtd_pb2.RegisterNodeReply:
         cluster = self.server.cluster_or_raise()
         await cluster.register_node(request)
         return mgmtd_pb2.RegisterNodeReply(routing_version=cluster.rec.routing_version)
 
     @rpc(Access.SERVICE)
-    async def Heartbeat(self, request, caller) -> mgmtd_pb2.HeartbeatReply:  # noqa: N802
+    async def Heartbeat(
+        self, request: mgmtd_pb2.HeartbeatRequest, caller: Caller
+    ) -> mgmtd_pb2.HeartbeatReply:
         self.server.metrics_heartbeat()
         return await self.server.cluster_or_raise().heartbeat(request)
 
     # ---- everyone ------------------------------------------------------------------------------
 
     @rpc(Access.ANY)
-    async def GetRoutingInfo(self, request, caller) -> mgmtd_pb2.GetRoutingInfoReply:  # noqa: N802
+    async def GetRoutingInfo(
+        self, request: mgmtd_pb2.GetRoutingInfoRequest, caller: Caller
+    ) -> mgmtd_pb2.GetRoutingInfoReply:
         info = self.server.cluster_or_raise().routing_info()
         if request.known_version == info.version:
             return mgmtd_pb2.GetRoutingInfoReply(version=info.version)
         return mgmtd_pb2.GetRoutingInfoReply(info=info, version=info.version)
 
     @rpc(Access.ANY)
-    async def ExtendClientSession(self, request, caller) -> mgmtd_pb2.ExtendClientSessionReply:  # noqa: N802
+    async def ExtendClientSession(
+        self, request: mgmtd_pb2.ExtendClientSessionRequest, caller: Caller
+    ) -> mgmtd_pb2.ExtendClientSessionReply:
         cluster = self.server.cluster_or_raise()
         session = mgmtd_pb2.ClientSession()
         session.CopyFrom(request.session)
@@ -187,110 +197,144 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         return reply
 
     @rpc(Access.ANY)
-    async def VerifyToken(self, request, caller) -> mgmtd_pb2.UserReply:  # noqa: N802
+    async def VerifyToken(self, request: mgmtd_pb2.VerifyTokenRequest, caller: Caller) -> mgmtd_pb2.UserReply:
         return mgmtd_pb2.UserReply(user=await self.server.verify_token(request.token))
 
     @rpc(Access.ANY)
-    async def GetConfig(self, request, caller) -> mgmtd_pb2.GetConfigReply:  # noqa: N802
+    async def GetConfig(
+        self, request: mgmtd_pb2.GetConfigRequest, caller: Caller
+    ) -> mgmtd_pb2.GetConfigReply:
         cfg = await self.server.admin_or_raise().get_config(request.node_type, request.version)
         return mgmtd_pb2.GetConfigReply(config=cfg) if cfg is not None else mgmtd_pb2.GetConfigReply()
 
     # ---- admin ---------------------------------------------------------------------------------
 
     @rpc(Access.SERVICE)
-    async def InitCluster(self, request, caller) -> mgmtd_pb2.InitClusterReply:  # noqa: N802
+    async def InitCluster(
+        self, request: mgmtd_pb2.InitClusterRequest, caller: Caller
+    ) -> mgmtd_pb2.InitClusterReply:
         return await self.server.admin_or_raise().init_cluster(request)
 
     @rpc(Access.ADMIN)
-    async def UnregisterNode(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+    async def UnregisterNode(
+        self, request: mgmtd_pb2.UnregisterNodeRequest, caller: Caller
+    ) -> mgmtd_pb2.MgmtdEmpty:
         await self.server.cluster_or_raise().unregister_node(request.node_id)
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
-    async def SetNodeEnabled(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+    async def SetNodeEnabled(
+        self, request: mgmtd_pb2.SetNodeEnabledRequest, caller: Caller
+    ) -> mgmtd_pb2.MgmtdEmpty:
         await self.server.cluster_or_raise().set_node_enabled(request.node_id, request.enabled)
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
-    async def CreateTargets(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+    async def CreateTargets(
+        self, request: mgmtd_pb2.CreateTargetsRequest, caller: Caller
+    ) -> mgmtd_pb2.MgmtdEmpty:
         await self.server.admin_or_raise().create_targets(list(request.targets))
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
-    async def RemoveTarget(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+    async def RemoveTarget(
+        self, request: mgmtd_pb2.RemoveTargetRequest, caller: Caller
+    ) -> mgmtd_pb2.MgmtdEmpty:
         await self.server.admin_or_raise().remove_target(request.target_id)
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
-    async def OfflineTarget(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+    async def OfflineTarget(
+        self, request: mgmtd_pb2.OfflineTargetRequest, caller: Caller
+    ) -> mgmtd_pb2.ChainReply:
         chain = await self.server.admin_or_raise().offline_target(request.target_id, request.force)
         return mgmtd_pb2.ChainReply(chain=chain)
 
     @rpc(Access.ADMIN)
-    async def UploadChains(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+    async def UploadChains(
+        self, request: mgmtd_pb2.UploadChainsRequest, caller: Caller
+    ) -> mgmtd_pb2.MgmtdEmpty:
         await self.server.admin_or_raise().upload_chains(list(request.chains), request.set_preferred_order)
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
-    async def UploadChainTable(self, request, caller) -> mgmtd_pb2.UploadChainTableReply:  # noqa: N802
+    async def UploadChainTable(
+        self, request: mgmtd_pb2.UploadChainTableRequest, caller: Caller
+    ) -> mgmtd_pb2.UploadChainTableReply:
         version = await self.server.admin_or_raise().upload_chain_table(request)
         return mgmtd_pb2.UploadChainTableReply(version=version)
 
     @rpc(Access.ADMIN)
-    async def UpdateChain(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+    async def UpdateChain(
+        self, request: mgmtd_pb2.UpdateChainRequest, caller: Caller
+    ) -> mgmtd_pb2.ChainReply:
         admin = self.server.admin_or_raise()
         chain = await admin.update_chain(request.chain_id, request.target_id, request.mode)
         return mgmtd_pb2.ChainReply(chain=chain)
 
     @rpc(Access.ADMIN)
-    async def RotateLastSrv(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+    async def RotateLastSrv(
+        self, request: mgmtd_pb2.RotateLastSrvRequest, caller: Caller
+    ) -> mgmtd_pb2.ChainReply:
         return mgmtd_pb2.ChainReply(chain=await self.server.admin_or_raise().rotate_lastsrv(request.chain_id))
 
     @rpc(Access.ADMIN)
-    async def SetPreferredOrder(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+    async def SetPreferredOrder(
+        self, request: mgmtd_pb2.SetPreferredOrderRequest, caller: Caller
+    ) -> mgmtd_pb2.ChainReply:
         admin = self.server.admin_or_raise()
         chain = await admin.set_preferred_order(request.chain_id, list(request.target_ids))
         return mgmtd_pb2.ChainReply(chain=chain)
 
     @rpc(Access.ADMIN)
-    async def RotateAsPreferredOrder(self, request, caller) -> mgmtd_pb2.ChainReply:  # noqa: N802
+    async def RotateAsPreferredOrder(
+        self, request: mgmtd_pb2.RotateAsPreferredOrderRequest, caller: Caller
+    ) -> mgmtd_pb2.ChainReply:
         chain = await self.server.admin_or_raise().rotate_as_preferred(request.chain_id)
         return mgmtd_pb2.ChainReply(chain=chain)
 
     @rpc(Access.ADMIN)
-    async def AddUser(self, request, caller) -> mgmtd_pb2.UserTokenReply:  # noqa: N802
+    async def AddUser(self, request: mgmtd_pb2.AddUserRequest, caller: Caller) -> mgmtd_pb2.UserTokenReply:
         return await self.server.admin_or_raise().add_user(request)
 
     @rpc(Access.ADMIN)
-    async def RemoveUser(self, request, caller) -> mgmtd_pb2.MgmtdEmpty:  # noqa: N802
+    async def RemoveUser(self, request: mgmtd_pb2.RemoveUserRequest, caller: Caller) -> mgmtd_pb2.MgmtdEmpty:
         await self.server.admin_or_raise().remove_user(request.uid)
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
-    async def SetUser(self, request, caller) -> mgmtd_pb2.UserReply:  # noqa: N802
+    async def SetUser(self, request: mgmtd_pb2.SetUserRequest, caller: Caller) -> mgmtd_pb2.UserReply:
         return mgmtd_pb2.UserReply(user=await self.server.admin_or_raise().set_user(request))
 
     @rpc(Access.ADMIN)
-    async def IssueToken(self, request, caller) -> mgmtd_pb2.UserTokenReply:  # noqa: N802
+    async def IssueToken(
+        self, request: mgmtd_pb2.IssueTokenRequest, caller: Caller
+    ) -> mgmtd_pb2.UserTokenReply:
         return await self.server.admin_or_raise().issue_token(request)
 
     @rpc(Access.ADMIN)
-    async def GetUser(self, request, caller) -> mgmtd_pb2.UserReply:  # noqa: N802
+    async def GetUser(self, request: mgmtd_pb2.GetUserRequest, caller: Caller) -> mgmtd_pb2.UserReply:
         return mgmtd_pb2.UserReply(user=await self.server.admin_or_raise().get_user(request.uid))
 
     @rpc(Access.ADMIN)
-    async def ListUsers(self, request, caller) -> mgmtd_pb2.ListUsersReply:  # noqa: N802
+    async def ListUsers(
+        self, request: mgmtd_pb2.ListUsersRequest, caller: Caller
+    ) -> mgmtd_pb2.ListUsersReply:
         return mgmtd_pb2.ListUsersReply(users=await self.server.admin_or_raise().list_users())
 
     @rpc(Access.ADMIN)
-    async def ListNodes(self, request, caller) -> mgmtd_pb2.ListNodesReply:  # noqa: N802
+    async def ListNodes(
+        self, request: mgmtd_pb2.ListNodesRequest, caller: Caller
+    ) -> mgmtd_pb2.ListNodesReply:
         c = self.server.cluster_or_raise()
         return mgmtd_pb2.ListNodesReply(
             nodes=[c.node_info(n, listing=True) for _, n in sorted(c.rec.nodes.items())]
         )
 
     @rpc(Access.ADMIN)
-    async def ListTargets(self, request, caller) -> mgmtd_pb2.ListTargetsReply:  # noqa: N802
+    async def ListTargets(
+        self, request: mgmtd_pb2.ListTargetsRequest, caller: Caller
+    ) -> mgmtd_pb2.ListTargetsReply:
         c = self.server.cluster_or_raise()
         out = [c.target_info(t, listing=True) for _, t in sorted(c.rec.targets.items())]
         if request.chain_id:
@@ -302,7 +346,9 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         return mgmtd_pb2.ListTargetsReply(targets=out)
 
     @rpc(Access.ADMIN)
-    async def ListChains(self, request, caller) -> mgmtd_pb2.ListChainsReply:  # noqa: N802
+    async def ListChains(
+        self, request: mgmtd_pb2.ListChainsRequest, caller: Caller
+    ) -> mgmtd_pb2.ListChainsReply:
         c = self.server.cluster_or_raise()
         if request.table_id:
             versions = [v for (tid, v) in c.rec.tables if tid == request.table_id]
@@ -317,18 +363,24 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         return mgmtd_pb2.ListChainsReply(chains=[ch for _, ch in sorted(c.rec.chains.items())])
 
     @rpc(Access.ADMIN)
-    async def ListChainTables(self, request, caller) -> mgmtd_pb2.ListChainTablesReply:  # noqa: N802
+    async def ListChainTables(
+        self, request: mgmtd_pb2.ListChainTablesRequest, caller: Caller
+    ) -> mgmtd_pb2.ListChainTablesReply:
         c = self.server.cluster_or_raise()
         return mgmtd_pb2.ListChainTablesReply(tables=[t for _, t in sorted(c.rec.tables.items())])
 
     @rpc(Access.ADMIN)
-    async def ListClientSessions(self, request, caller) -> mgmtd_pb2.ListClientSessionsReply:  # noqa: N802
+    async def ListClientSessions(
+        self, request: mgmtd_pb2.ListClientSessionsRequest, caller: Caller
+    ) -> mgmtd_pb2.ListClientSessionsReply:
         c = self.server.cluster_or_raise()
         c.expire_sessions()
         return mgmtd_pb2.ListClientSessionsReply(sessions=[s for _, s in sorted(c.sessions.items())])
 
     @rpc(Access.ADMIN)
-    async def SetConfig(self, request, caller) -> mgmtd_pb2.SetConfigReply:  # noqa: N802
+    async def SetConfig(
+        self, request: mgmtd_pb2.SetConfigRequest, caller: Caller
+    ) -> mgmtd_pb2.SetConfigReply:
         return mgmtd_pb2.SetConfigReply(version=await self.server.admin_or_raise().set_config(request))
 
 
@@ -349,13 +401,17 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             )
         return None
 
-    async def Check(self, request, context) -> health_pb2.HealthCheckResponse:  # noqa: N802
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
         status = self._status(request.service)
         if status is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
-    async def Watch(self, request, context) -> AsyncIterator[health_pb2.HealthCheckResponse]:  # noqa: N802
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last = None
         while True:
             changed = self.server.role_event()
