@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -129,24 +130,28 @@ async def bench_scans(db: Database, prefix: bytes, entries: int, seconds: float)
     ]
 
 
-async def main_async(args: argparse.Namespace) -> list[Result]:
+async def run_once(db: Database, args: argparse.Namespace, round_no: int) -> list[Result]:
+    results: list[Result] = []
+    for callers in args.callers:
+        results.append(await bench_creates(db, callers, args.seconds, f"r{round_no}c{callers}"))
+    keys = await load(db, b"BNPR", args.read_keys)
+    results.append(await bench_point_reads(db, keys, args.seconds))
+    await load(db, b"BNSC", args.scan_entries)
+    results += await bench_scans(db, b"BNSC", args.scan_entries, args.seconds)
+    return results
+
+
+async def main_async(args: argparse.Namespace) -> list[list[Result]]:
     path = args.path or tempfile.mkdtemp(prefix="kv-bench-")
     try:
-        settings = {"path": path} if args.engine == "lmdb" else {}
+        settings: dict[str, object] = {"path": path} if args.engine == "lmdb" else {}
         if args.engine == "fdb" and args.cluster_file:
             settings = {"cluster_file": args.cluster_file}
         db = await open_database(args.engine, **settings)
-        results: list[Result] = []
         try:
-            for callers in args.callers:
-                results.append(await bench_creates(db, callers, args.seconds, f"c{callers}"))
-            keys = await load(db, b"BNPR", args.read_keys)
-            results.append(await bench_point_reads(db, keys, args.seconds))
-            await load(db, b"BNSC", args.scan_entries)
-            results += await bench_scans(db, b"BNSC", args.scan_entries, args.seconds)
+            return [await run_once(db, args, n) for n in range(args.repeat)]
         finally:
             await db.close()
-        return results
     finally:
         if not args.path:
             shutil.rmtree(path, ignore_errors=True)
@@ -158,6 +163,7 @@ def main() -> None:
     parser.add_argument("--path", help="lmdb directory (default: a fresh temporary one)")
     parser.add_argument("--cluster-file", help="fdb cluster file")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each workload")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; the table shows best and median")
     parser.add_argument("--callers", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--read-keys", type=int, default=100_000)
     parser.add_argument("--scan-entries", type=int, default=50_000)
@@ -168,22 +174,35 @@ def main() -> None:
         import uvloop
 
         uvloop.install()
-    results = asyncio.run(main_async(args))
+    rounds = asyncio.run(main_async(args))
+    by_workload: dict[str, list[float]] = {}
+    for results in rounds:
+        for r in results:
+            by_workload.setdefault(r.workload, []).append(r.per_second)
     if args.json:
         print(
             json.dumps(
                 {
                     "engine": args.engine,
-                    "results": [asdict(r) | {"per_second": round(r.per_second, 1)} for r in results],
+                    "seconds": args.seconds,
+                    "workloads": {
+                        name: {
+                            "best_per_second": round(max(rates), 1),
+                            "median_per_second": round(statistics.median(rates), 1),
+                            "runs_per_second": [round(x, 1) for x in rates],
+                        }
+                        for name, rates in by_workload.items()
+                    },
+                    "runs": [[asdict(r) for r in results] for results in rounds],
                 },
                 indent=2,
             )
         )
         return
-    print(f"engine={args.engine}")
-    print(f"{'workload':<28} {'ops':>10} {'seconds':>8} {'ops/s':>12}")
-    for r in results:
-        print(f"{r.workload:<28} {r.ops:>10} {r.seconds:>8.2f} {r.per_second:>12,.0f}")
+    print(f"engine={args.engine} rounds={args.repeat} seconds={args.seconds}")
+    print(f"{'workload':<28} {'best ops/s':>12} {'median ops/s':>13}")
+    for name, rates in by_workload.items():
+        print(f"{name:<28} {max(rates):>12,.0f} {statistics.median(rates):>13,.0f}")
 
 
 if __name__ == "__main__":
