@@ -75,13 +75,17 @@ class RpcLimits:
     """Limits every fs3 RPC endpoint enforces on what it receives (and checks before it sends).
 
     ``frame_timeout_s`` bounds how long a started frame may stay incomplete (a peer that stops
-    mid-frame is disconnected); ``handshake_timeout_s`` bounds the authentication handshake.
+    mid-frame is disconnected); ``handshake_timeout_s`` bounds the authentication handshake. A server
+    stops reading from a connection while it has ``max_inflight_calls`` calls, or calls holding
+    ``max_inflight_payload_bytes`` of request payload, in progress for it.
     """
 
     max_message_bytes: int = 16 << 20
     max_payload_bytes: int = 64 << 20
     frame_timeout_s: float = 30.0
     handshake_timeout_s: float = 10.0
+    max_inflight_calls: int = 4096
+    max_inflight_payload_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if not 0 < self.max_message_bytes <= MAX_U32:
@@ -90,6 +94,8 @@ class RpcLimits:
             raise ValueError(f"max_payload_bytes out of range: {self.max_payload_bytes}")
         if self.frame_timeout_s <= 0 or self.handshake_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.max_inflight_calls < 1 or self.max_inflight_payload_bytes < 1:
+            raise ValueError("in-flight limits must be positive")
 
 
 DEFAULT_LIMITS = RpcLimits()

@@ -19,6 +19,7 @@ connection (broken framing, oversized lengths, stalled frames), always with a lo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import types
@@ -51,11 +52,8 @@ _MAX_ERROR_MESSAGE = 1024
 
 
 def _handshake_limits(limits: RpcLimits) -> RpcLimits:
-    return RpcLimits(
-        max_message_bytes=min(limits.max_message_bytes, 4096),
-        max_payload_bytes=0,
-        frame_timeout_s=limits.frame_timeout_s,
-        handshake_timeout_s=limits.handshake_timeout_s,
+    return dataclasses.replace(
+        limits, max_message_bytes=min(limits.max_message_bytes, 4096), max_payload_bytes=0
     )
 
 
@@ -105,6 +103,9 @@ class _ServerSession(FrameReceiver):
         "_handlers",
         "_pool",
         "_crc_flag",
+        "_inflight",
+        "_inflight_bytes",
+        "_throttled",
     )
 
     def __init__(self, server: RpcServer, conn: Connection) -> None:
@@ -120,6 +121,9 @@ class _ServerSession(FrameReceiver):
         self._handlers = server._handlers
         self._pool = server.pool
         self._crc_flag = F_PAYLOAD_CRC if server.payload_crc else 0
+        self._inflight = 0  # calls running in tasks, and the request payload bytes they hold
+        self._inflight_bytes = 0
+        self._throttled = False
         self._handshake_timer: asyncio.TimerHandle | None = self.loop.call_later(
             conn.limits.handshake_timeout_s, self._handshake_timeout
         )
@@ -307,9 +311,7 @@ class _ServerSession(FrameReceiver):
             self._reply_exception(request_id, method, exc, payload)
             return
         if not run_inline:
-            task = self.loop.create_task(self._finish(request_id, method, coro, payload))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start_task(self._finish(request_id, method, coro, payload), payload)
             return
         try:
             pending = coro.send(None)
@@ -319,9 +321,42 @@ class _ServerSession(FrameReceiver):
         except Exception as exc:
             self._reply_exception(request_id, method, exc, payload)
             return
-        task = self.loop.create_task(self._finish(request_id, method, _resume(coro, pending), payload))
+        self._start_task(self._finish(request_id, method, _resume(coro, pending), payload), payload)
+
+    def _start_task(self, coro: Any, payload: memoryview | None) -> None:
+        task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        self._inflight += 1
+        if payload is not None:
+            self._inflight_bytes += payload.nbytes
+        limits = self.server.limits
+        if not self._throttled and (
+            self._inflight >= limits.max_inflight_calls
+            or self._inflight_bytes >= limits.max_inflight_payload_bytes
+        ):
+            # Let the client's sends back up in its socket rather than in our memory.
+            self._throttled = True
+            self.conn.pause_receiving(True)
+            log.info(
+                "throttling connection peer=%s calls=%d payload_bytes=%d",
+                self.conn.peer,
+                self._inflight,
+                self._inflight_bytes,
+            )
+
+    def _call_done(self, payload: memoryview | None) -> None:
+        self._inflight -= 1
+        if payload is not None:
+            self._inflight_bytes -= payload.nbytes
+        if self._throttled:
+            limits = self.server.limits
+            if (
+                self._inflight <= limits.max_inflight_calls // 2
+                and self._inflight_bytes <= limits.max_inflight_payload_bytes // 2
+            ):
+                self._throttled = False
+                self.conn.pause_receiving(False)
 
     async def _finish(self, request_id: int, method: Method, aw: Any, payload: memoryview | None) -> None:
         try:
@@ -333,6 +368,8 @@ class _ServerSession(FrameReceiver):
             self._reply_exception(request_id, method, exc, payload)
         else:
             self._reply(request_id, method, result, payload)
+        finally:
+            self._call_done(payload)
 
     def _reply(
         self, request_id: int, method: Method, result: HandlerResult, req_payload: memoryview | None

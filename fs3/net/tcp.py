@@ -96,7 +96,11 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._cb_queued: list[Callable[[], None]] = []
         self._cb_in_transport: list[Callable[[], None]] = []
         self._paused = False
-        self._reading_paused = False
+        # Reading stops while either holds: our replies are not being read (server side), or the
+        # receiver has asked for a pause (too much work in progress).
+        self._paused_for_writes = False
+        self._paused_by_receiver = False
+        self._reading_stopped = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closing = False
         self._closed: asyncio.Future[None] = loop.create_future()
@@ -202,9 +206,9 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         for cb in callbacks:
             cb()
         self._wake_drainers()
-        if self._reading_paused and self._transport is not None:
-            self._reading_paused = False
-            self._transport.resume_reading()
+        if self._paused_for_writes:
+            self._paused_for_writes = False
+            self._update_reading()
 
     # ---- receive path -----------------------------------------------------------------------
 
@@ -214,7 +218,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         while True:
             avail = self._rend - self._rstart
             if self._state == _HDR:
-                if avail < HEADER_SIZE:
+                if avail < HEADER_SIZE or self._paused_by_receiver:
                     break
                 try:
                     hdr = decode_header(rv, self._rstart, limits)
@@ -348,8 +352,9 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._partial_timer = None
         if self._state == _DEAD or not self._mid_frame():
             return
-        if self._frames != frames_when_armed:
-            self._arm_partial_timer()  # progress was made; watch the frame now in progress
+        if self._frames != frames_when_armed or self._paused_by_receiver:
+            # progress was made, or we are the ones not reading: watch the frame now in progress
+            self._arm_partial_timer()
             return
         self._fail(
             FrameError(
@@ -444,10 +449,36 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
                 callbacks, self._cb_in_transport = self._cb_in_transport, []
                 for cb in callbacks:
                     cb()
-        elif self._server_side and pending > _BACKPRESSURE_BYTES and not self._reading_paused:
+        elif self._server_side and pending > _BACKPRESSURE_BYTES and not self._paused_for_writes:
             # A peer that does not read its replies must not make us buffer without bound.
-            self._reading_paused = True
-            transport.pause_reading()
+            self._paused_for_writes = True
+            self._update_reading()
+
+    def pause_receiving(self, paused: bool) -> None:
+        was = self._paused_by_receiver
+        self._paused_by_receiver = paused
+        self._update_reading()
+        if was and not paused and self._rend > self._rstart:
+            # frames that arrived before the pause are still buffered: take them up (not from
+            # inside this call, which may come from a receiver callback)
+            self._loop.call_soon(self._resume_processing)
+
+    def _resume_processing(self) -> None:
+        if self._state == _DEAD or self._paused_by_receiver or self._direct is not None:
+            return
+        self.buffer_updated(0)
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        want_paused = self._paused_for_writes or self._paused_by_receiver
+        if want_paused != self._reading_stopped:
+            self._reading_stopped = want_paused
+            if want_paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     @property
     def is_closing(self) -> bool:

@@ -98,6 +98,11 @@ class Connection(abc.ABC):
         receiver whose caller gave up on a reply while its payload streamed into the caller's
         memory."""
 
+    @abc.abstractmethod
+    def pause_receiving(self, paused: bool) -> None:
+        """Stop (True) or resume (False) taking frames from the peer, for flow control: a receiver
+        with too much work in progress lets the peer's sends back up instead of buffering them."""
+
     @property
     @abc.abstractmethod
     def is_closing(self) -> bool:

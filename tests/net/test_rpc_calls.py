@@ -7,7 +7,7 @@ import hashlib
 import os
 
 import pytest
-from conftest import TEST_LIMITS, TEST_SERVICE, poll
+from conftest import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
@@ -329,3 +329,31 @@ async def test_registration_is_checked() -> None:
         )
     with pytest.raises(ValueError):
         ServiceDef(1 << 16, "x", {})
+
+
+async def test_server_stops_reading_from_a_connection_with_too_much_in_progress() -> None:
+    limits = RpcLimits(max_inflight_calls=4, frame_timeout_s=0.5)
+    server = RpcServer(SECRET, limits=limits)
+    handlers = ServiceUnderTest()
+    server.add_service(TEST_SERVICE, handlers)
+    address = await server.start()
+    try:
+        async with RpcClient(SECRET, limits=limits) as client:
+            calls = [
+                asyncio.ensure_future(
+                    client.call(
+                        address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(data=b"%d" % i), timeout=20
+                    )
+                )
+                for i in range(50)
+            ]
+            await poll(lambda: handlers.blocked == 4, what="four calls in progress")
+            # the rest wait, unread, for longer than the frame timeout without being cut off
+            await asyncio.sleep(1.0)  # observing that nothing happens, not synchronising
+            assert handlers.blocked == 4
+            handlers.gate.set()
+            results = await asyncio.gather(*calls)
+            assert [r.data for r, _ in results] == [b"%d" % i for i in range(50)]
+            assert handlers.finished == 50
+    finally:
+        await server.stop()
