@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from conftest import ENGINES, open_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kv_engines import ENGINES, open_engine
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Database, KeyValue, Transaction
