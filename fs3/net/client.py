@@ -225,6 +225,7 @@ class _ClientSession(FrameReceiver):
                     log.warning(
                         "server closing connection peer=%s error=%s", self.conn.peer, self._close_reason
                     )
+                    self.ready = False
                     self.conn.close()
                 else:
                     log.debug("late reply dropped peer=%s request_id=%d", self.conn.peer, request_id)
@@ -284,6 +285,7 @@ class _ClientSession(FrameReceiver):
         )
         self._receiving = 0
         if error.fatal:
+            self.ready = False  # the transport closes the connection next
             self._close_reason = FS3Error(error.code, f"{self.conn.peer}: {error.message}")
         else:
             entry = self.pending.pop(error.request_id, None)
@@ -293,6 +295,7 @@ class _ClientSession(FrameReceiver):
     def _protocol_error(self, reason: str) -> None:
         log.warning("protocol violation by server, closing peer=%s reason=%r", self.conn.peer, reason)
         self._close_reason = FS3Error(StatusCode.RPC_MALFORMED_FRAME, reason)
+        self.ready = False
         self.conn.close()
 
     def _close_error(self) -> FS3Error:
@@ -370,6 +373,8 @@ class RpcClient:
         self.connections_per_peer = connections_per_peer
         self.payload_crc = payload_crc
         self._peers: dict[Address, _PeerPool] = {}
+        # with one connection per peer, the open one, found without the pool's bookkeeping
+        self._single: dict[Address, _ClientSession] = {}
         self._closed = False
 
     async def call(
@@ -401,7 +406,10 @@ class RpcClient:
                 f"{method.full_name} takes {method.request.__name__}, not {type(request).__name__}"
             )
         if payload is not None:
-            size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+            if type(payload) is not bytes and type(payload) is not bytearray:
+                # any contiguous buffer (array, numpy, mmap...), counted in bytes not items
+                payload = memoryview(payload).cast("B")
+            size = len(payload)
             if size > self.limits.max_payload_bytes:
                 raise FS3Error(
                     StatusCode.RPC_FRAME_TOO_LARGE,
@@ -409,7 +417,9 @@ class RpcClient:
                 )
         if into is not None and not (isinstance(into, memoryview) and into.format == "B" and into.ndim == 1):
             into = memoryview(into).cast("B")
-        session = self._ready_session(address)
+        session = self._single.get(address)
+        if session is None or not session.ready:
+            session = self._ready_session(address)
         if session is None:
             start = asyncio.get_running_loop().time()
             session = await self._connect(address, timeout)
@@ -444,11 +454,11 @@ class RpcClient:
         i = peer.next
         peer.next = (i + 1) % len(slots)
         s = slots[i]
-        if s is not None and s.ready and not s.conn.is_closing:
+        if s is not None and s.ready:
             return s
         # Prefer another open connection over waiting for this slot; fill the slot meanwhile.
         for other in slots:
-            if other is not None and other.ready and not other.conn.is_closing:
+            if other is not None and other.ready:
                 if peer.connecting[i] is None and not self._closed:
                     self._start_open(address, peer, i)
                 return other
@@ -495,12 +505,16 @@ class RpcClient:
                 session.conn.abort()
                 raise FS3Error(StatusCode.CANCELLED, "client is closed")
             peer.slots[slot] = session
+            if self.connections_per_peer == 1:
+                self._single[address] = session
             log.debug("connected peer=%s:%d slot=%d", address[0], address[1], slot)
             return session
         finally:
             peer.connecting[slot] = None
 
     def _session_lost(self, session: _ClientSession) -> None:
+        if self._single.get(session.address) is session:
+            del self._single[session.address]
         peer = self._peers.get(session.address)
         if peer is not None:
             for i, s in enumerate(peer.slots):
@@ -513,6 +527,7 @@ class RpcClient:
         sessions = [s for p in self._peers.values() for s in p.slots if s is not None]
         connecting = [f for p in self._peers.values() for f in p.connecting if f is not None]
         self._peers.clear()
+        self._single.clear()
         for f in connecting:
             f.cancel()
         await asyncio.gather(*connecting, return_exceptions=True)

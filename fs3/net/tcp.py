@@ -412,7 +412,8 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             wq.append(hdr + message)
             self._wq_bytes += HEADER_SIZE + len(message)
         else:
-            plen = payload.nbytes if isinstance(payload, memoryview) else len(payload)
+            t = type(payload)
+            plen = len(payload) if t is bytes or t is bytearray else memoryview(payload).nbytes
             pcrc = crc32c(payload) if flags & F_PAYLOAD_CRC else 0
             hdr = encode_header(
                 flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc

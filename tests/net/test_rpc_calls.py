@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import hashlib
 import os
@@ -55,6 +56,16 @@ async def test_large_payload_round_trip_is_byte_exact(
     assert hashlib.sha256(payload).digest() == hashlib.sha256(data).digest()
     response, _ = await rpc_client.call(rpc_server.address, SINK, rpc_pb2.SinkRequest(), payload=data)
     assert response.received == size
+
+
+async def test_any_contiguous_buffer_is_a_payload(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
+    # sized in bytes, not items
+    words = array.array("I", range(1000))
+    _, payload = await rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(), payload=words)
+    assert bytes(payload) == words.tobytes()
+    view = memoryview(words).cast("B")[4:400]
+    _, payload = await rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(), payload=view)
+    assert bytes(payload) == bytes(view)
 
 
 async def test_reply_payload_lands_in_the_callers_buffer(
