@@ -21,8 +21,9 @@ from fs3.proto import common_pb2, rpc_pb2
 def pytest_asyncio_loop_factories(
     config: Any, item: Any
 ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    # fs3 daemons run on uvloop, so its transports are the ones under test.
-    return {"uvloop": uvloop.new_event_loop}
+    # fs3 daemons run on uvloop; code that embeds fs3 RPC (tests of other packages included) may
+    # use the standard loop. Every async test runs on both.
+    return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
 
 
 # A service for tests. Messages are borrowed from rpc.proto/common.proto:
