@@ -75,7 +75,7 @@ class _ClientSession(FrameReceiver):
     # ---- handshake ----------------------------------------------------------------------------
 
     async def handshake(self, secret: bytes, identity: str, budget_s: float) -> None:
-        """Authenticate both ways (raises FS3Error RPC_AUTH_FAILED / DEADLINE_EXCEEDED)."""
+        """Authenticate both ways (raises FS3Error RPC_AUTH_FAILED, or RPC_CONNECT_FAILED on timeout)."""
         try:
             async with asyncio.timeout(budget_s):
                 nonce = auth.new_nonce()
@@ -101,7 +101,7 @@ class _ClientSession(FrameReceiver):
         except TimeoutError:
             self.conn.abort()
             raise FS3Error(
-                StatusCode.DEADLINE_EXCEEDED, f"handshake with {self.conn.peer} timed out"
+                StatusCode.RPC_CONNECT_FAILED, f"handshake with {self.conn.peer} timed out"
             ) from None
         except BaseException:
             self.conn.abort()
@@ -345,7 +345,8 @@ class RpcClient:
 
     ``secret`` is the cluster secret; ``identity`` is who this client says it is (servers log it and
     pass it to handlers). ``connections_per_peer`` > 1 spreads calls over several connections;
-    ``payload_crc`` adds a CRC32C of every request payload, checked by the server.
+    ``payload_crc`` adds a CRC32C of every request payload, checked by the server. A client
+    belongs to the event loop it is first used on.
     """
 
     def __init__(

@@ -304,3 +304,27 @@ async def test_client_survives_a_misbehaving_server(
         with pytest.raises(FS3Error) as e:
             await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
         assert e.value.code in codes, e.value
+
+
+async def test_client_gives_up_on_a_server_that_never_answers_the_handshake() -> None:
+    release = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    address = server.sockets[0].getsockname()[:2]
+    try:
+        async with RpcClient(rpcwire.SECRET, connect_timeout=0.3) as client:
+            with pytest.raises(FS3Error) as e:
+                await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
+            assert e.value.code == StatusCode.RPC_CONNECT_FAILED and e.value.retryable
+            # a call with a shorter deadline than the connect timeout fails on its own deadline
+            async with RpcClient(rpcwire.SECRET, connect_timeout=5) as slow:
+                with pytest.raises(FS3Error) as e:
+                    await slow.call(address, PING, rpc_pb2.PingRequest(), timeout=0.2)
+                assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+    finally:
+        release.set()
+        server.close()
