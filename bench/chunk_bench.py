@@ -1,0 +1,147 @@
+"""Chunk engine throughput on one target, without network or replication.
+
+    python bench/chunk_bench.py [--dir DIR] [--threads 1,4] [--seconds 3] [--no-sync] [--json]
+
+Cases: full 1 MiB chunk writes (update + commit, copy-on-write), 4 KiB overwrites inside 1 MiB
+chunks (each copies the chunk), 64 KiB appends (in place), full 1 MiB reads, random 4 KiB reads.
+Every write is fsynced (data file, directory, LMDB) unless --no-sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
+
+MiB = 1 << 20
+CHUNK = MiB
+CHUNKS_PER_THREAD = 32
+
+
+def cid(thread: int, index: int) -> bytes:
+    return struct.pack(">BBQHI", 0, 0, 1000 + thread, 0, index)
+
+
+def run_threads(
+    threads: int, seconds: float, op: Callable[[int, random.Random], int]
+) -> tuple[int, int, float]:
+    """Run ``op(thread, rng)`` in ``threads`` threads for ``seconds``; return (ops, bytes, elapsed)."""
+    totals = [(0, 0)] * threads
+    deadline = time.perf_counter() + seconds
+
+    def worker(t: int) -> None:
+        rng = random.Random(t)
+        ops = nbytes = 0
+        while time.perf_counter() < deadline:
+            nbytes += op(t, rng)
+            ops += 1
+        totals[t] = (ops, nbytes)
+
+    start = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    elapsed = time.perf_counter() - start
+    return sum(o for o, _ in totals), sum(b for _, b in totals), elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dir", type=Path, help="target directory (default: a temporary one, removed after)")
+    parser.add_argument("--threads", default="1,4", help="comma-separated thread counts")
+    parser.add_argument("--seconds", type=float, default=3.0, help="duration of each case")
+    parser.add_argument("--no-sync", action="store_true", help="skip fsync (page-cache speed)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+
+    root = args.dir or Path(tempfile.mkdtemp(prefix="fs3-chunk-bench-"))
+    engine = ChunkEngine(root / "target", EngineOptions(sync=not args.no_sync))
+    payload = os.urandom(CHUNK)
+    small = os.urandom(4096)
+    append = os.urandom(64 * 1024)
+    results = []
+    try:
+        for threads in [int(t) for t in args.threads.split(",")]:
+
+            def full_write(t: int, rng: random.Random) -> int:
+                chunk = cid(t, rng.randrange(CHUNKS_PER_THREAD))
+                meta = engine.update(chunk, 0, payload, chunk_size=CHUNK, chain_ver=1)
+                engine.commit(chunk, meta.pending_ver)
+                return CHUNK
+
+            def overwrite_4k(t: int, rng: random.Random) -> int:
+                chunk = cid(t, rng.randrange(CHUNKS_PER_THREAD))
+                meta = engine.update(
+                    chunk, rng.randrange(CHUNK // 4096) * 4096, small, chunk_size=CHUNK, chain_ver=1
+                )
+                engine.commit(chunk, meta.pending_ver)
+                return len(small)
+
+            def append_64k(t: int, rng: random.Random) -> int:
+                chunk = cid(t, CHUNKS_PER_THREAD + rng.randrange(CHUNKS_PER_THREAD))
+                meta = engine.get_meta(chunk)
+                length = meta.length if meta else 0
+                if length + len(append) > CHUNK:
+                    meta = engine.truncate(chunk, 0, chunk_size=CHUNK, chain_ver=1)
+                    engine.commit(chunk, meta.pending_ver)
+                    length = 0
+                meta = engine.update(chunk, length, append, chunk_size=CHUNK, chain_ver=1)
+                engine.commit(chunk, meta.pending_ver)
+                return len(append)
+
+            def full_read(t: int, rng: random.Random) -> int:
+                return len(engine.read(cid(t, rng.randrange(CHUNKS_PER_THREAD))).data)
+
+            def read_4k(t: int, rng: random.Random) -> int:
+                offset = rng.randrange(CHUNK // 4096) * 4096
+                return len(engine.read(cid(t, rng.randrange(CHUNKS_PER_THREAD)), offset, 4096).data)
+
+            for name, op in [
+                ("write 1MiB chunk", full_write),
+                ("overwrite 4KiB", overwrite_4k),
+                ("append 64KiB", append_64k),
+                ("read 1MiB chunk", full_read),
+                ("read 4KiB", read_4k),
+            ]:
+                ops, nbytes, elapsed = run_threads(threads, args.seconds, op)
+                results.append(
+                    {
+                        "case": name,
+                        "threads": threads,
+                        "ops_per_s": round(ops / elapsed, 1),
+                        "mib_per_s": round(nbytes / elapsed / MiB, 1),
+                        "sync": not args.no_sync,
+                    }
+                )
+                if not args.json:
+                    r = results[-1]
+                    print(
+                        f"{name:<18} threads={threads:<3} {r['ops_per_s']:>10.1f} ops/s {r['mib_per_s']:>9.1f} MiB/s"
+                    )
+    finally:
+        engine.close()
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    if args.json:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
