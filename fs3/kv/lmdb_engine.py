@@ -234,6 +234,7 @@ class _Committer:
 
     def __init__(self, env: lmdb.Environment, path: str, interval_s: float) -> None:
         self._env = env
+        self._extender = _FileExtender(env, path)
         self._path = path
         self._interval_s = interval_s
         self._queue: list[tuple[CommitRequest, asyncio.Future[None]]] = []
@@ -271,6 +272,7 @@ class _Committer:
             self._flush_stopping = True
             self._flush_cond.notify()
         self._flusher.join()
+        self._extender.close()
 
     def _take_batch(self) -> list[tuple[CommitRequest, asyncio.Future[None]]] | None:
         with self._cond:
@@ -312,6 +314,7 @@ class _Committer:
         was committed."""
         try:
             with self._env.begin(write=True) as txn:
+                self._extender.extend_if_needed()  # under the write lock, see _FileExtender
                 view = _WriteView(txn)
                 for req, fut in batch:
                     # A caller that gave up will not look at the outcome; skipping is allowed.
@@ -359,6 +362,42 @@ class _Committer:
             while self._unsynced and self._unsynced[0][0] <= seq:
                 done += self._unsynced.popleft()[1]
         _deliver(done, None)
+
+
+class _FileExtender:
+    """Keeps a few MiB of zero-filled space past the end of LMDB's data.
+
+    LMDB appends new pages to its data file, and fsyncing a file whose size changed also commits
+    file-system metadata, which here made each commit's fsync about 60% slower than one that only
+    overwrites blocks. So the committer appends real zeros ahead of LMDB (not fallocate: ext4 would
+    still journal the conversion of unwritten extents). It does so only while holding LMDB's write
+    lock, when no process can be writing pages past the last committed one; LMDB ignores the
+    file's size, so the extra space is simply overwritten as the store grows.
+    """
+
+    LOW = 4 << 20  # extend when less than this is left ...
+    STEP = 8 << 20  # ... by this much
+
+    def __init__(self, env: lmdb.Environment, path: str) -> None:
+        self._env = env
+        self._page = env.stat()["psize"]
+        self._fd = os.open(os.path.join(path, "data.mdb"), os.O_WRONLY | os.O_CLOEXEC)
+        self._zeros = bytes(1 << 20)
+
+    def extend_if_needed(self) -> None:
+        info = self._env.info()
+        used = (info["last_pgno"] + 1) * self._page
+        size = os.fstat(self._fd).st_size
+        if size - used >= self.LOW:
+            return
+        start = max(size, used)
+        end = min(start + self.STEP, info["map_size"])
+        for offset in range(start, end, len(self._zeros)):
+            os.pwrite(self._fd, self._zeros, offset)
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def _deliver(batch: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3Error | None) -> None:
