@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from .chunk_engine import ChunkEngine, ChunkRead, LastChunk, SpaceInfo
+from fs3.errors import FS3Error
+
+from .chunk_engine import ChunkEngine, ChunkRead, EngineOptions, LastChunk, SpaceInfo
 from .chunk_meta import ChunkMeta
 
 P = ParamSpec("P")
@@ -33,6 +36,26 @@ class AsyncChunkEngine:
         self.engine = engine
         self._owns_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(max_workers, thread_name_prefix="chunk-io")
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        options: EngineOptions | None = None,
+        *,
+        on_failure: Callable[[FS3Error], None] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        max_workers: int = 16,
+    ) -> AsyncChunkEngine:
+        """Open a target off the event loop (recovery scans every data file).
+
+        ``on_failure`` runs in an I/O thread: a daemon hands it to its loop with
+        ``loop.call_soon_threadsafe``.
+        """
+        engine = await asyncio.get_running_loop().run_in_executor(
+            executor, functools.partial(ChunkEngine, path, options, on_failure=on_failure)
+        )
+        return cls(engine, executor, max_workers=max_workers)
 
     async def _run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         loop = asyncio.get_running_loop()

@@ -135,9 +135,13 @@ class ChunkEngine:
                 map_size=self.options.map_size,
                 max_readers=self.options.max_readers,
             )
-            self._files = ChunkFiles(self.path / "chunks", sync=sync)
-            self.recovery: RecoveryReport
-            self.recovery, self._next_file_id = recover(self._store, self._files)
+            try:
+                self._files = ChunkFiles(self.path / "chunks", sync=sync)
+                self.recovery: RecoveryReport
+                self.recovery, self._next_file_id = recover(self._store, self._files)
+            except BaseException:
+                self._store.close()
+                raise
         except BaseException as exc:
             os.close(self._lock_fd)
             if isinstance(exc, OSError | lmdb.Error):

@@ -429,7 +429,7 @@ def test_racing_updates_on_one_chunk_take_turns(tmp_path: Path) -> None:
 
 
 async def test_async_wrapper_runs_off_the_loop(tmp_path: Path) -> None:
-    eng = AsyncChunkEngine(ChunkEngine(tmp_path))
+    eng = await AsyncChunkEngine.open(tmp_path)
     try:
         metas = await asyncio.gather(
             *(eng.update(cid(n), 0, bytes([n]) * 1000, chunk_size=CS, chain_ver=1) for n in range(10))
