@@ -11,12 +11,20 @@ How it works, and why:
   validated against the effects of earlier ones. LMDB's write lock is a process-shared mutex, so
   commits from several processes serialise and see each other's writes; validation therefore
   detects conflicts across processes too.
-* **Durability by group commit.** The batch's write transaction is committed with LMDB's own
-  fsyncs, and every transaction in it is acknowledged only after that returns: one pair of fsyncs
-  covers the whole batch, and while it runs the next batch queues up. We deliberately do not run
-  LMDB with ``sync=False`` and fsync from a flusher: in that mode the kernel may write a newer meta
-  page before the data pages it points to, and a power cut then corrupts the environment, whereas a
-  synced commit can at worst lose unacknowledged batches.
+* **Durability by group commit.** The environment runs with LMDB's ``metasync=False``: committing
+  a batch writes its pages, fsyncs them, then writes the new meta page without an fsync. A flush
+  thread then fsyncs the file, and only then are the batch's callers acknowledged; under load the
+  next batch's own fsync often gets there first, which acknowledges the previous batch just as well.
+  So a batch of any size costs two fsyncs at most, and the next batch is validated and written
+  while the previous one is being flushed. We deliberately do not run with ``sync=False`` and a
+  flusher alone: then nothing orders a meta page after the data pages it points to, and a power
+  cut could leave a meta page on disk pointing at pages that are not, corrupting the environment;
+  in this mode LMDB guarantees integrity and a crash loses at most unacknowledged batches. One
+  consequence: a reader may see a commit up to one fsync before it is durable, so after a power
+  cut a read-only transaction may have seen a commit that did not survive; a writing transaction
+  that read it is acknowledged only after an fsync covering both, so no acknowledged commit ever
+  depends on a lost one.
+* **Growing the file.** See :class:`_FileExtender`.
 * **Long keys.** Stock LMDB keys are at most 511 bytes, FoundationDB's 10,000. A key of
   :data:`BUCKET_KEY_LEN` bytes or more is stored in a *bucket*: the LMDB record whose key is its
   first :data:`BUCKET_KEY_LEN` bytes and whose value lists the (suffix, value) pairs of every long key
@@ -346,12 +354,23 @@ class _Committer:
                 target = self._committed_seq
             try:
                 self._env.sync(True)
-            except Exception:
-                # Unacknowledged batches stay pending; their callers wait rather than be misled.
+            except Exception as e:
                 log.exception("kv fsync failed path=%s", self._path)
+                if self._flush_stopping:
+                    self._fail_unsynced(FS3Error(StatusCode.KV_STORE_FAILED, f"kv fsync failed: {e!r}"))
+                    return
+                # Unacknowledged batches stay pending, their callers waiting rather than misled,
+                # until an fsync succeeds.
                 time.sleep(0.1)
                 continue
             self._mark_durable(target)
+
+    def _fail_unsynced(self, error: FS3Error) -> None:
+        with self._flush_cond:
+            failed = [item for _, batch in self._unsynced for item in batch]
+            self._unsynced.clear()
+            self._durable_seq = self._committed_seq
+        _deliver(failed, error)
 
     def _mark_durable(self, seq: int) -> None:
         done: list = []
