@@ -5,6 +5,7 @@ Tests use these to feed a server bytes no well-behaved client would send.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -115,3 +116,26 @@ def handshake(sock: socket.socket, secret: bytes = SECRET, identity: str = "raw-
     sock.sendall(frame(F_HANDSHAKE, 0, 0, auth.CLIENT_PROOF, proof.SerializeToString()))
     hdr, _, _ = read_frame(sock)
     assert hdr[3] == auth.AUTH_OK, hdr
+
+
+async def read_frame_async(reader: asyncio.StreamReader) -> tuple[tuple[int, ...], bytes, bytes]:
+    """Read one frame from an asyncio stream: (header fields, message, payload)."""
+    hdr = decode_header(await reader.readexactly(HEADER_SIZE), 0, DEFAULT_LIMITS)
+    message = await reader.readexactly(hdr[5])
+    payload = await reader.readexactly(hdr[6])
+    return hdr, message, payload
+
+
+async def accept_handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes = SECRET
+) -> None:
+    """Play the server's part of the handshake on an asyncio stream (for fake servers)."""
+    _, message, _ = await read_frame_async(reader)
+    hello = rpc_pb2.ClientHello.FromString(message)
+    nonce = auth.new_nonce()
+    proof = auth.server_proof(secret, hello.nonce, nonce, hello.identity)
+    reply = rpc_pb2.ServerHello(version=auth.HANDSHAKE_VERSION, nonce=nonce, proof=proof)
+    writer.write(frame(F_HANDSHAKE, 0, 0, auth.SERVER_HELLO, reply.SerializeToString()))
+    await read_frame_async(reader)  # the client's proof; a fake server takes it on trust
+    writer.write(frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b""))
+    await writer.drain()

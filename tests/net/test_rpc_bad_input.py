@@ -17,16 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.net import RpcClient, auth
+from fs3.net import RpcClient
 from fs3.net.frame import (
-    DEFAULT_LIMITS,
     F_ERROR,
     F_HANDSHAKE,
     F_PAYLOAD_CRC,
     F_REQUEST,
     F_RESPONSE,
     HEADER_SIZE,
-    decode_header,
     encode_header,
 )
 from fs3.net.system import ECHO, PING
@@ -252,17 +250,7 @@ async def misbehaving_server(script: bytes, complete_handshake: bool) -> AsyncIt
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             if complete_handshake:
-                head = await reader.readexactly(HEADER_SIZE)
-                hello = rpc_pb2.ClientHello.FromString(
-                    await reader.readexactly(decode_header(head, 0, DEFAULT_LIMITS)[5])
-                )
-                nonce = auth.new_nonce()
-                proof = auth.server_proof(rpcwire.SECRET, hello.nonce, nonce, hello.identity)
-                sh = rpc_pb2.ServerHello(version=1, nonce=nonce, proof=proof).SerializeToString()
-                writer.write(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.SERVER_HELLO, sh))
-                head = await reader.readexactly(HEADER_SIZE)
-                await reader.readexactly(decode_header(head, 0, DEFAULT_LIMITS)[5])
-                writer.write(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b""))
+                await rpcwire.accept_handshake(reader, writer)
                 await reader.readexactly(HEADER_SIZE)  # the client's first request
             writer.write(script)
             await writer.drain()
