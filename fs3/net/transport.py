@@ -1,11 +1,15 @@
 """The transport interface under fs3 RPC.
 
 A transport moves frames (header fields, a protobuf message, an optional raw payload) between two
-endpoints and nothing else: it parses and validates frames, puts payloads where the receiver asks,
-and reports broken input. Everything that gives frames meaning — the authentication handshake,
-request ids and the pending-call table, dispatch to services — lives above it in
-:mod:`fs3.net.client` and :mod:`fs3.net.server`, so the TCP transport (:mod:`fs3.net.tcp`) and the RDMA transport (later,
-pyverbs) are interchangeable.
+endpoints and nothing else: it parses and validates frames (:mod:`fs3.net.frame`), puts payloads
+where the receiver asks, applies flow control, and reports broken input. Everything that gives
+frames meaning — the authentication handshake, request ids and the pending-call table, deadlines,
+dispatch to services — lives above it in :mod:`fs3.net.client` and :mod:`fs3.net.server`, so the TCP
+transport (:mod:`fs3.net.tcp`) and the RDMA transport (later, pyverbs) are interchangeable.
+
+An RDMA transport implements the same three classes: ``connect``/``listen`` set up queue pairs (the
+exchange going over the TCP port), ``send_frame`` posts SENDs, ``alloc_payload`` is where a bulk
+payload is RDMA-READ into or answered from, and ``FrameReceiver`` is called as completions arrive.
 """
 
 from __future__ import annotations
