@@ -268,10 +268,12 @@ class ChunkEngine:
             ):
                 new = self._files.append_version(chunk_id, base, data, new_ver, chain_ver)
             else:
-                content = self._content(chunk_id, base)
-                if offset > len(content):
-                    content.extend(bytes(offset - len(content)))
-                content[offset : offset + len(data)] = data
+                # copy-on-write, reading only the old bytes the update keeps
+                end, old_len = offset + len(data), base.length if base else 0
+                content = self._content(chunk_id, base, 0, min(offset, old_len))
+                content.extend(bytes(offset - len(content)))  # a hole reads as zeros
+                content += data
+                content += self._content(chunk_id, base, end, old_len)
                 new = self._write_version(chunk_id, content, new_ver, chain_ver)
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, base, new))
 
@@ -290,8 +292,7 @@ class ChunkEngine:
             check_size_class(chunk_id, meta, chunk_size)
             new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
-            content = self._content(chunk_id, base)
-            del content[length:]
+            content = self._content(chunk_id, base, 0, length)
             content.extend(bytes(length - len(content)))
             new = self._write_version(chunk_id, content, new_ver, chain_ver)
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, base, new))
@@ -491,12 +492,13 @@ class ChunkEngine:
     def _get(self, chunk_id: bytes) -> ChunkMeta | None:
         return self._store.get(chunk_id)
 
-    def _content(self, chunk_id: bytes, v: ChunkVersion | None) -> bytearray:
-        """The whole verified content of a version (empty for none), as the base of a new one."""
+    def _content(self, chunk_id: bytes, v: ChunkVersion | None, offset: int, end: int) -> bytearray:
+        """Verified bytes ``[offset, end)`` of a version (clipped to it; none for no version), to
+        build a new version from."""
         if v is None:
             return bytearray()
         try:
-            return bytearray(self._files.read_version(chunk_id, v, 0, v.length))
+            return bytearray(self._files.read_version(chunk_id, v, offset, min(end, v.length)))
         except CorruptVersion as exc:
             raise FS3Error(
                 StatusCode.STORAGE_CHECKSUM_MISMATCH,

@@ -67,7 +67,13 @@ def test_flipped_bit_is_detected_on_read(engine: ChunkEngine) -> None:
     with pytest.raises(FS3Error) as err:
         engine.update(cid(1), 0, b"x", chunk_size=CS, chain_ver=1)  # no COW from a corrupt base
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
-    engine.replace(cid(1), payload, chunk_size=CS, chain_ver=2, version=5, commit=True)
+    # an update that rewrites the bad block needs none of its old bytes, so it repairs the chunk
+    meta = engine.update(cid(1), 2 * CHECKSUM_BLOCK, payload[:CHECKSUM_BLOCK], chunk_size=CS, chain_ver=1)
+    engine.commit(cid(1), meta.pending_ver)
+    repaired = payload[: 2 * CHECKSUM_BLOCK] + payload[:CHECKSUM_BLOCK] + payload[3 * CHECKSUM_BLOCK :]
+    assert engine.read(cid(1)).data == repaired
+    flip_byte(data_file(engine, cid(1)), 5)
+    engine.replace(cid(1), payload, chunk_size=CS, chain_ver=2, version=5, commit=True)  # as resync does
     assert engine.read(cid(1)).data == payload
 
 
