@@ -58,8 +58,9 @@ BUCKET_KEY_LEN = 448
 
 DEFAULT_MAP_SIZE = 16 << 30
 DEFAULT_MAX_READERS = 1024
-# Bounds one batch's latency and the size of one LMDB write transaction.
+# Bound one batch's latency and the size of one LMDB write transaction.
 MAX_BATCH = 4096
+MAX_BATCH_BYTES = 64 << 20
 
 _LEN = struct.Struct("<I")
 
@@ -294,8 +295,14 @@ class _Committer:
                 while len(self._queue) < MAX_BATCH and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)
                 self._idle = False
-            batch = self._queue[:MAX_BATCH]
-            del self._queue[:MAX_BATCH]
+            count, size = 0, 0
+            for req, _ in self._queue:
+                if count == MAX_BATCH or (count and size + req.size > MAX_BATCH_BYTES):
+                    break
+                count += 1
+                size += req.size
+            batch = self._queue[:count]
+            del self._queue[:count]
             return batch
 
     def _run(self) -> None:

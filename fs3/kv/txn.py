@@ -115,6 +115,8 @@ class CommitRequest:
     # Set when some read covered more than EXACT_RANGE_ROWS rows: then the request is valid only if
     # nothing at all was committed after the snapshot with this version (a conservative check).
     since: int | None = None
+    # Bytes of mutations and conflict ranges, as counted against MAX_TXN_SIZE.
+    size: int = 0
     # Filled in by the engine.
     ok: bool = field(default=False)
 
@@ -493,6 +495,7 @@ class BufferedTransaction(Transaction):
                 clears=self._clears,
                 points=self._points,
                 since=self._since,
+                size=self._size,
             )
         )
 

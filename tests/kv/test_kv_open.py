@@ -136,3 +136,17 @@ async def test_lmdb_from_several_event_loops(tmp_path: Path) -> None:
     pairs = await db.run(lambda tr: tr.get_range(b"t", b"u"), read_only=True)
     assert len(pairs) == 150
     await db.close()
+
+
+async def test_lmdb_many_large_transactions_at_once(tmp_path: Path) -> None:
+    db = await open_database("lmdb", path=str(tmp_path))
+    value = bytes(range(256)) * 390  # ~100 KB
+
+    async def big(tr: Transaction, n: int) -> None:
+        for i in range(90):  # ~9 MB, close to the transaction limit
+            tr.set(b"big/%d/%02d" % (n, i), value)
+
+    await asyncio.gather(*(db.run(lambda tr, n=n: big(tr, n)) for n in range(8)))
+    pairs = await db.run(lambda tr: tr.get_range(b"big/", b"big0"), read_only=True)
+    assert len(pairs) == 8 * 90 and all(kv.value == value for kv in pairs)
+    await db.close()
