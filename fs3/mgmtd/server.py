@@ -179,7 +179,6 @@ class MgmtdServer:
 
     async def _election_loop(self) -> None:
         assert self.election is not None
-        lease = self.cfg.lease_interval_s
         while True:
             try:
                 primary, newly = await self.election.tick()
@@ -195,9 +194,22 @@ class MgmtdServer:
                     await self._step_down()
             except Exception:
                 log.exception("election round failed node_id=%d", self.cfg.node_id)
-            # The holder renews well within its trust window; standbys look often so that a dead
-            # primary is replaced soon after its lease runs out.
-            await asyncio.sleep(lease / 4 if self.cluster is not None else min(lease / 10, 1.0))
+            await asyncio.sleep(self._next_election_round())
+
+    def _next_election_round(self) -> float:
+        """Seconds until the next election round. The holder renews well within its trust window;
+        a standby looks every tenth of a lease and also right when the lease it saw runs out, so
+        that a dead primary is replaced within one lease interval of its last renewal."""
+        lease = self.cfg.lease_interval_s
+        if self.cluster is not None:
+            return lease / 4
+        delay = min(lease / 10, 1.0)
+        seen = self.election.last_seen if self.election is not None else None
+        if seen is not None:
+            until_expiry = seen.expires_at - time.time()
+            if until_expiry >= 0:
+                delay = min(delay, until_expiry + 0.005)
+        return delay
 
     async def _become_primary(self) -> None:
         await self._step_down()

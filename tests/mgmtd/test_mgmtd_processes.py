@@ -85,8 +85,9 @@ async def test_three_mgmtds_elect_one_primary_and_fail_over_on_sigkill(processes
 
         await wait_until(new_primary, 20, "a standby to take over")
         took = time.monotonic() - killed_at
-        # the lease has at most LEASE_S left when the primary dies; standbys look every LEASE_S/10
-        assert took < LEASE_S * 2 + 1.0, f"takeover took {took:.2f}s"
+        # the lease has at most LEASE_S left when the primary dies, and a standby looks right when
+        # it runs out; the slack covers this test's own polling on a busy machine
+        assert took < LEASE_S + 1.0, f"takeover took {took:.2f}s"
         assert primaries[0] != first.address
         # clients follow: the same admin client keeps working, and the state survived
         nodes = await admin.list_nodes()
