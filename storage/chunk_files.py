@@ -143,6 +143,9 @@ class ChunkFiles:
         #  - if we crash before the metadata transaction, or the version is aborted, the bytes past
         #    the committed length belong to no version, and recovery or abort trims them;
         #  - commit keeps the shared file (it is the new committed version's file).
+        # The one caveat is power loss on a device without atomic sector writes: the page holding
+        # the end of the committed data is rewritten (with the same committed bytes) and could
+        # tear; EngineOptions(in_place_append=False) makes every update copy-on-write.
         # Anything else (overwrite, hole, pending retry, truncate) is copy-on-write.
         self.write_at(chunk_id, base.file_id, base.length, data)
         full_blocks = base.length // CHECKSUM_BLOCK
