@@ -141,26 +141,58 @@ def encode_header(
 # (flags, request_id, service_id, method_id, timeout_ms, message_len, payload_len, payload_crc)
 HeaderFields = tuple[int, int, int, int, int, int, int, int]
 
+# The whole header, CRC included, and the indices of its fields in check_header's result.
+_FULL = struct.Struct("<IBBHHHQIIQII")
+H_FLAGS = 2
+H_SERVICE = 3
+H_METHOD = 4
+H_REQUEST_ID = 6
+H_TIMEOUT = 7
+H_MESSAGE_LEN = 8
+H_PAYLOAD_LEN = 9
+H_PAYLOAD_CRC = 10
+# CRC32C over bytes followed by their own CRC (little endian) always gives this constant, so one
+# pass over all 44 bytes checks the header CRC.
+_CRC_RESIDUE = 0x48674BC7
 
-def decode_header(buf: bytes | bytearray | memoryview, offset: int, limits: RpcLimits) -> HeaderFields:
-    """Parse and validate the header at ``buf[offset:offset+HEADER_SIZE]``.
 
-    Raises :class:`FrameError`: RPC_MALFORMED_FRAME for a bad magic, CRC, version, flag set or
-    reserved field; RPC_FRAME_TOO_LARGE (with the request id) for lengths beyond ``limits``.
+def check_header(buf: bytes | bytearray | memoryview, offset: int, limits: RpcLimits) -> tuple[int, ...]:
+    """Validate the header at ``buf[offset:]`` and return all its fields (index with ``H_*``).
+
+    The receive path's version of :func:`decode_header`: one unpack, one CRC pass and one combined
+    test when the header is good, the detailed diagnosis only when it is not.
     """
-    (magic, version, flags, service_id, method_id, reserved, request_id, timeout_ms, mlen, plen, pcrc) = (
-        _HEAD.unpack_from(buf, offset)
-    )
+    f = _FULL.unpack_from(buf, offset)
+    if (
+        f[0] != MAGIC
+        or crc32c(buf[offset : offset + HEADER_SIZE]) != _CRC_RESIDUE
+        or f[1] != VERSION
+        or f[2] not in _VALID_FLAGS
+        or f[5]
+        or (f[10] and not f[2] & F_PAYLOAD_CRC)
+        or f[8] > limits.max_message_bytes
+        or f[9] > limits.max_payload_bytes
+    ):
+        _diagnose(f, buf, offset, limits)
+    return f
+
+
+def _diagnose(
+    f: tuple[int, ...], buf: bytes | bytearray | memoryview, offset: int, limits: RpcLimits
+) -> None:
+    """Raise the FrameError that says what is wrong with header fields ``f``."""
+    (magic, version, flags, _, _, reserved, request_id, _, mlen, plen, pcrc, _) = f
     if magic != MAGIC:
         raise FrameError(StatusCode.RPC_MALFORMED_FRAME, f"bad magic 0x{magic:08x}")
-    (hcrc,) = _CRC.unpack_from(buf, offset + _HEAD.size)
-    if hcrc != crc32c(buf[offset : offset + _HEAD.size]):
+    if crc32c(buf[offset : offset + HEADER_SIZE]) != _CRC_RESIDUE:
         raise FrameError(StatusCode.RPC_MALFORMED_FRAME, "header crc mismatch")
     if version != VERSION:
         raise FrameError(StatusCode.RPC_MALFORMED_FRAME, f"unsupported version {version}", request_id)
     if flags not in _VALID_FLAGS or reserved:
         raise FrameError(
-            StatusCode.RPC_MALFORMED_FRAME, f"invalid flags 0x{flags:02x} reserved={reserved}", request_id
+            StatusCode.RPC_MALFORMED_FRAME,
+            f"invalid flags 0x{flags:02x} reserved={reserved}",
+            request_id,
         )
     if not flags & F_PAYLOAD_CRC and pcrc:
         raise FrameError(StatusCode.RPC_MALFORMED_FRAME, "payload crc set without its flag", request_id)
@@ -170,13 +202,23 @@ def decode_header(buf: bytes | bytearray | memoryview, offset: int, limits: RpcL
             f"message of {mlen} bytes exceeds limit {limits.max_message_bytes}",
             request_id,
         )
-    if plen > limits.max_payload_bytes:
-        raise FrameError(
-            StatusCode.RPC_FRAME_TOO_LARGE,
-            f"payload of {plen} bytes exceeds limit {limits.max_payload_bytes}",
-            request_id,
-        )
-    return flags, request_id, service_id, method_id, timeout_ms, mlen, plen, pcrc
+    raise FrameError(
+        StatusCode.RPC_FRAME_TOO_LARGE,
+        f"payload of {plen} bytes exceeds limit {limits.max_payload_bytes}",
+        request_id,
+    )
+
+
+def decode_header(buf: bytes | bytearray | memoryview, offset: int, limits: RpcLimits) -> HeaderFields:
+    """Parse and validate the header at ``buf[offset:offset+HEADER_SIZE]``.
+
+    Returns (flags, request_id, service_id, method_id, timeout_ms, message_len, payload_len,
+    payload_crc). Raises :class:`FrameError`: RPC_MALFORMED_FRAME for a bad magic, CRC, version,
+    flag set or reserved field; RPC_FRAME_TOO_LARGE (with the request id) for lengths beyond
+    ``limits``. Nothing is believed before the CRC has been checked.
+    """
+    f = check_header(buf, offset, limits)
+    return f[2], f[6], f[3], f[4], f[7], f[8], f[9], f[10]
 
 
 def payload_crc(payload: bytes | bytearray | memoryview) -> int:

@@ -21,10 +21,15 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net.frame import (
     DEFAULT_LIMITS,
     F_PAYLOAD_CRC,
+    H_FLAGS,
+    H_MESSAGE_LEN,
+    H_PAYLOAD_CRC,
+    H_PAYLOAD_LEN,
+    H_REQUEST_ID,
     HEADER_SIZE,
     FrameError,
     RpcLimits,
-    decode_header,
+    check_header,
     encode_header,
 )
 from fs3.net.transport import (
@@ -80,7 +85,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._rstart = 0
         self._rend = 0
         self._state = _HDR
-        self._hdr: tuple[int, int, int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0, 0, 0)
+        self._hdr: tuple[int, ...] = (0,) * 12  # check_header's fields of the frame being received
         self._direct: memoryview | None = None  # where the next bytes go when reading a body directly
         self._dpos = 0
         self._msg: memoryview | bytes = b""
@@ -221,14 +226,14 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
                 if avail < HEADER_SIZE or self._paused_by_receiver:
                     break
                 try:
-                    hdr = decode_header(rv, self._rstart, limits)
+                    hdr = check_header(rv, self._rstart, limits)
                 except FrameError as e:
                     self._fail(e)
                     return
                 self._hdr = hdr
                 self._rstart += HEADER_SIZE
                 avail -= HEADER_SIZE
-                mlen = hdr[5]
+                mlen = hdr[H_MESSAGE_LEN]
                 if mlen > _INLINE_MESSAGE_MAX:
                     buf = memoryview(bytearray(mlen))
                     n = min(avail, mlen)
@@ -247,12 +252,12 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
                 self._state = _MSG
             # _MSG: the message is assembled inline
             hdr = self._hdr
-            mlen = hdr[5]
+            mlen = hdr[H_MESSAGE_LEN]
             if avail < mlen:
                 break
             start = self._rstart
             self._rstart = start + mlen
-            if hdr[6] == 0:
+            if hdr[H_PAYLOAD_LEN] == 0:
                 # the common small frame: deliver a view into the receive buffer, no copy at all
                 self._state = _HDR
                 self._frames += 1
@@ -271,7 +276,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
     def _start_payload(self, avail: int) -> bool:
         """Begin the payload of the current frame; True if it completed from buffered bytes."""
         hdr = self._hdr
-        plen = hdr[6]
+        plen = hdr[H_PAYLOAD_LEN]
         if plen == 0:
             self._state = _HDR
             self._frames += 1
@@ -280,12 +285,12 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             return self._state != _DEAD
         assert self._receiver is not None
         try:
-            pview = self._receiver.alloc_payload(hdr[0], hdr[1], plen)
+            pview = self._receiver.alloc_payload(hdr[H_FLAGS], hdr[H_REQUEST_ID], plen)
             if len(pview) != plen:
                 raise ValueError(f"alloc_payload gave {len(pview)} bytes for a {plen}-byte payload")
         except Exception:
-            log.exception("payload allocation failed peer=%s request_id=%d", self.peer, hdr[1])
-            self._fail(FrameError(StatusCode.INTERNAL, "payload allocation failed", hdr[1]))
+            log.exception("payload allocation failed peer=%s request_id=%d", self.peer, hdr[H_REQUEST_ID])
+            self._fail(FrameError(StatusCode.INTERNAL, "payload allocation failed", hdr[H_REQUEST_ID]))
             return False
         n = min(avail, plen)
         if n:
@@ -312,9 +317,11 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._payload = None
         self._state = _HDR
         self._frames += 1
-        if hdr[0] & F_PAYLOAD_CRC and crc32c(payload) != hdr[7]:
+        if hdr[H_FLAGS] & F_PAYLOAD_CRC and crc32c(payload) != hdr[H_PAYLOAD_CRC]:
             # The frame boundaries are intact, so only this call fails; the stream goes on.
-            self._report(FrameError(StatusCode.RPC_MALFORMED_FRAME, "payload crc mismatch", hdr[1], False))
+            self._report(
+                FrameError(StatusCode.RPC_MALFORMED_FRAME, "payload crc mismatch", hdr[H_REQUEST_ID], False)
+            )
             return
         self._deliver(msg, payload)
 
@@ -324,13 +331,14 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         if receiver is None:
             return
         try:
-            receiver.frame_received(hdr[0], hdr[1], hdr[2], hdr[3], hdr[4], msg, payload)
+            # flags, request id, service, method, timeout (the H_* indices, spelled out on this hot path)
+            receiver.frame_received(hdr[2], hdr[6], hdr[3], hdr[4], hdr[7], msg, payload)
             if self._closing:
                 self._state = _DEAD  # the receiver closed us: ignore whatever else is buffered
         except Exception:
             # A receiver bug must not leave the stream half-parsed; drop this connection only.
-            log.exception("frame receiver failed peer=%s request_id=%d", self.peer, hdr[1])
-            self._fail(FrameError(StatusCode.INTERNAL, "receiver failed", hdr[1]))
+            log.exception("frame receiver failed peer=%s request_id=%d", self.peer, hdr[H_REQUEST_ID])
+            self._fail(FrameError(StatusCode.INTERNAL, "receiver failed", hdr[H_REQUEST_ID]))
 
     def redirect_payload(self, replacement: memoryview) -> None:
         if self._state == _DIRECT_PAYLOAD and self._payload is not None:
@@ -360,7 +368,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             FrameError(
                 StatusCode.DEADLINE_EXCEEDED,
                 f"frame incomplete after {self.limits.frame_timeout_s}s",
-                self._hdr[1] if self._state != _HDR else 0,
+                self._hdr[H_REQUEST_ID] if self._state != _HDR else 0,
             )
         )
 
