@@ -125,6 +125,7 @@ class Admin:
                 for t in new:
                     self.c.rec.targets[t.target_id] = t
                     self.c.target_rt.setdefault(t.target_id, TargetRuntime())
+                self.c.reindex()
 
             return apply
 
@@ -154,6 +155,7 @@ class Admin:
             def apply() -> None:
                 self.c.rec.targets.pop(target_id, None)
                 self.c.target_rt.pop(target_id, None)
+                self.c.reindex()
 
             return apply
 
@@ -238,7 +240,7 @@ class Admin:
             def apply() -> None:
                 for c in chains:
                     self.c.rec.chains[c.chain_id] = c
-                self.c.index_chains()
+                self.c.reindex()
                 self.c.changed.set()
 
             return apply

@@ -153,7 +153,8 @@ class Cluster:
         self.node_rt: dict[int, NodeRuntime] = {}
         self.target_rt: dict[int, TargetRuntime] = {}
         self.sessions: dict[str, mgmtd_pb2.ClientSession] = {}
-        self.target_chain: dict[int, int] = {}
+        self.target_chain: dict[int, int] = {}  # target -> its chain
+        self.node_targets: dict[int, list[int]] = {}  # node -> its targets
         self.bootstrapping_until = 0.0
         self._was_bootstrapping = True
         self.lock = asyncio.Lock()  # held by every operation that writes (see serialized)
@@ -188,7 +189,7 @@ class Cluster:
             node = self.rec.nodes.get(t.node_id)
             if node is not None and node.disabled:
                 self.target_rt[tid].local_state = LocalState.OFFLINE
-        self.index_chains()
+        self.reindex()
         self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
         self._snapshot = None
         log.info(
@@ -232,8 +233,12 @@ class Cluster:
             self._routing_pending = False
             self._snapshot = None
 
-    def index_chains(self) -> None:
+    def reindex(self) -> None:
+        """Rebuild the lookup tables after chains or targets changed."""
         self.target_chain = {t.target_id: c.chain_id for c in self.rec.chains.values() for t in c.targets}
+        self.node_targets = {}
+        for tid, t in sorted(self.rec.targets.items()):
+            self.node_targets.setdefault(t.node_id, []).append(tid)
 
     def _runtime_changed(self) -> None:
         """Something in routing info changed in memory only: publish a version soon."""
@@ -406,9 +411,7 @@ class Cluster:
             changed = True
         if node.type == common_pb2.NODE_STORAGE:
             reported = {th.target_id: th for th in req.targets}
-            for tid, target in self.rec.targets.items():
-                if target.node_id != req.node_id:
-                    continue
+            for tid in self.node_targets.get(req.node_id, ()):
                 trt = self.target_rt.setdefault(tid, TargetRuntime())
                 th = reported.get(tid)
                 if th is None:
@@ -477,7 +480,7 @@ class Cluster:
     @serialized
     async def unregister_node(self, node_id: int) -> None:
         self._node(node_id)
-        owned = sorted(tid for tid, t in self.rec.targets.items() if t.node_id == node_id)
+        owned = self.node_targets.get(node_id, [])
         if owned:
             raise FS3Error(
                 StatusCode.FAILED_PRECONDITION, f"node {node_id} still has targets {owned}; remove them first"
@@ -495,9 +498,8 @@ class Cluster:
         await self.write(fn)
 
     def _node_down(self, node_id: int) -> None:
-        for tid, t in self.rec.targets.items():
-            if t.node_id == node_id:
-                self.target_rt.setdefault(tid, TargetRuntime()).local_state = LocalState.OFFLINE
+        for tid in self.node_targets.get(node_id, ()):
+            self.target_rt.setdefault(tid, TargetRuntime()).local_state = LocalState.OFFLINE
 
     # ---- periodic work -------------------------------------------------------------------------
 
