@@ -23,10 +23,10 @@ Engines and their settings (unknown settings raise ``TypeError``):
     The embedded default; ``path`` (a directory, created if missing) is required. Several processes
     on one host may open the same ``path`` at once. ``map_size`` (bytes, default 16 GiB; address
     space only, the file grows with the data) bounds the store's size. ``group_commit_interval_ms``
-    (default 0, recommended) is how long the committer waits for more transactions to join a batch;
-    batching needs no wait, since transactions queue up while the previous batch is being synced,
-    and any wait adds directly to every commit's latency. ``max_readers`` (default 1024) bounds the
-    transactions open at once on the host, across processes.
+    bounds how long a committed batch waits for its fsync; the engine's flush thread starts that
+    fsync at once, so the bound always holds and no commit waits for a timer (batching needs no
+    wait: transactions queue up while the previous batch is being synced). ``max_readers``
+    (default 1024) bounds the transactions open at once on the host, across processes.
 ``"fdb"``
     FoundationDB via the official binding; ``cluster_file`` (default: the binding's default lookup).
 

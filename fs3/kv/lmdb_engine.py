@@ -238,11 +238,10 @@ class _Committer:
     batches durable. A batch is acknowledged once an fsync that began after its commit has ended.
     """
 
-    def __init__(self, env: lmdb.Environment, path: str, interval_s: float) -> None:
+    def __init__(self, env: lmdb.Environment, path: str) -> None:
         self._env = env
         self._extender = _FileExtender(env, path)
         self._path = path
-        self._interval_s = interval_s
         self._queue: list[tuple[CommitRequest, asyncio.Future[None]]] = []
         self._cond = threading.Condition(threading.Lock())
         self._idle = False
@@ -287,13 +286,6 @@ class _Committer:
                     return None
                 self._idle = True
                 self._cond.wait()
-                self._idle = False
-            if self._interval_s > 0 and len(self._queue) < MAX_BATCH and not self._stopping:
-                # Let more callers join this batch before committing it.
-                deadline = time.monotonic() + self._interval_s
-                self._idle = True
-                while len(self._queue) < MAX_BATCH and (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)
                 self._idle = False
             count, size = 0, 0
             for req, _ in self._queue:
@@ -451,7 +443,7 @@ def _resolve(items: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3
 class _Environment:
     """One open LMDB environment in this process, shared by every handle on its path."""
 
-    def __init__(self, path: str, map_size: int, max_readers: int, interval_s: float) -> None:
+    def __init__(self, path: str, map_size: int, max_readers: int) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
         self.env = lmdb.open(
@@ -471,7 +463,7 @@ class _Environment:
         stale = self.env.reader_check()
         if stale:
             log.info("kv cleared stale readers path=%s count=%d", path, stale)
-        self.committer = _Committer(self.env, path, interval_s)
+        self.committer = _Committer(self.env, path)
         self.refs = 0
 
     def close(self) -> None:
@@ -486,7 +478,13 @@ _registry: dict[tuple[int, str], _Environment] = {}
 
 
 class LmdbDatabase(Database):
-    """A handle on an LMDB environment at ``path`` (see the module docstring)."""
+    """A handle on an LMDB environment at ``path`` (see the module docstring).
+
+    ``group_commit_interval_ms`` is the longest a committed batch may wait for the fsync that makes
+    it durable. The flush thread starts that fsync as soon as the batch is committed, so any bound
+    is met without a timer; waiting longer would only add latency, never save an fsync that the
+    queueing during the previous one does not already save.
+    """
 
     def __init__(
         self,
@@ -494,14 +492,16 @@ class LmdbDatabase(Database):
         *,
         map_size: int = DEFAULT_MAP_SIZE,
         max_readers: int = DEFAULT_MAX_READERS,
-        group_commit_interval_ms: float = 0.0,
+        group_commit_interval_ms: float = 2.0,
     ) -> None:
+        if group_commit_interval_ms < 0:
+            raise ValueError(f"group_commit_interval_ms must not be negative, got {group_commit_interval_ms}")
         key = (os.getpid(), os.path.realpath(path))
         with _registry_lock:
             env = _registry.get(key)
             if env is None:
                 try:
-                    env = _Environment(key[1], map_size, max_readers, group_commit_interval_ms / 1000)
+                    env = _Environment(key[1], map_size, max_readers)
                 except lmdb.Error as e:
                     raise FS3Error(StatusCode.KV_STORE_FAILED, f"cannot open kv store {path}: {e}") from e
                 _registry[key] = env
