@@ -392,3 +392,20 @@ async def test_server_stops_reading_from_a_connection_with_too_much_in_progress(
             assert handlers.finished == 50
     finally:
         await server.stop()
+
+
+async def test_closing_the_client_fails_calls_in_flight(rpc_server: RpcServer) -> None:
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    client = RpcClient(SECRET, limits=TEST_LIMITS)
+    call = asyncio.ensure_future(
+        client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(), timeout=10)
+    )
+    await poll(lambda: handlers.blocked == 1, what="the call to reach the handler")
+    await client.close()
+    with pytest.raises(FS3Error) as e:
+        await call
+    assert e.value.code == StatusCode.RPC_CONNECTION_CLOSED
+    with pytest.raises(FS3Error) as e:
+        await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+    assert e.value.code == StatusCode.CANCELLED
+    await poll(lambda: rpc_server.connection_count == 0, what="the server to see the connection go")
