@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fs3.client.mgmtd_client import MgmtdClient
@@ -245,8 +245,3 @@ class RoutingCache:
                 log.exception("routing refresh failed")
             # An early refresh storm (many failing requests at once) costs at most one poll per gap.
             await asyncio.sleep(self.min_refresh_gap_s)
-
-
-def serving_targets(routing: Routing, chain_ids: Iterable[int]) -> dict[int, list[int]]:
-    """Chain id -> SERVING target ids in chain order, for the given chains."""
-    return {cid: routing.chain(cid).serving for cid in chain_ids}

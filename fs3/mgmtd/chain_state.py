@@ -41,7 +41,7 @@ rotate to the preferred order) are here too, as functions from a chain to a new 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from fs3.errors import FS3Error, StatusCode
@@ -142,10 +142,6 @@ def next_chain(targets: Sequence[ChainTarget], local_states: Mapping[int, LocalS
         ]
     # sorted() is stable, so processing order is kept inside each state.
     return sorted(placed, key=lambda t: _STATE_ORDER[t.state])
-
-
-def states_of(targets: Iterable[ChainTarget]) -> list[PublicState]:
-    return [t.state for t in targets]
 
 
 def check_chain(target_ids: Sequence[int]) -> None:
