@@ -62,7 +62,7 @@ def _check_bindable(host: str, port: int) -> None:
 
 
 class MgmtdServer:
-    """One mgmtd process. ``await start()``, then ``await stop()`` (or ``serve_forever``)."""
+    """One mgmtd process: ``await start()``, later ``await stop()``."""
 
     def __init__(
         self,
@@ -108,7 +108,10 @@ class MgmtdServer:
         if port == 0:
             raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {where} (address in use?)")
         self.port = port
-        self.address = f"{self.cfg.advertise_host or self.cfg.listen_host}:{port}"
+        host = self.cfg.advertise_host or self.cfg.listen_host
+        if host in ("", "0.0.0.0", "::", "[::]"):
+            host = socket.gethostname()  # a wildcard is no address for others to dial
+        self.address = f"{host}:{port}"
         if self.cfg.metrics_port:
             self._metrics_server = metrics.serve(self.cfg.metrics_port, self.cfg.listen_host, self.registry)
         self._metrics = _Metrics(self.registry)
