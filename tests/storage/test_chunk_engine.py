@@ -103,6 +103,14 @@ def test_append_goes_in_place_and_keeps_committed_readable(engine: ChunkEngine) 
     assert len(data_files(engine)) == 1
 
 
+def test_in_place_append_can_be_turned_off(tmp_path: Path) -> None:
+    with ChunkEngine(tmp_path, EngineOptions(in_place_append=False)) as eng:
+        write(eng, cid(1), 0, b"a" * 1000)
+        meta = eng.update(cid(1), 1000, b"b" * 1000, chunk_size=CS, chain_ver=1)
+        assert meta.pending.file_id != meta.committed.file_id
+        assert eng.read(cid(1), version=2).data == b"a" * 1000 + b"b" * 1000
+
+
 def test_abort_of_in_place_append_trims_the_file(engine: ChunkEngine) -> None:
     write(engine, cid(1), 0, b"a" * 1000)
     engine.update(cid(1), 1000, b"b" * 5000, chunk_size=CS, chain_ver=1)
