@@ -175,3 +175,10 @@ def test_startup_failures_exit_nonzero_with_one_line(tmp_path: Path) -> None:
 
     r = _run_mgmtd(["--kv-engine", "lmdb", "--port", str(free_port()), "--log-level", "CRITICAL"])
     assert r.returncode != 0 and "kv.path" in r.stderr
+
+    no_secret = tmp_path / "secret.toml"
+    no_secret.write_text(f'cluster_secret_file = "{tmp_path / "missing-secret"}"\n')
+    r = _run_mgmtd(
+        ["--config", str(no_secret), "--kv-engine", "mem", "--port", "0", "--log-level", "CRITICAL"]
+    )
+    assert r.returncode != 0 and "missing-secret" in r.stderr and r.stderr.strip().count("\n") == 0
