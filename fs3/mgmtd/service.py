@@ -7,7 +7,8 @@ adds the primary's address (``fs3-primary``) to MGMTD_NOT_PRIMARY so that client
 Access levels (DESIGN §10):
 
 * PUBLIC -- anyone (GetPrimary, health).
-* SERVICE -- the cluster secret (node register and heartbeat, InitCluster).
+* SERVICE -- the cluster secret (heartbeats, InitCluster).
+* NODE -- the cluster secret or an admin token (RegisterNode: an operator may pre-register a node).
 * ANY -- the cluster secret or any valid user token (routing info, sessions, token checks).
 * ADMIN -- an admin user's token, or the cluster secret.
 
@@ -45,6 +46,7 @@ SERVICE_NAME = "fs3.Mgmtd"
 class Access(enum.Enum):
     PUBLIC = "public"
     SERVICE = "service"
+    NODE = "node"
     ANY = "any"
     ADMIN = "admin"
 
@@ -125,6 +127,8 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
             if is_service or not configured:
                 return Caller(is_service, user)
             raise FS3Error(StatusCode.UNAUTHENTICATED, "this call needs the cluster secret")
+        if access == Access.NODE and not configured:
+            return Caller(is_service, user)
         if access == Access.ANY:
             if is_service or user is not None or not configured:
                 return Caller(is_service, user)
@@ -151,7 +155,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
 
     # ---- services ------------------------------------------------------------------------------
 
-    @rpc(Access.SERVICE)
+    @rpc(Access.NODE)
     async def RegisterNode(
         self, request: mgmtd_pb2.RegisterNodeRequest, caller: Caller
     ) -> mgmtd_pb2.RegisterNodeReply:

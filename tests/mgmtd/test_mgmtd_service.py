@@ -166,9 +166,16 @@ async def test_cluster_secret(inproc: InProcess) -> None:
     await service.register_node(10, common_pb2.NODE_STORAGE)
     # the secret is an admin credential; a user token is not a service credential
     assert [n.node_id for n in await service.list_nodes()] == [10]
+    await expect(StatusCode.UNAUTHENTICATED, anonymous.register_node(11, common_pb2.NODE_META))
+    # an admin may pre-register a node, a plain user may not, and only services heartbeat
+    await inproc.client(token=token).register_node(11, common_pb2.NODE_META)
+    user_token = await service.add_user(1000, "u")
     await expect(
-        StatusCode.UNAUTHENTICATED, inproc.client(token=token).register_node(11, common_pb2.NODE_META)
+        StatusCode.PERMISSION_DENIED, inproc.client(token=user_token).register_node(12, common_pb2.NODE_META)
     )
+    hb = mgmtd_pb2.HeartbeatRequest(node_id=11, type=common_pb2.NODE_META, incarnation=1, sequence=1)
+    await expect(StatusCode.UNAUTHENTICATED, inproc.client(token=token).heartbeat(hb))
+    await service.heartbeat(hb)
     assert (await inproc.client(token=token).get_routing_info()).version > 0
 
 
