@@ -202,7 +202,7 @@ class MgmtdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterNode(self, request, context):
-        """Services (cluster secret).
+        """Services (cluster secret); an admin token may also pre-register a node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
