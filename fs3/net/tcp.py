@@ -44,12 +44,14 @@ from fs3.net.transport import (
 
 log = logging.getLogger(__name__)
 
-# Small, because every connection has one (idle clients included); payloads bypass it anyway.
-_RECV_BUF = 64 << 10
+# Every connection has a receive buffer (idle clients included), so it starts small and grows once a
+# read fills it (a busy connection with many small frames in flight); payloads bypass it anyway.
+_RECV_BUF_START = 16 << 10
+_RECV_BUF_MAX = 128 << 10
 # Messages up to this size are assembled in the receive buffer; larger ones get their own buffer.
-_INLINE_MESSAGE_MAX = _RECV_BUF // 2
+_INLINE_MESSAGE_MAX = _RECV_BUF_START // 2
 # Compact the receive buffer when less than this is free at its end.
-_COMPACT_BELOW = 16 << 10
+_COMPACT_BELOW = 4 << 10
 # Queued writes smaller than this in total are joined into one bytes object (cheaper for the loop
 # than many tiny buffers); anything with a large payload goes out with writelines, uncopied.
 _JOIN_BELOW = 64 << 10
@@ -80,8 +82,10 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._server_side = server_side
         self._transport: asyncio.Transport | None = None
         # receive state
-        self._rbuf = bytearray(_RECV_BUF)
+        self._rbuf = bytearray(_RECV_BUF_START)
         self._rview = memoryview(self._rbuf)
+        self._offered = 0  # free space get_buffer last handed out
+        self._grow = False
         self._rstart = 0
         self._rend = 0
         self._state = _HDR
@@ -135,12 +139,20 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         if self._state == _DEAD:
             self._rstart = self._rend = 0
             return self._rview
-        if _RECV_BUF - self._rend < _COMPACT_BELOW:
+        if self._grow:
+            self._grow = False
+            n = self._rend - self._rstart
+            bigger = bytearray(min(len(self._rbuf) * 4, _RECV_BUF_MAX))
+            bigger[:n] = self._rview[self._rstart : self._rend]
+            self._rbuf, self._rview = bigger, memoryview(bigger)
+            self._rstart, self._rend = 0, n
+        elif len(self._rbuf) - self._rend < _COMPACT_BELOW:
             n = self._rend - self._rstart
             if n:
                 self._rview[:n] = self._rview[self._rstart : self._rend]
             self._rstart = 0
             self._rend = n
+        self._offered = len(self._rbuf) - self._rend
         return self._rview[self._rend :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -178,6 +190,8 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
                 return
         else:
             self._rend += nbytes
+            if nbytes == self._offered and len(self._rbuf) < _RECV_BUF_MAX:
+                self._grow = True  # the read filled the buffer: more was probably waiting
         self._process()
 
     def eof_received(self) -> bool | None:

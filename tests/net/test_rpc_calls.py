@@ -60,6 +60,24 @@ async def test_large_payload_round_trip_is_byte_exact(
     assert response.received == size
 
 
+@pytest.mark.parametrize("size", [8000, 9000, 200_000, 5 << 20])
+async def test_large_messages_round_trip(rpc_server: RpcServer, rpc_client: RpcClient, size: int) -> None:
+    # messages beyond what the receive buffer assembles inline get a buffer of their own
+    data = os.urandom(size)
+    response, payload = await rpc_client.call(
+        rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=data), payload=data[:1000]
+    )
+    assert response.data == data and bytes(payload) == data[:1000]
+    # and many medium ones back to back (the receive buffer grows, compacts, and keeps frames whole)
+    many = await asyncio.gather(
+        *(
+            rpc_client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=data[: 100 + i * 97]))
+            for i in range(100)
+        )
+    )
+    assert [r.data for r, _ in many] == [data[: 100 + i * 97] for i in range(100)]
+
+
 async def test_any_contiguous_buffer_is_a_payload(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
     # sized in bytes, not items
     words = array.array("I", range(1000))
