@@ -49,6 +49,7 @@ from fs3.proto import common_pb2, rpc_pb2
 log = logging.getLogger(__name__)
 
 _MAX_ERROR_MESSAGE = 1024
+_WARN_REJECTIONS = 10  # per connection
 
 
 def _handshake_limits(limits: RpcLimits) -> RpcLimits:
@@ -106,6 +107,7 @@ class _ServerSession(FrameReceiver):
         "_inflight",
         "_inflight_bytes",
         "_throttled",
+        "_rejections",
     )
 
     def __init__(self, server: RpcServer, conn: Connection) -> None:
@@ -124,6 +126,7 @@ class _ServerSession(FrameReceiver):
         self._inflight = 0  # calls running in tasks, and the request payload bytes they hold
         self._inflight_bytes = 0
         self._throttled = False
+        self._rejections = 0
         self._handshake_timer: asyncio.TimerHandle | None = self.loop.call_later(
             conn.limits.handshake_timeout_s, self._handshake_timeout
         )
@@ -283,7 +286,9 @@ class _ServerSession(FrameReceiver):
                 )
             else:
                 code, what = StatusCode.RPC_UNKNOWN_SERVICE, f"unknown service {service_id}"
-            log.warning("rejecting call peer=%s request_id=%d reason=%r", self.conn.peer, request_id, what)
+            self._log_rejection(
+                "rejecting call peer=%s request_id=%d reason=%r", self.conn.peer, request_id, what
+            )
             self._send_error(request_id, code, what)
             self._release(payload)
             return
@@ -291,7 +296,7 @@ class _ServerSession(FrameReceiver):
         try:
             request = method.request.FromString(message)
         except DecodeError as e:
-            log.warning(
+            self._log_rejection(
                 "rejecting call peer=%s method=%s request_id=%d reason=unparsable_message error=%r",
                 self.conn.peer,
                 method.full_name,
@@ -322,6 +327,17 @@ class _ServerSession(FrameReceiver):
             self._reply_exception(request_id, method, exc, payload)
             return
         self._start_task(self._finish(request_id, method, _resume(coro, pending), payload), payload)
+
+    def _log_rejection(self, fmt: str, *args: object) -> None:
+        # A confused client can send a stream of bad calls; its first few are worth a warning each,
+        # the rest would only flood the log.
+        self._rejections += 1
+        if self._rejections <= _WARN_REJECTIONS:
+            log.warning(fmt, *args)
+            if self._rejections == _WARN_REJECTIONS:
+                log.warning("further rejected calls logged at debug level peer=%s", self.conn.peer)
+        else:
+            log.debug(fmt, *args)
 
     def _start_task(self, coro: Any, payload: memoryview | None) -> None:
         task = self.loop.create_task(coro)
