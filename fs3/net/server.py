@@ -11,7 +11,8 @@
 Every accepted connection must complete the handshake of :mod:`fs3.net.auth` within
 ``limits.handshake_timeout_s``. Requests are dispatched by (service id, method id); each handler
 runs in a task of its own, except handlers marked :func:`fs3.net.service.inline`, which start
-right away in the receive path and get a task only if they actually wait (a third cheaper per call).
+right away in the receive path and get a task only if they actually wait (no task per call: in
+the benchmark, Ping at 32 in flight runs about 1.4 times the rate it does with a task per call).
 Malformed input fails that one call (unknown method, unparsable message) or closes that one
 connection (broken framing, oversized lengths, stalled frames), always with a logged reason.
 """
@@ -42,6 +43,7 @@ from fs3.net.frame import (
     RpcLimits,
 )
 from fs3.net.service import INLINE_ATTR, CallContext, Handler, HandlerResult, Method, ServiceDef
+from fs3.net.system import SYSTEM_SERVICE, SystemService
 from fs3.net.tcp import TcpTransport
 from fs3.net.transport import Address, Connection, FrameReceiver, Listener, Transport, parse_address
 from fs3.proto import common_pb2, rpc_pb2
@@ -489,8 +491,6 @@ class RpcServer:
         pool: BufferPool | None = None,
         payload_crc: bool = False,
     ) -> None:
-        from fs3.net.system import SYSTEM_SERVICE, SystemService  # system imports this module
-
         self._secret = auth.check_secret(secret)
         self.identity = identity
         self.transport = transport or TcpTransport()
