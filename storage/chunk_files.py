@@ -48,8 +48,9 @@ class ChunkFiles:
         self.sync = sync
         self._dir_fds: dict[int, int] = {}
         self._lock = threading.Lock()
-        for shard in range(SHARDS):
-            (root / f"{shard:02x}").mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        # shard directories are made on first use: a target with few chunks stays small to scan
+        self._shards = {shard for shard, _ in self._shard_dirs()}
 
     def close(self) -> None:
         with self._lock:
@@ -70,6 +71,8 @@ class ChunkFiles:
         On failure the partial file is removed (best effort) and the error re-raised.
         """
         path = self.path(chunk_id, file_id)
+        if self.shard(chunk_id) not in self._shards:
+            self._make_shard(self.shard(chunk_id))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             _pwrite_all(fd, data, 0)
@@ -194,11 +197,34 @@ class ChunkFiles:
 
     def scan(self) -> Iterator[DataFile]:
         """Every file under the shard directories (for recovery)."""
-        for shard in range(SHARDS):
-            shard_dir = self.root / f"{shard:02x}"
+        for _, shard_dir in self._shard_dirs():
             with os.scandir(shard_dir) as entries:
                 for entry in entries:
                     yield _parse(shard_dir, entry)
+
+    def _shard_dirs(self) -> list[tuple[int, Path]]:
+        found = []
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if len(entry.name) == 2 and entry.is_dir(follow_symlinks=False):
+                    try:
+                        found.append((int(entry.name, 16), self.root / entry.name))
+                    except ValueError:
+                        pass
+        return sorted(found)
+
+    def _make_shard(self, shard: int) -> None:
+        with self._lock:
+            if shard in self._shards:
+                return
+            (self.root / f"{shard:02x}").mkdir(exist_ok=True)
+            if self.sync:  # the new directory's name must be durable before files in it are
+                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            self._shards.add(shard)
 
     def _dir_fd(self, shard: int) -> int:
         with self._lock:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from fs3.storage.chunk_engine import ChunkEngine
 from fs3.storage.chunk_meta import crc32c
 

@@ -9,11 +9,11 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from fs3.errors import FS3Error, StatusCode
 from fs3.storage.async_engine import AsyncChunkEngine
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_meta import CHECKSUM_BLOCK, ChunkState, crc32c
-
-from fs3.errors import FS3Error, StatusCode
 
 pytestmark = pytest.mark.timeout(60)
 

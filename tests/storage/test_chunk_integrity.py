@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine
 from fs3.storage.chunk_files import ChunkFiles
 from fs3.storage.chunk_meta import CHECKSUM_BLOCK
-
-from fs3.errors import FS3Error, StatusCode
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,10 +117,11 @@ def test_recovery_removes_orphans_and_trims_crashed_appends(tmp_path: Path) -> N
     orphan = files.path(cid(1), 0x999)
     orphan.write_bytes(b"half a version")
     stray = files.path(cid(3), 0x99A)
+    stray.parent.mkdir(exist_ok=True)
     stray.write_bytes(b"never recorded")
     with open(committed1, "ab") as f:
         f.write(b" appended, not recorded")
-    stranger = tmp_path / "chunks" / "00" / "README"
+    stranger = files.path(cid(1), 1).parent / "README"
     stranger.write_text("not ours")
 
     with ChunkEngine(tmp_path) as eng:

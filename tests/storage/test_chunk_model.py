@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 
 CHUNK_SIZES = [64 * 1024, 128 * 1024, 64 * 1024]
 
@@ -188,8 +188,8 @@ class ChunkEngineMachine(RuleBasedStateMachine):
 
 TestChunkEngineModel = ChunkEngineMachine.TestCase
 TestChunkEngineModel.settings = settings(
-    max_examples=30,
-    stateful_step_count=30,
+    max_examples=60,
+    stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
