@@ -58,6 +58,13 @@ _JOIN_BELOW = 64 << 10
 # The server stops reading from a peer whose unsent replies exceed this, until they drain.
 _BACKPRESSURE_BYTES = 16 << 20
 
+# Probe an idle connection after 30 s, every 10 s, and give up after 3 unanswered probes (Linux).
+_KEEPALIVE = [
+    (getattr(socket, name), value)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+]
+
 # How long a connection closed for bad input keeps discarding what the peer still sends.
 _LINGER_S = 1.0
 
@@ -125,6 +132,11 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         if sock is not None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # keepalive finds peers that vanished without a FIN (power loss, partition), so
+                # pooled connections to them do not linger forever
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for opt, value in _KEEPALIVE:
+                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
             except OSError:
                 pass
         # high-water 0: we hear (resume_writing) exactly when everything queued has left, which is
