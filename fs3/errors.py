@@ -69,6 +69,8 @@ class StatusCode(enum.IntEnum):
     META_FILE_TOO_LARGE = 312
     META_BUSY = 313
     META_READ_ONLY = 314
+    META_NOT_SUPPORTED = 315
+    META_TOO_BIG = 316
 
     # cluster manager (400-499)
     MGMTD_NOT_PRIMARY = 400
@@ -136,6 +138,8 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.META_FILE_TOO_LARGE: _errno.EFBIG,
     StatusCode.META_BUSY: _errno.EBUSY,
     StatusCode.META_READ_ONLY: _errno.EROFS,
+    StatusCode.META_NOT_SUPPORTED: _errno.EOPNOTSUPP,
+    StatusCode.META_TOO_BIG: _errno.E2BIG,
     StatusCode.STORAGE_NO_SPACE: _errno.ENOSPC,
     StatusCode.STORAGE_CHUNK_TOO_LARGE: _errno.EFBIG,
 }

@@ -55,6 +55,8 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     META_FILE_TOO_LARGE: _ClassVar[StatusCode]
     META_BUSY: _ClassVar[StatusCode]
     META_READ_ONLY: _ClassVar[StatusCode]
+    META_NOT_SUPPORTED: _ClassVar[StatusCode]
+    META_TOO_BIG: _ClassVar[StatusCode]
     MGMTD_NOT_PRIMARY: _ClassVar[StatusCode]
     MGMTD_UNKNOWN_NODE: _ClassVar[StatusCode]
     MGMTD_NODE_DISABLED: _ClassVar[StatusCode]
@@ -146,6 +148,8 @@ META_CROSS_DEVICE: StatusCode
 META_FILE_TOO_LARGE: StatusCode
 META_BUSY: StatusCode
 META_READ_ONLY: StatusCode
+META_NOT_SUPPORTED: StatusCode
+META_TOO_BIG: StatusCode
 MGMTD_NOT_PRIMARY: StatusCode
 MGMTD_UNKNOWN_NODE: StatusCode
 MGMTD_NODE_DISABLED: StatusCode

@@ -35,6 +35,8 @@ class MetaMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_META_LISTXATTR: _ClassVar[MetaMethod]
     METHOD_META_REMOVEXATTR: _ClassVar[MetaMethod]
     METHOD_META_FALLOCATE: _ClassVar[MetaMethod]
+    METHOD_META_LOOKUP_PATH: _ClassVar[MetaMethod]
+    METHOD_META_SET_LAYOUT: _ClassVar[MetaMethod]
 
 class InodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -84,6 +86,8 @@ METHOD_META_SETXATTR: MetaMethod
 METHOD_META_LISTXATTR: MetaMethod
 METHOD_META_REMOVEXATTR: MetaMethod
 METHOD_META_FALLOCATE: MetaMethod
+METHOD_META_LOOKUP_PATH: MetaMethod
+METHOD_META_SET_LAYOUT: MetaMethod
 INODE_TYPE_UNSPECIFIED: InodeType
 INODE_FILE: InodeType
 INODE_DIRECTORY: InodeType
@@ -104,7 +108,7 @@ SETATTR_MTIME_NOW: SetattrField
 SETATTR_CTIME: SetattrField
 
 class Layout(_message.Message):
-    __slots__ = ("chain_table_id", "chain_table_version", "chunk_size", "stripe_count", "chains", "shuffle_algorithm", "shuffle_seed")
+    __slots__ = ("chain_table_id", "chain_table_version", "chunk_size", "stripe_count", "chains", "shuffle_algorithm", "shuffle_seed", "base_index")
     CHAIN_TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     CHAIN_TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +116,7 @@ class Layout(_message.Message):
     CHAINS_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_SEED_FIELD_NUMBER: _ClassVar[int]
+    BASE_INDEX_FIELD_NUMBER: _ClassVar[int]
     chain_table_id: int
     chain_table_version: int
     chunk_size: int
@@ -119,7 +124,8 @@ class Layout(_message.Message):
     chains: _containers.RepeatedScalarFieldContainer[int]
     shuffle_algorithm: int
     shuffle_seed: int
-    def __init__(self, chain_table_id: _Optional[int] = ..., chain_table_version: _Optional[int] = ..., chunk_size: _Optional[int] = ..., stripe_count: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., shuffle_algorithm: _Optional[int] = ..., shuffle_seed: _Optional[int] = ...) -> None: ...
+    base_index: int
+    def __init__(self, chain_table_id: _Optional[int] = ..., chain_table_version: _Optional[int] = ..., chunk_size: _Optional[int] = ..., stripe_count: _Optional[int] = ..., chains: _Optional[_Iterable[int]] = ..., shuffle_algorithm: _Optional[int] = ..., shuffle_seed: _Optional[int] = ..., base_index: _Optional[int] = ...) -> None: ...
 
 class Timespec(_message.Message):
     __slots__ = ("sec", "nsec")
@@ -129,8 +135,16 @@ class Timespec(_message.Message):
     nsec: int
     def __init__(self, sec: _Optional[int] = ..., nsec: _Optional[int] = ...) -> None: ...
 
+class Xattr(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: bytes
+    value: bytes
+    def __init__(self, name: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation")
+    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version")
     ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +160,8 @@ class Inode(_message.Message):
     SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    XATTRS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: InodeType
     mode: int
@@ -161,7 +177,9 @@ class Inode(_message.Message):
     symlink_target: bytes
     parent: int
     generation: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    xattrs: _containers.RepeatedCompositeFieldContainer[Xattr]
+    truncate_version: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("parent", "name", "inode_id", "type")
@@ -192,16 +210,20 @@ class StatFsReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ...) -> None: ...
 
 class StatFsRsp(_message.Message):
-    __slots__ = ("capacity", "used", "free", "inodes")
+    __slots__ = ("capacity", "used", "free", "inodes", "block_size", "name_max")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     INODES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NAME_MAX_FIELD_NUMBER: _ClassVar[int]
     capacity: int
     used: int
     free: int
     inodes: int
-    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ...) -> None: ...
+    block_size: int
+    name_max: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ..., block_size: _Optional[int] = ..., name_max: _Optional[int] = ...) -> None: ...
 
 class LookupReq(_message.Message):
     __slots__ = ("hdr", "parent", "name")
@@ -212,6 +234,16 @@ class LookupReq(_message.Message):
     parent: int
     name: bytes
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+
+class LookupPathReq(_message.Message):
+    __slots__ = ("hdr", "path", "follow")
+    HDR_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    hdr: MetaRequestHeader
+    path: bytes
+    follow: bool
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., path: _Optional[bytes] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class StatReq(_message.Message):
     __slots__ = ("hdr", "inode_id")
@@ -262,12 +294,14 @@ class CreateReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., flags: _Optional[int] = ..., umask: _Optional[int] = ..., open_session: _Optional[bool] = ...) -> None: ...
 
 class CreateRsp(_message.Message):
-    __slots__ = ("inode", "session_id")
+    __slots__ = ("inode", "session_id", "created")
     INODE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     session_id: int
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ...) -> None: ...
+    created: bool
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class MkdirReq(_message.Message):
     __slots__ = ("hdr", "parent", "name", "mode", "umask")
@@ -404,7 +438,7 @@ class ReaddirRsp(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., inodes: _Optional[_Iterable[_Union[Inode, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class SetattrReq(_message.Message):
-    __slots__ = ("hdr", "inode_id", "fields", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns")
+    __slots__ = ("hdr", "inode_id", "fields", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "session_id")
     HDR_FIELD_NUMBER: _ClassVar[int]
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
@@ -415,6 +449,7 @@ class SetattrReq(_message.Message):
     ATIME_NS_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     CTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     hdr: MetaRequestHeader
     inode_id: int
     fields: int
@@ -425,7 +460,8 @@ class SetattrReq(_message.Message):
     atime_ns: int
     mtime_ns: int
     ctime_ns: int
-    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., fields: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ...) -> None: ...
+    session_id: int
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., fields: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class OpenReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "flags")
@@ -483,6 +519,12 @@ class PruneSessionReq(_message.Message):
     client_id: int
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., client_id: _Optional[int] = ...) -> None: ...
 
+class PruneSessionRsp(_message.Message):
+    __slots__ = ("pruned",)
+    PRUNED_FIELD_NUMBER: _ClassVar[int]
+    pruned: int
+    def __init__(self, pruned: _Optional[int] = ...) -> None: ...
+
 class GetxattrReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "name")
     HDR_FIELD_NUMBER: _ClassVar[int]
@@ -537,6 +579,20 @@ class RemovexattrReq(_message.Message):
     name: bytes
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
 
+class SetLayoutReq(_message.Message):
+    __slots__ = ("hdr", "inode_id", "chain_table_id", "chunk_size", "stripe_count")
+    HDR_FIELD_NUMBER: _ClassVar[int]
+    INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_TABLE_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STRIPE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    hdr: MetaRequestHeader
+    inode_id: int
+    chain_table_id: int
+    chunk_size: int
+    stripe_count: int
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., chain_table_id: _Optional[int] = ..., chunk_size: _Optional[int] = ..., stripe_count: _Optional[int] = ...) -> None: ...
+
 class FallocateReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "mode", "offset", "length")
     HDR_FIELD_NUMBER: _ClassVar[int]
@@ -550,3 +606,37 @@ class FallocateReq(_message.Message):
     offset: int
     length: int
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., mode: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class FileSession(_message.Message):
+    __slots__ = ("inode_id", "session_id", "client_id", "write", "opened_ns", "touched_ns")
+    INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    OPENED_NS_FIELD_NUMBER: _ClassVar[int]
+    TOUCHED_NS_FIELD_NUMBER: _ClassVar[int]
+    inode_id: int
+    session_id: int
+    client_id: int
+    write: bool
+    opened_ns: int
+    touched_ns: int
+    def __init__(self, inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., client_id: _Optional[int] = ..., write: _Optional[bool] = ..., opened_ns: _Optional[int] = ..., touched_ns: _Optional[int] = ...) -> None: ...
+
+class GcEntry(_message.Message):
+    __slots__ = ("inode_id", "type", "queued_ns")
+    INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_NS_FIELD_NUMBER: _ClassVar[int]
+    inode_id: int
+    type: InodeType
+    queued_ns: int
+    def __init__(self, inode_id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., queued_ns: _Optional[int] = ...) -> None: ...
+
+class IdemRecord(_message.Message):
+    __slots__ = ("created_ns", "response")
+    CREATED_NS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    created_ns: int
+    response: bytes
+    def __init__(self, created_ns: _Optional[int] = ..., response: _Optional[bytes] = ...) -> None: ...
