@@ -144,7 +144,9 @@ async def run_once(db: Database, args: argparse.Namespace, round_no: int) -> lis
 async def main_async(args: argparse.Namespace) -> list[list[Result]]:
     path = args.path or tempfile.mkdtemp(prefix="kv-bench-")
     try:
-        settings: dict[str, object] = {"path": path} if args.engine == "lmdb" else {}
+        settings: dict[str, object] = {}
+        if args.engine == "lmdb":
+            settings = {"path": path, "group_commit_interval_ms": args.group_commit_interval_ms}
         if args.engine == "fdb" and args.cluster_file:
             settings = {"cluster_file": args.cluster_file}
         db = await open_database(args.engine, **settings)
@@ -162,6 +164,7 @@ def main() -> None:
     parser.add_argument("--engine", default="lmdb", choices=["lmdb", "mem", "fdb"])
     parser.add_argument("--path", help="lmdb directory (default: a fresh temporary one)")
     parser.add_argument("--cluster-file", help="fdb cluster file")
+    parser.add_argument("--group-commit-interval-ms", type=float, default=2.0, help="lmdb setting")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each workload")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the table shows best and median")
     parser.add_argument("--callers", type=int, nargs="+", default=[1, 32])

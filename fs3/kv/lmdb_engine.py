@@ -231,17 +231,49 @@ class _WriteView(_View):
                 return
 
 
+Batch = list[tuple[CommitRequest, asyncio.Future[None]]]
+
+
+class _Rejoin:
+    """Signals that the event loops of a batch's callers have run them after their acknowledgement.
+
+    Callers that commit in a loop queue their next transaction in that very step, so once this is
+    set the next batch can take them all. Without the wait, callers split into two groups that
+    alternate between consecutive batches, each batch half as full and each fsync covering half as
+    many transactions.
+    """
+
+    __slots__ = ("_left", "_lock", "_event")
+
+    def __init__(self, loops: int) -> None:
+        self._left = loops
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+
+    def loop_done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left <= 0:
+                self._event.set()
+
+    def wait(self, timeout: float) -> None:
+        self._event.wait(timeout)
+
+
 class _Committer:
     """One environment's commit and flush threads in this process.
 
     The commit thread applies queued transactions in batches; the flush thread makes committed
     batches durable. A batch is acknowledged once an fsync that began after its commit has ended.
+    After committing a batch, the commit thread waits up to ``rejoin_s`` (see :class:`_Rejoin`)
+    before taking the next one.
     """
 
-    def __init__(self, env: lmdb.Environment, path: str) -> None:
+    def __init__(self, env: lmdb.Environment, path: str, rejoin_s: float) -> None:
         self._env = env
         self._extender = _FileExtender(env, path)
         self._path = path
+        self._rejoin_s = rejoin_s
         self._queue: list[tuple[CommitRequest, asyncio.Future[None]]] = []
         self._cond = threading.Condition(threading.Lock())
         self._idle = False
@@ -250,7 +282,7 @@ class _Committer:
         self._flush_cond = threading.Condition(threading.Lock())
         self._committed_seq = 0
         self._durable_seq = 0
-        self._unsynced: collections.deque[tuple[int, list]] = collections.deque()
+        self._unsynced: collections.deque[tuple[int, Batch, _Rejoin]] = collections.deque()
         self._flush_stopping = False
         self._thread = threading.Thread(target=self._run, name=f"kv-commit:{path}", daemon=True)
         self._flusher = threading.Thread(target=self._flush_loop, name=f"kv-flush:{path}", daemon=True)
@@ -332,14 +364,17 @@ class _Committer:
             log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}")
 
-    def _committed(self, batch: list[tuple[CommitRequest, asyncio.Future[None]]]) -> None:
+    def _committed(self, batch: Batch) -> None:
+        rejoin = _Rejoin(len({fut.get_loop() for _, fut in batch}))
         with self._flush_cond:
             self._committed_seq += 1
-            self._unsynced.append((self._committed_seq, batch))
+            self._unsynced.append((self._committed_seq, batch, rejoin))
             self._flush_cond.notify()
         # The next batch's commit fsync would also cover this batch's meta page, but only if that
         # commit wrote anything (LMDB skips the fsync otherwise), which is not observable here; so
         # acknowledgements come from the flush thread alone.
+        if self._rejoin_s > 0:
+            rejoin.wait(self._rejoin_s)
 
     def _flush_loop(self) -> None:
         while True:
@@ -364,20 +399,21 @@ class _Committer:
 
     def _fail_unsynced(self, error: FS3Error) -> None:
         with self._flush_cond:
-            failed = [item for _, batch in self._unsynced for item in batch]
+            failed = [item for _, batch, _ in self._unsynced for item in batch]
             self._unsynced.clear()
             self._durable_seq = self._committed_seq
         _deliver(failed, error)
 
     def _mark_durable(self, seq: int) -> None:
-        done: list = []
+        done: list[tuple[int, Batch, _Rejoin]] = []
         with self._flush_cond:
             if seq <= self._durable_seq:
                 return
             self._durable_seq = seq
             while self._unsynced and self._unsynced[0][0] <= seq:
-                done += self._unsynced.popleft()[1]
-        _deliver(done, None)
+                done.append(self._unsynced.popleft())
+        for _, batch, rejoin in done:
+            _deliver(batch, None, rejoin)
 
 
 class _FileExtender:
@@ -416,19 +452,20 @@ class _FileExtender:
         os.close(self._fd)
 
 
-def _deliver(batch: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3Error | None) -> None:
+def _deliver(batch: Batch, error: FS3Error | None, rejoin: _Rejoin | None = None) -> None:
     """Hand outcomes to each caller's event loop, one wake-up per loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, Batch] = {}
     for item in batch:
         by_loop.setdefault(item[1].get_loop(), []).append(item)
     for loop, items in by_loop.items():
         try:
-            loop.call_soon_threadsafe(_resolve, items, error)
+            loop.call_soon_threadsafe(_resolve, items, error, rejoin)
         except RuntimeError:  # the caller's loop has closed
-            pass
+            if rejoin is not None:
+                rejoin.loop_done()
 
 
-def _resolve(items: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3Error | None) -> None:
+def _resolve(items: Batch, error: FS3Error | None, rejoin: _Rejoin | None) -> None:
     for req, fut in items:
         if fut.done():
             continue
@@ -438,12 +475,15 @@ def _resolve(items: list[tuple[CommitRequest, asyncio.Future[None]]], error: FS3
             fut.set_result(None)
         else:
             fut.set_exception(FS3Error(StatusCode.KV_CONFLICT, "a value read by this transaction changed"))
+    if rejoin is not None:
+        # Queued behind the wake-ups of the tasks just resolved, so it runs after their next step.
+        asyncio.get_running_loop().call_soon(rejoin.loop_done)
 
 
 class _Environment:
     """One open LMDB environment in this process, shared by every handle on its path."""
 
-    def __init__(self, path: str, map_size: int, max_readers: int) -> None:
+    def __init__(self, path: str, map_size: int, max_readers: int, rejoin_s: float) -> None:
         os.makedirs(path, exist_ok=True)
         self.path = path
         self.env = lmdb.open(
@@ -463,7 +503,7 @@ class _Environment:
         stale = self.env.reader_check()
         if stale:
             log.info("kv cleared stale readers path=%s count=%d", path, stale)
-        self.committer = _Committer(self.env, path)
+        self.committer = _Committer(self.env, path, rejoin_s)
         self.refs = 0
 
     def close(self) -> None:
@@ -480,10 +520,11 @@ _registry: dict[tuple[int, str], _Environment] = {}
 class LmdbDatabase(Database):
     """A handle on an LMDB environment at ``path`` (see the module docstring).
 
-    ``group_commit_interval_ms`` is the longest a committed batch may wait for the fsync that makes
-    it durable. The flush thread starts that fsync as soon as the batch is committed, so any bound
-    is met without a timer; waiting longer would only add latency, never save an fsync that the
-    queueing during the previous one does not already save.
+    ``group_commit_interval_ms`` bounds how long the committer, after committing a batch, waits for
+    that batch's callers to be acknowledged and come back with their next transactions before it
+    takes the next batch (see :class:`_Rejoin`); the wait normally ends well before the bound,
+    as soon as the callers' event loops have run them. With 0 the next batch starts at once,
+    overlapping its commit with the previous batch's flush but committing half-full batches.
     """
 
     def __init__(
@@ -501,7 +542,7 @@ class LmdbDatabase(Database):
             env = _registry.get(key)
             if env is None:
                 try:
-                    env = _Environment(key[1], map_size, max_readers)
+                    env = _Environment(key[1], map_size, max_readers, group_commit_interval_ms / 1000)
                 except lmdb.Error as e:
                     raise FS3Error(StatusCode.KV_STORE_FAILED, f"cannot open kv store {path}: {e}") from e
                 _registry[key] = env
