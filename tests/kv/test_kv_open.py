@@ -150,3 +150,19 @@ async def test_lmdb_many_large_transactions_at_once(tmp_path: Path) -> None:
     pairs = await db.run(lambda tr: tr.get_range(b"big/", b"big0"), read_only=True)
     assert len(pairs) == 8 * 90 and all(kv.value == value for kv in pairs)
     await db.close()
+
+
+@pytest.mark.parametrize("interval_ms", [0.0, 2.0, 50.0])
+async def test_lmdb_group_commit_settings(tmp_path: Path, interval_ms: float) -> None:
+    db = await open_database("lmdb", path=str(tmp_path), group_commit_interval_ms=interval_ms)
+
+    async def incr(tr: Transaction) -> None:
+        tr.set(b"n", b"%d" % (int(await tr.get(b"n") or b"0") + 1))
+
+    async def caller() -> None:
+        for _ in range(20):
+            await db.run(incr, max_attempts=1000)
+
+    await asyncio.gather(*(caller() for _ in range(16)))
+    assert await db.run(lambda tr: tr.get(b"n"), read_only=True) == b"320"
+    await db.close()
