@@ -30,8 +30,9 @@ from fs3.kv.base import MAX_KEY_SIZE, MAX_TXN_SIZE, MAX_VALUE_SIZE, KeyValue, Re
 # works on the embedded engines working on FoundationDB.
 SYSTEM_KEYS = b"\xff"
 
-# A long range read hands the event loop back after this many rows so one scan cannot stall it.
-_ROWS_PER_YIELD = 2048
+# A long range read hands the event loop back after this many rows (well under a millisecond's
+# worth) so one scan cannot stall it.
+_ROWS_PER_YIELD = 512
 # Reads covering more rows than this are validated coarsely (see CommitRequest.since), bounding the
 # memory a transaction keeps and the time its validation holds the store's write lock.
 EXACT_RANGE_ROWS = 10_000
@@ -221,6 +222,7 @@ class BufferedTransaction(Transaction):
         self._reads: dict[bytes, bytes | None] = {}
         self._ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]] = []
         self._since: int | None = None
+        self._explicit: list[tuple[bytes, bytes]] = []  # add_read_conflict_range, read at commit
         self._size = 0
         self._snapshot_view = _SnapshotView(self)
 
@@ -388,17 +390,30 @@ class BufferedTransaction(Transaction):
         self._ranges.append((begin, end, seen))
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
-        snap = self._snapshot()
+        self._snapshot()  # the range is judged against this transaction's snapshot
         end = clamp_end(end)
         if begin >= end:
             return
         self._size += len(begin) + len(end)
         self._check_size()
-        seen = list(itertools.islice(snap.iter_range(begin, end, False), EXACT_RANGE_ROWS + 1))
-        if len(seen) > EXACT_RANGE_ROWS:
-            self._since = snap.version
-        else:
-            self._ranges.append((begin, end, seen))
+        # What the snapshot holds there is read at commit, where it can yield to the event loop.
+        self._explicit.append((begin, end))
+
+    async def _read_explicit_ranges(self) -> None:
+        snap = self._snapshot()
+        for begin, end in self._explicit:
+            rows = snap.iter_range(begin, end, False)
+            seen: list[tuple[bytes, bytes]] = []
+            while len(seen) <= EXACT_RANGE_ROWS:
+                chunk = list(itertools.islice(rows, _ROWS_PER_YIELD))
+                seen += chunk
+                if len(chunk) < _ROWS_PER_YIELD:
+                    break
+                await asyncio.sleep(0)
+            if len(seen) > EXACT_RANGE_ROWS:
+                self._since = snap.version
+            else:
+                self._ranges.append((begin, end, seen))
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -484,10 +499,13 @@ class BufferedTransaction(Transaction):
     async def commit(self) -> None:
         self._writable()
         self._check_size()
+        if not self._points and not self._clears:
+            self.cancel()
+            return
+        if self._explicit:
+            await self._read_explicit_ranges()
         self._closed = True
         self._release()
-        if not self._points and not self._clears:
-            return
         await self._submit(
             CommitRequest(
                 reads=self._reads,
