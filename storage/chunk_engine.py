@@ -4,9 +4,11 @@ On disk, under the target directory::
 
     target.lock         flock held while an engine has the target open (one opener at a time)
     meta/               LMDB: db "chunks" (chunk id -> ChunkMeta), db "target" (format, counters)
-    chunks/00 .. ff/    data files, one per chunk version: <chunk id hex>.<file id hex>
+    chunks/00 .. ff/    data files, one per chunk version: <chunk id hex>.<file id hex>; the
+                        shard is CRC32C(chunk id) & 0xff, its directory made on first use
 
-Writes never touch bytes a committed version needs, except where noted: an update writes the new
+Writes never touch bytes a committed version needs (an append may extend the committed version's
+file in place, past its end: see ChunkFiles.append_version). Otherwise an update writes the new
 version (the committed content with the update applied) to a new file, fsyncs it, and only then
 records it as the chunk's pending version in one LMDB transaction; :meth:`ChunkEngine.commit`
 switches the committed version to it in another and then deletes the old file. A crash therefore
