@@ -166,3 +166,19 @@ async def test_lmdb_group_commit_settings(tmp_path: Path, interval_ms: float) ->
     await asyncio.gather(*(caller() for _ in range(16)))
     assert await db.run(lambda tr: tr.get(b"n"), read_only=True) == b"320"
     await db.close()
+
+
+async def test_lmdb_cancelled_commit_leaves_store_usable(tmp_path: Path) -> None:
+    db = await open_database("lmdb", path=str(tmp_path))
+    tr = db.create_transaction()
+    tr.set(b"maybe", b"1")
+    task = asyncio.create_task(tr.commit())
+    await asyncio.sleep(0)  # let it queue
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The outcome of a cancelled commit is unknown to its caller, but the store carries on.
+    await db.run(lambda tr: _set(tr, b"after", b"2"))
+    assert await db.run(lambda tr: tr.get(b"after"), read_only=True) == b"2"
+    assert await db.run(lambda tr: tr.get(b"maybe"), read_only=True) in (None, b"1")
+    await db.close()
