@@ -217,7 +217,7 @@ def next_version(chunk_id: bytes, meta: ChunkMeta | None, version: int | None) -
     be that number, and a pending version must be that number too (a retry) or be settled first.
 
     CRAQ's finer outcomes (a stale update already committed or pending, treated as success; a
-    missing one, an error) are the service's to decide from :class:`ChunkMeta` before calling."""
+    missing one, an error) are the service's to decide, with :func:`check_update`, before calling."""
     expected = (meta.committed_ver if meta else 0) + 1
     if version is not None and version != expected:
         raise FS3Error(
@@ -254,3 +254,24 @@ def check_checksum(chunk_id: bytes, data: bytes | bytearray | memoryview, checks
             StatusCode.STORAGE_CHECKSUM_MISMATCH,
             f"chunk {chunk_id.hex()}: data received does not match the sender's CRC32C",
         )
+
+
+class UpdateCheck(enum.Enum):
+    """How a replica should treat an update its predecessor numbered (3FS's rules)."""
+
+    APPLY = "apply"  # the next version: store it
+    COMMITTED = "committed"  # at or below the committed version: already done, answer success
+    STALE = "stale"  # at or below the pending version: a retry already stored, answer success
+    MISSING = "missing"  # beyond committed + 1: this replica missed updates and needs resync
+
+
+def check_update(meta: ChunkMeta | None, version: int) -> UpdateCheck:
+    """Classify an update numbered ``version`` against what this replica holds of the chunk."""
+    committed = meta.committed_ver if meta else 0
+    if version <= committed:
+        return UpdateCheck.COMMITTED
+    if version <= (meta.update_ver if meta else 0):
+        return UpdateCheck.STALE
+    if version > committed + 1:
+        return UpdateCheck.MISSING
+    return UpdateCheck.APPLY

@@ -13,7 +13,7 @@ import pytest
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.async_engine import AsyncChunkEngine
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
-from fs3.storage.chunk_meta import CHECKSUM_BLOCK, ChunkState, crc32c
+from fs3.storage.chunk_meta import CHECKSUM_BLOCK, ChunkState, UpdateCheck, check_update, crc32c
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,6 +170,22 @@ def test_versions_and_idempotent_commit(engine: ChunkEngine) -> None:
     assert err.value.code is StatusCode.STORAGE_CHUNK_VERSION_MISMATCH
     assert meta.pending.crc == crc32c(b"b")
     assert engine.commit(cid(9), 1) is None
+
+
+def test_check_update_classifies_a_predecessors_version(engine: ChunkEngine) -> None:
+    assert check_update(None, 1) is UpdateCheck.APPLY
+    assert check_update(None, 2) is UpdateCheck.MISSING
+    write(engine, cid(1), 0, b"v1")
+    write(engine, cid(1), 0, b"v2")
+    meta = engine.get_meta(cid(1))
+    assert [check_update(meta, v).name for v in (1, 2, 3, 4)] == [
+        "COMMITTED",
+        "COMMITTED",
+        "APPLY",
+        "MISSING",
+    ]
+    meta = engine.update(cid(1), 0, b"v3", chunk_size=CS, chain_ver=1)
+    assert [check_update(meta, v).name for v in (2, 3, 4)] == ["COMMITTED", "STALE", "MISSING"]
 
 
 def test_sender_checksum_is_verified(engine: ChunkEngine) -> None:
