@@ -94,6 +94,7 @@ def test_conflict_detected_across_processes(spawn: Spawn, tmp_path: Path) -> Non
     assert read_all(tmp_path)[b"held"] == b"rival"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_acknowledged_commits_survive_sigkill(spawn: Spawn, tmp_path: Path) -> None:
     rng = random.Random()
