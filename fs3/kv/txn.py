@@ -301,13 +301,14 @@ class BufferedTransaction(Transaction):
         out: list[KeyValue] = []
         if not points and not clears:
             # The common case: nothing buffered in the range, results are the snapshot's rows.
-            for pair in underlying:
-                seen.append(pair)
-                out.append(KeyValue(*pair))
-                if len(out) == limit:
+            while True:
+                want = min(_ROWS_PER_YIELD, limit - len(out)) if limit else _ROWS_PER_YIELD
+                chunk = list(itertools.islice(underlying, want))
+                seen += chunk
+                out += itertools.starmap(KeyValue, chunk)
+                if len(chunk) < want or len(out) == limit:
                     break
-                if len(out) % _ROWS_PER_YIELD == 0:
-                    await asyncio.sleep(0)
+                await asyncio.sleep(0)
         else:
             await self._merge(underlying, points, clears, limit, reverse, seen, out)
         if conflict:
