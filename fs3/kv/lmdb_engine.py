@@ -4,7 +4,7 @@ How it works, and why:
 
 * **Reads** run on the caller's event loop against an LMDB read transaction opened at the
   transaction's first read (about a microsecond per point read, so thread hand-offs would cost more
-  than they save); long scans hand the loop back every few thousand rows.
+  than they save); long scans hand the loop back every 512 rows.
 * **Commits** go to one committer thread per environment and process. It takes every queued
   transaction, validates each against the live store (value validation, see :mod:`fs3.kv.txn`) and
   applies the ones that pass, all inside one LMDB write transaction, so later members of a batch are
@@ -13,223 +13,44 @@ How it works, and why:
   detects conflicts across processes too.
 * **Durability by group commit.** The environment runs with LMDB's ``metasync=False``: committing
   a batch writes its pages, fsyncs them, then writes the new meta page without an fsync. A flush
-  thread then fsyncs the file, and only then are the batch's callers acknowledged. So a batch of
-  any size costs two fsyncs, and the next batch is validated and written while the previous one is
-  being flushed. We deliberately do not run with ``sync=False`` and a
-  flusher alone: then nothing orders a meta page after the data pages it points to, and a power
-  cut could leave a meta page on disk pointing at pages that are not, corrupting the environment;
-  in this mode LMDB guarantees integrity and a crash loses at most unacknowledged batches. One
+  thread then fsyncs the file, and only then are the batch's callers acknowledged. A batch of any
+  size thus costs two fsyncs; the next batch is taken once this one's callers have come back (see
+  :class:`_Rejoin`), so batches stay full. We deliberately do not run with ``sync=False`` and a
+  flusher alone: LMDB documents that mode as able to corrupt the environment on a system crash,
+  since nothing then orders a meta page after the data pages it points to, whereas with
+  ``metasync=False`` it guarantees integrity and a crash loses at most unacknowledged batches. One
   consequence: a reader may see a commit up to one fsync before it is durable, so after a power
   cut a read-only transaction may have seen a commit that did not survive; a writing transaction
   that read it is acknowledged only after an fsync covering both, so no acknowledged commit ever
   depends on a lost one.
 * **Growing the file.** See :class:`_FileExtender`.
-* **Long keys.** Stock LMDB keys are at most 511 bytes, FoundationDB's 10,000. A key of
-  :data:`BUCKET_KEY_LEN` bytes or more is stored in a *bucket*: the LMDB record whose key is its
-  first :data:`BUCKET_KEY_LEN` bytes and whose value lists the (suffix, value) pairs of every long key
-  with that prefix. Short keys are stored as themselves; since bucket keys all have exactly
-  :data:`BUCKET_KEY_LEN` bytes and short keys fewer, the two never collide, and LMDB order followed by
-  suffix order within a bucket is exactly byte order of the logical keys. Namespace keys are far
-  shorter, so buckets are rare.
+* **Long keys.** See :mod:`fs3.kv.lmdb_layout`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import logging
 import os
-import struct
 import threading
 import time
-from collections.abc import Iterator
 
 import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database, Transaction
+from fs3.kv.lmdb_layout import Snapshot, WriteView
 from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
 
 log = logging.getLogger(__name__)
 
-# Part of the on-disk format: every process opening an environment must agree on it.
-BUCKET_KEY_LEN = 448
 
 DEFAULT_MAP_SIZE = 16 << 30
 DEFAULT_MAX_READERS = 1024
 # Bound one batch's latency and the size of one LMDB write transaction.
 MAX_BATCH = 4096
 MAX_BATCH_BYTES = 64 << 20
-
-_LEN = struct.Struct("<I")
-
-
-def _decode_bucket(raw: bytes) -> list[tuple[bytes, bytes]]:
-    entries = []
-    pos, n = 0, len(raw)
-    view = memoryview(raw)
-    while pos < n:
-        (klen,) = _LEN.unpack_from(raw, pos)
-        pos += 4
-        suffix = bytes(view[pos : pos + klen])
-        pos += klen
-        (vlen,) = _LEN.unpack_from(raw, pos)
-        pos += 4
-        entries.append((suffix, bytes(view[pos : pos + vlen])))
-        pos += vlen
-    return entries
-
-
-def _encode_bucket(entries: list[tuple[bytes, bytes]]) -> bytes:
-    parts = []
-    for suffix, value in entries:
-        parts += (_LEN.pack(len(suffix)), suffix, _LEN.pack(len(value)), value)
-    return b"".join(parts)
-
-
-class _View:
-    """Logical-key reads over one LMDB transaction (read-only or write)."""
-
-    __slots__ = ("txn", "_get")
-
-    def __init__(self, txn: lmdb.Transaction) -> None:
-        self.txn = txn
-        self._get = txn.get
-
-    def get(self, key: bytes) -> bytes | None:
-        if len(key) < BUCKET_KEY_LEN:
-            return self._get(key)
-        raw = self._get(key[:BUCKET_KEY_LEN])
-        if raw is None:
-            return None
-        suffix = key[BUCKET_KEY_LEN:]
-        for s, v in _decode_bucket(raw):
-            if s == suffix:
-                return v
-        return None
-
-    def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-        # An LMDB key k holds logical keys >= k (itself, or a bucket's members), and only k itself
-        # when short; see the module docstring for why these bounds are exact.
-        cur = self.txn.cursor()
-        if not reverse:
-            if not cur.set_range(begin[:BUCKET_KEY_LEN]):
-                return
-            for k, v in cur:
-                if k >= end:
-                    return
-                if len(k) != BUCKET_KEY_LEN:
-                    yield k, v
-                    continue
-                for suffix, value in _decode_bucket(v):
-                    key = k + suffix
-                    if key >= end:
-                        return
-                    if key >= begin:
-                        yield key, value
-        else:
-            if cur.set_range(end):
-                if not cur.prev():
-                    return
-            elif not cur.last():
-                return
-            for k, v in cur.iterprev():
-                if len(k) != BUCKET_KEY_LEN:
-                    if k < begin:
-                        return
-                    yield k, v
-                    continue
-                for suffix, value in reversed(_decode_bucket(v)):
-                    key = k + suffix
-                    if key < begin:
-                        return
-                    if key < end:
-                        yield key, value
-
-
-class _Snapshot(_View):
-    __slots__ = ("version",)
-
-    def __init__(self, txn: lmdb.Transaction) -> None:
-        self.txn = txn
-        self._get = txn.get
-        self.version = txn.id()  # the LMDB transaction id it sees
-
-    def release(self) -> None:
-        self.txn.abort()
-
-
-class _WriteView(_View):
-    """The committer's view: reads see earlier writes of the same batch."""
-
-    __slots__ = ("dirty",)
-
-    def __init__(self, txn: lmdb.Transaction) -> None:
-        super().__init__(txn)
-        self.dirty = False  # whether an earlier member of the batch has written
-
-    def changed_since(self, version: int) -> bool:
-        # A write transaction's id is one past the last committed one.
-        return self.dirty or self.txn.id() - 1 > version
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self.dirty = True
-        if len(key) < BUCKET_KEY_LEN:
-            self.txn.put(key, value)
-            return
-        self._update_bucket(key, value)
-
-    def delete(self, key: bytes) -> None:
-        self.dirty = True
-        if len(key) < BUCKET_KEY_LEN:
-            self.txn.delete(key)
-            return
-        self._update_bucket(key, None)
-
-    def _update_bucket(self, key: bytes, value: bytes | None) -> None:
-        bkey, suffix = key[:BUCKET_KEY_LEN], key[BUCKET_KEY_LEN:]
-        raw = self._get(bkey)
-        entries = _decode_bucket(raw) if raw is not None else []
-        i = bisect.bisect_left(entries, (suffix,))
-        present = i < len(entries) and entries[i][0] == suffix
-        if value is None:
-            if not present:
-                return
-            del entries[i]
-        elif present:
-            entries[i] = (suffix, value)
-        else:
-            entries.insert(i, (suffix, value))
-        if entries:
-            self.txn.put(bkey, _encode_bucket(entries))
-        else:
-            self.txn.delete(bkey)
-
-    def delete_range(self, begin: bytes, end: bytes) -> None:
-        self.dirty = True
-        cur = self.txn.cursor()
-        if not cur.set_range(begin[:BUCKET_KEY_LEN]):
-            return
-        while True:
-            k = cur.key()
-            if not k or k >= end:
-                return
-            if len(k) != BUCKET_KEY_LEN:
-                if not cur.delete():  # moves to the next record
-                    return
-                continue
-            entries = _decode_bucket(cur.value())
-            kept = [(s, v) for s, v in entries if not begin <= k + s < end]
-            if not kept:
-                if not cur.delete():
-                    return
-                continue
-            if len(kept) != len(entries):
-                cur.put(k, _encode_bucket(kept))
-            if not cur.next():
-                return
-
 
 Batch = list[tuple[CommitRequest, asyncio.Future[None]]]
 
@@ -351,7 +172,7 @@ class _Committer:
         try:
             with self._env.begin(write=True) as txn:
                 self._extender.extend_if_needed()  # under the write lock, see _FileExtender
-                view = _WriteView(txn)
+                view = WriteView(txn)
                 for req, fut in batch:
                     # A caller that gave up will not look at the outcome; skipping is allowed.
                     if not fut.cancelled():
@@ -557,11 +378,11 @@ class LmdbDatabase(Database):
     def path(self) -> str:
         return self._key[1]
 
-    def _open_snapshot(self) -> _Snapshot:
+    def _open_snapshot(self) -> Snapshot:
         if self._shared is None:
             raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self.path} is closed")
         try:
-            return _Snapshot(self._begin())
+            return Snapshot(self._begin())
         except lmdb.Error as e:
             raise FS3Error(StatusCode.KV_STORE_FAILED, f"cannot read kv store {self.path}: {e}") from e
 
