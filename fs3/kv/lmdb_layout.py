@@ -107,6 +107,8 @@ class View:
 
 
 class Snapshot(View):
+    """A transaction's frozen view: an LMDB read transaction, aborted on release."""
+
     __slots__ = ("version",)
 
     def __init__(self, txn: lmdb.Transaction) -> None:
