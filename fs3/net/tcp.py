@@ -245,14 +245,14 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
 
     def _process(self) -> None:
         rv = self._rview
-        limits = self.limits
         while True:
             avail = self._rend - self._rstart
             if self._state == _HDR:
                 if avail < HEADER_SIZE or self._paused_by_receiver:
                     break
                 try:
-                    hdr = check_header(rv, self._rstart, limits)
+                    # self.limits, not a local: a frame just delivered may have changed them
+                    hdr = check_header(rv, self._rstart, self.limits)
                 except FrameError as e:
                     self._fail(e)
                     return
