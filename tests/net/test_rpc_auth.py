@@ -12,7 +12,7 @@ from rpcwire import SECRET
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer, auth
 from fs3.net.frame import F_ERROR, F_HANDSHAKE, F_REQUEST
-from fs3.net.system import PING
+from fs3.net.system import ECHO, PING
 from fs3.proto import rpc_pb2
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,3 +109,24 @@ async def test_client_identity_reaches_handlers(rpc_server: RpcServer) -> None:
 
         await client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest())
         assert handlers.contexts[-1].identity == "storage-3"
+
+
+def test_a_request_right_behind_the_proof_gets_full_limits(threaded_server: ThreadedServer) -> None:
+    # The proof widens the connection's limits; a request pipelined in the same write is judged by
+    # the widened ones.
+    with rpcwire.connect(threaded_server.address) as sock:
+        nonce = auth.new_nonce()
+        hello = rpc_pb2.ClientHello(version=1, nonce=nonce, identity="eager")
+        sock.sendall(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.CLIENT_HELLO, hello.SerializeToString()))
+        _, message, _ = rpcwire.read_frame(sock)
+        sh = rpc_pb2.ServerHello.FromString(message)
+        proof = rpc_pb2.ClientProof(proof=auth.client_proof(SECRET, sh.nonce, nonce, "eager"))
+        payload = bytes(range(256)) * 400
+        sock.sendall(
+            rpcwire.frame(F_HANDSHAKE, 0, 0, auth.CLIENT_PROOF, proof.SerializeToString())
+            + rpcwire.frame(F_REQUEST, 1, 0, ECHO.id, b"", payload)
+        )
+        hdr, _, _ = rpcwire.read_frame(sock)
+        assert hdr[0] & F_HANDSHAKE and hdr[3] == auth.AUTH_OK
+        hdr, _, echoed = rpcwire.read_frame(sock)
+        assert hdr[1] == 1 and not hdr[0] & F_ERROR and echoed == payload
