@@ -119,6 +119,17 @@ class MetaConfig:
         300.0, doc="write sessions of silent clients expire after this", check=_positive
     )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    authenticate: bool = opt(
+        True, doc="verify each request's user token with mgmtd (false: trust the uid/gid sent)"
+    )
+    default_chain_table: int = opt(1, doc="chain table of new files unless a directory says otherwise")
+    default_chunk_size: int = opt(
+        1 << 20, doc="chunk size of new files (power of two, 64 KiB..64 MiB)", check=_positive
+    )
+    default_stripe: int = opt(1, doc="chains per new file unless a directory says otherwise", check=_positive)
+    idem_ttl_s: float = opt(
+        1800.0, doc="how long a non-idempotent request's result is kept for retries", check=_positive
+    )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
 

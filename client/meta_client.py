@@ -1,0 +1,302 @@
+"""The client of fs3-meta: every namespace operation over fs3 RPC, with failover across meta servers.
+
+::
+
+    client = MetaClient(["10.0.0.5:8100", "10.0.0.6:8100"], secret,
+                        user=UserInfo(uid=1000, gid=1000, token=token))
+    f = await client.create(ROOT_ID, b"a.txt", 0o644, session=True)
+    await client.close_file(f.inode.id, f.session_id, written_length=4096, wrote=True)
+    async for entry in client.listdir(ROOT_ID): ...
+    await client.close()
+
+Meta servers are stateless, so any of them can serve any call. A call that fails for want of a
+server (connection refused or lost, a deadline, an overloaded server) is re-sent to the next one
+until ``timeout_s`` runs out. Non-idempotent calls (create, mkdir, mknod, symlink, link, unlink,
+rmdir, rename) carry a request id that stays the same across those re-sends, and the server returns
+the first result for it, so a create whose reply was lost does not fail with EEXIST on retry.
+Errors raise :class:`fs3.errors.FS3Error` with the server's status code (``.errno`` for POSIX).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from google.protobuf.message import Message
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient, ServiceDef
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+ROOT_ID = 1
+
+# A cluster without a configured secret (tests, a single-user local cluster) still needs one for the
+# fs3 RPC handshake; this one is public, so such a cluster is only as private as its network.
+DEV_SECRET = b"fs3-development-cluster-secret!!"
+
+META_SERVICE = ServiceDef(
+    1,
+    "meta",
+    {
+        m.METHOD_META_STAT_FS: ("StatFs", m.StatFsReq, m.StatFsRsp),
+        m.METHOD_META_STAT: ("Stat", m.StatReq, m.InodeRsp),
+        m.METHOD_META_CREATE: ("Create", m.CreateReq, m.CreateRsp),
+        m.METHOD_META_MKDIR: ("Mkdir", m.MkdirReq, m.InodeRsp),
+        m.METHOD_META_SYMLINK: ("Symlink", m.SymlinkReq, m.InodeRsp),
+        m.METHOD_META_LINK: ("Link", m.LinkReq, m.InodeRsp),
+        m.METHOD_META_UNLINK: ("Unlink", m.UnlinkReq, m.EmptyRsp),
+        m.METHOD_META_OPEN: ("Open", m.OpenReq, m.OpenRsp),
+        m.METHOD_META_SYNC: ("Sync", m.SyncReq, m.InodeRsp),
+        m.METHOD_META_CLOSE: ("Close", m.CloseReq, m.InodeRsp),
+        m.METHOD_META_RENAME: ("Rename", m.RenameReq, m.EmptyRsp),
+        m.METHOD_META_READDIR: ("Readdir", m.ReaddirReq, m.ReaddirRsp),
+        m.METHOD_META_LOOKUP: ("Lookup", m.LookupReq, m.InodeRsp),
+        m.METHOD_META_READLINK: ("Readlink", m.ReadlinkReq, m.ReadlinkRsp),
+        m.METHOD_META_SETATTR: ("Setattr", m.SetattrReq, m.InodeRsp),
+        m.METHOD_META_PRUNE_SESSION: ("PruneSession", m.PruneSessionReq, m.PruneSessionRsp),
+        m.METHOD_META_RMDIR: ("Rmdir", m.RmdirReq, m.EmptyRsp),
+        m.METHOD_META_MKNOD: ("Mknod", m.MknodReq, m.InodeRsp),
+        m.METHOD_META_BATCH_STAT: ("BatchStat", m.BatchStatReq, m.BatchStatRsp),
+        m.METHOD_META_GETXATTR: ("Getxattr", m.GetxattrReq, m.GetxattrRsp),
+        m.METHOD_META_SETXATTR: ("Setxattr", m.SetxattrReq, m.EmptyRsp),
+        m.METHOD_META_LISTXATTR: ("Listxattr", m.ListxattrReq, m.ListxattrRsp),
+        m.METHOD_META_REMOVEXATTR: ("Removexattr", m.RemovexattrReq, m.EmptyRsp),
+        m.METHOD_META_LOOKUP_PATH: ("LookupPath", m.LookupPathReq, m.InodeRsp),
+        m.METHOD_META_SET_LAYOUT: ("SetLayout", m.SetLayoutReq, m.InodeRsp),
+    },
+)
+
+# Calls that are safe to send to another server after a failure without a request id.
+_FAILOVER = frozenset(
+    {
+        StatusCode.RPC_CONNECT_FAILED,
+        StatusCode.RPC_CONNECTION_CLOSED,
+        StatusCode.DEADLINE_EXCEEDED,
+        StatusCode.UNAVAILABLE,
+        StatusCode.KV_RETRY_LIMIT,
+        StatusCode.KV_CONFLICT,
+    }
+)
+
+
+class MetaClient:
+    """A client of the meta service, acting as ``user`` (see the module docstring).
+
+    ``rpc`` may be shared with other clients (storage) of the same process; otherwise one is made
+    from ``secret`` and closed by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        secret: bytes | None = None,
+        *,
+        user: common_pb2.UserInfo | None = None,
+        client_id: int | None = None,
+        rpc: RpcClient | None = None,
+        timeout_s: float = 30.0,
+        rpc_timeout_s: float = 10.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one meta address is needed")
+        self.addresses = list(dict.fromkeys(addresses))
+        self._own_rpc = rpc is None
+        self.rpc = rpc or RpcClient(secret or DEV_SECRET, identity="meta-client")
+        self.user = user or common_pb2.UserInfo()
+        self.client_id = client_id if client_id is not None else random.getrandbits(63) + 1
+        self.timeout_s = timeout_s
+        self.rpc_timeout_s = rpc_timeout_s
+        self._current = random.randrange(len(self.addresses))
+        self._methods = {meth.name: meth for meth in META_SERVICE}
+
+    async def close(self) -> None:
+        if self._own_rpc:
+            await self.rpc.close()
+
+    async def __aenter__(self) -> MetaClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def call(self, method: str, request: Message, *, request_id: bool = False) -> Any:
+        """Send ``request`` (its ``hdr`` is filled in) to a meta server, failing over as needed."""
+        hdr = request.hdr  # type: ignore[attr-defined]
+        hdr.user.CopyFrom(self.user)
+        hdr.client_id = self.client_id
+        if request_id:
+            hdr.request_id = random.getrandbits(63) + 1
+        meth = self._methods[method]
+        deadline = time.monotonic() + self.timeout_s
+        backoff = 0.01
+        tried = 0
+        while True:
+            address = self.addresses[self._current]
+            remaining = deadline - time.monotonic()
+            try:
+                rsp, _ = await self.rpc.call(
+                    address, meth, request, timeout=max(min(self.rpc_timeout_s, remaining), 0.001)
+                )
+                return rsp
+            except FS3Error as e:
+                if e.code not in _FAILOVER or time.monotonic() >= deadline:
+                    raise
+                tried += 1
+                self._current = (self._current + 1) % len(self.addresses)
+                if tried % len(self.addresses) == 0:
+                    await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+                    backoff = min(backoff * 2, 0.5)
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    async def stat(self, inode_id: int) -> m.Inode:
+        return (await self.call("Stat", m.StatReq(inode_id=inode_id))).inode
+
+    async def batch_stat(self, inode_ids: Sequence[int]) -> list[m.Inode | FS3Error]:
+        """Each inode, or the FS3Error its stat raised."""
+        rsp = await self.call("BatchStat", m.BatchStatReq(inode_ids=inode_ids))
+        return [
+            ino if st.code == 0 else FS3Error(st.code, st.message)
+            for ino, st in zip(rsp.inodes, rsp.errors, strict=True)
+        ]
+
+    async def lookup(self, parent: int, name: bytes) -> m.Inode:
+        return (await self.call("Lookup", m.LookupReq(parent=parent, name=name))).inode
+
+    async def lookup_path(self, path: bytes, follow: bool = True) -> m.Inode:
+        return (await self.call("LookupPath", m.LookupPathReq(path=path, follow=follow))).inode
+
+    async def readlink(self, inode_id: int) -> bytes:
+        return (await self.call("Readlink", m.ReadlinkReq(inode_id=inode_id))).target
+
+    async def readdir(
+        self, inode_id: int, after: bytes = b"", limit: int = 0, with_inodes: bool = False
+    ) -> m.ReaddirRsp:
+        req = m.ReaddirReq(inode_id=inode_id, after=after, limit=limit, with_inodes=with_inodes)
+        return await self.call("Readdir", req)
+
+    async def listdir(self, inode_id: int, page: int = 0) -> AsyncIterator[m.DirEntry]:
+        """Every entry of a directory, fetched page by page."""
+        after = b""
+        while True:
+            rsp = await self.readdir(inode_id, after, page)
+            for e in rsp.entries:
+                yield e
+            if not rsp.more or not rsp.entries:
+                return
+            after = rsp.entries[-1].name
+
+    async def statfs(self) -> m.StatFsRsp:
+        return await self.call("StatFs", m.StatFsReq())
+
+    async def getxattr(self, inode_id: int, name: bytes) -> bytes:
+        return (await self.call("Getxattr", m.GetxattrReq(inode_id=inode_id, name=name))).value
+
+    async def listxattr(self, inode_id: int) -> list[bytes]:
+        return list((await self.call("Listxattr", m.ListxattrReq(inode_id=inode_id))).names)
+
+    # ---- namespace changes ---------------------------------------------------------------------
+
+    async def create(
+        self,
+        parent: int,
+        name: bytes,
+        mode: int = 0o644,
+        flags: int = 0,
+        umask: int = 0,
+        session: bool = False,
+    ) -> m.CreateRsp:
+        req = m.CreateReq(parent=parent, name=name, mode=mode, flags=flags, umask=umask, open_session=session)
+        return await self.call("Create", req, request_id=True)
+
+    async def mkdir(self, parent: int, name: bytes, mode: int = 0o755, umask: int = 0) -> m.Inode:
+        req = m.MkdirReq(parent=parent, name=name, mode=mode, umask=umask)
+        return (await self.call("Mkdir", req, request_id=True)).inode
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int = 0, umask: int = 0) -> m.Inode:
+        req = m.MknodReq(parent=parent, name=name, mode=mode, rdev=rdev, umask=umask)
+        return (await self.call("Mknod", req, request_id=True)).inode
+
+    async def symlink(self, parent: int, name: bytes, target: bytes) -> m.Inode:
+        req = m.SymlinkReq(parent=parent, name=name, target=target)
+        return (await self.call("Symlink", req, request_id=True)).inode
+
+    async def link(self, inode_id: int, new_parent: int, new_name: bytes) -> m.Inode:
+        req = m.LinkReq(inode_id=inode_id, new_parent=new_parent, new_name=new_name)
+        return (await self.call("Link", req, request_id=True)).inode
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        await self.call("Unlink", m.UnlinkReq(parent=parent, name=name), request_id=True)
+
+    async def rmdir(self, parent: int, name: bytes, recursive: bool = False) -> None:
+        await self.call("Rmdir", m.RmdirReq(parent=parent, name=name, recursive=recursive), request_id=True)
+
+    async def rename(
+        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+    ) -> None:
+        req = m.RenameReq(
+            old_parent=old_parent, old_name=old_name, new_parent=new_parent, new_name=new_name, flags=flags
+        )
+        await self.call("Rename", req, request_id=True)
+
+    async def setattr(self, inode_id: int, **fields: Any) -> m.Inode:
+        """setattr with keyword fields: mode, uid, gid, size, atime_ns, mtime_ns (None = UTIME_NOW),
+        session_id; leaving a field out is UTIME_OMIT / unchanged."""
+        req = m.SetattrReq(inode_id=inode_id, session_id=fields.pop("session_id", 0))
+        bits = {"mode": m.SETATTR_MODE, "uid": m.SETATTR_UID, "gid": m.SETATTR_GID, "size": m.SETATTR_SIZE}
+        for name, bit in bits.items():
+            if name in fields:
+                setattr(req, name, fields.pop(name))
+                req.fields |= bit
+        for name, bit, now_bit in (
+            ("atime_ns", m.SETATTR_ATIME, m.SETATTR_ATIME_NOW),
+            ("mtime_ns", m.SETATTR_MTIME, m.SETATTR_MTIME_NOW),
+        ):
+            if name in fields:
+                value = fields.pop(name)
+                if value is None:
+                    req.fields |= now_bit
+                else:
+                    setattr(req, name, value)
+                    req.fields |= bit
+        if fields:
+            raise TypeError(f"unknown setattr fields {sorted(fields)}")
+        return (await self.call("Setattr", req)).inode
+
+    async def setxattr(self, inode_id: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        await self.call("Setxattr", m.SetxattrReq(inode_id=inode_id, name=name, value=value, flags=flags))
+
+    async def removexattr(self, inode_id: int, name: bytes) -> None:
+        await self.call("Removexattr", m.RemovexattrReq(inode_id=inode_id, name=name))
+
+    async def set_layout(
+        self, inode_id: int, chain_table_id: int = 0, chunk_size: int = 0, stripe_count: int = 0
+    ) -> m.Inode:
+        req = m.SetLayoutReq(
+            inode_id=inode_id, chain_table_id=chain_table_id, chunk_size=chunk_size, stripe_count=stripe_count
+        )
+        return (await self.call("SetLayout", req)).inode
+
+    # ---- open files ----------------------------------------------------------------------------
+
+    async def open(self, inode_id: int, flags: int = 0) -> m.OpenRsp:
+        return await self.call("Open", m.OpenReq(inode_id=inode_id, flags=flags))
+
+    async def sync(
+        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
+    ) -> m.Inode:
+        req = m.SyncReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
+        return (await self.call("Sync", req)).inode
+
+    async def close_file(
+        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
+    ) -> m.Inode:
+        req = m.CloseReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
+        return (await self.call("Close", req)).inode
+
+    async def prune_sessions(self, client_id: int) -> int:
+        return (await self.call("PruneSession", m.PruneSessionReq(client_id=client_id))).pruned

@@ -1,0 +1,233 @@
+"""setattr (chmod, chown, utimensat with UTIME_NOW/UTIME_OMIT, truncate), user xattrs, directory
+default layouts and statfs.
+
+Rules are Linux's: only the owner or root changes mode or explicit times; only root changes the
+owner; the owner may change the group to one of its own groups; setting both times to "now" is also
+allowed to anyone with write permission; a non-root chown clears setuid/setgid; a non-root chmod by
+someone outside the file's group clears setgid; any change sets ctime.
+"""
+
+from __future__ import annotations
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import Transaction
+from fs3.meta import inode as inodes
+from fs3.meta import schema
+from fs3.meta.layout import check_layout_params
+from fs3.meta.namespace import DIRECTORY, FILE, Namespace
+from fs3.meta.permissions import (
+    R_OK,
+    S_ISGID,
+    S_ISUID,
+    W_OK,
+    Credentials,
+    check,
+    check_owner,
+)
+from fs3.proto import meta_pb2
+
+F = meta_pb2
+XATTR_CREATE = 1
+XATTR_REPLACE = 2
+XATTR_NAME_MAX = 255
+XATTR_SIZE_MAX = 65536
+XATTR_TOTAL_MAX = 65536  # all of an inode's attributes together, so the inode stays one small value
+_USER = b"user."
+
+
+def _check_xattr_name(name: bytes) -> None:
+    if not name or b"\0" in name:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, "invalid xattr name")
+    if len(name) > XATTR_NAME_MAX:
+        raise FS3Error(StatusCode.META_XATTR_RANGE, f"xattr name of {len(name)} bytes is too long")
+    if not name.startswith(_USER) or len(name) == len(_USER):
+        raise FS3Error(StatusCode.META_NOT_SUPPORTED, f"only user.* xattrs are supported, not {name[:64]!r}")
+
+
+class AttrOps(Namespace):
+    async def setattr(self, cred: Credentials, inode_id: int, request: meta_pb2.SetattrReq) -> meta_pb2.Inode:
+        """Apply the fields of ``request`` named in ``request.fields`` (see SetattrField)."""
+        fields = request.fields
+        trunc: list[meta_pb2.Inode] = []
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode:
+            trunc.clear()
+            ino = await inodes.complete(tr, await inodes.load(tr, inode_id))
+            now = inodes.now_ns()
+            if fields & F.SETATTR_UID and request.uid != ino.uid:
+                if not cred.is_root:
+                    raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may change the owner")
+            if fields & F.SETATTR_GID and request.gid != ino.gid:
+                check_owner(ino, cred, "change the group")
+                if not cred.is_root and not cred.in_group(request.gid):
+                    raise FS3Error(
+                        StatusCode.META_NOT_PERMITTED, f"uid {cred.uid} is not in group {request.gid}"
+                    )
+            if fields & (F.SETATTR_UID | F.SETATTR_GID):
+                if fields & F.SETATTR_UID:
+                    ino.uid = request.uid
+                if fields & F.SETATTR_GID:
+                    ino.gid = request.gid
+                if not cred.is_root and ino.type != DIRECTORY:
+                    ino.mode &= ~(S_ISUID | S_ISGID)
+            if fields & F.SETATTR_MODE:
+                check_owner(ino, cred, "change the mode")
+                mode = request.mode & 0o7777
+                if not cred.is_root and not cred.in_group(ino.gid) and ino.type != DIRECTORY:
+                    mode &= ~S_ISGID
+                ino.mode = mode
+            explicit = fields & (F.SETATTR_ATIME | F.SETATTR_MTIME | F.SETATTR_CTIME)
+            to_now = fields & (F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW)
+            if explicit:
+                check_owner(ino, cred, "set explicit times")
+            elif to_now and cred.uid not in (0, ino.uid):
+                check(ino, cred, W_OK)
+            if fields & F.SETATTR_ATIME_NOW:
+                ino.atime_ns = now
+            elif fields & F.SETATTR_ATIME:
+                ino.atime_ns = request.atime_ns
+            if fields & F.SETATTR_MTIME_NOW:
+                ino.mtime_ns = now
+            elif fields & F.SETATTR_MTIME:
+                ino.mtime_ns = request.mtime_ns
+            if fields & F.SETATTR_SIZE:
+                if ino.type == DIRECTORY:
+                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
+                if ino.type != FILE:
+                    raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a regular file")
+                if not await self._has_write_session(tr, inode_id, request.session_id):
+                    check(ino, cred, W_OK)
+                # Chunks past the new end may exist even when the settled size says otherwise
+                # (writes not yet reported), so a shrink or a truncate to the same size trims them.
+                if request.size <= ino.size:
+                    trunc.append(ino)
+                self._truncate_in_txn(tr, ino, request.size)
+                if not cred.is_root:
+                    ino.mode &= ~(S_ISUID | (S_ISGID if ino.mode & 0o010 else 0))
+            ino.ctime_ns = request.ctime_ns if fields & F.SETATTR_CTIME else now
+            self._store_attrs(tr, ino)
+            return inodes.public(ino)
+
+        ino = await self.db.run(fn)
+        for t in trunc:
+            await self.chunks.truncate(t.layout, t.id, t.size)
+        return ino
+
+    async def _has_write_session(self, tr: Transaction, inode_id: int, session_id: int) -> bool:
+        if not session_id:
+            return False
+        raw = await tr.get(schema.session_key(inode_id, session_id))
+        return raw is not None and meta_pb2.FileSession.FromString(raw).write
+
+    def _store_attrs(self, tr: Transaction, ino: meta_pb2.Inode) -> None:
+        """Store a completed inode; a directory's times go to its times key."""
+        if ino.type == DIRECTORY:
+            tr.set(schema.dir_times_key(ino.id), schema.encode_times(ino.mtime_ns, ino.ctime_ns))
+            stored = meta_pb2.Inode()
+            stored.CopyFrom(ino)
+            stored.nlink = 2 if ino.nlink else 0  # the live count is kept in the links key
+            inodes.store(tr, stored)
+        else:
+            inodes.store(tr, ino)
+
+    # ---- extended attributes -----------------------------------------------------------------
+
+    async def getxattr(self, cred: Credentials, inode_id: int, name: bytes) -> bytes:
+        _check_xattr_name(name)
+        ino = await self.db.run(lambda tr: inodes.load(tr.snapshot, inode_id), read_only=True)
+        check(ino, cred, R_OK)
+        for x in ino.xattrs:
+            if x.name == name:
+                return x.value
+        raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {name[:64]!r} on inode {inode_id}")
+
+    async def listxattr(self, cred: Credentials, inode_id: int) -> list[bytes]:
+        ino = await self.db.run(lambda tr: inodes.load(tr.snapshot, inode_id), read_only=True)
+        check(ino, cred, R_OK)
+        return [x.name for x in ino.xattrs]
+
+    async def setxattr(
+        self, cred: Credentials, inode_id: int, name: bytes, value: bytes, flags: int = 0
+    ) -> None:
+        _check_xattr_name(name)
+        if len(value) > XATTR_SIZE_MAX:
+            raise FS3Error(StatusCode.META_TOO_BIG, f"xattr value of {len(value)} bytes is too large")
+        if flags & ~(XATTR_CREATE | XATTR_REPLACE):
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown setxattr flags {flags:#x}")
+        await self._edit_xattrs(cred, inode_id, name, value, flags)
+
+    async def removexattr(self, cred: Credentials, inode_id: int, name: bytes) -> None:
+        _check_xattr_name(name)
+        await self._edit_xattrs(cred, inode_id, name, None, XATTR_REPLACE)
+
+    async def _edit_xattrs(
+        self, cred: Credentials, inode_id: int, name: bytes, value: bytes | None, flags: int
+    ) -> None:
+        async def fn(tr: Transaction) -> None:
+            ino = await inodes.load(tr, inode_id)
+            if ino.type not in (FILE, DIRECTORY):
+                raise FS3Error(
+                    StatusCode.META_NOT_PERMITTED, "user xattrs exist on files and directories only"
+                )
+            check(ino, cred, W_OK)
+            idx = next((i for i, x in enumerate(ino.xattrs) if x.name == name), None)
+            if idx is None and flags & XATTR_REPLACE:
+                raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {name[:64]!r} on inode {inode_id}")
+            if idx is not None and flags & XATTR_CREATE:
+                raise FS3Error(StatusCode.ALREADY_EXISTS, f"xattr {name[:64]!r} exists")
+            if value is None:
+                del ino.xattrs[idx]
+            elif idx is None:
+                ino.xattrs.add(name=name, value=value)
+            else:
+                ino.xattrs[idx].value = value
+            if sum(len(x.name) + len(x.value) for x in ino.xattrs) > XATTR_TOTAL_MAX:
+                raise FS3Error(StatusCode.RESOURCE_EXHAUSTED, "no room for more xattrs on this inode")
+            now = inodes.now_ns()
+            if ino.type == DIRECTORY:
+                await inodes.complete(tr.snapshot, ino)
+                ino.ctime_ns = now
+                self._store_attrs(tr, ino)
+            else:
+                ino.ctime_ns = now
+                inodes.store(tr, ino)
+
+        await self.db.run(fn)
+
+    # ---- layouts and statfs --------------------------------------------------------------------
+
+    async def set_layout(
+        self, cred: Credentials, inode_id: int, chain_table_id: int = 0, chunk_size: int = 0, stripe: int = 0
+    ) -> meta_pb2.Inode:
+        """Set a directory's default layout for new children (zero keeps a field)."""
+        check_layout_params(chunk_size, stripe)
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode:
+            d = await inodes.load_dir(tr, inode_id)
+            check_owner(d, cred, "set a directory's layout")
+            if chain_table_id:
+                d.layout.chain_table_id = chain_table_id
+            if chunk_size:
+                d.layout.chunk_size = chunk_size
+            if stripe:
+                d.layout.stripe_count = stripe
+            inodes.store(tr, d)
+            return inodes.public(await inodes.complete(tr.snapshot, d))
+
+        return await self.db.run(fn)
+
+    async def statfs(self, capacity: int, used: int) -> meta_pb2.StatFsRsp:
+        """Space from the caller (storage's figures), inode count from the store."""
+
+        async def fn(tr: Transaction) -> int:
+            return schema.decode_count(await tr.snapshot.get(schema.INODE_COUNT_KEY))
+
+        count = await self.db.run(fn, read_only=True)
+        return meta_pb2.StatFsRsp(
+            capacity=capacity,
+            used=used,
+            free=max(capacity - used, 0),
+            inodes=count,
+            block_size=4096,
+            name_max=255,
+        )

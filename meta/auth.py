@@ -1,0 +1,86 @@
+"""Who a meta request acts as: the UserInfo in its header, checked against mgmtd's user store.
+
+:class:`TokenAuthenticator` verifies the token through mgmtd (``VerifyToken``) and caches the answer
+(positive ``ttl_s``, negative ``negative_ttl_s``), so the hot path costs a dict lookup. The token must
+belong to the request's uid, and groups come from the user store; a token of a *root* user (the
+FUSE mount's, which acts for every local user of its host) may act as any uid/gid/groups the request
+names. :class:`TrustingAuthenticator` takes the header at its word (``authenticate = false``: tests
+and single-user local clusters).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.meta.permissions import Credentials
+from fs3.proto import common_pb2, mgmtd_pb2
+
+MAX_GROUPS = 64
+
+
+class Authenticator(Protocol):
+    async def credentials(self, user: common_pb2.UserInfo) -> Credentials: ...
+
+
+def _from_header(user: common_pb2.UserInfo) -> Credentials:
+    if len(user.groups) > MAX_GROUPS:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_GROUPS} supplementary groups")
+    return Credentials(user.uid, user.gid, frozenset(user.groups))
+
+
+class TrustingAuthenticator:
+    """Believes the request header."""
+
+    async def credentials(self, user: common_pb2.UserInfo) -> Credentials:
+        return _from_header(user)
+
+
+class TokenAuthenticator:
+    """Checks tokens with ``verify`` (e.g. ``MgmtdClient.verify_token``), caching the results."""
+
+    def __init__(
+        self,
+        verify: Callable[[str], Awaitable[mgmtd_pb2.User]],
+        *,
+        ttl_s: float = 60.0,
+        negative_ttl_s: float = 5.0,
+        max_entries: int = 10_000,
+    ) -> None:
+        self._verify = verify
+        self.ttl_s = ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self.max_entries = max_entries
+        self._cache: dict[str, tuple[float, mgmtd_pb2.User | FS3Error]] = {}
+
+    async def user_of(self, token: str) -> mgmtd_pb2.User:
+        if not token:
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
+        now = time.monotonic()
+        hit = self._cache.get(token)
+        if hit is None or hit[0] < now:
+            try:
+                result: mgmtd_pb2.User | FS3Error = await self._verify(token)
+                expires = now + self.ttl_s
+            except FS3Error as e:
+                if e.code != StatusCode.UNAUTHENTICATED:
+                    raise  # mgmtd unreachable: say so, and do not cache
+                result = e
+                expires = now + self.negative_ttl_s
+            if len(self._cache) >= self.max_entries:
+                self._cache.clear()
+            self._cache[token] = hit = (expires, result)
+        value = hit[1]
+        if isinstance(value, FS3Error):
+            raise FS3Error(value.code, value.message)
+        return value
+
+    async def credentials(self, user: common_pb2.UserInfo) -> Credentials:
+        owner = await self.user_of(user.token)
+        if owner.root:
+            return _from_header(user)
+        if user.uid != owner.uid:
+            raise FS3Error(StatusCode.UNAUTHENTICATED, f"the token does not belong to uid {user.uid}")
+        return Credentials(owner.uid, owner.gid, frozenset(owner.groups))

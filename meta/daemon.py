@@ -1,0 +1,139 @@
+"""MetaDaemon: one meta server process's parts wired together (store, RPC server, mgmtd agent,
+routing cache, collector, metrics). :mod:`fs3.meta.main` runs it; tests may run it in-process."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from fs3.client.meta_client import DEV_SECRET
+from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
+from fs3.client.routing import RoutingCache
+from fs3.config import MetaConfig
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import Database, open_database
+from fs3.meta.auth import Authenticator, TokenAuthenticator, TrustingAuthenticator
+from fs3.meta.layout import ChainAllocator, ChainTable
+from fs3.meta.service import MetaService
+from fs3.meta.storage_io import ChunkStore, NoStorage
+from fs3.meta.store import MetaStore
+from fs3.net import RpcServer
+from fs3.proto import common_pb2
+
+log = logging.getLogger(__name__)
+
+
+class MetaDaemon:
+    """Start with :meth:`start` (raises FS3Error when it cannot), end with :meth:`stop`."""
+
+    def __init__(
+        self,
+        cfg: MetaConfig,
+        *,
+        secret: bytes | None = None,
+        db: Database | None = None,
+        chunks: ChunkStore | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.secret = secret
+        self.db = db
+        self._own_db = db is None
+        self.chunks = chunks
+        self.mgmtd: MgmtdClient | None = None
+        self.routing: RoutingCache | None = None
+        self.agent: NodeAgent | None = None
+        self.server: RpcServer | None = None
+        self.store: MetaStore | None = None
+        self.port = 0
+
+    def _table(self, table_id: int) -> ChainTable | None:
+        if self.routing is None:
+            return None
+        try:
+            t = self.routing.routing.chain_table(table_id)
+        except FS3Error:
+            return None
+        return ChainTable(t.table_id, t.version, tuple(t.chain_ids))
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        if self.db is None:
+            if cfg.kv.engine == "lmdb" and not cfg.kv.path:
+                raise FS3Error(StatusCode.CONFIG_INVALID, "kv.path must name a directory for the lmdb engine")
+            try:
+                self.db = await open_database(cfg.kv)
+            except (OSError, TypeError, ValueError, ImportError) as e:
+                raise FS3Error(
+                    StatusCode.CONFIG_INVALID, f"cannot open the {cfg.kv.engine} store: {e}"
+                ) from None
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        cfg = self.cfg
+        assert self.db is not None
+        if cfg.mgmtd_addresses:
+            self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
+            self.routing = RoutingCache(self.mgmtd, refresh_interval_s=2.0)
+        auth: Authenticator = (
+            TokenAuthenticator(self.mgmtd.verify_token)
+            if cfg.authenticate and self.mgmtd is not None
+            else TrustingAuthenticator()
+        )
+        layouts = ChainAllocator(
+            self._table,
+            default_table=cfg.default_chain_table,
+            default_chunk_size=cfg.default_chunk_size,
+            default_stripe=cfg.default_stripe,
+        )
+        self.store = MetaStore(
+            self.db,
+            layouts=layouts,
+            chunks=self.chunks or NoStorage(),
+            gc_interval_s=cfg.gc_interval_s,
+            session_timeout_s=cfg.session_timeout_s,
+            idem_ttl_s=cfg.idem_ttl_s,
+        )
+        await self.store.start()
+        self.server = RpcServer(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")
+        MetaService(self.store, auth).register(self.server)
+        try:
+            host, self.port = await self.server.start((cfg.listen_host, cfg.listen_port))
+        except OSError as e:
+            raise FS3Error(
+                StatusCode.UNAVAILABLE, f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror}"
+            ) from None
+        if self.routing is not None and self.mgmtd is not None:
+            await self.routing.start()
+            advertise = (
+                cfg.listen_host if cfg.listen_host not in ("0.0.0.0", "::", "") else socket.gethostname()
+            )
+            self.agent = NodeAgent(
+                self.mgmtd,
+                cfg.node_id,
+                common_pb2.NODE_META,
+                endpoints=[common_pb2.Endpoint(host=advertise, port=self.port, transport="tcp")],
+                on_routing_version=lambda v: (
+                    self.routing.refresh_soon() if self.routing and v > self.routing.version else None
+                ),
+            )
+            await self.agent.start()
+        log.info("meta serving node_id=%d port=%d engine=%s", cfg.node_id, self.port, cfg.kv.engine)
+
+    async def stop(self) -> None:
+        if self.agent is not None:
+            await self.agent.stop()
+        if self.routing is not None:
+            await self.routing.stop()
+        if self.server is not None:
+            await self.server.stop()
+        if self.store is not None:
+            await self.store.stop()
+        if self.mgmtd is not None:
+            await self.mgmtd.close()
+        if self.db is not None and self._own_db:
+            await self.db.close()
+            self.db = None

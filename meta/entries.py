@@ -1,0 +1,233 @@
+"""Operations that change existing entries: link, unlink, rmdir (plain and recursive), rename.
+
+Dropping an inode's last link never frees storage here: a file with no links left keeps its inode
+(nlink 0) and gets a GC entry, so open handles keep working; the collector (:mod:`fs3.meta.gc`)
+removes its chunks and the inode once the last session has closed. A recursive rmdir detaches the
+directory the same way and the collector walks the subtree.
+"""
+
+from __future__ import annotations
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import Transaction, prefix_end
+from fs3.meta import inode as inodes
+from fs3.meta import schema
+from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace
+from fs3.meta.permissions import R_OK, W_OK, X_OK, Credentials, check, check_name, check_sticky
+from fs3.proto import meta_pb2
+
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+_EMPTY = meta_pb2.EmptyRsp()
+
+
+def queue_gc(tr: Transaction, ino: meta_pb2.Inode) -> None:
+    entry = meta_pb2.GcEntry(inode_id=ino.id, type=ino.type, queued_ns=inodes.now_ns())
+    tr.set(schema.gc_key(ino.id), entry.SerializeToString())
+
+
+def drop_link(tr: Transaction, ino: meta_pb2.Inode, now: int) -> None:
+    """One fewer name refers to ``ino`` (not a directory)."""
+    ino.nlink -= 1
+    ino.ctime_ns = now
+    if ino.nlink > 0:
+        inodes.store(tr, ino)
+    elif ino.type == FILE:
+        inodes.store(tr, ino)
+        queue_gc(tr, ino)
+    else:
+        tr.clear(schema.inode_key(ino.id))
+        tr.add_int(schema.INODE_COUNT_KEY, -1)
+
+
+def delete_dir(tr: Transaction, d: meta_pb2.Inode, parent: int) -> None:
+    """Remove an empty directory's records, and its link from ``parent`` (0: already detached)."""
+    tr.clear(schema.inode_key(d.id))
+    tr.clear(schema.dir_times_key(d.id))
+    tr.clear(schema.dir_links_key(d.id))
+    tr.add_int(schema.INODE_COUNT_KEY, -1)
+    if parent:
+        tr.add_int(schema.dir_links_key(parent), -1)
+
+
+async def is_empty(tr: Transaction, dir_id: int) -> bool:
+    prefix = schema.dentry_prefix(dir_id)
+    return not await tr.get_range(prefix, prefix_end(prefix), 1)
+
+
+async def _entry(tr: Transaction, parent: int, name: bytes) -> tuple[bytes, meta_pb2.Inode]:
+    key = schema.dentry_key(parent, name)
+    raw = await tr.get(key)
+    if raw is None:
+        raise FS3Error(StatusCode.NOT_FOUND, f"no entry {name[:64]!r} in directory {parent}")
+    return key, await inodes.load(tr, meta_pb2.DirEntry.FromString(raw).inode_id)
+
+
+class EntryOps(Namespace):
+    async def link(
+        self, cred: Credentials, inode_id: int, new_parent: int, new_name: bytes, idem: Idem = None
+    ) -> meta_pb2.Inode:
+        """A new name for an existing non-directory inode."""
+        check_name(new_name)
+
+        async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
+            ino = await inodes.load(tr, inode_id)
+            if ino.type == DIRECTORY:
+                raise FS3Error(StatusCode.META_NOT_PERMITTED, "hard links to directories are not allowed")
+            if ino.nlink == 0:
+                raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
+            if ino.nlink >= inodes.MAX_LINKS:
+                raise FS3Error(StatusCode.META_TOO_MANY_LINKS, f"inode {inode_id} has {ino.nlink} links")
+            p = await inodes.load_dir(tr, new_parent)
+            check(p, cred, X_OK)
+            key = schema.dentry_key(new_parent, new_name)
+            if await tr.get(key) is not None:
+                raise FS3Error(
+                    StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists in directory {new_parent}"
+                )
+            check(p, cred, W_OK | X_OK)
+            now = inodes.now_ns()
+            ino.nlink += 1
+            ino.ctime_ns = now
+            inodes.store(tr, ino)
+            tr.set(key, meta_pb2.DirEntry(inode_id=ino.id, type=ino.type).SerializeToString())
+            inodes.touch_dir(tr, new_parent, now)
+            return meta_pb2.InodeRsp(inode=inodes.public(ino))
+
+        return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
+
+    async def unlink(self, cred: Credentials, parent: int, name: bytes, idem: Idem = None) -> None:
+        """Remove a non-directory entry."""
+        check_name(name)
+
+        async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
+            p = await inodes.load_dir(tr, parent)
+            check(p, cred, X_OK)
+            key, ino = await _entry(tr, parent, name)
+            if ino.type == DIRECTORY:
+                raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{name[:64]!r} is a directory")
+            check(p, cred, W_OK | X_OK)
+            check_sticky(p, ino, cred)
+            now = inodes.now_ns()
+            tr.clear(key)
+            drop_link(tr, ino, now)
+            inodes.touch_dir(tr, parent, now)
+            return _EMPTY
+
+        await self._mutate(idem, meta_pb2.EmptyRsp, fn)
+
+    async def rmdir(
+        self, cred: Credentials, parent: int, name: bytes, recursive: bool = False, idem: Idem = None
+    ) -> None:
+        """Remove an empty directory; with ``recursive``, detach a whole tree for the collector
+        (which needs read, write and search permission on the directory itself)."""
+        check_name(name)
+
+        async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
+            p = await inodes.load_dir(tr, parent)
+            check(p, cred, X_OK)
+            key, d = await _entry(tr, parent, name)
+            if d.type != DIRECTORY:
+                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{name[:64]!r} is not a directory")
+            check(p, cred, W_OK | X_OK)
+            check_sticky(p, d, cred)
+            now = inodes.now_ns()
+            tr.clear(key)
+            if recursive:
+                check(d, cred, R_OK | W_OK | X_OK)
+                d.nlink = 0
+                inodes.store(tr, d)
+                tr.add_int(schema.dir_links_key(parent), -1)
+                queue_gc(tr, d)
+            else:
+                if not await is_empty(tr, d.id):
+                    raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {name[:64]!r} is not empty")
+                delete_dir(tr, d, parent)
+            inodes.touch_dir(tr, parent, now)
+            return _EMPTY
+
+        await self._mutate(idem, meta_pb2.EmptyRsp, fn)
+
+    async def rename(
+        self,
+        cred: Credentials,
+        old_parent: int,
+        old_name: bytes,
+        new_parent: int,
+        new_name: bytes,
+        flags: int = 0,
+        idem: Idem = None,
+    ) -> None:
+        """Atomically rename an entry, replacing a file or an empty directory at the destination;
+        refuses (EINVAL) to move a directory into its own subtree."""
+        check_name(old_name)
+        check_name(new_name)
+        if flags & RENAME_EXCHANGE:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "RENAME_EXCHANGE is not supported")
+        if flags & ~RENAME_NOREPLACE:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown rename flags {flags:#x}")
+
+        async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
+            op = await inodes.load_dir(tr, old_parent)
+            check(op, cred, X_OK)
+            np = op if new_parent == old_parent else await inodes.load_dir(tr, new_parent)
+            if np is not op:
+                check(np, cred, X_OK)
+            src_key, src = await _entry(tr, old_parent, old_name)
+            dst_key = schema.dentry_key(new_parent, new_name)
+            raw = await tr.get(dst_key)
+            dst = None
+            if raw is not None:
+                dst_id = meta_pb2.DirEntry.FromString(raw).inode_id
+                if dst_id == src.id:
+                    return _EMPTY  # two names of one inode: POSIX says do nothing
+                if flags & RENAME_NOREPLACE:
+                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists")
+                dst = await inodes.load(tr, dst_id)
+                if src.type == DIRECTORY and dst.type != DIRECTORY:
+                    raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{new_name[:64]!r} is not a directory")
+                if src.type != DIRECTORY and dst.type == DIRECTORY:
+                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{new_name[:64]!r} is a directory")
+            check(op, cred, W_OK | X_OK)
+            if np is not op:
+                check(np, cred, W_OK | X_OK)
+            check_sticky(op, src, cred)
+            if dst is not None:
+                check_sticky(np, dst, cred)
+            moved_dir = src.type == DIRECTORY and new_parent != old_parent
+            if moved_dir:
+                # ".." changes: the directory itself must be writable, and must not be an ancestor
+                # of its new parent. The walk's reads conflict with any concurrent move on the way.
+                check(src, cred, W_OK)
+                cur = np
+                while True:
+                    if cur.id == src.id:
+                        raise FS3Error(StatusCode.INVALID_ARGUMENT, "cannot move a directory into itself")
+                    if cur.id == schema.ROOT_ID or not cur.parent:
+                        break
+                    cur = await inodes.load(tr, cur.parent)
+            if dst is not None and dst.type == DIRECTORY and not await is_empty(tr, dst.id):
+                raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {new_name[:64]!r} is not empty")
+            now = inodes.now_ns()
+            if dst is not None:
+                if dst.type == DIRECTORY:
+                    delete_dir(tr, dst, new_parent)
+                else:
+                    drop_link(tr, dst, now)
+            tr.clear(src_key)
+            tr.set(dst_key, meta_pb2.DirEntry(inode_id=src.id, type=src.type).SerializeToString())
+            if src.type == DIRECTORY:
+                if moved_dir:
+                    src.parent = new_parent
+                    inodes.store(tr, src)
+                    tr.add_int(schema.dir_links_key(old_parent), -1)
+                    tr.add_int(schema.dir_links_key(new_parent), 1)
+            else:
+                src.ctime_ns = now
+                inodes.store(tr, src)
+            inodes.touch_dir(tr, old_parent, now)
+            if new_parent != old_parent:
+                inodes.touch_dir(tr, new_parent, now)
+            return _EMPTY
+
+        await self._mutate(idem, meta_pb2.EmptyRsp, fn)

@@ -1,0 +1,174 @@
+"""The garbage collector: removes the chunks and inodes of unlinked files once no session is open on
+them, and takes apart trees detached by a recursive rmdir (DESIGN §7).
+
+GC entries (``GCQU`` + inode) are written by unlink, rename-over and rmdir in the same transaction
+that drops the last link, so nothing is leaked. The collector only ever removes chunks of an inode
+with no links and no sessions, and it deletes the inode and the entry in a transaction that checks
+both again, so nothing is removed while reachable. Any number of meta processes may collect at once:
+chunk removal is idempotent and the final transaction is conflict-checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fs3.errors import FS3Error
+from fs3.kv import Transaction, prefix_end
+from fs3.meta import inode as inodes
+from fs3.meta import schema
+from fs3.meta.entries import delete_dir, drop_link, queue_gc
+from fs3.meta.namespace import DIRECTORY, Namespace
+from fs3.proto import meta_pb2
+
+log = logging.getLogger(__name__)
+
+BATCH = 256
+DIR_BATCH = 128
+
+
+class Collector:
+    """Runs :meth:`collect_once` every ``interval_s`` (and at once after :meth:`wake`)."""
+
+    def __init__(self, ns: Namespace, interval_s: float, session_timeout_s: float = 0.0) -> None:
+        self.ns = ns
+        self.interval_s = interval_s
+        self.session_timeout_s = session_timeout_s
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.removed_files = 0
+        self.removed_dirs = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="fs3-meta-gc")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            self._wake.clear()
+            try:
+                if self.session_timeout_s > 0:
+                    expiry = inodes.now_ns() - int(self.session_timeout_s * 1e9)
+                    await self.ns.prune_sessions(older_than_ns=expiry)  # type: ignore[attr-defined]
+                await self.collect_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gc round failed")
+
+    async def collect_once(self) -> int:
+        """One pass over the queue; returns how many entries were finished."""
+        done = 0
+        begin = schema.GCQU
+        end = prefix_end(schema.GCQU)
+        while True:
+
+            async def scan(tr: Transaction, begin: bytes = begin) -> list[tuple[bytes, bytes]]:
+                return [tuple(kv) for kv in await tr.snapshot.get_range(begin, end, BATCH)]
+
+            rows = await self.ns.db.run(scan, read_only=True)
+            for _key, value in rows:
+                entry = meta_pb2.GcEntry.FromString(value)
+                try:
+                    if entry.type == DIRECTORY:
+                        done += await self._collect_dir(entry.inode_id)
+                    else:
+                        done += await self._collect_file(entry.inode_id)
+                except FS3Error as e:
+                    log.warning("gc entry failed inode=%d error=%s", entry.inode_id, e)
+            if len(rows) < BATCH:
+                return done
+            begin = rows[-1][0] + b"\0"
+
+    async def _collect_file(self, inode_id: int) -> int:
+        db = self.ns.db
+        sprefix = schema.session_prefix(inode_id)
+
+        async def check(tr: Transaction) -> meta_pb2.Inode | None:
+            raw = await tr.snapshot.get(schema.inode_key(inode_id))
+            if raw is None:
+                return None
+            ino = meta_pb2.Inode.FromString(raw)
+            if ino.nlink > 0 or await tr.snapshot.get_range(sprefix, prefix_end(sprefix), 1):
+                return ino  # linked again or still open: not now
+            return ino
+
+        ino = await db.run(check, read_only=True)
+        if ino is not None:
+            if ino.nlink > 0:
+                await db.run(lambda tr: _clear(tr, schema.gc_key(inode_id)))
+                return 1
+            if await self.ns.sessions_of(inode_id):  # type: ignore[attr-defined]
+                return 0
+            await self.ns.chunks.remove(ino.layout, inode_id)
+
+        async def finish(tr: Transaction) -> bool:
+            raw = await tr.get(schema.inode_key(inode_id))
+            if raw is not None:
+                if meta_pb2.Inode.FromString(raw).nlink > 0 or await tr.get_range(
+                    sprefix, prefix_end(sprefix), 1
+                ):
+                    return False
+                tr.clear(schema.inode_key(inode_id))
+                tr.add_int(schema.INODE_COUNT_KEY, -1)
+            tr.clear(schema.gc_key(inode_id))
+            return True
+
+        if await db.run(finish):
+            self.removed_files += 1
+            log.debug("gc removed file inode=%d", inode_id)
+            return 1
+        return 0
+
+    async def _collect_dir(self, dir_id: int) -> int:
+        """Detach a batch of the directory's entries (subdirectories become GC entries of their
+        own); remove the directory once it is empty."""
+        prefix = schema.dentry_prefix(dir_id)
+
+        async def step(tr: Transaction) -> bool:
+            raw = await tr.get(schema.inode_key(dir_id))
+            if raw is None:
+                tr.clear(schema.gc_key(dir_id))
+                return True
+            d = meta_pb2.Inode.FromString(raw)
+            rows = await tr.get_range(prefix, prefix_end(prefix), DIR_BATCH)
+            now = inodes.now_ns()
+            for key, value in rows:
+                child_id = meta_pb2.DirEntry.FromString(value).inode_id
+                tr.clear(key)
+                child_raw = await tr.get(schema.inode_key(child_id))
+                if child_raw is None:
+                    continue
+                child = meta_pb2.Inode.FromString(child_raw)
+                if child.type == DIRECTORY:
+                    child.nlink = 0
+                    inodes.store(tr, child)
+                    queue_gc(tr, child)
+                else:
+                    drop_link(tr, child, now)
+            if len(rows) < DIR_BATCH:
+                delete_dir(tr, d, 0)
+                tr.clear(schema.gc_key(dir_id))
+                return True
+            return False
+
+        while not await self.ns.db.run(step):
+            pass
+        self.removed_dirs += 1
+        return 1
+
+
+async def _clear(tr: Transaction, key: bytes) -> None:
+    tr.clear(key)

@@ -1,0 +1,123 @@
+"""Reading and writing inodes inside a transaction, and building new ones.
+
+A directory's mtime/ctime and its subdirectory count are kept in keys of their own (see
+:mod:`fs3.meta.schema`) so that entries can be added to one directory concurrently without every
+transaction rewriting (and conflicting on) the directory's inode; :func:`load_full` folds them back
+in for replies.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import ReadView, Transaction
+from fs3.meta import schema
+from fs3.proto import meta_pb2
+
+DIRECTORY = meta_pb2.INODE_DIRECTORY
+FILE = meta_pb2.INODE_FILE
+SYMLINK = meta_pb2.INODE_SYMLINK
+
+S_IFMT = 0o170000
+_TYPE_BITS = {
+    0o100000: meta_pb2.INODE_FILE,
+    0o040000: meta_pb2.INODE_DIRECTORY,
+    0o120000: meta_pb2.INODE_SYMLINK,
+    0o010000: meta_pb2.INODE_FIFO,
+    0o140000: meta_pb2.INODE_SOCKET,
+    0o020000: meta_pb2.INODE_CHAR_DEVICE,
+    0o060000: meta_pb2.INODE_BLOCK_DEVICE,
+}
+TYPE_MODE_BITS = {v: k for k, v in _TYPE_BITS.items()}
+
+MAX_LINKS = 65000
+_Inode = meta_pb2.Inode
+_parse_inode = _Inode.FromString
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def type_of_mode(mode: int) -> int:
+    """The inode type a ``st_mode``'s file-type bits denote (0 when none or unknown)."""
+    return _TYPE_BITS.get(mode & S_IFMT, 0)
+
+
+def st_mode(inode: meta_pb2.Inode) -> int:
+    """``st_mode`` as stat(2) reports it: type bits and permission bits."""
+    return TYPE_MODE_BITS.get(inode.type, 0) | inode.mode
+
+
+async def load(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
+    """The stored inode (NOT_FOUND when there is none)."""
+    raw = await rv.get(schema.inode_key(inode_id))
+    if raw is None:
+        raise FS3Error(StatusCode.NOT_FOUND, f"no inode {inode_id}")
+    return _parse_inode(raw)
+
+
+async def load_dir(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
+    """A live directory (NOT_FOUND when gone or being removed, META_NOT_DIRECTORY when another type)."""
+    ino = await load(rv, inode_id)
+    if ino.type != DIRECTORY:
+        raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"inode {inode_id} is not a directory")
+    if ino.nlink == 0:
+        raise FS3Error(StatusCode.NOT_FOUND, f"directory {inode_id} has been removed")
+    return ino
+
+
+async def complete(rv: ReadView, ino: meta_pb2.Inode) -> meta_pb2.Inode:
+    """Fold a directory's separately kept times and link count into ``ino`` (in place)."""
+    if ino.type == DIRECTORY:
+        raw = await rv.get(schema.dir_times_key(ino.id))
+        if raw is not None:
+            ino.mtime_ns, ino.ctime_ns = schema.decode_times(raw)
+        if ino.nlink:
+            ino.nlink = 2 + schema.decode_count(await rv.get(schema.dir_links_key(ino.id)))
+    return ino
+
+
+async def load_full(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
+    """The inode as stat reports it (see :func:`complete`)."""
+    return await complete(rv, await load(rv, inode_id))
+
+
+def public(ino: meta_pb2.Inode) -> meta_pb2.Inode:
+    """``ino`` without the fields replies do not carry (extended attributes)."""
+    if ino.xattrs:
+        del ino.xattrs[:]
+    return ino
+
+
+def store(tr: Transaction, ino: meta_pb2.Inode) -> None:
+    tr.set(schema.inode_key(ino.id), ino.SerializeToString())
+
+
+def touch_dir(tr: Transaction, dir_id: int, now: int) -> None:
+    """Set a directory's mtime and ctime after a change of its entries (a blind write)."""
+    tr.set(schema.dir_times_key(dir_id), schema.encode_times(now, now))
+
+
+def set_dir_ctime(tr: Transaction, ino: meta_pb2.Inode, now: int) -> None:
+    """Set a directory's ctime, keeping its mtime (``ino`` as completed by :func:`complete`)."""
+    tr.set(schema.dir_times_key(ino.id), schema.encode_times(ino.mtime_ns, now))
+    ino.ctime_ns = now
+
+
+def new_inode(
+    inode_id: int, itype: int, mode: int, uid: int, gid: int, now: int, **fields: object
+) -> meta_pb2.Inode:
+    return _Inode(
+        id=inode_id,
+        type=itype,
+        mode=mode,
+        uid=uid,
+        gid=gid,
+        nlink=1 if itype != DIRECTORY else 2,
+        atime_ns=now,
+        mtime_ns=now,
+        ctime_ns=now,
+        **fields,
+    )

@@ -1,0 +1,400 @@
+"""The POSIX namespace over fs3.kv: lookups, creation of every inode type, links, removal, readdir.
+
+Every operation is one serializable transaction. Reads that decide an outcome are conflict-tracked
+(the parent directory's inode, the entry, the child's inode), so concurrent operations of any number
+of meta processes sharing the store serialize. Non-idempotent operations take ``idem`` = (client id,
+request id); the response is stored under IDEM in the same transaction and a retry returns it.
+
+Rename, removal and recursive removal live in :mod:`fs3.meta.rename` and :mod:`fs3.meta.remove`;
+attributes in :mod:`fs3.meta.attrs`; open files in :mod:`fs3.meta.sessions`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import Database, ReadView, Transaction, prefix_end
+from fs3.meta import inode as inodes
+from fs3.meta import schema
+from fs3.meta.idalloc import InodeIdAllocator
+from fs3.meta.layout import ChainAllocator, max_file_size
+from fs3.meta.permissions import (
+    PATH_MAX,
+    R_OK,
+    S_ISGID,
+    W_OK,
+    X_OK,
+    Credentials,
+    access_of_flags,
+    check,
+    check_name,
+)
+from fs3.meta.storage_io import ChunkStore, NoStorage
+from fs3.proto import meta_pb2
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
+Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not retried
+
+DIRECTORY = meta_pb2.INODE_DIRECTORY
+FILE = meta_pb2.INODE_FILE
+SYMLINK = meta_pb2.INODE_SYMLINK
+
+O_EXCL = 0o200
+O_TRUNC = 0o1000
+MAX_SYMLINK_FOLLOWS = 40
+READDIR_DEFAULT = 256
+READDIR_MAX = 4096
+
+
+class Namespace:
+    """The metadata of one file system in a KV store, usable in-process (see :class:`MetaStore`)."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        layouts: ChainAllocator | None = None,
+        chunks: ChunkStore | None = None,
+        ids: InodeIdAllocator | None = None,
+    ) -> None:
+        self.db = db
+        self.layouts = layouts or ChainAllocator(lambda _id: None)
+        self.chunks: ChunkStore = chunks or NoStorage()
+        self.ids = ids or InodeIdAllocator(db)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    async def _mutate(self, idem: Idem, rsp_cls: type[M], fn: Callable[[Transaction], Awaitable[M]]) -> M:
+        """Run ``fn`` in a transaction; with a request id, once only (see the module docstring)."""
+        if idem is None or not idem[1]:
+            return await self.db.run(fn)
+        key = schema.idem_key(*idem)
+
+        async def once(tr: Transaction) -> M:
+            raw = await tr.get(key)
+            if raw is not None:
+                return rsp_cls.FromString(meta_pb2.IdemRecord.FromString(raw).response)
+            rsp = await fn(tr)
+            rec = meta_pb2.IdemRecord(created_ns=inodes.now_ns(), response=rsp.SerializeToString())
+            tr.set(key, rec.SerializeToString())
+            return rsp
+
+        return await self.db.run(once)
+
+    async def ensure_root(self, mode: int = 0o755) -> None:
+        """Create the root directory (owned by root) unless it exists."""
+
+        async def fn(tr: Transaction) -> None:
+            if await tr.get(schema.inode_key(schema.ROOT_ID)) is not None:
+                return
+            now = inodes.now_ns()
+            root = inodes.new_inode(schema.ROOT_ID, DIRECTORY, mode, 0, 0, now, parent=schema.ROOT_ID)
+            root.layout.CopyFrom(self.layouts.default)
+            inodes.store(tr, root)
+            inodes.touch_dir(tr, root.id, now)
+            tr.add_int(schema.INODE_COUNT_KEY, 1)
+            log.info("created the root directory")
+
+        await self.db.run(fn)
+
+    async def _child(self, rv: ReadView, cred: Credentials, parent: int, name: bytes) -> meta_pb2.Inode:
+        """The inode named ``name`` in ``parent``, after the search permission check."""
+        p = await inodes.load_dir(rv, parent)
+        check(p, cred, X_OK)
+        if name == b".":
+            return p
+        if name == b"..":
+            return await inodes.load(rv, p.parent or schema.ROOT_ID)
+        check_name(name)
+        raw = await rv.get(schema.dentry_key(parent, name))
+        if raw is None:
+            raise FS3Error(StatusCode.NOT_FOUND, f"no entry {name[:64]!r} in directory {parent}")
+        return await inodes.load(rv, meta_pb2.DirEntry.FromString(raw).inode_id)
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    async def stat(self, inode_id: int) -> meta_pb2.Inode:
+        """The inode with ``inode_id`` (no permission needed, as for fstat)."""
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode:
+            return inodes.public(await inodes.load_full(tr.snapshot, inode_id))
+
+        return await self.db.run(fn, read_only=True)
+
+    async def batch_stat(self, inode_ids: list[int]) -> list[meta_pb2.Inode | FS3Error]:
+        """Each inode, or the error its stat would raise, from one snapshot."""
+
+        async def fn(tr: Transaction) -> list[meta_pb2.Inode | FS3Error]:
+            out: list[meta_pb2.Inode | FS3Error] = []
+            for i in inode_ids:
+                try:
+                    out.append(inodes.public(await inodes.load_full(tr.snapshot, i)))
+                except FS3Error as e:
+                    out.append(e)
+            return out
+
+        return await self.db.run(fn, read_only=True)
+
+    async def lookup(self, cred: Credentials, parent: int, name: bytes) -> meta_pb2.Inode:
+        """The inode ``name`` in directory ``parent`` names ("." and ".." included)."""
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode:
+            rv = tr.snapshot
+            return inodes.public(await inodes.complete(rv, await self._child(rv, cred, parent, name)))
+
+        return await self.db.run(fn, read_only=True)
+
+    async def lookup_path(self, cred: Credentials, path: bytes, follow: bool = True) -> meta_pb2.Inode:
+        """Resolve ``path`` from the root, following symlinks (at most 40: ELOOP)."""
+        if len(path) >= PATH_MAX:
+            raise FS3Error(StatusCode.META_NAME_TOO_LONG, f"path of {len(path)} bytes is too long")
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode:
+            rv = tr.snapshot
+            follows = 0
+            todo = [c for c in path.split(b"/") if c][::-1]
+            cur = await inodes.load(rv, schema.ROOT_ID)
+            while todo:
+                name = todo.pop()
+                if cur.type != DIRECTORY:
+                    raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"inode {cur.id} is not a directory")
+                parent = cur
+                cur = await self._child(rv, cred, cur.id, name)
+                if cur.type == SYMLINK and (todo or follow):
+                    follows += 1
+                    if follows > MAX_SYMLINK_FOLLOWS:
+                        raise FS3Error(StatusCode.META_TOO_MANY_SYMLINKS, "too many levels of symlinks")
+                    target = cur.symlink_target
+                    todo.extend([c for c in target.split(b"/") if c][::-1])
+                    cur = await inodes.load(rv, schema.ROOT_ID) if target.startswith(b"/") else parent
+            return inodes.public(await inodes.complete(rv, cur))
+
+        return await self.db.run(fn, read_only=True)
+
+    async def readlink(self, inode_id: int) -> bytes:
+        ino = await self.stat(inode_id)
+        if ino.type != SYMLINK:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a symlink")
+        return ino.symlink_target
+
+    async def readdir(
+        self,
+        cred: Credentials,
+        inode_id: int,
+        after: bytes = b"",
+        limit: int = 0,
+        with_inodes: bool = False,
+    ) -> tuple[list[meta_pb2.DirEntry], list[meta_pb2.Inode], bool]:
+        """A page of entries in name order after ``after``; returns (entries, inodes, more)."""
+        limit = min(limit or READDIR_DEFAULT, READDIR_MAX)
+
+        async def fn(tr: Transaction) -> tuple[list[meta_pb2.DirEntry], list[meta_pb2.Inode], bool]:
+            rv = tr.snapshot
+            d = await inodes.load_dir(rv, inode_id)
+            check(d, cred, R_OK)
+            prefix = schema.dentry_prefix(inode_id)
+            begin = prefix + after + b"\0" if after else prefix
+            rows = await rv.get_range(begin, prefix_end(prefix), limit + 1)
+            more = len(rows) > limit
+            entries = []
+            found = []
+            for key, value in rows[:limit]:
+                e = meta_pb2.DirEntry.FromString(value)
+                e.parent = inode_id
+                e.name = schema.name_of_dentry_key(key)
+                entries.append(e)
+                if with_inodes:
+                    found.append(inodes.public(await inodes.load_full(rv, e.inode_id)))
+            return entries, found, more
+
+        return await self.db.run(fn, read_only=True)
+
+    # ---- creation ------------------------------------------------------------------------------
+
+    async def _new_entry(
+        self,
+        tr: Transaction,
+        cred: Credentials,
+        parent: int,
+        name: bytes,
+        itype: int,
+        mode: int,
+        inode_id: int,
+        **fields: object,
+    ) -> tuple[meta_pb2.Inode, meta_pb2.Inode]:
+        """Insert a new inode named ``name`` into ``parent``; returns (parent, new inode)."""
+        p = await inodes.load_dir(tr, parent)
+        check(p, cred, X_OK)
+        key = schema.dentry_key(parent, name)
+        if await tr.get(key) is not None:
+            raise FS3Error(StatusCode.ALREADY_EXISTS, f"{name[:64]!r} exists in directory {parent}")
+        check(p, cred, W_OK | X_OK)
+        now = inodes.now_ns()
+        gid = p.gid if p.mode & S_ISGID else cred.gid
+        if itype == DIRECTORY and p.mode & S_ISGID:
+            mode |= S_ISGID
+        ino = inodes.new_inode(inode_id, itype, mode, cred.uid, gid, now, **fields)
+        if itype == FILE:
+            ino.layout.CopyFrom(self.layouts.file_layout(p.layout))
+        elif itype == DIRECTORY:
+            ino.parent = parent
+            ino.layout.CopyFrom(p.layout)
+            del ino.layout.chains[:]
+            inodes.touch_dir(tr, inode_id, now)
+            tr.add_int(schema.dir_links_key(parent), 1)
+        inodes.store(tr, ino)
+        tr.set(key, meta_pb2.DirEntry(inode_id=inode_id, type=itype).SerializeToString())
+        inodes.touch_dir(tr, parent, now)
+        tr.add_int(schema.INODE_COUNT_KEY, 1)
+        return p, ino
+
+    async def mkdir(
+        self, cred: Credentials, parent: int, name: bytes, mode: int, umask: int = 0, idem: Idem = None
+    ) -> meta_pb2.Inode:
+        """Make a directory; it inherits the parent's default layout (and setgid bit)."""
+        check_name(name)
+        inode_id = await self.ids.allocate()
+
+        async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
+            _, ino = await self._new_entry(
+                tr, cred, parent, name, DIRECTORY, mode & 0o7777 & ~umask, inode_id
+            )
+            return meta_pb2.InodeRsp(inode=inodes.public(ino))
+
+        return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
+
+    async def symlink(
+        self, cred: Credentials, parent: int, name: bytes, target: bytes, idem: Idem = None
+    ) -> meta_pb2.Inode:
+        check_name(name)
+        if not target:
+            raise FS3Error(StatusCode.NOT_FOUND, "empty symlink target")
+        if len(target) >= PATH_MAX:
+            raise FS3Error(StatusCode.META_NAME_TOO_LONG, f"symlink target of {len(target)} bytes")
+        if b"\0" in target:
+            raise FS3Error(StatusCode.META_INVALID_NAME, "symlink target contains NUL")
+        inode_id = await self.ids.allocate()
+
+        async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
+            _, ino = await self._new_entry(
+                tr, cred, parent, name, SYMLINK, 0o777, inode_id, symlink_target=target, size=len(target)
+            )
+            return meta_pb2.InodeRsp(inode=ino)
+
+        return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
+
+    async def mknod(
+        self,
+        cred: Credentials,
+        parent: int,
+        name: bytes,
+        mode: int,
+        rdev: int = 0,
+        umask: int = 0,
+        idem: Idem = None,
+    ) -> meta_pb2.Inode:
+        """Make a regular file, FIFO, socket or device node (``mode`` carries the S_IF* type bits)."""
+        check_name(name)
+        itype = inodes.type_of_mode(mode) if mode & inodes.S_IFMT else FILE
+        if itype in (0, DIRECTORY, SYMLINK):
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT, f"mknod cannot make type bits {mode & inodes.S_IFMT:o}"
+            )
+        if itype in (meta_pb2.INODE_CHAR_DEVICE, meta_pb2.INODE_BLOCK_DEVICE) and not cred.is_root:
+            raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may make device nodes")
+        inode_id = await self.ids.allocate()
+        extra = {"rdev": rdev} if itype in (meta_pb2.INODE_CHAR_DEVICE, meta_pb2.INODE_BLOCK_DEVICE) else {}
+
+        async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
+            _, ino = await self._new_entry(
+                tr, cred, parent, name, itype, mode & 0o7777 & ~umask, inode_id, **extra
+            )
+            return meta_pb2.InodeRsp(inode=ino)
+
+        return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
+
+    async def create(
+        self,
+        cred: Credentials,
+        parent: int,
+        name: bytes,
+        mode: int,
+        flags: int = 0,
+        umask: int = 0,
+        *,
+        session: bool = False,
+        client_id: int = 0,
+        idem: Idem = None,
+    ) -> meta_pb2.CreateRsp:
+        """open(O_CREAT): make a regular file, or open the existing one (EEXIST with O_EXCL; O_TRUNC
+        empties it). With ``session`` the reply carries a new session id (see
+        :mod:`fs3.meta.sessions`)."""
+        check_name(name)
+        inode_id = await self.ids.allocate()
+        session_id = random.getrandbits(63) + 1 if session else 0
+        truncate: list[meta_pb2.Inode] = []
+
+        async def fn(tr: Transaction) -> meta_pb2.CreateRsp:
+            truncate.clear()
+            p = await inodes.load_dir(tr, parent)
+            check(p, cred, X_OK)
+            raw = await tr.get(schema.dentry_key(parent, name))
+            if raw is None:
+                _, ino = await self._new_entry(tr, cred, parent, name, FILE, mode & 0o7777 & ~umask, inode_id)
+                created = True
+            else:
+                if flags & O_EXCL:
+                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{name[:64]!r} exists in directory {parent}")
+                ino = await inodes.load(tr, meta_pb2.DirEntry.FromString(raw).inode_id)
+                if ino.type == DIRECTORY:
+                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{name[:64]!r} is a directory")
+                check(ino, cred, access_of_flags(flags))
+                created = False
+                if flags & O_TRUNC and ino.type == FILE:
+                    self._truncate_in_txn(tr, ino, 0)
+                    truncate.append(ino)
+            if session_id and ino.type == FILE:
+                self._open_session(tr, ino.id, session_id, client_id, write=bool(flags & 3) or created)
+                sid = session_id
+            else:
+                sid = 0
+            return meta_pb2.CreateRsp(inode=inodes.public(ino), session_id=sid, created=created)
+
+        rsp = await self._mutate(idem, meta_pb2.CreateRsp, fn)
+        for ino in truncate:
+            await self.chunks.truncate(ino.layout, ino.id, 0)
+        return rsp
+
+    # Shared with sessions and attrs (defined here so create can use them).
+
+    def _open_session(
+        self, tr: Transaction, inode_id: int, session_id: int, client_id: int, write: bool
+    ) -> None:
+        now = inodes.now_ns()
+        s = meta_pb2.FileSession(
+            inode_id=inode_id,
+            session_id=session_id,
+            client_id=client_id,
+            write=write,
+            opened_ns=now,
+            touched_ns=now,
+        )
+        tr.set(schema.session_key(inode_id, session_id), s.SerializeToString())
+
+    def _truncate_in_txn(self, tr: Transaction, ino: meta_pb2.Inode, size: int) -> None:
+        if size > max_file_size(ino.layout):
+            raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
+        now = inodes.now_ns()
+        if size < ino.size:
+            ino.truncate_version += 1
+        ino.size = size
+        ino.mtime_ns = ino.ctime_ns = now
+        inodes.store(tr, ino)

@@ -1,0 +1,206 @@
+"""The meta service over fs3 RPC: decodes requests, authenticates the caller, calls the
+:class:`fs3.meta.store.MetaStore` and encodes the reply. Errors travel as the FS3Error's status code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fs3.client.meta_client import META_SERVICE
+from fs3.errors import FS3Error, StatusCode
+from fs3.meta.auth import Authenticator
+from fs3.meta.permissions import Credentials
+from fs3.meta.store import MetaStore
+from fs3.net import CallContext, RpcServer
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_STAT = 4096
+
+
+class MetaService:
+    """Handlers of every method of ``META_SERVICE``."""
+
+    def __init__(
+        self,
+        store: MetaStore,
+        auth: Authenticator,
+        *,
+        statfs: Callable[[], Awaitable[tuple[int, int]]] | None = None,
+        metrics: Any = None,
+    ) -> None:
+        self.store = store
+        self.auth = auth
+        self._statfs = statfs
+        self._metrics = metrics
+
+    def register(self, server: RpcServer) -> None:
+        server.add_service(META_SERVICE, self)
+
+    async def _cred(self, req: Any) -> Credentials:
+        return await self.auth.credentials(req.hdr.user)
+
+    @staticmethod
+    def _idem(req: Any) -> tuple[int, int] | None:
+        hdr = req.hdr
+        return (hdr.client_id, hdr.request_id) if hdr.request_id else None
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    async def StatFs(self, req: m.StatFsReq, _p: Any, _c: CallContext) -> m.StatFsRsp:
+        await self._cred(req)
+        capacity, used = await self._statfs() if self._statfs is not None else (0, 0)
+        return await self.store.statfs(capacity, used)
+
+    async def Stat(self, req: m.StatReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        await self._cred(req)
+        return m.InodeRsp(inode=await self.store.stat(req.inode_id))
+
+    async def BatchStat(self, req: m.BatchStatReq, _p: Any, _c: CallContext) -> m.BatchStatRsp:
+        await self._cred(req)
+        if len(req.inode_ids) > MAX_BATCH_STAT:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH_STAT} inodes per batch")
+        rsp = m.BatchStatRsp()
+        for r in await self.store.batch_stat(list(req.inode_ids)):
+            if isinstance(r, FS3Error):
+                rsp.inodes.add()
+                rsp.errors.add(code=int(r.code), message=r.message)
+            else:
+                rsp.inodes.append(r)
+                rsp.errors.add(code=0)
+        return rsp
+
+    async def Lookup(self, req: m.LookupReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        return m.InodeRsp(inode=await self.store.lookup(await self._cred(req), req.parent, req.name))
+
+    async def LookupPath(self, req: m.LookupPathReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        ino = await self.store.lookup_path(await self._cred(req), req.path, req.follow)
+        return m.InodeRsp(inode=ino)
+
+    async def Readlink(self, req: m.ReadlinkReq, _p: Any, _c: CallContext) -> m.ReadlinkRsp:
+        await self._cred(req)
+        return m.ReadlinkRsp(target=await self.store.readlink(req.inode_id))
+
+    async def Readdir(self, req: m.ReaddirReq, _p: Any, _c: CallContext) -> m.ReaddirRsp:
+        entries, found, more = await self.store.readdir(
+            await self._cred(req), req.inode_id, req.after, req.limit, req.with_inodes
+        )
+        return m.ReaddirRsp(entries=entries, inodes=found, more=more)
+
+    async def Getxattr(self, req: m.GetxattrReq, _p: Any, _c: CallContext) -> m.GetxattrRsp:
+        return m.GetxattrRsp(value=await self.store.getxattr(await self._cred(req), req.inode_id, req.name))
+
+    async def Listxattr(self, req: m.ListxattrReq, _p: Any, _c: CallContext) -> m.ListxattrRsp:
+        return m.ListxattrRsp(names=await self.store.listxattr(await self._cred(req), req.inode_id))
+
+    # ---- namespace changes ---------------------------------------------------------------------
+
+    async def Create(self, req: m.CreateReq, _p: Any, _c: CallContext) -> m.CreateRsp:
+        return await self.store.create(
+            await self._cred(req),
+            req.parent,
+            req.name,
+            req.mode,
+            req.flags,
+            req.umask,
+            session=req.open_session,
+            client_id=req.hdr.client_id,
+            idem=self._idem(req),
+        )
+
+    async def Mkdir(self, req: m.MkdirReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        cred = await self._cred(req)
+        ino = await self.store.mkdir(cred, req.parent, req.name, req.mode, req.umask, self._idem(req))
+        return m.InodeRsp(inode=ino)
+
+    async def Mknod(self, req: m.MknodReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        cred = await self._cred(req)
+        ino = await self.store.mknod(
+            cred, req.parent, req.name, req.mode, req.rdev, req.umask, self._idem(req)
+        )
+        return m.InodeRsp(inode=ino)
+
+    async def Symlink(self, req: m.SymlinkReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        cred = await self._cred(req)
+        ino = await self.store.symlink(cred, req.parent, req.name, req.target, self._idem(req))
+        return m.InodeRsp(inode=ino)
+
+    async def Link(self, req: m.LinkReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        cred = await self._cred(req)
+        ino = await self.store.link(cred, req.inode_id, req.new_parent, req.new_name, self._idem(req))
+        return m.InodeRsp(inode=ino)
+
+    async def Unlink(self, req: m.UnlinkReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
+        await self.store.unlink(await self._cred(req), req.parent, req.name, self._idem(req))
+        return m.EmptyRsp()
+
+    async def Rmdir(self, req: m.RmdirReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
+        await self.store.rmdir(await self._cred(req), req.parent, req.name, req.recursive, self._idem(req))
+        if req.recursive:
+            self.store.collector.wake()
+        return m.EmptyRsp()
+
+    async def Rename(self, req: m.RenameReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
+        await self.store.rename(
+            await self._cred(req),
+            req.old_parent,
+            req.old_name,
+            req.new_parent,
+            req.new_name,
+            req.flags,
+            self._idem(req),
+        )
+        return m.EmptyRsp()
+
+    async def Setattr(self, req: m.SetattrReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        return m.InodeRsp(inode=await self.store.setattr(await self._cred(req), req.inode_id, req))
+
+    async def Setxattr(self, req: m.SetxattrReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
+        await self.store.setxattr(await self._cred(req), req.inode_id, req.name, req.value, req.flags)
+        return m.EmptyRsp()
+
+    async def Removexattr(self, req: m.RemovexattrReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
+        await self.store.removexattr(await self._cred(req), req.inode_id, req.name)
+        return m.EmptyRsp()
+
+    async def SetLayout(self, req: m.SetLayoutReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        ino = await self.store.set_layout(
+            await self._cred(req), req.inode_id, req.chain_table_id, req.chunk_size, req.stripe_count
+        )
+        return m.InodeRsp(inode=ino)
+
+    # ---- open files ----------------------------------------------------------------------------
+
+    async def Open(self, req: m.OpenReq, _p: Any, _c: CallContext) -> m.OpenRsp:
+        ino, sid = await self.store.open(await self._cred(req), req.inode_id, req.flags, req.hdr.client_id)
+        return m.OpenRsp(inode=ino, session_id=sid)
+
+    async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        await self._cred(req)
+        ino = await self.store.sync(req.inode_id, req.session_id, req.written_length, req.wrote)
+        return m.InodeRsp(inode=ino)
+
+    async def Close(self, req: m.CloseReq, _p: Any, _c: CallContext) -> m.InodeRsp:
+        await self._cred(req)
+        mtime = req.mtime.sec * 1_000_000_000 + req.mtime.nsec if req.HasField("mtime") else 0
+        ino = await self.store.close(req.inode_id, req.session_id, req.written_length, req.wrote, mtime)
+        if ino.nlink == 0:
+            self.store.collector.wake()
+        return m.InodeRsp(inode=ino)
+
+    async def PruneSession(self, req: m.PruneSessionReq, _p: Any, _c: CallContext) -> m.PruneSessionRsp:
+        cred = await self._cred(req)
+        if req.client_id != req.hdr.client_id and not cred.is_root:
+            raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may prune another client's sessions")
+        if not req.client_id:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
+        return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id))
+
+
+def user_info(uid: int, gid: int, groups: tuple[int, ...] = (), token: str = "") -> common_pb2.UserInfo:
+    """A request header's identity."""
+    return common_pb2.UserInfo(uid=uid, gid=gid, groups=groups, token=token)

@@ -1,0 +1,151 @@
+"""Open files: sessions, and settling a file's length on close and fsync (DESIGN §7).
+
+Every open (read or write) records a session ``INOS + inode + session``, so a file unlinked while
+open keeps its chunks until the last handle closes: the collector skips files with sessions. A write
+session's close or fsync reports the highest offset the client wrote; the length becomes the larger
+of the stored length and that report (length only shrinks through truncate). A report of 0 with
+``wrote`` set asks storage instead (query last chunk on each of the file's chains). Sessions of clients
+that vanish expire after ``session_timeout_s`` without an fsync, or when pruned by client id.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import Transaction, prefix_end
+from fs3.meta import inode as inodes
+from fs3.meta import schema
+from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Namespace
+from fs3.meta.permissions import Credentials, access_of_flags, check
+from fs3.proto import meta_pb2
+
+log = logging.getLogger(__name__)
+
+
+class SessionOps(Namespace):
+    async def open(
+        self, cred: Credentials, inode_id: int, flags: int, client_id: int = 0
+    ) -> tuple[meta_pb2.Inode, int]:
+        """Check access for ``flags`` and open a session; returns (inode, session id). Directories
+        and special files are checked but get no session (0)."""
+        want = access_of_flags(flags)
+        session_id = random.getrandbits(63) + 1
+        trunc: list[meta_pb2.Inode] = []
+
+        async def fn(tr: Transaction) -> tuple[meta_pb2.Inode, int]:
+            trunc.clear()
+            ino = await inodes.load(tr, inode_id)
+            if ino.type == DIRECTORY:
+                if flags & 3:
+                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
+                check(ino, cred, want)
+                return inodes.public(await inodes.complete(tr.snapshot, ino)), 0
+            check(ino, cred, want)
+            if ino.type != FILE:
+                return inodes.public(ino), 0
+            if flags & O_TRUNC:
+                self._truncate_in_txn(tr, ino, 0)
+                trunc.append(ino)
+            self._open_session(tr, inode_id, session_id, client_id, write=bool(flags & 3))
+            return inodes.public(ino), session_id
+
+        result = await self.db.run(fn)
+        for ino in trunc:
+            await self.chunks.truncate(ino.layout, ino.id, 0)
+        return result
+
+    async def sync(
+        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
+    ) -> meta_pb2.Inode:
+        """fsync: settle the length from this session's report; the session stays open."""
+        return await self._settle(inode_id, session_id, written_length, wrote, close=False, mtime_ns=0)
+
+    async def close(
+        self,
+        inode_id: int,
+        session_id: int,
+        written_length: int = 0,
+        wrote: bool = False,
+        mtime_ns: int = 0,
+    ) -> meta_pb2.Inode:
+        """Settle the length as :meth:`sync` does and end the session."""
+        return await self._settle(inode_id, session_id, written_length, wrote, close=True, mtime_ns=mtime_ns)
+
+    async def _settle(
+        self, inode_id: int, session_id: int, written: int, wrote: bool, *, close: bool, mtime_ns: int
+    ) -> meta_pb2.Inode:
+        queried: int | None = None
+        if wrote and written == 0:
+            ino = await self.stat(inode_id)
+            queried = await self.chunks.file_length(ino.layout, inode_id)
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode:
+            skey = schema.session_key(inode_id, session_id)
+            raw = await tr.get(skey)
+            if raw is None:
+                raise FS3Error(StatusCode.META_BAD_HANDLE, f"no session {session_id} on inode {inode_id}")
+            ino = await inodes.load(tr, inode_id)
+            session = meta_pb2.FileSession.FromString(raw)
+            now = inodes.now_ns()
+            if wrote and session.write:
+                length = queried if queried is not None else written
+                if length > ino.size:
+                    ino.size = length
+                ino.mtime_ns = mtime_ns or now
+                ino.ctime_ns = now
+                inodes.store(tr, ino)
+            if close:
+                tr.clear(skey)
+            else:
+                session.touched_ns = now
+                tr.set(skey, session.SerializeToString())
+            return inodes.public(ino)
+
+        return await self.db.run(fn)
+
+    async def sessions_of(self, inode_id: int) -> list[meta_pb2.FileSession]:
+        """The open sessions of a file."""
+        prefix = schema.session_prefix(inode_id)
+
+        async def fn(tr: Transaction) -> list[meta_pb2.FileSession]:
+            rows = await tr.snapshot.get_range(prefix, prefix_end(prefix))
+            return [meta_pb2.FileSession.FromString(v) for _, v in rows]
+
+        return await self.db.run(fn, read_only=True)
+
+    async def prune_sessions(self, client_id: int = 0, older_than_ns: int = 0, batch: int = 1000) -> int:
+        """Remove the sessions of ``client_id`` (0: any client) not touched since ``older_than_ns``
+        (0: whatever their age); returns how many. Scans every session, in pages."""
+        pruned = 0
+        begin = schema.INOS
+        end = prefix_end(schema.INOS)
+        while True:
+
+            async def scan(tr: Transaction, begin: bytes = begin) -> list[tuple[bytes, bytes]]:
+                return [tuple(kv) for kv in await tr.snapshot.get_range(begin, end, batch)]
+
+            rows = await self.db.run(scan, read_only=True)
+            doomed = []
+            for key, value in rows:
+                s = meta_pb2.FileSession.FromString(value)
+                if client_id and s.client_id != client_id:
+                    continue
+                if older_than_ns and s.touched_ns >= older_than_ns:
+                    continue
+                doomed.append(key)
+            if doomed:
+
+                async def drop(tr: Transaction, doomed: list[bytes] = doomed) -> None:
+                    for key in doomed:
+                        tr.clear(key)
+
+                await self.db.run(drop)
+                pruned += len(doomed)
+            if len(rows) < batch:
+                break
+            begin = rows[-1][0] + b"\0"
+        if pruned:
+            log.info("pruned sessions count=%d client_id=%d", pruned, client_id)
+        return pruned

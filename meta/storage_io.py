@@ -1,0 +1,77 @@
+"""Everything meta asks of storage, behind one small interface (DESIGN §7: file length, truncate, GC).
+
+:class:`ChunkStore` is what the namespace uses; :class:`StorageChunks` implements it over the
+storage client (``fs3.client.storage_client.StorageClient``), :class:`NoStorage` for a meta that runs
+without storage (lengths then come from the clients' reports alone). Tests substitute a fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from fs3.meta.layout import DEFAULT_CHUNK_SIZE
+from fs3.proto import meta_pb2
+
+# Chunk indexes are u32 on storage: [0, END_INDEX) covers every chunk of a file.
+END_INDEX = 1 << 32
+
+
+class ChunkStore(Protocol):
+    """The storage operations meta needs; every method may raise FS3Error (retried later by GC)."""
+
+    async def file_length(self, layout: meta_pb2.Layout, inode_id: int) -> int | None:
+        """The length the file's chunks imply (max over its chains of the end of the last chunk), or
+        None when storage cannot tell."""
+        ...
+
+    async def truncate(self, layout: meta_pb2.Layout, inode_id: int, length: int) -> None:
+        """Remove the chunks past ``length`` and shorten the one containing it."""
+        ...
+
+    async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
+        """Remove every chunk of the file (idempotent)."""
+        ...
+
+
+class NoStorage:
+    """No storage attached: lengths are unknown, truncates and removals have nothing to do."""
+
+    async def file_length(self, layout: meta_pb2.Layout, inode_id: int) -> int | None:
+        return None
+
+    async def truncate(self, layout: meta_pb2.Layout, inode_id: int, length: int) -> None:
+        return None
+
+    async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
+        return None
+
+
+class StorageChunks:
+    """:class:`ChunkStore` over a ``StorageClient`` (query_last_chunk, truncate_chunks,
+    remove_chunks per chain); the calls for a file's chains run concurrently."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def file_length(self, layout: meta_pb2.Layout, inode_id: int) -> int | None:
+        chunk = layout.chunk_size or DEFAULT_CHUNK_SIZE
+        results = await asyncio.gather(
+            *(self.client.query_last_chunk(chain, inode_id) for chain in layout.chains)
+        )
+        length = 0
+        for found, last_index, last_length, *_ in results:
+            if found:
+                length = max(length, last_index * chunk + last_length)
+        return length
+
+    async def truncate(self, layout: meta_pb2.Layout, inode_id: int, length: int) -> None:
+        chunk = layout.chunk_size or DEFAULT_CHUNK_SIZE
+        await asyncio.gather(
+            *(self.client.truncate_chunks(chain, inode_id, chunk, length) for chain in layout.chains)
+        )
+
+    async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
+        await asyncio.gather(
+            *(self.client.remove_chunks(chain, inode_id, 0, END_INDEX) for chain in layout.chains)
+        )
