@@ -1,0 +1,330 @@
+"""What the namespace operations do when they succeed: attributes, link counts, times, permissions
+that allow, paging, layouts, ids, sessions and garbage collection (mem and lmdb engines)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from meta_tree import ALICE, BOB, BOB_IN_500, Tree
+
+from fs3.errors import FS3Error
+from fs3.meta import schema
+from fs3.meta.idalloc import InodeIdAllocator
+from fs3.meta.permissions import ROOT, Credentials
+from fs3.meta.schema import ROOT_ID
+from fs3.meta.store import MetaStore
+from fs3.placement import shuffle
+from fs3.proto import meta_pb2 as m
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_create_sets_owner_mode_layout(tree: Tree) -> None:
+    s = tree.store
+    r = await s.create(ALICE, tree["/pub"], b"new", 0o666, umask=0o022, session=True, client_id=9)
+    ino = r.inode
+    assert r.created and r.session_id
+    assert (ino.type, ino.mode, ino.uid, ino.gid, ino.nlink, ino.size) == (
+        m.INODE_FILE,
+        0o644,
+        1000,
+        1000,
+        1,
+        0,
+    )
+    lay = ino.layout
+    assert lay.stripe_count == 2 and len(lay.chains) == 2 and lay.chunk_size == 1 << 20
+    window = [101 + (lay.base_index + i) % 8 for i in range(2)]
+    assert list(lay.chains) == shuffle(window, lay.shuffle_seed, lay.shuffle_algorithm)
+    again = await s.create(ALICE, tree["/pub"], b"new", 0o600)
+    assert not again.created and again.inode.id == ino.id
+
+
+async def test_round_robin_spreads_chains(tree: Tree) -> None:
+    s = tree.store
+    used: dict[int, int] = {}
+    for i in range(40):
+        ino = (await s.create(ROOT, tree["/pub"], f"rr{i}".encode(), 0o644)).inode
+        for c in ino.layout.chains:
+            used[c] = used.get(c, 0) + 1
+    assert sorted(used) == list(range(101, 109)) and max(used.values()) == min(used.values()) == 10
+
+
+async def test_directory_default_layout_inherited(tree: Tree) -> None:
+    s = tree.store
+    d = await s.mkdir(ROOT, ROOT_ID, b"lay", 0o755)
+    await s.set_layout(ROOT, d.id, chunk_size=4 << 20, stripe=4)
+    sub = await s.mkdir(ROOT, d.id, b"sub", 0o755)
+    f = (await s.create(ROOT, sub.id, b"f", 0o644)).inode
+    assert (f.layout.chunk_size, f.layout.stripe_count, len(set(f.layout.chains))) == (4 << 20, 4, 4)
+
+
+async def test_directory_link_counts_and_times(tree: Tree) -> None:
+    s = tree.store
+    d = await s.mkdir(ROOT, ROOT_ID, b"d", 0o755)
+    before = await s.stat(d.id)
+    assert before.nlink == 2
+    await s.mkdir(ROOT, d.id, b"a", 0o755)
+    await s.mkdir(ROOT, d.id, b"b", 0o755)
+    await s.create(ROOT, d.id, b"f", 0o644)
+    after = await s.stat(d.id)
+    assert after.nlink == 4 and after.mtime_ns > before.mtime_ns and after.ctime_ns == after.mtime_ns
+    await s.rename(ROOT, d.id, b"a", ROOT_ID, b"a2")
+    assert (await s.stat(d.id)).nlink == 3
+    await s.rmdir(ROOT, d.id, b"b")
+    assert (await s.stat(d.id)).nlink == 2
+    assert (await s.lookup(ROOT, ROOT_ID, b"a2")).parent == ROOT_ID
+
+
+async def test_hard_links(tree: Tree) -> None:
+    s = tree.store
+    f = tree["/full/f"]
+    await s.link(ROOT, f, tree["/pub"], b"f2")
+    assert (await s.stat(f)).nlink == 2
+    await s.unlink(ROOT, tree["/full"], b"f")
+    assert (await s.lookup(ROOT, tree["/pub"], b"f2")).nlink == 1
+    # renaming one name of an inode onto another name of it changes nothing
+    await s.link(ROOT, f, tree["/pub"], b"f3")
+    await s.rename(ROOT, tree["/pub"], b"f2", tree["/pub"], b"f3")
+    assert (await s.lookup(ROOT, tree["/pub"], b"f2")).id == f
+
+
+async def test_rename_replaces_file_and_empty_dir(tree: Tree) -> None:
+    s = tree.store
+    a = (await s.create(ROOT, tree["/pub"], b"a", 0o644)).inode
+    b = (await s.create(ROOT, tree["/pub"], b"b", 0o644)).inode
+    await s.rename(ROOT, tree["/pub"], b"a", tree["/pub"], b"b")
+    assert (await s.lookup(ROOT, tree["/pub"], b"b")).id == a.id
+    with pytest.raises(FS3Error):
+        await s.lookup(ROOT, tree["/pub"], b"a")
+    assert (await s.stat(b.id)).nlink == 0  # kept for the collector
+    d1 = await s.mkdir(ROOT, ROOT_ID, b"d1", 0o755)
+    await s.create(ROOT, d1.id, b"inside", 0o644)
+    d2 = await s.mkdir(ROOT, tree["/pub"], b"d2", 0o755)
+    await s.rename(ROOT, ROOT_ID, b"d1", tree["/pub"], b"d2")
+    moved = await s.lookup(ROOT, tree["/pub"], b"d2")
+    assert moved.id == d1.id and moved.parent == tree["/pub"]
+    with pytest.raises(FS3Error):
+        await s.stat(d2.id)
+    assert (await s.lookup_path(ROOT, b"/pub/d2/inside")).type == m.INODE_FILE
+
+
+async def test_sticky_directory_allows_owners(tree: Tree) -> None:
+    s = tree.store
+    await s.rename(ALICE, tree["/sticky"], b"alice_f", tree["/sticky"], b"mine")
+    await s.create(BOB, tree["/sticky"], b"bobs", 0o644)
+    await s.unlink(BOB, tree["/sticky"], b"bobs")
+    await s.unlink(ROOT, tree["/sticky"], b"mine")
+
+
+async def test_supplementary_group_grants_access(tree: Tree) -> None:
+    s = tree.store
+    sid = (await s.open(BOB_IN_500, tree["/grp/f"], 2))[1]
+    assert sid
+    entries, _, _ = await s.readdir(BOB_IN_500, tree["/grp"])
+    assert [e.name for e in entries] == [b"f"]
+
+
+async def test_setgid_directory_inherits_group(tree: Tree) -> None:
+    s = tree.store
+    await s.setattr(ROOT, tree["/grp"], m.SetattrReq(fields=m.SETATTR_MODE, mode=0o2777))
+    f = (await s.create(ALICE, tree["/grp"], b"x", 0o644)).inode
+    d = await s.mkdir(ALICE, tree["/grp"], b"y", 0o755)
+    assert f.gid == 500 and d.gid == 500 and d.mode & 0o2000
+
+
+async def test_setattr_times_now_and_omit(tree: Tree) -> None:
+    s = tree.store
+    f = tree["/pub/alice_file"]
+    old = await s.stat(f)
+    # explicit mtime, atime omitted
+    r = await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_MTIME, mtime_ns=1_000_000_123))
+    assert r.mtime_ns == 1_000_000_123 and r.atime_ns == old.atime_ns and r.ctime_ns > old.ctime_ns
+    # UTIME_NOW for both by someone with write permission only
+    await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_MODE, mode=0o666))
+    r = await s.setattr(BOB, f, m.SetattrReq(fields=m.SETATTR_ATIME_NOW | m.SETATTR_MTIME_NOW))
+    assert r.mtime_ns > 1_000_000_123 and r.atime_ns >= r.mtime_ns - 10**9
+    # directories keep times too
+    d = await s.setattr(ROOT, tree["/pub"], m.SetattrReq(fields=m.SETATTR_MTIME, mtime_ns=42))
+    assert (await s.stat(tree["/pub"])).mtime_ns == 42 == d.mtime_ns
+
+
+async def test_chown_and_chmod_rules(tree: Tree) -> None:
+    s = tree.store
+    f = tree["/pub/alice_file"]
+    await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_MODE, mode=0o6755))
+    r = await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_UID | m.SETATTR_GID, uid=1001, gid=1001))
+    assert (r.uid, r.gid, r.mode) == (1001, 1001, 0o6755)  # root keeps setuid
+    alice_in = Credentials(1000, 1000, frozenset({77}))
+    g = (await s.create(alice_in, tree["/pub"], b"g", 0o4755)).inode
+    r = await s.setattr(alice_in, g.id, m.SetattrReq(fields=m.SETATTR_GID, gid=77))
+    assert r.gid == 77 and not r.mode & 0o4000  # a non-root chown clears setuid
+
+
+async def test_truncate_and_length_settlement(tree: Tree) -> None:
+    s = tree.store
+    r = await s.create(ALICE, tree["/pub"], b"len", 0o644, session=True, client_id=1)
+    f = r.inode.id
+    assert (await s.sync(f, r.session_id, 5000, True)).size == 5000
+    assert (await s.close(f, r.session_id, 3000, True)).size == 5000  # length never shrinks on close
+    t = await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=100))
+    assert t.size == 100 and t.truncate_version == 1
+    assert (await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=1 << 30))).size == 1 << 30
+    # ftruncate through a write session needs no write permission any more
+    ino, sid = await s.open(ALICE, f, 1)
+    await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_MODE, mode=0o444))
+    assert (await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=7, session_id=sid))).size == 7
+    # O_TRUNC on open and on create
+    await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_MODE, mode=0o644))
+    assert (await s.open(ALICE, f, 1 | 0o1000))[0].size == 0
+    await s.close(f, sid)
+
+
+async def test_readdir_pages_and_batch_stat(tree: Tree) -> None:
+    s = tree.store
+    d = await s.mkdir(ROOT, ROOT_ID, b"many", 0o755)
+    names = sorted(f"n{i:03d}".encode() for i in range(250))
+    ids = [(await s.create(ROOT, d.id, n, 0o644)).inode.id for n in names]
+    got, after = [], b""
+    while True:
+        entries, inos, more = await s.readdir(ROOT, d.id, after, 64, with_inodes=True)
+        assert [i.id for i in inos] == [e.inode_id for e in entries]
+        got += [e.name for e in entries]
+        if not more:
+            break
+        after = entries[-1].name
+    assert got == names
+    res = await s.batch_stat([ids[0], 999_999, ids[-1]])
+    assert res[0].id == ids[0] and isinstance(res[1], FS3Error) and res[2].id == ids[-1]
+
+
+async def test_symlinks_resolve(tree: Tree) -> None:
+    s = tree.store
+    assert (await s.lookup_path(ROOT, b"/sym")).id == tree["/pub/alice_file"]
+    assert (await s.lookup_path(ROOT, b"/sym", follow=False)).type == m.INODE_SYMLINK
+    await s.symlink(ROOT, tree["/pub"], b"rel", b"alice_dir/../alice_file")
+    assert (await s.lookup_path(ROOT, b"/pub/rel")).id == tree["/pub/alice_file"]
+    assert await s.readlink(tree["/sym"]) == b"/pub/alice_file"
+
+
+async def test_xattrs(tree: Tree) -> None:
+    s = tree.store
+    f = tree["/pub/alice_file"]
+    await s.setxattr(ALICE, f, b"user.a", b"1")
+    await s.setxattr(ALICE, f, b"user.b", b"\0binary")
+    await s.setxattr(ALICE, f, b"user.a", b"2", 2)
+    assert await s.getxattr(BOB, f, b"user.a") == b"2"
+    assert sorted(await s.listxattr(ALICE, f)) == [b"user.a", b"user.b"]
+    await s.removexattr(ALICE, f, b"user.a")
+    assert await s.listxattr(ALICE, f) == [b"user.b"]
+    assert not (await s.stat(f)).xattrs  # never in stat replies
+    await s.setxattr(ROOT, tree["/pub"], b"user.dir", b"x")
+    assert await s.getxattr(ROOT, tree["/pub"], b"user.dir") == b"x"
+    assert (await s.stat(tree["/pub"])).nlink >= 2
+
+
+async def test_special_files(tree: Tree) -> None:
+    s = tree.store
+    fifo = await s.mknod(ALICE, tree["/pub"], b"fifo", 0o010644)
+    dev = await s.mknod(ROOT, tree["/pub"], b"dev", 0o020600, rdev=0x0103)
+    reg = await s.mknod(ALICE, tree["/pub"], b"reg", 0o644)
+    assert (fifo.type, dev.type, dev.rdev, reg.type) == (
+        m.INODE_FIFO,
+        m.INODE_CHAR_DEVICE,
+        0x0103,
+        m.INODE_FILE,
+    )
+    await s.unlink(ROOT, tree["/pub"], b"fifo")
+    with pytest.raises(FS3Error):
+        await s.stat(fifo.id)
+
+
+async def test_root_bypasses_permissions_but_not_exec_bits(tree: Tree) -> None:
+    s = tree.store
+    await s.create(ROOT, tree["/ro"], b"by-root", 0o644)
+    await s.readdir(ROOT, tree["/noexec"])
+    await s.open(ROOT, tree["/grp/f"], 2)
+
+
+async def test_ids_unique_across_allocators(store: MetaStore) -> None:
+    a, b = InodeIdAllocator(store.db, block_bits=4), InodeIdAllocator(store.db, block_bits=4)
+    ids = await asyncio.gather(*([a.allocate() for _ in range(200)] + [b.allocate() for _ in range(200)]))
+    assert len(set(ids)) == 400 and min(ids) > ROOT_ID
+    assert a.blocks_reserved + b.blocks_reserved >= 400 // 16
+
+
+async def test_statfs_counts_inodes(tree: Tree) -> None:
+    s = tree.store
+    before = (await s.statfs(100, 40)).inodes
+    await s.create(ROOT, ROOT_ID, b"one-more", 0o644)
+    st = await s.statfs(100, 40)
+    assert st.inodes == before + 1 and st.free == 60 and st.name_max == 255
+
+
+async def test_idempotent_retries_return_first_result(tree: Tree) -> None:
+    s = tree.store
+    idem = (77, 1)
+    first = await s.create(ALICE, tree["/pub"], b"once", 0o644, 0o200, idem=idem)
+    again = await s.create(ALICE, tree["/pub"], b"once", 0o644, 0o200, idem=idem)
+    assert again.inode.id == first.inode.id and again.created
+    with pytest.raises(FS3Error):  # a new request id is a new request
+        await s.create(ALICE, tree["/pub"], b"once", 0o644, 0o200, idem=(77, 2))
+    await s.unlink(ALICE, tree["/pub"], b"once", idem=(77, 3))
+    await s.unlink(ALICE, tree["/pub"], b"once", idem=(77, 3))
+    await s.rename(ALICE, tree["/pub"], b"alice_file", tree["/pub"], b"moved", idem=(77, 4))
+    await s.rename(ALICE, tree["/pub"], b"alice_file", tree["/pub"], b"moved", idem=(77, 4))
+    await s.link(ALICE, tree["/pub/alice_file"], tree["/pub"], b"l", idem=(77, 5))
+    assert (await s.link(ALICE, tree["/pub/alice_file"], tree["/pub"], b"l", idem=(77, 5))).nlink == 2
+    from fs3.meta.idempotency import expire_idem
+
+    assert await expire_idem(s.db, ttl_s=0) >= 4
+    assert await expire_idem(s.db, ttl_s=0) == 0
+
+
+async def test_unlinked_open_file_survives_until_last_close(tree: Tree) -> None:
+    s = tree.store
+    r = await s.create(ALICE, tree["/pub"], b"open", 0o644, session=True, client_id=3)
+    f = r.inode.id
+    _, reader = await s.open(ALICE, f, 0, client_id=4)
+    await s.unlink(ALICE, tree["/pub"], b"open")
+    await s.collector.collect_once()
+    assert (await s.stat(f)).nlink == 0
+    assert (await s.sync(f, r.session_id, 10, True)).size == 10  # still writable
+    await s.close(f, r.session_id, 20, True)
+    await s.collector.collect_once()
+    assert (await s.stat(f)).size == 20  # the reader still holds it
+    await s.close(f, reader)
+    await s.collector.collect_once()
+    with pytest.raises(FS3Error):
+        await s.stat(f)
+
+
+async def test_recursive_rmdir_collects_tree(tree: Tree) -> None:
+    s = tree.store
+    before = (await s.statfs(0, 0)).inodes
+    top = await s.mkdir(ROOT, ROOT_ID, b"top", 0o755)
+    for i in range(3):
+        d = await s.mkdir(ROOT, top.id, f"d{i}".encode(), 0o755)
+        for j in range(150):
+            await s.create(ROOT, d.id, f"f{j}".encode(), 0o644)
+        await s.symlink(ROOT, d.id, b"s", b"x")
+    await s.rmdir(ROOT, ROOT_ID, b"top", recursive=True)
+    with pytest.raises(FS3Error):
+        await s.lookup(ROOT, ROOT_ID, b"top")
+    while await s.collector.collect_once():
+        pass
+    assert (await s.statfs(0, 0)).inodes == before
+
+    async def leftovers(tr):
+        return await tr.get_range(schema.GCQU, schema.IDEM)
+
+    assert await s.db.run(leftovers, read_only=True) == []
+
+
+async def test_prune_sessions(tree: Tree) -> None:
+    s = tree.store
+    await s.open(ALICE, tree["/pub/alice_file"], 0, client_id=5)
+    await s.open(ALICE, tree["/pub/alice_file"], 0, client_id=6)
+    assert await s.prune_sessions(client_id=5) == 1
+    assert [x.client_id for x in await s.sessions_of(tree["/pub/alice_file"])] == [6]
