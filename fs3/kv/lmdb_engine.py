@@ -84,10 +84,10 @@ class _Rejoin:
 class _Committer:
     """One environment's commit and flush threads in this process.
 
-    The commit thread applies queued transactions in batches; the flush thread makes committed
-    batches durable. A batch is acknowledged once an fsync that began after its commit has ended.
-    After committing a batch, the commit thread waits up to ``rejoin_s`` (see :class:`_Rejoin`)
-    before taking the next one.
+    The commit thread applies queued transactions in batches; a batch is acknowledged once an fsync
+    that began after its commit has ended. With ``rejoin_s > 0`` the commit thread makes that fsync
+    itself and then waits up to ``rejoin_s`` (see :class:`_Rejoin`) before taking the next batch;
+    with 0 it hands the batch to the flush thread and carries on at once.
     """
 
     def __init__(self, env: lmdb.Environment, path: str, rejoin_s: float) -> None:
@@ -187,15 +187,28 @@ class _Committer:
 
     def _committed(self, batch: Batch) -> None:
         rejoin = _Rejoin(len({fut.get_loop() for _, fut in batch}))
+        inline = self._rejoin_s > 0
         with self._flush_cond:
             self._committed_seq += 1
-            self._unsynced.append((self._committed_seq, batch, rejoin))
-            self._flush_cond.notify()
+            seq = self._committed_seq
+            self._unsynced.append((seq, batch, rejoin))
+            if not inline:
+                self._flush_cond.notify()
         # The next batch's commit fsync would also cover this batch's meta page, but only if that
         # commit wrote anything (LMDB skips the fsync otherwise), which is not observable here; so
-        # acknowledgements come from the flush thread alone.
-        if self._rejoin_s > 0:
-            rejoin.wait(self._rejoin_s)
+        # acknowledgements come from an explicit fsync alone.
+        if not inline:
+            return
+        # This thread would only wait for the flush thread anyway, so it flushes itself.
+        try:
+            self._env.sync(True)
+        except Exception:
+            log.exception("kv fsync failed path=%s", self._path)
+            with self._flush_cond:
+                self._flush_cond.notify()  # the flush thread retries
+        else:
+            self._mark_durable(seq)
+        rejoin.wait(self._rejoin_s)
 
     def _flush_loop(self) -> None:
         while True:
