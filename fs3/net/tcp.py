@@ -1,7 +1,7 @@
 """The TCP transport: frames over a stream socket, on uvloop (or any asyncio loop).
 
 Receiving uses :class:`asyncio.BufferedProtocol`, so the loop reads straight into memory we own:
-small frames land in one fixed receive buffer and are handed up as views into it, and once a
+small frames land in the connection's receive buffer and are handed up as views into it, and once a
 frame's header says a payload follows, the rest of that payload is read directly into the buffer
 the receiver supplied (pooled, or a caller's destination), with no intermediate copy. Sending
 gathers every frame queued during one loop iteration into a single write (``writelines`` when
