@@ -29,6 +29,8 @@ import abc
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
+from fs3.kv.retry import run_transaction
+
 MAX_KEY_SIZE = 10_000
 MAX_VALUE_SIZE = 100_000
 MAX_TXN_SIZE = 10_000_000
@@ -114,8 +116,6 @@ class Database(abc.ABC):
         """Run ``fn`` in a fresh transaction and commit, retrying on conflict (see module docstring).
 
         With ``read_only=True`` nothing is committed (the result reflects one snapshot)."""
-        from fs3.kv.retry import run_transaction
-
         return await run_transaction(self, fn, max_attempts=max_attempts, read_only=read_only)
 
     @abc.abstractmethod

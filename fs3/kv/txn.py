@@ -224,13 +224,16 @@ class BufferedTransaction(Transaction):
         self._since: int | None = None
         self._explicit: list[tuple[bytes, bytes]] = []  # add_read_conflict_range, read at commit
         self._size = 0
-        self._snapshot_view = _SnapshotView(self)
+        self._snapshot_view: _SnapshotView | None = None
 
     # -- reads -----------------------------------------------------------------------------------
 
     @property
     def snapshot(self) -> ReadView:
-        return self._snapshot_view
+        view = self._snapshot_view
+        if view is None:
+            view = self._snapshot_view = _SnapshotView(self)
+        return view
 
     async def get(self, key: bytes) -> bytes | None:
         return self._get(key, True)
