@@ -32,6 +32,10 @@ from fs3.net import RpcClient, ServiceDef
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
+# Ids that must not repeat across processes or runs: an application (or a test framework) seeding
+# the random module must not make two clients share request or session ids.
+_ids = random.SystemRandom()
+
 ROOT_ID = 1
 
 # A cluster without a configured secret (tests, a single-user local cluster) still needs one for the
@@ -107,10 +111,10 @@ class MetaClient:
         self._own_rpc = rpc is None
         self.rpc = rpc or RpcClient(secret or DEV_SECRET, identity="meta-client")
         self.user = user or common_pb2.UserInfo()
-        self.client_id = client_id if client_id is not None else random.getrandbits(63) + 1
+        self.client_id = client_id if client_id is not None else _ids.getrandbits(63) + 1
         self.timeout_s = timeout_s
         self.rpc_timeout_s = rpc_timeout_s
-        self._current = random.randrange(len(self.addresses))
+        self._current = _ids.randrange(len(self.addresses))
         self._methods = {meth.name: meth for meth in META_SERVICE}
 
     async def close(self) -> None:
@@ -129,7 +133,7 @@ class MetaClient:
         hdr.user.CopyFrom(self.user)
         hdr.client_id = self.client_id
         if request_id:
-            hdr.request_id = random.getrandbits(63) + 1
+            hdr.request_id = _ids.getrandbits(63) + 1
         meth = self._methods[method]
         deadline = time.monotonic() + self.timeout_s
         backoff = 0.01

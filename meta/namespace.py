@@ -40,6 +40,10 @@ from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
 
+# Ids that must not repeat across processes or runs: an application (or a test framework) seeding
+# the random module must not make two clients share request or session ids.
+_ids = random.SystemRandom()
+
 M = TypeVar("M", bound=Message)
 Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not retried
 
@@ -339,7 +343,7 @@ class Namespace:
         :mod:`fs3.meta.sessions`)."""
         check_name(name)
         inode_id = await self.ids.allocate()
-        session_id = random.getrandbits(63) + 1 if session else 0
+        session_id = _ids.getrandbits(63) + 1 if session else 0
         truncate: list[meta_pb2.Inode] = []
 
         async def fn(tr: Transaction) -> meta_pb2.CreateRsp:

@@ -23,6 +23,10 @@ from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
 
+# Ids that must not repeat across processes or runs: an application (or a test framework) seeding
+# the random module must not make two clients share request or session ids.
+_ids = random.SystemRandom()
+
 
 class SessionOps(Namespace):
     async def open(
@@ -31,7 +35,7 @@ class SessionOps(Namespace):
         """Check access for ``flags`` and open a session; returns (inode, session id). Directories
         and special files are checked but get no session (0)."""
         want = access_of_flags(flags)
-        session_id = random.getrandbits(63) + 1
+        session_id = _ids.getrandbits(63) + 1
         trunc: list[meta_pb2.Inode] = []
 
         async def fn(tr: Transaction) -> tuple[meta_pb2.Inode, int]:
