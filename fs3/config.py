@@ -78,6 +78,64 @@ class LogConfig:
     file: str = opt("", doc="log file ('' = standard error)")
 
 
+def _mtu(v: Any) -> str | None:
+    return (
+        None
+        if v in (0, 256, 512, 1024, 2048, 4096)
+        else "must be 0 (the port's) or 256, 512, 1024, 2048, 4096"
+    )
+
+
+def _byte(v: Any) -> str | None:
+    return None if 0 <= v <= 255 else "must be 0..255"
+
+
+@dataclass(slots=True)
+class RdmaConfig:
+    """The RDMA transport (used when ``transport`` is rdma, or auto and a device is present)."""
+
+    device_filter: list[str] = opt(
+        doc="RDMA devices (mlx5_0) or ports (mlx5_0:1) to use; empty = every active port", factory=list
+    )
+    gid_index: int = opt(-1, doc="GID table index (-1 = a RoCE v2 IPv4 GID, or 0 on InfiniBand)")
+    traffic_class: int = opt(0, doc="IP traffic class / DSCP << 2 of RoCE packets (QoS)", check=_byte)
+    service_level: int = opt(
+        0, doc="InfiniBand service level", check=lambda v: None if 0 <= v <= 15 else "must be 0..15"
+    )
+    mtu: int = opt(0, doc="path MTU in bytes (0 = the port's active MTU)", check=_mtu)
+    buffer_size: int = opt(
+        16384,
+        doc="bytes of each SEND/RECV buffer",
+        check=lambda v: None if 1024 <= v <= 1 << 20 else "must be 1 KiB..1 MiB",
+    )
+    send_buffers: int = opt(32, doc="SEND buffers per connection", check=_positive)
+    recv_buffers: int = opt(
+        32,
+        doc="receive buffers per connection (the peer's credits)",
+        check=lambda v: None if 4 <= v <= 4096 else "must be 4..4096",
+    )
+    inline_payload_bytes: int = opt(
+        65536, doc="payloads up to this size travel in SENDs; larger ones are pulled with RDMA READ"
+    )
+    max_onesided_per_nic: int = opt(
+        256, doc="outstanding RDMA READ/WRITE operations per NIC", check=_positive
+    )
+    pool_bytes: int = opt(256 << 20, doc="registered staging memory per NIC", check=_positive)
+    timeout: int = opt(
+        14,
+        doc="QP ack timeout exponent (4.096 us * 2^timeout)",
+        check=lambda v: None if 0 <= v <= 31 else "must be 0..31",
+    )
+    retry_cnt: int = opt(
+        7, doc="QP transport retries", check=lambda v: None if 0 <= v <= 7 else "must be 0..7"
+    )
+    rnr_retry: int = opt(
+        7,
+        doc="QP receiver-not-ready retries (7 = unlimited)",
+        check=lambda v: None if 0 <= v <= 7 else "must be 0..7",
+    )
+
+
 @dataclass(slots=True)
 class MgmtdConfig:
     """fs3-mgmtd: the cluster manager."""
@@ -114,6 +172,7 @@ class MetaConfig:
     cluster_id: str = opt("fs3", doc="cluster name")
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
+    rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     gc_interval_s: float = opt(5.0, doc="how often the garbage collector runs", check=_positive)
     session_timeout_s: float = opt(
         300.0, doc="write sessions of silent clients expire after this", check=_positive
@@ -147,8 +206,28 @@ class StorageConfig:
     cluster_id: str = opt("fs3", doc="cluster name")
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
+    rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     target_paths: list[str] = opt(doc="one directory per target (one disk each)", factory=list)
+    target_ids: list[int] = opt(
+        doc="the target id of each target_paths entry, in the same order (created in mgmtd beforehand)",
+        factory=list,
+    )
     heartbeat_interval_s: float = opt(2.0, doc="heartbeat to mgmtd every this many seconds", check=_positive)
+    routing_refresh_interval_s: float = opt(
+        1.0,
+        doc="poll mgmtd for routing changes every this many seconds (and at once when told)",
+        check=_positive,
+    )
+    sync_writes: bool = opt(
+        True, doc="fsync chunk data and metadata before acknowledging (off: throwaway data)"
+    )
+    io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
+    forward_timeout_s: float = opt(
+        30.0, doc="how long a replica retries forwarding an update along the chain", check=_positive
+    )
+    resync_interval_s: float = opt(
+        0.5, doc="how often to look for SYNCING successors to resync", check=_positive
+    )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
 
@@ -161,6 +240,7 @@ class ClientConfig:
     cluster_id: str = opt("fs3", doc="cluster name")
     token_file: str = opt("", doc="file holding this client's user token")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
+    rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)
     entry_timeout_s: float = opt(1.0, doc="kernel directory entry cache timeout", check=_positive)
     write_buffer_bytes: int = opt(4 << 20, doc="per-open-file write buffer", check=_positive)

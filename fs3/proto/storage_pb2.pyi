@@ -117,16 +117,20 @@ class WriteReq(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ...) -> None: ...
 
 class UpdateReq(_message.Message):
-    __slots__ = ("tag", "io", "syncing", "commit_chain_version")
+    __slots__ = ("tag", "io", "syncing", "commit_chain_version", "commit", "target_id")
     TAG_FIELD_NUMBER: _ClassVar[int]
     IO_FIELD_NUMBER: _ClassVar[int]
     SYNCING_FIELD_NUMBER: _ClassVar[int]
     COMMIT_CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     tag: UpdateTag
     io: UpdateIO
     syncing: bool
     commit_chain_version: int
-    def __init__(self, tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., syncing: _Optional[bool] = ..., commit_chain_version: _Optional[int] = ...) -> None: ...
+    commit: bool
+    target_id: int
+    def __init__(self, tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., syncing: _Optional[bool] = ..., commit_chain_version: _Optional[int] = ..., commit: _Optional[bool] = ..., target_id: _Optional[int] = ...) -> None: ...
 
 class IOResult(_message.Message):
     __slots__ = ("length", "committed_version", "update_version", "crc32c", "commit_chain_version")
@@ -191,10 +195,12 @@ class QueryCommittedReq(_message.Message):
     def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ...) -> None: ...
 
 class QueryCommittedRsp(_message.Message):
-    __slots__ = ("committed_version",)
+    __slots__ = ("committed_version", "found")
     COMMITTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
     committed_version: int
-    def __init__(self, committed_version: _Optional[int] = ...) -> None: ...
+    found: bool
+    def __init__(self, committed_version: _Optional[int] = ..., found: _Optional[bool] = ...) -> None: ...
 
 class QueryLastChunkReq(_message.Message):
     __slots__ = ("user", "chain_id", "chain_version", "inode_id")
@@ -264,6 +270,14 @@ class RemoveChunksRsp(_message.Message):
     removed: int
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
+class TruncateChunksRsp(_message.Message):
+    __slots__ = ("removed", "truncated")
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    truncated: bool
+    def __init__(self, removed: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
 class SyncStartReq(_message.Message):
     __slots__ = ("target_id", "chain_id", "chain_version")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +288,10 @@ class SyncStartReq(_message.Message):
     chain_version: int
     def __init__(self, target_id: _Optional[int] = ..., chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ...) -> None: ...
 
+class SyncStartRsp(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class SyncDoneReq(_message.Message):
     __slots__ = ("target_id", "chain_id", "chain_version")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +301,10 @@ class SyncDoneReq(_message.Message):
     chain_id: int
     chain_version: int
     def __init__(self, target_id: _Optional[int] = ..., chain_id: _Optional[int] = ..., chain_version: _Optional[int] = ...) -> None: ...
+
+class SyncDoneRsp(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SpaceInfoReq(_message.Message):
     __slots__ = ("target_ids",)
@@ -311,7 +333,7 @@ class SpaceInfoRsp(_message.Message):
     def __init__(self, targets: _Optional[_Iterable[_Union[TargetSpace, _Mapping]]] = ...) -> None: ...
 
 class ChunkMeta(_message.Message):
-    __slots__ = ("key", "committed_version", "pending_version", "chain_version", "length", "crc32c", "chunk_size")
+    __slots__ = ("key", "committed_version", "pending_version", "chain_version", "length", "crc32c", "chunk_size", "chunk_id")
     KEY_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +341,7 @@ class ChunkMeta(_message.Message):
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     key: ChunkKey
     committed_version: int
     pending_version: int
@@ -326,7 +349,8 @@ class ChunkMeta(_message.Message):
     length: int
     crc32c: int
     chunk_size: int
-    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., committed_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., chain_version: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    chunk_id: bytes
+    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., committed_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., chain_version: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_id: _Optional[bytes] = ...) -> None: ...
 
 class DumpChunkMetaReq(_message.Message):
     __slots__ = ("target_id", "inode_id", "after", "limit")

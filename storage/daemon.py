@@ -1,0 +1,223 @@
+"""The storage daemon: targets, the storage service over fs3 RPC, heartbeats, routing and resync.
+
+Startup (reference notes §4.2): open every target (recovery runs), listen, fetch routing,
+register with mgmtd and heartbeat every target as OFFLINE; each target goes ONLINE once routing
+shows mgmtd has taken it out of service (:mod:`fs3.storage.target_map`), from where the chain
+brings it back: SERVING again if it was the last server, otherwise SYNCING, resynced by its
+predecessor, then SERVING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from fs3 import metrics
+from fs3.client.meta_client import DEV_SECRET
+from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
+from fs3.client.routing import Routing, RoutingCache
+from fs3.client.storage_client import STORAGE_SERVICE
+from fs3.config import StorageConfig
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient, RpcServer
+from fs3.proto import common_pb2
+
+from .async_engine import AsyncChunkEngine
+from .chunk_engine import EngineOptions
+from .craq import Replicator
+from .resync import ResyncWorker
+from .service import StorageService
+from .target_map import Lease, LocalTarget, TargetMap
+
+log = logging.getLogger(__name__)
+
+_TARGET_ID_FILE = "target_id"
+
+
+class StorageDaemon:
+    """One fs3-storage process. ``start`` raises FS3Error when it cannot start; ``stop`` is safe
+    to call after a failed start."""
+
+    def __init__(
+        self, cfg: StorageConfig, *, secret: bytes | None = None, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.secret = secret
+        self.registry = registry or metrics.registry()
+        self.executor = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="chunk-io")
+        self.targets: TargetMap | None = None
+        self.server: RpcServer | None = None
+        self.rpc: RpcClient | None = None
+        self.mgmtd: MgmtdClient | None = None
+        self.routing: RoutingCache | None = None
+        self.agent: NodeAgent | None = None
+        self.resync: ResyncWorker | None = None
+        self.lease = Lease()
+        self.port = 0
+        self._engines: list[AsyncChunkEngine] = []
+        self._usage_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        cfg = self.cfg
+        if len(cfg.target_ids) != len(cfg.target_paths):
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"{len(cfg.target_paths)} target_paths but {len(cfg.target_ids)} target_ids",
+            )
+        if len(set(cfg.target_ids)) != len(cfg.target_ids) or any(t <= 0 for t in cfg.target_ids):
+            raise FS3Error(StatusCode.CONFIG_INVALID, "target_ids must be distinct positive numbers")
+        loop = asyncio.get_running_loop()
+        local: list[LocalTarget] = []
+        for index, (tid, path) in enumerate(zip(cfg.target_ids, cfg.target_paths, strict=True)):
+            p = Path(path)
+            await loop.run_in_executor(self.executor, _claim_target_dir, p, tid)
+
+            def on_failure(e: FS3Error, tid: int = tid) -> None:
+                loop.call_soon_threadsafe(self._target_failed, tid, e)
+
+            engine = await AsyncChunkEngine.open(
+                p, EngineOptions(sync=cfg.sync_writes), on_failure=on_failure, executor=self.executor
+            )
+            self._engines.append(engine)
+            local.append(LocalTarget(tid, p, engine, disk_index=index))
+        self.targets = TargetMap(cfg.node_id, local, on_change=self._state_changed, lease_ok=self.lease.ok)
+
+        secret = self.secret or DEV_SECRET
+        self.rpc = RpcClient(secret, identity=f"storage-{cfg.node_id}", connections_per_peer=2)
+        self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
+        self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
+        replicator = Replicator(
+            self.targets, self.routing, self.rpc, self.executor, forward_timeout_s=cfg.forward_timeout_s
+        )
+        self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
+        self.server = RpcServer(secret, identity=f"storage-{cfg.node_id}")
+        self.server.add_service(STORAGE_SERVICE, StorageService(replicator, self.registry))
+        try:
+            _, self.port = await self.server.start((cfg.listen_host, cfg.listen_port))
+        except OSError as e:
+            raise FS3Error(
+                StatusCode.UNAVAILABLE, f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror}"
+            ) from None
+
+        self.routing.add_listener(self._routing_changed)
+        await self.routing.start(first_timeout_s=30.0)
+        self._routing_changed(self.routing.routing)
+        advertise = cfg.listen_host if cfg.listen_host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        self.agent = NodeAgent(
+            self.mgmtd,
+            cfg.node_id,
+            common_pb2.NODE_STORAGE,
+            endpoints=[common_pb2.Endpoint(host=advertise, port=self.port, transport="tcp")],
+            interval_s=cfg.heartbeat_interval_s,
+            targets=self._heartbeat_reports,
+            on_routing_version=self._heartbeat_ok,
+        )
+        await self.agent.start()
+        self.resync.start()
+        self._usage_task = asyncio.create_task(self._usage_loop(), name="fs3-storage-usage")
+        log.info(
+            "storage serving node_id=%d port=%d targets=%s",
+            cfg.node_id,
+            self.port,
+            ",".join(str(t) for t in cfg.target_ids),
+        )
+
+    async def stop(self) -> None:
+        if self._usage_task is not None:
+            self._usage_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._usage_task
+        if self.resync is not None:
+            await self.resync.stop()
+        if self.agent is not None:
+            await self.agent.stop()
+        if self.routing is not None:
+            await self.routing.stop()
+        if self.server is not None:
+            await self.server.stop()
+        if self.rpc is not None:
+            await self.rpc.close()
+        if self.mgmtd is not None:
+            await self.mgmtd.close()
+        for e in self._engines:
+            with contextlib.suppress(Exception):
+                await e.close()
+        self._engines.clear()
+        self.executor.shutdown(wait=False)
+
+    # -- callbacks --------------------------------------------------------------------------------
+
+    def _routing_changed(self, routing: Routing) -> None:
+        assert self.targets is not None
+        self.targets.apply_routing(routing)
+        if self.resync is not None:
+            self.resync.poke()
+
+    def _state_changed(self) -> None:
+        if self.agent is not None:
+            self.agent.beat_soon()
+
+    def _target_failed(self, target_id: int, error: FS3Error) -> None:
+        if self.targets is not None:
+            self.targets.fail(target_id, error)
+
+    def _heartbeat_reports(self):  # type: ignore[no-untyped-def]
+        assert self.targets is not None
+        self.lease.sending()
+        return self.targets.heartbeat_reports()
+
+    def _heartbeat_ok(self, routing_version: int) -> None:
+        assert self.agent is not None and self.routing is not None
+        reply = self.agent.last_reply
+        self.lease.confirmed(reply.heartbeat_timeout_s if reply is not None else 0.0)
+        if routing_version > self.routing.version:
+            self.routing.refresh_soon()
+
+    async def _usage_loop(self) -> None:
+        assert self.targets is not None
+        while True:
+            for t in list(self.targets.targets.values()):
+                if t.failed:
+                    continue
+                try:
+                    t.used_bytes = (await t.engine.space_info()).used
+                except FS3Error:
+                    pass
+            await asyncio.sleep(max(self.cfg.heartbeat_interval_s, 1.0))
+
+
+def _claim_target_dir(path: Path, target_id: int) -> None:
+    """Create the target directory if needed and check that it belongs to ``target_id`` (a file
+    in it records the id on first use), so a config that swaps two paths is caught at startup."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        marker = path / _TARGET_ID_FILE
+        if marker.exists():
+            recorded = marker.read_text().strip()
+            if recorded != str(target_id):
+                raise FS3Error(
+                    StatusCode.CONFIG_INVALID,
+                    f"target directory {path} belongs to target {recorded}, not {target_id}",
+                )
+            if not os.access(path, os.W_OK):
+                raise PermissionError(13, "Permission denied")
+            return
+        tmp = path / f".{_TARGET_ID_FILE}.tmp"
+        tmp.write_text(f"{target_id}\n")
+        os.replace(tmp, marker)
+    except OSError as e:
+        raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"target directory {path}: {e.strerror or e}") from None

@@ -1,0 +1,239 @@
+"""The storage service's RPC handlers: validate what came off the wire, then hand it to CRAQ.
+
+Every handler raises :class:`fs3.errors.FS3Error` for bad input or refused requests; the RPC layer
+sends the code and message back. Method ids and messages: ``proto/storage.proto``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+from prometheus_client import CollectorRegistry
+
+from fs3 import metrics
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import CallContext
+from fs3.proto import common_pb2, storage_pb2
+
+from .chunk_meta import ChunkMeta
+from .craq import Replicator, chunk_id, split_chunk_id
+from .target_map import ONLINE, UPTODATE
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_READS = 4096
+MAX_BATCH_READ_BYTES = 64 << 20
+DUMP_PAGE = 4096
+
+
+class StorageService:
+    """Handlers of STORAGE_SERVICE (``fs3.client.storage_client``) for one daemon."""
+
+    def __init__(self, replicator: Replicator, registry: CollectorRegistry | None = None) -> None:
+        self.rep = replicator
+        self.targets = replicator.targets
+        reg = registry or metrics.registry()
+        self.m_ops = metrics.counter(
+            "fs3_storage_requests", "storage requests by method and outcome", ("method", "code"), reg
+        )
+        self.m_bytes = metrics.counter(
+            "fs3_storage_bytes", "bytes written by clients and read by clients", ("dir",), reg
+        )
+        self.m_latency = metrics.histogram(
+            "fs3_storage_request_seconds", "storage request latency", ("method",), reg
+        )
+
+    def _done(self, method: str, start: float, code: int = 0) -> None:
+        self.m_ops.labels(
+            method, StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
+        ).inc()
+        self.m_latency.labels(method).observe(time.perf_counter() - start)
+
+    async def _timed(self, method: str, coro):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            result = await coro
+        except FS3Error as e:
+            self._done(method, start, int(e.code))
+            raise
+        except Exception:
+            self._done(method, start, int(StatusCode.INTERNAL))
+            raise
+        self._done(method, start)
+        return result
+
+    # -- data path --------------------------------------------------------------------------------
+
+    async def write(
+        self, request: storage_pb2.WriteReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.IOResult:
+        r = await self._timed("Write", self.rep.client_update(request, payload))
+        if request.io.type == storage_pb2.UPDATE_WRITE:
+            self.m_bytes.labels("write").inc(request.io.length)
+        return r
+
+    async def update(
+        self, request: storage_pb2.UpdateReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.IOResult:
+        return await self._timed("Update", self.rep.chain_update(request, payload))
+
+    async def batch_read(
+        self, request: storage_pb2.BatchReadReq, payload: memoryview | None, ctx: CallContext
+    ) -> tuple[storage_pb2.BatchReadRsp, bytes | None]:
+        start = time.perf_counter()
+        if len(request.ios) > MAX_BATCH_READS:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_BATCH_READS} reads in one batch")
+        total = sum(io.length for io in request.ios)
+        if total > MAX_BATCH_READ_BYTES:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT, f"batch asks for {total} bytes, more than {MAX_BATCH_READ_BYTES}"
+            )
+        outcomes = await asyncio.gather(*(self.rep.read(io) for io in request.ios), return_exceptions=True)
+        rsp = storage_pb2.BatchReadRsp()
+        parts: list[bytes] = []
+        pos = 0
+        for o in outcomes:
+            res = rsp.results.add()
+            if isinstance(o, BaseException):
+                if not isinstance(o, FS3Error):
+                    if isinstance(o, asyncio.CancelledError):
+                        raise o
+                    log.error("read failed", exc_info=o)
+                    o = FS3Error(StatusCode.INTERNAL, repr(o))
+                res.status.code = int(o.code)
+                res.status.message = o.message
+                continue
+            data, crc, version = o
+            res.length = len(data)
+            res.payload_offset = pos
+            res.crc32c = crc
+            res.committed_version = version
+            parts.append(data)
+            pos += len(data)
+        self.m_bytes.labels("read").inc(pos)
+        self._done("BatchRead", start)
+        if not parts:
+            return rsp, None
+        return rsp, parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def query_committed(
+        self, request: storage_pb2.QueryCommittedReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.QueryCommittedRsp:
+        return await self._timed("QueryCommitted", self.rep.query_committed(request))
+
+    # -- file-level operations --------------------------------------------------------------------
+
+    async def query_last_chunk(
+        self, request: storage_pb2.QueryLastChunkReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.QueryLastChunkRsp:
+        async def run() -> storage_pb2.QueryLastChunkRsp:
+            t = self.targets.of_chain(request.chain_id)
+            self.targets.check_readable(t)
+            begin, end = _file_range(request.inode_id)
+            last = await t.engine.query_last_chunk(begin, end)
+            if last.chunk_id is None:
+                return storage_pb2.QueryLastChunkRsp(found=False)
+            return storage_pb2.QueryLastChunkRsp(
+                found=True,
+                last_chunk_index=split_chunk_id(last.chunk_id)[1],
+                last_chunk_length=last.length,
+                total_length=last.total_length,
+                chunk_count=last.count,
+            )
+
+        return await self._timed("QueryLastChunk", run())
+
+    async def remove_chunks(
+        self, request: storage_pb2.RemoveChunksReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.RemoveChunksRsp:
+        if request.end_index and request.end_index < request.begin_index:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT,
+                f"chunk range {request.begin_index}..{request.end_index} is reversed",
+            )
+        removed = await self._timed("RemoveChunks", self.rep.remove_chunks(request))
+        return storage_pb2.RemoveChunksRsp(removed=removed)
+
+    async def truncate_chunks(
+        self, request: storage_pb2.TruncateChunksReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.TruncateChunksRsp:
+        return await self._timed("TruncateChunks", self.rep.truncate_chunks(request))
+
+    # -- membership -------------------------------------------------------------------------------
+
+    async def sync_start(
+        self, request: storage_pb2.SyncStartReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.SyncStartRsp:
+        t = self.targets.target(request.target_id)
+        await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
+        if t.chain_id != request.chain_id or t.public_state != common_pb2.SYNCING or t.local_state != ONLINE:
+            raise FS3Error(
+                StatusCode.STORAGE_ROUTING_STALE,
+                f"target {t.target_id} is {common_pb2.PublicTargetState.Name(t.public_state)}/{t.state_name}, "
+                "not SYNCING/ONLINE",
+            )
+        log.info("sync start target_id=%d chain_id=%d from=%s", t.target_id, t.chain_id, ctx.peer)
+        return storage_pb2.SyncStartRsp()
+
+    async def sync_done(
+        self, request: storage_pb2.SyncDoneReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.SyncDoneRsp:
+        t = self.targets.target(request.target_id)
+        await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
+        if t.public_state != common_pb2.SYNCING or t.local_state == 3:
+            raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, f"target {t.target_id} is not syncing")
+        self.targets.set_state(t, UPTODATE, "resync done")
+        return storage_pb2.SyncDoneRsp()
+
+    # -- inspection -------------------------------------------------------------------------------
+
+    async def space_info(
+        self, request: storage_pb2.SpaceInfoReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.SpaceInfoRsp:
+        ids = list(request.target_ids) or list(self.targets.targets)
+        rsp = storage_pb2.SpaceInfoRsp()
+        for tid in ids:
+            t = self.targets.target(tid)
+            s = await t.engine.space_info()
+            rsp.targets.add(
+                target_id=tid, capacity=s.capacity, used=s.used, free=s.free, chunks=s.chunk_count
+            )
+        return rsp
+
+    async def dump_chunk_meta(
+        self, request: storage_pb2.DumpChunkMetaReq, payload: memoryview | None, ctx: CallContext
+    ) -> storage_pb2.DumpChunkMetaRsp:
+        t = self.targets.target(request.target_id)
+        limit = min(request.limit or DUMP_PAGE, DUMP_PAGE)
+        begin, end = _file_range(request.inode_id) if request.inode_id else (b"", None)
+        if request.after:
+            begin = max(begin, request.after + b"\0")
+        eng = t.engine.engine
+
+        def page() -> list[ChunkMeta]:
+            return list(itertools.islice(eng.iter_metas(begin, end), limit + 1))
+
+        metas = await self.rep._run(page)
+        rsp = storage_pb2.DumpChunkMetaRsp(more=len(metas) > limit)
+        for m in metas[:limit]:
+            c = rsp.chunks.add(
+                committed_version=m.committed_ver,
+                pending_version=m.pending_ver,
+                chain_version=m.chain_ver,
+                length=m.length,
+                crc32c=m.crc,
+                chunk_size=m.chunk_size,
+                chunk_id=m.chunk_id,
+            )
+            c.key.chain_id = t.chain_id
+            c.key.inode_id, c.key.chunk_index = split_chunk_id(m.chunk_id)
+        return rsp
+
+
+def _file_range(inode_id: int) -> tuple[bytes, bytes | None]:
+    begin = chunk_id(inode_id, 0)
+    end = chunk_id(inode_id + 1, 0) if inode_id < (1 << 64) - 1 else None
+    return begin, end

@@ -1,0 +1,427 @@
+"""The shared integration fixture: a real fs3 cluster of processes on 127.0.0.1 in a temp directory.
+
+::
+
+    async with Cluster(tmp_path, storage_nodes=3, chains=2) as c:   # or: c = Cluster(...); await c.start()
+        client = await c.storage_client()
+        await client.write(c.chain_ids[0], inode, 0, 0, b"data", 1 << 20)
+        c.kill_storage(1)                                        # SIGKILL by PID
+        await c.wait_chains(lambda chain: len(chain.serving) == 2)
+        c.start_storage(1)                                       # same node id, ports, targets
+        await c.wait_all_serving()
+
+What :meth:`Cluster.start` does: writes a cluster secret, starts one ``fs3.mgmtd`` (lmdb store,
+short lease and heartbeat timeouts), initializes the cluster, pre-registers ``storage_nodes``
+storage nodes and creates their targets (node ``i`` holds target ``(i + 1) * 100 + c`` of chain
+``c``, for every chain), uploads ``chains`` chains of ``replication`` targets on consecutive nodes
+and chain table 1 over them, starts one ``fs3.storage`` daemon per node, and waits until routing
+shows every chain with every target SERVING.
+
+Every process runs in its own session and is killed by PID in :meth:`Cluster.stop`, also when a
+test fails; logs are in ``<tmp>/<name>.log`` and :meth:`Cluster.logs` returns them for assertion
+messages. Others add daemons with :meth:`Cluster.spawn` (a meta daemon, a FUSE mount), which the
+same teardown kills; :attr:`Cluster.mgmtd_address`, :attr:`Cluster.secret_file` and
+:attr:`Cluster.admin` are what their configs and setup need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import ChainView, Routing, RoutingCache
+from fs3.client.storage_client import RetryPolicy, StorageClient
+from fs3.net import RpcClient
+from fs3.proto import common_pb2, mgmtd_pb2
+
+REPO = Path(__file__).resolve().parents[1]
+
+# mgmtd timings for tests: failures are noticed within a couple of seconds, with slack for a busy
+# two-core machine (a heartbeat delayed past the timeout would reconfigure chains spuriously).
+MGMTD_TIMING = {
+    "lease_interval_s": 2.0,
+    "heartbeat_timeout_s": 2.0,
+    "chain_update_interval_s": 0.05,
+    "client_session_timeout_s": 5.0,
+}
+STORAGE_TIMING = {
+    "heartbeat_interval_s": 0.25,
+    "routing_refresh_interval_s": 0.25,
+    "resync_interval_s": 0.1,
+    "forward_timeout_s": 20.0,
+}
+
+
+async def wait_until(
+    pred: Callable[[], Awaitable[bool] | bool],
+    timeout_s: float = 20.0,
+    what: str = "",
+    interval_s: float = 0.05,
+) -> None:
+    """Poll ``pred`` until it is true; raise AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = pred()
+        if asyncio.iscoroutine(r):
+            r = await r
+        if r:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or pred}")
+        await asyncio.sleep(interval_s)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+def write_config(
+    path: Path, top: dict[str, object], tables: dict[str, dict[str, object]] | None = None
+) -> Path:
+    """Write a TOML config: top-level keys, then ``[table]`` sections."""
+    lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
+    for name, table in (tables or {}).items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class Proc:
+    """A daemon process the cluster started."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class StorageNode:
+    """One storage daemon: its node id, targets (id -> directory), port and process."""
+
+    index: int
+    node_id: int
+    targets: dict[int, Path]
+    port: int = 0
+    proc: Proc | None = None
+    config: Path | None = None
+
+
+@dataclass
+class Cluster:
+    """mgmtd plus ``storage_nodes`` storage daemons; see the module docstring."""
+
+    tmp: Path
+    storage_nodes: int = 3
+    chains: int = 1
+    replication: int = 3
+    sync_writes: bool = False
+    storage_extra: dict[str, object] = field(default_factory=dict)
+    mgmtd_extra: dict[str, object] = field(default_factory=dict)
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        self.tmp = Path(self.tmp)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.procs: list[Proc] = []
+        self.nodes: list[StorageNode] = []
+        self.secret = os.urandom(24).hex().encode()
+        self.secret_file = self.tmp / "cluster.secret"
+        self.mgmtd_address = ""
+        self.mgmtd_proc: Proc | None = None
+        self.admin: MgmtdClient | None = None
+        self.admin_token = ""
+        self.chain_ids: list[int] = [c + 1 for c in range(self.chains)]
+        self.chain_targets: dict[int, list[int]] = {}
+        self._clients: list[tuple[RoutingCache, RpcClient, MgmtdClient]] = []
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Cluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        try:
+            await self._start(timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self, timeout_s: float) -> None:
+        self.secret_file.write_bytes(self.secret)
+        await self.start_mgmtd()
+        bootstrap = MgmtdClient([self.mgmtd_address], cluster_secret=self.secret, timeout_s=20.0)
+        try:
+            self.admin_token = await bootstrap.init_cluster("test")
+        finally:
+            await bootstrap.close()
+        self.admin = MgmtdClient(
+            [self.mgmtd_address], token=self.admin_token, cluster_secret=self.secret, timeout_s=20.0
+        )
+        n = self.storage_nodes
+        if self.replication > n:
+            raise ValueError("replication exceeds the number of storage nodes")
+        specs: list[mgmtd_pb2.TargetSpec] = []
+        for i in range(n):
+            node = StorageNode(i, 10001 + i, {})
+            self.nodes.append(node)
+            await self.admin.register_node(node.node_id, common_pb2.NODE_STORAGE)
+        for c, chain_id in enumerate(self.chain_ids):
+            tids = []
+            for r in range(self.replication):
+                node = self.nodes[(c + r) % n]
+                tid = (node.index + 1) * 100 + chain_id
+                node.targets[tid] = self.tmp / f"storage-{node.node_id}" / f"target-{tid}"
+                specs.append(
+                    mgmtd_pb2.TargetSpec(
+                        target_id=tid, node_id=node.node_id, disk_index=len(node.targets) - 1
+                    )
+                )
+                tids.append(tid)
+            self.chain_targets[chain_id] = tids
+        await self.admin.create_targets(specs)
+        await self.admin.upload_chains(self.chain_targets)
+        await self.admin.upload_chain_table(1, self.chain_ids)
+        for node in self.nodes:
+            self.start_storage(node.index)
+        for node in self.nodes:
+            await self._wait_port(node)
+        await self.wait_all_serving(timeout_s)
+
+    async def stop(self) -> None:
+        """Close clients and kill every process by PID (SIGTERM, then SIGKILL after a grace)."""
+        for routing, rpc, mgmtd in self._clients:
+            with contextlib.suppress(Exception):
+                await routing.stop()
+            with contextlib.suppress(Exception):
+                await rpc.close()
+            with contextlib.suppress(Exception):
+                await mgmtd.close()
+        self._clients.clear()
+        if self.admin is not None:
+            with contextlib.suppress(Exception):
+                await self.admin.close()
+            self.admin = None
+        for p in self.procs:
+            if p.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 5.0
+        for p in self.procs:
+            if p.popen is None:
+                continue
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=max(0.05, deadline - time.monotonic()))
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.popen.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.popen.wait(timeout=10)
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> Proc:
+        """Start a process (output to ``<tmp>/<name>.log``) that :meth:`stop` will kill."""
+        proc = Proc(name, argv, self.tmp / f"{name}.log")
+        self._launch(proc, env)
+        self.procs.append(proc)
+        return proc
+
+    def _launch(self, proc: Proc, env: dict[str, str] | None = None) -> None:
+        with open(proc.log_path, "ab") as log:
+            proc.popen = subprocess.Popen(
+                proc.argv,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+
+    async def start_mgmtd(self) -> None:
+        port_file = self.tmp / "mgmtd.port"
+        port_file.unlink(missing_ok=True)
+        cfg = write_config(
+            self.tmp / "mgmtd.toml",
+            {
+                "node_id": 1,
+                "listen_host": "127.0.0.1",
+                "listen_port": 0,
+                "cluster_secret_file": str(self.secret_file),
+                **MGMTD_TIMING,
+                **self.mgmtd_extra,
+            },
+            {"kv": {"engine": "lmdb", "path": str(self.tmp / "kv")}, "log": {"level": self.log_level}},
+        )
+        self.mgmtd_proc = self.spawn(
+            "mgmtd", [sys.executable, "-m", "fs3.mgmtd", "--config", str(cfg), "--port-file", str(port_file)]
+        )
+        port = await self._read_port(port_file, self.mgmtd_proc)
+        self.mgmtd_address = f"127.0.0.1:{port}"
+
+    def storage_config(self, node: StorageNode) -> Path:
+        return write_config(
+            self.tmp / f"storage-{node.node_id}.toml",
+            {
+                "node_id": node.node_id,
+                "listen_host": "127.0.0.1",
+                "listen_port": node.port,
+                "mgmtd_addresses": [self.mgmtd_address],
+                "cluster_secret_file": str(self.secret_file),
+                "target_paths": [str(p) for p in node.targets.values()],
+                "target_ids": list(node.targets),
+                "sync_writes": self.sync_writes,
+                "io_threads": 8,
+                **STORAGE_TIMING,
+                **self.storage_extra,
+            },
+            {"log": {"level": self.log_level}},
+        )
+
+    def start_storage(self, index: int) -> Proc:
+        """Start (or restart) storage daemon ``index``; a restart reuses its port and targets."""
+        node = self.nodes[index]
+        if node.proc is not None and node.proc.alive():
+            raise RuntimeError(f"storage {index} is running")
+        node.config = self.storage_config(node)
+        port_file = self.tmp / f"storage-{node.node_id}.port"
+        port_file.unlink(missing_ok=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "fs3.storage",
+            "--config",
+            str(node.config),
+            "--port-file",
+            str(port_file),
+        ]
+        if node.proc is None:
+            node.proc = self.spawn(f"storage-{node.node_id}", argv)
+        else:
+            node.proc.argv = argv
+            self._launch(node.proc)
+        return node.proc
+
+    async def _wait_port(self, node: StorageNode, timeout_s: float = 30.0) -> None:
+        assert node.proc is not None
+        node.port = await self._read_port(self.tmp / f"storage-{node.node_id}.port", node.proc, timeout_s)
+
+    async def restart_storage(self, index: int, timeout_s: float = 30.0) -> None:
+        """Start a killed storage daemon again and wait until it listens (not until it serves)."""
+        self.start_storage(index)
+        await self._wait_port(self.nodes[index], timeout_s)
+
+    def kill_storage(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL by default) to storage daemon ``index`` and reap it."""
+        proc = self.nodes[index].proc
+        assert proc is not None and proc.popen is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.popen.pid, sig)
+        if sig == signal.SIGKILL:
+            proc.popen.wait(timeout=10)
+
+    async def _read_port(self, port_file: Path, proc: Proc, timeout_s: float = 30.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = _read_text(port_file)
+            if text:
+                return int(text)
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")  # type: ignore[union-attr]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{proc.name} did not start in {timeout_s}s:\n{proc.log()[-3000:]}")
+            await asyncio.sleep(0.05)
+
+    def logs(self, tail: int = 4000) -> str:
+        """The tail of every process's log, for assertion messages."""
+        return "\n".join(f"===== {p.name} =====\n{p.log()[-tail:]}" for p in self.procs)
+
+    # -- routing and clients ----------------------------------------------------------------------
+
+    async def routing(self) -> Routing:
+        """A fresh routing snapshot from mgmtd."""
+        assert self.admin is not None
+        return Routing((await self.admin.get_routing_info(0)).info)
+
+    async def wait_chains(
+        self, pred: Callable[[ChainView], bool], timeout_s: float = 30.0, what: str = ""
+    ) -> Routing:
+        """Wait until ``pred`` holds for every chain; return that routing."""
+        found: list[Routing] = []
+
+        async def check() -> bool:
+            r = await self.routing()
+            if all(cid in r.chains and pred(r.chains[cid]) for cid in self.chain_ids):
+                found.append(r)
+                return True
+            return False
+
+        try:
+            await wait_until(check, timeout_s, what or "chains to reach a state", interval_s=0.1)
+        except AssertionError as e:
+            r = await self.routing()
+            states = {
+                cid: [(t.target_id, common_pb2.PublicTargetState.Name(t.public_state)) for t in ch.targets]
+                for cid, ch in r.chains.items()
+            }
+            raise AssertionError(f"{e}; chains now: {states}\n{self.logs()}") from None
+        return found[0]
+
+    async def wait_all_serving(self, timeout_s: float = 30.0) -> Routing:
+        """Wait until every target of every chain is SERVING."""
+        return await self.wait_chains(
+            lambda ch: len(ch.serving) == len(ch.targets) == self.replication,
+            timeout_s,
+            "every target SERVING",
+        )
+
+    async def storage_client(self, retry: RetryPolicy | None = None, **kw) -> StorageClient:
+        """A StorageClient (own routing cache and RPC client, closed by :meth:`stop`)."""
+        mgmtd = MgmtdClient([self.mgmtd_address], cluster_secret=self.secret, timeout_s=10.0)
+        routing = RoutingCache(mgmtd, refresh_interval_s=0.25, min_refresh_gap_s=0.02)
+        rpc = RpcClient(self.secret, identity="test-client", connections_per_peer=2)
+        self._clients.append((routing, rpc, mgmtd))
+        await routing.start()
+        return StorageClient(routing, rpc, retry=retry or RetryPolicy(total_s=60.0, rpc_timeout_s=10.0), **kw)
+
+    def node_of_target(self, target_id: int) -> StorageNode:
+        return next(n for n in self.nodes if target_id in n.targets)

@@ -1,0 +1,147 @@
+"""The storage service end to end: mgmtd and three storage daemons as real processes on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+from cluster import Cluster
+
+from fs3.client.storage_client import ReadRequest, crc32c
+from fs3.errors import FS3Error, StatusCode
+
+pytestmark = pytest.mark.timeout(120)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+async def replica_metas(c: Cluster, client, chain_id: int, inode: int) -> dict[int, list[tuple]]:
+    """(chunk index, committed version, length, crc, pending) of the inode's chunks on each replica."""
+    out = {}
+    for tid in c.chain_targets[chain_id]:
+        metas = await client.dump_chunk_meta(tid, inode)
+        out[tid] = [
+            (m.key.chunk_index, m.committed_version, m.length, m.crc32c, m.pending_version) for m in metas
+        ]
+    return out
+
+
+async def assert_replicas_identical(c: Cluster, client, chain_id: int, inode: int) -> list[tuple]:
+    metas = await replica_metas(c, client, chain_id, inode)
+    first = next(iter(metas.values()))
+    assert all(m == first for m in metas.values()), metas
+    assert all(p == 0 for *_, p in first), first
+    return first
+
+
+async def test_round_trip_across_chunk_boundaries(tmp_path):
+    async with Cluster(tmp_path / "c", chains=2) as c:
+        client = await c.storage_client()
+        chunk = 64 * KiB
+        data = os.urandom(5 * chunk + 1234)
+
+        def chain_of(i: int) -> int:
+            return c.chain_ids[i % 2]
+
+        results = await client.write_range(chain_of, 7, 3000, data, chunk)
+        assert len(results) == 6
+        assert await client.read_range(chain_of, 7, 3000, len(data), chunk) == data
+        # a range straddling chunk boundaries, and one inside a chunk
+        assert (
+            await client.read_range(chain_of, 7, chunk - 10, 20, chunk) == data[chunk - 3010 : chunk - 2990]
+        )
+        assert (
+            await client.read(chain_of(2), 7, 2, 100, 50)
+            == data[2 * chunk + 100 - 3000 : 2 * chunk + 150 - 3000]
+        )
+        # short read at a chunk's end, empty read of a missing chunk
+        last = (3000 + len(data)) // chunk
+        tail_len = (3000 + len(data)) % chunk
+        assert len(await client.read(chain_of(last), 7, last, 0, chunk)) == tail_len
+        assert await client.read(chain_of(9), 7, 9, 0, 100) == b""
+        # batch read over both chains
+        got = await client.batch_read([ReadRequest(chain_of(i), 7, i, 0, chunk) for i in range(last + 1)])
+        assert b"".join(got)[3000:] == data
+        # file length per chain
+        q0 = await client.query_last_chunk(c.chain_ids[0], 7)
+        q1 = await client.query_last_chunk(c.chain_ids[1], 7)
+        assert (q0.found, q1.found) == (True, True)
+        assert q0.chunk_count + q1.chunk_count == 6
+        assert max(q0.last_chunk_index, q1.last_chunk_index) == last
+        assert q0.total_length + q1.total_length == 3000 + len(data)
+        for cid in c.chain_ids:
+            await assert_replicas_identical(c, client, cid, 7)
+
+        # truncate into chunk 2, then remove everything
+        await asyncio.gather(*(client.truncate_chunks(cid, 7, chunk, 2 * chunk + 10) for cid in c.chain_ids))
+        got = await client.read_range(chain_of, 7, 0, 3 * chunk, chunk)
+        assert got[3000 : 2 * chunk + 10] == data[: 2 * chunk + 10 - 3000]
+        assert got[2 * chunk + 10 :] == bytes(chunk - 10)
+        q = [await client.query_last_chunk(cid, 7) for cid in c.chain_ids]
+        assert max(x.last_chunk_index for x in q) == 2 and sum(x.total_length for x in q) == 2 * chunk + 10
+        removed = sum([await client.remove_chunks(cid, 7, 0, 0) for cid in c.chain_ids])
+        assert removed == 3
+        assert not (await client.query_last_chunk(c.chain_ids[0], 7)).found
+        for cid in c.chain_ids:
+            assert await assert_replicas_identical(c, client, cid, 7) == []
+
+
+async def test_concurrent_writers_on_one_chunk(tmp_path):
+    async with Cluster(tmp_path / "c") as c:
+        clients = [await c.storage_client() for _ in range(3)]
+        chunk = 64 * KiB
+        chain = c.chain_ids[0]
+        writes = []
+        for w in range(30):
+            off = random.randrange(0, chunk - 4096)
+            writes.append((off, bytes([w + 1]) * random.randrange(1, 4096)))
+
+        async def writer(k: int) -> None:
+            for i in range(k, len(writes), 3):
+                off, data = writes[i]
+                await clients[k].write(chain, 11, 0, off, data, chunk)
+
+        await asyncio.gather(*(writer(k) for k in range(3)))
+        metas = await assert_replicas_identical(c, clients[0], chain, 11)
+        assert metas[0][1] == len(writes)  # one committed version per write
+        final = await clients[0].read(chain, 11, 0, 0, chunk)
+        # The writes were serialized in some order: every byte a write covered holds the value of
+        # one of the writes covering it, and nothing else.
+        covered = bytearray(len(final))
+        for off, data in writes:
+            covered[off : off + len(data)] = b"\1" * len(data)
+        assert all(final[i] != 0 for i in range(len(final)) if covered[i])
+        assert len(final) == max(off + len(d) for off, d in writes)
+        # each write's bytes are either all present or overwritten by a later writer (no torn write):
+        # a byte shows a writer's value only inside that writer's range
+        for i, b in enumerate(final):
+            if b:
+                off, data = writes[b - 1]
+                assert off <= i < off + len(data)
+        # every replica serves identical bytes
+        for tid in c.chain_targets[chain]:
+            assert crc32c(final) == next(m.crc32c for m in await clients[0].dump_chunk_meta(tid, 11))
+
+
+async def test_bad_input_gets_clear_errors(tmp_path):
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain = c.chain_ids[0]
+        with pytest.raises(FS3Error) as e:
+            await client.write(chain, 1, 0, 0, b"x", 100_000)  # not a power of two
+        assert e.value.code == StatusCode.INVALID_ARGUMENT and "power of two" in e.value.message
+        with pytest.raises(FS3Error) as e:
+            await client.write(chain, 1, 0, 64 * KiB - 1, b"xy", 64 * KiB)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+        with pytest.raises(FS3Error) as e:
+            await client.read(chain, 1, 0, 0, 65 * MiB)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+        with pytest.raises(FS3Error) as e:
+            await client.read(999, 1, 0, 0, 10)
+        assert e.value.code == StatusCode.MGMTD_UNKNOWN_CHAIN
+        with pytest.raises(FS3Error) as e:
+            await client.truncate_chunks(chain, 1, 3 * KiB, 10)
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
