@@ -23,6 +23,20 @@ from fs3.proto import common_pb2
 log = logging.getLogger(__name__)
 
 
+def _check_bindable(host: str, port: int) -> None:
+    """Fail with one clear message when the port is taken, before anything else is set up."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, addr = infos[0]
+        with socket.socket(family, type_, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as e:
+        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 class MetaDaemon:
     """Start with :meth:`start` (raises FS3Error when it cannot), end with :meth:`stop`."""
 
@@ -57,6 +71,7 @@ class MetaDaemon:
 
     async def start(self) -> None:
         cfg = self.cfg
+        _check_bindable(cfg.listen_host, cfg.listen_port)
         if self.db is None:
             if cfg.kv.engine == "lmdb" and not cfg.kv.path:
                 raise FS3Error(StatusCode.CONFIG_INVALID, "kv.path must name a directory for the lmdb engine")

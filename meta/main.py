@@ -121,7 +121,8 @@ def main(argv: list[str]) -> int:
     try:
         return runner(serve(cfg, port_file=args.port_file))
     except FS3Error as e:
-        log.error("meta failed to start: %s", e.message)
+        if cfg.log.file:  # otherwise the log is standard error, where the line goes anyway
+            log.error("meta failed to start: %s", e.message)
         sys.stderr.write(f"fs3 meta: {e.message}\n")
         return 1
     except KeyboardInterrupt:
