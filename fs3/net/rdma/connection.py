@@ -1,0 +1,765 @@
+"""One fs3 RPC connection over an RC queue pair: frames by SEND/RECV with credits, large payloads
+pulled by RDMA READ, and an explicit one-sided API (:meth:`RdmaConnection.rdma_read` /
+:meth:`RdmaConnection.rdma_write`).
+
+Sending: frames are serialised into a byte stream (header, message, then the payload inline or a
+descriptor, see :mod:`fs3.net.rdma.stream`) that is cut into SENDs from a ring of registered send
+buffers, each starting with a chunk header that returns credits and releases pulled payloads
+(:mod:`fs3.net.rdma.wire`). A SEND needs a credit (:mod:`fs3.net.rdma.credits`); without one the
+stream waits. A payload above the peer's ``inline_max`` stays where it is when it lies in registered
+memory, or is copied into a staging buffer of the registered pool (waiting for one when the pool is
+at its cap); the peer READs it and releases it with the token.
+
+Receiving: every receive buffer is posted at start; a RECV completion's chunk is parsed, its stream
+bytes appended to the :class:`~fs3.net.rdma.stream.StreamAssembler`, the buffer reposted (owing the
+peer a credit), and whole frames handed to the :class:`~fs3.net.transport.FrameReceiver` in order;
+a frame with a pulled payload holds back the frames after it until its READ has completed.
+
+Completions reach the event loop through the completion channel's file descriptor: on readiness the
+connection takes and acknowledges the channel's events, re-arms the CQ, then polls until it is empty
+(re-arming first, so a completion that lands meanwhile still wakes us). Nothing spins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from crc32c import crc32c
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net.frame import (
+    F_PAYLOAD_CRC,
+    H_FLAGS,
+    H_METHOD,
+    H_PAYLOAD_CRC,
+    H_PAYLOAD_LEN,
+    H_REQUEST_ID,
+    H_SERVICE,
+    H_TIMEOUT,
+    FrameError,
+    RpcLimits,
+    encode_header,
+)
+from fs3.net.rdma.credits import CreditWindow
+from fs3.net.rdma.memory import PoolBuffer, Region, RegisteredPool, SlotArena
+from fs3.net.rdma.nics import OneSidedLimiter
+from fs3.net.rdma.stream import StreamAssembler
+from fs3.net.rdma.wire import (
+    CHUNK_HEADER_SIZE,
+    TOKEN_SIZE,
+    ConnectParams,
+    RemoteBuffer,
+    pack_chunk_header,
+    parse_chunk,
+)
+from fs3.net.rdma.workreq import (
+    WC_SUCCESS,
+    Completion,
+    OneSidedTable,
+    WrKind,
+    decode_wr_id,
+    encode_wr_id,
+    status_name,
+)
+from fs3.net.transport import Buffer, Connection, FrameReceiver, ReceiverFactory
+
+log = logging.getLogger(__name__)
+
+# Queued, unsent stream bytes above which callers are asked to wait (drain), and below which they resume.
+_HIGH_WATER = 16 << 20
+_LOW_WATER = 4 << 20
+# Released tokens carried by one SEND at most (the rest go in the next).
+_MAX_TOKENS_PER_SEND = 64
+# Completions taken per poll call.
+_POLL_BATCH = 64
+
+
+class QueuePairOps(Protocol):
+    """What a connection needs from the verbs layer (:mod:`fs3.net.rdma.verbs`, or a test fake)."""
+
+    def fileno(self) -> int:
+        """The completion channel's file descriptor (non-blocking)."""
+
+    def post_recv(self, wr_id: int, region: Region, offset: int, length: int) -> None: ...
+
+    def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None: ...
+
+    def post_read(
+        self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer
+    ) -> None: ...
+
+    def post_write(
+        self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer
+    ) -> None: ...
+
+    def take_events(self) -> None:
+        """Take and acknowledge every pending completion-channel event without blocking."""
+
+    def arm(self) -> None:
+        """Request a channel event for the next completion (``ibv_req_notify_cq``)."""
+
+    def poll(self, n: int) -> list[Completion]:
+        """Up to ``n`` completions, oldest first (empty when none)."""
+
+    def close(self) -> None:
+        """Destroy the queue pair, its CQ and channel (work requests are flushed)."""
+
+
+class _OutFrame:
+    __slots__ = ("head", "payload", "pulled", "plen", "on_sent", "staged", "ready")
+
+    def __init__(
+        self,
+        head: bytes,
+        payload: Buffer | None,
+        pulled: bool,
+        plen: int,
+        on_sent: Callable[[], None] | None,
+    ) -> None:
+        self.head = head  # frame header + message
+        self.payload = payload
+        self.pulled = pulled
+        self.plen = plen
+        self.on_sent = on_sent
+        self.staged: PoolBuffer | None = None
+        self.ready = not pulled  # a pulled payload is ready once it lies in registered memory
+
+
+class RdmaConnection(Connection):
+    """An established RC connection carrying fs3 RPC frames. Built by :class:`RdmaTransport`."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        qp: QueuePairOps,
+        local: ConnectParams,
+        remote: ConnectParams,
+        send_arena: SlotArena,
+        recv_arena: SlotArena,
+        pool: RegisteredPool,
+        limiter: OneSidedLimiter,
+        limits: RpcLimits,
+        peer: str,
+        on_closed: Callable[[RdmaConnection], None] | None = None,
+    ) -> None:
+        self.limits = limits
+        self.peer = peer
+        self._loop = loop
+        self._qp = qp
+        self.local = local
+        self.remote = remote
+        self._send = send_arena
+        self._recv = recv_arena
+        self.pool = pool
+        self.limiter = limiter
+        self._on_closed = on_closed
+        self.credits = CreditWindow(remote.recv_buffers, local.recv_buffers)
+        self._receiver: FrameReceiver | None = None
+        self._onesided = OneSidedTable()
+        # send state
+        self._frames: deque[_OutFrame] = deque()  # not yet in the stream (waiting for staging)
+        self._out: deque[memoryview] = deque()  # stream bytes not yet in a SEND
+        self._out_bytes = 0
+        self._queued_pos = 0  # stream bytes ever queued / put in SENDs / whose SENDs completed
+        self._sent_pos = 0
+        self._done_pos = 0
+        self._slot_end: dict[int, int] = {}
+        self._on_stream_done: deque[tuple[int, Callable[[], None]]] = deque()
+        self._next_token = 1
+        self._lent: dict[int, tuple[PoolBuffer | None, Callable[[], None] | None]] = {}
+        self._release_tokens: list[int] = []
+        self._pump_scheduled = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        # receive state
+        self._assembler = StreamAssembler(local.inline_max)
+        self._paused = False
+        self._held: list[int] = []  # receive slots not reposted while paused
+        self._pulling = False  # a frame waits for its payload's READ
+        self._pull_dest: memoryview | None = None
+        # lifecycle
+        self._closing = False
+        self._dead = False
+        self._finished = False
+        self._close_exc: BaseException | None = None
+        self._closed: asyncio.Future[None] = loop.create_future()
+
+    # ---- start and completion handling ------------------------------------------------------
+
+    def post_receives(self) -> None:
+        """Post every receive buffer: done before this side tells the peer it may send."""
+        for slot in range(self._recv.count):
+            self._post_recv(slot)
+
+    def start(self, receiver_factory: ReceiverFactory) -> None:
+        """Watch the completion channel and attach the receiver (receives must be posted already)."""
+        self._loop.add_reader(self._qp.fileno(), self._on_channel)
+        self._qp.arm()
+        self._receiver = receiver_factory(self)
+        self._poll()
+
+    def _post_recv(self, slot: int) -> None:
+        self._qp.post_recv(
+            encode_wr_id(WrKind.RECV, slot), self._recv.region, self._recv.offset(slot), self._recv.size
+        )
+
+    def _on_channel(self) -> None:
+        try:
+            self._qp.take_events()
+            self._qp.arm()
+        except Exception as e:  # the device went away
+            self._broken(f"completion channel failed: {e}")
+            return
+        self._poll()
+
+    def _poll(self) -> None:
+        while not self._finished:
+            wcs = self._qp.poll(_POLL_BATCH)
+            if not wcs:
+                break
+            for wc in wcs:
+                self._complete(wc)
+        if self._closing and not self._finished:
+            self._maybe_finish()
+
+    def _complete(self, wc: Completion) -> None:
+        kind, index = decode_wr_id(wc.wr_id)
+        if kind is WrKind.RECV:
+            if wc.status != WC_SUCCESS:
+                self._broken(f"receive failed: {status_name(wc.status)}")
+            elif not self._dead:
+                self._on_recv(index, wc.byte_len)
+        elif kind is WrKind.SEND:
+            if wc.status != WC_SUCCESS:
+                self._broken(f"send failed: {status_name(wc.status)}")
+            else:
+                self._on_send_done(index)
+        else:
+            self._onesided.complete(wc)
+
+    def _broken(self, reason: str) -> None:
+        if self._finished:
+            return
+        if not self._closing:
+            log.warning("rdma connection broken peer=%s reason=%s", self.peer, reason)
+        self._close_exc = FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"{self.peer}: {reason}")
+        self._finish()
+
+    # ---- receive path -----------------------------------------------------------------------
+
+    def _on_recv(self, slot: int, length: int) -> None:
+        try:
+            returned, tokens, data = parse_chunk(self._recv.view(slot), length)
+            self.credits.on_receive(returned)
+        except (FS3Error, ValueError) as e:
+            self._fail(FrameError(StatusCode.RPC_MALFORMED_FRAME, str(e)))
+            return
+        for t in tokens:
+            self._release_lent(t)
+        if data.nbytes:
+            self._assembler.feed(data)
+        # While paused, keep the peer's buffers (so it stops sending), but never the last two: the peer
+        # needs them for credit returns, without which our own replies would stall.
+        if self._paused and len(self._held) < self._recv.count - 2:
+            self._held.append(slot)
+        else:
+            self._post_recv(slot)
+            self.credits.on_reposted()
+        self._deliver()
+        self._schedule_pump()
+
+    def _deliver(self) -> None:
+        receiver = self._receiver
+        while not self._paused and not self._pulling and not self._dead and receiver is not None:
+            try:
+                frame = self._assembler.next_frame(self.limits)
+            except FrameError as e:
+                self._fail(e)
+                return
+            if frame is None:
+                return
+            hdr = frame.header
+            if frame.descriptor is not None:
+                self._start_pull(hdr, frame.message, frame.descriptor)
+                return
+            payload = None
+            if frame.payload is not None:
+                payload = self._alloc(hdr, len(frame.payload))
+                if payload is None:
+                    return
+                payload[:] = frame.payload
+            self._hand_up(hdr, frame.message, payload)
+
+    def _alloc(self, hdr: tuple[int, ...], length: int) -> memoryview | None:
+        assert self._receiver is not None
+        try:
+            view = self._receiver.alloc_payload(hdr[H_FLAGS], hdr[H_REQUEST_ID], length)
+            if len(view) != length:
+                raise ValueError(f"alloc_payload gave {len(view)} bytes for a {length}-byte payload")
+            return view
+        except Exception:
+            log.exception("payload allocation failed peer=%s request_id=%d", self.peer, hdr[H_REQUEST_ID])
+            self._fail(FrameError(StatusCode.INTERNAL, "payload allocation failed", hdr[H_REQUEST_ID]))
+            return None
+
+    def _hand_up(self, hdr: tuple[int, ...], message: bytes, payload: memoryview | None) -> None:
+        receiver = self._receiver
+        assert receiver is not None
+        if payload is not None and hdr[H_FLAGS] & F_PAYLOAD_CRC and crc32c(payload) != hdr[H_PAYLOAD_CRC]:
+            self._report(
+                FrameError(StatusCode.RPC_MALFORMED_FRAME, "payload crc mismatch", hdr[H_REQUEST_ID], False)
+            )
+            return
+        try:
+            receiver.frame_received(
+                hdr[H_FLAGS],
+                hdr[H_REQUEST_ID],
+                hdr[H_SERVICE],
+                hdr[H_METHOD],
+                hdr[H_TIMEOUT],
+                message,
+                payload,
+            )
+        except Exception:
+            log.exception("frame receiver failed peer=%s request_id=%d", self.peer, hdr[H_REQUEST_ID])
+            self._fail(FrameError(StatusCode.INTERNAL, "receiver failed", hdr[H_REQUEST_ID]))
+
+    def _start_pull(self, hdr: tuple[int, ...], message: bytes, descriptor: bytes) -> None:
+        plen = hdr[H_PAYLOAD_LEN]
+        try:
+            remote = RemoteBuffer.unpack(descriptor, plen)
+        except FS3Error as e:
+            self._fail(FrameError(StatusCode.RPC_MALFORMED_FRAME, e.message, hdr[H_REQUEST_ID]))
+            return
+        dest = self._alloc(hdr, plen)
+        if dest is None:
+            return
+        self._pulling = True
+        self._pull_dest = dest
+
+        # The READ lands in a staging buffer, never directly in ``dest``: the receiver may redirect
+        # the payload (its caller gave up), and a READ in flight cannot be stopped.
+        def staged(buf: PoolBuffer) -> None:
+            if self._dead:
+                self.pool.release(buf)
+                return
+
+            def post() -> None:
+                def done(status: int, error: str) -> None:
+                    self.limiter.release()
+                    self._pull_done(hdr, message, remote, buf, error)
+
+                wr_id = self._onesided.add(WrKind.READ, done)
+                try:
+                    self._qp.post_read(wr_id, buf.region, 0, plen, remote)
+                except Exception as e:
+                    self._onesided.discard(wr_id)
+                    done(-1, f"posting a read failed: {e}")
+
+            self.limiter.submit(post)
+
+        try:
+            self.pool.acquire_cb(plen, staged)
+        except FS3Error as e:
+            self._pulling = False
+            self._fail(FrameError(e.code, e.message, hdr[H_REQUEST_ID]))
+
+    def _pull_done(
+        self, hdr: tuple[int, ...], message: bytes, remote: RemoteBuffer, buf: PoolBuffer, error: str
+    ) -> None:
+        dest, self._pull_dest = self._pull_dest, None
+        self._pulling = False
+        if error:
+            self.pool.release(buf)
+            self._broken(f"reading a {remote.length}-byte payload failed: {error}")
+            return
+        if dest is not None:
+            dest[:] = buf.view
+        self.pool.release(buf)
+        self._release_tokens.append(remote.token)
+        self._schedule_pump()
+        if self._dead:
+            return
+        self._hand_up(hdr, message, dest)
+        self._deliver()
+
+    def redirect_payload(self, replacement: memoryview) -> None:
+        if self._pulling and self._pull_dest is not None:
+            if len(replacement) != len(self._pull_dest):
+                raise ValueError("replacement buffer has the wrong size")
+            self._pull_dest = replacement
+
+    def pause_receiving(self, paused: bool) -> None:
+        if paused == self._paused:
+            return
+        self._paused = paused
+        if not paused:
+            held, self._held = self._held, []
+            for slot in held:
+                self._post_recv(slot)
+            if held:
+                self.credits.on_reposted(len(held))
+                self._schedule_pump()
+            # frames that arrived meanwhile: not from inside this call (it may come from a receiver)
+            self._loop.call_soon(self._deliver)
+
+    # ---- errors -----------------------------------------------------------------------------
+
+    def _report(self, error: FrameError) -> None:
+        if self._receiver is not None:
+            try:
+                self._receiver.frame_error(error)
+            except Exception:
+                log.exception("frame_error handler failed peer=%s", self.peer)
+
+    def _fail(self, error: FrameError) -> None:
+        """A fatal frame error: tell the receiver, stop taking frames, flush what it sent, close."""
+        self._report(error)
+        self._dead = True
+        self.close()
+
+    # ---- send path --------------------------------------------------------------------------
+
+    def send_frame(
+        self,
+        flags: int,
+        request_id: int,
+        service_id: int,
+        method_id: int,
+        message: bytes,
+        payload: Buffer | None = None,
+        timeout_ms: int = 0,
+        on_sent: Callable[[], None] | None = None,
+    ) -> None:
+        if self._closing:
+            raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
+        plen = 0
+        if payload is not None:
+            t = type(payload)
+            plen = len(payload) if t is bytes or t is bytearray else memoryview(payload).nbytes
+        pcrc = crc32c(payload) if payload is not None and flags & F_PAYLOAD_CRC else 0
+        head = encode_header(flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc)
+        pulled = plen > self.remote.inline_max
+        frame = _OutFrame(head + message, payload if plen else None, pulled, plen, on_sent)
+        self._frames.append(frame)
+        if pulled:
+            self._prepare_pull(frame)
+        self._schedule_pump()
+
+    def _prepare_pull(self, frame: _OutFrame) -> None:
+        assert frame.payload is not None
+        if self.pool.directory.find(frame.payload) is not None:
+            frame.ready = True  # registered already: the peer reads it where it is
+            return
+
+        def staged(buf: PoolBuffer) -> None:
+            if self._finished:
+                self.pool.release(buf)
+                return
+            buf.view[:] = memoryview(frame.payload).cast("B")  # type: ignore[arg-type]
+            frame.staged = buf
+            frame.ready = True
+            self._schedule_pump()
+
+        self.pool.acquire_cb(frame.plen, staged)
+
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled and not self._finished:
+            # Frames queued by other tasks in this loop iteration share SENDs.
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _serialise(self) -> None:
+        """Move frames whose payload is ready into the byte stream, in order."""
+        frames = self._frames
+        while frames and frames[0].ready:
+            f = frames.popleft()
+            pieces: list[memoryview] = [memoryview(f.head)]
+            if f.pulled:
+                if f.staged is not None:
+                    region, off = f.staged.region, 0
+                else:
+                    found = self.pool.directory.find(f.payload)
+                    assert found is not None
+                    region, off = found
+                token = self._next_token
+                self._next_token = (token % 0xFFFFFFFF) + 1
+                self._lent[token] = (f.staged, f.on_sent)
+                pieces.append(memoryview(RemoteBuffer(region.addr + off, region.rkey, f.plen, token).pack()))
+            elif f.payload is not None:
+                pieces.append(memoryview(f.payload).cast("B"))
+            for p in pieces:
+                self._out.append(p)
+                self._out_bytes += p.nbytes
+                self._queued_pos += p.nbytes
+            if not f.pulled and f.on_sent is not None:
+                self._on_stream_done.append((self._queued_pos, f.on_sent))
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        if self._finished:
+            return
+        self._serialise()
+        credits = self.credits
+        arena = self._send
+        while (self._out or self._release_tokens) and credits.can_send_data():
+            slot = arena.acquire()
+            if slot is None:
+                break
+            buf = arena.view(slot)
+            tokens = self._release_tokens[:_MAX_TOKENS_PER_SEND]
+            del self._release_tokens[: len(tokens)]
+            start = CHUNK_HEADER_SIZE + TOKEN_SIZE * len(tokens)
+            n = self._fill(buf, start)
+            pack_chunk_header(buf, credits.take_send(), tokens, n)
+            self._sent_pos += n
+            self._post_send(slot, start + n)
+        if credits.should_send_credits():
+            slot = arena.acquire()
+            if slot is not None:
+                buf = arena.view(slot)
+                pack_chunk_header(buf, credits.take_send(), [], 0)
+                self._post_send(slot, CHUNK_HEADER_SIZE)
+        if self._closing:
+            self._maybe_finish()
+
+    def _fill(self, buf: memoryview, start: int) -> int:
+        out = self._out
+        pos = start
+        end = len(buf)
+        while out and pos < end:
+            piece = out[0]
+            n = min(piece.nbytes, end - pos)
+            buf[pos : pos + n] = piece[:n]
+            pos += n
+            if n == piece.nbytes:
+                out.popleft()
+            else:
+                out[0] = piece[n:]
+        self._out_bytes -= pos - start
+        return pos - start
+
+    def _post_send(self, slot: int, length: int) -> None:
+        self._slot_end[slot] = self._sent_pos
+        try:
+            self._qp.post_send(
+                encode_wr_id(WrKind.SEND, slot), self._send.region, self._send.offset(slot), length
+            )
+        except Exception as e:
+            self._send.release(slot)
+            self._broken(f"posting a send failed: {e}")
+
+    def _on_send_done(self, slot: int) -> None:
+        end = self._slot_end.pop(slot, self._done_pos)
+        self._send.release(slot)
+        # SEND completions of one queue pair arrive in posting order, so this is the stream's progress.
+        self._done_pos = max(self._done_pos, end)
+        waiting = self._on_stream_done
+        while waiting and waiting[0][0] <= self._done_pos:
+            _, cb = waiting.popleft()
+            self._call(cb)
+        if self._drain_waiters and self._out_bytes <= _LOW_WATER:
+            self._wake_drainers()
+        self._schedule_pump()
+
+    def _release_lent(self, token: int) -> None:
+        entry = self._lent.pop(token, None)
+        if entry is None:
+            log.warning("peer released an unknown payload token peer=%s token=%d", self.peer, token)
+            return
+        buf, cb = entry
+        if buf is not None:
+            self.pool.release(buf)
+        if cb is not None:
+            self._call(cb)
+
+    def _call(self, cb: Callable[[], None]) -> None:
+        try:
+            cb()
+        except Exception:
+            log.exception("on_sent callback failed peer=%s", self.peer)
+
+    # ---- one-sided operations ---------------------------------------------------------------
+
+    def describe(self, buf: Buffer) -> RemoteBuffer:
+        """A descriptor of ``buf`` (which must lie in registered memory, e.g. from
+        :meth:`RdmaTransport.alloc_buffer`) that the peer may READ or WRITE with this connection's
+        one-sided operations; put it in a request message."""
+        found = self.pool.directory.find(buf)
+        if found is None:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "buffer is not registered memory")
+        region, off = found
+        return RemoteBuffer(region.addr + off, region.rkey, memoryview(buf).nbytes)
+
+    async def rdma_read(self, dest: memoryview, remote: RemoteBuffer) -> None:
+        """Copy ``remote`` (a peer's registered memory) into ``dest`` with one RDMA READ (a write
+        payload at the head, a chain successor pulling from its predecessor)."""
+        if dest.nbytes != remote.length:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "read destination and remote buffer differ in size")
+        found = self.pool.directory.find(dest)
+        staged = None if found is not None else await self.pool.acquire(remote.length)
+        try:
+            region, off = found if found is not None else (staged.region, 0)  # type: ignore[union-attr]
+            await self._one_sided(WrKind.READ, region, off, remote)
+            if staged is not None:
+                dest[:] = staged.view
+        finally:
+            if staged is not None:
+                self.pool.release(staged)
+
+    async def rdma_write(self, src: Buffer, remote: RemoteBuffer) -> None:
+        """Copy ``src`` into ``remote`` with one RDMA WRITE (a read's data into the client's buffer);
+        send the reply only after this returns."""
+        view = memoryview(src).cast("B")
+        if view.nbytes != remote.length:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "write source and remote buffer differ in size")
+        found = self.pool.directory.find(view)
+        staged = None
+        if found is None:
+            staged = await self.pool.acquire(remote.length)
+            staged.view[:] = view
+        try:
+            region, off = found if found is not None else (staged.region, 0)  # type: ignore[union-attr]
+            await self._one_sided(WrKind.WRITE, region, off, remote)
+        finally:
+            if staged is not None:
+                self.pool.release(staged)
+
+    async def _one_sided(self, kind: WrKind, region: Region, offset: int, remote: RemoteBuffer) -> None:
+        if self._closing:
+            raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
+        await self.limiter.acquire()
+        fut: asyncio.Future[None] = self._loop.create_future()
+
+        def done(status: int, error: str) -> None:
+            if fut.done():
+                return
+            if error:
+                fut.set_exception(
+                    FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"rdma {kind.name.lower()} failed: {error}")
+                )
+            else:
+                fut.set_result(None)
+
+        try:
+            wr_id = self._onesided.add(kind, done)
+            post = self._qp.post_read if kind is WrKind.READ else self._qp.post_write
+            try:
+                post(wr_id, region, offset, remote.length, remote)
+            except Exception as e:
+                self._onesided.discard(wr_id)
+                raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"posting rdma {kind.name}: {e}") from e
+            # The memory stays in use until the completion arrives, whatever the caller does.
+            await asyncio.shield(fut)
+        finally:
+            self.limiter.release()
+
+    # ---- flow control and closing -----------------------------------------------------------
+
+    @property
+    def is_closing(self) -> bool:
+        return self._closing
+
+    @property
+    def write_paused(self) -> bool:
+        return self._out_bytes > _HIGH_WATER or len(self._frames) > 1024
+
+    async def drain(self) -> None:
+        if self._closing or not self.write_paused:
+            return
+        fut = self._loop.create_future()
+        self._drain_waiters.append(fut)
+        await fut
+
+    def _wake_drainers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._schedule_pump()
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        # Done flushing when every queued frame is in a completed SEND and the peer has finished
+        # reading what it pulls from us.
+        if (
+            not self._frames
+            and not self._out
+            and not self._release_tokens
+            and self._send.available == self._send.count
+            and not self._lent
+        ):
+            self._finish()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._finish()
+
+    def peer_gone(self) -> None:
+        """The bootstrap TCP connection ended: the peer closed or died. Take what already arrived, then close."""
+        if self._finished:
+            return
+        self._closing = True
+        self._poll()
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._closing = True
+        self._dead = True
+        try:
+            self._loop.remove_reader(self._qp.fileno())
+        except Exception:
+            pass
+        try:
+            self._qp.close()  # flushes outstanding work requests: no DMA into our memory after this
+        except Exception:
+            log.exception("destroying queue pair failed peer=%s", self.peer)
+        self._onesided.fail_all("connection closed")
+        for buf, _ in self._lent.values():
+            if buf is not None:
+                self.pool.release(buf)
+        self._lent.clear()
+        for f in self._frames:
+            if f.staged is not None:
+                self.pool.release(f.staged)
+        self._frames.clear()
+        self._out.clear()
+        self._wake_drainers()
+        if self._on_closed is not None:
+            self._on_closed(self)
+        receiver, self._receiver = self._receiver, None
+        if receiver is not None:
+            try:
+                receiver.connection_lost(self._close_exc)
+            except Exception:
+                log.exception("connection_lost handler failed peer=%s", self.peer)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+
+    # ---- introspection for tests and metrics ------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this connection (credits, queued bytes, outstanding one-sided operations)."""
+        return {
+            "credits": self.credits.credits,
+            "owed": self.credits.owed,
+            "sends": self.credits.sent,
+            "receives": self.credits.received,
+            "queued_bytes": self._out_bytes,
+            "one_sided": len(self._onesided),
+            "lent_payloads": len(self._lent),
+        }

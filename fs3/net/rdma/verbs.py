@@ -1,0 +1,239 @@
+"""The thin layer over pyverbs: an opened NIC (context, protection domain, registered memory) and an
+RC queue pair with its own CQ and completion channel.
+
+Everything else in :mod:`fs3.net.rdma` is plain Python over the small interfaces this module
+implements (:class:`~fs3.net.rdma.memory.Registrar`, :class:`~fs3.net.rdma.connection.QueuePairOps`),
+so only this file needs a device to run.
+
+pyverbs does not expose a completion channel's file descriptor, which asyncio needs to watch. The
+kernel creates it as an anonymous inode named ``[infinibandevent]`` when the channel is created, so
+:func:`_create_channel` notes which such descriptors exist before and after creating one (under a
+lock) and takes the new one, then makes it non-blocking so ``get_cq_event`` never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import random
+import threading
+from typing import Any
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net.rdma.discovery import Nic
+from fs3.net.rdma.memory import Region, buffer_address
+from fs3.net.rdma.wire import ConnectParams, LinkLayer, RemoteBuffer
+from fs3.net.rdma.workreq import Completion
+
+try:
+    import pyverbs.enums as e
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.cq import CQ, CompChannel
+    from pyverbs.device import Context
+    from pyverbs.mr import MR
+    from pyverbs.pd import PD
+    from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+    from pyverbs.wr import SGE, RecvWR, SendWR
+
+    HAVE_PYVERBS = True
+except ImportError:  # pragma: no cover - depends on the machine
+    HAVE_PYVERBS = False
+
+_EVENT_FD_LINK = "anon_inode:[infinibandevent]"
+_channel_lock = threading.Lock()
+
+
+def _event_fds() -> set[int]:
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == _EVENT_FD_LINK:
+                out.add(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def _create_channel(ctx: Any) -> tuple[Any, int]:
+    with _channel_lock:
+        before = _event_fds()
+        channel = CompChannel(ctx)
+        new = _event_fds() - before
+    if len(new) != 1:
+        channel.close()
+        raise FS3Error(StatusCode.INTERNAL, f"cannot identify the completion channel's descriptor ({new})")
+    fd = new.pop()
+    os.set_blocking(fd, False)
+    return channel, fd
+
+
+class Device:
+    """One opened NIC (device and port): its context, protection domain and memory registrations."""
+
+    def __init__(self, nic: Nic, *, traffic_class: int = 0, service_level: int = 0) -> None:
+        if not HAVE_PYVERBS:
+            raise FS3Error(StatusCode.UNAVAILABLE, "pyverbs is not importable; run `make rdma`")
+        self.nic = nic
+        self.name = nic.name
+        self.traffic_class = traffic_class
+        self.service_level = service_level
+        self.ctx = Context(name=nic.device)
+        self.pd = PD(self.ctx)
+        self.access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
+
+    # ---- Registrar ------------------------------------------------------------------------------
+
+    def register(self, nbytes: int) -> Region:
+        """Page-aligned anonymous memory of ``nbytes``, registered for local and remote access."""
+        mem = mmap.mmap(-1, nbytes)
+        view = memoryview(mem)
+        addr = buffer_address(view)
+        try:
+            mr = MR(self.pd, nbytes, self.access, address=addr)
+        except PyverbsError as exc:
+            view.release()
+            mem.close()
+            raise FS3Error(
+                StatusCode.RESOURCE_EXHAUSTED, f"registering {nbytes} bytes failed: {exc}"
+            ) from exc
+        return Region(view, addr, mr.lkey, mr.rkey, nbytes, (mr, mem))
+
+    def deregister(self, region: Region) -> None:
+        mr, mem = region.handle
+        mr.close()
+        region.view.release()
+        try:
+            mem.close()
+        except BufferError:
+            pass  # a slice is still referenced somewhere; the mapping goes with it
+
+    # ---- queue pairs ----------------------------------------------------------------------------
+
+    def queue_pair(self, max_send_wr: int, max_recv_wr: int) -> VerbsQueuePair:
+        """A new RC queue pair in the INIT state."""
+        return VerbsQueuePair(self, max_send_wr, max_recv_wr)
+
+    def close(self) -> None:
+        self.pd.close()
+        self.ctx.close()
+
+
+class VerbsQueuePair:
+    """An RC queue pair with a CQ and completion channel of its own (pyverbs' ``get_cq_event`` wants
+    to know which CQ an event is for, so channels are not shared)."""
+
+    def __init__(self, dev: Device, max_send_wr: int, max_recv_wr: int) -> None:
+        self.dev = dev
+        self.channel, self._fd = _create_channel(dev.ctx)
+        try:
+            self.cq = CQ(dev.ctx, max_send_wr + max_recv_wr, None, self.channel, 0)
+            cap = QPCap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr, max_send_sge=1, max_recv_sge=1)
+            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=1)
+            attr = QPAttr(port_num=dev.nic.port)
+            attr.qp_access_flags = dev.access
+            attr.pkey_index = 0
+            self.qp = QP(dev.pd, init, attr)  # pyverbs moves an RC QP to INIT given attributes
+        except BaseException:
+            self.channel.close()
+            raise
+        self.psn = random.getrandbits(24)
+        self._closed = False
+
+    def local_params(self, recv_buffers: int, buffer_size: int, inline_max: int) -> ConnectParams:
+        nic = self.dev.nic
+        return ConnectParams(
+            self.qp.qp_num,
+            self.psn,
+            nic.lid,
+            nic.mtu,
+            nic.link_layer,
+            nic.gid,
+            recv_buffers,
+            buffer_size,
+            inline_max,
+        )
+
+    def connect(
+        self, remote: ConnectParams, *, timeout: int = 14, retry_cnt: int = 7, rnr_retry: int = 7
+    ) -> None:
+        """INIT -> RTR -> RTS towards ``remote``."""
+        nic = self.dev.nic
+        attr = QPAttr(port_num=nic.port)
+        attr.path_mtu = min(nic.mtu, remote.mtu)
+        attr.dest_qp_num = remote.qpn
+        attr.rq_psn = remote.psn
+        attr.sq_psn = self.psn
+        attr.max_dest_rd_atomic = nic.max_rd_atomic
+        attr.max_rd_atomic = nic.max_rd_atomic
+        attr.min_rnr_timer = 12
+        attr.timeout = timeout
+        attr.retry_cnt = retry_cnt
+        attr.rnr_retry = rnr_retry
+        is_global = 1 if nic.link_layer == LinkLayer.ETHERNET or any(remote.gid) else 0
+        gid = GID(val=":".join(remote.gid.hex()[i : i + 4] for i in range(0, 32, 4)))
+        gr = GlobalRoute(dgid=gid, sgid_index=nic.gid_index, traffic_class=self.dev.traffic_class)
+        attr.ah_attr = AHAttr(
+            port_num=nic.port, is_global=is_global, gr=gr, dlid=remote.lid, sl=self.dev.service_level
+        )
+        self.qp.to_rts(attr)
+
+    # ---- QueuePairOps ---------------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def post_recv(self, wr_id: int, region: Region, offset: int, length: int) -> None:
+        sge = SGE(region.addr + offset, length, region.lkey)
+        self.qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]), None)
+
+    def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None:
+        sge = SGE(region.addr + offset, length, region.lkey)
+        wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
+        self.qp.post_send(wr, None)
+
+    def _post_rdma(
+        self, opcode: int, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer
+    ) -> None:
+        sge = SGE(region.addr + offset, length, region.lkey)
+        wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(remote.rkey, remote.addr)
+        self.qp.post_send(wr, None)
+
+    def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
+        self._post_rdma(e.IBV_WR_RDMA_READ, wr_id, region, offset, length, remote)
+
+    def post_write(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
+        self._post_rdma(e.IBV_WR_RDMA_WRITE, wr_id, region, offset, length, remote)
+
+    def take_events(self) -> None:
+        n = 0
+        try:
+            while True:
+                try:
+                    self.channel.get_cq_event(self.cq)
+                except PyverbsRDMAError as exc:
+                    if exc.error_code in (errno.EAGAIN, errno.EWOULDBLOCK):
+                        break
+                    raise
+                n += 1
+        finally:
+            if n:
+                # Unacknowledged events would make destroying the CQ wait forever.
+                self.cq.ack_events(n)
+
+    def arm(self) -> None:
+        self.cq.req_notify()
+
+    def poll(self, n: int) -> list[Completion]:
+        _, wcs = self.cq.poll(n)
+        return [Completion(wc.wr_id, wc.status, wc.byte_len) for wc in wcs]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.qp.close()
+        self.cq.close()
+        self.channel.close()

@@ -1,0 +1,230 @@
+"""An in-process stand-in for the verbs layer, faithful where the transport's correctness depends on it.
+
+Queue pairs of one :class:`Fabric` reach each other by queue pair number. A SEND consumes the peer's
+oldest posted receive (none posted: an RNR error, counted in ``fabric.rnr_errors``, since fs3's credits
+must make that impossible); READ and WRITE check the remote key and bounds like an HCA does. Work
+requests complete asynchronously (on a later loop iteration), SEND completions of a queue pair in
+posting order, and completion-channel events are delivered through a real pipe file descriptor only
+while the CQ is armed, as ``ibv_req_notify_cq`` specifies, so the transport's event loop integration
+runs exactly as it would over a device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from fs3.config import RdmaConfig
+from fs3.net.rdma.discovery import Inventory, Nic
+from fs3.net.rdma.memory import Region, buffer_address
+from fs3.net.rdma.wire import ConnectParams, LinkLayer, RemoteBuffer
+from fs3.net.rdma.workreq import Completion
+
+WC_SUCCESS = 0
+WC_LOC_LEN_ERR = 1
+WC_REM_ACCESS_ERR = 10
+WC_RETRY_EXC_ERR = 12
+WC_RNR_RETRY_EXC_ERR = 13
+
+
+@dataclass
+class Fabric:
+    qps: dict[int, FakeQueuePair] = field(default_factory=dict)
+    regions: dict[int, Region] = field(default_factory=dict)
+    next_qpn: int = 100
+    next_key: int = 1000
+    rnr_errors: int = 0
+    sends: int = 0
+    reads: int = 0
+    writes: int = 0
+    registered: int = 0
+    fail_next_read: bool = False
+
+    def inventory(self, count: int = 2) -> Inventory:
+        gid = bytes(10) + b"\xff\xff" + bytes([127, 0, 0, 1])
+        return Inventory([Nic(f"fake{i}", 1, 1, gid, 0, LinkLayer.ETHERNET, 3) for i in range(count)])
+
+    def opener(self, nic: Nic, cfg: RdmaConfig) -> FakeDevice:
+        return FakeDevice(self, nic)
+
+
+class FakeDevice:
+    def __init__(self, fabric: Fabric, nic: Nic) -> None:
+        self.fabric = fabric
+        self.nic = nic
+        self.name = nic.name
+        self.closed = False
+
+    def register(self, nbytes: int) -> Region:
+        buf = bytearray(nbytes)
+        view = memoryview(buf)
+        key = self.fabric.next_key
+        self.fabric.next_key += 1
+        region = Region(view, buffer_address(view), key, key, nbytes, buf)
+        self.fabric.regions[key] = region
+        self.fabric.registered += nbytes
+        return region
+
+    def deregister(self, region: Region) -> None:
+        if self.fabric.regions.pop(region.rkey, None) is not None:
+            self.fabric.registered -= region.length
+
+    def queue_pair(self, max_send_wr: int, max_recv_wr: int) -> FakeQueuePair:
+        return FakeQueuePair(self, max_send_wr, max_recv_wr)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _find(fabric: Fabric, rkey: int, addr: int, length: int) -> memoryview | None:
+    r = fabric.regions.get(rkey)
+    if r is None or addr < r.addr or addr + length > r.addr + r.length:
+        return None
+    off = addr - r.addr
+    return r.view[off : off + length]
+
+
+class FakeQueuePair:
+    def __init__(self, dev: FakeDevice, max_send_wr: int, max_recv_wr: int) -> None:
+        self.dev = dev
+        self.fabric = dev.fabric
+        self.loop = asyncio.get_running_loop()
+        self.qpn = self.fabric.next_qpn
+        self.fabric.next_qpn += 1
+        self.fabric.qps[self.qpn] = self
+        self.psn = random.getrandbits(24)
+        self.max_send_wr = max_send_wr
+        self.max_recv_wr = max_recv_wr
+        self.recvs: deque[tuple[int, Region, int, int]] = deque()
+        self.send_outstanding = 0
+        self.cq: deque[Completion] = deque()
+        self.armed = False
+        self.events = 0
+        self.rfd, self.wfd = os.pipe()
+        os.set_blocking(self.rfd, False)
+        self.peer: int | None = None
+        self.closed = False
+
+    def local_params(self, recv_buffers: int, buffer_size: int, inline_max: int) -> ConnectParams:
+        nic = self.dev.nic
+        return ConnectParams(
+            self.qpn,
+            self.psn,
+            nic.lid,
+            nic.mtu,
+            nic.link_layer,
+            nic.gid,
+            recv_buffers,
+            buffer_size,
+            inline_max,
+        )
+
+    def connect(self, remote: ConnectParams, *, timeout: int, retry_cnt: int, rnr_retry: int) -> None:
+        self.peer = remote.qpn
+
+    # ---- QueuePairOps -------------------------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self.rfd
+
+    def _complete(self, wc: Completion) -> None:
+        if self.closed:
+            return
+        self.cq.append(wc)
+        if self.armed:
+            self.armed = False
+            self.events += 1
+            os.write(self.wfd, b"e")
+
+    def post_recv(self, wr_id: int, region: Region, offset: int, length: int) -> None:
+        assert not self.closed
+        if len(self.recvs) >= self.max_recv_wr:
+            raise OSError(12, "receive queue full")
+        self.recvs.append((wr_id, region, offset, length))
+
+    def _post(self, op) -> None:  # type: ignore[no-untyped-def]
+        assert not self.closed and self.peer is not None
+        if self.send_outstanding >= self.max_send_wr:
+            raise OSError(12, "send queue full")
+        self.send_outstanding += 1
+        self.loop.call_soon(op)
+
+    def _done(self, wr_id: int, status: int) -> None:
+        self.send_outstanding -= 1
+        self._complete(Completion(wr_id, status))
+
+    def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None:
+        data = bytes(region.view[offset : offset + length])
+
+        def deliver() -> None:
+            self.fabric.sends += 1
+            peer = self.fabric.qps.get(self.peer)  # type: ignore[arg-type]
+            if peer is None or peer.closed:
+                self._done(wr_id, WC_RETRY_EXC_ERR)
+                return
+            if not peer.recvs:
+                self.fabric.rnr_errors += 1
+                self._done(wr_id, WC_RNR_RETRY_EXC_ERR)
+                return
+            rid, rregion, roff, rlen = peer.recvs.popleft()
+            if length > rlen:
+                peer._complete(Completion(rid, WC_LOC_LEN_ERR))
+                self._done(wr_id, WC_REM_ACCESS_ERR)
+                return
+            rregion.view[roff : roff + length] = data
+            peer._complete(Completion(rid, WC_SUCCESS, length))
+            self._done(wr_id, WC_SUCCESS)
+
+        self._post(deliver)
+
+    def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
+        def run() -> None:
+            self.fabric.reads += 1
+            src = _find(self.fabric, remote.rkey, remote.addr, length)
+            if src is None or self.fabric.fail_next_read:
+                self.fabric.fail_next_read = False
+                self._done(wr_id, WC_REM_ACCESS_ERR)
+                return
+            region.view[offset : offset + length] = src
+            self._done(wr_id, WC_SUCCESS)
+
+        self._post(run)
+
+    def post_write(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
+        def run() -> None:
+            self.fabric.writes += 1
+            dst = _find(self.fabric, remote.rkey, remote.addr, length)
+            if dst is None:
+                self._done(wr_id, WC_REM_ACCESS_ERR)
+                return
+            dst[:] = region.view[offset : offset + length]
+            self._done(wr_id, WC_SUCCESS)
+
+        self._post(run)
+
+    def take_events(self) -> None:
+        try:
+            while os.read(self.rfd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def poll(self, n: int) -> list[Completion]:
+        out = []
+        while self.cq and len(out) < n:
+            out.append(self.cq.popleft())
+        return out
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.fabric.qps.pop(self.qpn, None)
+        os.close(self.rfd)
+        os.close(self.wfd)
