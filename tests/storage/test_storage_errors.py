@@ -1,0 +1,131 @@
+"""Bad input to the storage service gets clear errors; a daemon that cannot start says why in one line."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster import REPO, Cluster, write_config
+
+from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import storage_pb2
+
+pytestmark = pytest.mark.timeout(120)
+
+CHUNK = 64 * 1024
+
+
+def write_req(chain_id: int, version: int, data: bytes, **io) -> storage_pb2.WriteReq:
+    req = storage_pb2.WriteReq()
+    req.tag.client_id, req.tag.request_id, req.tag.channel, req.tag.seqnum = 77, 1, 1, 1
+    req.io.key.chain_id = chain_id
+    req.io.key.chain_version = version
+    req.io.key.inode_id = 3
+    req.io.type = storage_pb2.UPDATE_WRITE
+    req.io.length = len(data)
+    req.io.chunk_size = CHUNK
+    req.io.crc32c = crc32c(data)
+    for k, v in io.items():
+        setattr(req.io, k, v)
+    return req
+
+
+async def test_malformed_and_refused_requests(tmp_path):
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        routing = await c.routing()
+        chain = routing.chain(chain_id)
+        head = node_address(routing, chain.targets[0].target_id)
+        middle = node_address(routing, chain.targets[1].target_id)
+        write = STORAGE_SERVICE["Write"]
+
+        async def call(address, method, req, payload=None) -> FS3Error:
+            with pytest.raises(FS3Error) as e:
+                await client.rpc.call(address, method, req, payload=payload, timeout=10)
+            return e.value
+
+        data = b"abcd" * 100
+        e = await call(head, write, write_req(chain_id, chain.version + 5, data), data)
+        assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH and "version" in e.message
+        e = await call(head, write, write_req(chain_id, chain.version - 1, data), data)
+        assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH
+        e = await call(middle, write, write_req(chain_id, chain.version, data), data)
+        assert e.code == StatusCode.STORAGE_NOT_HEAD
+        e = await call(head, write, write_req(chain_id, chain.version, data), data[:10])  # payload too short
+        assert e.code == StatusCode.INVALID_ARGUMENT and "payload" in e.message
+        e = await call(head, write, write_req(chain_id, chain.version, data, crc32c=12345), data)
+        assert e.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
+        e = await call(head, write, write_req(chain_id, chain.version, data, update_version=3), data)
+        assert e.code == StatusCode.INVALID_ARGUMENT
+        e = await call(
+            head, write, write_req(chain_id, chain.version, data, type=storage_pb2.UPDATE_REPLACE), data
+        )
+        assert e.code == StatusCode.INVALID_ARGUMENT
+        e = await call(head, write, write_req(chain_id, chain.version, data, chunk_size=CHUNK + 1), data)
+        assert e.code == StatusCode.INVALID_ARGUMENT and "power of two" in e.message
+        e = await call(head, write, write_req(chain_id, chain.version, data, offset=CHUNK - 1), data)
+        assert e.code == StatusCode.STORAGE_CHUNK_TOO_LARGE
+        e = await call(head, write, write_req(999, 1, data), data)
+        assert e.code == StatusCode.MGMTD_UNKNOWN_CHAIN
+        big = storage_pb2.BatchReadReq()
+        for _ in range(3):
+            io = big.ios.add(offset=0, length=32 << 20)
+            io.key.chain_id = chain_id
+        e = await call(head, STORAGE_SERVICE["BatchRead"], big)
+        assert e.code == StatusCode.INVALID_ARGUMENT
+        e = await call(head, STORAGE_SERVICE["DumpChunkMeta"], storage_pb2.DumpChunkMetaReq(target_id=424242))
+        assert e.code == StatusCode.MGMTD_UNKNOWN_TARGET
+        # an update from something that is not the predecessor, with nonsense versions
+        upd = storage_pb2.UpdateReq(target_id=chain.targets[1].target_id)
+        upd.io.CopyFrom(write_req(chain_id, chain.version, data).io)
+        e = await call(middle, STORAGE_SERVICE["Update"], upd, data)
+        assert e.code == StatusCode.INVALID_ARGUMENT
+        # nothing of all that reached the chunks; the chain still works
+        await client.write(chain_id, 3, 0, 0, data, CHUNK)
+        assert await client.read(chain_id, 3, 0, 0, CHUNK) == data
+
+
+def _run_storage(tmp: Path, **cfg) -> subprocess.CompletedProcess:
+    conf = write_config(
+        tmp / "storage.toml",
+        {"node_id": 10001, "listen_host": "127.0.0.1", "mgmtd_addresses": ["127.0.0.1:1"], **cfg},
+        {"log": {"file": str(tmp / "storage.log")}},
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "fs3.storage", "--config", str(conf)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_daemon_that_cannot_bind_exits_with_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = _run_storage(tmp_path, listen_port=port, target_paths=[str(tmp_path / "t")], target_ids=[1])
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0], r.stderr
+
+
+def test_daemon_with_unusable_target_dir_exits_with_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = _run_storage(tmp_path, listen_port=0, target_paths=[str(blocker / "t")], target_ids=[1])
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(blocker / "t") in lines[0], r.stderr
+
+
+def test_daemon_with_mismatched_target_ids_exits_with_one_line(tmp_path):
+    r = _run_storage(tmp_path, target_paths=[str(tmp_path / "a"), str(tmp_path / "b")], target_ids=[1])
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1 and "target_ids" in r.stderr, r.stderr
