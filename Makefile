@@ -54,3 +54,18 @@ down: install
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# RDMA: Debian's pyverbs (python3-pyverbs, built for Debian's python3) made importable from the venv
+# by a symlink in its site-packages; the extension ABI tag must match the venv's Python. Works without
+# a device too: the last line says which devices fs3 would use, or why none.
+RDMA_PACKAGES := python3-pyverbs rdma-core ibverbs-providers
+PYVERBS_DIR := /usr/lib/python3/dist-packages/pyverbs
+.PHONY: rdma
+rdma: $(VENV)/.installed
+	@$(MAKE) --no-print-directory system-packages SYSTEM_PACKAGES="$(RDMA_PACKAGES)"
+	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	tag=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))'); \
+	test -e $(PYVERBS_DIR)/device$$tag || { echo "$(PYVERBS_DIR) has no device$$tag: pyverbs is built for another Python than $(BIN)/python"; exit 1; }; \
+	ln -sfn $(PYVERBS_DIR) $$site/pyverbs
+	@$(BIN)/python -c 'import pyverbs.device, pyverbs.cq, pyverbs.qp; print("pyverbs importable from $(VENV)")'
+	@$(BIN)/python -c 'from fs3.net.rdma import discover; inv = discover(); print("rdma devices:", ", ".join(n.name for n in inv.nics) or "none (" + inv.reason() + ")")'

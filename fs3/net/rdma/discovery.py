@@ -226,8 +226,8 @@ def discover(device_filter: Sequence[str] = (), gid_index: int = -1, mtu: int = 
     """Probe the devices and select the usable NICs."""
     ports, error = probe()
     inv = select_nics(ports, device_filter, gid_index, mtu)
-    if error and not inv.error:
-        inv.error = error
+    if error:
+        inv.error = error  # the probe knows best why there is nothing
     for why in inv.skipped:
         log.info("rdma port skipped reason=%r", why)
     return inv

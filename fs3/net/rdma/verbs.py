@@ -103,11 +103,11 @@ class Device:
     def deregister(self, region: Region) -> None:
         mr, mem = region.handle
         mr.close()
-        region.view.release()
         try:
+            region.view.release()
             mem.close()
         except BufferError:
-            pass  # a slice is still referenced somewhere; the mapping goes with it
+            pass  # a view of it is still referenced somewhere; the mapping goes with the last one
 
     # ---- queue pairs ----------------------------------------------------------------------------
 
