@@ -247,6 +247,26 @@ class ClientConfig:
     rpc_timeout_s: float = opt(30.0, doc="deadline of each RPC", check=_positive)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
+    cluster_secret_file: str = opt(
+        "", doc="file holding the shared cluster secret ('' = the development secret)"
+    )
+    meta_addresses: list[str] = opt(
+        doc="host:port of meta servers (empty = the meta nodes in mgmtd's routing info)", factory=list
+    )
+    negative_timeout_s: float = opt(
+        0.5,
+        doc="kernel cache timeout of a failed lookup (0 = none)",
+        check=lambda v: None if v >= 0 else "must be >= 0",
+    )
+    read_ahead_kb: int = opt(
+        4096,
+        doc="the mount's kernel readahead (bdi read_ahead_kb; 0 = leave the kernel's)",
+        check=lambda v: None if v >= 0 else "must be >= 0",
+    )
+    direct_io: bool = opt(False, doc="bypass the kernel page cache for every open file")
+    max_flushes_in_flight: int = opt(
+        4, doc="write-buffer flushes one open file keeps in flight", check=_positive
+    )
 
 
 SERVICE_CONFIGS: dict[str, type] = {

@@ -1,0 +1,836 @@
+"""The native fs3 file API (DESIGN §8): files and directories by path, without FUSE.
+
+Async::
+
+    async with await FileSystem.connect(ClientConfig(mgmtd_addresses=["10.0.0.1:8000"])) as fs:
+        await fs.mkdir("/data")
+        async with await fs.open("/data/a.bin", "w") as f:
+            await f.write(b"hello")
+        print((await fs.stat("/data/a.bin")).st_size)
+        samples = await fs.read_batch([("/data/a.bin", 0, 2), ("/data/a.bin", 3, 2)])
+
+Synchronous (the same calls on a private event loop in a background thread)::
+
+    with SyncFileSystem.connect(config) as fs:
+        with fs.open("/data/a.bin", "r") as f:
+            data = f.read()
+
+What a caller may rely on:
+
+- Data goes to storage split at chunk boundaries, each piece to its chain's head; reads go to a
+  SERVING replica chosen for load; both are retried with backoff and a routing refresh on routing
+  errors, and checked by CRC32C end to end (:mod:`fs3.client.storage_client`). Meta calls fail over
+  between meta servers (:mod:`fs3.client.meta_client`).
+- Opening a file for writing opens a write session; :meth:`File.fsync` and :meth:`File.close`
+  report the length written, so meta settles the file's length. Writes are buffered per open file
+  (``write_buffer_bytes``) and flushed in the background; errors surface at the next write, fsync
+  or close. Within one FileSystem, reads see every write made through it (read-your-writes), and
+  :meth:`FileSystem.stat` reports the length open writers have written.
+- Other clients see a file's data and length after its writer closed or fsynced it (close-to-open).
+- Errors raise :class:`fs3.errors.FS3Error`; ``e.errno`` is the POSIX errno.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import posixpath
+import stat as stat_mod
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fs3.client.file import InodeState, OpenFile, read_many
+from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import RoutingCache
+from fs3.client.storage_client import RetryPolicy, StorageClient
+from fs3.config import ClientConfig, load_config
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+T = TypeVar("T")
+
+_TYPE_BITS = {
+    m.INODE_FILE: stat_mod.S_IFREG,
+    m.INODE_DIRECTORY: stat_mod.S_IFDIR,
+    m.INODE_SYMLINK: stat_mod.S_IFLNK,
+    m.INODE_FIFO: stat_mod.S_IFIFO,
+    m.INODE_SOCKET: stat_mod.S_IFSOCK,
+    m.INODE_CHAR_DEVICE: stat_mod.S_IFCHR,
+    m.INODE_BLOCK_DEVICE: stat_mod.S_IFBLK,
+}
+
+
+def mode_of(inode: m.Inode) -> int:
+    """``st_mode`` of an inode: its type bits and permission bits."""
+    return _TYPE_BITS.get(inode.type, 0) | (inode.mode & 0o7777)
+
+
+@dataclass(slots=True, frozen=True)
+class StatResult:
+    """What :meth:`FileSystem.stat` returns, shaped like :func:`os.stat_result`."""
+
+    st_ino: int
+    st_mode: int
+    st_nlink: int
+    st_uid: int
+    st_gid: int
+    st_size: int
+    st_rdev: int
+    st_atime_ns: int
+    st_mtime_ns: int
+    st_ctime_ns: int
+    inode: m.Inode
+
+    @classmethod
+    def of(cls, inode: m.Inode, size: int | None = None) -> StatResult:
+        return cls(
+            inode.id,
+            mode_of(inode),
+            inode.nlink,
+            inode.uid,
+            inode.gid,
+            inode.size if size is None else size,
+            inode.rdev,
+            inode.atime_ns,
+            inode.mtime_ns,
+            inode.ctime_ns,
+            inode,
+        )
+
+
+def _flags_of(mode: str) -> int:
+    """open(2) flags of a Python-style mode string ("r", "w", "a", "x", "r+", with optional "b")."""
+    base = mode.replace("b", "")
+    table = {
+        "r": os.O_RDONLY,
+        "r+": os.O_RDWR,
+        "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        "w+": os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+        "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
+        "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+        "x+": os.O_RDWR | os.O_CREAT | os.O_EXCL,
+    }
+    if base not in table:
+        raise ValueError(f"invalid mode {mode!r}")
+    return table[base]
+
+
+def _split(path: str | bytes) -> tuple[bytes, bytes]:
+    p = os.fsencode(path)
+    if not p.startswith(b"/"):
+        p = b"/" + p
+    p = posixpath.normpath(p)
+    parent, name = posixpath.split(p)
+    if not name:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, "the root has no parent")
+    return parent, name
+
+
+def read_secret(path: str) -> bytes:
+    """The cluster secret in ``path``, or the development secret when ``path`` is ''."""
+    if not path:
+        return DEV_SECRET
+    secret = Path(path).read_bytes().strip()
+    if len(secret) < 16:
+        raise FS3Error(StatusCode.CONFIG_INVALID, f"cluster secret in {path} is shorter than 16 bytes")
+    return secret
+
+
+def read_token(path: str) -> str:
+    """The user token in ``path`` ('' when ``path`` is '')."""
+    return Path(path).read_text().strip() if path else ""
+
+
+class File:
+    """An open file of the native API (async). Position-based :meth:`read` / :meth:`write` and
+    positional :meth:`pread` / :meth:`pwrite`; safe to share between tasks of one event loop."""
+
+    def __init__(self, fs: FileSystem, handle: OpenFile, path: bytes, flags: int) -> None:
+        self.fs = fs
+        self.handle = handle
+        self.path = path
+        self.flags = flags
+        self.pos = 0
+        self.closed = False
+
+    @property
+    def inode_id(self) -> int:
+        return self.handle.inode_id
+
+    @property
+    def size(self) -> int:
+        """The file's length as this client knows it (meta's, or further if written here)."""
+        return self.handle.state.size
+
+    def _check(self) -> None:
+        if self.closed:
+            raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is closed")
+
+    async def pread(self, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (short at the end of the file)."""
+        self._check()
+        if offset + length > self.handle.state.size:
+            # another client may have extended the file since it was opened: look again at the end
+            await self.fs._refresh(self.handle.state)
+        return await self.handle.read(offset, length)
+
+    async def read(self, length: int = -1) -> bytes:
+        """Up to ``length`` bytes (all to the end when negative) from the current position."""
+        if length < 0:
+            await self.fs._refresh(self.handle.state)
+            length = max(0, self.handle.state.size - self.pos)
+        data = await self.pread(length, self.pos)
+        self.pos += len(data)
+        return data
+
+    async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        """Write ``data`` at ``offset`` (buffered); returns its length."""
+        self._check()
+        return await self.handle.write(offset, data)
+
+    async def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write at the current position (at the end with O_APPEND) and advance it."""
+        self._check()
+        if self.flags & os.O_APPEND:
+            self.pos = self.handle.state.size
+        n = await self.handle.write(self.pos, data)
+        self.pos += n
+        return n
+
+    async def write_parallel(
+        self, pieces: Iterable[tuple[int, bytes | bytearray | memoryview]], concurrency: int = 16
+    ) -> int:
+        """Write many ``(offset, data)`` pieces concurrently (a checkpoint's shards), each straight to
+        storage, at most ``concurrency`` at a time; returns the bytes written. Pieces must not
+        overlap one another."""
+        self._check()
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(offset: int, data: bytes | bytearray | memoryview) -> int:
+            async with sem:
+                return await self.handle.write_through(offset, data)
+
+        return sum(await asyncio.gather(*(one(o, d) for o, d in pieces)))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
+        if whence == os.SEEK_SET:
+            self.pos = offset
+        elif whence == os.SEEK_CUR:
+            self.pos += offset
+        elif whence == os.SEEK_END:
+            self.pos = self.handle.state.size + offset
+        else:
+            raise ValueError(f"bad whence {whence}")
+        if self.pos < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "negative position")
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    async def truncate(self, size: int) -> None:
+        """Cut or extend the file to ``size`` bytes (through this handle's write session)."""
+        self._check()
+        await self.fs._truncate(self.handle.state, size, self.handle.session_id)
+
+    async def flush(self) -> None:
+        """Write the buffer out to storage (the length is reported at fsync and close)."""
+        self._check()
+        await self.handle.flush_buffer()
+
+    async def fsync(self) -> None:
+        """Write everything out and report the length to meta, so other clients see it."""
+        self._check()
+        await self.fs._sync(self.handle)
+
+    async def stat(self) -> StatResult:
+        self._check()
+        await self.handle.state.drain()
+        await self.fs._refresh(self.handle.state)
+        return StatResult.of(self.handle.state.inode, self.handle.state.size)
+
+    async def close(self) -> None:
+        """Flush, report the written length and end the session. Closing twice does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        await self.fs._close(self.handle)
+
+    async def __aenter__(self) -> File:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class FileSystem:
+    """A connection to one fs3 cluster, acting as one user. Make it with :meth:`connect`; use it in
+    the event loop it was made in; :meth:`close` it (or ``async with``)."""
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        *,
+        rpc: RpcClient,
+        mgmtd: MgmtdClient,
+        routing: RoutingCache,
+        meta: MetaClient,
+        storage: StorageClient,
+    ) -> None:
+        self.config = config
+        self.rpc = rpc
+        self.mgmtd = mgmtd
+        self.routing = routing
+        self.meta = meta
+        self.storage = storage
+        self._states: dict[int, InodeState] = {}
+        self._meta_from_routing = not config.meta_addresses
+
+    @classmethod
+    async def connect(
+        cls,
+        config: ClientConfig | str | os.PathLike[str] | None = None,
+        *,
+        user: common_pb2.UserInfo | None = None,
+        timeout_s: float = 30.0,
+    ) -> FileSystem:
+        """Connect to the cluster ``config`` names (a ClientConfig, a TOML path, or None for the
+        defaults and ``FS3_*`` overrides). ``user`` defaults to this process's uid, gid and groups
+        with the token in ``token_file``."""
+        if not isinstance(config, ClientConfig):
+            config = load_config(ClientConfig, config)
+        secret = read_secret(config.cluster_secret_file)
+        if user is None:
+            token = read_token(config.token_file)
+            user = common_pb2.UserInfo(uid=os.getuid(), gid=os.getgid(), groups=os.getgroups(), token=token)
+        rpc = RpcClient(secret, identity=f"client-{os.getpid()}", connections_per_peer=2)
+        mgmtd = MgmtdClient(config.mgmtd_addresses, cluster_secret=secret, timeout_s=timeout_s)
+        routing = RoutingCache(mgmtd, refresh_interval_s=2.0)
+        try:
+            await routing.start(first_timeout_s=timeout_s)
+            addresses = list(config.meta_addresses)
+            if not addresses:
+                await routing.wait_for(lambda r: bool(meta_addresses(r)), timeout_s)
+                addresses = meta_addresses(routing.routing)
+            meta = MetaClient(
+                addresses,
+                rpc=rpc,
+                user=user,
+                timeout_s=config.rpc_timeout_s,
+                rpc_timeout_s=config.rpc_timeout_s,
+            )
+            storage = StorageClient(
+                routing,
+                rpc,
+                client_id=meta.client_id,
+                retry=RetryPolicy(
+                    total_s=max(config.rpc_timeout_s, 60.0), rpc_timeout_s=config.rpc_timeout_s
+                ),
+                user=user,
+            )
+        except BaseException:
+            await routing.stop()
+            await mgmtd.close()
+            await rpc.close()
+            raise
+        fs = cls(config, rpc=rpc, mgmtd=mgmtd, routing=routing, meta=meta, storage=storage)
+        routing.add_listener(fs._routing_changed)
+        return fs
+
+    def _routing_changed(self, routing: Any) -> None:
+        if self._meta_from_routing:
+            found = meta_addresses(routing)
+            if found and set(found) != set(self.meta.addresses):
+                self.meta.addresses = found
+                self.meta._current %= len(found)
+
+    async def close(self) -> None:
+        """Close every connection (open files are not flushed: close them first)."""
+        await self.routing.stop()
+        await self.mgmtd.close()
+        await self.rpc.close()
+
+    async def __aenter__(self) -> FileSystem:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    async def _lookup(self, path: str | bytes, follow: bool = True) -> m.Inode:
+        p = os.fsencode(path)
+        if not p.startswith(b"/"):
+            p = b"/" + p
+        return await self.meta.lookup_path(p, follow)
+
+    async def _parent(self, path: str | bytes) -> tuple[int, bytes]:
+        parent, name = _split(path)
+        return (await self._lookup(parent)).id, name
+
+    # -- open files -------------------------------------------------------------------------------
+
+    def _state(self, inode: m.Inode) -> InodeState:
+        st = self._states.get(inode.id)
+        if st is None:
+            st = self._states[inode.id] = InodeState(inode)
+        else:
+            st.inode = inode
+        return st
+
+    def _handle(self, inode: m.Inode, session_id: int, flags: int) -> OpenFile:
+        h = OpenFile(
+            self.storage,
+            self._state(inode),
+            session_id,
+            writable=(flags & os.O_ACCMODE) != os.O_RDONLY,
+            buffer_bytes=self.config.write_buffer_bytes,
+            max_flushes=self.config.max_flushes_in_flight,
+        )
+        h.state.handles.add(h)
+        return h
+
+    async def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> File:
+        """Open (and with "w", "a", "x" create) a file; ``mode`` as Python's :func:`open` takes it."""
+        flags = _flags_of(mode)
+        return await self.open_flags(path, flags, perm)
+
+    async def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> File:
+        """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE)."""
+        p = os.fsencode(path)
+        if flags & os.O_CREAT:
+            parent, name = await self._parent(p)
+            rsp = await self.meta.create(
+                parent, name, perm, flags & (os.O_EXCL | os.O_TRUNC | 3), session=True
+            )
+            inode, session_id = rsp.inode, rsp.session_id
+        else:
+            inode = await self._lookup(p)
+            rsp = await self.meta.open(inode.id, flags & (os.O_TRUNC | 3))
+            inode, session_id = rsp.inode, rsp.session_id
+        if inode.type == m.INODE_DIRECTORY:
+            if session_id:
+                await self.meta.close_file(inode.id, session_id)
+            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{p!r} is a directory")
+        if flags & os.O_TRUNC:
+            st = self._states.get(inode.id)
+            if st is not None:
+                st.truncated(0)
+        f = File(self, self._handle(inode, session_id, flags), p, flags)
+        if flags & os.O_APPEND:
+            f.pos = f.size
+        return f
+
+    async def _refresh(self, state: InodeState) -> None:
+        """Take meta's current view of the file (its settled length; this client's unreported
+        writes still count through the handles)."""
+        state.inode = await self.meta.stat(state.inode.id)
+
+    async def _sync(self, h: OpenFile) -> None:
+        await h.flush_buffer()
+        if h.writable and h.session_id:
+            ino = await self.meta.sync(h.inode_id, h.session_id, h.written_length, wrote=h.dirty)
+            h.dirty = False
+            self._state(ino)
+
+    async def _close(self, h: OpenFile) -> None:
+        try:
+            await h.flush_buffer()
+        finally:
+            h.state.handles.discard(h)
+            if not h.state.handles:
+                self._states.pop(h.inode_id, None)
+            if h.session_id:
+                await self.meta.close_file(
+                    h.inode_id, h.session_id, h.written_length, wrote=h.writable and h.dirty
+                )
+
+    async def _truncate(self, state: InodeState, size: int, session_id: int = 0) -> m.Inode:
+        await state.drain()
+        ino = await self.meta.setattr(state.inode.id, size=size, session_id=session_id)
+        state.truncated(size)
+        state.inode = ino
+        return ino
+
+    # -- batched I/O ------------------------------------------------------------------------------
+
+    async def read_batch(self, requests: Sequence[tuple[File | str | bytes, int, int]]) -> list[bytes]:
+        """Read many ``(file, offset, length)`` ranges at once -- open Files or paths -- as one
+        batch served concurrently by every storage node (sample loading). Ranges are clamped to
+        each file's length."""
+        inodes: dict[bytes, m.Inode] = {}
+        paths = {os.fsencode(f) for f, _, _ in requests if not isinstance(f, File)}
+        looked = await asyncio.gather(*(self._lookup(p) for p in paths))
+        inodes.update(zip(paths, looked, strict=True))
+        for f, _, _ in requests:
+            if isinstance(f, File):
+                await f.handle.state.drain()
+        pieces = []
+        for f, offset, length in requests:
+            if isinstance(f, File):
+                ino = m.Inode()
+                ino.CopyFrom(f.handle.state.inode)
+                ino.size = f.handle.state.size
+            else:
+                ino = inodes[os.fsencode(f)]
+            pieces.append((ino, offset, length))
+        return await read_many(self.storage, pieces)
+
+    # -- namespace --------------------------------------------------------------------------------
+
+    async def stat(self, path: str | bytes, follow_symlinks: bool = True) -> StatResult:
+        """stat (or lstat) a path; an open writer's length in this client counts."""
+        inode = await self._lookup(path, follow_symlinks)
+        st = self._states.get(inode.id)
+        if st is not None and st.handles:
+            await st.drain()
+            return StatResult.of(inode, max(inode.size, st.size))
+        return StatResult.of(inode)
+
+    async def exists(self, path: str | bytes) -> bool:
+        try:
+            await self._lookup(path)
+        except FS3Error as e:
+            if e.code == StatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    async def scandir(self, path: str | bytes) -> AsyncIterator[m.DirEntry]:
+        """The entries of a directory (name, inode id, type), page by page."""
+        inode = await self._lookup(path)
+        async for e in self.meta.listdir(inode.id):
+            yield e
+
+    async def listdir(self, path: str | bytes = "/") -> list[str]:
+        """The names in a directory, sorted."""
+        return [os.fsdecode(e.name) async for e in self.scandir(path)]
+
+    async def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
+        """Make a directory (and its missing parents with ``parents``, ignoring existing ones)."""
+        if parents:
+            parent, name = _split(path)
+            if parent != b"/" and not await self.exists(parent):
+                await self.mkdir(parent, mode, parents=True)
+        parent_id, name = await self._parent(path)
+        try:
+            await self.meta.mkdir(parent_id, name, mode)
+        except FS3Error as e:
+            if not (parents and e.code == StatusCode.ALREADY_EXISTS):
+                raise
+
+    async def makedirs(self, path: str | bytes, mode: int = 0o755) -> None:
+        await self.mkdir(path, mode, parents=True)
+
+    async def rmdir(self, path: str | bytes, *, recursive: bool = False) -> None:
+        """Remove an empty directory (or, with ``recursive``, a whole tree, collected later)."""
+        parent, name = await self._parent(path)
+        await self.meta.rmdir(parent, name, recursive)
+
+    async def unlink(self, path: str | bytes) -> None:
+        parent, name = await self._parent(path)
+        await self.meta.unlink(parent, name)
+
+    remove = unlink
+
+    async def rename(self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False) -> None:
+        """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory)."""
+        (sp, sn), (dp, dn) = await asyncio.gather(self._parent(src), self._parent(dst))
+        await self.meta.rename(sp, sn, dp, dn, 1 if noreplace else 0)
+
+    async def symlink(self, target: str | bytes, path: str | bytes) -> None:
+        """Make ``path`` a symbolic link to ``target``."""
+        parent, name = await self._parent(path)
+        await self.meta.symlink(parent, name, os.fsencode(target))
+
+    async def readlink(self, path: str | bytes) -> str:
+        inode = await self._lookup(path, follow=False)
+        return os.fsdecode(await self.meta.readlink(inode.id))
+
+    async def link(self, src: str | bytes, dst: str | bytes) -> None:
+        """Make ``dst`` a hard link to ``src``."""
+        inode = await self._lookup(src, follow=False)
+        parent, name = await self._parent(dst)
+        await self.meta.link(inode.id, parent, name)
+
+    async def mknod(self, path: str | bytes, mode: int, rdev: int = 0) -> None:
+        """Make a FIFO, socket or device node (``mode`` with its type bits)."""
+        parent, name = await self._parent(path)
+        await self.meta.mknod(parent, name, mode, rdev)
+
+    async def chmod(self, path: str | bytes, mode: int) -> None:
+        await self.meta.setattr((await self._lookup(path)).id, mode=mode & 0o7777)
+
+    async def chown(self, path: str | bytes, uid: int = -1, gid: int = -1) -> None:
+        fields = {}
+        if uid != -1:
+            fields["uid"] = uid
+        if gid != -1:
+            fields["gid"] = gid
+        await self.meta.setattr((await self._lookup(path)).id, **fields)
+
+    async def utime(self, path: str | bytes, ns: tuple[int, int] | None = None) -> None:
+        """Set (atime_ns, mtime_ns), or both to now when ``ns`` is None."""
+        inode = await self._lookup(path)
+        if ns is None:
+            await self.meta.setattr(inode.id, atime_ns=None, mtime_ns=None)
+        else:
+            await self.meta.setattr(inode.id, atime_ns=ns[0], mtime_ns=ns[1])
+
+    async def truncate(self, path: str | bytes, size: int) -> None:
+        """Cut or extend a file to ``size`` bytes; the cut-off data is gone, an extension reads as
+        zeros."""
+        inode = await self._lookup(path)
+        st = self._states.get(inode.id)
+        if st is not None:
+            await self._truncate(st, size)
+        else:
+            await self.meta.setattr(inode.id, size=size)
+
+    async def statfs(self) -> m.StatFsRsp:
+        return await self.meta.statfs()
+
+    async def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
+        return await self.meta.getxattr((await self._lookup(path)).id, os.fsencode(name))
+
+    async def setxattr(self, path: str | bytes, name: str | bytes, value: bytes, flags: int = 0) -> None:
+        await self.meta.setxattr((await self._lookup(path)).id, os.fsencode(name), value, flags)
+
+    async def listxattr(self, path: str | bytes) -> list[str]:
+        return [os.fsdecode(n) for n in await self.meta.listxattr((await self._lookup(path)).id)]
+
+    async def removexattr(self, path: str | bytes, name: str | bytes) -> None:
+        await self.meta.removexattr((await self._lookup(path)).id, os.fsencode(name))
+
+    async def read_file(self, path: str | bytes) -> bytes:
+        """The whole content of a file."""
+        async with await self.open(path, "r") as f:
+            return await f.read()
+
+    async def write_file(self, path: str | bytes, data: bytes, perm: int = 0o644) -> None:
+        """Create or replace the content of a file."""
+        async with await self.open_flags(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, perm) as f:
+            await f.write(data)
+
+
+def meta_addresses(routing: Any) -> list[str]:
+    """host:port of every active meta node in a routing snapshot."""
+    out = []
+    for node in routing.nodes_of_type(common_pb2.NODE_META):
+        for ep in node.endpoints:
+            if ep.transport in ("", "tcp"):
+                out.append(f"{ep.host}:{ep.port}")
+                break
+    return sorted(out)
+
+
+# ---- the synchronous facade ----------------------------------------------------------------------
+
+
+class _LoopThread:
+    """A private event loop in a daemon thread; :meth:`run` waits for a coroutine's result."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fs3-client", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return fut.result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class SyncFile:
+    """The synchronous face of :class:`File` (same methods, blocking)."""
+
+    def __init__(self, file: File, loop: _LoopThread) -> None:
+        self.file = file
+        self._loop = loop
+
+    def read(self, length: int = -1) -> bytes:
+        return self._loop.run(self.file.read(length))
+
+    def pread(self, length: int, offset: int) -> bytes:
+        return self._loop.run(self.file.pread(length, offset))
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return self._loop.run(self.file.write(data))
+
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        return self._loop.run(self.file.pwrite(data, offset))
+
+    def write_parallel(
+        self, pieces: Iterable[tuple[int, bytes | bytearray | memoryview]], concurrency: int = 16
+    ) -> int:
+        return self._loop.run(self.file.write_parallel(list(pieces), concurrency))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def truncate(self, size: int) -> None:
+        self._loop.run(self.file.truncate(size))
+
+    def flush(self) -> None:
+        self._loop.run(self.file.flush())
+
+    def fsync(self) -> None:
+        self._loop.run(self.file.fsync())
+
+    def stat(self) -> StatResult:
+        return self._loop.run(self.file.stat())
+
+    def close(self) -> None:
+        self._loop.run(self.file.close())
+
+    def __enter__(self) -> SyncFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncFileSystem:
+    """The synchronous face of :class:`FileSystem`: every method blocks until done. Its calls run
+    on a private event loop thread, so it can be used from any thread (and from several)."""
+
+    def __init__(self, fs: FileSystem, loop: _LoopThread) -> None:
+        self.aio = fs
+        self._loop = loop
+
+    @classmethod
+    def connect(
+        cls,
+        config: ClientConfig | str | os.PathLike[str] | None = None,
+        *,
+        user: common_pb2.UserInfo | None = None,
+        timeout_s: float = 30.0,
+    ) -> SyncFileSystem:
+        """Connect as :meth:`FileSystem.connect` does."""
+        loop = _LoopThread()
+        try:
+            fs = loop.run(FileSystem.connect(config, user=user, timeout_s=timeout_s))
+        except BaseException:
+            loop.stop()
+            raise
+        return cls(fs, loop)
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+        return self._loop.run(fn(*args, **kw))
+
+    def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> SyncFile:
+        return SyncFile(self._call(self.aio.open, path, mode, perm), self._loop)
+
+    def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> SyncFile:
+        return SyncFile(self._call(self.aio.open_flags, path, flags, perm), self._loop)
+
+    def read_batch(self, requests: Sequence[tuple[SyncFile | File | str | bytes, int, int]]) -> list[bytes]:
+        reqs = [(f.file if isinstance(f, SyncFile) else f, o, n) for f, o, n in requests]
+        return self._call(self.aio.read_batch, reqs)
+
+    def stat(self, path: str | bytes, follow_symlinks: bool = True) -> StatResult:
+        return self._call(self.aio.stat, path, follow_symlinks)
+
+    def exists(self, path: str | bytes) -> bool:
+        return self._call(self.aio.exists, path)
+
+    def listdir(self, path: str | bytes = "/") -> list[str]:
+        return self._call(self.aio.listdir, path)
+
+    def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
+        self._call(self.aio.mkdir, path, mode, parents=parents)
+
+    def makedirs(self, path: str | bytes, mode: int = 0o755) -> None:
+        self._call(self.aio.makedirs, path, mode)
+
+    def rmdir(self, path: str | bytes, *, recursive: bool = False) -> None:
+        self._call(self.aio.rmdir, path, recursive=recursive)
+
+    def unlink(self, path: str | bytes) -> None:
+        self._call(self.aio.unlink, path)
+
+    remove = unlink
+
+    def rename(self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False) -> None:
+        self._call(self.aio.rename, src, dst, noreplace=noreplace)
+
+    def symlink(self, target: str | bytes, path: str | bytes) -> None:
+        self._call(self.aio.symlink, target, path)
+
+    def readlink(self, path: str | bytes) -> str:
+        return self._call(self.aio.readlink, path)
+
+    def link(self, src: str | bytes, dst: str | bytes) -> None:
+        self._call(self.aio.link, src, dst)
+
+    def mknod(self, path: str | bytes, mode: int, rdev: int = 0) -> None:
+        self._call(self.aio.mknod, path, mode, rdev)
+
+    def chmod(self, path: str | bytes, mode: int) -> None:
+        self._call(self.aio.chmod, path, mode)
+
+    def chown(self, path: str | bytes, uid: int = -1, gid: int = -1) -> None:
+        self._call(self.aio.chown, path, uid, gid)
+
+    def utime(self, path: str | bytes, ns: tuple[int, int] | None = None) -> None:
+        self._call(self.aio.utime, path, ns)
+
+    def truncate(self, path: str | bytes, size: int) -> None:
+        self._call(self.aio.truncate, path, size)
+
+    def statfs(self) -> m.StatFsRsp:
+        return self._call(self.aio.statfs)
+
+    def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
+        return self._call(self.aio.getxattr, path, name)
+
+    def setxattr(self, path: str | bytes, name: str | bytes, value: bytes, flags: int = 0) -> None:
+        self._call(self.aio.setxattr, path, name, value, flags)
+
+    def listxattr(self, path: str | bytes) -> list[str]:
+        return self._call(self.aio.listxattr, path)
+
+    def removexattr(self, path: str | bytes, name: str | bytes) -> None:
+        self._call(self.aio.removexattr, path, name)
+
+    def read_file(self, path: str | bytes) -> bytes:
+        return self._call(self.aio.read_file, path)
+
+    def write_file(self, path: str | bytes, data: bytes, perm: int = 0o644) -> None:
+        self._call(self.aio.write_file, path, data, perm)
+
+    def close(self) -> None:
+        try:
+            self._call(self.aio.close)
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncFileSystem:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["File", "FileSystem", "StatResult", "SyncFile", "SyncFileSystem", "ROOT_ID"]

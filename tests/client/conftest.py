@@ -1,0 +1,11 @@
+"""Client tests run over a real cluster: tests/cluster.py (mgmtd, storage) and fs_cluster.py (meta)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+for p in (str(_HERE.parent), str(_HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)

@@ -1,0 +1,197 @@
+"""The native file API over a real cluster: mgmtd, one meta and three storage daemons (processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from fs_cluster import FsCluster
+
+from fs3.client import FileSystem, SyncFileSystem
+from fs3.errors import FS3Error
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FsCluster]:
+    async with FsCluster(tmp_path_factory.mktemp("fs"), chunk_size=256 << 10) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fs(cluster: FsCluster) -> FileSystem:
+    return await cluster.connect(write_buffer_bytes=512 << 10)
+
+
+async def test_write_read_across_chunks_and_chains(fs: FileSystem) -> None:
+    data = os.urandom(3 * (256 << 10) + 12345)  # four chunks over three chains
+    async with await fs.open("/big.bin", "w") as f:
+        for i in range(0, len(data), 100_000):
+            await f.write(data[i : i + 100_000])
+    assert (await fs.stat("/big.bin")).st_size == len(data)
+    async with await fs.open("/big.bin") as f:
+        assert await f.read() == data
+        assert await f.pread(1000, (256 << 10) - 500) == data[(256 << 10) - 500 : (256 << 10) + 500]
+        assert await f.pread(100, len(data) - 10) == data[-10:]
+        assert await f.pread(100, len(data) + 10) == b""
+    assert len({c for c in (await fs.stat("/big.bin")).inode.layout.chains}) == 3
+
+
+async def test_stat_while_writer_open_and_other_client_after_close(
+    cluster: FsCluster, fs: FileSystem
+) -> None:
+    other = await cluster.connect()
+    f = await fs.open("/growing", "w")
+    await f.write(b"x" * 1000)
+    assert (await fs.stat("/growing")).st_size == 1000  # this client's writer counts
+    await f.fsync()
+    assert (await other.stat("/growing")).st_size == 1000  # fsync settled it for everyone
+    await f.write(b"y" * 500)
+    await f.close()
+    assert (await other.stat("/growing")).st_size == 1500
+    assert await other.read_file("/growing") == b"x" * 1000 + b"y" * 500
+
+
+async def test_sparse_file_reads_zeros_in_holes(fs: FileSystem) -> None:
+    async with await fs.open("/sparse", "w") as f:
+        await f.pwrite(b"end", 5 * (256 << 10) + 7)
+        await f.pwrite(b"start", 0)
+    data = await fs.read_file("/sparse")
+    assert len(data) == 5 * (256 << 10) + 10
+    assert data[:5] == b"start" and data[-3:] == b"end"
+    assert data[5:-3] == bytes(len(data) - 8)
+
+
+async def test_append_and_truncate(fs: FileSystem) -> None:
+    await fs.write_file("/app", b"one\n")
+    for word in (b"two\n", b"three\n"):
+        async with await fs.open("/app", "a") as f:
+            await f.write(word)
+    assert await fs.read_file("/app") == b"one\ntwo\nthree\n"
+    await fs.truncate("/app", 4)
+    assert await fs.read_file("/app") == b"one\n"
+    await fs.truncate("/app", 10)
+    assert await fs.read_file("/app") == b"one\n" + bytes(6)
+    async with await fs.open("/app", "r+") as f:
+        await f.pwrite(b"ABCDEFGH", 2)
+        await f.truncate(6)
+    assert await fs.read_file("/app") == b"onABCD"
+
+
+async def test_namespace_operations(fs: FileSystem) -> None:
+    await fs.mkdir("/d/e/f", parents=True)
+    await fs.write_file("/d/e/f/x", b"x")
+    assert await fs.listdir("/d/e/f") == ["x"]
+    await fs.rename("/d/e/f/x", "/d/y")
+    assert sorted(await fs.listdir("/d")) == ["e", "y"]
+    await fs.symlink("y", "/d/ln")
+    assert await fs.readlink("/d/ln") == "y"
+    assert await fs.read_file("/d/ln") == b"x"
+    assert stat.S_ISLNK((await fs.stat("/d/ln", follow_symlinks=False)).st_mode)
+    await fs.link("/d/y", "/d/hard")
+    assert (await fs.stat("/d/y")).st_nlink == 2
+    await fs.chmod("/d/y", 0o600)
+    assert stat.S_IMODE((await fs.stat("/d/hard")).st_mode) == 0o600
+    await fs.utime("/d/y", (1_000_000_000, 2_000_000_000))
+    assert (await fs.stat("/d/y")).st_mtime_ns == 2_000_000_000
+    await fs.setxattr("/d/y", "user.k", b"v")
+    assert await fs.getxattr("/d/y", "user.k") == b"v"
+    assert await fs.listxattr("/d/y") == ["user.k"]
+    await fs.removexattr("/d/y", "user.k")
+    await fs.mknod("/d/fifo", stat.S_IFIFO | 0o644)
+    assert stat.S_ISFIFO((await fs.stat("/d/fifo")).st_mode)
+    with pytest.raises(FS3Error) as e:
+        await fs.rmdir("/d")
+    assert e.value.errno == errno.ENOTEMPTY
+    with pytest.raises(FS3Error) as e:
+        await fs.open("/d/nope")
+    assert e.value.errno == errno.ENOENT
+    with pytest.raises(FS3Error) as e:
+        await fs.open("/d/y", "x")
+    assert e.value.errno == errno.EEXIST
+    for name in ("y", "hard", "ln", "fifo"):
+        await fs.unlink(f"/d/{name}")
+    await fs.rmdir("/d", recursive=True)
+    assert not await fs.exists("/d")
+    assert (await fs.statfs()).name_max == 255
+
+
+async def test_batch_reads_and_parallel_writes(fs: FileSystem) -> None:
+    shards = [os.urandom(200_000) for _ in range(12)]
+    async with await fs.open("/ckpt", "w") as f:
+        written = await f.write_parallel(((i * 200_000, s) for i, s in enumerate(shards)), concurrency=8)
+    assert written == 12 * 200_000
+    whole = b"".join(shards)
+    assert (await fs.stat("/ckpt")).st_size == len(whole)
+    await fs.write_file("/small", b"0123456789")
+    reqs = [("/ckpt", i * 77_777, 4096) for i in range(30)] + [("/small", 3, 4), ("/small", 8, 100)]
+    async with await fs.open("/ckpt") as f:
+        reqs.append((f, len(whole) - 10, 4096))
+        got = await fs.read_batch(reqs)
+    want = [whole[o : o + n] for _, o, n in reqs[:30]] + [b"3456", b"89", whole[-10:]]
+    assert got == want
+
+
+async def test_two_writers_one_file_disjoint_ranges(cluster: FsCluster, fs: FileSystem) -> None:
+    other = await cluster.connect()
+    a = await fs.open("/shared", "w")
+    b = await other.open("/shared", "r+")
+    await asyncio.gather(a.pwrite(b"A" * 300_000, 0), b.pwrite(b"B" * 300_000, 300_000))
+    await asyncio.gather(a.close(), b.close())
+    assert await fs.read_file("/shared") == b"A" * 300_000 + b"B" * 300_000
+
+
+async def test_meta_failover(tmp_path: Path) -> None:
+    async with FsCluster(tmp_path, metas=2, chains=1, stripe=1) as c:
+        fs = await c.connect()
+        await fs.write_file("/before", b"1")
+        c.kill_meta(0)
+        for i in range(5):
+            await fs.write_file(f"/after{i}", b"2")
+        assert sorted(await fs.listdir("/")) == ["after0", "after1", "after2", "after3", "after4", "before"]
+        c.start_meta(0)
+        c.kill_meta(1)
+        assert await fs.read_file("/before") == b"1"
+
+
+async def test_sync_facade(cluster: FsCluster) -> None:
+    # the facade blocks, so it runs in a thread of its own, as in a training script
+    await asyncio.to_thread(_sync_roundtrip, cluster.client_config("sync"))
+
+
+def _sync_roundtrip(config: Path) -> None:
+    with SyncFileSystem.connect(config) as fs:
+        with fs.open("/sync.txt", "w") as f:
+            f.write(b"hello ")
+            f.write(b"world")
+        assert fs.stat("/sync.txt").st_size == 11
+        with fs.open("/sync.txt") as f:
+            f.seek(6)
+            assert f.read() == b"world"
+        assert fs.read_batch([("/sync.txt", 0, 5)]) == [b"hello"]
+        fs.unlink("/sync.txt")
+        assert not fs.exists("/sync.txt")
+
+
+async def test_storage_daemon_killed_mid_workload(tmp_path: Path) -> None:
+    """Writes and reads go on through a SIGKILLed storage daemon (routing refresh, retries), and
+    every acknowledged byte reads back."""
+    async with FsCluster(tmp_path, chains=3, stripe=3, chunk_size=64 << 10) as c:
+        fs = await c.connect(write_buffer_bytes=64 << 10)
+        blobs = {}
+        for i in range(20):
+            if i == 5:
+                c.cluster.kill_storage(1)
+            blobs[f"/f{i}"] = os.urandom(150_000 + i)
+            await fs.write_file(f"/f{i}", blobs[f"/f{i}"])
+        for path, data in blobs.items():
+            assert await fs.read_file(path) == data, path
+        got = await fs.read_batch([(p, 1000, 70_000) for p in blobs])
+        assert got == [d[1000:71_000] for d in blobs.values()]
