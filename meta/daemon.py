@@ -9,15 +9,16 @@ import socket
 from fs3.client.meta_client import DEV_SECRET
 from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import RoutingCache
+from fs3.client.storage_client import StorageClient
 from fs3.config import MetaConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Database, open_database
 from fs3.meta.auth import Authenticator, TokenAuthenticator, TrustingAuthenticator
 from fs3.meta.layout import ChainAllocator, ChainTable
 from fs3.meta.service import MetaService
-from fs3.meta.storage_io import ChunkStore, NoStorage
+from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
 from fs3.meta.store import MetaStore
-from fs3.net import RpcServer
+from fs3.net import RpcClient, RpcServer
 from fs3.proto import common_pb2
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class MetaDaemon:
         self.routing: RoutingCache | None = None
         self.agent: NodeAgent | None = None
         self.server: RpcServer | None = None
+        self.storage_rpc: RpcClient | None = None
         self.store: MetaStore | None = None
         self.port = 0
 
@@ -93,6 +95,11 @@ class MetaDaemon:
         if cfg.mgmtd_addresses:
             self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
             self.routing = RoutingCache(self.mgmtd, refresh_interval_s=2.0)
+            await self.routing.start()
+            if self.chunks is None:
+                # Length queries, truncates and GC removals go to storage through this client.
+                self.storage_rpc = RpcClient(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")
+                self.chunks = StorageChunks(StorageClient(self.routing, self.storage_rpc))
         auth: Authenticator = (
             TokenAuthenticator(self.mgmtd.verify_token)
             if cfg.authenticate and self.mgmtd is not None
@@ -114,7 +121,7 @@ class MetaDaemon:
         )
         await self.store.start()
         self.server = RpcServer(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")
-        MetaService(self.store, auth).register(self.server)
+        MetaService(self.store, auth, statfs=self.store.chunks.space).register(self.server)
         try:
             host, self.port = await self.server.start((cfg.listen_host, cfg.listen_port))
         except OSError as e:
@@ -122,7 +129,6 @@ class MetaDaemon:
                 StatusCode.UNAVAILABLE, f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror}"
             ) from None
         if self.routing is not None and self.mgmtd is not None:
-            await self.routing.start()
             advertise = (
                 cfg.listen_host if cfg.listen_host not in ("0.0.0.0", "::", "") else socket.gethostname()
             )
@@ -147,6 +153,8 @@ class MetaDaemon:
             await self.server.stop()
         if self.store is not None:
             await self.store.stop()
+        if self.storage_rpc is not None:
+            await self.storage_rpc.close()
         if self.mgmtd is not None:
             await self.mgmtd.close()
         if self.db is not None and self._own_db:

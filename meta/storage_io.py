@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from fs3.meta.layout import DEFAULT_CHUNK_SIZE
 from fs3.proto import meta_pb2
 
-# Chunk indexes are u32 on storage: [0, END_INDEX) covers every chunk of a file.
-END_INDEX = 1 << 32
+# remove_chunks' end index 0 means "through the last chunk".
+TO_THE_END = 0
 
 
 class ChunkStore(Protocol):
@@ -33,6 +33,10 @@ class ChunkStore(Protocol):
         """Remove every chunk of the file (idempotent)."""
         ...
 
+    async def space(self) -> tuple[int, int]:
+        """(capacity, used) bytes of the storage behind the file system, for statfs."""
+        ...
+
 
 class NoStorage:
     """No storage attached: lengths are unknown, truncates and removals have nothing to do."""
@@ -45,6 +49,9 @@ class NoStorage:
 
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
         return None
+
+    async def space(self) -> tuple[int, int]:
+        return 0, 0
 
 
 class StorageChunks:
@@ -71,7 +78,22 @@ class StorageChunks:
             *(self.client.truncate_chunks(chain, inode_id, chunk, length) for chain in layout.chains)
         )
 
+    async def space(self) -> tuple[int, int]:
+        """(capacity, used) bytes over every storage target, counting each chain's data once per
+        replica as the disks do."""
+        routing = self.client.routing.routing
+        nodes = {t.node_id for t in routing.targets.values()}
+        results = await asyncio.gather(*(self.client.space_info(n) for n in nodes), return_exceptions=True)
+        capacity = used = 0
+        for r in results:
+            if isinstance(r, BaseException):
+                continue
+            for t in r:
+                capacity += t.capacity
+                used += t.used
+        return capacity, used
+
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
         await asyncio.gather(
-            *(self.client.remove_chunks(chain, inode_id, 0, END_INDEX) for chain in layout.chains)
+            *(self.client.remove_chunks(chain, inode_id, 0, TO_THE_END) for chain in layout.chains)
         )

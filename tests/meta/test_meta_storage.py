@@ -1,0 +1,74 @@
+"""Meta with real storage daemons: length from storage on close, truncate trims chunks, and the
+collector removes an unlinked file's chunks only after its last session has closed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from meta_cluster import Cluster, meta_client, start_meta
+
+from fs3.client.meta_client import ROOT_ID
+
+pytestmark = pytest.mark.timeout(150)
+CHUNK = 64 << 10
+
+
+async def until(pred, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def test_length_truncate_and_gc_on_storage(tmp_path) -> None:
+    async with Cluster(tmp_path, storage_nodes=2, chains=2, replication=2) as c:
+        address = await start_meta(c, extra=f"default_stripe = 2\ndefault_chunk_size = {CHUNK}")
+        meta = meta_client(c, address)
+        storage = await c.storage_client()
+        try:
+            r = await meta.create(ROOT_ID, b"f", 0o644, flags=2, session=True)
+            ino = r.inode
+            assert sorted(ino.layout.chains) == [1, 2]
+
+            def chain_of(i: int) -> int:
+                return ino.layout.chains[i % len(ino.layout.chains)]
+
+            data = bytes(range(256)) * (5 * CHUNK // 256) + b"tail"
+            await storage.write_range(chain_of, ino.id, 0, data, CHUNK)
+            # written_length 0 with wrote: meta asks storage
+            closed = await meta.close_file(ino.id, r.session_id, 0, True)
+            assert closed.size == len(data)
+            await meta.setattr(ino.id, size=CHUNK + 10)
+            lasts = [await storage.query_last_chunk(ch, ino.id) for ch in (1, 2)]
+            assert (
+                max(x.last_chunk_index * CHUNK + x.last_chunk_length for x in lasts if x.found) == CHUNK + 10
+            )
+            # unlinked while open: the chunks stay until the last close
+            o = await meta.open(ino.id, 2)
+            await meta.unlink(ROOT_ID, b"f")
+            # A file queued after it and collected proves the collector has passed it by.
+            g = (await meta.create(ROOT_ID, b"g", 0o644)).inode
+            await storage.write(g.layout.chains[0], g.id, 0, 0, b"x" * 100, CHUNK)
+            await meta.unlink(ROOT_ID, b"g")
+
+            async def g_gone() -> bool:
+                return not (await storage.query_last_chunk(g.layout.chains[0], g.id)).found
+
+            await until(g_gone)
+            assert g.id > ino.id  # the queue is visited in inode order
+            assert (await storage.query_last_chunk(chain_of(0), ino.id)).found
+            back = await storage.read_range(chain_of, ino.id, 0, 10, CHUNK)
+            assert back == data[:10]
+            await meta.close_file(ino.id, o.session_id)
+
+            async def gone() -> bool:
+                chunks = [(await storage.query_last_chunk(ch, ino.id)).found for ch in (1, 2)]
+                return not any(chunks) and (await meta.statfs()).inodes == 1  # only the root left
+
+            await until(gone)
+            assert (await meta.statfs()).capacity > 0
+        finally:
+            await meta.close()
