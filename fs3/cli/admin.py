@@ -1,0 +1,292 @@
+"""``fs3 admin COMMAND``: manage an fs3 cluster (DESIGN §5, §9; 3FS's admin_cli, reference §9.4).
+
+Connection settings, first found wins:
+
+* mgmtd addresses: ``--mgmtd host:port[,host:port...]``, ``$FS3_MGMTD_ADDRESSES``, a local cluster's
+  (``--local-dir``, ``$FS3_LOCAL_DIR`` or the default ``fs3 local`` directory when it holds one),
+  else ``127.0.0.1:8000``;
+* credentials: ``--token-file``, ``$FS3_TOKEN_FILE``, ``$FS3_TOKEN``, the local cluster's admin token;
+  ``--secret-file`` / ``$FS3_CLUSTER_SECRET_FILE`` / the local cluster's secret (needed by
+  init-cluster, and by ls/stat/checksum to speak fs3 RPC to meta and storage).
+
+Output is a table for people, or JSON with ``--json`` (an object or a list of objects per command).
+Exit status: 0 done, 1 the operation failed (one line on standard error says why), 2 usage error,
+69 a service could not be reached, 3 ``checksum`` found replicas that differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fs3.errors import FS3Error, StatusCode
+
+EX_OK = 0
+EX_FAILED = 1
+EX_USAGE = 2
+EX_MISMATCH = 3
+EX_UNAVAILABLE = 69
+DEFAULT_MGMTD = "127.0.0.1:8000"
+
+# Codes that mean "could not reach a service" rather than "the service said no".
+UNREACHABLE = frozenset(
+    {
+        StatusCode.UNAVAILABLE,
+        StatusCode.DEADLINE_EXCEEDED,
+        StatusCode.RPC_CONNECT_FAILED,
+        StatusCode.RPC_CONNECTION_CLOSED,
+    }
+)
+
+
+class UsageError(Exception):
+    """Bad arguments found after parsing (exit status 2)."""
+
+
+@dataclass
+class Result:
+    """What a command shows: rows under ``columns`` (a table, or a JSON list), or one ``value``
+    (a JSON object) with a ``message`` for people; ``status`` is the exit status."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    columns: Sequence[str] = ()
+    value: dict[str, Any] | None = None
+    message: str = ""
+    status: int = EX_OK
+
+
+@dataclass
+class Connection:
+    """Where the cluster is and who we are to it."""
+
+    mgmtd: list[str]
+    token: str | None
+    secret: bytes | None
+    local_dir: Path | None
+    timeout_s: float
+    _mgmtd_client: Any = None
+
+    def mgmtd_client(self, *, with_secret: bool = False):  # type: ignore[no-untyped-def]
+        """A MgmtdClient with the token (or, for init-cluster, the cluster secret)."""
+        from fs3.client.mgmtd_client import MgmtdClient
+
+        if self._mgmtd_client is None:
+            use_secret = with_secret or not self.token
+            self._mgmtd_client = MgmtdClient(
+                self.mgmtd,
+                token=None if with_secret else self.token,
+                cluster_secret=self.secret if use_secret else None,
+                timeout_s=self.timeout_s,
+            )
+        return self._mgmtd_client
+
+    async def close(self) -> None:
+        if self._mgmtd_client is not None:
+            await self._mgmtd_client.close()
+            self._mgmtd_client = None
+
+
+def _read_file(path: str | Path, what: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def _local_dir(args: argparse.Namespace) -> Path | None:
+    if args.local_dir:
+        d = Path(args.local_dir)
+        if not (d / "local.json").exists():
+            raise UsageError(f"{d} holds no fs3 local cluster (no local.json)")
+        return d
+    if args.mgmtd or os.environ.get("FS3_MGMTD_ADDRESSES"):
+        return None
+    from fs3.local import default_dir
+
+    d = default_dir()
+    return d if (d / "local.json").exists() else None
+
+
+def connection(args: argparse.Namespace) -> Connection:
+    """Resolve the connection settings (see the module docstring)."""
+    local = _local_dir(args)
+    mgmtd: list[str] = []
+    if args.mgmtd:
+        mgmtd = args.mgmtd.split(",")
+    elif os.environ.get("FS3_MGMTD_ADDRESSES"):
+        mgmtd = os.environ["FS3_MGMTD_ADDRESSES"].split(",")
+    elif local is not None:
+        state = json.loads((local / "local.json").read_text())
+        mgmtd = [f"{state['host']}:{state['ports']['mgmtd']}"]
+    mgmtd = [a.strip() for a in mgmtd if a.strip()] or [DEFAULT_MGMTD]
+    token: str | None = None
+    token_file = args.token_file or os.environ.get("FS3_TOKEN_FILE")
+    if token_file:
+        token = _read_file(token_file, "token file")
+    elif os.environ.get("FS3_TOKEN"):
+        token = os.environ["FS3_TOKEN"].strip()
+    elif local is not None and (local / "admin.token").exists():
+        token = _read_file(local / "admin.token", "token file")
+    secret: bytes | None = None
+    secret_file = args.secret_file or os.environ.get("FS3_CLUSTER_SECRET_FILE")
+    if not secret_file and local is not None:
+        secret_file = str(local / "cluster.secret")
+    if secret_file:
+        secret = _read_file(secret_file, "cluster secret file").encode()
+    return Connection(mgmtd, token, secret, local, args.timeout)
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """Rows as aligned columns under an upper-case header."""
+    cells = [[str(c).upper() for c in columns]]
+    for row in rows:
+        cells.append([_cell(row.get(c, "")) for c in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (list, tuple)):
+        return ",".join(str(x) for x in v)
+    return str(v)
+
+
+def emit(result: Result, as_json: bool) -> None:
+    if as_json:
+        payload: Any = result.value if result.value is not None else result.rows
+        print(json.dumps(payload, indent=2, default=str))
+        return
+    if result.columns:
+        print(render_table(result.rows, result.columns))
+    elif result.value is not None and not result.message:
+        for k, v in result.value.items():
+            print(f"{k}: {_cell(v)}")
+    if result.message:
+        print(result.message)
+
+
+class Progress:
+    """``what: done/total`` on standard error while something long runs (only on a terminal, so
+    scripts and logs stay clean)."""
+
+    def __init__(self, what: str, total: int) -> None:
+        self.what = what
+        self.total = total
+        self.done = 0
+        self.enabled = sys.stderr.isatty() and total > 1
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if self.enabled:
+            sys.stderr.write(f"\r{self.what}: {self.done}/{self.total}")
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+Handler = Callable[[Connection, argparse.Namespace], Awaitable[Result]]
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    handler: Handler
+    setup: Callable[[argparse.ArgumentParser], None] = lambda p: None
+    needs_connection: bool = True
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(
+    name: str,
+    help: str,
+    setup: Callable[[argparse.ArgumentParser], None] = lambda p: None,
+    *,
+    offline: bool = False,
+) -> Callable[[Handler], Handler]:
+    """Register ``fs3 admin NAME``: ``setup`` adds its arguments, the handler returns a Result."""
+
+    def register(fn: Handler) -> Handler:
+        COMMANDS[name] = Command(name, help, fn, setup, not offline)
+        return fn
+
+    return register
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection")
+    g.add_argument(
+        "--mgmtd", metavar="ADDRS", help="mgmtd host:port list, comma separated ($FS3_MGMTD_ADDRESSES)"
+    )
+    g.add_argument("--token-file", metavar="FILE", help="file holding a user token ($FS3_TOKEN_FILE)")
+    g.add_argument("--secret-file", metavar="FILE", help="cluster secret file ($FS3_CLUSTER_SECRET_FILE)")
+    g.add_argument("--local-dir", metavar="DIR", help="use the settings of the 'fs3 local' cluster in DIR")
+    g.add_argument("--timeout", type=float, default=15.0, help="seconds to keep retrying (default 15)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def parser() -> argparse.ArgumentParser:
+    from fs3.cli import admin_cluster, admin_fs, admin_placement  # noqa: F401  (they register commands)
+
+    p = argparse.ArgumentParser(
+        prog="fs3 admin",
+        description="Manage an fs3 cluster: nodes, targets, chains, users, configs and files.",
+        epilog=(
+            "Connection: --mgmtd or $FS3_MGMTD_ADDRESSES, --token-file or $FS3_TOKEN_FILE, --secret-file or "
+            "$FS3_CLUSTER_SECRET_FILE; without them, the 'fs3 local' cluster's settings. Exit status: 0 ok, "
+            "1 failed, 2 usage, 3 checksum mismatch, 69 unreachable. Run 'fs3 admin COMMAND --help' for more."
+        ),
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        cmd = COMMANDS[name]
+        sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.setup(sp)
+        _common(sp)
+        sp.set_defaults(_command=cmd)
+    return p
+
+
+async def _run(cmd: Command, args: argparse.Namespace) -> Result:
+    conn = connection(args) if cmd.needs_connection else Connection([], None, None, None, args.timeout)
+    try:
+        return await cmd.handler(conn, args)
+    finally:
+        await conn.close()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``fs3 admin``; returns the exit status."""
+    args = parser().parse_args(argv)
+    cmd: Command = args._command
+    try:
+        result = asyncio.run(_run(cmd, args))
+    except UsageError as e:
+        print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
+        return EX_USAGE
+    except FS3Error as e:
+        print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
+        return EX_UNAVAILABLE if e.code in UNREACHABLE else EX_FAILED
+    except OSError as e:
+        print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
+        return EX_FAILED
+    emit(result, args.json)
+    return result.status

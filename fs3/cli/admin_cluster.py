@@ -1,0 +1,439 @@
+"""Cluster commands of ``fs3 admin`` over mgmtd: init, nodes, targets, chains, users, configs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from fs3.cli.admin import Connection, Result, UsageError, command
+from fs3.proto import common_pb2, mgmtd_pb2
+
+NODE_TYPES = {
+    "mgmtd": common_pb2.NODE_MGMTD,
+    "meta": common_pb2.NODE_META,
+    "storage": common_pb2.NODE_STORAGE,
+    "client": common_pb2.NODE_CLIENT,
+}
+
+
+def _state(v: int) -> str:
+    return common_pb2.PublicTargetState.Name(v) if v else "-"
+
+
+def _local_state(v: int) -> str:
+    return {common_pb2.LOCAL_OFFLINE: "OFFLINE"}.get(v) or (common_pb2.LocalTargetState.Name(v) if v else "-")
+
+
+def _node_type(v: int) -> str:
+    return common_pb2.NodeType.Name(v).removeprefix("NODE_") if v else "-"
+
+
+def _node_status(v: int) -> str:
+    return mgmtd_pb2.NodeStatus.Name(v).removeprefix("NODE_STATUS_") if v else "-"
+
+
+def chain_roles(chain: mgmtd_pb2.ChainInfo) -> dict[int, str]:
+    """HEAD, MIDDLE or TAIL of each target a write passes (SERVING, or SYNCING which receives
+    forwarded writes), in chain order; '-' for targets out of the write path."""
+    in_path = [
+        t.target_id for t in chain.targets if t.public_state in (common_pb2.SERVING, common_pb2.SYNCING)
+    ]
+    roles = {t.target_id: "-" for t in chain.targets}
+    for i, tid in enumerate(in_path):
+        if len(in_path) == 1:
+            roles[tid] = "HEAD+TAIL"
+        elif i == 0:
+            roles[tid] = "HEAD"
+        elif i == len(in_path) - 1:
+            roles[tid] = "TAIL"
+        else:
+            roles[tid] = "MIDDLE"
+    return roles
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+
+
+def _write_secret(path: str, token: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+def _token_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--token-out", metavar="FILE", help="write the token to FILE (mode 0600) instead of printing it"
+    )
+
+
+def _token_result(token: str, args: argparse.Namespace, value: dict[str, Any], what: str) -> Result:
+    if args.token_out:
+        _write_secret(args.token_out, token)
+        return Result(
+            value={**value, "token_file": args.token_out},
+            message=f"{what}; token written to {args.token_out}",
+        )
+    return Result(value={**value, "token": token}, message=f"{what}; token (shown once):\n{token}")
+
+
+# -- cluster and nodes ----------------------------------------------------------------------------
+
+
+def _init_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster-id", default="fs3", help="cluster name (default fs3)")
+    p.add_argument("--admin-name", default="root", help="name of the first admin user (default root)")
+    p.add_argument("--admin-uid", type=int, default=0, help="uid of the first admin user (default 0)")
+    _token_out(p)
+
+
+@command("init-cluster", "initialize a new cluster and create its first admin user", _init_args)
+async def init_cluster(conn: Connection, args: argparse.Namespace) -> Result:
+    client = conn.mgmtd_client(with_secret=True)
+    token = await client.init_cluster(args.cluster_id, args.admin_name, args.admin_uid)
+    return _token_result(
+        token,
+        args,
+        {"cluster_id": args.cluster_id, "admin_uid": args.admin_uid},
+        f"cluster {args.cluster_id} initialized, admin {args.admin_name} (uid {args.admin_uid})",
+    )
+
+
+@command("list-nodes", "nodes with type, status, address and last heartbeat")
+async def list_nodes(conn: Connection, args: argparse.Namespace) -> Result:
+    rows = [
+        {
+            "node_id": n.node_id,
+            "type": _node_type(n.type),
+            "status": _node_status(n.status),
+            "hostname": n.hostname,
+            "pid": n.pid or "",
+            "endpoints": [f"{e.host}:{e.port}" for e in n.endpoints],
+            "heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
+            "disabled": n.disabled,
+        }
+        for n in sorted(await conn.mgmtd_client().list_nodes(), key=lambda n: n.node_id)
+    ]
+    return Result(
+        rows, ["node_id", "type", "status", "hostname", "pid", "endpoints", "heartbeat_age_s", "disabled"]
+    )
+
+
+def _chain_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chain", type=int, default=0, help="only this chain's targets")
+
+
+@command("list-targets", "targets with chain, role, public and local state, node, disk and use", _chain_arg)
+async def list_targets(conn: Connection, args: argparse.Namespace) -> Result:
+    client = conn.mgmtd_client()
+    targets = await client.list_targets(args.chain)
+    roles: dict[int, str] = {}
+    for c in await client.list_chains():
+        roles.update(chain_roles(c))
+    rows = [
+        {
+            "target_id": t.target_id,
+            "chain_id": t.chain_id or "-",
+            "role": roles.get(t.target_id, "-"),
+            "public_state": _state(t.public_state),
+            "local_state": _local_state(t.local_state),
+            "node_id": t.node_id,
+            "disk_index": t.disk_index,
+            "used_bytes": t.used_bytes,
+            "low_space": t.low_space,
+        }
+        for t in sorted(targets, key=lambda t: (t.chain_id, t.target_id))
+    ]
+    return Result(
+        rows,
+        [
+            "target_id",
+            "chain_id",
+            "role",
+            "public_state",
+            "local_state",
+            "node_id",
+            "disk_index",
+            "used_bytes",
+            "low_space",
+        ],
+    )
+
+
+def _chains_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", type=int, default=0, help="only the chains of this chain table")
+    p.add_argument("--table-version", type=int, default=0, help="that table's version (default newest)")
+
+
+@command("list-chains", "chains with version and each target's state and role (head first)", _chains_args)
+async def list_chains(conn: Connection, args: argparse.Namespace) -> Result:
+    chains = await conn.mgmtd_client().list_chains(args.table, args.table_version)
+    rows = []
+    for c in sorted(chains, key=lambda c: c.chain_id):
+        roles = chain_roles(c)
+        serving = sum(t.public_state == common_pb2.SERVING for t in c.targets)
+        rows.append(
+            {
+                "chain_id": c.chain_id,
+                "version": c.version,
+                "status": "OK" if serving == len(c.targets) else ("DEGRADED" if serving else "UNAVAILABLE"),
+                "targets": [
+                    {"target_id": t.target_id, "state": _state(t.public_state), "role": roles[t.target_id]}
+                    for t in c.targets
+                ],
+                "preferred_order": list(c.preferred_order),
+            }
+        )
+    result = Result(rows, ["chain_id", "version", "status", "targets"])
+    if not args.json:
+        for r in rows:
+            r["targets"] = " ".join(
+                f"{t['target_id']}({t['state']}{'' if t['role'] == '-' else ',' + t['role']})"
+                for t in r["targets"]
+            )
+    return result
+
+
+@command("list-chain-tables", "chain tables, every version")
+async def list_chain_tables(conn: Connection, args: argparse.Namespace) -> Result:
+    tables = await conn.mgmtd_client().list_chain_tables()
+    rows = [
+        {
+            "table_id": t.table_id,
+            "version": t.version,
+            "chains": len(t.chain_ids),
+            "description": t.description,
+            "chain_ids": list(t.chain_ids),
+        }
+        for t in sorted(tables, key=lambda t: (t.table_id, t.version))
+    ]
+    return Result(rows, ["table_id", "version", "chains", "description"])
+
+
+@command("list-clients", "live client sessions (mounts, admin tools)")
+async def list_clients(conn: Connection, args: argparse.Namespace) -> Result:
+    now = time.time()
+    rows = [
+        {
+            "client_id": s.client_id,
+            "type": _node_type(s.type),
+            "hostname": s.hostname,
+            "pid": s.pid,
+            "uid": s.uid,
+            "description": s.description,
+            "age_s": round(now - s.started_at, 1) if s.started_at else "",
+        }
+        for s in await conn.mgmtd_client().list_client_sessions()
+    ]
+    return Result(rows, ["client_id", "type", "hostname", "pid", "uid", "description", "age_s"])
+
+
+# -- chain changes --------------------------------------------------------------------------------
+
+
+def _chain_result(chain: mgmtd_pb2.ChainInfo, what: str) -> Result:
+    roles = chain_roles(chain)
+    targets = [
+        {"target_id": t.target_id, "state": _state(t.public_state), "role": roles[t.target_id]}
+        for t in chain.targets
+    ]
+    shown = " -> ".join(f"{t['target_id']}({t['state']})" for t in targets)
+    return Result(
+        value={"chain_id": chain.chain_id, "version": chain.version, "targets": targets},
+        message=f"{what}; chain {chain.chain_id} version {chain.version}: {shown}",
+    )
+
+
+def _offline_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target_id", type=int)
+    p.add_argument("--force", action="store_true", help="even if it is the chain's last serving target")
+
+
+@command("offline-target", "take a target out of service (it moves to the end of its chain)", _offline_args)
+async def offline_target(conn: Connection, args: argparse.Namespace) -> Result:
+    chain = await conn.mgmtd_client().offline_target(args.target_id, args.force)
+    return _chain_result(chain, f"target {args.target_id} offline")
+
+
+def _target_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target_id", type=int)
+
+
+@command("remove-target", "delete a target that is in no chain", _target_arg)
+async def remove_target(conn: Connection, args: argparse.Namespace) -> Result:
+    await conn.mgmtd_client().remove_target(args.target_id)
+    return Result(value={"removed": args.target_id}, message=f"target {args.target_id} removed")
+
+
+def _update_chain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("chain_id", type=int)
+    p.add_argument("target_id", type=int)
+    p.add_argument(
+        "--mode", choices=("add", "remove"), required=True, help="add the target to the chain or remove it"
+    )
+
+
+@command("update-chain", "add a target to a chain or remove one from it", _update_chain_args)
+async def update_chain(conn: Connection, args: argparse.Namespace) -> Result:
+    mode = mgmtd_pb2.CHAIN_UPDATE_ADD if args.mode == "add" else mgmtd_pb2.CHAIN_UPDATE_REMOVE
+    chain = await conn.mgmtd_client().update_chain(args.chain_id, args.target_id, mode)
+    return _chain_result(
+        chain, f"target {args.target_id} {'added to' if args.mode == 'add' else 'removed from'} chain"
+    )
+
+
+def _chain_id_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("chain_id", type=int)
+
+
+@command(
+    "rotate-lastsrv", "make the next target of a chain with no SERVING target its LASTSRV", _chain_id_arg
+)
+async def rotate_lastsrv(conn: Connection, args: argparse.Namespace) -> Result:
+    chain = await conn.mgmtd_client().rotate_lastsrv(args.chain_id)
+    return _chain_result(chain, "LASTSRV rotated")
+
+
+def _preferred_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("chain_id", type=int)
+    p.add_argument("target_ids", help="comma-separated target ids, head first")
+
+
+@command(
+    "set-preferred-order",
+    "record the order a chain returns to (rotate-as-preferred-order applies it)",
+    _preferred_args,
+)
+async def set_preferred_order(conn: Connection, args: argparse.Namespace) -> Result:
+    try:
+        tids = [int(x) for x in args.target_ids.split(",")]
+    except ValueError:
+        raise UsageError(f"target ids must be integers: {args.target_ids!r}") from None
+    chain = await conn.mgmtd_client().set_preferred_order(args.chain_id, tids)
+    return _chain_result(chain, "preferred order set")
+
+
+@command(
+    "rotate-as-preferred-order", "reorder a chain's SERVING targets as its preferred order", _chain_id_arg
+)
+async def rotate_as_preferred_order(conn: Connection, args: argparse.Namespace) -> Result:
+    chain = await conn.mgmtd_client().rotate_as_preferred_order(args.chain_id)
+    return _chain_result(chain, "rotated to the preferred order")
+
+
+# -- users ----------------------------------------------------------------------------------------
+
+
+def _user_add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uid", type=int)
+    p.add_argument("name")
+    p.add_argument("--gid", type=int, default=None, help="primary group (default: the uid)")
+    p.add_argument("--groups", default="", help="comma-separated supplementary groups")
+    p.add_argument("--admin", action="store_true", help="may use the admin API")
+    p.add_argument("--root", action="store_true", help="may act as any uid towards meta")
+    _token_out(p)
+
+
+@command("user-add", "create a user and issue its first token", _user_add_args)
+async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
+    groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    gid = args.uid if args.gid is None else args.gid
+    token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
+    return _token_result(
+        token, args, {"uid": args.uid, "name": args.name}, f"user {args.name} (uid {args.uid}) added"
+    )
+
+
+@command("user-list", "users with groups and flags")
+async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
+    rows = [
+        {
+            "uid": u.uid,
+            "name": u.name,
+            "gid": u.gid,
+            "groups": list(u.groups),
+            "admin": u.admin,
+            "root": u.root,
+            "tokens": u.token_count,
+        }
+        for u in sorted(await conn.mgmtd_client().list_users(), key=lambda u: u.uid)
+    ]
+    return Result(rows, ["uid", "name", "gid", "groups", "admin", "root", "tokens"])
+
+
+def _user_token_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uid", type=int)
+    p.add_argument("--ttl", type=float, default=0.0, help="seconds the token is valid (default: no expiry)")
+    p.add_argument("--invalidate", action="store_true", help="revoke the user's other tokens")
+    _token_out(p)
+
+
+@command("user-token", "issue a new token for a user", _user_token_args)
+async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
+    token = await conn.mgmtd_client().issue_token(args.uid, args.ttl, args.invalidate)
+    return _token_result(token, args, {"uid": args.uid}, f"token issued for uid {args.uid}")
+
+
+def _uid_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uid", type=int)
+
+
+@command("user-remove", "delete a user and its tokens", _uid_arg)
+async def user_remove(conn: Connection, args: argparse.Namespace) -> Result:
+    await conn.mgmtd_client().remove_user(args.uid)
+    return Result(value={"removed": args.uid}, message=f"user {args.uid} removed")
+
+
+# -- configs --------------------------------------------------------------------------------------
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("get", "set"), help="get: print the stored config; set: upload FILE")
+    p.add_argument("service", choices=sorted(NODE_TYPES), help="which service's config")
+    p.add_argument("file", nargs="?", help="set: the TOML file (checked like the service would)")
+    p.add_argument("--version", type=int, default=0, help="get: that version (default newest)")
+    p.add_argument("--desc", default="", help="set: description of the change")
+
+
+@command("config", "get or set the config mgmtd stores and pushes for a service type", _config_args)
+async def config(conn: Connection, args: argparse.Namespace) -> Result:
+    from fs3.config import SERVICE_CONFIGS, load_config
+
+    client = conn.mgmtd_client()
+    node_type = NODE_TYPES[args.service]
+    if args.action == "get":
+        info = await client.get_config(node_type, args.version)
+        if info is None:
+            return Result(
+                value={"service": args.service, "version": 0, "content": ""},
+                message=f"no {args.service} config stored",
+                status=1,
+            )
+        value = {
+            "service": args.service,
+            "version": info.version,
+            "description": info.description,
+            "content": info.content,
+        }
+        return Result(
+            value=value,
+            message=f"# {args.service} config version {info.version}"
+            f"{': ' + info.description if info.description else ''}\n{info.content.rstrip()}",
+        )
+    if not args.file:
+        raise UsageError("config set needs a FILE")
+    load_config(SERVICE_CONFIGS[args.service], args.file, environ={})  # refuse what the service would
+    content = _read_text(args.file)
+    version = await client.set_config(node_type, content, args.desc)
+    return Result(
+        value={"service": args.service, "version": version},
+        message=f"{args.service} config version {version} stored",
+    )

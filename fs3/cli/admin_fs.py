@@ -1,0 +1,298 @@
+"""File commands of ``fs3 admin``: ls, stat (with the chunk → chain → target layout), checksum
+of every replica of a file's chunks, and gc-list.
+
+They speak fs3 RPC to meta and storage, which takes the cluster secret (``--secret-file``) for the
+connection and the token's user for permissions. Meta servers are found in mgmtd's routing info.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import stat as stat_mod
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import common_pb2
+
+TYPE_NAMES = {1: "file", 2: "dir", 3: "symlink"}
+
+
+@contextlib.asynccontextmanager
+async def filesystem(conn: Connection) -> AsyncIterator[Any]:
+    """(routing cache, meta client, storage client) for the connection's user."""
+    from fs3.client.meta_client import MetaClient
+    from fs3.client.routing import RoutingCache
+    from fs3.client.storage_client import RetryPolicy, StorageClient
+    from fs3.net import RpcClient
+
+    mgmtd = conn.mgmtd_client()
+    user = common_pb2.UserInfo()
+    if conn.token:
+        u = await mgmtd.verify_token(conn.token)
+        user = common_pb2.UserInfo(uid=u.uid, gid=u.gid, groups=list(u.groups), token=conn.token)
+    routing = RoutingCache(mgmtd, refresh_interval_s=5.0)
+    await routing.start(first_timeout_s=conn.timeout_s)
+    metas = routing.routing.nodes_of_type(common_pb2.NODE_META)
+    addresses = [f"{e.host}:{e.port}" for n in metas for e in n.endpoints if e.transport in ("", "tcp")]
+    if not addresses:
+        await routing.stop()
+        raise FS3Error(StatusCode.UNAVAILABLE, "no active meta server in routing info")
+    from fs3.client.meta_client import DEV_SECRET
+
+    rpc = RpcClient(conn.secret or DEV_SECRET, identity="fs3-admin")
+    meta = MetaClient(addresses, user=user, rpc=rpc, timeout_s=conn.timeout_s)
+    storage = StorageClient(
+        routing,
+        rpc,
+        user=user,
+        retry=RetryPolicy(total_s=conn.timeout_s, rpc_timeout_s=min(10.0, conn.timeout_s)),
+    )
+    try:
+        yield routing, meta, storage
+    finally:
+        await meta.close()
+        await routing.stop()
+        await rpc.close()
+
+
+def _path_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="path inside fs3 (absolute, from its root)")
+
+
+def _mode_string(inode: Any) -> str:
+    kind = {1: stat_mod.S_IFREG, 2: stat_mod.S_IFDIR, 3: stat_mod.S_IFLNK}.get(inode.type, 0)
+    return stat_mod.filemode(kind | inode.mode)
+
+
+def _ts(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9))
+
+
+def _ls_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", nargs="?", default="/", help="directory or file (default /)")
+
+
+@command("ls", "list a directory with mode, owner, size and time", _ls_args)
+async def ls(conn: Connection, args: argparse.Namespace) -> Result:
+    async with filesystem(conn) as (_routing, meta, _storage):
+        node = await meta.lookup_path(args.path.encode())
+        if node.type != 2:
+            entries = [(args.path.rsplit("/", 1)[-1], node)]
+        else:
+            names = [e async for e in meta.listdir(node.id)]
+            inodes = await meta.batch_stat([e.inode_id for e in names]) if names else []
+            entries = [(e.name.decode(errors="replace"), i) for e, i in zip(names, inodes, strict=True)]
+    rows = []
+    for name, ino in entries:
+        if isinstance(ino, FS3Error):  # removed between readdir and stat
+            continue
+        rows.append(
+            {
+                "mode": _mode_string(ino),
+                "uid": ino.uid,
+                "gid": ino.gid,
+                "size": ino.size,
+                "mtime": _ts(ino.mtime_ns),
+                "inode": ino.id,
+                "name": name,
+                "type": TYPE_NAMES.get(ino.type, str(ino.type)),
+            }
+        )
+    return Result(rows, ["mode", "uid", "gid", "size", "mtime", "inode", "name"])
+
+
+def _stat_args(p: argparse.ArgumentParser) -> None:
+    _path_arg(p)
+    p.add_argument("--layout", action="store_true", help="also each chunk's chain and that chain's targets")
+    p.add_argument(
+        "--max-chunks", type=int, default=64, help="with --layout, at most this many chunks (default 64)"
+    )
+
+
+def _chunk_count(size: int, chunk_size: int) -> int:
+    return (size + chunk_size - 1) // chunk_size if chunk_size else 0
+
+
+@command("stat", "an inode's attributes; --layout: chunks -> chains -> targets", _stat_args)
+async def stat(conn: Connection, args: argparse.Namespace) -> Result:
+    async with filesystem(conn) as (routing, meta, _storage):
+        ino = await meta.lookup_path(args.path.encode(), follow=False)
+        r = routing.routing
+    value: dict[str, Any] = {
+        "path": args.path,
+        "inode": ino.id,
+        "type": TYPE_NAMES.get(ino.type, str(ino.type)),
+        "mode": f"{ino.mode:04o}",
+        "uid": ino.uid,
+        "gid": ino.gid,
+        "nlink": ino.nlink,
+        "size": ino.size,
+        "atime": _ts(ino.atime_ns),
+        "mtime": _ts(ino.mtime_ns),
+        "ctime": _ts(ino.ctime_ns),
+    }
+    lines = [f"{k}: {v}" for k, v in value.items()]
+    lay = ino.layout
+    if ino.HasField("layout") and lay.chains:
+        value["layout"] = {
+            "chain_table": lay.chain_table_id,
+            "chain_table_version": lay.chain_table_version,
+            "chunk_size": lay.chunk_size,
+            "stripe": lay.stripe_count,
+            "chains": list(lay.chains),
+            "shuffle_seed": lay.shuffle_seed,
+        }
+        lines.append(
+            f"layout: chain table {lay.chain_table_id} v{lay.chain_table_version}, chunk size {lay.chunk_size}, "
+            f"stripe {lay.stripe_count}, chains {','.join(map(str, lay.chains))}"
+        )
+    if args.layout and lay.chains and lay.chunk_size:
+        chunks = []
+        total = _chunk_count(ino.size, lay.chunk_size)
+        for index in range(min(total, args.max_chunks)):
+            chain_id = lay.chains[index % len(lay.chains)]
+            chain = r.chains.get(chain_id)
+            targets = []
+            if chain is not None:
+                for t in chain.targets:
+                    info = r.targets.get(t.target_id)
+                    targets.append(
+                        {
+                            "target_id": t.target_id,
+                            "state": common_pb2.PublicTargetState.Name(t.public_state),
+                            "node_id": info.node_id if info is not None else 0,
+                        }
+                    )
+            chunks.append(
+                {"index": index, "offset": index * lay.chunk_size, "chain_id": chain_id, "targets": targets}
+            )
+            shown = " -> ".join(f"{t['target_id']}@{t['node_id']}({t['state']})" for t in targets)
+            lines.append(f"  chunk {index} @ {index * lay.chunk_size}: chain {chain_id}: {shown}")
+        if total > args.max_chunks:
+            lines.append(f"  ... {total - args.max_chunks} more chunks (--max-chunks)")
+        value["chunks"] = chunks
+    return Result(value=value, message="\n".join(lines))
+
+
+def _checksum_args(p: argparse.ArgumentParser) -> None:
+    _path_arg(p)
+
+
+@command(
+    "checksum", "compare every replica of every chunk of a file (version, length, CRC32C)", _checksum_args
+)
+async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
+    async with filesystem(conn) as (routing, meta, storage):
+        ino = await meta.lookup_path(args.path.encode())
+        if ino.type != 1:
+            raise UsageError(f"{args.path} is not a regular file")
+        lay = ino.layout
+        r = routing.routing
+        total = _chunk_count(ino.size, lay.chunk_size)
+        chains = sorted({lay.chains[i % len(lay.chains)] for i in range(total)}) if lay.chains else []
+        targets = [(cid, t.target_id) for cid in chains for t in r.chain(cid).targets]
+        progress = Progress(f"checksum {args.path}", len(targets))
+        replicas: dict[int, dict[int, Any]] = {}  # chunk index → target → meta
+        unreachable: list[str] = []
+        for cid, tid in targets:
+            try:
+                for cm in await storage.dump_chunk_meta(tid, ino.id):
+                    if cm.key.chain_id == cid:
+                        replicas.setdefault(cm.key.chunk_index, {})[tid] = cm
+            except FS3Error as e:
+                unreachable.append(f"{tid}: {e}")
+            progress.step()
+        progress.finish()
+    rows = []
+    mismatches = 0
+    for index in range(total):
+        cid = lay.chains[index % len(lay.chains)]
+        chain_targets = [t.target_id for t in r.chain(cid).targets]
+        per = replicas.get(index, {})
+        seen = {(m.committed_version, m.length, m.crc32c) for m in per.values()}
+        missing = [t for t in chain_targets if t not in per]
+        ok = len(seen) <= 1 and (not missing or not per)
+        if not ok:
+            mismatches += 1
+        rows.append(
+            {
+                "chunk": index,
+                "chain_id": cid,
+                "status": "ok" if ok else "MISMATCH",
+                "replicas": [
+                    f"{t}:v{per[t].committed_version}/{per[t].length}/{per[t].crc32c:08x}"
+                    if t in per
+                    else f"{t}:missing"
+                    for t in chain_targets
+                ],
+            }
+        )
+    status = EX_MISMATCH if mismatches or unreachable else 0
+    summary = (
+        f"{args.path}: {total} chunks on {len(chains)} chains, {len(targets)} replicas read, "
+        f"{mismatches} chunks differ" + (f"; unreachable: {'; '.join(unreachable)}" if unreachable else "")
+    )
+    return (
+        Result(rows, ["chunk", "chain_id", "status", "replicas"], message=summary, status=status, value=None)
+        if not args.json
+        else Result(
+            value={
+                "path": args.path,
+                "inode": ino.id,
+                "chunks": rows,
+                "mismatches": mismatches,
+                "unreachable": unreachable,
+            },
+            status=status,
+        )
+    )
+
+
+def _gc_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-path", help="the lmdb store of meta (default: the local cluster's)")
+    p.add_argument("--engine", default="lmdb", choices=("lmdb", "fdb"), help="store engine (default lmdb)")
+    p.add_argument("--cluster-file", default="", help="fdb: cluster file")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many entries (default 1000)")
+
+
+@command(
+    "gc-list", "files and directories waiting for the garbage collector (reads the meta store)", _gc_args
+)
+async def gc_list(conn: Connection, args: argparse.Namespace) -> Result:
+    from fs3.kv import open_database
+    from fs3.kv.base import prefix_end
+    from fs3.meta import schema
+    from fs3.proto import meta_pb2
+
+    path = args.kv_path or (str(conn.local_dir / "kv") if conn.local_dir is not None else "")
+    if args.engine == "lmdb" and not path:
+        raise UsageError("give --kv-path (the directory of meta's lmdb store)")
+    db = await open_database(args.engine, path=path or None, cluster_file=args.cluster_file or None)
+    try:
+
+        async def scan(tr):  # type: ignore[no-untyped-def]
+            return [
+                tuple(kv)
+                for kv in await tr.snapshot.get_range(schema.GCQU, prefix_end(schema.GCQU), args.limit)
+            ]
+
+        rows_raw = await db.run(scan, read_only=True)
+    finally:
+        await db.close()
+    now = time.time_ns()
+    rows = []
+    for _key, value in rows_raw:
+        e = meta_pb2.GcEntry.FromString(value)
+        rows.append(
+            {
+                "inode": e.inode_id,
+                "type": TYPE_NAMES.get(e.type, str(e.type)),
+                "queued": _ts(e.queued_ns) if e.queued_ns else "",
+                "waiting_s": round((now - e.queued_ns) / 1e9, 1) if e.queued_ns else "",
+            }
+        )
+    return Result(rows, ["inode", "type", "queued", "waiting_s"], message="" if rows else "GC queue is empty")
