@@ -17,7 +17,7 @@ from fakeverbs import Fabric
 from fs3.config import RdmaConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer
-from fs3.net.frame import FrameError
+from fs3.net.frame import FrameError, encode_header
 from fs3.net.rdma.connection import RdmaConnection
 from fs3.net.rdma.transport import RdmaTransport
 from fs3.net.rdma.wire import RemoteBuffer, pack_chunk_header
@@ -258,7 +258,7 @@ class Recorder(FrameReceiver):
 
 
 async def _raw(
-    cfg: RdmaConfig | None = None,
+    cfg: RdmaConfig | None = None, limits: RpcLimits = LIMITS
 ) -> tuple[Fabric, RdmaTransport, RdmaTransport, list[Recorder], Recorder]:
     fabric = Fabric()
     cfg = cfg or RdmaConfig()
@@ -271,8 +271,8 @@ async def _raw(
         accepted.append(r)
         return r
 
-    listener = await st.listen(("127.0.0.1", 0), server_side)
-    client_conn = await ct.connect(listener.address, Recorder)
+    listener = await st.listen(("127.0.0.1", 0), server_side, limits=limits)
+    client_conn = await ct.connect(listener.address, Recorder, limits=limits)
     await poll(lambda: len(accepted) == 1, what="accept")
     assert isinstance(client_conn, RdmaConnection)
     return fabric, st, ct, accepted, client_conn._receiver  # type: ignore[return-value]
@@ -355,3 +355,45 @@ async def test_frames_keep_their_order_around_pulled_payloads() -> None:
     await poll(lambda: client.stats()["lent_payloads"] == 0, what="payloads released")
     client.close()
     await client.wait_closed()
+
+
+def _post_raw_chunk(conn: RdmaConnection, stream: bytes) -> None:
+    slot = conn._send.acquire()
+    assert slot is not None
+    buf = conn._send.view(slot)
+    n = pack_chunk_header(buf, 0, [], len(stream))
+    buf[n : n + len(stream)] = stream
+    conn.credits.take_send()
+    conn._qp.post_send(
+        encode_wr_id(WrKind.SEND, slot), conn._send.region, conn._send.offset(slot), n + len(stream)
+    )
+
+
+async def test_a_frame_left_unfinished_is_cut_off_after_frame_timeout() -> None:
+    limits = dataclasses.replace(LIMITS, frame_timeout_s=0.3)
+    fabric, st, ct, accepted, client_rx = await _raw(limits=limits)
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    _post_raw_chunk(client, encode_header(1, 5, 1, 1, 1000, 0) + b"only part of it")
+    await asyncio.wait_for(accepted[0].lost.wait(), 5)
+    assert [e.code for e in accepted[0].errors] == [StatusCode.DEADLINE_EXCEEDED]
+    await asyncio.wait_for(client_rx.lost.wait(), 5)
+
+
+async def test_paused_receiver_holds_buffers_and_gets_everything_on_resume() -> None:
+    cfg = RdmaConfig(recv_buffers=8, send_buffers=8, buffer_size=1024)
+    fabric, st, ct, accepted, client_rx = await _raw(cfg)
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    server.pause_receiving(True)
+    for i in range(1, 101):
+        client.send_frame(1, i, 1, 1, b"x" * 900)
+    # the client runs out of credits: the paused side keeps its buffers (all but two)
+    await poll(
+        lambda: client.credits.credits <= 2 and not client._send.available < client._send.count,
+        what="credits exhausted",
+    )
+    assert len(server._held) == 6 and accepted[0].frames == [] and fabric.rnr_errors == 0
+    assert client.write_paused is False and client.stats()["queued_bytes"] > 0
+    server.pause_receiving(False)
+    await poll(lambda: len(accepted[0].frames) == 100, what="all frames after resume")
+    assert [f[0] for f in accepted[0].frames] == list(range(1, 101)) and fabric.rnr_errors == 0

@@ -145,6 +145,7 @@ class RdmaConnection(Connection):
         limits: RpcLimits,
         peer: str,
         on_closed: Callable[[RdmaConnection], None] | None = None,
+        server_side: bool = False,
     ) -> None:
         self.limits = limits
         self.peer = peer
@@ -176,8 +177,14 @@ class RdmaConnection(Connection):
         self._drain_waiters: list[asyncio.Future[None]] = []
         # receive state
         self._assembler = StreamAssembler(local.inline_max)
-        self._paused = False
+        self._paused = False  # by the receiver (too much work in progress)
+        # A server stops taking requests from a peer whose replies it cannot get rid of, as the TCP
+        # transport does, so an unresponsive client cannot make it queue replies without bound.
+        self._server_side = server_side
+        self._paused_for_writes = False
         self._held: list[int] = []  # receive slots not reposted while paused
+        self._frames_in = 0  # frames delivered, to tell a stalled frame from a new one
+        self._partial_timer: asyncio.TimerHandle | None = None
         self._pulling = False  # a frame waits for its payload's READ
         self._pull_dest: memoryview | None = None
         # lifecycle
@@ -202,9 +209,12 @@ class RdmaConnection(Connection):
         self._poll()
 
     def _post_recv(self, slot: int) -> None:
-        self._qp.post_recv(
-            encode_wr_id(WrKind.RECV, slot), self._recv.region, self._recv.offset(slot), self._recv.size
-        )
+        try:
+            self._qp.post_recv(
+                encode_wr_id(WrKind.RECV, slot), self._recv.region, self._recv.offset(slot), self._recv.size
+            )
+        except Exception as e:
+            self._broken(f"posting a receive failed: {e}")
 
     def _on_channel(self) -> None:
         try:
@@ -263,7 +273,7 @@ class RdmaConnection(Connection):
             self._assembler.feed(data)
         # While paused, keep the peer's buffers (so it stops sending), but never the last two: the peer
         # needs them for credit returns, without which our own replies would stall.
-        if self._paused and len(self._held) < self._recv.count - 2:
+        if self._stopped and len(self._held) < self._recv.count - 2:
             self._held.append(slot)
         else:
             self._post_recv(slot)
@@ -271,15 +281,21 @@ class RdmaConnection(Connection):
         self._deliver()
         self._schedule_pump()
 
+    @property
+    def _stopped(self) -> bool:
+        return self._paused or self._paused_for_writes
+
     def _deliver(self) -> None:
         receiver = self._receiver
-        while not self._paused and not self._pulling and not self._dead and receiver is not None:
+        while not self._stopped and not self._pulling and not self._dead and receiver is not None:
             try:
                 frame = self._assembler.next_frame(self.limits)
             except FrameError as e:
                 self._fail(e)
                 return
             if frame is None:
+                if self._assembler.mid_frame:
+                    self._arm_partial_timer()
                 return
             hdr = frame.header
             if frame.descriptor is not None:
@@ -313,6 +329,7 @@ class RdmaConnection(Connection):
                 FrameError(StatusCode.RPC_MALFORMED_FRAME, "payload crc mismatch", hdr[H_REQUEST_ID], False)
             )
             return
+        self._frames_in += 1
         try:
             receiver.frame_received(
                 hdr[H_FLAGS],
@@ -392,11 +409,34 @@ class RdmaConnection(Connection):
                 raise ValueError("replacement buffer has the wrong size")
             self._pull_dest = replacement
 
+    def _arm_partial_timer(self) -> None:
+        if self._partial_timer is None and not self._dead:
+            self._partial_timer = self._loop.call_later(
+                self.limits.frame_timeout_s, self._partial_timeout, self._frames_in
+            )
+
+    def _partial_timeout(self, frames_when_armed: int) -> None:
+        # A peer that starts a frame and never finishes it must not pin the connection: as on TCP,
+        # it is disconnected after frame_timeout_s without progress (our own pauses do not count).
+        self._partial_timer = None
+        if self._dead or not self._assembler.mid_frame:
+            return
+        if self._frames_in != frames_when_armed or self._stopped or self._pulling:
+            self._arm_partial_timer()
+            return
+        self._fail(
+            FrameError(StatusCode.DEADLINE_EXCEEDED, f"frame incomplete after {self.limits.frame_timeout_s}s")
+        )
+
     def pause_receiving(self, paused: bool) -> None:
         if paused == self._paused:
             return
         self._paused = paused
         if not paused:
+            self._resume()
+
+    def _resume(self) -> None:
+        if not self._stopped:
             held, self._held = self._held, []
             for slot in held:
                 self._post_recv(slot)
@@ -523,6 +563,11 @@ class RdmaConnection(Connection):
                 buf = arena.view(slot)
                 pack_chunk_header(buf, credits.take_send(), [], 0)
                 self._post_send(slot, CHUNK_HEADER_SIZE)
+        if self._server_side and not self._paused_for_writes and self._out_bytes > _HIGH_WATER:
+            self._paused_for_writes = True
+            log.info(
+                "peer not taking replies, pausing its requests peer=%s queued=%d", self.peer, self._out_bytes
+            )
         if self._closing:
             self._maybe_finish()
 
@@ -561,8 +606,12 @@ class RdmaConnection(Connection):
         while waiting and waiting[0][0] <= self._done_pos:
             _, cb = waiting.popleft()
             self._call(cb)
-        if self._drain_waiters and self._out_bytes <= _LOW_WATER:
-            self._wake_drainers()
+        if self._out_bytes <= _LOW_WATER:
+            if self._drain_waiters:
+                self._wake_drainers()
+            if self._paused_for_writes:
+                self._paused_for_writes = False
+                self._resume()
         self._schedule_pump()
 
     def _release_lent(self, token: int) -> None:
@@ -686,6 +735,10 @@ class RdmaConnection(Connection):
         self._closing = True
         self._schedule_pump()
         self._maybe_finish()
+        if not self._finished:
+            # A peer that never completes what we flush (or never releases a payload it pulls)
+            # must not keep the connection half-closed forever.
+            self._loop.call_later(self.limits.frame_timeout_s, self._finish)
 
     def _maybe_finish(self) -> None:
         # Done flushing when every queued frame is in a completed SEND and the peer has finished
@@ -717,6 +770,9 @@ class RdmaConnection(Connection):
         self._finished = True
         self._closing = True
         self._dead = True
+        if self._partial_timer is not None:
+            self._partial_timer.cancel()
+            self._partial_timer = None
         try:
             self._loop.remove_reader(self._qp.fileno())
         except Exception:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -50,6 +51,11 @@ log = logging.getLogger(__name__)
 
 TCP_MAGIC = b"FS3R"
 _READY = b"\x01"
+_KEEPALIVE = [
+    (getattr(socket, name), value)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+]
 
 
 class PendingQueuePair(QueuePairOps, Protocol):
@@ -117,6 +123,16 @@ class _Side(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # this socket's end is the RDMA connection's end: keepalive notices a vanished host
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                for opt, value in _KEEPALIVE:
+                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+            except OSError:
+                pass
         if self._on_open is not None:
             self._on_open(self)
 
@@ -264,6 +280,7 @@ class RdmaTransport(Transport):
         limits: RpcLimits,
         peer: str,
         side: _Side,
+        server_side: bool = False,
     ) -> RdmaConnection:
         cfg = self.config
         qp.connect(remote, timeout=cfg.timeout, retry_cnt=cfg.retry_cnt, rnr_retry=cfg.rnr_retry)
@@ -293,6 +310,7 @@ class RdmaTransport(Transport):
             limits,
             peer,
             on_closed=closed,
+            server_side=server_side,
         )
         conn.nic = nic.name  # type: ignore[attr-defined]
         conn.post_receives()
@@ -397,7 +415,7 @@ class RdmaTransport(Transport):
         nic = self.selector.pick(host)
         qp, local = self._new_qp(nic)
         try:
-            conn = self._build(nic, qp, local, remote, limits, peer, side)
+            conn = self._build(nic, qp, local, remote, limits, peer, side, server_side=True)
         except BaseException:
             qp.close()
             raise
