@@ -240,6 +240,21 @@ class Namespace:
         key = schema.dentry_key(parent, name)
         if await tr.get(key) is not None:
             raise FS3Error(StatusCode.ALREADY_EXISTS, f"{name[:64]!r} exists in directory {parent}")
+        return p, self._insert(tr, cred, p, key, itype, mode, inode_id, **fields)
+
+    def _insert(
+        self,
+        tr: Transaction,
+        cred: Credentials,
+        p: meta_pb2.Inode,
+        key: bytes,
+        itype: int,
+        mode: int,
+        inode_id: int,
+        **fields: object,
+    ) -> meta_pb2.Inode:
+        """Insert a new inode under the (checked absent) entry ``key`` of directory ``p``."""
+        parent = p.id
         check(p, cred, W_OK | X_OK)
         now = inodes.now_ns()
         gid = p.gid if p.mode & S_ISGID else cred.gid
@@ -258,7 +273,7 @@ class Namespace:
         tr.set(key, meta_pb2.DirEntry(inode_id=inode_id, type=itype).SerializeToString())
         inodes.touch_dir(tr, parent, now)
         tr.add_int(schema.INODE_COUNT_KEY, 1)
-        return p, ino
+        return ino
 
     async def mkdir(
         self, cred: Credentials, parent: int, name: bytes, mode: int, umask: int = 0, idem: Idem = None
@@ -350,9 +365,10 @@ class Namespace:
             truncate.clear()
             p = await inodes.load_dir(tr, parent)
             check(p, cred, X_OK)
-            raw = await tr.get(schema.dentry_key(parent, name))
+            key = schema.dentry_key(parent, name)
+            raw = await tr.get(key)
             if raw is None:
-                _, ino = await self._new_entry(tr, cred, parent, name, FILE, mode & 0o7777 & ~umask, inode_id)
+                ino = self._insert(tr, cred, p, key, FILE, mode & 0o7777 & ~umask, inode_id)
                 created = True
             else:
                 if flags & O_EXCL:

@@ -1,0 +1,206 @@
+"""mdtest-like benchmark of the metadata service: create, stat, unlink and mkdir rates.
+
+    .venv/bin/python bench/meta_bench.py                       # starts one meta daemon over lmdb
+    .venv/bin/python bench/meta_bench.py --clients 1,16 --items 2000 --procs 2 --json
+    .venv/bin/python bench/meta_bench.py --address 10.0.0.5:8100 --secret-file /etc/fs3/secret
+
+Each of ``clients`` native clients (fs3.client.meta_client.MetaClient, one per coroutine, spread over
+``procs`` worker processes) runs the phases in lockstep with the others (a barrier between phases):
+
+* ``mkdir``: ``items`` directories each;
+* ``create``: ``items`` files each (open(O_CREAT|O_EXCL) with a request id, as a client sends it);
+* ``stat``: each file once, by inode id;
+* ``unlink``: each file.
+
+``--layout one-dir`` puts every client's entries in one shared directory (the contended case);
+``many-dirs`` gives each client a directory of its own. A rate is all clients' operations divided by
+the wall time from the first client's start to the last one's end. Without ``--address`` the
+benchmark starts a meta daemon on an lmdb store in a temporary directory and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from fs3.client.meta_client import ROOT_ID, MetaClient  # noqa: E402
+from fs3.proto import common_pb2  # noqa: E402
+
+PHASES = ("mkdir", "create", "stat", "unlink")
+O_EXCL_RDWR = 0o200 | 2
+
+
+@dataclass(slots=True)
+class Result:
+    layout: str
+    clients: int
+    phase: str
+    ops: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+
+async def _client_work(
+    client: MetaClient, phase: str, parent: int, tag: str, items: int, state: dict[str, list[int]]
+) -> None:
+    if phase == "mkdir":
+        for i in range(items):
+            await client.mkdir(parent, f"d{tag}.{i}".encode(), 0o755)
+    elif phase == "create":
+        ids = state.setdefault(tag, [])
+        for i in range(items):
+            ids.append((await client.create(parent, f"f{tag}.{i}".encode(), 0o644, O_EXCL_RDWR)).inode.id)
+    elif phase == "stat":
+        for inode_id in state[tag]:
+            await client.stat(inode_id)
+    elif phase == "unlink":
+        for i in range(items):
+            await client.unlink(parent, f"f{tag}.{i}".encode())
+
+
+async def _worker_main(
+    address: str, secret: bytes | None, names: list[str], parents: list[int], items: int, barrier, out
+) -> None:
+    user = common_pb2.UserInfo(uid=0, gid=0)
+    clients = [MetaClient([address], secret, user=user, timeout_s=120) for _ in names]
+    state: dict[str, list[int]] = {}
+    try:
+        for phase in PHASES:
+            await asyncio.to_thread(barrier.wait)
+            start = time.time()
+            await asyncio.gather(
+                *(
+                    _client_work(c, phase, p, n, items, state)
+                    for c, p, n in zip(clients, parents, names, strict=True)
+                )
+            )
+            out.put((phase, start, time.time()))
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def _worker(address, secret, names, parents, items, barrier, out) -> None:  # type: ignore[no-untyped-def]
+    try:
+        import uvloop
+
+        uvloop.run(_worker_main(address, secret, names, parents, items, barrier, out))
+    except ImportError:
+        asyncio.run(_worker_main(address, secret, names, parents, items, barrier, out))
+
+
+async def _prepare(address: str, secret: bytes | None, layout: str, clients: int, run: str) -> list[int]:
+    async with MetaClient([address], secret, user=common_pb2.UserInfo(uid=0, gid=0)) as c:
+        top = await c.mkdir(ROOT_ID, run.encode(), 0o755)
+        if layout == "one-dir":
+            return [top.id] * clients
+        return [(await c.mkdir(top.id, f"c{i}".encode(), 0o755)).id for i in range(clients)]
+
+
+def run_case(
+    address: str, secret: bytes | None, layout: str, clients: int, items: int, procs: int
+) -> list[Result]:
+    run = f"bench-{layout}-{clients}-{os.getpid()}-{time.time_ns()}"
+    parents = asyncio.run(_prepare(address, secret, layout, clients, run))
+    nproc = max(1, min(procs, clients))
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(nproc)
+    out = ctx.Queue()
+    workers = []
+    for w in range(nproc):
+        mine = list(range(w, clients, nproc))
+        names = [f"{i}" for i in mine]
+        p = ctx.Process(
+            target=_worker, args=(address, secret, names, [parents[i] for i in mine], items, barrier, out)
+        )
+        p.start()
+        workers.append(p)
+    times: dict[str, list[tuple[float, float]]] = {ph: [] for ph in PHASES}
+    for _ in range(nproc * len(PHASES)):
+        phase, start, end = out.get(timeout=600)
+        times[phase].append((start, end))
+    for p in workers:
+        p.join(timeout=60)
+    results = []
+    for phase in PHASES:
+        start = min(s for s, _ in times[phase])
+        end = max(e for _, e in times[phase])
+        results.append(Result(layout, clients, phase, clients * items, end - start))
+    return results
+
+
+def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str]:
+    cfg = tmp / "meta.toml"
+    port_file = tmp / "meta.port"
+    cfg.write_text(
+        "listen_port = 0\nmgmtd_addresses = []\nauthenticate = false\n"
+        f'[kv]\nengine = "lmdb"\npath = "{tmp / "kv"}"\n[log]\nlevel = "WARNING"\n'
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fs3.meta", "--config", str(cfg), "--port-file", str(port_file)],
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("meta daemon did not start")
+        time.sleep(0.05)
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--address", help="host:port of a running meta server (default: start one)")
+    p.add_argument("--secret-file", help="the cluster secret (default: the development secret)")
+    p.add_argument("--clients", default="1,16", help="comma-separated client counts")
+    p.add_argument("--layout", default="one-dir,many-dirs", help="one-dir, many-dirs or both")
+    p.add_argument("--items", type=int, default=1000, help="entries per client per phase")
+    p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
+    p.add_argument("--dir", help="where a started daemon keeps its store (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    secret = Path(args.secret_file).read_bytes().strip() if args.secret_file else None
+    tmp = None
+    proc = None
+    address = args.address
+    if address is None:
+        tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-meta-bench-"))
+        proc, address = start_daemon(tmp)
+    results: list[Result] = []
+    try:
+        for layout in args.layout.split(","):
+            for clients in (int(c) for c in args.clients.split(",")):
+                results += run_case(address, secret, layout, clients, args.items, args.procs)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if tmp is not None and not args.dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps([{**asdict(r), "rate": r.rate} for r in results], indent=2))
+    else:
+        print(f"{'layout':<10} {'clients':>7} {'phase':<7} {'ops':>8} {'seconds':>8} {'ops/s':>9}")
+        for r in results:
+            print(f"{r.layout:<10} {r.clients:>7} {r.phase:<7} {r.ops:>8} {r.seconds:>8.2f} {r.rate:>9.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
