@@ -277,68 +277,28 @@ class Replicator:
     ) -> storage_pb2.IOResult:
         """Apply ``op`` as pending version ``version`` (``committed + 1`` on the head, when None),
         forward it, commit it. The chunk's lock is held."""
-        eng = t.engine
-        chain_ver = self.targets.chain(chain_id).version
-        meta = await eng.get_meta(cid)
-        if version is None and meta is not None and meta.pending is not None:
-            meta = await self._settle_locked(t, cid, chain_id, meta)
-        committed = meta.committed_ver if meta else 0
-        if version is not None:
-            if version <= committed:
+        eng = t.engine.engine
+        for _ in range(3):
+            chain = self.targets.chain(chain_id)
+            chain_ver = chain.version
+            # At the tail, apply and commit in one trip to the I/O threads.
+            tail = chain.successor(t.target_id) is None
+            kind, meta, new = await self._run(_apply, eng, cid, op, version, chain_ver, tail)
+            if kind == "settle":
+                assert meta is not None
+                await self._settle_locked(t, cid, chain_id, meta)
+                continue
+            if kind == "stale":
                 return io_result(meta, chain_ver)  # a retry of an update this replica committed
-            if version > committed + 1 and op.type not in (
-                storage_pb2.UPDATE_REPLACE,
-                storage_pb2.UPDATE_REMOVE,
-            ):
-                raise FS3Error(
-                    StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
-                    f"target {t.target_id} chunk {cid.hex()}: update to version {version} but "
-                    f"{committed} is committed (missing updates; send the whole chunk)",
-                )
-        new = await self._apply(t, cid, op, meta, version, chain_ver)
-        if new is None:
-            return io_result(None, chain_ver)  # removal of a chunk this replica does not hold
-        v = new.pending_ver
-        await self._forward(t, cid, chain_id, op, v, new)
-        done = await eng.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
-        return io_result(done, chain_ver) if done is not None else _removed_result(v, chain_ver)
-
-    async def _apply(
-        self, t: LocalTarget, cid: bytes, op: Op, meta: ChunkMeta | None, version: int | None, chain_ver: int
-    ) -> ChunkMeta | None:
-        eng = t.engine
-        if op.type == storage_pb2.UPDATE_WRITE:
-            assert op.data is not None
-            return await eng.update(
-                cid,
-                op.offset,
-                op.data,
-                chunk_size=op.chunk_size,
-                chain_ver=chain_ver,
-                version=version,
-                checksum=op.crc,
-            )
-        if op.type == storage_pb2.UPDATE_TRUNCATE:
-            return await eng.truncate(
-                cid, op.length, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version
-            )
-        if op.type == storage_pb2.UPDATE_REPLACE:
-            assert op.data is not None and version is not None
-            return await eng.replace(
-                cid, op.data, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version, checksum=op.crc
-            )
-        if op.type == storage_pb2.UPDATE_REMOVE:
-            if meta is None:
-                return None
-            committed = meta.committed_ver
-            if version is not None and version != committed + 1:
-                # a removal that skips versions this replica missed: drop what it has outright
-                await eng.remove_range(cid, cid + b"\0")
-                return None
-            if meta.pending is not None and version is not None:
-                await eng.abort(cid)
-            return await eng.remove(cid, chain_ver=chain_ver, version=version)
-        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown update type {op.type}")
+            if kind == "absent":
+                return io_result(None, chain_ver)  # removal of a chunk this replica does not hold
+            assert new is not None
+            v = new.pending_ver
+            if kind == "pending":
+                await self._forward(t, cid, chain_id, op, v, new)
+                meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
+            return io_result(meta, chain_ver) if meta is not None else _removed_result(v, chain_ver)
+        raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
 
     async def _settle_locked(
         self, t: LocalTarget, cid: bytes, chain_id: int, meta: ChunkMeta
@@ -584,6 +544,64 @@ class Replicator:
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
 
 
+def _apply(
+    eng: ChunkEngine, cid: bytes, op: Op, version: int | None, chain_ver: int, commit: bool
+) -> tuple[str, ChunkMeta | None, ChunkMeta | None]:
+    """In an I/O thread: apply ``op`` as pending version ``version`` (``committed + 1`` when None)
+    and, with ``commit``, commit it. Returns ``(kind, meta, new)``: "settle" (a pending version is
+    in the way; meta), "stale" (``version`` is committed already; meta), "absent" (a removal of
+    nothing), "pending" (new: the pending metadata) or "committed" (new, and meta after commit)."""
+    meta = eng.get_meta(cid)
+    if version is None and meta is not None and meta.pending is not None:
+        return "settle", meta, None
+    committed = meta.committed_ver if meta else 0
+    if version is not None:
+        if version <= committed:
+            return "stale", meta, None
+        if version > committed + 1 and op.type not in (storage_pb2.UPDATE_REPLACE, storage_pb2.UPDATE_REMOVE):
+            raise FS3Error(
+                StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
+                f"chunk {cid.hex()}: update to version {version} but {committed} is committed "
+                "(missing updates; send the whole chunk)",
+            )
+    new: ChunkMeta | None
+    if op.type == storage_pb2.UPDATE_WRITE:
+        assert op.data is not None
+        new = eng.update(
+            cid,
+            op.offset,
+            op.data,
+            chunk_size=op.chunk_size,
+            chain_ver=chain_ver,
+            version=version,
+            checksum=op.crc,
+        )
+    elif op.type == storage_pb2.UPDATE_TRUNCATE:
+        new = eng.truncate(cid, op.length, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version)
+    elif op.type == storage_pb2.UPDATE_REPLACE:
+        assert op.data is not None and version is not None
+        new = eng.replace(
+            cid, op.data, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version, checksum=op.crc
+        )
+    elif op.type == storage_pb2.UPDATE_REMOVE:
+        if meta is None:
+            return "absent", None, None
+        if version is not None and version != committed + 1:
+            # a removal that skips versions this replica missed: drop what it has outright
+            eng.remove_range(cid, cid + b"\0")
+            return "absent", None, None
+        if meta.pending is not None and version is not None:
+            eng.abort(cid)
+        new = eng.remove(cid, chain_ver=chain_ver, version=version)
+    else:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown update type {op.type}")
+    if new is None:
+        return "absent", None, None
+    if commit:
+        return "committed", eng.commit(cid, new.pending_ver, chain_ver=chain_ver), new
+    return "pending", None, new
+
+
 def _removed_result(version: int, chain_ver: int) -> storage_pb2.IOResult:
     return storage_pb2.IOResult(
         committed_version=version, update_version=version, commit_chain_version=chain_ver
@@ -652,7 +670,10 @@ def _read_or_meta(
         raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
     if meta.pending is not None:
         return meta
-    return _read_version(eng, cid, offset, length, meta.committed_ver)
+    # whatever is committed by the time of the read: a version committed here is committed at the
+    # tail, and one that started after this read began need not be seen
+    r = eng.read(cid, offset, length)
+    return r.data, crc32c(r.data), r.version
 
 
 def _read_version(

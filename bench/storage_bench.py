@@ -1,0 +1,195 @@
+"""Storage throughput through the storage client: three daemons on this machine, replication 3.
+
+    python bench/storage_bench.py [--seconds 5] [--depth 32] [--chains 3] [--no-sync] [--json]
+                                  [--runs 1] [--dir DIR]
+
+Starts mgmtd and three storage daemons (tests/cluster.py) with ``--chains`` chains of three
+targets (heads on different daemons), then measures, each for ``--seconds``, with ``--depth``
+requests in flight from one client process:
+
+- write 1 MiB: whole 1 MiB chunks (chunk size 1 MiB), each a new chunk;
+- read 1 MiB: those chunks, in random order;
+- write 4 KiB: random 4 KiB blocks of 1 MiB chunks (each an overwrite: a copy-on-write chunk);
+- read 4 KiB: random 4 KiB blocks of the 1 MiB chunks.
+
+Every write is acknowledged after all three replicas committed it, each having fsynced its data
+and metadata (unless ``--no-sync``). Prints a table, or JSON with ``--json``; with ``--runs N``
+each case runs N times and best and median are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from cluster import Cluster  # noqa: E402
+
+from fs3.client.storage_client import ReadRequest, StorageClient  # noqa: E402
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+async def run_for(
+    seconds: float, depth: int, op: Callable[[int, random.Random], Awaitable[int]]
+) -> tuple[int, int, float]:
+    """Run ``op(worker, rng)`` from ``depth`` coroutines for ``seconds``; (ops, bytes, elapsed)."""
+    deadline = time.perf_counter() + seconds
+    totals = [0, 0]
+
+    async def worker(w: int) -> None:
+        rng = random.Random(w)
+        while time.perf_counter() < deadline:
+            n = await op(w, rng)  # not `totals[1] += await ...`: that reads totals[1] before awaiting
+            totals[1] += n
+            totals[0] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(depth)))
+    return totals[0], totals[1], time.perf_counter() - start
+
+
+async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
+    cluster = Cluster(root, chains=args.chains, sync_writes=not args.no_sync, log_level="WARNING")
+    await cluster.start()
+    try:
+        client: StorageClient = await cluster.storage_client()
+        chains = cluster.chain_ids
+        written: list[tuple[int, int, int]] = []  # (chain, inode, chunk index) of full 1 MiB chunks
+        counter = [0]
+        results: list[dict] = []
+        payload = os.urandom(MiB)
+        small = os.urandom(4 * KiB)
+
+        async def write_1m(w: int, rng: random.Random) -> int:
+            counter[0] += 1
+            n = counter[0]
+            chain = chains[n % len(chains)]
+            await client.write(chain, 1000 + w, n, 0, payload, MiB)
+            written.append((chain, 1000 + w, n))
+            return MiB
+
+        async def read_1m(w: int, rng: random.Random) -> int:
+            chain, inode, index = rng.choice(written)
+            data = await client.read(chain, inode, index, 0, MiB)
+            return len(data)
+
+        async def write_4k(w: int, rng: random.Random) -> int:
+            chain, inode, index = rng.choice(written)
+            await client.write(chain, inode, index, rng.randrange(256) * 4 * KiB, small, MiB)
+            return 4 * KiB
+
+        async def read_4k(w: int, rng: random.Random) -> int:
+            chain, inode, index = rng.choice(written)
+            (data,) = await client.batch_read(
+                [ReadRequest(chain, inode, index, rng.randrange(256) * 4 * KiB, 4 * KiB)]
+            )
+            return len(data)
+
+        cases = [
+            ("write 1MiB", write_1m),
+            ("read 1MiB", read_1m),
+            ("write 4KiB", write_4k),
+            ("read 4KiB", read_4k),
+        ]
+        for _ in range(args.runs):
+            for name, op in cases:
+                ops, nbytes, elapsed = await run_for(args.seconds, args.depth, op)
+                results.append(
+                    {
+                        "case": name,
+                        "depth": args.depth,
+                        "ops_per_s": ops / elapsed,
+                        "mib_per_s": nbytes / elapsed / MiB,
+                        "seconds": elapsed,
+                    }
+                )
+                if not args.json:
+                    r = results[-1]
+                    print(
+                        f"  {name:<12} depth={args.depth:<3} {r['ops_per_s']:10.1f} ops/s {r['mib_per_s']:10.1f} MiB/s",
+                        flush=True,
+                    )
+        return results
+    finally:
+        await cluster.stop()
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    out = []
+    for case in dict.fromkeys(r["case"] for r in results):
+        rates = [r["mib_per_s"] for r in results if r["case"] == case]
+        ops = [r["ops_per_s"] for r in results if r["case"] == case]
+        out.append(
+            {
+                "case": case,
+                "runs": len(rates),
+                "best_mib_per_s": max(rates),
+                "median_mib_per_s": statistics.median(rates),
+                "best_ops_per_s": max(ops),
+                "median_ops_per_s": statistics.median(ops),
+            }
+        )
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--depth", type=int, default=32, help="requests in flight")
+    p.add_argument("--chains", type=int, default=3)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--no-sync", action="store_true", help="no fsync in the daemons (throwaway data)")
+    p.add_argument("--dir", help="where the cluster lives (default: a temporary directory)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-storage-bench-"))
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        results = runner(bench(args, root / "cluster"))
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+    summary = summarize(results)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "replication": 3,
+                    "daemons": 3,
+                    "sync": not args.no_sync,
+                    "results": results,
+                    "summary": summary,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(f"\n{'case':<12} {'runs':>4} {'best MiB/s':>11} {'median MiB/s':>13} {'best ops/s':>11}")
+        for s in summary:
+            print(
+                f"{s['case']:<12} {s['runs']:>4} {s['best_mib_per_s']:>11.1f} {s['median_mib_per_s']:>13.1f} "
+                f"{s['best_ops_per_s']:>11.1f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
