@@ -450,15 +450,32 @@ class StorageClient:
             r.key.inode_id = io.inode_id
             r.key.chunk_index = io.chunk_index
         self._inflight[address] = self._inflight.get(address, 0) + len(group)
+        # The reply lands in a pooled buffer: a fresh one per call would be zeroed (and page-faulted
+        # in) by the allocator first, which costs more than the copy out below.
+        pool = self.rpc.pool
+        buf = pool.acquire(max(1, sum(ios[i].length for i, _ in group)))
         try:
             rsp, payload = await self.rpc.call(
-                address, STORAGE_SERVICE["BatchRead"], req, timeout=self.retry.rpc_timeout_s
+                address, STORAGE_SERVICE["BatchRead"], req, timeout=self.retry.rpc_timeout_s, into=buf
             )
         except FS3Error as e:
+            buf = None  # a late reply may still be arriving into it: never reuse it
             return [(i, t, e) for i, t in group]
         finally:
             self._inflight[address] -= len(group)
             self._served[address] = self._served.get(address, 0) + len(group)
+        try:
+            return self._unpack(group, rsp, payload, results)
+        finally:
+            pool.release(buf)
+
+    def _unpack(
+        self,
+        group: list[tuple[int, int]],
+        rsp: storage_pb2.BatchReadRsp,
+        payload: memoryview | None,
+        results: list[bytes | None],
+    ) -> list[tuple[int, int, FS3Error]]:
         if len(rsp.results) != len(group):
             e = FS3Error(StatusCode.INTERNAL, f"{len(rsp.results)} results for {len(group)} reads")
             return [(i, t, e) for i, t in group]
