@@ -337,7 +337,10 @@ class RdmaTransport(Transport):
         host, port = address
         peer = f"{host}:{port}"
         nic = self.selector.pick(address)
-        qp, local = self._new_qp(nic)
+        try:
+            qp, local = self._new_qp(nic)
+        except Exception as e:
+            raise FS3Error(StatusCode.RPC_CONNECT_FAILED, f"rdma connect to {peer}: {nic.name}: {e}") from e
         side: _Side | None = None
         try:
             async with asyncio.timeout(connect_timeout):
