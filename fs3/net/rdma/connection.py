@@ -240,7 +240,7 @@ class RdmaConnection(Connection):
         if kind is WrKind.RECV:
             if wc.status != WC_SUCCESS:
                 self._broken(f"receive failed: {status_name(wc.status)}")
-            elif not self._dead:
+            else:
                 self._on_recv(index, wc.byte_len)
         elif kind is WrKind.SEND:
             if wc.status != WC_SUCCESS:
@@ -268,7 +268,9 @@ class RdmaConnection(Connection):
             self._fail(FrameError(StatusCode.RPC_MALFORMED_FRAME, str(e)))
             return
         for t in tokens:
-            self._release_lent(t)
+            self._release_lent(t)  # also while closing: a flush waits for these
+        if self._dead:
+            return  # no more frames are taken after a fatal error
         if data.nbytes:
             self._assembler.feed(data)
         # While paused, keep the peer's buffers (so it stops sending), but never the last two: the peer
