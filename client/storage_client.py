@@ -185,13 +185,19 @@ def _retryable(e: FS3Error) -> bool:
     return e.code in _ROUTING_CODES or e.code in _TRANSIENT_CODES
 
 
-def node_address(routing: Routing, target_id: int) -> Address:
-    """The fs3 RPC address of the storage node holding ``target_id``."""
+def node_address(routing: Routing, target_id: int, *, backend: bool = False) -> Address:
+    """The fs3 RPC address of the storage node holding ``target_id``.
+
+    A storage node lists its client endpoint first and, when it has a separate network for
+    chain replication, that endpoint second; ``backend=True`` (storage daemons talking to each
+    other) picks the latter where there is one.
+    """
     node = routing.node_of_target(target_id)
-    for ep in node.endpoints:
-        if ep.transport in ("", "tcp"):
-            return (ep.host, ep.port)
-    raise FS3Error(StatusCode.STORAGE_TARGET_OFFLINE, f"node {node.node_id} has no tcp endpoint")
+    tcp = [ep for ep in node.endpoints if ep.transport in ("", "tcp")]
+    if not tcp:
+        raise FS3Error(StatusCode.STORAGE_TARGET_OFFLINE, f"node {node.node_id} has no tcp endpoint")
+    ep = tcp[-1] if backend else tcp[0]
+    return (ep.host, ep.port)
 
 
 class _Channels:

@@ -367,7 +367,7 @@ class Replicator:
                 io.type = op.type
                 io.length = op.length
             try:
-                address = node_address(routing, succ.target_id)
+                address = node_address(routing, succ.target_id, backend=True)
                 remaining = deadline - time.monotonic()
                 rsp, _ = await self.rpc.call(
                     address,
@@ -454,7 +454,7 @@ class Replicator:
         req.key.chain_version = chain.version
         req.key.inode_id, req.key.chunk_index = split_chunk_id(cid)
         rsp, _ = await self.rpc.call(
-            node_address(self.targets.routing, tail),
+            node_address(self.targets.routing, tail, backend=True),
             STORAGE_SERVICE["QueryCommitted"],
             req,
             timeout=self.rpc_timeout_s,

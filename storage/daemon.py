@@ -54,6 +54,8 @@ class StorageDaemon:
         self.executor = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="chunk-io")
         self.targets: TargetMap | None = None
         self.server: RpcServer | None = None
+        self.backend_server: RpcServer | None = None
+        self.backend_port = 0
         self.rpc: RpcClient | None = None
         self.mgmtd: MgmtdClient | None = None
         self.routing: RoutingCache | None = None
@@ -104,24 +106,29 @@ class StorageDaemon:
             self.targets, self.routing, self.rpc, self.executor, forward_timeout_s=cfg.forward_timeout_s
         )
         self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
+        service = StorageService(replicator, self.registry)
         self.server = RpcServer(secret, identity=f"storage-{cfg.node_id}")
-        self.server.add_service(STORAGE_SERVICE, StorageService(replicator, self.registry))
-        try:
-            _, self.port = await self.server.start((cfg.listen_host, cfg.listen_port))
-        except OSError as e:
-            raise FS3Error(
-                StatusCode.UNAVAILABLE, f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror}"
-            ) from None
+        self.server.add_service(STORAGE_SERVICE, service)
+        self.port = await _listen(self.server, cfg.listen_host, cfg.listen_port)
+        endpoints = [common_pb2.Endpoint(host=_advertised(cfg.listen_host), port=self.port, transport="tcp")]
+        if cfg.backend_port:
+            # chain replication on its own network: same service, second listener, second endpoint
+            host = cfg.backend_host or cfg.listen_host
+            self.backend_server = RpcServer(secret, identity=f"storage-{cfg.node_id}-backend")
+            self.backend_server.add_service(STORAGE_SERVICE, service)
+            self.backend_port = await _listen(self.backend_server, host, cfg.backend_port)
+            endpoints.append(
+                common_pb2.Endpoint(host=_advertised(host), port=self.backend_port, transport="tcp")
+            )
 
         self.routing.add_listener(self._routing_changed)
         await self.routing.start(first_timeout_s=30.0)
         self._routing_changed(self.routing.routing)
-        advertise = cfg.listen_host if cfg.listen_host not in ("0.0.0.0", "::", "") else socket.gethostname()
         self.agent = NodeAgent(
             self.mgmtd,
             cfg.node_id,
             common_pb2.NODE_STORAGE,
-            endpoints=[common_pb2.Endpoint(host=advertise, port=self.port, transport="tcp")],
+            endpoints=endpoints,
             interval_s=cfg.heartbeat_interval_s,
             targets=self._heartbeat_reports,
             on_routing_version=self._heartbeat_ok,
@@ -149,6 +156,8 @@ class StorageDaemon:
             await self.routing.stop()
         if self.server is not None:
             await self.server.stop()
+        if self.backend_server is not None:
+            await self.backend_server.stop()
         if self.rpc is not None:
             await self.rpc.close()
         if self.mgmtd is not None:
@@ -198,6 +207,17 @@ class StorageDaemon:
                 except FS3Error:
                     pass
             await asyncio.sleep(max(self.cfg.heartbeat_interval_s, 1.0))
+
+
+def _advertised(host: str) -> str:
+    return host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+
+
+async def _listen(server: RpcServer, host: str, port: int) -> int:
+    try:
+        return (await server.start((host, port)))[1]
+    except OSError as e:
+        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def _claim_target_dir(path: Path, target_id: int) -> None:

@@ -156,7 +156,7 @@ class ResyncWorker:
     async def _sync_once(self, t: LocalTarget, succ_id: int, label: str) -> tuple[int, int, int]:
         rep = self.replicator
         chain = self.targets.chain(t.chain_id)
-        address = node_address(self.targets.routing, succ_id)
+        address = node_address(self.targets.routing, succ_id, backend=True)
         log.info(
             "resync start chain_id=%d from=%d to=%d chain_version=%d",
             t.chain_id,
@@ -213,7 +213,7 @@ class ResyncWorker:
             raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, "chain changed during resync")
         chain = self.targets.chain(t.chain_id)
         await rep.rpc.call(
-            node_address(self.targets.routing, succ_id),
+            node_address(self.targets.routing, succ_id, backend=True),
             STORAGE_SERVICE["SyncDone"],
             storage_pb2.SyncDoneReq(target_id=succ_id, chain_id=t.chain_id, chain_version=chain.version),
             timeout=rep.rpc_timeout_s,
@@ -247,7 +247,7 @@ class ResyncWorker:
                 outcome = "sent"
                 self.m_bytes.labels(label).inc(len(r.data))
             await rep.rpc.call(
-                node_address(self.targets.routing, succ_id),
+                node_address(self.targets.routing, succ_id, backend=True),
                 STORAGE_SERVICE["Update"],
                 req,
                 payload=payload,

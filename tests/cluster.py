@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,6 +103,12 @@ def write_config(
     return path
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _read_text(path: Path) -> str:
     try:
         return path.read_text().strip()
@@ -137,6 +144,7 @@ class StorageNode:
     node_id: int
     targets: dict[int, Path]
     port: int = 0
+    backend_port: int = 0
     proc: Proc | None = None
     config: Path | None = None
 
@@ -150,6 +158,7 @@ class Cluster:
     chains: int = 1
     replication: int = 3
     sync_writes: bool = False
+    backend_network: bool = False  # chain replication on a second port per storage daemon
     storage_extra: dict[str, object] = field(default_factory=dict)
     mgmtd_extra: dict[str, object] = field(default_factory=dict)
     log_level: str = "INFO"
@@ -310,6 +319,7 @@ class Cluster:
                 "target_paths": [str(p) for p in node.targets.values()],
                 "target_ids": list(node.targets),
                 "sync_writes": self.sync_writes,
+                "backend_port": node.backend_port,
                 "io_threads": 8,
                 **STORAGE_TIMING,
                 **self.storage_extra,
@@ -322,6 +332,8 @@ class Cluster:
         node = self.nodes[index]
         if node.proc is not None and node.proc.alive():
             raise RuntimeError(f"storage {index} is running")
+        if self.backend_network and not node.backend_port:
+            node.backend_port = _free_port()
         node.config = self.storage_config(node)
         port_file = self.tmp / f"storage-{node.node_id}.port"
         port_file.unlink(missing_ok=True)

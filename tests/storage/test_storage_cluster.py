@@ -145,3 +145,18 @@ async def test_bad_input_gets_clear_errors(tmp_path):
         with pytest.raises(FS3Error) as e:
             await client.truncate_chunks(chain, 1, 3 * KiB, 10)
         assert e.value.code == StatusCode.INVALID_ARGUMENT
+
+
+async def test_chain_replication_on_a_backend_network(tmp_path):
+    async with Cluster(tmp_path / "c", backend_network=True) as c:
+        routing = await c.routing()
+        for node in c.nodes:
+            ports = [ep.port for ep in routing.node(node.node_id).endpoints]
+            assert ports == [node.port, node.backend_port]
+        client = await c.storage_client()
+        chain = c.chain_ids[0]
+        data = os.urandom(100 * KiB)
+        await client.write_range(lambda i: chain, 1, 0, data, 64 * KiB)
+        assert await client.read_range(lambda i: chain, 1, 0, len(data), 64 * KiB) == data
+        metas = await assert_replicas_identical(c, client, chain, 1)
+        assert len(metas) == 2
