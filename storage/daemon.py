@@ -39,6 +39,9 @@ from .target_map import Lease, LocalTarget, TargetMap
 log = logging.getLogger(__name__)
 
 _TARGET_ID_FILE = "target_id"
+#: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
+#: used), so mgmtd and operators see it before writes start failing with STORAGE_NO_SPACE.
+LOW_SPACE_FRACTION = 0.04
 
 
 class StorageDaemon:
@@ -203,9 +206,22 @@ class StorageDaemon:
                 if t.failed:
                     continue
                 try:
-                    t.used_bytes = (await t.engine.space_info()).used
+                    space = await t.engine.space_info()
                 except FS3Error:
-                    pass
+                    continue
+                t.used_bytes = space.used
+                low = space.free < space.capacity * LOW_SPACE_FRACTION
+                if low != t.low_space:
+                    log.log(
+                        logging.WARNING if low else logging.INFO,
+                        "target low on space target_id=%d low=%s free=%d capacity=%d",
+                        t.target_id,
+                        low,
+                        space.free,
+                        space.capacity,
+                    )
+                    t.low_space = low
+                    self._state_changed()
             await asyncio.sleep(max(self.cfg.heartbeat_interval_s, 1.0))
 
 

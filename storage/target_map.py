@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fs3.client.routing import ChainView, Routing
@@ -50,7 +50,7 @@ class LocalTarget:
     chain_version: int = 0
     public_state: int = common_pb2.PUBLIC_STATE_INVALID
     used_bytes: int = 0
-    extra: dict = field(default_factory=dict)
+    low_space: bool = False
 
     @property
     def state_name(self) -> str:
@@ -164,6 +164,7 @@ class TargetMap:
                 local_state=t.local_state,
                 chain_version=t.chain_version,
                 used_bytes=t.used_bytes,
+                low_space=t.low_space,
                 disk_index=t.disk_index,
             )
             for t in self.targets.values()

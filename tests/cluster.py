@@ -27,6 +27,7 @@ same teardown kills; :attr:`Cluster.mgmtd_address`, :attr:`Cluster.secret_file` 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import os
 import signal
@@ -116,7 +117,20 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-@dataclass
+# Every process any Cluster started, killed at interpreter exit if a test was cut short (a timeout
+# can interrupt the event loop before the cluster's own teardown runs).
+_LIVE: set[Proc] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for p in list(_LIVE):
+        if p.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.popen.pid, signal.SIGKILL)  # type: ignore[union-attr]
+
+
+@dataclass(eq=False)
 class Proc:
     """A daemon process the cluster started."""
 
@@ -272,6 +286,7 @@ class Cluster:
         proc = Proc(name, argv, self.tmp / f"{name}.log")
         self._launch(proc, env)
         self.procs.append(proc)
+        _LIVE.add(proc)
         return proc
 
     def _launch(self, proc: Proc, env: dict[str, str] | None = None) -> None:
