@@ -150,6 +150,11 @@ async def test_long_keys_keep_byte_order(db: Database) -> None:
             assert keys(await rows(db, ks[i], ks[j], limit=2, reverse=True)) == ks[i:j][::-1][:2]
     for k in ks:
         assert await read(db, k) == k[-8:]
+    for bound in (stem + b"a" * 600 + b"\x05", stem + b"a" * 7 + b"\x01", stem + b"a" * 8):
+        below = [k for k in ks if k < bound]
+        assert keys(await rows(db, b"", bound)) == below
+        assert keys(await rows(db, b"", bound, reverse=True)) == below[::-1]
+        assert keys(await rows(db, bound, b"\xff")) == [k for k in ks if k >= bound]
 
     async def trim(tr: Transaction) -> None:
         tr.clear_range(ks[2], ks[-3])
