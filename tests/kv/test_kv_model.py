@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(240)
 
 LONG = b"L" * 446  # around the lmdb engine's 448-byte bucket threshold
 KEYS = [b"", b"a", b"a\x00", b"ab", b"b", b"b\x00", b"c", b"\xfe"] + [
-    LONG + s for s in (b"", b"a", b"ab", b"ab\x00", b"ab" + b"z" * 60, b"ac", b"b")
+    LONG + s for s in (b"", b"a", b"ab", b"ab\x00", b"ab" + b"z" * 60, b"ab" + b"z" * 300, b"ac", b"b")
 ]
 BOUNDS = [*KEYS, b"\xff", b"a\xff", LONG + b"ab\xff"]
 
