@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,8 @@ from rpcwire import SECRET
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
 from fs3.net.service import CallContext, inline
+from fs3.net.tcp import TcpTransport
+from fs3.net.transport import Transport
 from fs3.proto import common_pb2, rpc_pb2
 
 
@@ -98,9 +102,53 @@ class ServiceUnderTest:
 TEST_LIMITS = RpcLimits(max_payload_bytes=32 << 20, frame_timeout_s=0.5, handshake_timeout_s=1.0)
 
 
+# The transports the fixtures below run over: TCP everywhere; RDMA over the in-process fake of the
+# verbs layer (tests/net_rdma/fakeverbs.py) everywhere; RDMA over a real device where one exists
+# (skipped with discovery's reason elsewhere).
+TRANSPORTS = ["tcp", "rdma-fake", "rdma"]
+_RDMA_TESTS = Path(__file__).resolve().parents[1] / "net_rdma"
+
+
+def make_transports(name: str) -> tuple[Transport, Transport]:
+    """(server transport, client transport) for ``name``; skips the test when it cannot run here."""
+    if name == "tcp":
+        return TcpTransport(), TcpTransport()
+    from fs3.config import RdmaConfig
+    from fs3.net.rdma.transport import RdmaTransport
+
+    if name == "rdma-fake":
+        if str(_RDMA_TESTS) not in sys.path:
+            sys.path.insert(0, str(_RDMA_TESTS))
+        from fakeverbs import Fabric
+
+        fabric = Fabric()
+        return tuple(  # type: ignore[return-value]
+            RdmaTransport(
+                RdmaConfig(), inventory=fabric.inventory(), opener=fabric.opener, limits=TEST_LIMITS
+            )
+            for _ in range(2)
+        )
+    from fs3.net.rdma.discovery import discover
+
+    inventory = discover()
+    if not inventory.usable:
+        pytest.skip(f"no usable RDMA device: {inventory.reason()}")
+    return tuple(RdmaTransport(RdmaConfig(), inventory=inventory, limits=TEST_LIMITS) for _ in range(2))  # type: ignore[return-value]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transports(request: pytest.FixtureRequest) -> Iterator[tuple[Transport, Transport]]:
+    pair = make_transports(request.param)
+    yield pair
+    for t in pair:
+        close = getattr(t, "close", None)
+        if close is not None:
+            close()
+
+
 @pytest.fixture
-async def rpc_server() -> AsyncIterator[RpcServer]:
-    server = RpcServer(SECRET, identity="test-server", limits=TEST_LIMITS)
+async def rpc_server(transports: tuple[Transport, Transport]) -> AsyncIterator[RpcServer]:
+    server = RpcServer(SECRET, identity="test-server", limits=TEST_LIMITS, transport=transports[0])
     server.handlers = ServiceUnderTest()  # type: ignore[attr-defined]
     server.add_service(TEST_SERVICE, server.handlers)  # type: ignore[attr-defined]
     await server.start(("127.0.0.1", 0))
@@ -112,8 +160,10 @@ async def rpc_server() -> AsyncIterator[RpcServer]:
 
 
 @pytest.fixture
-async def rpc_client() -> AsyncIterator[RpcClient]:
-    client = RpcClient(SECRET, identity="test-client", limits=TEST_LIMITS, default_timeout=10.0)
+async def rpc_client(transports: tuple[Transport, Transport]) -> AsyncIterator[RpcClient]:
+    client = RpcClient(
+        SECRET, identity="test-client", limits=TEST_LIMITS, default_timeout=10.0, transport=transports[1]
+    )
     try:
         yield client
     finally:

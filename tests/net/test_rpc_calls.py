@@ -16,6 +16,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
 from fs3.net.frame import F_RESPONSE, encode_header
 from fs3.net.system import ECHO, PING, SINK, SOURCE, SYSTEM_SERVICE, source_pattern
+from fs3.net.transport import Transport
 from fs3.proto import common_pb2, rpc_pb2
 
 pytestmark = pytest.mark.timeout(60)
@@ -326,8 +327,10 @@ async def test_payload_limits(rpc_server: RpcServer) -> None:
         await small.stop()
 
 
-async def test_connect_failure_and_reconnect_after_server_restart(rpc_client: RpcClient) -> None:
-    server = RpcServer(SECRET, limits=TEST_LIMITS)
+async def test_connect_failure_and_reconnect_after_server_restart(
+    rpc_client: RpcClient, transports: tuple[Transport, Transport]
+) -> None:
+    server = RpcServer(SECRET, limits=TEST_LIMITS, transport=transports[0])
     address = await server.start(("127.0.0.1", 0))
     await rpc_client.call(address, PING, rpc_pb2.PingRequest())
     await server.stop()
@@ -335,7 +338,7 @@ async def test_connect_failure_and_reconnect_after_server_restart(rpc_client: Rp
         await rpc_client.call(address, PING, rpc_pb2.PingRequest())
     assert e.value.code in (StatusCode.RPC_CONNECT_FAILED, StatusCode.RPC_CONNECTION_CLOSED)
     assert e.value.retryable
-    server = RpcServer(SECRET, limits=TEST_LIMITS, identity="second")
+    server = RpcServer(SECRET, limits=TEST_LIMITS, identity="second", transport=transports[0])
     await server.start(address)
     try:
         response, _ = await rpc_client.call(address, PING, rpc_pb2.PingRequest())
