@@ -213,6 +213,7 @@ class LocalCluster:
                 mgmtd_addresses=mgmtd,
                 cluster_id="local",
                 token_file=str(self.user_token_file),
+                cluster_secret_file=str(self.secret_file),
                 transport="tcp",
                 metrics_port=st.ports["client_metrics"],
                 log=dataclasses.replace(log),
@@ -244,9 +245,10 @@ class LocalCluster:
         py = sys.executable
         if name == "mount":
             st = self.load()
-            argv = [py, "-m", "fs3.cli.main", "mount", "--config", str(self.config_path("client")), st.mount]
-            env = {"FS3_CLUSTER_SECRET_FILE": str(self.secret_file)}
-            return Daemon(name, argv, st.mount, self.run_dir / "mount.pid", self.log_dir / "mount.log", env)
+            cfg = str(self.config_path("client"))
+            # --foreground: the process we record is the one serving the mount, so down can stop it
+            argv = [py, "-m", "fs3.cli.main", "mount", st.mount, "--config", cfg, "--foreground"]
+            return Daemon(name, argv, st.mount, self.run_dir / "mount.pid", self.log_dir / "mount.log")
         module = {"mgmtd": "fs3.mgmtd", "meta": "fs3.meta"}.get(name, "fs3.storage")
         cfg = str(self.config_path(name))
         argv = [py, "-m", module, "--config", cfg, "--port-file", str(self.port_file(name))]
@@ -273,6 +275,52 @@ def free_ports(host: str, n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _mountinfo_entry(path: str) -> tuple[int, int] | None:
+    """(major, minor) of what is mounted at ``path``, from /proc/self/mountinfo; None if nothing.
+
+    Read from the mount table rather than by ``os.path.ismount``, which stats the mount point and
+    would hang on a FUSE server that does not answer."""
+    target = os.path.normpath(os.path.abspath(path))
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 4 and parts[4].replace("\\040", " ") == target:
+                    major, minor = parts[2].split(":")
+                    found = (int(major), int(minor))
+    except OSError:
+        return None
+    return found
+
+
+def is_mounted(path: str) -> bool:
+    return bool(path) and _mountinfo_entry(path) is not None
+
+
+def _answers(path: str, timeout_s: float) -> bool:
+    """Whether a stat of ``path`` returns within ``timeout_s``; done by a child process, so that a
+    FUSE server that never answers leaves a stuck child behind rather than a stuck ``fs3 local``."""
+    child = subprocess.Popen(["stat", "-c", "%i", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return child.wait(timeout_s) == 0
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return False
+
+
+def _abort_fuse(path: str) -> None:
+    """Abort the FUSE connection mounted at ``path`` (a server stuck in the kernel cannot be
+    killed otherwise); needs fusectl at /sys/fs/fuse/connections, else does nothing."""
+    dev = _mountinfo_entry(path)
+    if dev is None:
+        return
+    try:
+        Path(f"/sys/fs/fuse/connections/{dev[1]}/abort").write_text("1\n")
+    except OSError:
+        pass
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -442,24 +490,27 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
         return f"mount: SKIPPED - 'fs3 mount' ({MOUNT_MODULE}) is not in this build; use the native client"
     mp = Path(st.mount)
     d = lc.daemon("mount")
-    if d.pid() is not None and os.path.ismount(mp):
+    if d.pid() is not None and is_mounted(str(mp)):
         return f"mount: {mp} already mounted (pid {d.pid()})"
     try:
         mp.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LocalError(f"cannot create mount point {mp}: {e.strerror}") from None
-    if os.path.ismount(mp):
+    if is_mounted(str(mp)):
         raise LocalError(f"{mp} is already a mount point of something else; unmount it or pick --mount")
     pid = d.start()
     _LAUNCHED.append(d)
     deadline = time.monotonic() + timeout_s
-    while not os.path.ismount(mp):
+    while not is_mounted(str(mp)):
         code = d.exited()
         if code is not None:
             raise LocalError(f"fs3 mount exited with status {code}: {d.last_error()} (log: {d.log_file})")
         if time.monotonic() > deadline:
             raise LocalError(f"{mp} was not mounted within {timeout_s:.0f}s (log: {d.log_file})")
         time.sleep(0.05)
+    if not _answers(str(mp), timeout_s):
+        _abort_fuse(str(mp))
+        raise LocalError(f"{mp} is mounted but does not answer within {timeout_s:.0f}s (log: {d.log_file})")
     return f"mount: {mp} (pid {pid})"
 
 
@@ -527,8 +578,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say("  every node heartbeats and every chain is SERVING")
         mount_line = _mount(lc, args.timeout)
     except BaseException:
+        # leave nothing half-started behind: what this command launched stops again
+        mounted_by_us = any(d.name == "mount" for d in _LAUNCHED)
+        if mounted_by_us and is_mounted(st.mount) and not _answers(st.mount, 5.0):
+            _abort_fuse(st.mount)
         if _LAUNCHED:
             stop_all(_LAUNCHED, timeout_s=10.0)
+        if mounted_by_us:
+            _unmount(st.mount)
         raise
     _say("  " + mount_line)
     _print_where(lc)
@@ -588,7 +645,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     procs = {d.name: d.pid() for d in lc.all_daemons()}
     out: dict[str, Any] = {"dir": str(lc.root), "processes": procs, "mount": st.mount, "mounted": False}
     if st.mount:
-        out["mounted"] = os.path.ismount(st.mount)
+        out["mounted"] = is_mounted(st.mount)
     try:
         out["routing"] = asyncio.run(_routing_summary(lc)) if procs["mgmtd"] else None
     except FS3Error as e:
@@ -622,13 +679,16 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _unmount(mount: str) -> None:
-    if mount and os.path.ismount(mount):
-        for cmd in (["fusermount3", "-u", mount], ["fusermount", "-u", mount], ["umount", mount]):
-            if shutil.which(cmd[0]) and subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0:
-                return
-        # busy: detach it so that the daemons can stop; the kernel finishes when the last user leaves
-        if shutil.which("fusermount3"):
-            subprocess.run(["fusermount3", "-u", "-z", mount], capture_output=True, timeout=30)
+    """Unmount ``mount`` if it is still mounted: normally, else lazily (detached now, finished by
+    the kernel when the last user leaves), so that the daemons behind it can stop."""
+    for cmd in (["fusermount3", "-u", mount], ["umount", mount], ["fusermount3", "-u", "-z", mount]):
+        if not is_mounted(mount):
+            return
+        if shutil.which(cmd[0]):
+            try:
+                subprocess.run(cmd, capture_output=True, timeout=30)
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -639,16 +699,16 @@ def cmd_down(args: argparse.Namespace) -> int:
         _say(f"fs3 local: no cluster in {lc.root}; nothing to do")
         return 0
     st = lc.load()
-    mount = lc.daemon("mount")
+    if st.mount and is_mounted(st.mount) and not _answers(st.mount, 5.0):
+        _abort_fuse(st.mount)  # a server stuck in the kernel cannot be stopped otherwise
+    # the mount first: on SIGTERM it flushes its write buffers and unmounts itself
+    killed = stop_all([lc.daemon("mount")], timeout_s=args.timeout)
     if st.mount:
         _unmount(st.mount)
-    killed = stop_all([mount], timeout_s=args.timeout)
     daemons = [lc.daemon(n) for n in reversed(lc.service_names())]
     # meta and storage first, mgmtd last, so that their last heartbeats still find it
     killed += stop_all(daemons[:-1], timeout_s=args.timeout)
     killed += stop_all(daemons[-1:], timeout_s=args.timeout)
-    if st.mount and os.path.ismount(st.mount):
-        _unmount(st.mount)
     _say(
         f"fs3 local: stopped the cluster in {lc.root}"
         + (f" (killed after {args.timeout:.0f}s: {', '.join(killed)})" if killed else "")
@@ -669,7 +729,7 @@ def _purge(lc: LocalCluster) -> None:
     for f in (lc.secret_file, lc.admin_token_file, lc.user_token_file, lc.state_file):
         f.unlink(missing_ok=True)
     mp = Path(st.mount) if st.mount else None
-    if mp is not None and not os.path.ismount(mp):
+    if mp is not None and not is_mounted(str(mp)):
         try:
             mp.rmdir()  # only when empty: an unmounted mount point holds nothing of ours
         except OSError:
@@ -728,8 +788,10 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.action == "up":
         if not LocalCluster(args.dir).exists():
-            args.storage_nodes = args.storage_nodes or 3
-            args.replicas = args.replicas or min(3, args.storage_nodes)
+            if args.storage_nodes is None:
+                args.storage_nodes = 3
+            if args.replicas is None:
+                args.replicas = min(3, max(args.storage_nodes, 1))
         for flag in ("storage_nodes", "replicas", "targets_per_node"):
             v = getattr(args, flag)
             if v is not None and v < 1:

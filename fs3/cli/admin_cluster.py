@@ -263,6 +263,34 @@ async def offline_target(conn: Connection, args: argparse.Namespace) -> Result:
     return _chain_result(chain, f"target {args.target_id} offline")
 
 
+def _register_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("node_id", type=int)
+    p.add_argument("type", choices=("meta", "storage"), help="node type")
+
+
+@command(
+    "register-node",
+    "pre-register a node, so that targets can be created on it before it starts",
+    _register_args,
+)
+async def register_node(conn: Connection, args: argparse.Namespace) -> Result:
+    await conn.mgmtd_client().register_node(args.node_id, NODE_TYPES[args.type])
+    return Result(
+        value={"node_id": args.node_id, "type": args.type},
+        message=f"{args.type} node {args.node_id} registered",
+    )
+
+
+def _node_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("node_id", type=int)
+
+
+@command("unregister-node", "forget a node (its targets must be removed first)", _node_arg)
+async def unregister_node(conn: Connection, args: argparse.Namespace) -> Result:
+    await conn.mgmtd_client().unregister_node(args.node_id)
+    return Result(value={"node_id": args.node_id}, message=f"node {args.node_id} unregistered")
+
+
 def _target_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("target_id", type=int)
 

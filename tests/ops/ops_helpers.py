@@ -1,0 +1,103 @@
+"""Helpers for the operations tests: run the ``fs3`` command, start daemons that are killed by PID
+at teardown, and stop local clusters however a test ended."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FS3 = [sys.executable, "-m", "fs3.cli.main"]
+
+
+def fs3(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``fs3 ARGS`` and return the finished process (text output)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FS3_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [*FS3, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05) -> object:
+    """Poll ``pred`` until it returns something true; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def _kill_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+class Spawner:
+    """Starts daemons (own session, output to a log file) and kills them all by PID at teardown."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115  (closed with the process below)
+        p = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        p.log_file = log  # type: ignore[attr-defined]
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                _kill_pid(p.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+            p.log_file.close()  # type: ignore[attr-defined]
+
+
+def _abort_mount(mount: str) -> None:
+    """Abort and lazily unmount a FUSE mount a failed test left behind."""
+    from fs3.local import _abort_fuse, is_mounted
+
+    if mount and is_mounted(mount):
+        _abort_fuse(mount)
+        subprocess.run(["fusermount3", "-u", "-z", mount], capture_output=True, timeout=30)
+
+
+def cleanup_local(d: Path) -> None:
+    """Stop the local cluster in ``d`` however the test ended: ``fs3 local down``, then SIGKILL by
+    the recorded PIDs, then the mount."""
+    if not (d / "local.json").exists():
+        return
+    state = json.loads((d / "local.json").read_text())
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        fs3("local", "down", "--dir", str(d), "--timeout", "10", timeout=90)
+    for pid_file in (d / "run").glob("*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            _kill_pid(int(pid_file.read_text().strip()))
+    _abort_mount(state.get("mount", ""))

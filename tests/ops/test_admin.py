@@ -1,0 +1,217 @@
+"""``fs3 admin`` against a real mgmtd process: every cluster command, the placement files, the
+output formats and the exit statuses."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ops_helpers import Spawner, free_port, fs3, wait_for
+
+from fs3.cli import admin
+from fs3.cli.admin_placement import read_chain_table, read_chains, read_targets
+
+pytestmark = pytest.mark.timeout(120)
+
+NODES = [10001, 10002, 10003]
+
+
+class Mgmtd:
+    """A mgmtd process with a cluster secret, and the flags that reach it."""
+
+    def __init__(self, tmp: Path, spawner: Spawner) -> None:
+        self.tmp = tmp
+        self.secret = tmp / "cluster.secret"
+        self.secret.write_text("s" * 40 + "\n")
+        self.token = tmp / "admin.token"
+        cfg = tmp / "mgmtd.toml"
+        cfg.write_text(
+            f'listen_port = 0\ncluster_secret_file = "{self.secret}"\nheartbeat_timeout_s = 60.0\n'
+            f'[kv]\npath = "{tmp / "kv"}"\n'
+        )
+        port_file = tmp / "mgmtd.port"
+        spawner.start(
+            "mgmtd", [sys.executable, "-m", "fs3.mgmtd", "--config", str(cfg), "--port-file", str(port_file)]
+        )
+        port = wait_for(lambda: port_file.exists() and port_file.read_text().strip(), 30, "mgmtd port")
+        self.address = f"127.0.0.1:{port}"
+
+    def admin(self, *args: str, token: bool = True) -> object:
+        flags = ["--mgmtd", self.address, "--secret-file", str(self.secret)]
+        if token:
+            flags += ["--token-file", str(self.token)]
+        return fs3("admin", *args, *flags)
+
+    def json(self, *args: str) -> object:
+        out = self.admin(*args, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def mgmtd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mgmtd]:
+    tmp = tmp_path_factory.mktemp("admin")
+    spawner = Spawner(tmp)
+    try:
+        m = Mgmtd(tmp, spawner)
+        out = m.admin("init-cluster", "--cluster-id", "opstest", "--token-out", str(m.token), token=False)
+        assert out.returncode == 0, out.stderr
+        yield m
+    finally:
+        spawner.close()
+
+
+def test_init_cluster_wrote_a_private_token_and_refuses_twice(mgmtd: Mgmtd) -> None:
+    assert stat.S_IMODE(mgmtd.token.stat().st_mode) == 0o600
+    assert len(mgmtd.token.read_text().strip()) > 16
+    again = mgmtd.admin("init-cluster", token=False)
+    assert again.returncode == 1
+    assert len(again.stderr.strip().splitlines()) == 1
+
+
+def test_every_command_has_help() -> None:
+    parser = admin.parser()
+    assert set(admin.COMMANDS) >= {
+        "init-cluster", "list-nodes", "list-targets", "list-chains", "create-targets", "upload-chains",
+        "upload-chain-table", "offline-target", "remove-target", "update-chain", "rotate-lastsrv",
+        "user-add", "user-list", "user-token", "gen-chains", "config", "ls", "stat", "checksum", "gc-list",
+    }  # fmt: skip
+    for name in admin.COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([name, "--help"])
+        assert e.value.code == 0, name
+
+
+def test_usage_and_unreachable_exit_statuses(tmp_path: Path) -> None:
+    assert fs3("admin").returncode == 2
+    assert fs3("admin", "update-chain", "1", "2").returncode == 2  # --mode missing
+    dead = fs3("admin", "list-nodes", "--mgmtd", f"127.0.0.1:{free_port()}", "--timeout", "1")
+    assert dead.returncode == 69
+    assert len(dead.stderr.strip().splitlines()) == 1 and "127.0.0.1" in dead.stderr
+
+
+def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
+    for n in NODES:
+        assert mgmtd.admin("register-node", str(n), "storage").returncode == 0
+    plan = tmp_path / "plan"
+    gen = fs3(
+        "admin", "gen-chains", "--nodes", "3", "--disks", "1", "--targets-per-disk", "2", "--replicas", "3",
+        "--node-ids", ",".join(map(str, NODES)), "--out", str(plan),
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    targets = read_targets(plan / "targets.csv")
+    chains = read_chains(plan / "chains.csv")
+    table = read_chain_table(plan / "chain-table.csv")
+    assert len(targets) == 6 and len(chains) == 2 and table == sorted(chains)
+
+    create = mgmtd.admin("create-targets", "--file", str(plan / "targets.csv"))
+    assert create.returncode == 0, create.stderr
+    assert mgmtd.admin("upload-chains", str(plan / "chains.csv")).returncode == 0
+    up = mgmtd.json("upload-chain-table", "1", str(plan / "chain-table.csv"), "--desc", "ops")
+    assert up["version"] == 1
+
+    listed = mgmtd.json("list-chains")
+    assert {c["chain_id"] for c in listed} == set(chains)
+    for c in listed:
+        assert [t["target_id"] for t in c["targets"]] == chains[c["chain_id"]]
+        assert all(t["state"] and t["role"] for t in c["targets"])
+    tlist = mgmtd.json("list-targets")
+    assert {t["target_id"] for t in tlist} == {t[0] for t in targets}
+    assert {t["node_id"] for t in tlist} == set(NODES)
+    tables = mgmtd.json("list-chain-tables")
+    assert tables[0]["table_id"] == 1 and tables[0]["chain_ids"] == table
+    nodes = mgmtd.json("list-nodes")
+    assert {n["node_id"] for n in nodes} >= set(NODES)
+
+    human = mgmtd.admin("list-chains")
+    assert human.returncode == 0 and human.stdout.splitlines()[0].split()[:3] == [
+        "CHAIN_ID",
+        "VERSION",
+        "STATUS",
+    ]
+
+    # chain changes: each returns the chain, with a new version
+    chain_id, tids = next(iter(chains.items()))
+    before = next(c for c in listed if c["chain_id"] == chain_id)["version"]
+    off = mgmtd.json("offline-target", str(tids[0]), "--force")
+    assert off["version"] > before
+    assert next(t for t in off["targets"] if t["target_id"] == tids[0])["state"] == "OFFLINE"
+    removed = mgmtd.json("update-chain", str(chain_id), str(tids[0]), "--mode", "remove")
+    assert tids[0] not in [t["target_id"] for t in removed["targets"]]
+    assert mgmtd.admin("remove-target", str(tids[0])).returncode == 0
+    missing = mgmtd.admin("remove-target", "999999")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    rot = mgmtd.admin("rotate-lastsrv", str(chain_id))
+    assert rot.returncode in (0, 1) and (rot.returncode == 0 or rot.stderr.count("\n") == 1)
+
+
+def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
+    token_file = tmp_path / "alice.token"
+    add = mgmtd.admin("user-add", "1000", "alice", "--groups", "10,20", "--token-out", str(token_file))
+    assert add.returncode == 0, add.stderr
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    users = {u["uid"]: u for u in mgmtd.json("user-list")}
+    assert users[1000]["name"] == "alice" and users[1000]["groups"] == [10, 20] and not users[1000]["admin"]
+    tok = mgmtd.json("user-token", "1000")
+    assert tok["token"] and tok["token"] != token_file.read_text().strip()
+    # alice is no admin: the admin API refuses her token
+    denied = fs3("admin", "list-nodes", "--mgmtd", mgmtd.address, "--token-file", str(token_file))
+    assert denied.returncode == 1 and "PERMISSION" in denied.stderr.upper()
+    assert mgmtd.admin("user-remove", "1000").returncode == 0
+    assert 1000 not in {u["uid"] for u in mgmtd.json("user-list")}
+
+
+def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
+    good = tmp_path / "meta.toml"
+    good.write_text("gc_interval_s = 7.5\n")
+    stored = mgmtd.json("config", "set", "meta", str(good), "--desc", "slower gc")
+    got = mgmtd.json("config", "get", "meta")
+    assert got["version"] == stored["version"] and "gc_interval_s = 7.5" in got["content"]
+    assert got["description"] == "slower gc"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("gc_intervall_s = 1\n")
+    refused = mgmtd.admin("config", "set", "meta", str(bad))
+    assert refused.returncode == 1 and "gc_intervall_s" in refused.stderr and str(bad) in refused.stderr
+    assert mgmtd.admin("config", "set", "meta").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("nodes", "disks", "per_disk", "replicas"), [(5, 2, 6, 3), (6, 1, 5, 3), (4, 3, 3, 2)]
+)
+def test_gen_chains_balances_node_pairs(
+    tmp_path: Path, nodes: int, disks: int, per_disk: int, replicas: int
+) -> None:
+    args = ["--nodes", str(nodes), "--disks", str(disks), "--targets-per-disk", str(per_disk)]
+    out = fs3("admin", "gen-chains", *args, "--replicas", str(replicas), "--out", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    targets = {t: (n, d) for t, n, d in read_targets(tmp_path / "targets.csv")}
+    chains = read_chains(tmp_path / "chains.csv")
+    assert len(targets) == nodes * disks * per_disk == summary["targets"]
+    assert len(chains) == nodes * disks * per_disk // replicas
+    used = [t for tids in chains.values() for t in tids]
+    assert sorted(used) == sorted(targets), "every target in exactly one chain"
+    pairs = dict.fromkeys(itertools.combinations(sorted({n for n, _ in targets.values()}), 2), 0)
+    for tids in chains.values():
+        chain_nodes = [targets[t][0] for t in tids]
+        assert len(set(chain_nodes)) == replicas, "a chain's replicas sit on distinct nodes"
+        assert len({targets[t][1] for t in tids}) == 1, "a chain's targets share a disk slot"
+        for a, b in itertools.combinations(sorted(chain_nodes), 2):
+            pairs[(a, b)] += 1
+    assert max(pairs.values()) - min(pairs.values()) <= disks, pairs  # at most one apart per disk slot
+    assert (summary["pair_chains_min"], summary["pair_chains_max"]) == (
+        min(pairs.values()),
+        max(pairs.values()),
+    )
+
+
+def test_gen_chains_impossible_shape_is_a_usage_error(tmp_path: Path) -> None:
+    out = fs3(
+        "admin", "gen-chains", "--nodes", "2", "--disks", "1", "--targets-per-disk", "1", "--replicas", "3"
+    )
+    assert out.returncode == 2 and "3" in out.stderr

@@ -1,0 +1,150 @@
+"""``fs3 local``: a whole cluster on this machine, end to end, and its failures."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from ops_helpers import fs3
+
+from fs3.local import is_mounted
+
+SMALL = ["--storage-nodes", "3", "--replicas", "3", "--targets-per-node", "2"]
+
+
+def _procs(d: Path) -> dict[str, int | None]:
+    out = fs3("local", "status", "--dir", str(d), "--json")
+    return json.loads(out.stdout)["processes"]
+
+
+async def _write(d: Path, name: str, data: bytes) -> None:
+    from fs3.client import FileSystem
+
+    async with await FileSystem.connect(d / "config" / "client.toml") as fs:
+        async with await fs.open(name, "w") as f:
+            await f.write(data)
+
+
+async def _read(d: Path, name: str) -> bytes:
+    from fs3.client import FileSystem
+
+    async with await FileSystem.connect(d / "config" / "client.toml") as fs:
+        async with await fs.open(name, "r") as f:
+            return await f.read()
+
+
+@pytest.mark.timeout(180)
+def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
+    up = fs3("local", "up", "--dir", str(local_dir), "--no-mount", *SMALL)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "every node heartbeats and every chain is SERVING" in up.stdout
+    assert f"fs3 admin --local-dir {local_dir}" in up.stdout
+    for private in ("cluster.secret", "admin.token", "user.token"):
+        assert stat.S_IMODE((local_dir / private).stat().st_mode) == 0o600, private
+    procs = _procs(local_dir)
+    assert all(procs[n] for n in ("mgmtd", "meta", "storage-10001", "storage-10002", "storage-10003"))
+
+    data = os.urandom((2 << 20) + 4097)  # three chunks of the default 1 MiB, the last one short
+    asyncio.run(_write(local_dir, "/survivor.bin", data))
+
+    # the admin CLI finds the local cluster by --local-dir: chains, and every replica agrees
+    chains = fs3("admin", "--help")
+    assert chains.returncode == 0
+    listed = fs3("admin", "list-chains", "--local-dir", str(local_dir), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 2
+    check = fs3("admin", "checksum", "/survivor.bin", "--local-dir", str(local_dir), "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+    report = json.loads(check.stdout)
+    assert report["mismatches"] == 0 and len(report["chunks"]) == 3
+    assert all(len(c["replicas"]) == 3 for c in report["chunks"])
+
+    # a second up while running starts nothing new
+    again = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
+    assert again.returncode == 0, again.stderr
+    assert "mgmtd: already running" in again.stdout
+    assert _procs(local_dir) == procs
+
+    down = fs3("local", "down", "--dir", str(local_dir))
+    assert down.returncode == 0, down.stderr
+    assert "killed" not in down.stdout, "a daemon ignored SIGTERM"
+    assert "data kept" in down.stdout
+    assert not any(_procs(local_dir).values())
+    for log in (local_dir / "logs").glob("*.log"):
+        text = log.read_text()
+        assert "Traceback" not in text, f"{log.name}:\n{text[-3000:]}"
+        assert "shutdown requested" in text, f"{log.name} did not shut down on SIGTERM"
+
+    # the shape is fixed once created
+    other = fs3("local", "up", "--dir", str(local_dir), "--storage-nodes", "2")
+    assert other.returncode == 2
+    assert "--storage-nodes 2" in other.stderr and "--purge" in other.stderr
+
+    up2 = fs3("local", "up", "--dir", str(local_dir))
+    assert up2.returncode == 0, up2.stdout + up2.stderr
+    assert "initialized" not in up2.stdout  # found the old cluster, did not make a new one
+    assert asyncio.run(_read(local_dir, "/survivor.bin")) == data
+
+    purge = fs3("local", "down", "--dir", str(local_dir), "--purge")
+    assert purge.returncode == 0, purge.stderr
+    assert not local_dir.exists()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(
+    importlib.util.find_spec("fs3.client.mount") is None, reason="fs3 mount is not in this build"
+)
+def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    up = fs3("local", "up", "--dir", str(local_dir), "--mount", str(mnt), "--timeout", "30", *SMALL)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert is_mounted(str(mnt))
+    (mnt / "hello.txt").write_bytes(b"hello through FUSE\n")
+    assert asyncio.run(_read(local_dir, "/hello.txt")) == b"hello through FUSE\n"
+    status = fs3("local", "status", "--dir", str(local_dir), "--json")
+    assert json.loads(status.stdout)["mounted"] is True
+    down = fs3("local", "down", "--dir", str(local_dir))
+    assert down.returncode == 0, down.stderr
+    assert not is_mounted(str(mnt))
+
+
+def test_mount_skipped_says_so_when_fs3_mount_is_missing(local_dir: Path, monkeypatch) -> None:
+    import fs3.local as local
+
+    monkeypatch.setattr(local, "MOUNT_MODULE", "fs3.client.no_such_mount_module")
+    lc = local.LocalCluster(local_dir)
+    lc.state = local.LocalState("127.0.0.1", 1, 1, 1, mount=str(local_dir / "mnt"))
+    assert "SKIPPED" in local._mount(lc, 5.0) and "not in this build" in local._mount(lc, 5.0)
+
+
+def test_unusable_directory_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    out = fs3("local", "up", "--dir", str(blocker / "cluster"), "--no-mount")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(blocker / "cluster") in lines[0], out.stderr
+
+
+def test_status_and_down_without_a_cluster(tmp_path: Path) -> None:
+    status = fs3("local", "status", "--dir", str(tmp_path / "none"))
+    assert status.returncode == 1 and "no local cluster" in status.stderr
+    down = fs3("local", "down", "--dir", str(tmp_path / "none"))
+    assert down.returncode == 0 and "nothing to do" in down.stdout
+    (tmp_path / "stranger").mkdir()
+    (tmp_path / "stranger" / "precious").write_text("keep me")
+    refused = fs3("local", "down", "--dir", str(tmp_path / "stranger"), "--purge")
+    assert refused.returncode == 1 and (tmp_path / "stranger" / "precious").exists()
+
+
+def test_bad_shapes_are_usage_errors(tmp_path: Path) -> None:
+    out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--storage-nodes", "2", "--replicas", "3")
+    assert out.returncode == 2 and "--replicas 3" in out.stderr
+    assert not (tmp_path / "c").exists()
+    out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--storage-nodes", "0")
+    assert out.returncode == 2
