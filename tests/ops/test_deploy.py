@@ -1,0 +1,148 @@
+"""deploy/: systemd units that systemd accepts and that run a command accepting its config
+template, templates in step with the config dataclasses, and a well-formed Grafana dashboard."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ops_helpers import REPO, fs3
+
+from fs3.cli.main import SUBCOMMANDS
+from fs3.config import SERVICE_CONFIGS
+
+DEPLOY = REPO / "deploy"
+UNITS = sorted((DEPLOY / "systemd").glob("*.service"))
+INSTALLED_FS3 = "/opt/fs3/bin/fs3"
+# which template each unit's --config path is installed from
+CONFIG_OF = {"mgmtd": "mgmtd", "meta": "meta", "storage": "storage", "mount": "client"}
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Section(dict):
+    """A unit file section: key -> value, the values of a repeated key joined by newlines."""
+
+
+def unit(path: Path) -> dict[str, Section]:
+    """Sections of a unit file (keys may repeat, as ExecStartPre does)."""
+    sections: dict[str, Section] = {}
+    current: Section | None = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], Section())
+            continue
+        assert current is not None and "=" in line, f"{path.name}: {line!r}"
+        key, value = (x.strip() for x in line.split("=", 1))
+        current[key] = f"{current[key]}\n{value}" if key in current else value
+    return sections
+
+
+def test_units_exist() -> None:
+    assert {u.name for u in UNITS} == {
+        "fs3-mgmtd.service",
+        "fs3-meta.service",
+        "fs3-storage@.service",
+        "fs3-mount@.service",
+    }
+
+
+def test_config_templates_match_the_dataclasses() -> None:
+    out = subprocess.run(
+        [sys.executable, str(DEPLOY / "generate_configs.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_CONFIGS))
+def test_config_template_is_valid_and_documents_every_option(service: str) -> None:
+    path = DEPLOY / "config" / f"{service}.toml"
+    check = fs3("config-template", service, "--check", str(path))
+    assert check.returncode == 0, check.stderr
+    text = path.read_text()
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[a-z_]+ = ", line):
+            assert lines[i - 1].startswith("# "), f"{service}: {line.split()[0]} has no documentation"
+
+
+@pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
+def test_unit_runs_a_command_that_accepts_its_config_template(path: Path) -> None:
+    svc = unit(path)["Service"]
+    argv = svc["ExecStart"].split()
+    assert argv[0] == INSTALLED_FS3
+    command = argv[1]
+    assert command in SUBCOMMANDS, f"{path.name}: 'fs3 {command}' is no fs3 command"
+    config = argv[argv.index("--config") + 1]
+    assert config.startswith("/etc/fs3/") and config.endswith(".toml")
+    template = DEPLOY / "config" / f"{CONFIG_OF[command]}.toml"
+    check = fs3("config-template", CONFIG_OF[command], "--check", str(template))
+    assert check.returncode == 0, check.stderr
+    # the unit validates the installed file the same way before starting
+    assert f"config-template {CONFIG_OF[command]} --check {config}" in svc["ExecStartPre"]
+
+
+@pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)
+def test_unit_limits_restart_and_ordering(path: Path) -> None:
+    u = unit(path)
+    svc = u["Service"]
+    assert int(svc["LimitNOFILE"]) >= 1 << 20
+    assert svc["Restart"] == "on-failure"
+    assert "network-online.target" in u["Unit"]["After"] and "network-online.target" in u["Unit"]["Wants"]
+    if path.name != "fs3-mgmtd.service":
+        assert "fs3-mgmtd.service" in u["Unit"]["After"], "start after a local mgmtd"
+        assert svc["LimitMEMLOCK"] == "infinity", "RDMA registers memory"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verify(tmp_path: Path) -> None:
+    # verify insists that ExecStart's program exists: point the units at this checkout's fs3
+    fs3_bin = Path(sys.executable).with_name("fs3")
+    assert fs3_bin.exists()
+    for u in UNITS:
+        (tmp_path / u.name).write_text(u.read_text().replace(INSTALLED_FS3, str(fs3_bin)))
+    names = [
+        "fs3-mgmtd.service",
+        "fs3-meta.service",
+        "fs3-storage@10001.service",
+        "fs3-mount@mnt-fs3.service",
+    ]
+    out = subprocess.run(
+        ["systemd-analyze", "verify", *names], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    ours = [line for line in out.stderr.splitlines() if "fs3" in line]
+    assert not ours, "\n".join(ours)
+
+
+def dashboard_metrics() -> set[str]:
+    dash = json.loads((DEPLOY / "grafana" / "fs3.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    names = set()
+    for e in exprs:
+        for name in re.findall(r"\bfs3_[a-z_]+", e):
+            names.add(re.sub(r"_(bucket|count|sum)$", "", name))
+    return names
+
+
+def test_dashboard_is_valid() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "fs3.json").read_text())
+    assert dash["uid"] and dash["title"]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    graphs = [p for p in dash["panels"] if p["type"] != "row"]
+    assert graphs and all(p["targets"] and all(t["expr"] for t in p["targets"]) for p in graphs)
+    names = dashboard_metrics()
+    for service in ("mgmtd", "storage", "meta", "fuse", "kv"):
+        assert any(n.startswith(f"fs3_{service}_") for n in names), f"no {service} panel"
