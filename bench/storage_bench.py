@@ -86,6 +86,13 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
             data = await client.read(chain, inode, index, 0, MiB)
             return len(data)
 
+        sinks = [bytearray(MiB) for _ in range(args.depth)]
+
+        async def read_1m_into(w: int, rng: random.Random) -> int:
+            chain, inode, index = rng.choice(written)
+            (n,) = await client.batch_read_into([ReadRequest(chain, inode, index, 0, MiB)], [sinks[w]])
+            return n
+
         async def write_4k(w: int, rng: random.Random) -> int:
             chain, inode, index = rng.choice(written)
             await client.write(chain, inode, index, rng.randrange(256) * 4 * KiB, small, MiB)
@@ -101,6 +108,7 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
         cases = [
             ("write 1MiB", write_1m),
             ("read 1MiB", read_1m),
+            ("read 1MiB into", read_1m_into),
             ("write 4KiB", write_4k),
             ("read 4KiB", read_4k),
         ]
@@ -119,7 +127,7 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
                 if not args.json:
                     r = results[-1]
                     print(
-                        f"  {name:<12} depth={args.depth:<3} {r['ops_per_s']:10.1f} ops/s {r['mib_per_s']:10.1f} MiB/s",
+                        f"  {name:<15} depth={args.depth:<3} {r['ops_per_s']:10.1f} ops/s {r['mib_per_s']:10.1f} MiB/s",
                         flush=True,
                     )
         return results
@@ -182,10 +190,10 @@ def main() -> int:
             )
         )
     else:
-        print(f"\n{'case':<12} {'runs':>4} {'best MiB/s':>11} {'median MiB/s':>13} {'best ops/s':>11}")
+        print(f"\n{'case':<15} {'runs':>4} {'best MiB/s':>11} {'median MiB/s':>13} {'best ops/s':>11}")
         for s in summary:
             print(
-                f"{s['case']:<12} {s['runs']:>4} {s['best_mib_per_s']:>11.1f} {s['median_mib_per_s']:>13.1f} "
+                f"{s['case']:<15} {s['runs']:>4} {s['best_mib_per_s']:>11.1f} {s['median_mib_per_s']:>13.1f} "
                 f"{s['best_ops_per_s']:>11.1f}"
             )
     return 0

@@ -379,11 +379,31 @@ class StorageClient:
         Returns the data of each request in order (short or empty as :meth:`read` says); raises
         the first non-retryable error.
         """
+        return await self._batch_read(ios, None)  # type: ignore[return-value]
+
+    async def batch_read_into(
+        self, ios: Sequence[ReadRequest], buffers: Sequence[bytearray | memoryview]
+    ) -> list[int]:
+        """Like :meth:`batch_read`, but the data of ``ios[i]`` lands in ``buffers[i]`` (writable, at
+        least ``ios[i].length`` bytes) and the lengths read are returned. A request that is alone in
+        its call to a node is received straight into its buffer, without a copy. After an error the
+        buffers' contents are undefined."""
+        if len(buffers) != len(ios):
+            raise ValueError("one buffer per read request")
+        sinks = [memoryview(b).cast("B") if not isinstance(b, memoryview) else b.cast("B") for b in buffers]
+        for io, sink in zip(ios, sinks, strict=True):
+            if sink.readonly or len(sink) < io.length:
+                raise ValueError(f"buffer of {len(sink)} bytes cannot take a read of {io.length}")
+        return await self._batch_read(ios, sinks)  # type: ignore[return-value]
+
+    async def _batch_read(
+        self, ios: Sequence[ReadRequest], sinks: list[memoryview] | None
+    ) -> list[bytes | int]:
         for io in ios:
             if io.offset < 0 or io.length < 0 or io.offset + io.length > MAX_IO_BYTES:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad read range {io.offset}+{io.length}")
         await self._known_chains({io.chain_id for io in ios})
-        results: list[bytes | None] = [None] * len(ios)
+        results: list[bytes | int | None] = [None] * len(ios)
         failed: dict[int, set[int]] = {}  # request index -> targets that failed it
         deadline = time.monotonic() + self.retry.total_s
         backoff = self.retry.initial_s
@@ -407,7 +427,7 @@ class StorageClient:
                     continue
                 groups.setdefault(address, []).append((i, target))
             outcomes = await asyncio.gather(
-                *(self._read_group(routing, a, g, ios, results) for a, g in groups.items())
+                *(self._read_group(routing, a, g, ios, results, sinks) for a, g in groups.items())
             )
             for errors in outcomes:
                 for i, target, e in errors:
@@ -445,7 +465,8 @@ class StorageClient:
         address: Address,
         group: list[tuple[int, int]],
         ios: Sequence[ReadRequest],
-        results: list[bytes | None],
+        results: list[bytes | int | None],
+        sinks: list[memoryview] | None,
     ) -> list[tuple[int, int, FS3Error]]:
         req = storage_pb2.BatchReadReq(user=self.user)
         for i, _ in group:
@@ -459,29 +480,38 @@ class StorageClient:
         # The reply lands in a pooled buffer: a fresh one per call would be zeroed (and page-faulted
         # in) by the allocator first, which costs more than the copy out below.
         pool = self.rpc.pool
-        buf = pool.acquire(max(1, sum(ios[i].length for i, _ in group)))
+        direct = sinks is not None and len(group) == 1
+        buf = None if direct else pool.acquire(max(1, sum(ios[i].length for i, _ in group)))
         try:
             rsp, payload = await self.rpc.call(
-                address, STORAGE_SERVICE["BatchRead"], req, timeout=self.retry.rpc_timeout_s, into=buf
+                address,
+                STORAGE_SERVICE["BatchRead"],
+                req,
+                timeout=self.retry.rpc_timeout_s,
+                into=sinks[group[0][0]] if direct else buf,  # type: ignore[index]
             )
         except FS3Error as e:
-            buf = None  # a late reply may still be arriving into it: never reuse it
-            return [(i, t, e) for i, t in group]
+            return [(i, t, e) for i, t in group]  # a late reply may still arrive in buf: not reused
         finally:
             self._inflight[address] -= len(group)
             self._served[address] = self._served.get(address, 0) + len(group)
         try:
-            return self._unpack(group, rsp, payload, results)
+            return self._unpack(group, rsp, payload, results, sinks is not None, None if direct else sinks)
         finally:
-            pool.release(buf)
+            if buf is not None:
+                pool.release(buf)
 
     def _unpack(
         self,
         group: list[tuple[int, int]],
         rsp: storage_pb2.BatchReadRsp,
         payload: memoryview | None,
-        results: list[bytes | None],
+        results: list[bytes | int | None],
+        into: bool,
+        sinks: list[memoryview] | None,
     ) -> list[tuple[int, int, FS3Error]]:
+        """Check each result's CRC32C and store it: as bytes (not ``into``), or as its length after
+        copying it into its sink (``sinks``) or finding it received there already (no ``sinks``)."""
         if len(rsp.results) != len(group):
             e = FS3Error(StatusCode.INTERNAL, f"{len(rsp.results)} results for {len(group)} reads")
             return [(i, t, e) for i, t in group]
@@ -490,7 +520,7 @@ class StorageClient:
         for (i, t), res in zip(group, rsp.results, strict=True):
             code = res.status.code
             if code == StatusCode.STORAGE_CHUNK_NOT_FOUND:
-                results[i] = b""
+                results[i] = 0 if into else b""
                 continue
             if code != StatusCode.OK:
                 errors.append((i, t, FS3Error(code, res.status.message)))
@@ -505,7 +535,12 @@ class StorageClient:
                     )
                 )
                 continue
-            results[i] = bytes(data)
+            if not into:
+                results[i] = bytes(data)
+            else:
+                if sinks is not None:
+                    sinks[i][: len(data)] = data
+                results[i] = len(data)
         return errors
 
     # -- queries ----------------------------------------------------------------------------------

@@ -65,6 +65,15 @@ async def test_round_trip_across_chunk_boundaries(tmp_path):
         # batch read over both chains
         got = await client.batch_read([ReadRequest(chain_of(i), 7, i, 0, chunk) for i in range(last + 1)])
         assert b"".join(got)[3000:] == data
+        # the same, straight into caller buffers (one node: copied out of one reply; alone: no copy)
+        bufs = [bytearray(chunk) for _ in range(last + 2)]
+        reqs = [ReadRequest(chain_of(i), 7, i, 0, chunk) for i in range(last + 2)]
+        lengths = await client.batch_read_into(reqs, bufs)
+        assert lengths == [len(g) for g in got] + [0]
+        assert b"".join(bytes(b[:n]) for b, n in zip(bufs, lengths, strict=True))[3000:] == data
+        one = bytearray(chunk)
+        assert await client.batch_read_into([reqs[1]], [one]) == [chunk]
+        assert one == got[1]
         # file length per chain
         q0 = await client.query_last_chunk(c.chain_ids[0], 7)
         q1 = await client.query_last_chunk(c.chain_ids[1], 7)
