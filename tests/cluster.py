@@ -159,6 +159,7 @@ class StorageNode:
     targets: dict[int, Path]
     port: int = 0
     backend_port: int = 0
+    metrics_port: int = 0
     proc: Proc | None = None
     config: Path | None = None
 
@@ -173,6 +174,7 @@ class Cluster:
     replication: int = 3
     sync_writes: bool = False
     backend_network: bool = False  # chain replication on a second port per storage daemon
+    metrics: bool = False  # each storage daemon serves /metrics on StorageNode.metrics_port
     storage_extra: dict[str, object] = field(default_factory=dict)
     mgmtd_extra: dict[str, object] = field(default_factory=dict)
     log_level: str = "INFO"
@@ -335,6 +337,7 @@ class Cluster:
                 "target_ids": list(node.targets),
                 "sync_writes": self.sync_writes,
                 "backend_port": node.backend_port,
+                "metrics_port": node.metrics_port,
                 "io_threads": 8,
                 **STORAGE_TIMING,
                 **self.storage_extra,
@@ -349,6 +352,8 @@ class Cluster:
             raise RuntimeError(f"storage {index} is running")
         if self.backend_network and not node.backend_port:
             node.backend_port = _free_port()
+        if self.metrics and not node.metrics_port:
+            node.metrics_port = _free_port()
         node.config = self.storage_config(node)
         port_file = self.tmp / f"storage-{node.node_id}.port"
         port_file.unlink(missing_ok=True)
@@ -449,6 +454,15 @@ class Cluster:
         self._clients.append((routing, rpc, mgmtd))
         await routing.start()
         return StorageClient(routing, rpc, retry=retry or RetryPolicy(total_s=60.0, rpc_timeout_s=10.0), **kw)
+
+    async def scrape(self, index: int) -> str:
+        """The /metrics text of storage daemon ``index`` (needs ``metrics=True``)."""
+        port = self.nodes[index].metrics_port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        body = await reader.read()
+        writer.close()
+        return body.decode(errors="replace")
 
     def node_of_target(self, target_id: int) -> StorageNode:
         return next(n for n in self.nodes if target_id in n.targets)

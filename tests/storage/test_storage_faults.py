@@ -201,3 +201,39 @@ async def test_restart_of_all_daemons_keeps_acknowledged_data(tmp_path):
             await c.restart_storage(n.index)
         await c.wait_all_serving(60)
         await verify(c, client, chain_id, 5, work.model)
+
+
+async def test_resync_progress_is_exported(tmp_path):
+    async with Cluster(tmp_path / "c", metrics=True) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        for i in range(4):
+            await client.write(chain_id, 8, i, 0, b"before" * 100, CHUNK)
+        tail = (await c.routing()).chain(chain_id).targets[-1].target_id
+        node = c.node_of_target(tail)
+        c.kill_storage(node.index)
+        await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the tail to go")
+        for i in range(2, 6):
+            await client.write(chain_id, 8, i, 0, b"after!" * 100, CHUNK)
+        await c.restart_storage(node.index)
+        await c.wait_all_serving()
+        pred = (await c.routing()).chain(chain_id).targets[1].target_id
+        text = await c.scrape(c.node_of_target(pred).index)
+        lines = {
+            line.split(" ")[0]: float(line.split(" ")[1])
+            for line in text.splitlines()
+            if line.startswith("fs3_storage_sync") and f'target="{tail}"' in line
+        }
+        assert lines.get(f'fs3_storage_sync_chunks{{target="{tail}"}}') == 6, text
+        assert lines.get(f'fs3_storage_sync_chunks_done{{target="{tail}"}}') == 6, text
+        # chunks 2..5 changed while it was away; 0 and 1 did not
+        assert lines.get(f'fs3_storage_sync_sent_chunks_total{{target="{tail}"}}') == 4, text
+        # (the predecessor may have resynced it once before, when the cluster started)
+        assert lines.get(f'fs3_storage_sync_runs_total{{outcome="done",target="{tail}"}}', 0) >= 1, text
+        await verify(
+            c,
+            client,
+            chain_id,
+            8,
+            {i: bytearray(b"before" * 100 if i < 2 else b"after!" * 100) for i in range(6)},
+        )
