@@ -161,3 +161,15 @@ async def test_rdma_mode_refuses_a_peer_without_rdma() -> None:
         assert info.value.code == StatusCode.RPC_CONNECT_FAILED
     await server.stop()
     assert not fabric.qps
+
+
+def test_socket_hand_over_works_on_uvloop() -> None:
+    """Both hand-overs of a set-up socket to TCP framing (a FALLBACK answer; a TCP client on the RDMA
+    listener) on uvloop, which fs3's daemons run on (the async tests here use the standard loop)."""
+    import uvloop
+
+    async def scenario() -> None:
+        await test_client_with_device_to_server_without_falls_back_on_the_same_socket()
+        await test_client_without_device_to_rdma_server_uses_tcp()
+
+    uvloop.run(scenario())
