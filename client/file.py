@@ -75,7 +75,8 @@ class InodeState:
     async def drain(self) -> None:
         """Flush every handle's buffer and wait for their flushes (before a read or a stat)."""
         for h in list(self.handles):
-            await h.flush_buffer()
+            if h.writable:
+                await h.flush_buffer()
 
     def truncated(self, size: int) -> None:
         """The file was truncated to ``size``: no handle may report a longer length afterwards."""

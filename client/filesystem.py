@@ -442,17 +442,20 @@ class FileSystem:
             h.dirty = False
             self._state(ino)
 
-    async def _close(self, h: OpenFile) -> None:
+    async def _close(self, h: OpenFile) -> m.Inode | None:
+        """Flush a handle, end its session (reporting the written length); meta's inode after."""
         try:
             await h.flush_buffer()
         finally:
             h.state.handles.discard(h)
             if not h.state.handles:
                 self._states.pop(h.inode_id, None)
+            ino = None
             if h.session_id:
-                await self.meta.close_file(
+                ino = await self.meta.close_file(
                     h.inode_id, h.session_id, h.written_length, wrote=h.writable and h.dirty
                 )
+        return ino
 
     async def _truncate(self, state: InodeState, size: int, session_id: int = 0) -> m.Inode:
         await state.drain()

@@ -1,0 +1,429 @@
+"""The FUSE operations of ``fs3 mount``: each pyfuse3 request translated to the native client
+(:mod:`fs3.client.filesystem`) and back. Imported only by :mod:`fs3.client.mount`.
+
+- FUSE inode numbers are fs3 inode ids (the root is 1 in both), so nothing is remembered per
+  lookup and ``forget`` has nothing to do.
+- Every request acts as the caller: uid, gid and supplementary groups of the calling process go to
+  meta with the mount's token (a root token acts for any local user). The kernel checks permissions
+  too (``default_permissions``), from attributes cached for ``attr_timeout_s``.
+- Reads go through the kernel page cache; an open keeps the cached pages (``keep_cache``) when the
+  file's mtime and length are what this mount last saw, and drops them otherwise. ``direct_io``
+  (config, or O_DIRECT) bypasses the cache.
+- Writes go to a write buffer per open file (:class:`fs3.client.file.OpenFile`), flushed when full,
+  on a non-contiguous write, on read, truncate, fsync, flush (each close(2)) and getattr; flush and
+  fsync also report the written length to meta, so once close(2) returns every client sees the
+  length. getattr reports the length this mount's writers have written.
+- Errors: FS3Error codes become errno through :func:`fs3.errors.to_errno`, the one table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pyfuse3
+
+from fs3.client.file import OpenFile
+from fs3.client.filesystem import FileSystem, mode_of
+from fs3.client.meta_client import MetaClient
+from fs3.config import ClientConfig
+from fs3.errors import FS3Error, StatusCode, to_errno
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+BLOCK_SIZE = 1 << 20  # st_blksize: tools size their I/O by it (cp, stdio)
+_USER_XATTR = b"user."
+_GROUPS_TTL_S = 2.0
+
+
+def _translate(fn: F) -> F:
+    """Raise FUSEError(errno) for FS3Error (and log unexpected exceptions as EIO)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kw: Any) -> Any:
+        try:
+            return await fn(*args, **kw)
+        except FS3Error as e:
+            if e.code not in (StatusCode.NOT_FOUND, StatusCode.ALREADY_EXISTS, StatusCode.META_NO_XATTR):
+                log.debug("%s failed error=%s", fn.__name__, e)
+            raise pyfuse3.FUSEError(to_errno(e.code)) from None
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Fs3Operations(pyfuse3.Operations):
+    """pyfuse3 operations over a connected :class:`FileSystem`; see the module docstring."""
+
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(
+        self, fs: FileSystem, config: ClientConfig, token: str = "", on_init: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__()
+        self.on_init = on_init
+        self.fs = fs
+        self.config = config
+        self.token = token
+        self._handles: dict[int, OpenFile] = {}
+        self._dirs: dict[int, list[tuple[bytes, m.Inode]]] = {}
+        self._next_fh = 1
+        self._seen: dict[int, tuple[int, int]] = {}  # inode -> (mtime, size) the page cache holds
+        self._metas: dict[tuple[int, int, tuple[int, ...]], MetaClient] = {}
+        self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
+
+    def init(self) -> None:
+        # The kernel applies the INIT reply (which caps the mount's readahead at the 128 KiB it
+        # offered) when libfuse writes it, right after this returns: tune the mount after that.
+        if self.on_init is not None:
+            asyncio.get_running_loop().call_soon(self.on_init)
+
+    # -- identity and attributes --------------------------------------------------------------------
+
+    def _groups_of(self, pid: int) -> tuple[int, ...]:
+        now = time.monotonic()
+        hit = self._groups.get(pid)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            groups = tuple(sorted(pyfuse3.get_sup_groups(pid)))
+        except (OSError, ValueError):
+            groups = ()
+        if len(self._groups) > 4096:
+            self._groups.clear()
+        self._groups[pid] = (now + _GROUPS_TTL_S, groups)
+        return groups
+
+    def meta(self, ctx: pyfuse3.RequestContext | None) -> MetaClient:
+        """The meta client acting as the caller of a request (the mount's own identity without one)."""
+        if ctx is None:
+            return self.fs.meta
+        key = (ctx.uid, ctx.gid, self._groups_of(ctx.pid) if ctx.uid else ())
+        client = self._metas.get(key)
+        if client is None:
+            base = self.fs.meta
+            user = common_pb2.UserInfo(uid=key[0], gid=key[1], groups=key[2], token=self.token)
+            client = MetaClient(
+                base.addresses,
+                rpc=base.rpc,
+                user=user,
+                client_id=base.client_id,
+                timeout_s=base.timeout_s,
+                rpc_timeout_s=base.rpc_timeout_s,
+            )
+            client.addresses = base.addresses  # one list, so meta servers found later count for all
+            if len(self._metas) > 1024:
+                self._metas.clear()
+            self._metas[key] = client
+        return client
+
+    def _size(self, inode: m.Inode) -> int:
+        st = self.fs._states.get(inode.id)
+        return max(inode.size, st.size) if st is not None else inode.size
+
+    def attrs(self, inode: m.Inode) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode.id
+        a.generation = inode.generation
+        a.entry_timeout = self.config.entry_timeout_s
+        a.attr_timeout = self.config.attr_timeout_s
+        a.st_mode = mode_of(inode)
+        a.st_nlink = inode.nlink
+        a.st_uid = inode.uid
+        a.st_gid = inode.gid
+        a.st_rdev = inode.rdev
+        size = self._size(inode) if inode.type == m.INODE_FILE else inode.size
+        a.st_size = size
+        a.st_blksize = BLOCK_SIZE
+        a.st_blocks = (size + 511) // 512
+        a.st_atime_ns = inode.atime_ns
+        a.st_mtime_ns = inode.mtime_ns
+        a.st_ctime_ns = inode.ctime_ns
+        return a
+
+    def _new_fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    # -- names ------------------------------------------------------------------------------------
+
+    @_translate
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        try:
+            inode = await self.meta(ctx).lookup(parent_inode, name)
+        except FS3Error as e:
+            if e.code == StatusCode.NOT_FOUND and self.config.negative_timeout_s > 0:
+                a = pyfuse3.EntryAttributes()  # inode 0: the kernel remembers the name is absent
+                a.st_ino = 0
+                a.entry_timeout = self.config.negative_timeout_s
+                return a
+            raise
+        return self.attrs(inode)
+
+    async def forget(self, inode_list: Any) -> None:
+        return None
+
+    @_translate
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        st = self.fs._states.get(inode)
+        if st is not None:
+            await st.drain()
+        return self.attrs(await self.fs.meta.stat(inode))
+
+    @_translate
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        kw: dict[str, Any] = {}
+        if fields.update_mode:
+            kw["mode"] = attr.st_mode & 0o7777
+        if fields.update_uid:
+            kw["uid"] = attr.st_uid
+        if fields.update_gid:
+            kw["gid"] = attr.st_gid
+        if fields.update_atime:
+            kw["atime_ns"] = attr.st_atime_ns
+        if fields.update_mtime:
+            kw["mtime_ns"] = attr.st_mtime_ns
+        st = self.fs._states.get(inode)
+        if st is not None and (fields.update_size or fields.update_mtime):
+            # Settle this mount's writes first: their report sets mtime to now and the length,
+            # which must not land after (and undo) an explicit mtime or a truncate.
+            for h in list(st.handles):
+                await self._report(h)
+        if fields.update_size:
+            kw["size"] = attr.st_size
+            handle = self._handles.get(fh) if fh else None
+            if handle is not None and handle.writable:
+                kw["session_id"] = handle.session_id
+        if not kw:
+            return await self.getattr(inode, ctx)
+        ino = await self.meta(ctx).setattr(inode, **kw)
+        if fields.update_size and st is not None:
+            st.truncated(attr.st_size)
+            st.inode = ino
+        if fields.update_size:
+            self._seen.pop(inode, None)
+        return self.attrs(ino)
+
+    @_translate
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return await self.meta(ctx).readlink(inode)
+
+    @_translate
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(await self.meta(ctx).mknod(parent_inode, name, mode, rdev))
+
+    @_translate
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777))
+
+    @_translate
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.meta(ctx).unlink(parent_inode, name)
+
+    @_translate
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self.meta(ctx).rmdir(parent_inode, name)
+
+    @_translate
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(await self.meta(ctx).symlink(parent_inode, name, target))
+
+    @_translate
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        await self.meta(ctx).rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    @_translate
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(await self.meta(ctx).link(inode, new_parent_inode, new_name))
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def _file_info(self, handle: OpenFile, flags: int) -> pyfuse3.FileInfo:
+        fh = self._new_fh()
+        self._handles[fh] = handle
+        inode = handle.state.inode
+        mark = (inode.mtime_ns, inode.size)
+        keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
+        self._seen[inode.id] = mark
+        direct = self.config.direct_io or bool(flags & os.O_DIRECT)
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=keep)
+
+    @_translate
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags)
+        if flags & os.O_TRUNC:
+            handle.state.truncated(0)
+        return self._file_info(handle, flags)
+
+    @_translate
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        rsp = await self.meta(ctx).create(
+            parent_inode, name, mode & 0o7777, flags & (os.O_EXCL | os.O_TRUNC | os.O_ACCMODE), session=True
+        )
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags)
+        if flags & os.O_TRUNC:
+            handle.state.truncated(0)
+        if flags & os.O_TRUNC or rsp.created:
+            self._seen.pop(rsp.inode.id, None)
+        return self._file_info(handle, flags), self.attrs(rsp.inode)
+
+    @_translate
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self._handles[fh].read(off, size)
+
+    @_translate
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self._handles[fh].write(off, buf)
+
+    async def _report(self, handle: OpenFile) -> None:
+        await handle.flush_buffer()
+        if handle.writable and handle.dirty and handle.session_id:
+            ino = await self.fs.meta.sync(
+                handle.inode_id, handle.session_id, handle.written_length, wrote=True
+            )
+            handle.dirty = False
+            handle.state.inode = ino
+            self._seen[ino.id] = (ino.mtime_ns, ino.size)
+
+    @_translate
+    async def flush(self, fh: int) -> None:
+        await self._report(self._handles[fh])
+
+    @_translate
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self._report(self._handles[fh])
+
+    @_translate
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh)
+        ino = await self.fs._close(handle)
+        if ino is not None and handle.writable:
+            self._seen[ino.id] = (ino.mtime_ns, ino.size)
+
+    # -- directories ------------------------------------------------------------------------------
+
+    @_translate
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        meta = self.meta(ctx)
+        entries: list[tuple[bytes, m.Inode]] = []
+        after = b""
+        while True:
+            rsp = await meta.readdir(inode, after, 0, with_inodes=True)
+            entries.extend(zip((e.name for e in rsp.entries), rsp.inodes, strict=True))
+            if not rsp.more or not rsp.entries:
+                break
+            after = rsp.entries[-1].name
+        fh = self._new_fh()
+        self._dirs[fh] = entries
+        return fh
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        entries = self._dirs.get(fh, [])
+        for i in range(start_id, len(entries)):
+            name, inode = entries[i]
+            if not pyfuse3.readdir_reply(token, name, self.attrs(inode), i + 1):
+                break
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        return None  # every namespace change is durable once meta acknowledged it
+
+    @_translate
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        rsp = await self.meta(ctx).statfs()
+        s = pyfuse3.StatvfsData()
+        bsize = rsp.block_size or 4096
+        s.f_bsize = BLOCK_SIZE
+        s.f_frsize = bsize
+        s.f_blocks = rsp.capacity // bsize
+        s.f_bfree = rsp.free // bsize
+        s.f_bavail = rsp.free // bsize
+        s.f_files = rsp.inodes + (1 << 32)
+        s.f_ffree = 1 << 32
+        s.f_favail = 1 << 32
+        s.f_namemax = rsp.name_max or 255
+        return s
+
+    # -- extended attributes ----------------------------------------------------------------------
+
+    @_translate
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        if not name.startswith(_USER_XATTR):
+            raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
+        await self.meta(ctx).setxattr(inode, name, value)
+
+    @_translate
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if not name.startswith(_USER_XATTR):
+            # security.capability is asked before every write: answer here, without a round trip
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return await self.meta(ctx).getxattr(inode, name)
+
+    @_translate
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return await self.meta(ctx).listxattr(inode)
+
+    @_translate
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        if not name.startswith(_USER_XATTR):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        await self.meta(ctx).removexattr(inode, name)
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    async def close_all(self) -> None:
+        """Flush and close every open file (at unmount; the kernel may not release them all)."""
+        for fh in list(self._handles):
+            handle = self._handles.pop(fh)
+            try:
+                await self.fs._close(handle)
+            except FS3Error as e:
+                log.warning("closing inode=%#x at unmount failed error=%s", handle.inode_id, e)

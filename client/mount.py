@@ -1,0 +1,196 @@
+"""``fs3 mount MOUNTPOINT [--config PATH] [--foreground] [-o OPTIONS]``: the FUSE mount.
+
+Connects to the cluster (:class:`fs3.client.FileSystem`), mounts with pyfuse3 on asyncio and serves
+until unmounted: by ``fusermount3 -u`` / ``umount``, or by SIGTERM or SIGINT, after which it flushes
+and closes every open file, unmounts, and exits 0. Without ``--foreground`` it detaches once the
+mount is up (the command returns 0 then, or 1 with the reason when mounting failed).
+
+The event loop is uvloop (``FS3_FUSE_LOOP=asyncio`` selects the standard loop): pyfuse3 only needs
+``add_reader`` on the FUSE device, which uvloop provides, and the RPC clients are faster on it.
+
+After mounting it raises the mount's readahead (``read_ahead_kb`` of its bdi; page-cache reads
+follow it, and 128 KiB, the kernel's default, halves sequential read throughput here) and the FUSE
+connection's ``max_background`` (parallel readahead and async requests), both found through
+``/proc/self/mountinfo`` without touching the mount itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from fs3.config import ClientConfig, load_config
+from fs3.errors import FS3Error
+
+log = logging.getLogger(__name__)
+
+MAX_BACKGROUND = 64
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fs3 mount", description="Mount fs3 with FUSE.")
+    p.add_argument("mountpoint", help="directory to mount on")
+    p.add_argument("--config", metavar="PATH", help="client TOML config (default: built-in defaults)")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    p.add_argument("-o", dest="options", default="", help="extra FUSE mount options, comma separated")
+    p.add_argument("--log-level", help="override log.level")
+    return p
+
+
+def mount_device(mountpoint: str) -> tuple[int, int] | None:
+    """(major, minor) of the file system mounted at ``mountpoint`` (an absolute path without
+    symlinks: resolving one here would stat the mount this process serves, and wait for itself)."""
+    target = mountpoint
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and parts[4] == target:
+                major, minor = parts[2].split(":")
+                found = (int(major), int(minor))  # the last one is the topmost mount
+    return found
+
+
+def tune_mount(mountpoint: str, read_ahead_kb: int) -> None:
+    """Set the mount's readahead and the FUSE connection's max_background (best effort)."""
+    dev = mount_device(mountpoint)
+    if dev is None:
+        log.warning("mount not found in mountinfo mountpoint=%s", mountpoint)
+        return
+    settings = [(f"/sys/fs/fuse/connections/{dev[1]}/max_background", MAX_BACKGROUND)]
+    if read_ahead_kb:
+        settings.append((f"/sys/class/bdi/{dev[0]}:{dev[1]}/read_ahead_kb", read_ahead_kb))
+    for path, value in settings:
+        try:
+            Path(path).write_text(f"{value}\n")
+        except OSError as e:
+            log.warning("cannot set %s=%s error=%s", path, value, e.strerror)
+
+
+async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
+    """Mount and serve until unmounted or signalled; returns the exit status."""
+    import pyfuse3
+    import pyfuse3.asyncio
+
+    from fs3.client.filesystem import FileSystem, read_token
+    from fs3.client.fuse_ops import Fs3Operations
+
+    pyfuse3.asyncio.enable()
+    fs = await FileSystem.connect(cfg)
+    ops = Fs3Operations(
+        fs, cfg, read_token(cfg.token_file), on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb)
+    )
+    opts = set(pyfuse3.default_options) | {"fsname=fs3", "subtype=fs3", "noatime"}
+    if os.getuid() == 0:
+        opts.add("allow_other")  # the mount serves every local user; permissions are checked
+    opts.update(o for o in options if o)
+    try:
+        pyfuse3.init(ops, mountpoint, opts)
+    except BaseException:
+        await fs.close()
+        raise
+    loop = asyncio.get_running_loop()
+    stopping = False
+
+    def stop() -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            log.info("unmount requested by signal")
+            pyfuse3.terminate()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
+    ready()
+    status = 0
+    try:
+        await pyfuse3.main(min_tasks=4, max_tasks=128)
+    except Exception:
+        log.exception("FUSE main loop failed")
+        status = 1
+    finally:
+        with contextlib.suppress(Exception):
+            await ops.close_all()
+        pyfuse3.close(unmount=True)
+        await fs.close()
+    log.info("unmounted mountpoint=%s", mountpoint)
+    return status
+
+
+def _run(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
+    if os.environ.get("FS3_FUSE_LOOP", "uvloop") != "asyncio":
+        try:
+            import uvloop
+
+            return uvloop.run(serve(cfg, mountpoint, options, ready))
+        except ImportError:
+            pass
+    return asyncio.run(serve(cfg, mountpoint, options, ready))
+
+
+def _detach() -> tuple[bool, Callable[[], None]]:
+    """Fork: the parent waits for the child's word that the mount is up. Returns (is_parent with
+    its exit already decided, the child's ``ready`` callback)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        with os.fdopen(r, "rb") as pipe:
+            ok = pipe.read(1) == b"1"
+        if not ok:
+            sys.stderr.write("fs3 mount: the mount did not come up (see the log)\n")
+        os._exit(0 if ok else 1)
+    os.close(r)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+
+    def ready() -> None:
+        os.write(w, b"1")
+        os.close(w)
+        os.dup2(devnull, 2)  # stderr stays open until the mount is up, for the parent's sake
+
+    return False, ready
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``fs3 mount``; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(ClientConfig, args.config)
+    except FS3Error as e:
+        sys.stderr.write(f"fs3 mount: {e.message}\n")
+        return 2
+    if args.log_level:
+        cfg.log.level = args.log_level
+    if not os.path.isdir(args.mountpoint):
+        sys.stderr.write(f"fs3 mount: {args.mountpoint} is not a directory\n")
+        return 2
+    from fs3.log import setup_logging
+
+    setup_logging(cfg.log, "fuse")
+    ready: Callable[[], None] = lambda: None  # noqa: E731
+    if not args.foreground:
+        _, ready = _detach()
+    options = [o.strip() for o in args.options.split(",")]
+    try:
+        return _run(cfg, os.path.realpath(args.mountpoint), options, ready)
+    except FS3Error as e:
+        log.error("mount failed: %s", e.message)
+        sys.stderr.write(f"fs3 mount: {e.message}\n")
+        return 1
+    except RuntimeError as e:
+        log.error("mount failed: %s", e)
+        sys.stderr.write(f"fs3 mount: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130

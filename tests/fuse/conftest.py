@@ -1,0 +1,11 @@
+"""FUSE tests mount `fs3 mount` over a real cluster (tests/cluster.py, tests/client/fs_cluster.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+for p in (str(_HERE.parent), str(_HERE.parent / "client")):
+    if p not in sys.path:
+        sys.path.insert(0, p)

@@ -1,0 +1,294 @@
+"""`fs3 mount` over a real cluster (mgmtd, one meta, three storage daemons at replication 3), driven
+by the tools people point at a file system: coreutils, tar, git, rsync, fio, and a second mount."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from fs_cluster import FsCluster, Mount, is_mounted
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounts as root (allow_other, setpriv)"),
+]
+
+
+@dataclass
+class Env:
+    cluster: FsCluster
+    mnt: Path
+    mount: Mount
+    local: Path
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Env]:
+    tmp = tmp_path_factory.mktemp("fuse")
+    async with FsCluster(tmp / "cluster") as c:
+        mount = await c.mount(tmp / "mnt")
+        local = tmp / "local"
+        local.mkdir()
+        yield Env(c, mount.path, mount, local)
+
+
+def sh(cmd: str, cwd: Path, timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout, **kw
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd!r} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def make_tree(root: Path) -> None:
+    (root / "a" / "b" / "c").mkdir(parents=True)
+    (root / "a" / "small.txt").write_text("small\n")
+    (root / "a" / "b" / "rand.bin").write_bytes(os.urandom(3 * 1024 * 1024 + 17))
+    (root / "a" / "b" / "c" / "empty").write_bytes(b"")
+    (root / "a" / "link").symlink_to("small.txt")
+    os.link(root / "a" / "small.txt", root / "a" / "hard.txt")
+    (root / "a" / "exec.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "a" / "exec.sh").chmod(0o755)
+    os.utime(root / "a" / "small.txt", ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
+
+
+def test_coreutils(env: Env) -> None:
+    d = env.mnt / "core"
+    d.mkdir()
+    sh(
+        """
+        printf 'hello\\n' > f
+        cp f g && cmp f g
+        mv g h && test ! -e g && cmp f h
+        ln h hard && ln -s f soft
+        test "$(readlink soft)" = f && test "$(cat soft)" = hello
+        test "$(stat -c %h h)" = 2
+        chmod 640 f && test "$(stat -c %a f)" = 640
+        chown 1234:5678 f && test "$(stat -c %u:%g f)" = 1234:5678
+        touch -d '2001-02-03 04:05:06 UTC' f && test "$(stat -c %Y f)" = 981173106
+        truncate -s 100000 f && test "$(stat -c %s f)" = 100000
+        truncate -s 3 f && test "$(cat f)" = hel
+        head -c 2000000 /dev/zero > z && test "$(du -k --apparent-size z | cut -f1)" = 1954
+        df -k . | tail -1 | awk '{ exit !($2 > 0) }'
+        mkdir -p x/y/z && touch x/y/z/leaf
+        test "$(find . -name leaf)" = ./x/y/z/leaf
+        test "$(find . -type l)" = ./soft
+        mkfifo pipe && test -p pipe
+        mv x w && test -e w/y/z/leaf
+        rm -r w && test ! -e w
+        rm hard soft pipe && ls | sort | tr '\\n' ' ' | grep -qx 'f h z '
+        """,
+        d,
+    )
+
+
+def test_tar_round_trip(env: Env) -> None:
+    src = env.local / "tar-src"
+    make_tree(src)
+    (env.mnt / "tar").mkdir()
+    sh(f"tar -C {src} -cf - . | tar -C {env.mnt}/tar -xpf -", env.local)
+    back = env.local / "tar-back"
+    back.mkdir()
+    sh(f"tar -C {env.mnt}/tar -cf - . | tar -C {back} -xpf -", env.local)
+    sh(f"diff -r --no-dereference {src} {back}", env.local)
+    for rel in ("a/small.txt", "a/exec.sh", "a/b/rand.bin"):
+        a, b = os.lstat(src / rel), os.lstat(back / rel)
+        assert (a.st_mode, a.st_size, a.st_mtime_ns // 10**9) == (
+            b.st_mode,
+            b.st_size,
+            b.st_mtime_ns // 10**9,
+        )
+    assert os.lstat(env.mnt / "tar" / "a" / "hard.txt").st_nlink == 2
+
+
+def test_git(env: Env) -> None:
+    repo = env.mnt / "repo"
+    repo.mkdir()
+    sh(
+        """
+        git init -q -b main .
+        git config user.email t@example.com && git config user.name t
+        for i in 1 2 3; do echo "line $i" > file$i; git add file$i; git commit -qm "commit $i"; done
+        git mv file1 moved && git commit -qm move
+        test "$(git log --oneline | wc -l)" = 4
+        git log -1 --format=%s | grep -qx move
+        git status --porcelain | wc -l | grep -qx 0
+        test -z "$(git fsck --no-progress 2>&1 | grep -v '^dangling' || true)"
+        """,
+        repo,
+    )
+
+
+def test_rsync(env: Env) -> None:
+    src = env.local / "rsync-src"
+    make_tree(src)
+    dst = env.mnt / "rsync"
+    sh(f"rsync -a {src}/ {dst}/", env.local)
+    sh(f"diff -r --no-dereference {src} {dst}", env.local)
+    assert os.lstat(dst / "a" / "small.txt").st_mtime_ns == 1_500_000_000_000_000_000
+    # a second run finds nothing to copy
+    out = sh(f"rsync -ai {src}/ {dst}/", env.local).stdout
+    assert out.strip() == "", out
+
+
+def test_fio_verify(env: Env) -> None:
+    d = env.mnt / "fio"
+    d.mkdir()
+    common = f"--directory={d} --name=v --size=24m --bs=64k --ioengine=psync --verify=crc32c --numjobs=2"
+    sh(f"fio {common} --rw=write --do_verify=0 --verify_state_save=0", d, timeout=100)
+    sh(f"fio {common} --rw=read --verify_only --verify_state_load=0", d, timeout=100)
+    sh(f"fio {common} --rw=randwrite --bs=4k --size=4m --do_verify=1 --verify_state_save=0", d, timeout=100)
+
+
+def test_appends_and_sparse_files(env: Env) -> None:
+    p = env.mnt / "appended"
+    want = b""
+    for i in range(20):
+        line = f"line {i} {'x' * (i * 997)}\n".encode()
+        with open(p, "ab") as f:
+            f.write(line)
+        want += line
+    assert p.read_bytes() == want
+    sh("for i in $(seq 5); do echo more$i >> appended; done", env.mnt)
+    assert p.read_bytes().endswith(b"more4\nmore5\n")
+
+    s = env.mnt / "sparse"
+    fd = os.open(s, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.pwrite(fd, b"tail", 10 * 1024 * 1024 + 3)
+        os.pwrite(fd, b"head", 0)
+    finally:
+        os.close(fd)
+    assert s.stat().st_size == 10 * 1024 * 1024 + 7
+    with open(s, "rb") as f:
+        data = f.read()
+    assert data[:4] == b"head" and data[-4:] == b"tail" and data[4:-4] == bytes(len(data) - 8)
+    sh("truncate -s 30M sparse2 && cmp -n 31457280 sparse2 /dev/zero", env.mnt)
+
+
+def test_stat_while_writer_open_and_after_close(env: Env) -> None:
+    p = env.mnt / "growing"
+    fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        for i in range(1, 6):
+            os.write(fd, b"z" * 300_000)
+            assert os.stat(p).st_size == i * 300_000  # by path, while the writer is open
+            assert os.fstat(fd).st_size == i * 300_000
+        # another process sees it too
+        assert sh("stat -c %s growing", env.mnt).stdout.strip() == str(5 * 300_000)
+    finally:
+        os.close(fd)
+    assert os.stat(p).st_size == 5 * 300_000
+    assert sh("stat -c %s growing", env.mnt).stdout.strip() == str(5 * 300_000)
+
+
+def test_xattrs_rename_and_errors(env: Env) -> None:
+    p = env.mnt / "xa"
+    p.write_bytes(b"1")
+    os.setxattr(p, "user.color", b"blue")
+    assert os.getxattr(p, "user.color") == b"blue"
+    assert "user.color" in os.listxattr(p)
+    os.removexattr(p, "user.color")
+    with pytest.raises(OSError) as e:
+        os.getxattr(p, "user.color")
+    assert e.value.errno == 61  # ENODATA
+    q = env.mnt / "xb"
+    q.write_bytes(b"2")
+    os.rename(p, q)
+    assert q.read_bytes() == b"1" and not p.exists()
+    (env.mnt / "full").mkdir()
+    (env.mnt / "full" / "f").write_bytes(b"")
+    with pytest.raises(OSError) as e:
+        os.rmdir(env.mnt / "full")
+    assert e.value.errno == 39  # ENOTEMPTY
+    with pytest.raises(FileNotFoundError):
+        os.stat(env.mnt / "nope")
+    with pytest.raises(FileExistsError):
+        os.mkdir(env.mnt / "full")
+
+
+def test_non_owner_denied(env: Env) -> None:
+    secret = env.mnt / "secret"
+    secret.write_bytes(b"top secret")
+    secret.chmod(0o600)
+    shared = env.mnt / "shared"
+    shared.write_bytes(b"public")
+    shared.chmod(0o644)
+    as_user = "setpriv --reuid=4321 --regid=4321 --clear-groups"
+    r = sh(f"{as_user} cat secret", env.mnt, check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    assert sh(f"{as_user} cat shared", env.mnt).stdout == "public"
+    r = sh(f"{as_user} sh -c 'echo x >> shared'", env.mnt, check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    r = sh(f"{as_user} touch newfile", env.mnt, check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr
+    assert shared.read_bytes() == b"public"
+
+
+async def test_two_mounts_see_each_others_files(env: Env) -> None:
+    other = await env.cluster.mount(env.mnt.parent / "mnt2", name="mount2")
+    try:
+        (env.mnt / "from1").write_bytes(b"one" * 100_000)
+        assert (other.path / "from1").read_bytes() == b"one" * 100_000
+        (other.path / "from2").write_bytes(b"two")
+        assert (env.mnt / "from2").read_bytes() == b"two"
+        # an overwrite through one mount is what the other reads after the writer closed
+        (env.mnt / "from1").write_bytes(b"new")
+        assert (other.path / "from1").read_bytes() == b"new"
+    finally:
+        assert other.unmount() == 0
+
+
+async def test_sigterm_unmounts_cleanly(env: Env) -> None:
+    m = await env.cluster.mount(env.mnt.parent / "mnt3", name="mount3")
+    (m.path / "x").write_bytes(b"x")
+    assert m.proc.popen is not None
+    m.proc.popen.terminate()
+    assert m.proc.popen.wait(timeout=30) == 0
+    assert not is_mounted(m.path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_gib_file(env: Env) -> None:
+    block = os.urandom(64 << 20)
+    src = env.local / "block"
+    src.write_bytes(block)
+    big = env.mnt / "big"
+    sh(f"for i in $(seq 32); do cat {src}; done > {big}", env.local, timeout=300)
+    assert big.stat().st_size == 2 << 30
+    want = hashlib.md5()
+    for _ in range(32):
+        want.update(block)
+    got = sh(f"md5sum {big}", env.local, timeout=300).stdout.split()[0]
+    assert got == want.hexdigest()
+    big.unlink()
+    src.unlink()
+
+
+def test_mkdir_modes_and_dirs_listing(env: Env) -> None:
+    d = env.mnt / "listing"
+    d.mkdir(mode=0o750)
+    assert stat.S_IMODE(d.stat().st_mode) == 0o750 & ~_umask()
+    names = {f"n{i:04d}" for i in range(300)}
+    for n in names:
+        (d / n).write_bytes(b"")
+    assert set(os.listdir(d)) == names
+    shutil.rmtree(d)
+    assert not d.exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
