@@ -162,7 +162,7 @@ async def test_pool_back_pressure_is_fifo_and_survives_cancellation() -> None:
     first = asyncio.ensure_future(want("first", 4096))
     cancelled = asyncio.ensure_future(want("cancelled", 4096))
     second = asyncio.ensure_future(want("second", 8192))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop iteration: each new task runs up to its wait
     assert pool.waiting == 3 and pool.try_acquire(10) is None  # waiters go first
     cancelled.cancel()
     cb_got: list[object] = []
@@ -223,7 +223,8 @@ async def test_limiter_async_acquire_and_cancel() -> None:
     waiter = asyncio.ensure_future(lim.acquire())
     later: list[str] = []
     lim.submit(lambda: later.append("ran"))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop iteration: the waiter task queues
+    assert lim.queued == 2
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
     lim.release()  # the cancelled waiter's slot passes on to the callback

@@ -8,7 +8,8 @@ import asyncio
 import dataclasses
 import hashlib
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -28,6 +29,16 @@ pytestmark = [
     pytest.mark.skipif(not INVENTORY.usable, reason=f"no usable RDMA device: {INVENTORY.reason()}"),
 ]
 SECRET = b"rdma-device-secret-0123456789abc"
+
+
+async def poll(condition: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.005)
+
+
 LIMITS = RpcLimits(max_payload_bytes=32 << 20)
 
 
@@ -94,10 +105,7 @@ async def test_one_sided_write_and_read() -> None:
     listener = await st.listen(("127.0.0.1", 0), lambda c: accepted.append(_Sink(c)) or accepted[-1])
     client = await ct.connect(listener.address, _Sink)
     assert isinstance(client, RdmaConnection)
-    for _ in range(500):
-        if accepted:
-            break
-        await asyncio.sleep(0.01)
+    await poll(lambda: bool(accepted))  # the server attaches its receiver once READY arrives
     server = accepted[0].conn
     assert isinstance(server, RdmaConnection)
     dest = await ct.alloc_buffer(client, 1 << 20)
