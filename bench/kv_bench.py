@@ -132,6 +132,25 @@ async def bench_scans(db: Database, prefix: bytes, entries: int, seconds: float)
     ]
 
 
+def probe_fsync_ms(directory: str, samples: int = 100) -> float:
+    """Median latency of overwriting 32 KiB and fdatasync-ing it here: the disk's state, so that
+    figures from a shared machine can be read in context."""
+    path = os.path.join(directory, "fsync-probe")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        block = b"x" * 32768
+        times = []
+        for i in range(samples):
+            start = time.perf_counter()
+            os.pwrite(fd, block, (i % 8) * len(block))
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1000
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 async def run_once(db: Database, args: argparse.Namespace, round_no: int) -> list[Result]:
     results: list[Result] = []
     for callers in args.callers:
@@ -143,9 +162,11 @@ async def run_once(db: Database, args: argparse.Namespace, round_no: int) -> lis
     return results
 
 
-async def main_async(args: argparse.Namespace) -> list[list[Result]]:
+async def main_async(args: argparse.Namespace) -> tuple[list[list[Result]], float | None]:
     path = args.path or tempfile.mkdtemp(prefix="kv-bench-")
     try:
+        os.makedirs(path, exist_ok=True)
+        fsync_ms = probe_fsync_ms(path) if args.engine == "lmdb" else None
         settings: dict[str, object] = {}
         if args.engine == "lmdb":
             settings = {"path": path, "group_commit_interval_ms": args.group_commit_interval_ms}
@@ -153,7 +174,7 @@ async def main_async(args: argparse.Namespace) -> list[list[Result]]:
             settings = {"cluster_file": args.cluster_file}
         db = await open_database(args.engine, **settings)
         try:
-            return [await run_once(db, args, n) for n in range(args.repeat)]
+            return [await run_once(db, args, n) for n in range(args.repeat)], fsync_ms
         finally:
             await db.close()
     finally:
@@ -179,7 +200,7 @@ def main() -> None:
         import uvloop
 
         uvloop.install()
-    rounds = asyncio.run(main_async(args))
+    rounds, fsync_ms = asyncio.run(main_async(args))
     by_workload: dict[str, list[float]] = {}
     for results in rounds:
         for r in results:
@@ -190,6 +211,7 @@ def main() -> None:
                 {
                     "engine": args.engine,
                     "seconds": args.seconds,
+                    "fsync_probe_ms": fsync_ms,
                     "workloads": {
                         name: {
                             "best_per_second": round(max(rates), 1),
@@ -204,7 +226,8 @@ def main() -> None:
             )
         )
         return
-    print(f"engine={args.engine} rounds={args.repeat} seconds={args.seconds}")
+    probe = f" fsync_probe_p50={fsync_ms:.3f}ms" if fsync_ms is not None else ""
+    print(f"engine={args.engine} rounds={args.repeat} seconds={args.seconds}{probe}")
     print(f"{'workload':<28} {'best ops/s':>12} {'median ops/s':>13}")
     for name, rates in by_workload.items():
         print(f"{name:<28} {max(rates):>12,.0f} {statistics.median(rates):>13,.0f}")
