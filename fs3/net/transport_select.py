@@ -200,7 +200,12 @@ def make_transport(
         return AutoTransport(None, inv.reason(), metrics_sink=sink)
     from fs3.net.rdma.transport import RdmaTransport
 
-    rdma = RdmaTransport(cfg, inventory=inv, opener=opener, limits=limits)  # type: ignore[arg-type]
+    try:
+        rdma = RdmaTransport(cfg, inventory=inv, opener=opener, limits=limits)  # type: ignore[arg-type]
+    except FS3Error as e:
+        if mode == "rdma":
+            raise
+        return AutoTransport(None, e.message, metrics_sink=sink)
     if mode == "rdma":
         rdma._on_choice = lambda peer, transport, reason: sink.record(transport, R_CONFIGURED)
         return rdma

@@ -58,6 +58,35 @@ def test_make_transport_without_a_device() -> None:
         make_transport("udp")
 
 
+def test_a_device_that_cannot_be_opened_means_tcp_in_auto_mode() -> None:
+    fabric = Fabric()
+
+    def broken(nic: object, cfg: object) -> object:
+        raise OSError(19, "No such device")
+
+    auto = make_transport(
+        "auto",
+        inventory=fabric.inventory(),
+        opener=broken,
+        metrics_sink=TransportMetrics(CollectorRegistry()),
+    )
+    assert isinstance(auto, AutoTransport) and auto.rdma is None
+    assert "could be opened" in auto.no_rdma_reason and "No such device" in auto.no_rdma_reason
+    with pytest.raises(FS3Error, match="could be opened"):
+        make_transport("rdma", inventory=fabric.inventory(), opener=broken)
+    # one bad NIC of two: the other is used
+    calls = []
+
+    def half(nic: object, cfg: object) -> object:
+        calls.append(nic)
+        if len(calls) == 1:
+            raise OSError(19, "No such device")
+        return fabric.opener(nic, cfg)  # type: ignore[arg-type]
+
+    rdma = RdmaTransport(RdmaConfig(), inventory=fabric.inventory(), opener=half)  # type: ignore[arg-type]
+    assert [n.name for n in rdma.nics] == ["fake1:1"]
+
+
 def test_make_transport_probes_this_machine() -> None:
     # whatever this machine has: auto always works, and says why when it is TCP
     t = make_transport("auto", metrics_sink=TransportMetrics(CollectorRegistry()))

@@ -257,7 +257,16 @@ class RdmaTransport(Transport):
         self.tcp_fallback = tcp_fallback
         self._on_choice = on_choice
         open_device = opener or _open_verbs
-        self.nics = [NicRuntime(open_device(nic, cfg), cfg, limits.max_payload_bytes) for nic in inv.nics]
+        self.nics: list[NicRuntime] = []
+        failed: list[str] = []
+        for nic in inv.nics:
+            try:
+                self.nics.append(NicRuntime(open_device(nic, cfg), cfg, limits.max_payload_bytes))
+            except Exception as e:  # one bad NIC must not take the others down
+                log.warning("rdma nic unusable nic=%s error=%s", nic.name, e)
+                failed.append(f"{nic.name}: {e}")
+        if not self.nics:
+            raise FS3Error(StatusCode.UNAVAILABLE, f"no RDMA device could be opened: {'; '.join(failed)}")
         self.selector: NicSelector[NicRuntime] = NicSelector(self.nics)
         self.connections: set[RdmaConnection] = set()
         self._tcp = TcpTransport()
