@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -101,3 +102,14 @@ def cleanup_local(d: Path) -> None:
         with contextlib.suppress(ValueError, OSError):
             _kill_pid(int(pid_file.read_text().strip()))
     _abort_mount(state.get("mount", ""))
+
+
+def dashboard_metrics() -> set[str]:
+    """The metric names the Grafana dashboard's queries use (histogram suffixes removed)."""
+    dash = json.loads((REPO / "deploy" / "grafana" / "fs3.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    names = set()
+    for e in exprs:
+        for name in re.findall(r"\bfs3_[a-z_]+", e):
+            names.add(re.sub(r"_(bucket|count|sum)$", "", name))
+    return names

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ops_helpers import REPO, fs3
+from ops_helpers import REPO, dashboard_metrics, fs3
 
 from fs3.cli.main import SUBCOMMANDS
 from fs3.config import SERVICE_CONFIGS
@@ -124,16 +124,6 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     ours = [line for line in out.stderr.splitlines() if "fs3" in line]
     assert not ours, "\n".join(ours)
-
-
-def dashboard_metrics() -> set[str]:
-    dash = json.loads((DEPLOY / "grafana" / "fs3.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-    names = set()
-    for e in exprs:
-        for name in re.findall(r"\bfs3_[a-z_]+", e):
-            names.add(re.sub(r"_(bucket|count|sum)$", "", name))
-    return names
 
 
 def test_dashboard_is_valid() -> None:
