@@ -34,6 +34,7 @@ WC_RNR_RETRY_EXC_ERR = 13
 class Fabric:
     qps: dict[int, FakeQueuePair] = field(default_factory=dict)
     regions: dict[int, Region] = field(default_factory=dict)
+    local_only: dict[int, Region] = field(default_factory=dict)
     next_qpn: int = 100
     next_key: int = 1000
     rnr_errors: int = 0
@@ -58,18 +59,24 @@ class FakeDevice:
         self.name = nic.name
         self.closed = False
 
-    def register(self, nbytes: int) -> Region:
+    def register(self, nbytes: int, remote: bool = True) -> Region:
         buf = bytearray(nbytes)
         view = memoryview(buf)
         key = self.fabric.next_key
         self.fabric.next_key += 1
         region = Region(view, buffer_address(view), key, key, nbytes, buf)
-        self.fabric.regions[key] = region
+        if remote:  # local-only memory cannot be found by an rkey, as on a device
+            self.fabric.regions[key] = region
+        else:
+            self.fabric.local_only[key] = region
         self.fabric.registered += nbytes
         return region
 
     def deregister(self, region: Region) -> None:
-        if self.fabric.regions.pop(region.rkey, None) is not None:
+        if (
+            self.fabric.regions.pop(region.rkey, None) is not None
+            or self.fabric.local_only.pop(region.rkey, None) is not None
+        ):
             self.fabric.registered -= region.length
 
     def queue_pair(self, max_send_wr: int, max_recv_wr: int) -> FakeQueuePair:

@@ -314,6 +314,10 @@ async def test_one_sided_write_and_read_between_registered_buffers() -> None:
         await server.rdma_read(memoryview(bytearray(10)), RemoteBuffer(desc.addr, desc.rkey, 11))
     with pytest.raises(FS3Error, match="not registered"):
         client.describe(bytearray(10))
+    # receive buffers are registered for local access only: a peer cannot write into them
+    recv = client._recv.region
+    with pytest.raises(FS3Error, match="remote access error"):
+        await server.rdma_write(b"x" * 10, RemoteBuffer(recv.addr, recv.rkey, 10))
     client.send_frame(1, 9, 1, 1, b"still fine")
     await poll(lambda: accepted[0].frames, what="frame after the failed write")
     ct.free_buffer(client, dest)

@@ -35,8 +35,9 @@ class Region:
 class Registrar(Protocol):
     """Registers and deregisters memory with one protection domain."""
 
-    def register(self, nbytes: int) -> Region:
-        """Allocate ``nbytes`` of page-aligned memory and register it for local and remote access."""
+    def register(self, nbytes: int, remote: bool = True) -> Region:
+        """Allocate ``nbytes`` of page-aligned memory and register it for local access and, with
+        ``remote``, for peers' RDMA READ and WRITE."""
 
     def deregister(self, region: Region) -> None:
         """Undo :meth:`register` (the region's memory must not be in use by any work request)."""

@@ -71,7 +71,7 @@ class DeviceOps(Protocol):
 
     name: str
 
-    def register(self, nbytes: int) -> Region: ...
+    def register(self, nbytes: int, remote: bool = True) -> Region: ...
 
     def deregister(self, region: Region) -> None: ...
 
@@ -295,7 +295,10 @@ class RdmaTransport(Transport):
         qp.connect(remote, timeout=cfg.timeout, retry_cnt=cfg.retry_cnt, rnr_retry=cfg.rnr_retry)
         # Our SENDs fill the peer's receive buffers, so they are cut to the peer's buffer size.
         send_size = remote.buffer_size
-        region = nic.device.register(send_size * cfg.send_buffers + cfg.buffer_size * cfg.recv_buffers)
+        # SEND/RECV buffers are only ever touched by our own NIC: no remote access to them at all.
+        region = nic.device.register(
+            send_size * cfg.send_buffers + cfg.buffer_size * cfg.recv_buffers, remote=False
+        )
         send_region = dataclasses.replace(region, view=region.view[: send_size * cfg.send_buffers])
         recv_off = send_size * cfg.send_buffers
         recv_region = dataclasses.replace(

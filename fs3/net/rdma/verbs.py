@@ -85,13 +85,14 @@ class Device:
 
     # ---- Registrar ------------------------------------------------------------------------------
 
-    def register(self, nbytes: int) -> Region:
-        """Page-aligned anonymous memory of ``nbytes``, registered for local and remote access."""
+    def register(self, nbytes: int, remote: bool = True) -> Region:
+        """Page-aligned anonymous memory of ``nbytes``, registered for local access and, with
+        ``remote``, for peers' RDMA READ/WRITE."""
         mem = mmap.mmap(-1, nbytes)
         view = memoryview(mem)
         addr = buffer_address(view)
         try:
-            mr = MR(self.pd, nbytes, self.access, address=addr)
+            mr = MR(self.pd, nbytes, self.access if remote else e.IBV_ACCESS_LOCAL_WRITE, address=addr)
         except PyverbsError as exc:
             view.release()
             mem.close()
