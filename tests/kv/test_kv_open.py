@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import lmdb
 import pytest
 
 from fs3.errors import FS3Error, StatusCode
@@ -182,3 +183,30 @@ async def test_lmdb_cancelled_commit_leaves_store_usable(tmp_path: Path) -> None
     assert await db.run(lambda tr: tr.get(b"after"), read_only=True) == b"2"
     assert await db.run(lambda tr: tr.get(b"maybe"), read_only=True) in (None, b"1")
     await db.close()
+
+
+async def test_lmdb_data_file_is_extended_ahead_of_use(tmp_path: Path) -> None:
+    from fs3.kv.lmdb_engine import _FileExtender
+
+    db = await open_database("lmdb", path=str(tmp_path))
+
+    async def grow(tr: Transaction, n: int) -> None:
+        for i in range(200):
+            tr.set(b"g/%d/%d" % (n, i), bytes(4000))
+
+    for n in range(12):  # ~10 MB: a few extensions
+        await db.run(lambda tr, n=n: grow(tr, n))
+    await db.close()
+
+    env = lmdb.open(str(tmp_path), readonly=True, lock=False)
+    used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    env.close()
+    size = (tmp_path / "data.mdb").stat().st_size
+    # Ahead of LMDB by at most one step, and never behind by more than the low-water mark.
+    assert size - used >= _FileExtender.LOW - (2 << 20)  # less what the last commit took
+    assert size - used <= _FileExtender.LOW + _FileExtender.STEP
+
+    reopened = await open_database("lmdb", path=str(tmp_path))
+    pairs = await reopened.run(lambda tr: tr.get_range(b"g/", b"g0"), read_only=True)
+    assert len(pairs) == 12 * 200 and all(kv.value == bytes(4000) for kv in pairs)
+    await reopened.close()
