@@ -15,6 +15,11 @@ until ``timeout_s`` runs out. Non-idempotent calls (create, mkdir, mknod, symlin
 rmdir, rename) carry a request id that stays the same across those re-sends, and the server returns
 the first result for it, so a create whose reply was lost does not fail with EEXIST on retry.
 Errors raise :class:`fs3.errors.FS3Error` with the server's status code (``.errno`` for POSIX).
+
+Open files hold sessions on meta. A client that keeps a mgmtd client session alive
+(:class:`fs3.client.mgmtd_client.ClientSessionKeeper`) with ``client_id = str(meta_client.client_id)``
+keeps its meta sessions from expiring however long its files stay open; sessions of a client that
+vanishes expire after the meta's ``session_timeout_s``.
 """
 
 from __future__ import annotations

@@ -71,6 +71,16 @@ class MetaDaemon:
             return None
         return ChainTable(t.table_id, t.version, tuple(t.chain_ids))
 
+    async def _live_clients(self) -> frozenset[int] | None:
+        """Meta client ids with a live mgmtd client session; None when mgmtd cannot say."""
+        assert self.mgmtd is not None
+        try:
+            sessions = await self.mgmtd.list_client_sessions()
+        except FS3Error as e:
+            log.warning("cannot list client sessions, no session expires this round error=%s", e)
+            return None
+        return frozenset(int(s.client_id) for s in sessions if s.client_id.isdigit())
+
     async def start(self) -> None:
         cfg = self.cfg
         _check_bindable(cfg.listen_host, cfg.listen_port)
@@ -118,6 +128,7 @@ class MetaDaemon:
             gc_interval_s=cfg.gc_interval_s,
             session_timeout_s=cfg.session_timeout_s,
             idem_ttl_s=cfg.idem_ttl_s,
+            live_clients=self._live_clients if self.mgmtd is not None else None,
         )
         await self.store.start()
         self.server = RpcServer(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")

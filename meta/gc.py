@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from fs3.errors import FS3Error
 from fs3.kv import Transaction, prefix_end
@@ -31,10 +32,19 @@ DIR_BATCH = 128
 class Collector:
     """Runs :meth:`collect_once` every ``interval_s`` (and at once after :meth:`wake`)."""
 
-    def __init__(self, ns: Namespace, interval_s: float, session_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        ns: Namespace,
+        interval_s: float,
+        session_timeout_s: float = 0.0,
+        live_clients: Callable[[], Awaitable[frozenset[int] | None]] | None = None,
+    ) -> None:
+        """``live_clients`` names the clients whose sessions must not expire (None when that is
+        unknown right now: then nothing expires this round); without it, age alone decides."""
         self.ns = ns
         self.interval_s = interval_s
         self.session_timeout_s = session_timeout_s
+        self.live_clients = live_clients
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.removed_files = 0
@@ -59,14 +69,25 @@ class Collector:
                 await asyncio.wait_for(self._wake.wait(), self.interval_s)
             self._wake.clear()
             try:
-                if self.session_timeout_s > 0:
-                    expiry = inodes.now_ns() - int(self.session_timeout_s * 1e9)
-                    await self.ns.prune_sessions(older_than_ns=expiry)  # type: ignore[attr-defined]
+                await self.expire_sessions()
                 await self.collect_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("gc round failed")
+
+    async def expire_sessions(self) -> int:
+        """Prune sessions untouched for ``session_timeout_s`` whose clients are not live."""
+        if self.session_timeout_s <= 0:
+            return 0
+        keep: frozenset[int] = frozenset()
+        if self.live_clients is not None:
+            live = await self.live_clients()
+            if live is None:
+                return 0
+            keep = live
+        expiry = inodes.now_ns() - int(self.session_timeout_s * 1e9)
+        return await self.ns.prune_sessions(older_than_ns=expiry, keep_clients=keep)  # type: ignore[attr-defined]
 
     async def collect_once(self) -> int:
         """One pass over the queue; returns how many entries were finished."""

@@ -5,7 +5,9 @@ open keeps its chunks until the last handle closes: the collector skips files wi
 session's close or fsync reports the highest offset the client wrote; the length becomes the larger
 of the stored length and that report (length only shrinks through truncate). A report of 0 with
 ``wrote`` set asks storage instead (query last chunk on each of the file's chains). Sessions of clients
-that vanish expire after ``session_timeout_s`` without an fsync, or when pruned by client id.
+that vanish are pruned: by client id (PruneSession), or by the collector once a session has not been
+touched for ``session_timeout_s`` and its client holds no live session with mgmtd (the client's
+mgmtd ``ClientSession.client_id`` is the decimal form of its meta client id).
 """
 
 from __future__ import annotations
@@ -119,9 +121,23 @@ class SessionOps(Namespace):
 
         return await self.db.run(fn, read_only=True)
 
-    async def prune_sessions(self, client_id: int = 0, older_than_ns: int = 0, batch: int = 1000) -> int:
+    async def prune_sessions(
+        self,
+        client_id: int = 0,
+        older_than_ns: int = 0,
+        keep_clients: frozenset[int] = frozenset(),
+        batch: int = 1000,
+    ) -> int:
         """Remove the sessions of ``client_id`` (0: any client) not touched since ``older_than_ns``
-        (0: whatever their age); returns how many. Scans every session, in pages."""
+        (0: whatever their age), except those of ``keep_clients``; returns how many."""
+
+        def doomed(s: meta_pb2.FileSession) -> bool:
+            return (
+                (not client_id or s.client_id == client_id)
+                and (not older_than_ns or s.touched_ns < older_than_ns)
+                and s.client_id not in keep_clients
+            )
+
         pruned = 0
         begin = schema.INOS
         end = prefix_end(schema.INOS)
@@ -131,22 +147,19 @@ class SessionOps(Namespace):
                 return [tuple(kv) for kv in await tr.snapshot.get_range(begin, end, batch)]
 
             rows = await self.db.run(scan, read_only=True)
-            doomed = []
-            for key, value in rows:
-                s = meta_pb2.FileSession.FromString(value)
-                if client_id and s.client_id != client_id:
-                    continue
-                if older_than_ns and s.touched_ns >= older_than_ns:
-                    continue
-                doomed.append(key)
-            if doomed:
+            keys = [k for k, v in rows if doomed(meta_pb2.FileSession.FromString(v))]
+            if keys:
 
-                async def drop(tr: Transaction, doomed: list[bytes] = doomed) -> None:
-                    for key in doomed:
-                        tr.clear(key)
+                async def drop(tr: Transaction, keys: list[bytes] = keys) -> int:
+                    n = 0
+                    for key in keys:
+                        raw = await tr.get(key)  # a sync may have touched it since the scan
+                        if raw is not None and doomed(meta_pb2.FileSession.FromString(raw)):
+                            tr.clear(key)
+                            n += 1
+                    return n
 
-                await self.db.run(drop)
-                pruned += len(doomed)
+                pruned += await self.db.run(drop)
             if len(rows) < batch:
                 break
             begin = rows[-1][0] + b"\0"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from fs3.kv import Database
 from fs3.meta.attrs import AttrOps
@@ -46,9 +47,10 @@ class MetaStore(AttrOps, SessionOps, EntryOps):
         gc_interval_s: float = 5.0,
         session_timeout_s: float = 0.0,
         idem_ttl_s: float = DEFAULT_TTL_S,
+        live_clients: Callable[[], Awaitable[frozenset[int] | None]] | None = None,
     ) -> None:
         super().__init__(db, layouts=layouts, chunks=chunks, ids=ids)
-        self.collector = Collector(self, gc_interval_s, session_timeout_s)
+        self.collector = Collector(self, gc_interval_s, session_timeout_s, live_clients)
         self.idem_ttl_s = idem_ttl_s
         self._expiry: asyncio.Task[None] | None = None
 

@@ -328,3 +328,24 @@ async def test_prune_sessions(tree: Tree) -> None:
     await s.open(ALICE, tree["/pub/alice_file"], 0, client_id=6)
     assert await s.prune_sessions(client_id=5) == 1
     assert [x.client_id for x in await s.sessions_of(tree["/pub/alice_file"])] == [6]
+
+
+async def test_sessions_expire_unless_their_client_is_live(tree: Tree) -> None:
+    s = tree.store
+    f = tree["/pub/alice_file"]
+    await s.open(ALICE, f, 0, client_id=5)
+    await s.open(ALICE, f, 0, client_id=6)
+
+    async def live() -> frozenset[int]:
+        return frozenset({6})
+
+    s.collector.session_timeout_s = 1e-9
+    s.collector.live_clients = live
+    assert await s.collector.expire_sessions() == 1
+    assert [x.client_id for x in await s.sessions_of(f)] == [6]
+
+    async def unknown() -> None:
+        return None
+
+    s.collector.live_clients = unknown
+    assert await s.collector.expire_sessions() == 0
