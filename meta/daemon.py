@@ -6,6 +6,9 @@ from __future__ import annotations
 import logging
 import socket
 
+from prometheus_client import CollectorRegistry
+
+from fs3 import metrics
 from fs3.client.meta_client import DEV_SECRET
 from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import RoutingCache
@@ -48,6 +51,7 @@ class MetaDaemon:
         secret: bytes | None = None,
         db: Database | None = None,
         chunks: ChunkStore | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.cfg = cfg
         self.secret = secret
@@ -59,6 +63,9 @@ class MetaDaemon:
         self.agent: NodeAgent | None = None
         self.server: RpcServer | None = None
         self.storage_rpc: RpcClient | None = None
+        # A registry of its own unless given the process's, so several daemons can share a test.
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics_server: metrics.MetricsServer | None = None
         self.store: MetaStore | None = None
         self.port = 0
 
@@ -132,7 +139,9 @@ class MetaDaemon:
         )
         await self.store.start()
         self.server = RpcServer(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")
-        MetaService(self.store, auth, statfs=self.store.chunks.space).register(self.server)
+        MetaService(self.store, auth, statfs=self.store.chunks.space).register(self.server, self.registry)
+        if cfg.metrics_port:
+            self.metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host, self.registry)
         try:
             host, self.port = await self.server.start((cfg.listen_host, cfg.listen_port))
         except OSError as e:
@@ -156,6 +165,9 @@ class MetaDaemon:
         log.info("meta serving node_id=%d port=%d engine=%s", cfg.node_id, self.port, cfg.kv.engine)
 
     async def stop(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         if self.agent is not None:
             await self.agent.stop()
         if self.routing is not None:

@@ -79,9 +79,10 @@ def _write_port_file(path: str, port: int) -> None:
 
 async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
     """Run one meta daemon until SIGTERM/SIGINT. Raises FS3Error when it cannot start."""
+    from fs3 import metrics
     from fs3.meta.daemon import MetaDaemon
 
-    daemon = MetaDaemon(cfg, secret=read_secret(cfg.cluster_secret_file))
+    daemon = MetaDaemon(cfg, secret=read_secret(cfg.cluster_secret_file), registry=metrics.registry())
     await daemon.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -5,9 +5,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from fs3 import metrics
 from fs3.client.meta_client import META_SERVICE
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import Authenticator
@@ -38,8 +42,21 @@ class MetaService:
         self._statfs = statfs
         self._metrics = metrics
 
-    def register(self, server: RpcServer) -> None:
-        server.add_service(META_SERVICE, self)
+    def register(self, server: RpcServer, registry: CollectorRegistry | None = None) -> None:
+        """Serve every method on ``server``, counting requests and latencies into ``registry``."""
+        if registry is None:
+            server.add_service(META_SERVICE, self)
+            return
+        requests = metrics.counter(
+            "fs3_meta_requests_total", "meta requests by method and status", ("method", "code"), reg=registry
+        )
+        latency = metrics.histogram(
+            "fs3_meta_request_seconds", "meta request latency by method", ("method",), reg=registry
+        )
+        server.add_service(
+            META_SERVICE,
+            {m.name: _measured(getattr(self, m.name), m.name, requests, latency) for m in META_SERVICE},
+        )
 
     async def _cred(self, req: Any) -> Credentials:
         return await self.auth.credentials(req.hdr.user)
@@ -199,6 +216,26 @@ class MetaService:
         if not req.client_id:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
         return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id))
+
+
+def _measured(handler: Any, name: str, requests: Any, latency: Any) -> Any:
+    ok = requests.labels(name, "OK")
+    observe = latency.labels(name).observe
+    clock = time.perf_counter
+
+    async def measured(req: Any, payload: Any, ctx: CallContext) -> Any:
+        start = clock()
+        try:
+            rsp = await handler(req, payload, ctx)
+        except FS3Error as e:
+            requests.labels(name, e.code.name).inc()
+            raise
+        finally:
+            observe(clock() - start)
+        ok.inc()
+        return rsp
+
+    return measured
 
 
 def user_info(uid: int, gid: int, groups: tuple[int, ...] = (), token: str = "") -> common_pb2.UserInfo:

@@ -111,6 +111,12 @@ async def test_tokens_layouts_and_registration(cluster: Cluster) -> None:
             with pytest.raises(FS3Error) as info:
                 await bad.stat(pub.id)
             assert info.value.errno == errno.EACCES
+        reg = cluster.meta.registry
+        assert reg.get_sample_value("fs3_meta_requests_total", {"method": "Create", "code": "OK"}) == 2
+        assert (
+            reg.get_sample_value("fs3_meta_requests_total", {"method": "Stat", "code": "UNAUTHENTICATED"})
+            == 2
+        )
         nodes = await cluster.admin.list_nodes()
         assert any(n.node_id == 100 and n.type == common_pb2.NODE_META for n in nodes)
     finally:
