@@ -807,3 +807,7 @@ def main(argv: list[str]) -> int:
         code = EX_UNAVAILABLE if e.code == StatusCode.UNAVAILABLE else EX_FAILED
         print(f"fs3 local {args.action}: {e}", file=sys.stderr)
         return code
+    except OSError as e:  # e.g. a daemon's program cannot be run, a file cannot be written
+        where = f" {e.filename}" if e.filename else ""
+        print(f"fs3 local {args.action}: {e.strerror or e}:{where}", file=sys.stderr)
+        return EX_FAILED

@@ -231,16 +231,37 @@ def command(
     return register
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, before_command: bool) -> None:
+    """Connection and output flags, accepted before the command and after it. After it they
+    default to SUPPRESS, so that a subcommand does not reset what was given before it."""
+
+    def d(value: object) -> object:
+        return value if before_command else argparse.SUPPRESS
+
     g = p.add_argument_group("connection")
     g.add_argument(
-        "--mgmtd", metavar="ADDRS", help="mgmtd host:port list, comma separated ($FS3_MGMTD_ADDRESSES)"
+        "--mgmtd",
+        metavar="ADDRS",
+        default=d(None),
+        help="mgmtd host:port list, comma separated ($FS3_MGMTD_ADDRESSES)",
     )
-    g.add_argument("--token-file", metavar="FILE", help="file holding a user token ($FS3_TOKEN_FILE)")
-    g.add_argument("--secret-file", metavar="FILE", help="cluster secret file ($FS3_CLUSTER_SECRET_FILE)")
-    g.add_argument("--local-dir", metavar="DIR", help="use the settings of the 'fs3 local' cluster in DIR")
-    g.add_argument("--timeout", type=float, default=15.0, help="seconds to keep retrying (default 15)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    g.add_argument(
+        "--token-file", metavar="FILE", default=d(None), help="file holding a user token ($FS3_TOKEN_FILE)"
+    )
+    g.add_argument(
+        "--secret-file",
+        metavar="FILE",
+        default=d(None),
+        help="cluster secret file ($FS3_CLUSTER_SECRET_FILE)",
+    )
+    g.add_argument(
+        "--local-dir",
+        metavar="DIR",
+        default=d(None),
+        help="use the settings of the 'fs3 local' cluster in DIR",
+    )
+    g.add_argument("--timeout", type=float, default=d(15.0), help="seconds to keep retrying (default 15)")
+    p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of a table")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -255,12 +276,13 @@ def parser() -> argparse.ArgumentParser:
             "1 failed, 2 usage, 3 checksum mismatch, 69 unreachable. Run 'fs3 admin COMMAND --help' for more."
         ),
     )
+    _common(p, before_command=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         cmd = COMMANDS[name]
         sp = sub.add_parser(name, help=cmd.help, description=cmd.help)
         cmd.setup(sp)
-        _common(sp)
+        _common(sp, before_command=False)
         sp.set_defaults(_command=cmd)
     return p
 

@@ -150,6 +150,14 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert rot.returncode in (0, 1) and (rot.returncode == 0 or rot.stderr.count("\n") == 1)
 
 
+def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
+    flags = ["--mgmtd", mgmtd.address, "--token-file", str(mgmtd.token)]
+    before = fs3("admin", *flags, "--json", "list-chain-tables")
+    after = fs3("admin", "list-chain-tables", *flags, "--json")
+    assert before.returncode == after.returncode == 0, before.stderr + after.stderr
+    assert json.loads(before.stdout) == json.loads(after.stdout)
+
+
 def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     token_file = tmp_path / "alice.token"
     add = mgmtd.admin("user-add", "1000", "alice", "--groups", "10,20", "--token-out", str(token_file))
