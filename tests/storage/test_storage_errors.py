@@ -50,7 +50,7 @@ async def test_malformed_and_refused_requests(tmp_path):
             return e.value
 
         data = b"abcd" * 100
-        e = await call(head, write, write_req(chain_id, chain.version + 5, data), data)
+        e = await call(head, write, write_req(chain_id, chain.version + 1000, data), data)
         assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH and "version" in e.message
         e = await call(head, write, write_req(chain_id, chain.version - 1, data), data)
         assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH
