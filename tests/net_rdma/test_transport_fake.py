@@ -451,3 +451,14 @@ def test_random_streams_arrive_whole_and_in_order(
         assert not fabric.qps and fabric.registered == 0  # every queue pair and registration released
 
     asyncio.run(run())
+
+
+async def test_a_tcp_client_s_large_first_burst_is_handed_to_the_tcp_transport(pair: Pair) -> None:
+    # 200 KiB may be buffered before the listener has decided what the socket is; all of it goes to
+    # the TCP transport, which judges it as it would on its own listener: a request before the
+    # handshake, larger than the handshake limits, gets an error frame (magic b"FS3R") and a close.
+    reader, writer = await asyncio.open_connection(*pair.address)
+    writer.write(encode_header(1, 7, 1, 1, 200_000, 0) + bytes(200_000))
+    reply = await asyncio.wait_for(reader.read(), 10)
+    assert reply[:4] == b"FS3R"
+    writer.close()

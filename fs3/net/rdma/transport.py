@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 TCP_MAGIC = b"FS3R"
 _READY = b"\x01"
+# Bytes a listener holds while it tells an RDMA handshake from a TCP client (normally a few hundred).
+_SNIFF_MAX = 1 << 20
 _KEEPALIVE = [
     (getattr(socket, name), value)
     for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
@@ -138,7 +140,11 @@ class _Side(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.n >= len(self.buf):
-            self.n = 0  # after the handshake nothing is expected: discard
+            if self.conn is None and len(self.buf) < _SNIFF_MAX:
+                # still deciding what this socket is: keep everything for the TCP transport
+                self.buf.extend(bytes(len(self.buf)))
+            else:
+                self.n = 0  # an RDMA connection's socket: nothing more is expected, discard
         return memoryview(self.buf)[self.n :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -199,10 +205,13 @@ def _hand_to_tcp(
     rest = side.leftover()
     side.transport.set_protocol(conn)
     conn.connection_made(side.transport)
-    if rest:
-        view = conn.get_buffer(len(rest))
-        view[: len(rest)] = rest
-        conn.buffer_updated(len(rest))
+    view_of_rest = memoryview(rest)
+    while view_of_rest and not conn.is_closing:
+        view = conn.get_buffer(len(view_of_rest))
+        k = min(len(view), len(view_of_rest))
+        view[:k] = view_of_rest[:k]
+        conn.buffer_updated(k)
+        view_of_rest = view_of_rest[k:]
     return conn
 
 
