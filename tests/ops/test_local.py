@@ -6,12 +6,13 @@ import asyncio
 import importlib.util
 import json
 import os
+import signal
 import stat
 import urllib.request
 from pathlib import Path
 
 import pytest
-from ops_helpers import fs3
+from ops_helpers import fs3, wait_for
 
 from fs3.local import is_mounted
 
@@ -65,11 +66,35 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
     assert report["mismatches"] == 0 and len(report["chunks"]) == 3
     assert all(len(c["replicas"]) == 3 for c in report["chunks"])
 
+    ls = fs3("admin", "ls", "/", "--local-dir", str(local_dir), "--json")
+    assert ls.returncode == 0, ls.stderr
+    assert [(e["name"], e["size"]) for e in json.loads(ls.stdout)] == [("survivor.bin", len(data))]
+    st = fs3("admin", "stat", "/survivor.bin", "--layout", "--local-dir", str(local_dir), "--json")
+    assert st.returncode == 0, st.stderr
+    layout = json.loads(st.stdout)
+    assert [c["index"] for c in layout["chunks"]] == [0, 1, 2]
+    for c in layout["chunks"]:
+        assert c["chain_id"] in layout["layout"]["chains"]
+        assert len({t["node_id"] for t in c["targets"]}) == 3 and all(
+            t["state"] == "SERVING" for t in c["targets"]
+        )
+    gc = fs3("admin", "gc-list", "--local-dir", str(local_dir), "--json")
+    assert gc.returncode == 0 and json.loads(gc.stdout) == [], gc.stderr
+
     # a second up while running starts nothing new
     again = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
     assert again.returncode == 0, again.stderr
     assert "mgmtd: already running" in again.stdout
     assert _procs(local_dir) == procs
+
+    # a crashed daemon: status says so, and up starts just that one again
+    os.kill(procs["storage-10002"], signal.SIGKILL)
+    wait_for(lambda: not _procs(local_dir)["storage-10002"], 10, "storage-10002 to die")
+    assert fs3("local", "status", "--dir", str(local_dir)).returncode == 1
+    healed = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
+    assert healed.returncode == 0, healed.stdout + healed.stderr
+    assert "storage-10002: pid" in healed.stdout and "storage-10001: pid" not in healed.stdout
+    assert asyncio.run(_read(local_dir, "/survivor.bin")) == data
 
     down = fs3("local", "down", "--dir", str(local_dir))
     assert down.returncode == 0, down.stderr
