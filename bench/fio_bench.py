@@ -1,0 +1,187 @@
+"""fio against an fs3 mount, beside the same runs on the local disk.
+
+    .venv/bin/python bench/fio_bench.py                     # starts a cluster (3 storage daemons,
+                                                            # replication 3) and mounts it
+    .venv/bin/python bench/fio_bench.py --mount /mnt/fs3    # an existing mount
+    .venv/bin/python bench/fio_bench.py --repeat 3 --json   # best and typical (median) of 3
+
+Runs the job files in bench/fio/ (variables DIR, SIZE, NUMJOBS, DIRECT, IODEPTH, RUNTIME) for
+buffered and direct I/O: sequential write and read with 1 MiB blocks (1 and 4 jobs), random read and
+write with 4 KiB blocks (4 jobs). Page caches are dropped before each read run (as root), so
+buffered reads come from fs3, not from memory. Prints MiB/s and IOPS per run for fs3 and local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = ROOT / "bench" / "fio"
+
+
+@dataclass(frozen=True)
+class Run:
+    job: str  # job file stem
+    numjobs: int
+    direct: int
+    iodepth: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.job} j{self.numjobs} {'direct' if self.direct else 'buffered'} qd{self.iodepth}"
+
+
+def runs() -> list[Run]:
+    out = []
+    for direct in (0, 1):
+        out += [
+            Run("seq-write", 1, direct, 4),
+            Run("seq-write", 4, direct, 4),
+            Run("seq-read", 1, direct, 4),
+            Run("seq-read", 4, direct, 4),
+            Run("rand-read", 4, direct, 16),
+            Run("rand-write", 4, direct, 16),
+        ]
+    return out
+
+
+def drop_caches() -> None:
+    with contextlib.suppress(OSError):
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def fio(run: Run, directory: Path, size: str, runtime: int) -> dict[str, float]:
+    """Run one job; returns MiB/s and IOPS summed over the jobs."""
+    if "read" in run.job:
+        drop_caches()
+    env = {
+        **os.environ,
+        "DIR": str(directory),
+        "SIZE": size,
+        "NUMJOBS": str(run.numjobs),
+        "DIRECT": str(run.direct),
+        "IODEPTH": str(run.iodepth),
+        "RUNTIME": str(runtime),
+    }
+    r = subprocess.run(
+        ["fio", "--output-format=json", str(JOBS / f"{run.job}.fio")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=runtime * 10 + 600,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"fio {run.name} in {directory} failed:\n{r.stderr[-2000:]}")
+    report = json.loads(r.stdout[r.stdout.index("{") :])
+    job = report["jobs"][0]
+    side = job["write"] if "write" in run.job else job["read"]
+    return {"mib_s": side["bw_bytes"] / (1 << 20), "iops": side["iops"]}
+
+
+def measure(
+    directory: Path, size: str, runtime: int, repeat: int, only: str
+) -> dict[str, list[dict[str, float]]]:
+    results: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeat):
+        for run in runs():
+            if only and only not in run.name:
+                continue
+            results.setdefault(run.name, []).append(fio(run, directory, size, runtime))
+            print(f"  {directory}: {run.name}: {results[run.name][-1]}", file=sys.stderr)
+    return results
+
+
+def summary(samples: list[dict[str, float]]) -> dict[str, float]:
+    mib = [s["mib_s"] for s in samples]
+    iops = [s["iops"] for s in samples]
+    return {
+        "best_mib_s": max(mib),
+        "typical_mib_s": statistics.median(mib),
+        "best_iops": max(iops),
+        "typical_iops": statistics.median(iops),
+        "samples": len(samples),
+    }
+
+
+def table(fs3: dict[str, dict[str, float]], local: dict[str, dict[str, float]]) -> str:
+    head = f"{'run':34} {'fs3 MiB/s':>10} {'fs3 IOPS':>9} {'(typical)':>10} {'local MiB/s':>12} {'local IOPS':>11}"
+    lines = [head, "-" * len(head)]
+    for name, s in fs3.items():
+        loc = local.get(name)
+        typ = s["typical_iops"] if "rand" in name else s["typical_mib_s"]
+        lines.append(
+            f"{name:34} {s['best_mib_s']:10.0f} {s['best_iops']:9.0f} {typ:10.0f} "
+            + (f"{loc['best_mib_s']:12.0f} {loc['best_iops']:11.0f}" if loc else f"{'-':>12} {'-':>11}")
+        )
+    return "\n".join(lines)
+
+
+async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "client")]
+    from fs_cluster import FsCluster
+
+    tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
+    try:
+        async with FsCluster(tmp / "cluster", log_level="WARNING") as c:
+            m = await c.mount(tmp / "mnt")
+            return await asyncio.to_thread(measure, m.path, args.size, args.runtime, args.repeat, args.only)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mount", type=Path, help="an existing fs3 mount (default: start a cluster and mount it)")
+    p.add_argument(
+        "--local-dir", type=Path, help="local-disk directory to compare with (default: a temp dir)"
+    )
+    p.add_argument("--no-local", action="store_true", help="skip the local-disk runs")
+    p.add_argument("--size", default="512M", help="file size per job (default 512M)")
+    p.add_argument("--runtime", type=int, default=8, help="seconds per time-based run (default 8)")
+    p.add_argument("--repeat", type=int, default=1, help="measure each run this many times")
+    p.add_argument("--only", default="", help="only runs whose name contains this")
+    p.add_argument("--tmp", default="/var/tmp", help="where temporary clusters and files go")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args()
+    if shutil.which("fio") is None:
+        sys.stderr.write("fio_bench: fio is not installed\n")
+        return 2
+    if args.mount:
+        d = args.mount / f"fio-bench-{os.getpid()}"
+        d.mkdir()
+        try:
+            fs3_raw = measure(d, args.size, args.runtime, args.repeat, args.only)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    else:
+        fs3_raw = asyncio.run(_with_cluster(args))
+    local_raw: dict[str, list[dict[str, float]]] = {}
+    if not args.no_local:
+        local = Path(tempfile.mkdtemp(prefix="fio-local-", dir=args.local_dir or args.tmp))
+        try:
+            local_raw = measure(local, args.size, args.runtime, args.repeat, args.only)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+    fs3 = {k: summary(v) for k, v in fs3_raw.items()}
+    loc = {k: summary(v) for k, v in local_raw.items()}
+    if args.json:
+        print(json.dumps({"fs3": fs3, "local": loc, "size": args.size, "runtime_s": args.runtime}, indent=2))
+    else:
+        print(table(fs3, loc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
