@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL_S = 1800.0
 
 
-async def expire_idem(db: Database, ttl_s: float = DEFAULT_TTL_S, batch: int = 1000) -> int:
+async def expire_idem(db: Database, ttl_s: float = DEFAULT_TTL_S, batch: int = 256) -> int:
     """Remove IDEM records older than ``ttl_s``; returns how many."""
     cutoff = inodes.now_ns() - int(ttl_s * 1e9)
     begin, end = schema.IDEM, prefix_end(schema.IDEM)

@@ -11,6 +11,7 @@ attributes in :mod:`fs3.meta.attrs`; open files in :mod:`fs3.meta.sessions`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,7 @@ O_TRUNC = 0o1000
 MAX_SYMLINK_FOLLOWS = 40
 READDIR_DEFAULT = 256
 READDIR_MAX = 4096
+YIELD_EVERY = 256  # entries handled between returns to the event loop (about a millisecond)
 
 
 class Namespace:
@@ -138,7 +140,9 @@ class Namespace:
 
         async def fn(tr: Transaction) -> list[meta_pb2.Inode | FS3Error]:
             out: list[meta_pb2.Inode | FS3Error] = []
-            for i in inode_ids:
+            for n, i in enumerate(inode_ids):
+                if n and n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # a big batch must not hold the event loop
                 try:
                     out.append(inodes.public(await inodes.load_full(tr.snapshot, i)))
                 except FS3Error as e:
@@ -210,7 +214,9 @@ class Namespace:
             more = len(rows) > limit
             entries = []
             found = []
-            for key, value in rows[:limit]:
+            for n, (key, value) in enumerate(rows[:limit]):
+                if n and n % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # a big page must not hold the event loop
                 e = meta_pb2.DirEntry.FromString(value)
                 e.parent = inode_id
                 e.name = schema.name_of_dentry_key(key)

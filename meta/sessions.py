@@ -126,7 +126,7 @@ class SessionOps(Namespace):
         client_id: int = 0,
         older_than_ns: int = 0,
         keep_clients: frozenset[int] = frozenset(),
-        batch: int = 1000,
+        batch: int = 256,
     ) -> int:
         """Remove the sessions of ``client_id`` (0: any client) not touched since ``older_than_ns``
         (0: whatever their age), except those of ``keep_clients``; returns how many."""
