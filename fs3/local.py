@@ -84,7 +84,8 @@ class LocalState:
     targets_per_node: int
     mount: str
     ports: dict[str, int] = field(default_factory=dict)
-    initialized: bool = False
+    initialized: bool = False  # cluster, targets, chains, chain table and tokens exist
+    root_owner_set: bool = False  # the file system's root belongs to the local user
     format: int = STATE_FORMAT
 
     @classmethod
@@ -125,6 +126,7 @@ class LocalCluster:
         self.run_dir = self.root / "run"
         self.kv_dir = self.root / "kv"
         self.state: LocalState | None = None
+        self.launched: list[Daemon] = []  # what this command started, stopped again if `up` fails
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -461,7 +463,7 @@ async def _wait_healthy(lc: LocalCluster, timeout_s: float) -> None:
                 problem = _unhealthy(r, st)
                 if problem is None:
                     return
-            for d in _LAUNCHED:
+            for d in lc.launched:
                 if d.exited() is not None:
                     raise LocalError(f"{d.name} exited: {d.last_error()} (log: {d.log_file})")
             await asyncio.sleep(0.2)
@@ -474,12 +476,9 @@ def _start_service(lc: LocalCluster, name: str, timeout_s: float) -> str:
         return f"{name}: already running (pid {d.pid()})"
     lc.port_file(name).unlink(missing_ok=True)
     pid = d.start()
-    _LAUNCHED.append(d)
+    lc.launched.append(d)
     port = _wait_port(d, lc.port_file(name), timeout_s)
     return f"{name}: pid {pid}, port {port}"
-
-
-_LAUNCHED: list[Daemon] = []  # what this command started, stopped again if `up` fails
 
 
 def _mount(lc: LocalCluster, timeout_s: float) -> str:
@@ -499,7 +498,7 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
     if is_mounted(str(mp)):
         raise LocalError(f"{mp} is already a mount point of something else; unmount it or pick --mount")
     pid = d.start()
-    _LAUNCHED.append(d)
+    lc.launched.append(d)
     deadline = time.monotonic() + timeout_s
     while not is_mounted(str(mp)):
         code = d.exited()
@@ -556,7 +555,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:
-            asyncio.run(_initialize(lc))
+            try:
+                asyncio.run(_initialize(lc))
+            except FS3Error as e:
+                raise LocalError(
+                    f"setting up the new cluster failed: {e}; start afresh with "
+                    f"'fs3 local down --dir {lc.root} --purge' (logs: {lc.log_dir})"
+                ) from None
             st.initialized = True
             st.save(lc.state_file)
             _say("  cluster initialized: targets, chains and chain table 1 created")
@@ -566,24 +571,26 @@ def cmd_up(args: argparse.Namespace) -> int:
             if d.pid() is None:
                 lc.port_file(name).unlink(missing_ok=True)
                 d.start()
-                _LAUNCHED.append(d)
-        for d in list(_LAUNCHED):
+                lc.launched.append(d)
+        for d in list(lc.launched):
             if d.name in ("mgmtd", "mount"):
                 continue
             port = _wait_port(d, lc.port_file(d.name), args.timeout)
             _say(f"  {d.name}: pid {d.popen.pid if d.popen else '?'}, port {port}")
         asyncio.run(_wait_healthy(lc, args.timeout))
-        if fresh:
+        if not st.root_owner_set:
             asyncio.run(_give_root_to_user(lc))
+            st.root_owner_set = True
+            st.save(lc.state_file)
         _say("  every node heartbeats and every chain is SERVING")
         mount_line = _mount(lc, args.timeout)
     except BaseException:
         # leave nothing half-started behind: what this command launched stops again
-        mounted_by_us = any(d.name == "mount" for d in _LAUNCHED)
+        mounted_by_us = any(d.name == "mount" for d in lc.launched)
         if mounted_by_us and is_mounted(st.mount) and not _answers(st.mount, 5.0):
             _abort_fuse(st.mount)
-        if _LAUNCHED:
-            stop_all(_LAUNCHED, timeout_s=10.0)
+        if lc.launched:
+            stop_all(lc.launched, timeout_s=10.0)
         if mounted_by_us:
             _unmount(st.mount)
         raise

@@ -184,3 +184,26 @@ def test_bad_shapes_are_usage_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
     out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--storage-nodes", "0")
     assert out.returncode == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_non_root_user_gets_an_admin_token_and_the_root_directory(local_dir: Path, monkeypatch) -> None:
+    """What ``make run`` does for a normal user (the daemons here still run as this test's user)."""
+    import getpass
+
+    import fs3.local as local
+
+    monkeypatch.setattr(os, "getuid", lambda: 4242)
+    monkeypatch.setattr(os, "getgid", lambda: 4343)
+    monkeypatch.setattr(getpass, "getuser", lambda: "tester")
+    args = ["up", "--dir", str(local_dir), "--no-mount", "--storage-nodes", "1", "--replicas", "1"]
+    assert local.main([*args, "--targets-per-node", "1"]) == 0
+    users = fs3("admin", "user-list", "--local-dir", str(local_dir), "--json")
+    tester = next(u for u in json.loads(users.stdout) if u["uid"] == 4242)
+    assert tester["name"] == "tester" and tester["admin"] and tester["gid"] == 4343
+    user_token = (local_dir / "user.token").read_text().strip()
+    assert user_token != (local_dir / "admin.token").read_text().strip()
+    st = fs3("admin", "stat", "/", "--local-dir", str(local_dir), "--json")
+    assert st.returncode == 0, st.stderr
+    assert (json.loads(st.stdout)["uid"], json.loads(st.stdout)["gid"]) == (4242, 4343)
+    assert json.loads((local_dir / "local.json").read_text())["root_owner_set"] is True
