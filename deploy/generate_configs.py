@@ -98,7 +98,10 @@ def main(argv: list[str]) -> int:
             CONFIG_DIR.mkdir(exist_ok=True)
             path.write_text(text)
     if args.check and stale:
-        print("out of date (run python deploy/generate_configs.py): " + ", ".join(map(str, stale)), file=sys.stderr)
+        print(
+            "out of date (run python deploy/generate_configs.py): " + ", ".join(map(str, stale)),
+            file=sys.stderr,
+        )
         return 1
     for path in stale:
         print(f"wrote {path}")
