@@ -158,3 +158,45 @@ def test_take_events_acknowledges_everything_it_took(monkeypatch: pytest.MonkeyP
     with pytest.raises(PyverbsRDMAError):
         qp.take_events()
     assert qp.cq.acked == 4  # the event taken before the failure is still acknowledged
+
+
+def test_queue_pair_attributes_are_real_pyverbs_objects() -> None:
+    """The attributes for INIT -> RTR -> RTS and the work requests, built with the installed pyverbs
+    (these need no device), carry what the handshake exchanged and the [rdma] settings."""
+    if not verbs.HAVE_PYVERBS:
+        pytest.skip("pyverbs is not importable (run `make rdma`)")
+    import pyverbs.enums as e
+
+    from fs3.net.rdma.discovery import Nic
+    from fs3.net.rdma.memory import Region
+    from fs3.net.rdma.wire import ConnectParams, RemoteBuffer
+
+    nic = Nic("rxe0", 1, 3, V4, 0, ETH, 5, 16)
+    remote = ConnectParams(0x77, 0x1234, 0, 3, ETH, V4, 32, 16384, 65536)
+    attr = verbs.rts_attributes(
+        nic, remote, 0x999, traffic_class=96, service_level=2, timeout=18, rnr_retry=6
+    )
+    assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn) == (0x77, 0x1234, 0x999)
+    assert attr.path_mtu == 3  # the smaller of the two sides' MTUs
+    assert (attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic) == (18, 7, 6, 16)
+    ah = attr.ah_attr
+    assert ah.is_global == 1 and ah.sgid_index == 3 and ah.traffic_class == 96 and ah.sl == 2
+    assert ah.dgid == "0000:0000:0000:0000:0000:ffff:c0a8:0105" and ah.port_num == 1
+    # InfiniBand without a GID: addressed by LID, no global route
+    ib = Nic("mlx5_0", 1, 0, bytes(16), 9, LinkLayer.INFINIBAND, 4, 16)
+    attr = verbs.rts_attributes(
+        ib, ConnectParams(5, 6, 42, 5, LinkLayer.INFINIBAND, bytes(16), 8, 4096, 0), 1
+    )
+    assert attr.ah_attr.is_global == 0 and attr.ah_attr.dlid == 42 and attr.path_mtu == 4
+
+    region = Region(memoryview(bytearray(64)), 0x10000, 11, 12, 64)
+    wr = verbs.send_request(
+        e.IBV_WR_RDMA_READ, 0x30000000000000AB, region, 16, 32, RemoteBuffer(0x5000, 99, 32)
+    )
+    assert (wr.wr_id, wr.opcode, wr.num_sge, wr.send_flags) == (
+        0x30000000000000AB,
+        e.IBV_WR_RDMA_READ,
+        1,
+        e.IBV_SEND_SIGNALED,
+    )
+    assert verbs.gid_string(bytes(range(16))) == "0001:0203:0405:0607:0809:0a0b:0c0d:0e0f"

@@ -160,23 +160,16 @@ class VerbsQueuePair:
         self, remote: ConnectParams, *, timeout: int = 14, retry_cnt: int = 7, rnr_retry: int = 7
     ) -> None:
         """INIT -> RTR -> RTS towards ``remote``."""
-        nic = self.dev.nic
-        attr = QPAttr(port_num=nic.port)
-        attr.path_mtu = min(nic.mtu, remote.mtu)
-        attr.dest_qp_num = remote.qpn
-        attr.rq_psn = remote.psn
-        attr.sq_psn = self.psn
-        attr.max_dest_rd_atomic = nic.max_rd_atomic
-        attr.max_rd_atomic = nic.max_rd_atomic
-        attr.min_rnr_timer = 12
-        attr.timeout = timeout
-        attr.retry_cnt = retry_cnt
-        attr.rnr_retry = rnr_retry
-        is_global = 1 if nic.link_layer == LinkLayer.ETHERNET or any(remote.gid) else 0
-        gid = GID(val=":".join(remote.gid.hex()[i : i + 4] for i in range(0, 32, 4)))
-        gr = GlobalRoute(dgid=gid, sgid_index=nic.gid_index, traffic_class=self.dev.traffic_class)
-        attr.ah_attr = AHAttr(
-            port_num=nic.port, is_global=is_global, gr=gr, dlid=remote.lid, sl=self.dev.service_level
+        dev = self.dev
+        attr = rts_attributes(
+            dev.nic,
+            remote,
+            self.psn,
+            traffic_class=dev.traffic_class,
+            service_level=dev.service_level,
+            timeout=timeout,
+            retry_cnt=retry_cnt,
+            rnr_retry=rnr_retry,
         )
         self.qp.to_rts(attr)
 
@@ -190,23 +183,13 @@ class VerbsQueuePair:
         self.qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]), None)
 
     def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None:
-        sge = SGE(region.addr + offset, length, region.lkey)
-        wr = SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
-        self.qp.post_send(wr, None)
-
-    def _post_rdma(
-        self, opcode: int, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer
-    ) -> None:
-        sge = SGE(region.addr + offset, length, region.lkey)
-        wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
-        wr.set_wr_rdma(remote.rkey, remote.addr)
-        self.qp.post_send(wr, None)
+        self.qp.post_send(send_request(e.IBV_WR_SEND, wr_id, region, offset, length), None)
 
     def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
-        self._post_rdma(e.IBV_WR_RDMA_READ, wr_id, region, offset, length, remote)
+        self.qp.post_send(send_request(e.IBV_WR_RDMA_READ, wr_id, region, offset, length, remote), None)
 
     def post_write(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
-        self._post_rdma(e.IBV_WR_RDMA_WRITE, wr_id, region, offset, length, remote)
+        self.qp.post_send(send_request(e.IBV_WR_RDMA_WRITE, wr_id, region, offset, length, remote), None)
 
     def take_events(self) -> None:
         n = 0
@@ -238,3 +221,53 @@ class VerbsQueuePair:
         self.qp.close()
         self.cq.close()
         self.channel.close()
+
+
+def gid_string(gid: bytes) -> str:
+    """A 16-byte GID as pyverbs writes it (eight groups of four hex digits)."""
+    h = gid.hex()
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
+
+
+def rts_attributes(
+    nic: Nic,
+    remote: ConnectParams,
+    psn: int,
+    *,
+    traffic_class: int = 0,
+    service_level: int = 0,
+    timeout: int = 14,
+    retry_cnt: int = 7,
+    rnr_retry: int = 7,
+) -> Any:
+    """The ``QPAttr`` that moves an RC queue pair on ``nic`` to RTR and RTS towards ``remote``: the
+    path MTU both sides support, the peer's QPN and PSN, an address vector with the peer's LID and
+    (RoCE, or any non-zero GID) a global route to its GID with our GID index and traffic class."""
+    attr = QPAttr(port_num=nic.port)
+    attr.path_mtu = min(nic.mtu, remote.mtu)
+    attr.dest_qp_num = remote.qpn
+    attr.rq_psn = remote.psn
+    attr.sq_psn = psn
+    attr.max_dest_rd_atomic = nic.max_rd_atomic
+    attr.max_rd_atomic = nic.max_rd_atomic
+    attr.min_rnr_timer = 12
+    attr.timeout = timeout
+    attr.retry_cnt = retry_cnt
+    attr.rnr_retry = rnr_retry
+    is_global = 1 if nic.link_layer == LinkLayer.ETHERNET or any(remote.gid) else 0
+    gr = GlobalRoute(
+        dgid=GID(val=gid_string(remote.gid)), sgid_index=nic.gid_index, traffic_class=traffic_class
+    )
+    attr.ah_attr = AHAttr(port_num=nic.port, is_global=is_global, gr=gr, dlid=remote.lid, sl=service_level)
+    return attr
+
+
+def send_request(
+    opcode: int, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer | None = None
+) -> Any:
+    """A signaled ``SendWR`` of one scatter/gather entry (SEND, or RDMA READ/WRITE to ``remote``)."""
+    sge = SGE(region.addr + offset, length, region.lkey)
+    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
+    if remote is not None:
+        wr.set_wr_rdma(remote.rkey, remote.addr)
+    return wr
