@@ -222,6 +222,11 @@ class EntryOps(Namespace):
                     inodes.store(tr, src)
                     tr.add_int(schema.dir_links_key(old_parent), -1)
                     tr.add_int(schema.dir_links_key(new_parent), 1)
+                # ctime lives in the times key; its mtime is read without a conflict range so
+                # that renaming a directory does not conflict with creates inside it
+                raw_times = await tr.snapshot.get(schema.dir_times_key(src.id))
+                mtime = schema.decode_times(raw_times)[0] if raw_times else now
+                tr.set(schema.dir_times_key(src.id), schema.encode_times(mtime, now))
             else:
                 src.ctime_ns = now
                 inodes.store(tr, src)

@@ -117,22 +117,18 @@ class Collector:
         db = self.ns.db
         sprefix = schema.session_prefix(inode_id)
 
-        async def check(tr: Transaction) -> meta_pb2.Inode | None:
+        async def look(tr: Transaction) -> tuple[meta_pb2.Inode | None, bool]:
             raw = await tr.snapshot.get(schema.inode_key(inode_id))
-            if raw is None:
-                return None
-            ino = meta_pb2.Inode.FromString(raw)
-            if ino.nlink > 0 or await tr.snapshot.get_range(sprefix, prefix_end(sprefix), 1):
-                return ino  # linked again or still open: not now
-            return ino
+            ino = meta_pb2.Inode.FromString(raw) if raw is not None else None
+            return ino, bool(await tr.snapshot.get_range(sprefix, prefix_end(sprefix), 1))
 
-        ino = await db.run(check, read_only=True)
+        ino, open_ = await db.run(look, read_only=True)
         if ino is not None:
-            if ino.nlink > 0:
+            if ino.nlink > 0:  # a stale entry (never written for a linked inode): just drop it
                 await db.run(lambda tr: _clear(tr, schema.gc_key(inode_id)))
                 return 1
-            if await self.ns.sessions_of(inode_id):  # type: ignore[attr-defined]
-                return 0
+            if open_:
+                return 0  # still open somewhere: the last close comes first
             await self.ns.chunks.remove(ino.layout, inode_id)
 
         async def finish(tr: Transaction) -> bool:

@@ -51,6 +51,10 @@ class SessionOps(Namespace):
             check(ino, cred, want)
             if ino.type != FILE:
                 return inodes.public(ino), 0
+            if ino.nlink == 0:
+                # No new sessions on an unlinked file: the collector may be removing its chunks
+                # once the sessions it saw are gone. Handles opened before the unlink live on.
+                raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if flags & O_TRUNC:
                 self._truncate_in_txn(tr, ino, 0)
                 trunc.append(ino)

@@ -54,6 +54,12 @@ async def _emlink(s: Any, t: Tree) -> None:
     await s.link(ROOT, t["/full/f"], t["/pub"], b"another")
 
 
+async def _open_unlinked(s: Any, t: Tree) -> None:
+    r = await s.create(ROOT, t["/pub"], b"doomed", 0o644, session=True)
+    await s.unlink(ROOT, t["/pub"], b"doomed")
+    await s.open(ROOT, r.inode.id, 0)
+
+
 CASES: list[tuple[str, Case, int]] = [
     # lookup
     ("lookup-missing", lambda s, t: s.lookup(ROOT, t["/pub"], b"nope"), errno.ENOENT),
@@ -184,6 +190,7 @@ CASES: list[tuple[str, Case, int]] = [
     ("open-dir-for-write", lambda s, t: s.open(ROOT, t["/pub"], O_WRONLY), errno.EISDIR),
     ("open-no-perm", lambda s, t: s.open(BOB, t["/grp/f"], 0), errno.EACCES),
     ("open-unknown", lambda s, t: s.open(ROOT, 8_888_888, 0), errno.ENOENT),
+    ("open-unlinked", _open_unlinked, errno.ENOENT),
     ("close-bad-session", lambda s, t: s.close(t["/full/f"], 12345), errno.EBADF),
     ("sync-bad-session", lambda s, t: s.sync(t["/full/f"], 12345, 10, True), errno.EBADF),
     # xattrs
