@@ -59,6 +59,15 @@ def chunk_id(inode_id: int, chunk_index: int) -> bytes:
     return _CHUNK_ID.pack(inode_id, chunk_index)
 
 
+def file_range(inode_id: int, begin_index: int = 0, end_index: int = 0) -> tuple[bytes, bytes | None]:
+    """Chunk ids ``[begin, end)`` of a file's chunks ``begin_index <= index < end_index`` (0: to the
+    last); ``end`` is None past the very last inode."""
+    begin = chunk_id(inode_id, begin_index)
+    if end_index:
+        return begin, chunk_id(inode_id, end_index)
+    return begin, chunk_id(inode_id + 1, 0) if inode_id < (1 << 64) - 1 else None
+
+
 def split_chunk_id(cid: bytes) -> tuple[int, int]:
     if len(cid) != _CHUNK_ID.size:
         return (0, 0)
@@ -490,12 +499,8 @@ class Replicator:
         t = self.targets.of_chain(req.chain_id)
         await self.check_chain_version(t, req.chain_id, req.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(req.chain_id))
-        begin = chunk_id(req.inode_id, req.begin_index)
-        end = chunk_id(req.inode_id, req.end_index) if req.end_index else chunk_id(req.inode_id + 1, 0)
-        if req.inode_id == (1 << 64) - 1 and not req.end_index:
-            end = None  # type: ignore[assignment]
-        metas = await t.engine.dump_metadata(begin, end)
-        return await self._remove_all(t, req.chain_id, [m for m in metas])
+        metas = await t.engine.dump_metadata(*file_range(req.inode_id, req.begin_index, req.end_index))
+        return await self._remove_all(t, req.chain_id, metas)
 
     async def _remove_all(self, t: LocalTarget, chain_id: int, metas: list[ChunkMeta]) -> int:
         sem = asyncio.Semaphore(16)
@@ -517,9 +522,7 @@ class Replicator:
         self.targets.check_head(t, self.targets.chain(req.chain_id))
         last_index, rest = divmod(req.length, req.chunk_size)
         first_gone = last_index + 1 if rest else last_index
-        metas = await t.engine.dump_metadata(
-            chunk_id(req.inode_id, first_gone), chunk_id(req.inode_id + 1, 0)
-        )
+        metas = await t.engine.dump_metadata(*file_range(req.inode_id, first_gone))
         removed = await self._remove_all(t, req.chain_id, metas)
         truncated = False
         if rest:

@@ -19,7 +19,7 @@ from fs3.net import CallContext
 from fs3.proto import common_pb2, storage_pb2
 
 from .chunk_meta import ChunkMeta
-from .craq import Replicator, chunk_id, split_chunk_id
+from .craq import Replicator, file_range, split_chunk_id
 from .target_map import ONLINE, UPTODATE
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class StorageService:
         async def run() -> storage_pb2.QueryLastChunkRsp:
             t = self.targets.of_chain(request.chain_id)
             self.targets.check_readable(t)
-            begin, end = _file_range(request.inode_id)
+            begin, end = file_range(request.inode_id)
             last = await t.engine.query_last_chunk(begin, end)
             if last.chunk_id is None:
                 return storage_pb2.QueryLastChunkRsp(found=False)
@@ -208,7 +208,7 @@ class StorageService:
     ) -> storage_pb2.DumpChunkMetaRsp:
         t = self.targets.target(request.target_id)
         limit = min(request.limit or DUMP_PAGE, DUMP_PAGE)
-        begin, end = _file_range(request.inode_id) if request.inode_id else (b"", None)
+        begin, end = file_range(request.inode_id) if request.inode_id else (b"", None)
         if request.after:
             begin = max(begin, request.after + b"\0")
         eng = t.engine.engine
@@ -231,9 +231,3 @@ class StorageService:
             c.key.chain_id = t.chain_id
             c.key.inode_id, c.key.chunk_index = split_chunk_id(m.chunk_id)
         return rsp
-
-
-def _file_range(inode_id: int) -> tuple[bytes, bytes | None]:
-    begin = chunk_id(inode_id, 0)
-    end = chunk_id(inode_id + 1, 0) if inode_id < (1 << 64) - 1 else None
-    return begin, end
