@@ -12,7 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from ops_helpers import fs3, wait_for
+from ops_helpers import dashboard_metrics, fs3, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from fs3.local import is_mounted
 
@@ -146,7 +147,11 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     assert not is_mounted(str(mnt))
     if mount_metrics is None:
         pytest.xfail(f"fs3 mount does not serve /metrics on the client's metrics_port yet ({why})")
-    assert "fs3_fuse_" in mount_metrics
+    exported = {f.name for f in text_string_to_metric_families(mount_metrics)}
+    wanted = {n.removesuffix("_total") for n in dashboard_metrics() if n.startswith("fs3_fuse_")}
+    assert wanted and wanted <= exported, (
+        f"dashboard queries FUSE metrics the mount lacks: {wanted - exported}"
+    )
 
 
 def test_mount_skipped_says_so_when_fs3_mount_is_missing(local_dir: Path, monkeypatch) -> None:
