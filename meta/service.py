@@ -18,6 +18,7 @@ from fs3.meta.auth import Authenticator
 from fs3.meta.permissions import Credentials
 from fs3.meta.store import MetaStore
 from fs3.net import CallContext, RpcServer
+from fs3.net.service import inline
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
@@ -45,7 +46,10 @@ class MetaService:
     def register(self, server: RpcServer, registry: CollectorRegistry | None = None) -> None:
         """Serve every method on ``server``, counting requests and latencies into ``registry``."""
         if registry is None:
-            server.add_service(META_SERVICE, self)
+            handlers = {m.name: getattr(self, m.name) for m in META_SERVICE}
+            server.add_service(
+                META_SERVICE, {n: inline(_plain(h)) if n in INLINE else h for n, h in handlers.items()}
+            )
             return
         requests = metrics.counter(
             "fs3_meta_requests_total", "meta requests by method and status", ("method", "code"), reg=registry
@@ -218,6 +222,14 @@ class MetaService:
         return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id))
 
 
+# Reads that usually finish without suspending: started inline in the receive path, they cost no
+# task per call (see fs3.net.service.inline). Nothing on their path uses asyncio.timeout,
+# current_task or context variables before its first suspension.
+INLINE = frozenset(
+    {"Stat", "BatchStat", "Lookup", "LookupPath", "Readdir", "Readlink", "Getxattr", "Listxattr"}
+)
+
+
 def _measured(handler: Any, name: str, requests: Any, latency: Any) -> Any:
     ok = requests.labels(name, "OK")
     observe = latency.labels(name).observe
@@ -235,7 +247,16 @@ def _measured(handler: Any, name: str, requests: Any, latency: Any) -> Any:
         ok.inc()
         return rsp
 
-    return measured
+    return inline(measured) if name in INLINE else measured
+
+
+def _plain(handler: Any) -> Any:
+    """A function wrapping a bound method, so that it can carry the inline mark."""
+
+    async def call(req: Any, payload: Any, ctx: CallContext) -> Any:
+        return await handler(req, payload, ctx)
+
+    return call
 
 
 def user_info(uid: int, gid: int, groups: tuple[int, ...] = (), token: str = "") -> common_pb2.UserInfo:
