@@ -515,6 +515,8 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     lc = LocalCluster(args.dir)
+    if args.host in ("0.0.0.0", "::", ""):
+        raise LocalError(f"--host {args.host!r} is no address to dial; give this machine's address", EX_USAGE)
     fresh = not lc.exists()
     if fresh:
         st = LocalState(
@@ -552,6 +554,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             st.mount = str(Path(args.mount).expanduser().absolute())
             st.save(lc.state_file)
         _say(f"fs3 local: starting the cluster in {lc.root}")
+    if st.mount and importlib.util.find_spec(MOUNT_MODULE) is not None and not os.path.exists("/dev/fuse"):
+        raise LocalError(
+            f"cannot mount at {st.mount}: this machine has no /dev/fuse (use --no-mount)", EX_UNAVAILABLE
+        )
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import stat
 import urllib.request
 from pathlib import Path
@@ -112,6 +113,16 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
     assert other.returncode == 2
     assert "--storage-nodes 2" in other.stderr and "--purge" in other.stderr
 
+    # a recorded port now taken by someone else: one line naming it, and nothing left running
+    mgmtd_port = json.loads((local_dir / "local.json").read_text())["ports"]["mgmtd"]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", mgmtd_port))
+        squatter.listen()
+        blocked = fs3("local", "up", "--dir", str(local_dir))
+    assert blocked.returncode == 1
+    assert len(blocked.stderr.strip().splitlines()) == 1 and f"127.0.0.1:{mgmtd_port}" in blocked.stderr
+    assert not any(_procs(local_dir).values())
+
     up2 = fs3("local", "up", "--dir", str(local_dir))
     assert up2.returncode == 0, up2.stdout + up2.stderr
     assert "initialized" not in up2.stdout  # found the old cluster, did not make a new one
@@ -189,6 +200,9 @@ def test_bad_shapes_are_usage_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
     out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--storage-nodes", "0")
     assert out.returncode == 2
+    out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--host", "0.0.0.0")
+    assert out.returncode == 2 and "0.0.0.0" in out.stderr
+    assert not (tmp_path / "c").exists()
 
 
 @pytest.mark.timeout(120)
