@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
+from fs3 import metrics
 from fs3.client.file import OpenFile
 from fs3.client.filesystem import FileSystem, mode_of
 from fs3.client.meta_client import MetaClient
@@ -46,24 +47,57 @@ _USER_XATTR = b"user."
 _GROUPS_TTL_S = 2.0
 
 
+class FuseMetrics:
+    """Requests, errors and latency per FUSE operation, and bytes moved (``fs3_fuse_*``)."""
+
+    def __init__(self, reg: Any = None) -> None:
+        self.requests = metrics.counter("fs3_fuse_requests_total", "FUSE requests by operation", ("op",), reg)
+        self.errors = metrics.counter(
+            "fs3_fuse_errors_total", "FUSE requests answered with an error", ("op", "errno"), reg
+        )
+        self.seconds = metrics.histogram("fs3_fuse_request_seconds", "FUSE request latency", ("op",), reg)
+        self.read_bytes = metrics.counter("fs3_fuse_read_bytes_total", "bytes returned by read", (), reg)
+        self.write_bytes = metrics.counter("fs3_fuse_write_bytes_total", "bytes accepted by write", (), reg)
+        self._by_op: dict[str, tuple[Any, Any]] = {}
+
+    def op(self, name: str) -> tuple[Any, Any]:
+        bound = self._by_op.get(name)
+        if bound is None:
+            bound = self._by_op[name] = (self.requests.labels(name), self.seconds.labels(name))
+        return bound
+
+
 def _translate(fn: F) -> F:
-    """Raise FUSEError(errno) for FS3Error (and log unexpected exceptions as EIO)."""
+    """Raise FUSEError(errno) for FS3Error (and log unexpected exceptions as EIO); count the request."""
+    name = fn.__name__
 
     @functools.wraps(fn)
-    async def wrapper(*args: Any, **kw: Any) -> Any:
+    async def wrapper(self: Fs3Operations, *args: Any, **kw: Any) -> Any:
+        requests, seconds = self.metrics.op(name)
+        requests.inc()
+        start = time.perf_counter()
+        code = 0
         try:
-            return await fn(*args, **kw)
+            return await fn(self, *args, **kw)
         except FS3Error as e:
             if e.code not in (StatusCode.NOT_FOUND, StatusCode.ALREADY_EXISTS, StatusCode.META_NO_XATTR):
-                log.debug("%s failed error=%s", fn.__name__, e)
-            raise pyfuse3.FUSEError(to_errno(e.code)) from None
-        except pyfuse3.FUSEError:
+                log.debug("%s failed error=%s", name, e)
+            code = to_errno(e.code)
+            raise pyfuse3.FUSEError(code) from None
+        except pyfuse3.FUSEError as e:
+            code = e.errno
             raise
         except OSError as e:
-            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+            code = e.errno or errno.EIO
+            raise pyfuse3.FUSEError(code) from None
         except Exception:
-            log.exception("%s failed", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            log.exception("%s failed", name)
+            code = errno.EIO
+            raise pyfuse3.FUSEError(code) from None
+        finally:
+            seconds.observe(time.perf_counter() - start)
+            if code:
+                self.metrics.errors.labels(name, errno.errorcode.get(code, str(code))).inc()
 
     return wrapper  # type: ignore[return-value]
 
@@ -75,9 +109,15 @@ class Fs3Operations(pyfuse3.Operations):
     enable_acl = False
 
     def __init__(
-        self, fs: FileSystem, config: ClientConfig, token: str = "", on_init: Callable[[], None] | None = None
+        self,
+        fs: FileSystem,
+        config: ClientConfig,
+        token: str = "",
+        on_init: Callable[[], None] | None = None,
+        metrics_registry: Any = None,
     ) -> None:
         super().__init__()
+        self.metrics = FuseMetrics(metrics_registry)
         self.on_init = on_init
         self.fs = fs
         self.config = config
@@ -315,11 +355,15 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self._handles[fh].read(off, size)
+        data = await self._handles[fh].read(off, size)
+        self.metrics.read_bytes.inc(len(data))
+        return data
 
     @_translate
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self._handles[fh].write(off, buf)
+        n = await self._handles[fh].write(off, buf)
+        self.metrics.write_bytes.inc(n)
+        return n
 
     async def _report(self, handle: OpenFile) -> None:
         await handle.flush_buffer()

@@ -83,6 +83,11 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     from fs3.client.fuse_ops import Fs3Operations
 
     pyfuse3.asyncio.enable()
+    metrics_server = None
+    if cfg.metrics_port:
+        from fs3.metrics import serve as serve_metrics
+
+        metrics_server = serve_metrics(cfg.metrics_port)
     fs = await FileSystem.connect(cfg)
     ops = Fs3Operations(
         fs, cfg, read_token(cfg.token_file), on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb)
@@ -121,6 +126,8 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
             await ops.close_all()
         pyfuse3.close(unmount=True)
         await fs.close()
+        if metrics_server is not None:
+            metrics_server.close()
     log.info("unmounted mountpoint=%s", mountpoint)
     return status
 

@@ -217,6 +217,21 @@ def test_xattrs_rename_and_errors(env: Env) -> None:
         os.mkdir(env.mnt / "full")
 
 
+def test_unlinked_file_stays_usable_through_open_handles(env: Env) -> None:
+    p = env.mnt / "doomed"
+    p.write_bytes(b"still here" * 10_000)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        os.unlink(p)
+        assert not p.exists()
+        assert os.pread(fd, 10, 0) == b"still here"
+        os.pwrite(fd, b"changed", 0)
+        assert os.pread(fd, 10, 0) == b"changedere"
+        assert os.fstat(fd).st_size == 100_000
+    finally:
+        os.close(fd)
+
+
 def test_non_owner_denied(env: Env) -> None:
     secret = env.mnt / "secret"
     secret.write_bytes(b"top secret")
