@@ -605,8 +605,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fs3_command() -> str:
+    """How the user can run ``fs3``: the bare name when PATH finds this installation, else the
+    console script's full path (after ``make run`` it lives in the checkout's .venv)."""
+    exe = Path(sys.executable).with_name("fs3")
+    on_path = shutil.which("fs3")
+    if on_path and exe.exists() and Path(on_path).resolve() == exe.resolve():
+        return "fs3"
+    return str(exe) if exe.exists() else "fs3"
+
+
 def _print_where(lc: LocalCluster) -> None:
     st = lc.load()
+    fs3 = _fs3_command()
     _say(
         "\n".join(
             [
@@ -614,8 +625,8 @@ def _print_where(lc: LocalCluster) -> None:
                 f"  meta:    {st.host}:{st.ports['meta']}",
                 f"  configs: {lc.config_dir}   logs: {lc.log_dir}",
                 f"  token:   {lc.user_token_file}   secret: {lc.secret_file}",
-                f"  admin:   fs3 admin --local-dir {lc.root} list-chains",
-                f"  stop:    fs3 local down --dir {lc.root}   (add --purge to delete the data)",
+                f"  admin:   {fs3} admin --local-dir {lc.root} list-chains",
+                f"  stop:    {fs3} local down --dir {lc.root}   (add --purge to delete the data)",
             ]
         )
     )

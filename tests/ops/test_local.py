@@ -47,7 +47,7 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
     up = fs3("local", "up", "--dir", str(local_dir), "--no-mount", *SMALL)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "every node heartbeats and every chain is SERVING" in up.stdout
-    assert f"fs3 admin --local-dir {local_dir}" in up.stdout
+    assert f"admin --local-dir {local_dir} list-chains" in up.stdout
     for private in ("cluster.secret", "admin.token", "user.token"):
         assert stat.S_IMODE((local_dir / private).stat().st_mode) == 0o600, private
     procs = _procs(local_dir)
