@@ -84,6 +84,7 @@ async def serve(cfg: StorageConfig, *, port_file: str | None = None) -> int:
         if metrics_server is not None:
             metrics_server.close()
         await daemon.stop()
+        log.info("stopped")
     return 0
 
 

@@ -12,6 +12,7 @@ import pytest
 from cluster import Cluster, wait_until
 
 from fs3.client.storage_client import StorageClient, crc32c
+from fs3.proto import common_pb2
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -237,3 +238,37 @@ async def test_resync_progress_is_exported(tmp_path):
             8,
             {i: bytearray(b"before" * 100 if i < 2 else b"after!" * 100) for i in range(6)},
         )
+
+
+async def test_disk_error_takes_the_target_offline(tmp_path):
+    async with Cluster(tmp_path / "c", chains=2) as c:
+        client = await c.storage_client()
+        work = Workload(client, c.chain_ids[0], 77, writers=2)
+        try:
+            await work.wait_acked(10)
+            routing = await c.routing()
+            victim = routing.chain(c.chain_ids[0]).targets[1].target_id
+            node = c.node_of_target(victim)
+            path = node.targets[victim]
+            # the disk "fails": its chunk directory is no longer usable
+            (path / "chunks").rename(path / "chunks.gone")
+            (path / "chunks").write_text("not a directory")
+            await c.wait_chains(
+                lambda ch: ch.chain_id != c.chain_ids[0] or ch.state_of(victim) == common_pb2.OFFLINE,
+                what="the failed target to go offline",
+            )
+            await work.wait_acked(20)
+        finally:
+            await work.finish()
+        # the daemon keeps reporting it offline, and serves its other target
+        routing = await c.routing()
+        assert routing.target(victim).local_state == common_pb2.LOCAL_OFFLINE
+        assert routing.chain(c.chain_ids[0]).state_of(victim) == common_pb2.OFFLINE
+        assert all(
+            len(routing.chain(cid).serving) == (2 if cid == c.chain_ids[0] else 3) for cid in c.chain_ids
+        )
+        other = c.chain_ids[1]
+        await client.write(other, 78, 0, 0, b"still fine", CHUNK)
+        assert await client.read(other, 78, 0, 0, 100) == b"still fine"
+        for w, content in work.model.items():
+            assert await client.read(c.chain_ids[0], 77, w, 0, CHUNK) == bytes(content)
