@@ -299,6 +299,14 @@ async def _run(cmd: Command, args: argparse.Namespace) -> Result:
         await conn.close()
 
 
+def _has_credentials(args: argparse.Namespace) -> bool:
+    try:
+        conn = connection(args)
+    except UsageError:
+        return False
+    return bool(conn.token)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 admin``; returns the exit status."""
     args = parser().parse_args(argv)
@@ -309,7 +317,12 @@ def main(argv: list[str]) -> int:
         print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
         return EX_USAGE
     except FS3Error as e:
-        print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
+        hint = ""
+        if e.code in (StatusCode.UNAUTHENTICATED, StatusCode.PERMISSION_DENIED) and not _has_credentials(
+            args
+        ):
+            hint = " (no token given: --token-file, $FS3_TOKEN_FILE or --local-dir)"
+        print(f"fs3 admin {cmd.name}: {e}{hint}", file=sys.stderr)
         return EX_UNAVAILABLE if e.code in UNREACHABLE else EX_FAILED
     except OSError as e:
         print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)

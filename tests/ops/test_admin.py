@@ -158,6 +158,12 @@ def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
     assert json.loads(before.stdout) == json.loads(after.stdout)
 
 
+def test_no_credentials_says_how_to_give_them(mgmtd: Mgmtd) -> None:
+    out = fs3("admin", "list-nodes", "--mgmtd", mgmtd.address, env={"FS3_LOCAL_DIR": str(mgmtd.tmp / "none")})
+    assert out.returncode == 1 and "--token-file" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     token_file = tmp_path / "alice.token"
     add = mgmtd.admin("user-add", "1000", "alice", "--groups", "10,20", "--token-out", str(token_file))
