@@ -9,8 +9,9 @@ import random
 import pytest
 from cluster import Cluster
 
-from fs3.client.storage_client import ReadRequest, crc32c
+from fs3.client.storage_client import STORAGE_SERVICE, ReadRequest, crc32c, node_address
 from fs3.errors import FS3Error, StatusCode
+from fs3.proto import storage_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -192,3 +193,35 @@ async def test_chain_replication_on_a_backend_network(tmp_path):
         assert await client.read_range(lambda i: chain, 1, 0, len(data), 64 * KiB) == data
         metas = await assert_replicas_identical(c, client, chain, 1)
         assert len(metas) == 2
+
+
+async def test_retried_update_is_applied_once_and_space_is_reported(tmp_path):
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        routing = await c.routing()
+        chain = routing.chain(chain_id)
+        head = node_address(routing, chain.targets[0].target_id)
+        data = b"once" * 1000
+        req = storage_pb2.WriteReq()
+        req.tag.client_id, req.tag.request_id, req.tag.channel, req.tag.seqnum = 99, 7, 3, 5
+        req.io.key.chain_id, req.io.key.chain_version, req.io.key.inode_id = chain_id, chain.version, 4
+        req.io.type = storage_pb2.UPDATE_WRITE
+        req.io.length, req.io.chunk_size, req.io.crc32c = len(data), 64 * KiB, crc32c(data)
+        write = STORAGE_SERVICE["Write"]
+        first, _ = await client.rpc.call(head, write, req, payload=data)
+        again, _ = await client.rpc.call(head, write, req, payload=data)  # a retry: same tag
+        assert again == first and first.committed_version == 1
+        req.tag.seqnum, req.tag.request_id = 4, 6  # older than what the channel has seen
+        with pytest.raises(FS3Error) as e:
+            await client.rpc.call(head, write, req, payload=data)
+        assert e.value.code == StatusCode.FAILED_PRECONDITION
+        req.tag.seqnum, req.tag.request_id = 6, 8  # the next update on the channel
+        third, _ = await client.rpc.call(head, write, req, payload=data)
+        assert third.committed_version == 2
+        metas = await assert_replicas_identical(c, client, chain_id, 4)
+        assert metas[0][1] == 2
+        for node in c.nodes:
+            (space,) = await client.space_info(node.node_id)
+            assert space.target_id in node.targets
+            assert space.chunks == 1 and space.used >= len(data) and space.capacity >= space.free > 0
