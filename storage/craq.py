@@ -262,7 +262,13 @@ class Replicator:
         eng = t.engine
         async with self.locks.hold(t.target_id, cid):
             if req.syncing and req.commit:
-                # resync: the predecessor's committed chunk, installed as committed at once
+                # resync: the predecessor's committed chunk, installed as committed at once; only
+                # a SYNCING target may be overwritten like that
+                if t.public_state != common_pb2.SYNCING:
+                    raise FS3Error(
+                        StatusCode.STORAGE_ROUTING_STALE,
+                        f"target {t.target_id} is not syncing; it takes no resync copies",
+                    )
                 if op.type == storage_pb2.UPDATE_REMOVE:
                     await eng.remove_range(cid, cid + b"\0")
                     return io_result(None, key.chain_version)
