@@ -49,10 +49,28 @@ class Result:
     phase: str
     ops: int
     seconds: float
+    server_cpu_s: float | None = None  # CPU the meta server used in the phase (when it runs here)
 
     @property
     def rate(self) -> float:
         return self.ops / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def server_us_per_op(self) -> float | None:
+        """Server CPU per operation: what bounds one server's rate on one core, however busy the
+        machine running the benchmark is."""
+        return None if self.server_cpu_s is None else 1e6 * self.server_cpu_s / self.ops
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU of process ``pid`` (all its threads), from /proc; None if unknown."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _client_work(
@@ -74,7 +92,14 @@ async def _client_work(
 
 
 async def _worker_main(
-    address: str, secret: bytes | None, names: list[str], parents: list[int], items: int, barrier, out
+    address: str,
+    secret: bytes | None,
+    names: list[str],
+    parents: list[int],
+    items: int,
+    barrier,
+    out,
+    server_pid: int | None,
 ) -> None:
     user = common_pb2.UserInfo(uid=0, gid=0)
     clients = [MetaClient([address], secret, user=user, timeout_s=120) for _ in names]
@@ -82,6 +107,7 @@ async def _worker_main(
     try:
         for phase in PHASES:
             await asyncio.to_thread(barrier.wait)
+            cpu0 = cpu_seconds(server_pid)
             start = time.time()
             await asyncio.gather(
                 *(
@@ -89,19 +115,20 @@ async def _worker_main(
                     for c, p, n in zip(clients, parents, names, strict=True)
                 )
             )
-            out.put((phase, start, time.time()))
+            end = time.time()
+            out.put((phase, start, end, cpu0, cpu_seconds(server_pid)))
     finally:
         for c in clients:
             await c.close()
 
 
-def _worker(address, secret, names, parents, items, barrier, out) -> None:  # type: ignore[no-untyped-def]
+def _worker(*args) -> None:  # type: ignore[no-untyped-def]
     try:
         import uvloop
 
-        uvloop.run(_worker_main(address, secret, names, parents, items, barrier, out))
+        uvloop.run(_worker_main(*args))
     except ImportError:
-        asyncio.run(_worker_main(address, secret, names, parents, items, barrier, out))
+        asyncio.run(_worker_main(*args))
 
 
 async def _prepare(address: str, secret: bytes | None, layout: str, clients: int, run: str) -> list[int]:
@@ -113,7 +140,13 @@ async def _prepare(address: str, secret: bytes | None, layout: str, clients: int
 
 
 def run_case(
-    address: str, secret: bytes | None, layout: str, clients: int, items: int, procs: int
+    address: str,
+    secret: bytes | None,
+    layout: str,
+    clients: int,
+    items: int,
+    procs: int,
+    server_pid: int | None = None,
 ) -> list[Result]:
     run = f"bench-{layout}-{clients}-{os.getpid()}-{time.time_ns()}"
     parents = asyncio.run(_prepare(address, secret, layout, clients, run))
@@ -126,21 +159,26 @@ def run_case(
         mine = list(range(w, clients, nproc))
         names = [f"{i}" for i in mine]
         p = ctx.Process(
-            target=_worker, args=(address, secret, names, [parents[i] for i in mine], items, barrier, out)
+            target=_worker,
+            args=(address, secret, names, [parents[i] for i in mine], items, barrier, out, server_pid),
         )
         p.start()
         workers.append(p)
-    times: dict[str, list[tuple[float, float]]] = {ph: [] for ph in PHASES}
+    times: dict[str, list[tuple[float, float, float | None, float | None]]] = {ph: [] for ph in PHASES}
     for _ in range(nproc * len(PHASES)):
-        phase, start, end = out.get(timeout=600)
-        times[phase].append((start, end))
+        phase, *rest = out.get(timeout=600)
+        times[phase].append(tuple(rest))
     for p in workers:
         p.join(timeout=60)
     results = []
     for phase in PHASES:
-        start = min(s for s, _ in times[phase])
-        end = max(e for _, e in times[phase])
-        results.append(Result(layout, clients, phase, clients * items, end - start))
+        rows = times[phase]
+        start = min(r[0] for r in rows)
+        end = max(r[1] for r in rows)
+        cpu = None
+        if all(r[2] is not None and r[3] is not None for r in rows):
+            cpu = max(r[3] for r in rows) - min(r[2] for r in rows)  # type: ignore[type-var]
+        results.append(Result(layout, clients, phase, clients * items, end - start, cpu))
     return results
 
 
@@ -173,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=1000, help="entries per client per phase")
     p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
     p.add_argument("--dir", help="where a started daemon keeps its store (default: a temp dir)")
+    p.add_argument("--server-pid", type=int, help="pid of a --address server on this host, for its CPU use")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     secret = Path(args.secret_file).read_bytes().strip() if args.secret_file else None
@@ -186,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for layout in args.layout.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
-                results += run_case(address, secret, layout, clients, args.items, args.procs)
+                pid = proc.pid if proc is not None else args.server_pid
+                results += run_case(address, secret, layout, clients, args.items, args.procs, pid)
     finally:
         if proc is not None:
             proc.terminate()
@@ -194,11 +234,17 @@ def main(argv: list[str] | None = None) -> int:
         if tmp is not None and not args.dir:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        print(json.dumps([{**asdict(r), "rate": r.rate} for r in results], indent=2))
+        rows = [{**asdict(r), "rate": r.rate, "server_us_per_op": r.server_us_per_op} for r in results]
+        print(json.dumps(rows, indent=2))
     else:
-        print(f"{'layout':<10} {'clients':>7} {'phase':<7} {'ops':>8} {'seconds':>8} {'ops/s':>9}")
+        print(
+            f"{'layout':<10} {'clients':>7} {'phase':<7} {'ops':>8} {'seconds':>8} {'ops/s':>9} {'srv us/op':>9}"
+        )
         for r in results:
-            print(f"{r.layout:<10} {r.clients:>7} {r.phase:<7} {r.ops:>8} {r.seconds:>8.2f} {r.rate:>9.0f}")
+            us = f"{r.server_us_per_op:9.0f}" if r.server_us_per_op is not None else f"{'-':>9}"
+            print(
+                f"{r.layout:<10} {r.clients:>7} {r.phase:<7} {r.ops:>8} {r.seconds:>8.2f} {r.rate:>9.0f} {us}"
+            )
     return 0
 
 
