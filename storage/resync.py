@@ -184,31 +184,28 @@ class ResyncWorker:
             if not rsp.more or not rsp.chunks:
                 break
             after = rsp.chunks[-1].chunk_id
-        local = {m.chunk_id: m for m in await t.engine.dump_metadata()}
-        ids = sorted(local.keys() | remote.keys())
-        self.m_total.labels(label).set(len(ids))
-        self.m_done.labels(label).set(0)
+        metas = await t.engine.dump_metadata()
+        # Only the chunks that differ need the chain's attention; finding them is done off the
+        # event loop (a target may hold millions of chunks).
+        todo, total = await rep._run(_differing, metas, remote)
+        self.m_total.labels(label).set(total)
+        self.m_done.labels(label).set(total - len(todo))
         sent = removed = 0
-        sem = asyncio.Semaphore(_CONCURRENCY)
+        pending = iter(todo)
 
-        async def one(cid: bytes) -> None:
+        async def worker() -> None:
             nonlocal sent, removed
-            async with sem:
+            for cid in pending:
                 if not self._still_successor(t, succ_id):
                     raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, "chain changed during resync")
-                mine = local.get(cid)
-                theirs = remote.get(cid)
-                if mine is not None and theirs is not None and _same(mine, theirs):
-                    self.m_done.labels(label).inc()
-                    return
                 what = await self._copy_chunk(t, succ_id, cid, label)
                 if what == "removed":
                     removed += 1
-                elif what == "sent":
+                else:
                     sent += 1
                 self.m_done.labels(label).inc()
 
-        await asyncio.gather(*(one(cid) for cid in ids))
+        await asyncio.gather(*(worker() for _ in range(_CONCURRENCY)))
         if not self._still_successor(t, succ_id):
             raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, "chain changed during resync")
         chain = self.targets.chain(t.chain_id)
@@ -218,7 +215,7 @@ class ResyncWorker:
             storage_pb2.SyncDoneReq(target_id=succ_id, chain_id=t.chain_id, chain_version=chain.version),
             timeout=rep.rpc_timeout_s,
         )
-        return len(ids), sent, removed
+        return total, sent, removed
 
     async def _copy_chunk(self, t: LocalTarget, succ_id: int, cid: bytes, label: str) -> str:
         """Send the successor this chunk's committed version (or its removal), under the lock."""
@@ -255,6 +252,16 @@ class ResyncWorker:
             )
             self.m_sent.labels(label).inc()
             return outcome
+
+
+def _differing(metas: list[ChunkMeta], remote: dict[bytes, storage_pb2.ChunkMeta]) -> tuple[list[bytes], int]:
+    """Ids of the chunks the successor must be sent (or have removed), in id order, and how many
+    chunks were compared."""
+    mine = {m.chunk_id: m for m in metas}
+    out = [cid for cid, m in mine.items() if cid not in remote or not _same(m, remote[cid])]
+    out += [cid for cid in remote if cid not in mine]
+    out.sort()
+    return out, len(mine.keys() | remote.keys())
 
 
 def _same(mine: ChunkMeta, theirs: storage_pb2.ChunkMeta) -> bool:
