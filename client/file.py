@@ -130,8 +130,9 @@ class OpenFile:
             else:
                 await self._start_flush()
                 if n >= self.buffer_bytes:
-                    # large writes (checkpoints) skip the copy into the buffer
-                    await self._start_flush_of(offset, bytes(data) if not isinstance(data, bytes) else data)
+                    # large writes (checkpoints) skip the buffer; a mutable one is copied, since the
+                    # caller may reuse it once write returns and the flush runs in the background
+                    await self._start_flush_of(offset, data if isinstance(data, bytes) else bytes(data))
                     data = b""
                 else:
                     self._buf_offset = offset
@@ -161,12 +162,13 @@ class OpenFile:
     async def _start_flush(self) -> None:
         if not self._buf:
             return
-        data, offset = bytes(self._buf), self._buf_offset
+        # hand the buffer itself to the flush (no copy); later writes start a new one
+        data, offset = self._buf, self._buf_offset
         self._buf = bytearray()
         await self._start_flush_of(offset, data)
 
-    async def _start_flush_of(self, offset: int, data: bytes) -> None:
-        end = offset + len(data)
+    async def _start_flush_of(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        end = offset + memoryview(data).nbytes
         await self._wait_overlapping(offset, end)
         await self._slots.acquire()
         task = asyncio.get_running_loop().create_task(self._flush_task(offset, data))
@@ -180,7 +182,7 @@ class OpenFile:
                 return
             await asyncio.wait(overlapping)
 
-    async def _flush_task(self, offset: int, data: bytes) -> None:
+    async def _flush_task(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         try:
             await self._write_now(offset, data)
         finally:

@@ -602,6 +602,14 @@ class FileSystem:
     async def statfs(self) -> m.StatFsRsp:
         return await self.meta.statfs()
 
+    async def set_layout(
+        self, path: str | bytes, *, chunk_size: int = 0, stripe_count: int = 0, chain_table_id: int = 0
+    ) -> m.Layout:
+        """Set a directory's default layout for files created in it later (0 keeps a field)."""
+        inode = await self._lookup(path)
+        ino = await self.meta.set_layout(inode.id, chain_table_id, chunk_size, stripe_count)
+        return ino.layout
+
     async def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
         return await self.meta.getxattr((await self._lookup(path)).id, os.fsencode(name))
 
@@ -804,6 +812,17 @@ class SyncFileSystem:
 
     def statfs(self) -> m.StatFsRsp:
         return self._call(self.aio.statfs)
+
+    def set_layout(
+        self, path: str | bytes, *, chunk_size: int = 0, stripe_count: int = 0, chain_table_id: int = 0
+    ) -> m.Layout:
+        return self._call(
+            self.aio.set_layout,
+            path,
+            chunk_size=chunk_size,
+            stripe_count=stripe_count,
+            chain_table_id=chain_table_id,
+        )
 
     def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
         return self._call(self.aio.getxattr, path, name)

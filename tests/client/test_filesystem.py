@@ -123,6 +123,16 @@ async def test_namespace_operations(fs: FileSystem) -> None:
     assert (await fs.statfs()).name_max == 255
 
 
+async def test_directory_layout_applies_to_new_files(fs: FileSystem) -> None:
+    await fs.mkdir("/small-chunks")
+    await fs.set_layout("/small-chunks", chunk_size=64 << 10, stripe_count=2)
+    data = os.urandom(5 * (64 << 10) + 1)
+    await fs.write_file("/small-chunks/f", data)
+    layout = (await fs.stat("/small-chunks/f")).inode.layout
+    assert (layout.chunk_size, layout.stripe_count, len(layout.chains)) == (64 << 10, 2, 2)
+    assert await fs.read_file("/small-chunks/f") == data
+
+
 async def test_batch_reads_and_parallel_writes(fs: FileSystem) -> None:
     shards = [os.urandom(200_000) for _ in range(12)]
     async with await fs.open("/ckpt", "w") as f:
