@@ -108,7 +108,7 @@ def _local_dir(args: argparse.Namespace) -> Path | None:
         return d
     if args.mgmtd or os.environ.get("FS3_MGMTD_ADDRESSES"):
         return None
-    from fs3.local import default_dir
+    from fs3.cli.local_cluster import default_dir
 
     d = default_dir()
     return d if (d / "local.json").exists() else None

@@ -83,10 +83,10 @@ class Spawner:
 
 def _abort_mount(mount: str) -> None:
     """Abort and lazily unmount a FUSE mount a failed test left behind."""
-    from fs3.local import _abort_fuse, is_mounted
+    from fs3.cli.fuse_mounts import abort, is_mounted
 
     if mount and is_mounted(mount):
-        _abort_fuse(mount)
+        abort(mount)
         subprocess.run(["fusermount3", "-u", "-z", mount], capture_output=True, timeout=30)
 
 

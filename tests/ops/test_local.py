@@ -16,7 +16,7 @@ import pytest
 from ops_helpers import dashboard_metrics, fs3, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from fs3.local import is_mounted
+from fs3.cli.fuse_mounts import is_mounted
 
 SMALL = ["--storage-nodes", "3", "--replicas", "3", "--targets-per-node", "2"]
 

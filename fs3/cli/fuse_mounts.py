@@ -1,0 +1,72 @@
+"""FUSE mount points seen from outside: is something mounted, does it answer, abort, unmount.
+
+Mounted-ness comes from ``/proc/self/mountinfo`` and never from a stat of the mount point: a FUSE
+server that does not answer would hang the caller, which is exactly the situation these helpers
+exist to get out of.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def _mountinfo_entry(path: str) -> tuple[int, int] | None:
+    """(major, minor) of what is mounted at ``path``, from /proc/self/mountinfo; None if nothing.
+
+    Read from the mount table rather than by ``os.path.ismount``, which stats the mount point and
+    would hang on a FUSE server that does not answer."""
+    target = os.path.normpath(os.path.abspath(path))
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 4 and parts[4].replace("\\040", " ") == target:
+                    major, minor = parts[2].split(":")
+                    found = (int(major), int(minor))
+    except OSError:
+        return None
+    return found
+
+
+def is_mounted(path: str) -> bool:
+    return bool(path) and _mountinfo_entry(path) is not None
+
+
+def answers(path: str, timeout_s: float) -> bool:
+    """Whether a stat of ``path`` returns within ``timeout_s``; done by a child process, so that a
+    FUSE server that never answers leaves a stuck child behind rather than a stuck ``fs3 local``."""
+    child = subprocess.Popen(["stat", "-c", "%i", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return child.wait(timeout_s) == 0
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return False
+
+
+def abort(path: str) -> None:
+    """Abort the FUSE connection mounted at ``path`` (a server stuck in the kernel cannot be
+    killed otherwise); needs fusectl at /sys/fs/fuse/connections, else does nothing."""
+    dev = _mountinfo_entry(path)
+    if dev is None:
+        return
+    try:
+        Path(f"/sys/fs/fuse/connections/{dev[1]}/abort").write_text("1\n")
+    except OSError:
+        pass
+
+
+def unmount(mount: str) -> None:
+    """Unmount ``mount`` if it is still mounted: normally, else lazily (detached now, finished by
+    the kernel when the last user leaves), so that the daemons behind it can stop."""
+    for cmd in (["fusermount3", "-u", mount], ["umount", mount], ["fusermount3", "-u", "-z", mount]):
+        if not is_mounted(mount):
+            return
+        if shutil.which(cmd[0]):
+            try:
+                subprocess.run(cmd, capture_output=True, timeout=30)
+            except subprocess.TimeoutExpired:
+                continue

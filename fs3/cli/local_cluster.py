@@ -1,0 +1,259 @@
+"""The files of an ``fs3 local`` cluster directory: its state, secret, tokens, configs, and the
+daemons that run from them (see :mod:`fs3.local` for the layout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fs3.cli.daemons import Daemon
+
+EX_FAILED = 1
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+STATE_FORMAT = 1
+FIRST_STORAGE_NODE = 10001
+META_NODE = 100
+CHAIN_TABLE = 1
+
+# A local cluster restarts often and has nothing across a network to wait for, so failures and
+# restarts are noticed within seconds rather than the production defaults' tens of seconds.
+MGMTD_SETTINGS = {"lease_interval_s": 5.0, "heartbeat_timeout_s": 6.0, "chain_update_interval_s": 0.2}
+STORAGE_SETTINGS = {"heartbeat_interval_s": 1.0, "routing_refresh_interval_s": 0.5}
+
+
+class LocalError(Exception):
+    """A failure ``fs3 local`` reports as one line and exit status ``code``."""
+
+    def __init__(self, message: str, code: int = EX_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def default_dir() -> Path:
+    env = os.environ.get("FS3_LOCAL_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "fs3" / "local"
+
+
+@dataclass
+class LocalState:
+    """``local.json``: the shape of the cluster and the ports chosen on the first ``up``."""
+
+    host: str
+    storage_nodes: int
+    replicas: int
+    targets_per_node: int
+    mount: str
+    ports: dict[str, int] = field(default_factory=dict)
+    initialized: bool = False  # cluster, targets, chains, chain table and tokens exist
+    root_owner_set: bool = False  # the file system's root belongs to the local user
+    format: int = STATE_FORMAT
+
+    @classmethod
+    def load(cls, path: Path) -> LocalState:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != STATE_FORMAT:
+                raise LocalError(f"{path}: unknown format {data.get('format')!r}")
+            return cls(**data)
+        except (OSError, ValueError, TypeError) as e:
+            raise LocalError(f"cannot read {path}: {e}") from None
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    @property
+    def storage_node_ids(self) -> list[int]:
+        return [FIRST_STORAGE_NODE + i for i in range(self.storage_nodes)]
+
+    @property
+    def mgmtd_address(self) -> str:
+        return f"{self.host}:{self.ports['mgmtd']}"
+
+
+class LocalCluster:
+    """The files and daemons of one local cluster directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser().absolute()
+        self.state_file = self.root / "local.json"
+        self.secret_file = self.root / "cluster.secret"
+        self.admin_token_file = self.root / "admin.token"
+        self.user_token_file = self.root / "user.token"
+        self.config_dir = self.root / "config"
+        self.log_dir = self.root / "logs"
+        self.run_dir = self.root / "run"
+        self.kv_dir = self.root / "kv"
+        self.state: LocalState | None = None
+        self.launched: list[Daemon] = []  # what this command started, stopped again if `up` fails
+
+    # -- files ------------------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return self.state_file.exists()
+
+    def load(self) -> LocalState:
+        if self.state is None:
+            if not self.exists():
+                raise LocalError(f"no local cluster in {self.root} (run 'fs3 local up --dir {self.root}')")
+            self.state = LocalState.load(self.state_file)
+        return self.state
+
+    def target_dir(self, node_id: int, target_id: int) -> Path:
+        return self.root / "storage" / str(node_id) / f"target-{target_id}"
+
+    def config_path(self, name: str) -> Path:
+        return self.config_dir / f"{name}.toml"
+
+    def port_file(self, name: str) -> Path:
+        return self.run_dir / f"{name}.port"
+
+    def create(self, state: LocalState) -> None:
+        """Lay out a new cluster directory: secret, ports, configs. Nothing starts yet."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for d in (self.config_dir, self.log_dir, self.run_dir, self.kv_dir):
+                d.mkdir(exist_ok=True)
+            probe = self.root / ".fs3-write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise LocalError(f"cannot use {self.root} as the cluster directory: {e.strerror or e}") from None
+        write_private(self.secret_file, secrets.token_hex(32).encode() + b"\n")
+        names = ["mgmtd", "mgmtd_metrics", "meta", "meta_metrics", "client_metrics"]
+        for n in state.storage_node_ids:
+            names += [f"storage-{n}", f"storage-{n}_metrics"]
+        state.ports = dict(zip(names, free_ports(state.host, len(names)), strict=True))
+        self.state = state
+        state.save(self.state_file)
+
+    def write_configs(self, targets: dict[int, list[int]]) -> None:
+        """One config per daemon, rendered with :func:`fs3.config.to_toml` so every option shows
+        with its documentation; ``targets`` maps storage node id → its target ids."""
+        import dataclasses
+
+        from fs3.config import (
+            ClientConfig,
+            KvConfig,
+            LogConfig,
+            MetaConfig,
+            MgmtdConfig,
+            StorageConfig,
+            to_toml,
+        )
+
+        st = self.load()
+        kv = KvConfig(engine="lmdb", path=str(self.kv_dir))
+        log = LogConfig(level="INFO", file="")  # output goes to logs/<name>.log through the launcher
+        common = {"cluster_id": "local", "cluster_secret_file": str(self.secret_file)}
+        mgmtd = [st.mgmtd_address]
+        configs: dict[str, Any] = {
+            "mgmtd": MgmtdConfig(
+                node_id=1,
+                listen_host=st.host,
+                listen_port=st.ports["mgmtd"],
+                metrics_port=st.ports["mgmtd_metrics"],
+                kv=kv,
+                log=log,
+                **common,
+                **MGMTD_SETTINGS,
+            ),
+            "meta": MetaConfig(
+                node_id=META_NODE,
+                listen_host=st.host,
+                listen_port=st.ports["meta"],
+                metrics_port=st.ports["meta_metrics"],
+                mgmtd_addresses=mgmtd,
+                transport="tcp",
+                default_chain_table=CHAIN_TABLE,
+                kv=dataclasses.replace(kv),
+                log=dataclasses.replace(log),
+                **common,
+            ),
+            "client": ClientConfig(
+                mgmtd_addresses=mgmtd,
+                cluster_id="local",
+                token_file=str(self.user_token_file),
+                cluster_secret_file=str(self.secret_file),
+                transport="tcp",
+                metrics_port=st.ports["client_metrics"],
+                log=dataclasses.replace(log),
+            ),
+        }
+        for node_id in st.storage_node_ids:
+            tids = targets.get(node_id, [])
+            configs[f"storage-{node_id}"] = StorageConfig(
+                node_id=node_id,
+                listen_host=st.host,
+                listen_port=st.ports[f"storage-{node_id}"],
+                metrics_port=st.ports[f"storage-{node_id}_metrics"],
+                mgmtd_addresses=mgmtd,
+                transport="tcp",
+                target_paths=[str(self.target_dir(node_id, t)) for t in tids],
+                target_ids=tids,
+                log=dataclasses.replace(log),
+                **common,
+                **STORAGE_SETTINGS,
+            )
+        for name, cfg in configs.items():
+            header = f"# fs3 local: {name} of the cluster in {self.root} (written by 'fs3 local up')\n\n"
+            self.config_path(name).write_text(header + to_toml(cfg))
+
+    # -- daemons ----------------------------------------------------------------------------------
+
+    def daemon(self, name: str) -> Daemon:
+        """The daemon called ``name``: mgmtd, meta, storage-<node id>, or mount."""
+        py = sys.executable
+        if name == "mount":
+            st = self.load()
+            cfg = str(self.config_path("client"))
+            # --foreground: the process we record is the one serving the mount, so down can stop it
+            argv = [py, "-m", "fs3.cli.main", "mount", st.mount, "--config", cfg, "--foreground"]
+            return Daemon(name, argv, st.mount, self.run_dir / "mount.pid", self.log_dir / "mount.log")
+        module = {"mgmtd": "fs3.mgmtd", "meta": "fs3.meta"}.get(name, "fs3.storage")
+        cfg = str(self.config_path(name))
+        argv = [py, "-m", module, "--config", cfg, "--port-file", str(self.port_file(name))]
+        return Daemon(name, argv, cfg, self.run_dir / f"{name}.pid", self.log_dir / f"{name}.log")
+
+    def service_names(self) -> list[str]:
+        """Daemons in start order (stop in reverse)."""
+        st = self.load()
+        return ["mgmtd", "meta", *(f"storage-{n}" for n in st.storage_node_ids)]
+
+    def all_daemons(self) -> list[Daemon]:
+        return [self.daemon(n) for n in [*self.service_names(), "mount"]]
+
+
+def free_ports(host: str, n: int) -> list[int]:
+    """``n`` distinct ports free on ``host`` now (held open together so none repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner may read (secrets and tokens)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
