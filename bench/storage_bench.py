@@ -7,10 +7,12 @@ Starts mgmtd and three storage daemons (tests/cluster.py) with ``--chains`` chai
 targets (heads on different daemons), then measures, each for ``--seconds``, with ``--depth``
 requests in flight from one client process:
 
-- write 1 MiB: whole 1 MiB chunks (chunk size 1 MiB), each a new chunk;
-- read 1 MiB: those chunks, in random order;
-- write 4 KiB: random 4 KiB blocks of 1 MiB chunks (each an overwrite: a copy-on-write chunk);
-- read 4 KiB: random 4 KiB blocks of the 1 MiB chunks.
+- write 1MiB: whole 1 MiB chunks (chunk size 1 MiB), each a new chunk;
+- read 1MiB: those chunks, in random order (``read``: the data comes back as new bytes);
+- read 1MiB into: the same with ``batch_read_into``, received straight into the caller's buffer;
+- write 4KiB: random 4 KiB blocks of 1 MiB chunks (each an overwrite: a copy-on-write chunk);
+- append 4KiB: 4 KiB appends, each worker to chunks of its own (the engine appends in place);
+- read 4KiB: random 4 KiB blocks of the 1 MiB chunks.
 
 Every write is acknowledged after all three replicas committed it, each having fsynced its data
 and metadata (unless ``--no-sync``). Prints a table, or JSON with ``--json``; with ``--runs N``
@@ -98,6 +100,15 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
             await client.write(chain, inode, index, rng.randrange(256) * 4 * KiB, small, MiB)
             return 4 * KiB
 
+        appended = [0] * args.depth  # bytes appended so far by each worker to its chunk
+
+        async def append_4k(w: int, rng: random.Random) -> int:
+            n = appended[w] // MiB
+            off = appended[w] % MiB
+            await client.write(chains[w % len(chains)], 2000 + w, n, off, small, MiB)
+            appended[w] += 4 * KiB
+            return 4 * KiB
+
         async def read_4k(w: int, rng: random.Random) -> int:
             chain, inode, index = rng.choice(written)
             (data,) = await client.batch_read(
@@ -110,6 +121,7 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
             ("read 1MiB", read_1m),
             ("read 1MiB into", read_1m_into),
             ("write 4KiB", write_4k),
+            ("append 4KiB", append_4k),
             ("read 4KiB", read_4k),
         ]
         for _ in range(args.runs):
