@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import getpass
 import importlib.util
 import json
@@ -33,6 +35,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -260,7 +263,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say(f"fs3 local: new cluster in {lc.root}")
     else:
         st = lc.load()
-        given = {"storage_nodes": args.storage_nodes, "replicas": args.replicas}
+        given = {
+            "storage_nodes": args.storage_nodes,
+            "replicas": args.replicas,
+            "targets_per_node": args.targets_per_node,
+        }
         differs = [
             f"--{k.replace('_', '-')} {v}" for k, v in given.items() if v is not None and v != getattr(st, k)
         ]
@@ -457,7 +464,7 @@ def _purge(lc: LocalCluster) -> None:
     st = lc.load()
     for name in ("config", "logs", "run", "kv", "storage"):
         shutil.rmtree(lc.root / name, ignore_errors=True)
-    for f in (lc.secret_file, lc.admin_token_file, lc.user_token_file, lc.state_file):
+    for f in (lc.secret_file, lc.admin_token_file, lc.user_token_file, lc.state_file, lc.lock_file):
         f.unlink(missing_ok=True)
     mp = Path(st.mount) if st.mount else None
     if mp is not None and not is_mounted(str(mp)):
@@ -499,7 +506,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--storage-nodes", type=int, default=None, help="storage daemons (default 3)")
     up.add_argument("--replicas", type=int, default=None, help="targets per chain (default 3)")
     up.add_argument(
-        "--targets-per-node", type=int, default=4, help="targets on each storage node (default 4)"
+        "--targets-per-node", type=int, default=None, help="targets on each storage node (default 4)"
     )
     up.add_argument("--host", default="127.0.0.1", help="address every daemon binds (default 127.0.0.1)")
 
@@ -514,6 +521,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def _exclusive(lc: LocalCluster) -> Iterator[None]:
+    """Hold the directory's lock, so that two up/down commands never work on one cluster at once."""
+    if not lc.exists():
+        yield  # no cluster yet (and no lock file dropped into a stranger's directory)
+        return
+    with open(lc.lock_file, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LocalError(
+                f"another 'fs3 local' command is working on {lc.root}; try again when it ends"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 local``; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -523,6 +549,8 @@ def main(argv: list[str]) -> int:
                 args.storage_nodes = 3
             if args.replicas is None:
                 args.replicas = min(3, max(args.storage_nodes, 1))
+            if args.targets_per_node is None:
+                args.targets_per_node = 4
         for flag in ("storage_nodes", "replicas", "targets_per_node"):
             v = getattr(args, flag)
             if v is not None and v < 1:
@@ -530,7 +558,10 @@ def main(argv: list[str]) -> int:
                 return EX_USAGE
     handler = {"up": cmd_up, "status": cmd_status, "down": cmd_down}[args.action]
     try:
-        return handler(args)
+        if args.action == "status":
+            return handler(args)
+        with _exclusive(LocalCluster(args.dir)):
+            return handler(args)
     except LocalError as e:
         print(f"fs3 local {args.action}: {e}", file=sys.stderr)
         return e.code

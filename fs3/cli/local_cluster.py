@@ -88,6 +88,7 @@ class LocalCluster:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().absolute()
         self.state_file = self.root / "local.json"
+        self.lock_file = self.root / ".lock"
         self.secret_file = self.root / "cluster.secret"
         self.admin_token_file = self.root / "admin.token"
         self.user_token_file = self.root / "user.token"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib.util
 import json
 import os
@@ -82,6 +83,12 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
         )
     gc = fs3("admin", "gc-list", "--local-dir", str(local_dir), "--json")
     assert gc.returncode == 0 and json.loads(gc.stdout) == [], gc.stderr
+
+    # one command at a time per cluster directory
+    with open(local_dir / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
+    assert busy.returncode == 1 and "another 'fs3 local' command" in busy.stderr
 
     # a second up while running starts nothing new
     again = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
