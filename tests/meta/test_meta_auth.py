@@ -1,0 +1,75 @@
+"""Token checks: results are cached (positive and negative), a token acts only for its own uid
+unless its user is root, and mgmtd being unreachable is not mistaken for a bad token."""
+
+from __future__ import annotations
+
+import pytest
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.meta.auth import TokenAuthenticator, TrustingAuthenticator
+from fs3.proto import common_pb2, mgmtd_pb2
+
+pytestmark = pytest.mark.timeout(30)
+
+USERS = {
+    "alice-token": mgmtd_pb2.User(uid=1000, gid=1000, groups=[500, 501]),
+    "root-token": mgmtd_pb2.User(uid=0, gid=0, root=True),
+}
+
+
+class Verifier:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.down = False
+
+    async def __call__(self, token: str) -> mgmtd_pb2.User:
+        self.calls += 1
+        if self.down:
+            raise FS3Error(StatusCode.UNAVAILABLE, "mgmtd down")
+        if token not in USERS:
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "invalid or expired token")
+        return USERS[token]
+
+
+def info(uid: int, gid: int, token: str, groups: tuple[int, ...] = ()) -> common_pb2.UserInfo:
+    return common_pb2.UserInfo(uid=uid, gid=gid, token=token, groups=groups)
+
+
+async def test_token_rules_and_cache() -> None:
+    v = Verifier()
+    auth = TokenAuthenticator(v, ttl_s=60, negative_ttl_s=60)
+    cred = await auth.credentials(info(1000, 0, "alice-token", (7,)))
+    assert (cred.uid, cred.gid, cred.groups) == (1000, 1000, frozenset({500, 501}))  # from the store
+    await auth.credentials(info(1000, 0, "alice-token"))
+    assert v.calls == 1
+    for bad in (
+        info(0, 0, "alice-token"),
+        info(1000, 1000, "nope"),
+        info(1000, 1000, "nope"),
+        info(1, 1, ""),
+    ):
+        with pytest.raises(FS3Error) as e:
+            await auth.credentials(bad)
+        assert e.value.code == StatusCode.UNAUTHENTICATED
+    assert v.calls == 2  # the unknown token was asked about once
+    as_bob = await auth.credentials(info(1001, 1001, "root-token", (9,)))
+    assert (as_bob.uid, as_bob.gid, as_bob.groups) == (1001, 1001, frozenset({9}))
+
+
+async def test_unreachable_mgmtd_is_not_cached() -> None:
+    v = Verifier()
+    v.down = True
+    auth = TokenAuthenticator(v)
+    with pytest.raises(FS3Error) as e:
+        await auth.credentials(info(1000, 1000, "alice-token"))
+    assert e.value.code == StatusCode.UNAVAILABLE
+    v.down = False
+    assert (await auth.credentials(info(1000, 1000, "alice-token"))).uid == 1000
+
+
+async def test_trusting_authenticator_limits_groups() -> None:
+    auth = TrustingAuthenticator()
+    assert (await auth.credentials(info(5, 6, "", (1, 2)))).groups == frozenset({1, 2})
+    with pytest.raises(FS3Error) as e:
+        await auth.credentials(info(5, 6, "", tuple(range(100))))
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
