@@ -11,7 +11,8 @@ Connection settings, first found wins:
 
 Output is a table for people, or JSON with ``--json`` (an object or a list of objects per command).
 Exit status: 0 done, 1 the operation failed (one line on standard error says why), 2 usage error,
-69 a service could not be reached, 3 ``checksum`` found replicas that differ.
+69 a service could not be reached, 3 ``checksum`` found replicas that differ (or could not read
+every replica).
 """
 
 from __future__ import annotations

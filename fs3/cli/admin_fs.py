@@ -178,6 +178,28 @@ async def stat(conn: Connection, args: argparse.Namespace) -> Result:
     return Result(value=value, message="\n".join(lines))
 
 
+def compare_replicas(
+    index: int, chain_id: int, chain_targets: list[int], found: dict[int, Any]
+) -> dict[str, Any]:
+    """One chunk's row: ``ok`` when every target of its chain holds the same committed version,
+    length and CRC32C, or none holds the chunk (a hole); ``MISMATCH`` otherwise. ``found`` maps a
+    target id to its ChunkMeta for this chunk."""
+    states = {(m.committed_version, m.length, m.crc32c) for m in found.values()}
+    complete = all(t in found for t in chain_targets)
+    ok = not found or (len(states) == 1 and complete)
+    return {
+        "chunk": index,
+        "chain_id": chain_id,
+        "status": "ok" if ok else "MISMATCH",
+        "replicas": [
+            f"{t}:v{found[t].committed_version}/{found[t].length}/{found[t].crc32c:08x}"
+            if t in found
+            else f"{t}:missing"
+            for t in chain_targets
+        ],
+    }
+
+
 def _checksum_args(p: argparse.ArgumentParser) -> None:
     _path_arg(p)
 
@@ -208,48 +230,27 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
             progress.step()
         progress.finish()
     rows = []
-    mismatches = 0
     for index in range(total):
         cid = lay.chains[index % len(lay.chains)]
-        chain_targets = [t.target_id for t in r.chain(cid).targets]
-        per = replicas.get(index, {})
-        seen = {(m.committed_version, m.length, m.crc32c) for m in per.values()}
-        missing = [t for t in chain_targets if t not in per]
-        ok = len(seen) <= 1 and (not missing or not per)
-        if not ok:
-            mismatches += 1
         rows.append(
-            {
-                "chunk": index,
-                "chain_id": cid,
-                "status": "ok" if ok else "MISMATCH",
-                "replicas": [
-                    f"{t}:v{per[t].committed_version}/{per[t].length}/{per[t].crc32c:08x}"
-                    if t in per
-                    else f"{t}:missing"
-                    for t in chain_targets
-                ],
-            }
+            compare_replicas(index, cid, [t.target_id for t in r.chain(cid).targets], replicas.get(index, {}))
         )
+    mismatches = sum(row["status"] != "ok" for row in rows)
     status = EX_MISMATCH if mismatches or unreachable else 0
+    if args.json:
+        report = {
+            "path": args.path,
+            "inode": ino.id,
+            "chunks": rows,
+            "mismatches": mismatches,
+            "unreachable": unreachable,
+        }
+        return Result(value=report, status=status)
     summary = (
-        f"{args.path}: {total} chunks on {len(chains)} chains, {len(targets)} replicas read, "
+        f"{args.path}: {total} chunks on {len(chains)} chains, {len(targets)} targets asked, "
         f"{mismatches} chunks differ" + (f"; unreachable: {'; '.join(unreachable)}" if unreachable else "")
     )
-    return (
-        Result(rows, ["chunk", "chain_id", "status", "replicas"], message=summary, status=status, value=None)
-        if not args.json
-        else Result(
-            value={
-                "path": args.path,
-                "inode": ino.id,
-                "chunks": rows,
-                "mismatches": mismatches,
-                "unreachable": unreachable,
-            },
-            status=status,
-        )
-    )
+    return Result(rows, ["chunk", "chain_id", "status", "replicas"], message=summary, status=status)
 
 
 def _gc_args(p: argparse.ArgumentParser) -> None:

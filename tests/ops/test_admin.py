@@ -229,3 +229,19 @@ def test_gen_chains_impossible_shape_is_a_usage_error(tmp_path: Path) -> None:
         "admin", "gen-chains", "--nodes", "2", "--disks", "1", "--targets-per-disk", "1", "--replicas", "3"
     )
     assert out.returncode == 2 and "3" in out.stderr
+
+
+def test_checksum_compares_every_replica() -> None:
+    from fs3.cli.admin_fs import compare_replicas
+    from fs3.proto import storage_pb2
+
+    def meta(version: int, length: int, crc: int) -> storage_pb2.ChunkMeta:
+        return storage_pb2.ChunkMeta(committed_version=version, length=length, crc32c=crc)
+
+    same = {t: meta(2, 100, 0xABCD) for t in (1, 2, 3)}
+    assert compare_replicas(0, 9, [1, 2, 3], same)["status"] == "ok"
+    assert compare_replicas(0, 9, [1, 2, 3], {})["status"] == "ok"  # a hole on every replica
+    assert compare_replicas(0, 9, [1, 2, 3], {**same, 2: meta(2, 100, 0x1234)})["status"] == "MISMATCH"
+    assert compare_replicas(0, 9, [1, 2, 3], {**same, 3: meta(1, 100, 0xABCD)})["status"] == "MISMATCH"
+    short = compare_replicas(0, 9, [1, 2, 3], {1: same[1], 2: same[2]})
+    assert short["status"] == "MISMATCH" and short["replicas"][2] == "3:missing"
