@@ -76,20 +76,7 @@ class AttrOps(Namespace):
                 if not cred.is_root and not cred.in_group(ino.gid) and ino.type != DIRECTORY:
                     mode &= ~S_ISGID
                 ino.mode = mode
-            explicit = fields & (F.SETATTR_ATIME | F.SETATTR_MTIME | F.SETATTR_CTIME)
-            to_now = fields & (F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW)
-            if explicit:
-                check_owner(ino, cred, "set explicit times")
-            elif to_now and cred.uid not in (0, ino.uid):
-                check(ino, cred, W_OK)
-            if fields & F.SETATTR_ATIME_NOW:
-                ino.atime_ns = now
-            elif fields & F.SETATTR_ATIME:
-                ino.atime_ns = request.atime_ns
-            if fields & F.SETATTR_MTIME_NOW:
-                ino.mtime_ns = now
-            elif fields & F.SETATTR_MTIME:
-                ino.mtime_ns = request.mtime_ns
+            # Size first: a truncate sets mtime to now, and explicit times in the same request win.
             if fields & F.SETATTR_SIZE:
                 if ino.type == DIRECTORY:
                     raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
@@ -104,6 +91,20 @@ class AttrOps(Namespace):
                 self._truncate_in_txn(tr, ino, request.size)
                 if not cred.is_root:
                     ino.mode &= ~(S_ISUID | (S_ISGID if ino.mode & 0o010 else 0))
+            explicit = fields & (F.SETATTR_ATIME | F.SETATTR_MTIME | F.SETATTR_CTIME)
+            to_now = fields & (F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW)
+            if explicit:
+                check_owner(ino, cred, "set explicit times")
+            elif to_now and cred.uid not in (0, ino.uid):
+                check(ino, cred, W_OK)
+            if fields & F.SETATTR_ATIME_NOW:
+                ino.atime_ns = now
+            elif fields & F.SETATTR_ATIME:
+                ino.atime_ns = request.atime_ns
+            if fields & F.SETATTR_MTIME_NOW:
+                ino.mtime_ns = now
+            elif fields & F.SETATTR_MTIME:
+                ino.mtime_ns = request.mtime_ns
             ino.ctime_ns = request.ctime_ns if fields & F.SETATTR_CTIME else now
             self._store_attrs(tr, ino)
             return inodes.public(ino)

@@ -179,10 +179,10 @@ class EntryOps(Namespace):
             dst = None
             if raw is not None:
                 dst_id = meta_pb2.DirEntry.FromString(raw).inode_id
+                if flags & RENAME_NOREPLACE:  # checked first, as Linux does
+                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists")
                 if dst_id == src.id:
                     return _EMPTY  # two names of one inode: POSIX says do nothing
-                if flags & RENAME_NOREPLACE:
-                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists")
                 dst = await inodes.load(tr, dst_id)
                 if src.type == DIRECTORY and dst.type != DIRECTORY:
                     raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{new_name[:64]!r} is not a directory")

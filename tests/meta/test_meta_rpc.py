@@ -1,0 +1,97 @@
+"""Every method of the meta service through fs3.client.meta_client against an in-process server
+(mem engine): the wiring of each RPC, its reply, and its errno at the client."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
+from fs3.errors import FS3Error
+from fs3.kv import open_database
+from fs3.meta.auth import TrustingAuthenticator
+from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
+from fs3.meta.service import MetaService
+from fs3.meta.store import MetaStore
+from fs3.net import RpcServer
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[MetaClient]:
+    db = await open_database("mem")
+    store = MetaStore(db, layouts=ChainAllocator(static_tables([ChainTable(1, 1, (11, 12, 13))])))
+    await store.start(background=False)
+    server = RpcServer(DEV_SECRET)
+    MetaService(store, TrustingAuthenticator()).register(server)
+    host, port = await server.start(("127.0.0.1", 0))
+    c = MetaClient([f"{host}:{port}"], user=common_pb2.UserInfo(uid=0, gid=0), timeout_s=5)
+    try:
+        yield c
+    finally:
+        await c.close()
+        await server.stop()
+        await store.stop()
+        await db.close()
+
+
+async def expect(errno_: int, aw) -> None:
+    with pytest.raises(FS3Error) as e:
+        await aw
+    assert e.value.errno == errno_, e.value
+
+
+async def test_every_method(client: MetaClient) -> None:
+    c = client
+    d = await c.mkdir(ROOT_ID, b"d", 0o755)
+    assert (await c.lookup(ROOT_ID, b"d")).id == d.id
+    await c.set_layout(d.id, chunk_size=128 << 10, stripe_count=2)
+    r = await c.create(d.id, b"f", 0o600, flags=2, session=True)
+    f = r.inode
+    assert r.created and r.session_id and f.layout.chunk_size == 128 << 10 and len(f.layout.chains) == 2
+    assert (await c.sync(f.id, r.session_id, 100, True)).size == 100
+    assert (await c.close_file(f.id, r.session_id, 200, True)).size == 200
+    o = await c.open(f.id, 0)
+    assert o.session_id and o.inode.size == 200
+    assert await c.prune_sessions(c.client_id) == 1
+    await expect(errno.EBADF, c.close_file(f.id, o.session_id))
+    assert (await c.setattr(f.id, mode=0o644, mtime_ns=None)).mode == 0o644
+    t = await c.setattr(f.id, atime_ns=5, mtime_ns=7, size=10)
+    assert (t.atime_ns, t.mtime_ns, t.size) == (5, 7, 10)
+    await expect(errno.EPERM, _as(c, 1000).setattr(f.id, uid=5))
+    await c.setxattr(f.id, b"user.k", b"v")
+    assert await c.getxattr(f.id, b"user.k") == b"v"
+    assert await c.listxattr(f.id) == [b"user.k"]
+    await c.removexattr(f.id, b"user.k")
+    await expect(errno.ENODATA, c.getxattr(f.id, b"user.k"))
+    s = await c.symlink(d.id, b"s", b"f")
+    assert await c.readlink(s.id) == b"f"
+    assert (await c.lookup_path(b"/d/s")).id == f.id
+    n = await c.mknod(d.id, b"p", 0o010644)
+    assert n.type == m.INODE_FIFO
+    assert (await c.link(f.id, ROOT_ID, b"hard")).nlink == 2
+    await c.rename(ROOT_ID, b"hard", d.id, b"hard2")
+    await expect(errno.EEXIST, c.rename(d.id, b"hard2", d.id, b"f", flags=1))
+    names = [e.name async for e in c.listdir(d.id, page=2)]
+    assert names == [b"f", b"hard2", b"p", b"s"]
+    page = await c.readdir(d.id, limit=2, with_inodes=True)
+    assert page.more and [i.id for i in page.inodes] == [e.inode_id for e in page.entries]
+    stats = await c.batch_stat([f.id, 424242])
+    assert stats[0].id == f.id and isinstance(stats[1], FS3Error) and stats[1].errno == errno.ENOENT
+    await c.unlink(d.id, b"hard2")
+    await expect(errno.ENOTEMPTY, c.rmdir(ROOT_ID, b"d"))
+    await c.rmdir(ROOT_ID, b"d", recursive=True)
+    await expect(errno.ENOENT, c.lookup(ROOT_ID, b"d"))
+    st = await c.statfs()
+    assert st.name_max == 255 and st.inodes >= 1
+    await expect(errno.ENOENT, c.stat(d.id * 1000 + 1))
+
+
+def _as(c: MetaClient, uid: int) -> MetaClient:
+    other = MetaClient(c.addresses, user=common_pb2.UserInfo(uid=uid, gid=uid), rpc=c.rpc, timeout_s=5)
+    return other
