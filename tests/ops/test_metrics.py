@@ -3,42 +3,15 @@ name metrics the daemons export."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ops_helpers import cleanup_local, dashboard_metrics, fs3
+from ops_helpers import dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("metrics") / "cluster"
-    try:
-        up = fs3("local", "up", "--dir", str(d), "--no-mount", "--storage-nodes", "2", "--replicas", "2",
-                 "--targets-per-node", "1")  # fmt: skip
-        assert up.returncode == 0, up.stdout + up.stderr
-        asyncio.run(_traffic(d))
-        yield d
-    finally:
-        cleanup_local(d)
-
-
-async def _traffic(d: Path) -> None:
-    """A write and a read, so that per-method series exist."""
-    from fs3.client import FileSystem
-
-    async with await FileSystem.connect(d / "config" / "client.toml") as fs:
-        async with await fs.open("/m.bin", "w") as f:
-            await f.write(os.urandom(100_000))
-        async with await fs.open("/m.bin", "r") as f:
-            assert len(await f.read()) == 100_000
 
 
 def scrape(d: Path, name: str) -> dict[str, list]:
@@ -49,8 +22,8 @@ def scrape(d: Path, name: str) -> dict[str, list]:
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
-def test_mgmtd_metrics(cluster: Path) -> None:
-    m = scrape(cluster, "mgmtd")
+def test_mgmtd_metrics(small_cluster: Path) -> None:
+    m = scrape(small_cluster, "mgmtd")
     assert m["fs3_mgmtd_is_primary"][0].value == 1
     states = {s.labels["state"]: s.value for s in m["fs3_mgmtd_targets"]}
     assert states.get("SERVING") == 2
@@ -58,30 +31,30 @@ def test_mgmtd_metrics(cluster: Path) -> None:
 
 
 @pytest.mark.parametrize("node", ["storage-10001", "storage-10002"])
-def test_storage_metrics(cluster: Path, node: str) -> None:
-    m = scrape(cluster, node)
+def test_storage_metrics(small_cluster: Path, node: str) -> None:
+    m = scrape(small_cluster, node)
     assert any(n.startswith("fs3_storage_") for n in m)
     assert "fs3_storage_request_seconds" in m and "fs3_storage_sync_chunks" in m
 
 
-def test_storage_counts_client_bytes(cluster: Path) -> None:
+def test_storage_counts_client_bytes(small_cluster: Path) -> None:
     written = 0.0
     for node in ("storage-10001", "storage-10002"):
-        m = scrape(cluster, node)
+        m = scrape(small_cluster, node)
         written += sum(s.value for s in m.get("fs3_storage_bytes", []) if s.labels.get("dir") == "write")
     assert written >= 100_000  # the head counts the client's write
 
 
-def test_meta_metrics(cluster: Path) -> None:
-    m = scrape(cluster, "meta")
+def test_meta_metrics(small_cluster: Path) -> None:
+    m = scrape(small_cluster, "meta")
     methods = {s.labels.get("method") for s in m["fs3_meta_requests"]}
     assert {"Create", "Close"} <= methods, methods
 
 
-def test_dashboard_queries_name_exported_metrics(cluster: Path) -> None:
+def test_dashboard_queries_name_exported_metrics(small_cluster: Path) -> None:
     exported: set[str] = set()
     for name in ("mgmtd", "meta", "storage-10001", "storage-10002"):
-        exported |= set(scrape(cluster, name))
+        exported |= set(scrape(small_cluster, name))
     wanted = {n for n in dashboard_metrics() if n.startswith(("fs3_mgmtd_", "fs3_storage_", "fs3_meta_"))}
     missing = {n for n in wanted if n.removesuffix("_total") not in exported and n not in exported}
     assert not missing, f"dashboard queries metrics no daemon exports: {sorted(missing)}"
