@@ -8,7 +8,9 @@
 Runs the job files in bench/fio/ (variables DIR, SIZE, NUMJOBS, DIRECT, IODEPTH, RUNTIME) for
 buffered and direct I/O: sequential write and read with 1 MiB blocks (1 and 4 jobs), random read and
 write with 4 KiB blocks (4 jobs). Page caches are dropped before each read run (as root), so
-buffered reads come from fs3, not from memory. Prints MiB/s and IOPS per run for fs3 and local.
+buffered reads come from fs3, not from memory. Prints MiB/s and IOPS per run for fs3 and local, and the CPU time
+per I/O of the mount process and of the servers (mgmtd, meta, storage) -- figures that other load on
+the machine distorts far less than the rates.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +65,23 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def fio(run: Run, directory: Path, size: str, runtime: int) -> dict[str, float]:
-    """Run one job; returns MiB/s and IOPS summed over the jobs."""
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used (0 for any that is gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def fio(
+    run: Run, directory: Path, size: str, runtime: int, mount_pids: list[int], server_pids: list[int]
+) -> dict[str, float]:
+    """Run one job; returns MiB/s and IOPS summed over the jobs, and CPU microseconds per I/O of
+    the mount process and of the servers (figures a busy machine distorts less than rates)."""
     if "read" in run.job:
         drop_caches()
     env = {
@@ -75,6 +93,7 @@ def fio(run: Run, directory: Path, size: str, runtime: int) -> dict[str, float]:
         "IODEPTH": str(run.iodepth),
         "RUNTIME": str(runtime),
     }
+    client0, server0 = cpu_seconds(mount_pids), cpu_seconds(server_pids)
     r = subprocess.run(
         ["fio", "--output-format=json", str(JOBS / f"{run.job}.fio")],
         env=env,
@@ -87,18 +106,31 @@ def fio(run: Run, directory: Path, size: str, runtime: int) -> dict[str, float]:
     report = json.loads(r.stdout[r.stdout.index("{") :])
     job = report["jobs"][0]
     side = job["write"] if "write" in run.job else job["read"]
-    return {"mib_s": side["bw_bytes"] / (1 << 20), "iops": side["iops"]}
+    ios = max(side["total_ios"], 1)
+    return {
+        "mib_s": side["bw_bytes"] / (1 << 20),
+        "iops": side["iops"],
+        "mount_cpu_us_per_io": (cpu_seconds(mount_pids) - client0) / ios * 1e6,
+        "server_cpu_us_per_io": (cpu_seconds(server_pids) - server0) / ios * 1e6,
+    }
 
 
 def measure(
-    directory: Path, size: str, runtime: int, repeat: int, only: str
+    directory: Path,
+    size: str,
+    runtime: int,
+    repeat: int,
+    only: str,
+    mount_pids: Sequence[int] = (),
+    server_pids: Sequence[int] = (),
 ) -> dict[str, list[dict[str, float]]]:
     results: dict[str, list[dict[str, float]]] = {}
     for _ in range(repeat):
         for run in runs():
             if only and only not in run.name:
                 continue
-            results.setdefault(run.name, []).append(fio(run, directory, size, runtime))
+            sample = fio(run, directory, size, runtime, list(mount_pids), list(server_pids))
+            results.setdefault(run.name, []).append(sample)
             print(f"  {directory}: {run.name}: {results[run.name][-1]}", file=sys.stderr)
     return results
 
@@ -111,18 +143,24 @@ def summary(samples: list[dict[str, float]]) -> dict[str, float]:
         "typical_mib_s": statistics.median(mib),
         "best_iops": max(iops),
         "typical_iops": statistics.median(iops),
+        "mount_cpu_us_per_io": statistics.median(s["mount_cpu_us_per_io"] for s in samples),
+        "server_cpu_us_per_io": statistics.median(s["server_cpu_us_per_io"] for s in samples),
         "samples": len(samples),
     }
 
 
 def table(fs3: dict[str, dict[str, float]], local: dict[str, dict[str, float]]) -> str:
-    head = f"{'run':34} {'fs3 MiB/s':>10} {'fs3 IOPS':>9} {'(typical)':>10} {'local MiB/s':>12} {'local IOPS':>11}"
+    head = (
+        f"{'run':34} {'fs3 MiB/s':>10} {'fs3 IOPS':>9} {'(typical)':>10} {'mount us/io':>11} "
+        f"{'servers us/io':>13} {'local MiB/s':>12} {'local IOPS':>11}"
+    )
     lines = [head, "-" * len(head)]
     for name, s in fs3.items():
         loc = local.get(name)
         typ = s["typical_iops"] if "rand" in name else s["typical_mib_s"]
         lines.append(
             f"{name:34} {s['best_mib_s']:10.0f} {s['best_iops']:9.0f} {typ:10.0f} "
+            f"{s['mount_cpu_us_per_io']:11.0f} {s['server_cpu_us_per_io']:13.0f} "
             + (f"{loc['best_mib_s']:12.0f} {loc['best_iops']:11.0f}" if loc else f"{'-':>12} {'-':>11}")
         )
     return "\n".join(lines)
@@ -136,7 +174,10 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
     try:
         async with FsCluster(tmp / "cluster", log_level="WARNING") as c:
             m = await c.mount(tmp / "mnt")
-            return await asyncio.to_thread(measure, m.path, args.size, args.runtime, args.repeat, args.only)
+            servers = [p.pid for p in c.cluster.procs if p is not m.proc and p.pid is not None]
+            return await asyncio.to_thread(
+                measure, m.path, args.size, args.runtime, args.repeat, args.only, [m.proc.pid], servers
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -144,6 +185,10 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mount", type=Path, help="an existing fs3 mount (default: start a cluster and mount it)")
+    p.add_argument("--mount-pid", type=int, action="append", default=[], help="with --mount: its process")
+    p.add_argument(
+        "--server-pid", type=int, action="append", default=[], help="with --mount: a server process"
+    )
     p.add_argument(
         "--local-dir", type=Path, help="local-disk directory to compare with (default: a temp dir)"
     )
@@ -162,7 +207,9 @@ def main() -> int:
         d = args.mount / f"fio-bench-{os.getpid()}"
         d.mkdir()
         try:
-            fs3_raw = measure(d, args.size, args.runtime, args.repeat, args.only)
+            fs3_raw = measure(
+                d, args.size, args.runtime, args.repeat, args.only, args.mount_pid, args.server_pid
+            )
         finally:
             shutil.rmtree(d, ignore_errors=True)
     else:

@@ -395,7 +395,10 @@ class Fs3Operations(pyfuse3.Operations):
     @_translate
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         meta = self.meta(ctx)
-        entries: list[tuple[bytes, m.Inode]] = []
+        # "." and ".." as a local file system lists them (the kernel links neither from readdirplus)
+        me = await meta.stat(inode)
+        up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
+        entries: list[tuple[bytes, m.Inode]] = [(b".", me), (b"..", up)]
         after = b""
         while True:
             rsp = await meta.readdir(inode, after, 0, with_inodes=True)

@@ -299,6 +299,7 @@ def test_mkdir_modes_and_dirs_listing(env: Env) -> None:
     for n in names:
         (d / n).write_bytes(b"")
     assert set(os.listdir(d)) == names
+    assert sh("ls -a listing | head -2 | tr '\\n' ' '", env.mnt).stdout == ". .. "
     shutil.rmtree(d)
     assert not d.exists()
 
