@@ -3,11 +3,15 @@ by the tools people point at a file system: coreutils, tar, git, rsync, fio, and
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import re
 import shutil
+import socket
 import stat
 import subprocess
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,6 +275,38 @@ async def test_sigterm_unmounts_cleanly(env: Env) -> None:
     m.proc.popen.terminate()
     assert m.proc.popen.wait(timeout=30) == 0
     assert not is_mounted(m.path)
+
+
+async def test_one_mib_requests_readahead_and_metrics(env: Env) -> None:
+    """1 MiB writes and direct reads reach the mount whole, the mount's readahead is raised, and
+    the Prometheus page counts requests per operation."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m = await env.cluster.mount(env.mnt.parent / "mnt4", name="mount4", metrics_port=port, read_ahead_kb=8192)
+    try:
+        await asyncio.to_thread(_check_requests, m, port)
+    finally:
+        assert m.unmount() == 0
+
+
+def _check_requests(m: Mount, port: int) -> None:
+    sh("dd if=/dev/zero of=f bs=1M count=8 conv=fsync status=none", m.path)
+    sh("dd if=f of=/dev/null bs=1M iflag=direct status=none", m.path)
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+    def metric(name: str) -> float:
+        return float(re.search(rf"^{re.escape(name)} (\S+)$", page, re.M).group(1))
+
+    assert metric('fs3_fuse_requests_total{op="write"}') == 8  # one request per 1 MiB write(2)
+    assert metric('fs3_fuse_requests_total{op="read"}') <= 9  # 8 of 1 MiB, and the one at EOF
+    assert metric("fs3_fuse_read_bytes_total") == 8 << 20
+    dev = next(
+        line.split()[2]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4] == str(m.path)
+    )
+    assert Path(f"/sys/class/bdi/{dev}/read_ahead_kb").read_text().strip() == "8192"
 
 
 @pytest.mark.slow
