@@ -378,9 +378,19 @@ class Cluster:
         node.port = await self._read_port(self.tmp / f"storage-{node.node_id}.port", node.proc, timeout_s)
 
     async def restart_storage(self, index: int, timeout_s: float = 30.0) -> None:
-        """Start a killed storage daemon again and wait until it listens (not until it serves)."""
+        """Start a killed storage daemon again and wait until mgmtd has heard from the new process
+        (so routing no longer reflects the old one; it does not serve yet)."""
+        node = self.nodes[index]
         self.start_storage(index)
-        await self._wait_port(self.nodes[index], timeout_s)
+        await self._wait_port(node, timeout_s)
+        assert self.admin is not None and node.proc is not None and node.proc.popen is not None
+        pid = node.proc.popen.pid
+
+        async def heard() -> bool:
+            nodes = await self.admin.list_nodes()  # type: ignore[union-attr]
+            return any(n.node_id == node.node_id and n.pid == pid for n in nodes)
+
+        await wait_until(heard, timeout_s, f"mgmtd to hear from the restarted storage {node.node_id}")
 
     def kill_storage(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (SIGKILL by default) to storage daemon ``index`` and reap it."""
@@ -439,12 +449,30 @@ class Cluster:
         return found[0]
 
     async def wait_all_serving(self, timeout_s: float = 30.0) -> Routing:
-        """Wait until every target of every chain is SERVING."""
-        return await self.wait_chains(
-            lambda ch: len(ch.serving) == len(ch.targets) == self.replication,
-            timeout_s,
-            "every target SERVING",
-        )
+        """Wait until every target of every chain is SERVING and reported UPTODATE by its daemon.
+
+        (A new chain starts with every target SERVING before any daemon has said a word; the
+        daemons' startup protocol then takes each through OFFLINE and back.)
+        """
+        seen: list[Routing] = []
+
+        def ready(r: Routing, cid: int) -> bool:
+            ch = r.chains.get(cid)
+            return (
+                ch is not None
+                and len(ch.serving) == len(ch.targets) == self.replication
+                and all(r.targets[t].local_state == common_pb2.UPTODATE for t in ch.serving)
+            )
+
+        async def check() -> bool:
+            seen.append(await self.routing())
+            return all(ready(seen[-1], cid) for cid in self.chain_ids)
+
+        try:
+            await wait_until(check, timeout_s, "every target SERVING and UPTODATE", interval_s=0.1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.logs()}") from None
+        return seen[-1]
 
     async def storage_client(self, retry: RetryPolicy | None = None, **kw) -> StorageClient:
         """A StorageClient (own routing cache and RPC client, closed by :meth:`stop`)."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from chain_workload import BLOCK, CHUNK, PinnedClient, Workload
 from cluster import Cluster
-from test_storage_faults import BLOCK, CHUNK, PinnedClient, Workload
 
 from fs3.client.storage_client import crc32c
 

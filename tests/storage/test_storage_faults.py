@@ -4,77 +4,15 @@ on every replica; linearizable reads while the chain changes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 import struct
 
 import pytest
+from chain_workload import CHUNK, PinnedClient, Workload, verify
 from cluster import Cluster, wait_until
 
-from fs3.client.storage_client import StorageClient, crc32c
 from fs3.proto import common_pb2
 
 pytestmark = pytest.mark.timeout(150)
-
-KiB = 1024
-CHUNK = 64 * KiB
-BLOCK = 4 * KiB
-
-
-class Workload:
-    """Writers that each own one chunk and overwrite 4 KiB blocks of it, remembering every
-    acknowledged write (the model)."""
-
-    def __init__(self, client: StorageClient, chain_id: int, inode: int, writers: int) -> None:
-        self.client = client
-        self.chain_id = chain_id
-        self.inode = inode
-        self.model = {w: bytearray() for w in range(writers)}
-        self.acked = 0
-        self.stop = asyncio.Event()
-        self.tasks = [asyncio.create_task(self._writer(w)) for w in range(writers)]
-
-    async def _writer(self, w: int) -> None:
-        rng = random.Random(w)
-        seq = 0
-        while not self.stop.is_set():
-            seq += 1
-            off = rng.randrange(0, CHUNK // BLOCK) * BLOCK
-            data = os.urandom(BLOCK)
-            await self.client.write(self.chain_id, self.inode, w, off, data, CHUNK)
-            m = self.model[w]
-            if len(m) < off + BLOCK:
-                m.extend(bytes(off + BLOCK - len(m)))
-            m[off : off + BLOCK] = data
-            self.acked += 1
-
-    async def wait_acked(self, n: int, timeout_s: float = 60.0) -> None:
-        target = self.acked + n
-        await wait_until(
-            lambda: self.acked >= target or any(t.done() for t in self.tasks), timeout_s, "writes"
-        )
-        for t in self.tasks:
-            if t.done():
-                t.result()  # a writer that failed fails the test
-
-    async def finish(self) -> None:
-        self.stop.set()
-        await asyncio.gather(*self.tasks)
-
-
-async def verify(
-    c: Cluster, client: StorageClient, chain_id: int, inode: int, model: dict[int, bytearray]
-) -> None:
-    """Every replica holds every chunk committed, with the model's content and checksum."""
-    for tid in c.chain_targets[chain_id]:
-        metas = {m.key.chunk_index: m for m in await client.dump_chunk_meta(tid, inode)}
-        assert sorted(metas) == sorted(model), (tid, sorted(metas))
-        for w, content in model.items():
-            m = metas[w]
-            assert m.pending_version == 0, (tid, w, m)
-            assert (m.length, m.crc32c) == (len(content), crc32c(content)), (tid, w)
-    for w, content in model.items():
-        assert await client.read(chain_id, inode, w, 0, CHUNK) == bytes(content)
 
 
 @pytest.mark.parametrize("position", ["head", "middle", "tail"])
@@ -112,18 +50,6 @@ async def test_sigkill_during_writes_then_resync(tmp_path, position):
         assert any(f"resync done chain_id={chain_id} target_id={victim}" in p.log() for p in c.procs), (
             c.logs()
         )
-
-
-class PinnedClient(StorageClient):
-    """Reads from one target while it serves (to compare what different replicas answer)."""
-
-    pin: int = 0
-
-    def _pick_reader(self, routing, chain_id, exclude):  # type: ignore[no-untyped-def]
-        chain = routing.chain(chain_id)
-        if self.pin in chain.serving and self.pin not in exclude:
-            return self.pin
-        return super()._pick_reader(routing, chain_id, exclude)
 
 
 async def test_reads_are_linearizable_while_the_tail_dies(tmp_path):
