@@ -192,14 +192,19 @@ async def list_chains(conn: Connection, args: argparse.Namespace) -> Result:
                 "preferred_order": list(c.preferred_order),
             }
         )
-    result = Result(rows, ["chain_id", "version", "status", "targets"])
-    if not args.json:
-        for r in rows:
-            r["targets"] = " ".join(
+    if args.json:
+        return Result(rows, ["chain_id", "version", "status", "targets"])
+    shown = [
+        {
+            **r,
+            "targets": " ".join(
                 f"{t['target_id']}({t['state']}{'' if t['role'] == '-' else ',' + t['role']})"
                 for t in r["targets"]
-            )
-    return result
+            ),
+        }
+        for r in rows
+    ]
+    return Result(shown, ["chain_id", "version", "status", "targets"])
 
 
 @command("list-chain-tables", "chain tables, every version")
