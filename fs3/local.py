@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from fs3.cli.daemons import Daemon, stop_all
-from fs3.cli.fuse_mounts import abort, answers, is_mounted, unmount
+from fs3.cli.fuse_mounts import abort, answers, is_mounted, mount_type, unmount
 from fs3.cli.local_cluster import (
     CHAIN_TABLE,
     EX_FAILED,
@@ -56,6 +56,7 @@ from fs3.cli.local_cluster import (
 from fs3.errors import FS3Error, StatusCode
 
 MOUNT_MODULE = "fs3.client.mount"
+FS3_MOUNT_TYPE = "fuse.fs3"  # what /proc/self/mountinfo calls an fs3 mount
 
 
 def _say(msg: str) -> None:
@@ -214,6 +215,10 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
     d = lc.daemon("mount")
     if d.pid() is not None and is_mounted(str(mp)):
         return f"mount: {mp} already mounted (pid {d.pid()})"
+    if d.pid() is None and mount_type(str(mp)) == FS3_MOUNT_TYPE:
+        # an earlier mount of ours whose process died ("transport endpoint is not connected")
+        abort(str(mp))
+        unmount(str(mp))
     try:
         mp.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -13,8 +13,9 @@ import subprocess
 from pathlib import Path
 
 
-def _mountinfo_entry(path: str) -> tuple[int, int] | None:
-    """(major, minor) of what is mounted at ``path``, from /proc/self/mountinfo; None if nothing.
+def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
+    """(major, minor, file system type) of what is mounted at ``path``, from /proc/self/mountinfo;
+    None if nothing (the topmost mount when several are stacked).
 
     Read from the mount table rather than by ``os.path.ismount``, which stats the mount point and
     would hang on a FUSE server that does not answer."""
@@ -26,10 +27,18 @@ def _mountinfo_entry(path: str) -> tuple[int, int] | None:
                 parts = line.split()
                 if len(parts) > 4 and parts[4].replace("\\040", " ") == target:
                     major, minor = parts[2].split(":")
-                    found = (int(major), int(minor))
+                    # optional fields end at " - ", then: fs type, source, super options
+                    fstype = parts[parts.index("-") + 1] if "-" in parts else ""
+                    found = (int(major), int(minor), fstype)
     except OSError:
         return None
     return found
+
+
+def mount_type(path: str) -> str | None:
+    """The file system type mounted at ``path`` (``fuse.fs3`` for an fs3 mount), or None."""
+    entry = _mountinfo_entry(path)
+    return entry[2] if entry is not None else None
 
 
 def is_mounted(path: str) -> bool:

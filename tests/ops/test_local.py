@@ -153,6 +153,13 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     assert asyncio.run(_read(local_dir, "/hello.txt")) == b"hello through FUSE\n"
     status = fs3("local", "status", "--dir", str(local_dir), "--json")
     assert json.loads(status.stdout)["mounted"] is True
+
+    # the mount process dies: its mount point is left dead; up replaces it with a live mount
+    os.kill(json.loads(status.stdout)["processes"]["mount"], signal.SIGKILL)
+    wait_for(lambda: not _procs(local_dir)["mount"], 10, "the mount process to die")
+    again = fs3("local", "up", "--dir", str(local_dir), "--timeout", "30")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
     port = json.loads((local_dir / "local.json").read_text())["ports"]["client_metrics"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
