@@ -415,7 +415,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     for name, pid in procs.items():
         if name == "mount" and not st.mount:
             continue
-        _say(f"  {name:<14} {'running, pid ' + str(pid) if pid else 'stopped'}")
+        where = f", {st.host}:{st.ports[name]}" if name in st.ports else ""
+        _say(f"  {name:<14} {f'running, pid {pid}{where}' if pid else 'stopped'}")
     if st.mount:
         _say(f"  mount point    {st.mount} ({'mounted' if out['mounted'] else 'not mounted'})")
     routing = out.get("routing")
