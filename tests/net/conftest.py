@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sys
 import threading
 import time
@@ -109,6 +110,18 @@ TRANSPORTS = ["tcp", "rdma-fake", "rdma"]
 _RDMA_TESTS = Path(__file__).resolve().parents[1] / "net_rdma"
 
 
+def _fakeverbs() -> Any:
+    """tests/net_rdma/fakeverbs.py, loaded by path (without adding that folder to sys.path)."""
+    mod = sys.modules.get("fakeverbs")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("fakeverbs", _RDMA_TESTS / "fakeverbs.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["fakeverbs"] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
 def make_transports(name: str) -> tuple[Transport, Transport]:
     """(server transport, client transport) for ``name``; skips the test when it cannot run here."""
     if name == "tcp":
@@ -117,9 +130,7 @@ def make_transports(name: str) -> tuple[Transport, Transport]:
     from fs3.net.rdma.transport import RdmaTransport
 
     if name == "rdma-fake":
-        if str(_RDMA_TESTS) not in sys.path:
-            sys.path.insert(0, str(_RDMA_TESTS))
-        from fakeverbs import Fabric
+        Fabric = _fakeverbs().Fabric
 
         fabric = Fabric()
         return tuple(  # type: ignore[return-value]
