@@ -55,6 +55,35 @@ async def is_empty(tr: Transaction, dir_id: int) -> bool:
     return not await tr.get_range(prefix, prefix_end(prefix), 1)
 
 
+MAX_CHECKED_DIRS = 1024
+
+
+async def check_subtree(tr: Transaction, top: meta_pb2.Inode, cred: Credentials) -> None:
+    """What ``rm -r`` would need, checked up front for a non-root caller: read, write and search
+    permission on every directory of the tree, and the sticky-bit rule for every entry in a sticky
+    one. Trees of more than MAX_CHECKED_DIRS directories are refused (EPERM): remove them in parts."""
+    todo = [top]
+    seen = 0
+    while todo:
+        d = todo.pop()
+        seen += 1
+        if seen > MAX_CHECKED_DIRS:
+            raise FS3Error(
+                StatusCode.META_NOT_PERMITTED,
+                f"more than {MAX_CHECKED_DIRS} directories to check: remove the tree in parts",
+            )
+        check(d, cred, R_OK | W_OK | X_OK)
+        prefix = schema.dentry_prefix(d.id)
+        for _, value in await tr.get_range(prefix, prefix_end(prefix)):
+            e = meta_pb2.DirEntry.FromString(value)
+            if e.type != DIRECTORY and not d.mode & 0o1000:
+                continue
+            child = await inodes.load(tr, e.inode_id)
+            check_sticky(d, child, cred)
+            if child.type == DIRECTORY:
+                todo.append(child)
+
+
 async def _entry(tr: Transaction, parent: int, name: bytes) -> tuple[bytes, meta_pb2.Inode]:
     key = schema.dentry_key(parent, name)
     raw = await tr.get(key)
@@ -134,7 +163,8 @@ class EntryOps(Namespace):
             now = inodes.now_ns()
             tr.clear(key)
             if recursive:
-                check(d, cred, R_OK | W_OK | X_OK)
+                if not cred.is_root:
+                    await check_subtree(tr, d, cred)
                 d.nlink = 0
                 inodes.store(tr, d)
                 tr.add_int(schema.dir_links_key(parent), -1)

@@ -349,3 +349,19 @@ async def test_sessions_expire_unless_their_client_is_live(tree: Tree) -> None:
 
     s.collector.live_clients = unknown
     assert await s.collector.expire_sessions() == 0
+
+
+async def test_recursive_rmdir_needs_what_rm_r_needs(tree: Tree) -> None:
+    s = tree.store
+    top = await s.mkdir(ALICE, tree["/pub"], b"tree", 0o755)
+    sub = await s.mkdir(ALICE, top.id, b"sub", 0o755)
+    await s.create(ALICE, sub.id, b"f", 0o644)
+    locked = await s.mkdir(ROOT, sub.id, b"roots", 0o755)
+    await s.create(ROOT, locked.id, b"g", 0o644)
+    with pytest.raises(FS3Error) as e:
+        await s.rmdir(ALICE, tree["/pub"], b"tree", recursive=True)
+    assert e.value.errno == 13  # EACCES: alice cannot empty root's directory
+    await s.rmdir(ROOT, sub.id, b"roots", recursive=True)
+    await s.rmdir(ALICE, tree["/pub"], b"tree", recursive=True)
+    with pytest.raises(FS3Error):
+        await s.lookup(ALICE, tree["/pub"], b"tree")
