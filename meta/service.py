@@ -36,12 +36,11 @@ class MetaService:
         auth: Authenticator,
         *,
         statfs: Callable[[], Awaitable[tuple[int, int]]] | None = None,
-        metrics: Any = None,
     ) -> None:
+        """``statfs`` returns storage's (capacity, used) bytes."""
         self.store = store
         self.auth = auth
         self._statfs = statfs
-        self._metrics = metrics
 
     def register(self, server: RpcServer, registry: CollectorRegistry | None = None) -> None:
         """Serve every method on ``server``, counting requests and latencies into ``registry``."""
