@@ -52,7 +52,11 @@ async def test_sigkill_during_writes_then_resync(tmp_path, position):
         )
 
 
-async def test_reads_are_linearizable_while_the_tail_dies(tmp_path):
+@pytest.mark.parametrize("position", ["head", "tail"])
+async def test_reads_are_linearizable_while_a_replica_dies(tmp_path, position):
+    """Readers pinned to each replica; once any read returned a value, no later read returns an
+    older one, also while the tail (the new tail must settle what the old one committed) or the
+    head (the new head holds the old head's writes pending) is killed."""
     async with Cluster(tmp_path / "c") as c:
         chain_id = c.chain_ids[0]
         writer = await c.storage_client()
@@ -97,9 +101,10 @@ async def test_reads_are_linearizable_while_the_tail_dies(tmp_path):
 
         try:
             await progress(50)
-            tail = (await c.routing()).chain(chain_id).targets[-1].target_id
-            c.kill_storage(c.node_of_target(tail).index)
-            await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the tail to go")
+            targets = (await c.routing()).chain(chain_id).targets
+            victim = targets[-1 if position == "tail" else 0].target_id
+            c.kill_storage(c.node_of_target(victim).index)
+            await c.wait_chains(lambda ch: len(ch.serving) == 2, what=f"the {position} to go")
             await progress(50)
         finally:
             stop.set()
