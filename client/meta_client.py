@@ -12,7 +12,7 @@
 Meta servers are stateless, so any of them can serve any call. A call that fails for want of a
 server (connection refused or lost, a deadline, an overloaded server) is re-sent to the next one
 until ``timeout_s`` runs out. Non-idempotent calls (create, mkdir, mknod, symlink, link, unlink,
-rmdir, rename) carry a request id that stays the same across those re-sends, and the server returns
+rmdir, rename, close) carry a request id that stays the same across those re-sends, and the server returns
 the first result for it, so a create whose reply was lost does not fail with EEXIST on retry.
 Errors raise :class:`fs3.errors.FS3Error` with the server's status code (``.errno`` for POSIX).
 
@@ -305,7 +305,7 @@ class MetaClient:
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
     ) -> m.Inode:
         req = m.CloseReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
-        return (await self.call("Close", req)).inode
+        return (await self.call("Close", req, request_id=True)).inode
 
     async def prune_sessions(self, client_id: int) -> int:
         return (await self.call("PruneSession", m.PruneSessionReq(client_id=client_id))).pruned

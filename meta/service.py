@@ -207,7 +207,9 @@ class MetaService:
     async def Close(self, req: m.CloseReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         await self._cred(req)
         mtime = req.mtime.sec * 1_000_000_000 + req.mtime.nsec if req.HasField("mtime") else 0
-        ino = await self.store.close(req.inode_id, req.session_id, req.written_length, req.wrote, mtime)
+        ino = await self.store.close(
+            req.inode_id, req.session_id, req.written_length, req.wrote, mtime, self._idem(req)
+        )
         if ino.nlink == 0:
             self.store.collector.wake()
         return m.InodeRsp(inode=ino)

@@ -19,7 +19,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
-from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Namespace
+from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace
 from fs3.meta.permissions import Credentials, access_of_flags, check
 from fs3.proto import meta_pb2
 
@@ -79,19 +79,31 @@ class SessionOps(Namespace):
         written_length: int = 0,
         wrote: bool = False,
         mtime_ns: int = 0,
+        idem: Idem = None,
     ) -> meta_pb2.Inode:
-        """Settle the length as :meth:`sync` does and end the session."""
-        return await self._settle(inode_id, session_id, written_length, wrote, close=True, mtime_ns=mtime_ns)
+        """Settle the length as :meth:`sync` does and end the session. With a request id a retried
+        close returns the first one's result instead of failing for want of the session."""
+        return await self._settle(
+            inode_id, session_id, written_length, wrote, close=True, mtime_ns=mtime_ns, idem=idem
+        )
 
     async def _settle(
-        self, inode_id: int, session_id: int, written: int, wrote: bool, *, close: bool, mtime_ns: int
+        self,
+        inode_id: int,
+        session_id: int,
+        written: int,
+        wrote: bool,
+        *,
+        close: bool,
+        mtime_ns: int,
+        idem: Idem = None,
     ) -> meta_pb2.Inode:
         queried: int | None = None
         if wrote and written == 0:
             ino = await self.stat(inode_id)
             queried = await self.chunks.file_length(ino.layout, inode_id)
 
-        async def fn(tr: Transaction) -> meta_pb2.Inode:
+        async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             skey = schema.session_key(inode_id, session_id)
             raw = await tr.get(skey)
             if raw is None:
@@ -111,9 +123,9 @@ class SessionOps(Namespace):
             else:
                 session.touched_ns = now
                 tr.set(skey, session.SerializeToString())
-            return inodes.public(ino)
+            return meta_pb2.InodeRsp(inode=inodes.public(ino))
 
-        return await self.db.run(fn)
+        return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
 
     async def sessions_of(self, inode_id: int) -> list[meta_pb2.FileSession]:
         """The open sessions of a file."""

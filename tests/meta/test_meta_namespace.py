@@ -365,3 +365,13 @@ async def test_recursive_rmdir_needs_what_rm_r_needs(tree: Tree) -> None:
     await s.rmdir(ALICE, tree["/pub"], b"tree", recursive=True)
     with pytest.raises(FS3Error):
         await s.lookup(ALICE, tree["/pub"], b"tree")
+
+
+async def test_retried_close_returns_first_result(tree: Tree) -> None:
+    s = tree.store
+    r = await s.create(ALICE, tree["/pub"], b"c", 0o644, session=True)
+    first = await s.close(r.inode.id, r.session_id, 42, True, idem=(8, 1))
+    again = await s.close(r.inode.id, r.session_id, 42, True, idem=(8, 1))
+    assert first.size == again.size == 42
+    with pytest.raises(FS3Error):
+        await s.close(r.inode.id, r.session_id, 42, True, idem=(8, 2))
