@@ -12,7 +12,8 @@ from cluster import REPO, Cluster, write_config
 
 from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
 from fs3.errors import FS3Error, StatusCode
-from fs3.proto import storage_pb2
+from fs3.net.service import Method
+from fs3.proto import rpc_pb2, storage_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -85,6 +86,10 @@ async def test_malformed_and_refused_requests(tmp_path):
         upd.io.CopyFrom(write_req(chain_id, chain.version, data).io)
         e = await call(middle, STORAGE_SERVICE["Update"], upd, data)
         assert e.code == StatusCode.INVALID_ARGUMENT
+        # bytes that do not parse as the method's message
+        garbage = Method(write.service_id, write.id, "Write", rpc_pb2.EchoRequest, storage_pb2.IOResult)
+        e = await call(head, garbage, rpc_pb2.EchoRequest(data=b"\xff" * 64))
+        assert e.code == StatusCode.RPC_BAD_MESSAGE
         # nothing of all that reached the chunks; the chain still works
         await client.write(chain_id, 3, 0, 0, data, CHUNK)
         assert await client.read(chain_id, 3, 0, 0, CHUNK) == data
