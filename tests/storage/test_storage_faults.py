@@ -4,12 +4,15 @@ on every replica; linearizable reads while the chain changes."""
 from __future__ import annotations
 
 import asyncio
+import os
+import random
 import struct
 
 import pytest
-from chain_workload import CHUNK, PinnedClient, Workload, verify
+from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, verify
 from cluster import Cluster, wait_until
 
+from fs3.client.storage_client import crc32c
 from fs3.proto import common_pb2
 
 pytestmark = pytest.mark.timeout(150)
@@ -203,3 +206,74 @@ async def test_disk_error_takes_the_target_offline(tmp_path):
         assert await client.read(other, 78, 0, 0, 100) == b"still fine"
         for w, content in work.model.items():
             assert await client.read(c.chain_ids[0], 77, w, 0, CHUNK) == bytes(content)
+
+
+async def test_truncates_and_removals_during_resync(tmp_path):
+    """Writes, truncates and removals keep flowing while a replica is away and while it resyncs
+    (forwarded to the SYNCING target as whole-chunk replaces and removals); afterwards every
+    replica holds exactly what was acknowledged."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        model: dict[int, bytes | None] = {}
+        stop = asyncio.Event()
+        done = 0
+
+        async def mixed(k: int) -> None:
+            nonlocal done
+            rng = random.Random(k)
+            while not stop.is_set():
+                index = k * 8 + rng.randrange(8)  # each worker owns eight chunks
+                op = rng.random()
+                old = model.get(index)
+                if op < 0.6:
+                    off = rng.randrange(0, 8) * BLOCK
+                    data = os.urandom(BLOCK)
+                    await client.write(chain_id, 31, index, off, data, CHUNK)
+                    base = bytearray(old or b"")
+                    base.extend(bytes(max(0, off + BLOCK - len(base))))
+                    base[off : off + BLOCK] = data
+                    model[index] = bytes(base)
+                elif op < 0.8:
+                    n = rng.randrange(0, 6 * BLOCK)
+                    await client.truncate_chunk(chain_id, 31, index, n, CHUNK)
+                    model[index] = (old or b"")[:n].ljust(n, b"\0")
+                else:
+                    await client.remove_chunk(chain_id, 31, index)
+                    model[index] = None
+                done += 1
+
+        tasks = [asyncio.create_task(mixed(k)) for k in range(3)]
+
+        async def progress(n: int) -> None:
+            target = done + n
+            await wait_until(lambda: done >= target or any(t.done() for t in tasks), 60, "progress")
+            for t in tasks:
+                if t.done():
+                    t.result()
+
+        try:
+            await progress(30)
+            middle = (await c.routing()).chain(chain_id).targets[1].target_id
+            node = c.node_of_target(middle)
+            c.kill_storage(node.index)
+            await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the middle to go")
+            await progress(30)
+            await c.restart_storage(node.index)
+            await c.wait_all_serving(60)
+            await progress(30)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        expected = {i: d for i, d in model.items() if d is not None}
+        for tid in c.chain_targets[chain_id]:
+            metas = {m.key.chunk_index: m for m in await client.dump_chunk_meta(tid, 31)}
+            assert sorted(metas) == sorted(expected), tid
+            for i, data in expected.items():
+                assert (metas[i].length, metas[i].crc32c, metas[i].pending_version) == (
+                    len(data),
+                    crc32c(data),
+                    0,
+                ), (tid, i)
+        for i, data in expected.items():
+            assert await client.read(chain_id, 31, i, 0, CHUNK) == data
