@@ -172,7 +172,7 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
 
     tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
     try:
-        async with FsCluster(tmp / "cluster", log_level="WARNING") as c:
+        async with FsCluster(tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size) as c:
             m = await c.mount(tmp / "mnt")
             servers = [p.pid for p in c.cluster.procs if p is not m.proc and p.pid is not None]
             return await asyncio.to_thread(
@@ -193,6 +193,9 @@ def main() -> int:
         "--local-dir", type=Path, help="local-disk directory to compare with (default: a temp dir)"
     )
     p.add_argument("--no-local", action="store_true", help="skip the local-disk runs")
+    p.add_argument(
+        "--chunk-size", type=int, default=1 << 20, help="chunk size of the started cluster's files (1 MiB)"
+    )
     p.add_argument("--size", default="512M", help="file size per job (default 512M)")
     p.add_argument("--runtime", type=int, default=8, help="seconds per time-based run (default 8)")
     p.add_argument("--repeat", type=int, default=1, help="measure each run this many times")
