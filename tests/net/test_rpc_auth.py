@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import rpcwire
-from conftest import TEST_LIMITS, ThreadedServer, poll
+from conftest import TEST_LIMITS, TEST_SERVICE, ThreadedServer, poll
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
@@ -105,8 +105,6 @@ async def test_client_identity_reaches_handlers(rpc_server: RpcServer) -> None:
     async with RpcClient(SECRET, identity="storage-3") as client:
         handlers = rpc_server.handlers  # type: ignore[attr-defined]
         handlers.gate.set()
-        from conftest import TEST_SERVICE
-
         await client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest())
         assert handlers.contexts[-1].identity == "storage-3"
 
