@@ -88,7 +88,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         from fs3.metrics import serve as serve_metrics
 
         metrics_server = serve_metrics(cfg.metrics_port)
-    fs = await FileSystem.connect(cfg)
+    fs = await FileSystem.connect(cfg, timeout_s=cfg.rpc_timeout_s)
     ops = Fs3Operations(
         fs, cfg, read_token(cfg.token_file), on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb)
     )
@@ -191,13 +191,11 @@ def main(argv: list[str]) -> int:
     options = [o.strip() for o in args.options.split(",")]
     try:
         return _run(cfg, os.path.realpath(args.mountpoint), options, ready)
-    except FS3Error as e:
-        log.error("mount failed: %s", e.message)
-        sys.stderr.write(f"fs3 mount: {e.message}\n")
-        return 1
-    except RuntimeError as e:
-        log.error("mount failed: %s", e)
-        sys.stderr.write(f"fs3 mount: {e}\n")
+    except (FS3Error, RuntimeError) as e:
+        reason = e.message if isinstance(e, FS3Error) else str(e)
+        if cfg.log.file:  # otherwise the log is standard error, where the line below goes anyway
+            log.error("mount failed: %s", reason)
+        sys.stderr.write(f"fs3 mount: {reason}\n")
         return 1
     except KeyboardInterrupt:
         return 130

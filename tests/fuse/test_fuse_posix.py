@@ -8,9 +8,12 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from fs_cluster import FsCluster, Mount, is_mounted
+from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -307,6 +310,56 @@ def _check_requests(m: Mount, port: int) -> None:
         if line.split()[4] == str(m.path)
     )
     assert Path(f"/sys/class/bdi/{dev}/read_ahead_kb").read_text().strip() == "8192"
+
+
+def _pids_serving(path: Path) -> list[int]:
+    """Processes whose command line names ``path`` (a detached mount daemon has no other handle)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                args = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"mount" in args and str(path).encode() in args:
+                pids.append(int(d.name))
+    return pids
+
+
+def test_daemon_mode_detaches_and_fusermount_ends_it(env: Env) -> None:
+    path = env.mnt.parent / "mnt5"
+    path.mkdir()
+    argv = [sys.executable, "-m", "fs3.cli.main", "mount", str(path), "--config", str(env.mount.config)]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert is_mounted(path)
+        (path / "via-daemon").write_bytes(b"d")
+        assert (env.mnt / "via-daemon").read_bytes() == b"d"
+        assert len(_pids_serving(path)) == 1
+        subprocess.run(["fusermount3", "-u", str(path)], check=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while _pids_serving(path):
+            assert time.monotonic() < deadline, "the mount daemon did not exit after fusermount3 -u"
+            time.sleep(0.05)
+    finally:
+        for pid in _pids_serving(path):
+            os.kill(pid, signal.SIGKILL)
+        force_unmount(path)
+
+
+def test_mount_without_a_cluster_fails_with_a_reason(env: Env, tmp_path: Path) -> None:
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 2.0\n')
+    (tmp_path / "m").mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "fs3.cli.main", "mount", str(tmp_path / "m"), "--config", str(cfg), "-f"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith("fs3 mount: mgmtd"), r.stderr
+    assert not is_mounted(tmp_path / "m")
 
 
 @pytest.mark.slow
