@@ -45,6 +45,7 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 BLOCK_SIZE = 1 << 20  # st_blksize: tools size their I/O by it (cp, stdio)
 _USER_XATTR = b"user."
 _GROUPS_TTL_S = 2.0
+_NOW_SLACK_NS = 1_000_000_000
 
 
 class FuseMetrics:
@@ -246,10 +247,15 @@ class Fs3Operations(pyfuse3.Operations):
             kw["uid"] = attr.st_uid
         if fields.update_gid:
             kw["gid"] = attr.st_gid
+        # pyfuse3 turns UTIME_NOW into the current time; meta needs to know it was "now" (a
+        # writer may set that, only the owner an explicit time). pyfuse3 reads the clock once for
+        # both, so equal and current times are taken for UTIME_NOW.
+        now = fields.update_atime and fields.update_mtime and attr.st_atime_ns == attr.st_mtime_ns
+        now = now and abs(time.time_ns() - attr.st_mtime_ns) < _NOW_SLACK_NS
         if fields.update_atime:
-            kw["atime_ns"] = attr.st_atime_ns
+            kw["atime_ns"] = None if now else attr.st_atime_ns
         if fields.update_mtime:
-            kw["mtime_ns"] = attr.st_mtime_ns
+            kw["mtime_ns"] = None if now else attr.st_mtime_ns
         st = self.fs._states.get(inode)
         if st is not None and (fields.update_size or fields.update_mtime):
             # Settle this mount's writes first: their report sets mtime to now and the length,

@@ -255,6 +255,15 @@ def test_non_owner_denied(env: Env) -> None:
     r = sh(f"{as_user} touch newfile", env.mnt, check=False)
     assert r.returncode != 0 and "Permission denied" in r.stderr
     assert shared.read_bytes() == b"public"
+    # a writer who is not the owner may set the times to now (touch), not to anything else
+    open_to_all = env.mnt / "open-to-all"
+    open_to_all.write_bytes(b"")
+    open_to_all.chmod(0o666)
+    os.utime(open_to_all, ns=(1_000_000_000, 1_000_000_000))
+    sh(f"{as_user} touch open-to-all", env.mnt)
+    assert open_to_all.stat().st_mtime_ns > 1_000_000_000
+    r = sh(f"{as_user} touch -d 2001-01-01 open-to-all", env.mnt, check=False)
+    assert r.returncode != 0 and "Operation not permitted" in r.stderr
 
 
 async def test_two_mounts_see_each_others_files(env: Env) -> None:
