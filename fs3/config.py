@@ -218,6 +218,9 @@ class StorageConfig:
         doc="poll mgmtd for routing changes every this many seconds (and at once when told)",
         check=_positive,
     )
+    mgmtd_connect_timeout_s: float = opt(
+        30.0, doc="at startup, give up (exit non-zero) when no mgmtd answered for this long", check=_positive
+    )
     sync_writes: bool = opt(
         True, doc="fsync chunk data and metadata before acknowledging (off: throwaway data)"
     )

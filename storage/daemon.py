@@ -125,7 +125,7 @@ class StorageDaemon:
             )
 
         self.routing.add_listener(self._routing_changed)
-        await self.routing.start(first_timeout_s=30.0)
+        await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
         self._routing_changed(self.routing.routing)
         self.agent = NodeAgent(
             self.mgmtd,

@@ -113,7 +113,9 @@ def test_unreachable_mgmtd_after_retries(tmp_path: Path) -> None:
     for service in ("meta", "storage"):
         d = tmp_path / service
         d.mkdir()
-        cfg = config(d, service, mgmtd=dead)
+        # storage's wait for routing is a setting (30 s by default); keep the test short
+        extra = "mgmtd_connect_timeout_s = 3.0" if service == "storage" else ""
+        cfg = config(d, service, extra, mgmtd=dead)
         procs[service] = subprocess.Popen(
             [sys.executable, "-m", f"fs3.{service}", "--config", str(cfg)],
             stdout=subprocess.PIPE,
