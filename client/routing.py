@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fs3.client.mgmtd_client import MgmtdClient
-
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, mgmtd_pb2
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fs3.client.mgmtd_client import MgmtdClient
-
 from fs3.config import KvConfig, MgmtdConfig
 from fs3.kv.base import Database
 from fs3.mgmtd.server import MgmtdServer

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import RoutingCache
 from mgmtd_harness import REPO, ProcessCluster, StorageNode, free_port, wait_until
 
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import RoutingCache
 from fs3.errors import FS3Error
 from fs3.proto import common_pb2, mgmtd_pb2
 

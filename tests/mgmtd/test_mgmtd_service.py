@@ -9,10 +9,10 @@ import time
 
 import grpc
 import pytest
-from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.routing import RoutingCache
 from mgmtd_harness import Admin, InProcess, StorageNode, endpoint, wait_until
 
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.routing import RoutingCache
 from fs3.errors import FS3Error, StatusCode
 from fs3.mgmtd import schema
 from fs3.proto import common_pb2, health_pb2, health_pb2_grpc, mgmtd_pb2

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, NodeAgent
-from fs3.client.routing import Routing, RoutingCache
 from hypothesis import given
 from hypothesis import strategies as st
 from mgmtd_harness import Admin, InProcess, wait_until
 
+from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, NodeAgent
+from fs3.client.routing import Routing, RoutingCache
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database
 from fs3.mgmtd import schema, users
