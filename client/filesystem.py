@@ -51,6 +51,7 @@ from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
+from fs3.net.transport_select import make_transport
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
@@ -312,7 +313,12 @@ class FileSystem:
         if user is None:
             token = read_token(config.token_file)
             user = common_pb2.UserInfo(uid=os.getuid(), gid=os.getgid(), groups=os.getgroups(), token=token)
-        rpc = RpcClient(secret, identity=f"client-{os.getpid()}", connections_per_peer=2)
+        rpc = RpcClient(
+            secret,
+            identity=f"client-{os.getpid()}",
+            connections_per_peer=2,
+            transport=make_transport(config.transport, config.rdma),
+        )
         mgmtd = MgmtdClient(config.mgmtd_addresses, cluster_secret=secret, timeout_s=timeout_s)
         routing = RoutingCache(mgmtd, refresh_interval_s=2.0)
         try:

@@ -22,6 +22,7 @@ from fs3.meta.service import MetaService
 from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
 from fs3.meta.store import MetaStore
 from fs3.net import RpcClient, RpcServer
+from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
 log = logging.getLogger(__name__)
@@ -109,13 +110,17 @@ class MetaDaemon:
     async def _start(self) -> None:
         cfg = self.cfg
         assert self.db is not None
+        # one transport (cfg.transport: auto, tcp or rdma) for serving and for calls to storage
+        transport = make_transport(cfg.transport, cfg.rdma, metrics_sink=TransportMetrics(self.registry))
         if cfg.mgmtd_addresses:
             self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
             self.routing = RoutingCache(self.mgmtd, refresh_interval_s=2.0)
             await self.routing.start()
             if self.chunks is None:
                 # Length queries, truncates and GC removals go to storage through this client.
-                self.storage_rpc = RpcClient(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")
+                self.storage_rpc = RpcClient(
+                    self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}", transport=transport
+                )
                 self.chunks = StorageChunks(StorageClient(self.routing, self.storage_rpc))
         auth: Authenticator = (
             TokenAuthenticator(self.mgmtd.verify_token)
@@ -138,7 +143,9 @@ class MetaDaemon:
             live_clients=self._live_clients if self.mgmtd is not None else None,
         )
         await self.store.start()
-        self.server = RpcServer(self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}")
+        self.server = RpcServer(
+            self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}", transport=transport
+        )
         MetaService(self.store, auth, statfs=self.store.chunks.space).register(self.server, self.registry)
         if cfg.metrics_port:
             self.metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host, self.registry)

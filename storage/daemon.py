@@ -27,6 +27,7 @@ from fs3.client.storage_client import STORAGE_SERVICE
 from fs3.config import StorageConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
+from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
 from .async_engine import AsyncChunkEngine
@@ -102,7 +103,11 @@ class StorageDaemon:
         self.targets = TargetMap(cfg.node_id, local, on_change=self._state_changed, lease_ok=self.lease.ok)
 
         secret = self.secret or DEV_SECRET
-        self.rpc = RpcClient(secret, identity=f"storage-{cfg.node_id}", connections_per_peer=2)
+        # one transport (cfg.transport: auto, tcp or rdma) for chain forwarding, resync and serving
+        transport = make_transport(cfg.transport, cfg.rdma, metrics_sink=TransportMetrics(self.registry))
+        self.rpc = RpcClient(
+            secret, identity=f"storage-{cfg.node_id}", connections_per_peer=2, transport=transport
+        )
         self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         replicator = Replicator(
@@ -110,14 +115,16 @@ class StorageDaemon:
         )
         self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
         service = StorageService(replicator, self.registry)
-        self.server = RpcServer(secret, identity=f"storage-{cfg.node_id}")
+        self.server = RpcServer(secret, identity=f"storage-{cfg.node_id}", transport=transport)
         self.server.add_service(STORAGE_SERVICE, service)
         self.port = await _listen(self.server, cfg.listen_host, cfg.listen_port)
         endpoints = [common_pb2.Endpoint(host=_advertised(cfg.listen_host), port=self.port, transport="tcp")]
         if cfg.backend_port:
             # chain replication on its own network: same service, second listener, second endpoint
             host = cfg.backend_host or cfg.listen_host
-            self.backend_server = RpcServer(secret, identity=f"storage-{cfg.node_id}-backend")
+            self.backend_server = RpcServer(
+                secret, identity=f"storage-{cfg.node_id}-backend", transport=transport
+            )
             self.backend_server.add_service(STORAGE_SERVICE, service)
             self.backend_port = await _listen(self.backend_server, host, cfg.backend_port)
             endpoints.append(
