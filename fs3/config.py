@@ -34,6 +34,10 @@ def _positive(v: Any) -> str | None:
     return None if v > 0 else "must be > 0"
 
 
+def _non_negative(v: Any) -> str | None:
+    return None if v >= 0 else "must be >= 0"
+
+
 def _port(v: Any) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535 (0 = any free port)"
 
@@ -68,7 +72,11 @@ class KvConfig:
     )
     path: str = opt("", doc="lmdb: directory of the environment (shared by mgmtd and meta on one host)")
     cluster_file: str = opt("", doc="fdb: path of the FoundationDB cluster file ('' = the default)")
-    group_commit_interval_ms: float = opt(2.0, doc="lmdb: how often the flusher fsyncs", check=_positive)
+    group_commit_interval_ms: float = opt(
+        2.0,
+        doc="lmdb: longest wait for acknowledged callers to rejoin the next commit batch (0 = overlap batches)",
+        check=_non_negative,
+    )
     map_size: int = opt(1 << 34, doc="lmdb: maximum size of the environment in bytes", check=_positive)
 
 
