@@ -79,19 +79,23 @@ class StorageChunks:
         )
 
     async def space(self) -> tuple[int, int]:
-        """(capacity, used) bytes over every storage target, counting each chain's data once per
-        replica as the disks do."""
+        """(capacity, used) bytes of the disks behind the storage targets, each disk counted once
+        (several targets share a disk, and a test cluster's nodes share one host), raw: every
+        replica takes space, as on the disks themselves. ``used`` is everything not free, as df
+        reports it."""
         routing = self.client.routing.routing
-        nodes = {t.node_id for t in routing.targets.values()}
+        nodes = sorted({t.node_id for t in routing.targets.values()})
         results = await asyncio.gather(*(self.client.space_info(n) for n in nodes), return_exceptions=True)
-        capacity = used = 0
-        for r in results:
+        disks: dict[tuple[str, int], tuple[int, int]] = {}
+        for node_id, r in zip(nodes, results, strict=True):
             if isinstance(r, BaseException):
                 continue
+            host = routing.node(node_id).hostname or str(node_id)
             for t in r:
-                capacity += t.capacity
-                used += t.used
-        return capacity, used
+                disks[(host, t.device or t.target_id)] = (t.capacity, t.free)
+        capacity = sum(c for c, _ in disks.values())
+        free = sum(f for _, f in disks.values())
+        return capacity, max(capacity - free, 0)
 
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
         await asyncio.gather(

@@ -105,6 +105,7 @@ class SpaceInfo:
     free: int  # bytes available there to unprivileged writers
     used: int  # bytes of chunk data files this target holds
     chunk_count: int
+    device: int = 0  # st_dev of the target directory: targets sharing a disk report the same one
 
 
 class ChunkEngine:
@@ -451,8 +452,11 @@ class ChunkEngine:
         """Capacity and free space of the file system, and what this target's chunks use."""
         with self._io("space_info"):
             st = os.statvfs(self.path)
+            device = os.stat(self.path).st_dev
             stats = self._store.stats()
-        return SpaceInfo(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, stats.used, stats.chunk_count)
+        return SpaceInfo(
+            st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, stats.used, stats.chunk_count, device
+        )
 
     # -- internals --------------------------------------------------------------------------------
 

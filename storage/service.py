@@ -205,7 +205,12 @@ class StorageService:
             t = self.targets.target(tid)
             s = await t.engine.space_info()
             rsp.targets.add(
-                target_id=tid, capacity=s.capacity, used=s.used, free=s.free, chunks=s.chunk_count
+                target_id=tid,
+                capacity=s.capacity,
+                used=s.used,
+                free=s.free,
+                chunks=s.chunk_count,
+                device=s.device,
             )
         return rsp
 
