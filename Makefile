@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
-test: install
+test: install rdma
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: install
