@@ -1,0 +1,141 @@
+"""What every fs3 daemon process does the same way: its command line, start-up errors, shutdown.
+
+``fs3 mgmtd``, ``fs3 meta`` and ``fs3 storage`` each describe their service with a ``serve(cfg,
+port_file=...)`` coroutine and call :func:`run`, which parses the common options, loads and checks
+the config, sets up logging, runs ``serve`` on uvloop, and turns a start-up failure into one line on
+standard error and a non-zero exit: 2 for a bad config or command line, 1 for anything that stops
+the service from starting (port in use, unreadable secret, store that cannot be opened).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fs3.config import load_config
+from fs3.errors import FS3Error, StatusCode
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C")
+
+
+def read_secret(path: str) -> bytes | None:
+    """The cluster secret from ``path`` (surrounding whitespace removed); None when ``path`` is ''."""
+    if not path:
+        return None
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID, f"cannot read cluster secret file {path}: {e.strerror}"
+        ) from None
+    if len(secret) < 16:
+        raise FS3Error(StatusCode.CONFIG_INVALID, f"cluster secret in {path} is shorter than 16 bytes")
+    return secret
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Tell a launcher which port was bound (for ``listen_port = 0``)."""
+    tmp = f"{path}.tmp"
+    Path(tmp).write_text(f"{port}\n")
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+async def wait_for_shutdown() -> None:
+    """Return once SIGTERM or SIGINT arrives."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutdown requested")
+
+
+def parser(
+    service: str, description: str, *, listen_host: bool = True, kv: bool = True
+) -> argparse.ArgumentParser:
+    """The options every daemon takes (``listen_host`` and ``kv`` where its config has them)."""
+    p = argparse.ArgumentParser(prog=f"fs3 {service}", description=description)
+    p.add_argument("--config", metavar="PATH", help="TOML config file (default: built-in defaults)")
+    p.add_argument("--node-id", type=int, help="override node_id")
+    if listen_host:
+        p.add_argument("--listen-host", help="override listen_host")
+    p.add_argument("--port", type=int, help="override listen_port (0 = any free port)")
+    if kv:
+        p.add_argument("--kv-engine", choices=("lmdb", "fdb", "mem"), help="override kv.engine")
+        p.add_argument("--kv-path", help="override kv.path")
+    p.add_argument("--log-level", help="override log.level")
+    p.add_argument("--port-file", metavar="PATH", help="write the bound port here once serving")
+    return p
+
+
+def apply_overrides(cfg: C, args: argparse.Namespace) -> C:
+    """The config with the command line's overrides applied (options left out change nothing)."""
+    top = {
+        "node_id": args.node_id,
+        "listen_host": getattr(args, "listen_host", None),
+        "listen_port": args.port,
+    }
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in top.items() if v is not None})  # type: ignore[type-var]
+    kv = {"engine": getattr(args, "kv_engine", None), "path": getattr(args, "kv_path", None)}
+    if any(v is not None for v in kv.values()):
+        cfg.kv = dataclasses.replace(cfg.kv, **{k: v for k, v in kv.items() if v is not None})  # type: ignore[attr-defined]
+    if args.log_level is not None:
+        cfg.log = dataclasses.replace(cfg.log, level=args.log_level)  # type: ignore[attr-defined]
+    if cfg.node_id <= 0 or not 0 <= cfg.listen_port <= 65535:  # type: ignore[attr-defined]
+        raise FS3Error(StatusCode.CONFIG_INVALID, "node id must be > 0 and port 0..65535")
+    return cfg
+
+
+def run(
+    service: str,
+    config_class: type[C],
+    argv: list[str],
+    args_parser: argparse.ArgumentParser,
+    serve: Callable[..., Awaitable[int]],
+    *,
+    check: Callable[[C], Any] | None = None,
+) -> int:
+    """Run one daemon to completion and return its exit status (see the module docstring).
+
+    ``check(cfg)`` may raise FS3Error(CONFIG_INVALID) for rules that span several fields."""
+    args = args_parser.parse_args(argv)
+    try:
+        cfg = apply_overrides(load_config(config_class, args.config), args)
+        if check is not None:
+            check(cfg)
+    except FS3Error as e:
+        sys.stderr.write(f"fs3 {service}: {e.message}\n")
+        return 2
+    from fs3.log import setup_logging
+
+    log_cfg = cfg.log  # type: ignore[attr-defined]
+    try:
+        setup_logging(log_cfg, service)
+    except OSError as e:
+        sys.stderr.write(f"fs3 {service}: cannot open log file {log_cfg.file}: {e.strerror}\n")
+        return 2
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # uvloop is a dependency; plain asyncio still works without it
+        runner = asyncio.run
+    try:
+        return runner(serve(cfg, port_file=args.port_file))
+    except FS3Error as e:
+        if log_cfg.file:  # otherwise the log is standard error, where the line goes anyway
+            log.error("%s failed to start: %s", service, e.message)
+        sys.stderr.write(f"fs3 {service}: {e.message}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
