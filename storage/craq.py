@@ -395,6 +395,20 @@ class Replicator:
                 if e.code == StatusCode.STORAGE_CHUNK_VERSION_MISMATCH and not full:
                     full = True  # the successor missed updates: send it the whole chunk
                     continue
+                if e.code == StatusCode.STORAGE_CHECKSUM_MISMATCH and not full:
+                    # The successor's copy (the base an update is applied to) is corrupt or missing,
+                    # or the bytes were damaged on the way: a whole-chunk replace needs no base and
+                    # repairs that replica, where failing would fail the client's write for it.
+                    log.warning(
+                        "forward checksum error, sending the whole chunk target_id=%d succ=%d chunk=%s "
+                        "error=%s",
+                        t.target_id,
+                        succ.target_id,
+                        cid.hex(),
+                        e,
+                    )
+                    full = True
+                    continue
                 if e.code in (StatusCode.INVALID_ARGUMENT, StatusCode.STORAGE_CHECKSUM_MISMATCH):
                     raise
                 remaining = deadline - time.monotonic()

@@ -277,3 +277,28 @@ async def test_truncates_and_removals_during_resync(tmp_path):
                 ), (tid, i)
         for i, data in expected.items():
             assert await client.read(chain_id, 31, i, 0, CHUNK) == data
+
+
+async def test_a_replica_missing_a_chunk_file_is_repaired_by_the_next_write(tmp_path):
+    """A successor whose copy of a chunk vanished (a lost file, not a failed disk) cannot apply a
+    partial update to it; its predecessor then sends the whole chunk, so the client's write succeeds
+    and every replica ends identical."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        inode = 93
+        first = os.urandom(CHUNK)
+        await client.write(chain_id, inode, 0, 0, first, CHUNK)
+        routing = await c.routing()
+        victim = routing.chain(chain_id).targets[1].target_id  # the middle replica
+        path = c.node_of_target(victim).targets[victim]
+        files = [f for f in (path / "chunks").rglob("*") if f.is_file()]
+        assert files
+        for f in files:
+            f.unlink()
+        patch = os.urandom(BLOCK)
+        await client.write(chain_id, inode, 0, BLOCK, patch, CHUNK)
+        expected = bytearray(first)
+        expected[BLOCK : 2 * BLOCK] = patch
+        await verify(c, client, chain_id, inode, {0: expected})
+        assert (await c.routing()).chain(chain_id).state_of(victim) == common_pb2.SERVING
