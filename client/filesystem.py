@@ -51,6 +51,7 @@ from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
+from fs3.net.auth import read_secret
 from fs3.net.transport_select import make_transport
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
@@ -133,16 +134,6 @@ def _split(path: str | bytes) -> tuple[bytes, bytes]:
     if not name:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, "the root has no parent")
     return parent, name
-
-
-def read_secret(path: str) -> bytes:
-    """The cluster secret in ``path``, or the development secret when ``path`` is ''."""
-    if not path:
-        return DEV_SECRET
-    secret = Path(path).read_bytes().strip()
-    if len(secret) < 16:
-        raise FS3Error(StatusCode.CONFIG_INVALID, f"cluster secret in {path} is shorter than 16 bytes")
-    return secret
 
 
 def read_token(path: str) -> str:
@@ -309,7 +300,7 @@ class FileSystem:
         with the token in ``token_file``."""
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)
-        secret = read_secret(config.cluster_secret_file)
+        secret = read_secret(config.cluster_secret_file) or DEV_SECRET
         if user is None:
             token = read_token(config.token_file)
             user = common_pb2.UserInfo(uid=os.getuid(), gid=os.getgid(), groups=os.getgroups(), token=token)

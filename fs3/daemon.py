@@ -22,25 +22,13 @@ from typing import Any, TypeVar
 
 from fs3.config import load_config
 from fs3.errors import FS3Error, StatusCode
+from fs3.net.auth import read_secret
 
 log = logging.getLogger(__name__)
 
+__all__ = ["apply_overrides", "parser", "read_secret", "run", "wait_for_shutdown", "write_port_file"]
+
 C = TypeVar("C")
-
-
-def read_secret(path: str) -> bytes | None:
-    """The cluster secret from ``path`` (surrounding whitespace removed); None when ``path`` is ''."""
-    if not path:
-        return None
-    try:
-        secret = Path(path).read_bytes().strip()
-    except OSError as e:
-        raise FS3Error(
-            StatusCode.CONFIG_INVALID, f"cannot read cluster secret file {path}: {e.strerror}"
-        ) from None
-    if len(secret) < 16:
-        raise FS3Error(StatusCode.CONFIG_INVALID, f"cluster secret in {path} is shorter than 16 bytes")
-    return secret
 
 
 def write_port_file(path: str, port: int) -> None:

@@ -17,6 +17,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from pathlib import Path
+
+from fs3.errors import FS3Error, StatusCode
 
 HANDSHAKE_VERSION = 1
 NONCE_BYTES = 32
@@ -30,6 +33,21 @@ AUTH_OK = 4
 
 _LABEL_SERVER = b"fs3-rpc-auth-v1 server\x00"
 _LABEL_CLIENT = b"fs3-rpc-auth-v1 client\x00"
+
+
+def read_secret(path: str) -> bytes | None:
+    """The cluster secret from ``path`` (surrounding whitespace removed); None when ``path`` is ''."""
+    if not path:
+        return None
+    try:
+        secret = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID, f"cannot read cluster secret file {path}: {e.strerror}"
+        ) from None
+    if len(secret) < 16:
+        raise FS3Error(StatusCode.CONFIG_INVALID, f"cluster secret in {path} is shorter than 16 bytes")
+    return secret
 
 
 def check_secret(secret: bytes) -> bytes:
