@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 import rpcwire
-from conftest import TEST_LIMITS, TEST_SERVICE, ThreadedServer, poll
+from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ThreadedServer, poll
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode

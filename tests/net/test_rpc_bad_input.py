@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import rpcwire
-from conftest import TEST_LIMITS, ThreadedServer
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rpc_fixtures import TEST_LIMITS, ThreadedServer
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient

@@ -9,7 +9,7 @@ import os
 
 import pytest
 import rpcwire
-from conftest import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
+from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
