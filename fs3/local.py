@@ -54,6 +54,7 @@ from fs3.cli.local_cluster import (
     write_private,
 )
 from fs3.errors import FS3Error, StatusCode
+from fs3.net.auth import read_secret
 
 MOUNT_MODULE = "fs3.client.mount"
 FS3_MOUNT_TYPE = "fuse.fs3"  # what /proc/self/mountinfo calls an fs3 mount
@@ -102,7 +103,7 @@ async def _initialize(lc: LocalCluster) -> None:
 
     st = lc.load()
     placement = _placement(st)
-    secret = lc.secret_file.read_bytes().strip()
+    secret = read_secret(str(lc.secret_file))
     async with MgmtdClient([st.mgmtd_address], cluster_secret=secret, timeout_s=30.0) as boot:
         try:
             root_token = await boot.init_cluster("local")
@@ -137,7 +138,7 @@ async def _give_root_to_user(lc: LocalCluster) -> None:
         return
     st = lc.load()
     root_token = lc.admin_token_file.read_text().strip()
-    secret = lc.secret_file.read_bytes().strip()
+    secret = read_secret(str(lc.secret_file))
     user = common_pb2.UserInfo(uid=0, gid=0, token=root_token)
     async with MetaClient([f"{st.host}:{st.ports['meta']}"], secret, user=user) as meta:
         await meta.setattr(ROOT_ID, uid=os.getuid(), gid=os.getgid())
@@ -174,7 +175,7 @@ async def _wait_healthy(lc: LocalCluster, timeout_s: float) -> None:
     from fs3.client.routing import Routing
 
     st = lc.load()
-    secret = lc.secret_file.read_bytes().strip()
+    secret = read_secret(str(lc.secret_file))
     deadline = time.monotonic() + timeout_s
     problem = "no answer from mgmtd"
     async with MgmtdClient([st.mgmtd_address], cluster_secret=secret, timeout_s=5.0) as client:
@@ -373,7 +374,7 @@ async def _routing_summary(lc: LocalCluster) -> dict[str, Any]:
     from fs3.proto import common_pb2, mgmtd_pb2
 
     st = lc.load()
-    secret = lc.secret_file.read_bytes().strip()
+    secret = read_secret(str(lc.secret_file))
     async with MgmtdClient([st.mgmtd_address], cluster_secret=secret, timeout_s=3.0) as client:
         r = Routing((await client.get_routing_info(0)).info)
     return {
