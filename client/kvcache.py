@@ -1,0 +1,346 @@
+"""A key-value cache whose values live in fs3 files (for inference KV caches, embeddings, samples).
+
+Each value is one file, named by the SHA-256 of its key, in one of 256 shard directories under the
+cache's root directory::
+
+    <root>/<first two hex digits>/<64 hex digits>       an entry
+    <root>/<first two hex digits>/<64 hex digits>.<tag>.tmp   an entry being written
+
+An entry starts with a header -- magic, key length, value length, the key itself -- followed by
+the value, so a read checks that the file holds the key asked for (not a hash collision or a
+foreign file) and all of its value. A put writes a temporary file, closes it (which settles its
+length in meta) and renames it over the entry's name: meta's rename is atomic, so readers in any
+process see the old value or the new one, never a part. Several clients, on any number of nodes,
+can share one cache; the last put of a key wins.
+
+:meth:`KVCache.get_many` is the sample-loading path: one lookup per key (concurrently) and one
+batched storage read spread over every storage node, as :meth:`FileSystem.read_batch` does.
+
+The index is the namespace itself (no separate map to keep consistent, and nothing to rebuild
+after a crash). Eviction is explicit: :meth:`KVCache.evict` removes the entries with the oldest
+modification time until the cache fits a byte budget, and the temporary files of puts that died.
+With ``touch_on_get=True`` a hit refreshes the entry's modification time (one metadata update per
+hit), which makes eviction least-recently-used instead of oldest-written-first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import struct
+import time
+from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fs3.errors import FS3Error, StatusCode
+
+if TYPE_CHECKING:
+    from .filesystem import FileSystem, SyncFileSystem
+
+T = TypeVar("T")
+
+_MAGIC = b"fs3kv\x00\x01\x00"
+_HEADER = struct.Struct("<8sIQ")  # magic, key length, value length; then the key, then the value
+MAX_KEY_BYTES = 4096
+_SHARDS = 256
+_TMP_SUFFIX = ".tmp"
+_WHOLE_FILE = 1 << 62  # a read length that the client clamps to the file's length
+
+
+@dataclass(slots=True, frozen=True)
+class CacheUsage:
+    entries: int
+    bytes: int  # file bytes of the entries (headers and keys included)
+    temporary_files: int
+
+
+@dataclass(slots=True, frozen=True)
+class EvictReport:
+    removed: int  # entries removed
+    freed: int  # their bytes
+    temporary_removed: int  # abandoned temporary files removed
+    remaining_bytes: int
+
+
+@dataclass(slots=True, frozen=True)
+class _File:
+    path: str
+    size: int
+    mtime_ns: int
+    temporary: bool
+
+
+def entry_name(key: bytes) -> str:
+    """The file name of ``key``'s entry (the hex SHA-256 of the key)."""
+    return hashlib.sha256(key).hexdigest()
+
+
+def encode_entry(key: bytes, value: bytes | bytearray | memoryview) -> bytes:
+    """The bytes of an entry file holding ``value`` for ``key``."""
+    return b"".join((_HEADER.pack(_MAGIC, len(key), len(value)), key, value))
+
+
+def decode_entry(key: bytes, data: bytes, where: str) -> bytes:
+    """The value in entry file bytes ``data``, checked to be ``key``'s and complete."""
+    if len(data) < _HEADER.size:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: not a cache entry ({len(data)} bytes)")
+    magic, key_len, value_len = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: not a cache entry (bad magic)")
+    start = _HEADER.size + key_len
+    if data[_HEADER.size : start] != key:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: the entry holds another key")
+    if len(data) - start != value_len:
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT,
+            f"{where}: entry has {len(data) - start} value bytes, its header says {value_len}",
+        )
+    return data[start:]
+
+
+def _key_bytes(key: bytes | str) -> bytes:
+    k = key.encode() if isinstance(key, str) else bytes(key)
+    if not k or len(k) > MAX_KEY_BYTES:
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT, f"a cache key must be 1..{MAX_KEY_BYTES} bytes, not {len(k)}"
+        )
+    return k
+
+
+class KVCache:
+    """Values by key in files under ``root`` (made on first put) of an fs3 :class:`FileSystem`."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        root: str = "/kvcache",
+        *,
+        concurrency: int = 64,
+        touch_on_get: bool = False,
+        tmp_grace_s: float = 600.0,
+    ) -> None:
+        if not root.startswith("/"):
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"the cache root must be an absolute path: {root!r}")
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        self.touch_on_get = touch_on_get
+        self.tmp_grace_s = tmp_grace_s
+        self._sem = asyncio.Semaphore(concurrency)
+        self._shards_made: set[str] = set()
+
+    def path_of(self, key: bytes | str) -> str:
+        """Where ``key``'s entry lives."""
+        name = entry_name(_key_bytes(key))
+        return f"{self._shard_dir(name)}/{name}"
+
+    def _shard_dir(self, name: str) -> str:
+        return f"{self.root.rstrip('/')}/{name[:2]}"
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    async def put(self, key: bytes | str, value: bytes | bytearray | memoryview) -> None:
+        """Store ``value`` under ``key`` (replacing what it held), visible to every client once
+        this returns."""
+        k = _key_bytes(key)
+        name = entry_name(k)
+        shard = self._shard_dir(name)
+        tmp = f"{shard}/{name}.{os.getpid():x}-{os.urandom(6).hex()}{_TMP_SUFFIX}"
+        data = encode_entry(k, value)
+        async with self._sem:
+            await self._ensure_shard(shard)
+            try:
+                try:
+                    await self.fs.write_file(tmp, data, 0o644)
+                except FS3Error as e:
+                    if e.code != StatusCode.NOT_FOUND:
+                        raise
+                    # the shard directory went away (someone removed the cache): make it again
+                    self._shards_made.discard(shard)
+                    await self._ensure_shard(shard)
+                    await self.fs.write_file(tmp, data, 0o644)
+                await self.fs.rename(tmp, f"{shard}/{name}")
+            except BaseException:
+                try:
+                    await self.fs.unlink(tmp)
+                except Exception:  # noqa: BLE001 - the write's error matters, evict() sweeps leftovers
+                    pass
+                raise
+
+    async def put_many(self, items: Iterable[tuple[bytes | str, bytes | bytearray | memoryview]]) -> None:
+        """Store many values concurrently (at most ``concurrency`` at a time)."""
+        await asyncio.gather(*(self.put(k, v) for k, v in items))
+
+    async def _ensure_shard(self, shard: str) -> None:
+        if shard in self._shards_made:
+            return
+        await self.fs.mkdir(shard, 0o755, parents=True)
+        self._shards_made.add(shard)
+
+    async def delete(self, key: bytes | str) -> bool:
+        """Remove ``key``'s entry; False if there was none."""
+        try:
+            await self.fs.unlink(self.path_of(key))
+        except FS3Error as e:
+            if e.code == StatusCode.NOT_FOUND:
+                return False
+            raise
+        return True
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def get(self, key: bytes | str) -> bytes | None:
+        """``key``'s value, or None if the cache does not hold it."""
+        return (await self.get_many([key]))[0]
+
+    async def contains(self, key: bytes | str) -> bool:
+        return await self.fs.exists(self.path_of(key))
+
+    async def get_many(self, keys: Sequence[bytes | str]) -> list[bytes | None]:
+        """The values of ``keys`` (None for each one not held), read as one storage batch."""
+        ks = [_key_bytes(k) for k in keys]
+        paths = [self.path_of(k) for k in ks]
+        try:
+            datas: list[bytes | None] = list(await self.fs.read_batch([(p, 0, _WHOLE_FILE) for p in paths]))
+        except FS3Error as e:
+            if e.code != StatusCode.NOT_FOUND:
+                raise
+            datas = await self._read_present(paths)
+        out: list[bytes | None] = []
+        for k, p, data in zip(ks, paths, datas, strict=True):
+            out.append(None if data is None else decode_entry(k, data, p))
+        if self.touch_on_get:
+            await asyncio.gather(*(self._touch(p) for p, d in zip(paths, out, strict=True) if d is not None))
+        return out
+
+    async def _read_present(self, paths: list[str]) -> list[bytes | None]:
+        """Some keys are missing: find the present ones, then batch-read those. An entry removed
+        between the two steps reads as missing."""
+        found = await asyncio.gather(*(self.fs.exists(p) for p in paths))
+        present = [p for p, ok in zip(paths, found, strict=True) if ok]
+        try:
+            got = dict(
+                zip(present, await self.fs.read_batch([(p, 0, _WHOLE_FILE) for p in present]), strict=True)
+            )
+        except FS3Error as e:
+            if e.code != StatusCode.NOT_FOUND:
+                raise
+            got = {}
+            for p, r in zip(
+                present, await asyncio.gather(*(self._read_one(p) for p in present)), strict=True
+            ):
+                if r is not None:
+                    got[p] = r
+        return [got.get(p) for p in paths]
+
+    async def _read_one(self, path: str) -> bytes | None:
+        try:
+            return (await self.fs.read_batch([(path, 0, _WHOLE_FILE)]))[0]
+        except FS3Error as e:
+            if e.code == StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    async def _touch(self, path: str) -> None:
+        try:
+            await self.fs.utime(path)
+        except FS3Error as e:
+            if e.code != StatusCode.NOT_FOUND:
+                raise
+
+    # -- upkeep -----------------------------------------------------------------------------------
+
+    async def _files(self) -> list[_File]:
+        try:
+            shards = [s for s in await self.fs.listdir(self.root) if len(s) == 2]
+        except FS3Error as e:
+            if e.code == StatusCode.NOT_FOUND:
+                return []
+            raise
+        names = await asyncio.gather(*(self.fs.listdir(f"{self.root.rstrip('/')}/{s}") for s in shards))
+        paths = [f"{self.root.rstrip('/')}/{s}/{n}" for s, ns in zip(shards, names, strict=True) for n in ns]
+
+        async def stat(path: str) -> _File | None:
+            async with self._sem:
+                try:
+                    st = await self.fs.stat(path, follow_symlinks=False)
+                except FS3Error as e:
+                    if e.code == StatusCode.NOT_FOUND:
+                        return None  # removed meanwhile
+                    raise
+            return _File(path, st.st_size, st.st_mtime_ns, path.endswith(_TMP_SUFFIX))
+
+        return [f for f in await asyncio.gather(*(stat(p) for p in paths)) if f is not None]
+
+    async def usage(self) -> CacheUsage:
+        """How many entries the cache holds and their bytes (one stat per file)."""
+        files = await self._files()
+        entries = [f for f in files if not f.temporary]
+        return CacheUsage(len(entries), sum(f.size for f in entries), len(files) - len(entries))
+
+    async def evict(self, max_bytes: int) -> EvictReport:
+        """Remove the oldest entries (by modification time) until the entries' bytes are at most
+        ``max_bytes``, and temporary files older than ``tmp_grace_s`` (puts that died)."""
+        if max_bytes < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative byte budget {max_bytes}")
+        files = await self._files()
+        stale_before = time.time_ns() - int(self.tmp_grace_s * 1e9)
+        stale = [f for f in files if f.temporary and f.mtime_ns < stale_before]
+        entries = sorted((f for f in files if not f.temporary), key=lambda f: f.mtime_ns)
+        total = sum(f.size for f in entries)
+        victims = []
+        for f in entries:
+            if total <= max_bytes:
+                break
+            victims.append(f)
+            total -= f.size
+
+        async def remove(f: _File) -> bool:
+            async with self._sem:
+                try:
+                    await self.fs.unlink(f.path)
+                except FS3Error as e:
+                    if e.code == StatusCode.NOT_FOUND:
+                        return False
+                    raise
+            return True
+
+        gone = await asyncio.gather(*(remove(f) for f in victims + stale))
+        removed = [f for f, ok in zip(victims, gone[: len(victims)], strict=True) if ok]
+        return EvictReport(len(removed), sum(f.size for f in removed), sum(gone[len(victims) :]), total)
+
+
+class SyncKVCache:
+    """The blocking face of :class:`KVCache`, over a :class:`SyncFileSystem`."""
+
+    def __init__(self, fs: SyncFileSystem, root: str = "/kvcache", **options: Any) -> None:
+        self._fs = fs
+        self.aio = KVCache(fs.aio, root, **options)
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        return self._fs._loop.run(coro)
+
+    def put(self, key: bytes | str, value: bytes | bytearray | memoryview) -> None:
+        self._run(self.aio.put(key, value))
+
+    def put_many(self, items: Iterable[tuple[bytes | str, bytes | bytearray | memoryview]]) -> None:
+        self._run(self.aio.put_many(list(items)))
+
+    def get(self, key: bytes | str) -> bytes | None:
+        return self._run(self.aio.get(key))
+
+    def get_many(self, keys: Sequence[bytes | str]) -> list[bytes | None]:
+        return self._run(self.aio.get_many(list(keys)))
+
+    def contains(self, key: bytes | str) -> bool:
+        return self._run(self.aio.contains(key))
+
+    def delete(self, key: bytes | str) -> bool:
+        return self._run(self.aio.delete(key))
+
+    def usage(self) -> CacheUsage:
+        return self._run(self.aio.usage())
+
+    def evict(self, max_bytes: int) -> EvictReport:
+        return self._run(self.aio.evict(max_bytes))

@@ -1,0 +1,166 @@
+"""The KV cache over a real cluster: mgmtd, one meta and three storage daemons (processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from fs_cluster import FsCluster
+
+from fs3.client import FileSystem, SyncFileSystem
+from fs3.client.kvcache import KVCache, SyncKVCache, encode_entry, entry_name
+from fs3.errors import FS3Error, StatusCode
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+CHUNK = 64 << 10
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FsCluster]:
+    async with FsCluster(tmp_path_factory.mktemp("kv"), chunk_size=CHUNK) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fs(cluster: FsCluster) -> FileSystem:
+    return await cluster.connect()
+
+
+async def test_values_round_trip_across_chunks(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-round")
+    values = {
+        b"empty": b"",
+        "text key": b"small value",
+        b"\x00binary\xff": os.urandom(CHUNK - 10),  # the header pushes it over a chunk boundary
+        b"big": os.urandom(3 * CHUNK + 777),
+    }
+    await cache.put_many(values.items())
+    for key, value in values.items():
+        assert await cache.get(key) == value
+    assert await cache.get_many(list(values)) == list(values.values())
+    # one file per entry, named by the key's hash, in a shard directory
+    st = await fs.stat(cache.path_of(b"big"))
+    assert st.st_size == len(encode_entry(b"big", values[b"big"]))
+    assert cache.path_of(b"big") == f"/kv-round/{entry_name(b'big')[:2]}/{entry_name(b'big')}"
+
+
+async def test_missing_keys_read_as_none_in_order(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-missing")
+    assert await cache.get(b"nothing") is None  # not even the root exists yet
+    await cache.put(b"a", b"1")
+    await cache.put(b"c", b"3")
+    assert await cache.get_many([b"a", b"b", b"c", b"d"]) == [b"1", None, b"3", None]
+    assert await cache.get_many([]) == []
+    assert await cache.contains(b"a") and not await cache.contains(b"b")
+    assert await cache.delete(b"a") is True
+    assert await cache.delete(b"a") is False
+    assert await cache.get(b"a") is None
+
+
+async def test_other_clients_see_puts_and_the_last_put_wins(cluster: FsCluster, fs: FileSystem) -> None:
+    mine, theirs = KVCache(fs, "/kv-shared"), KVCache(await cluster.connect(), "/kv-shared")
+    await mine.put(b"k", b"first")
+    assert await theirs.get(b"k") == b"first"
+    await theirs.put(b"k", b"second, longer value")
+    assert await mine.get(b"k") == b"second, longer value"
+    # racing puts of one key: a reader sees one whole value, never a mix or a part
+    a, b = os.urandom(2 * CHUNK), os.urandom(3 * CHUNK)
+    for _ in range(3):
+        await asyncio.gather(mine.put(b"race", a), theirs.put(b"race", b), mine.get(b"race"))
+        assert await theirs.get(b"race") in (a, b)
+    # no temporary files are left behind by successful puts
+    assert (await mine.usage()).temporary_files == 0
+
+
+async def test_a_file_that_is_not_the_keys_entry_is_an_error(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-bad")
+    await cache.put(b"good", b"value")
+    for key in (b"foreign", b"other", b"cut"):
+        await fs.mkdir(cache.path_of(key).rsplit("/", 1)[0], parents=True)
+    await fs.write_file(cache.path_of(b"foreign"), b"not an entry at all, just bytes")
+    with pytest.raises(FS3Error, match="not a cache entry") as e:
+        await cache.get(b"foreign")
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    await fs.write_file(cache.path_of(b"other"), encode_entry(b"good", b"value"))
+    with pytest.raises(FS3Error, match="another key"):
+        await cache.get(b"other")
+    await fs.write_file(cache.path_of(b"cut"), encode_entry(b"cut", b"0123456789")[:-3])
+    with pytest.raises(FS3Error, match="header says 10"):
+        await cache.get(b"cut")
+    assert await cache.get(b"good") == b"value"  # the cache itself is unharmed
+
+
+async def test_bad_keys_and_roots_are_refused(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-keys")
+    for key in (b"", "x" * 5000):
+        with pytest.raises(FS3Error) as e:
+            await cache.put(key, b"v")
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+    with pytest.raises(FS3Error) as e:
+        KVCache(fs, "relative/root")
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
+    with pytest.raises(FS3Error):
+        await KVCache(fs, "/kv-keys").evict(-1)
+
+
+async def test_eviction_removes_the_oldest_entries_and_dead_puts(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-evict", tmp_grace_s=0)
+    for i in range(6):
+        await cache.put(f"k{i}", bytes([i]) * 10_000)
+    used = await cache.usage()
+    assert used.entries == 6 and used.bytes == 6 * len(encode_entry(b"k0", bytes(10_000)))
+    # a put that died leaves a temporary file: eviction sweeps it
+    shard = cache.path_of(b"k0").rsplit("/", 1)[0]
+    await fs.write_file(f"{shard}/{entry_name(b'k0')}.dead-put.tmp", b"partial")
+    assert (await cache.usage()).temporary_files == 1
+    per_entry = used.bytes // 6
+    report = await cache.evict(4 * per_entry)
+    assert (report.removed, report.freed, report.temporary_removed) == (2, 2 * per_entry, 1)
+    assert report.remaining_bytes == 4 * per_entry
+    assert await cache.get_many([f"k{i}" for i in range(6)]) == [None, None] + [
+        bytes([i]) * 10_000 for i in range(2, 6)
+    ]
+    assert await cache.usage() == type(used)(4, 4 * per_entry, 0)
+    assert (await cache.evict(0)).removed == 4
+    assert (await cache.usage()).entries == 0
+    await cache.put(b"again", b"after eviction")  # shard directories still work
+    assert await cache.get(b"again") == b"after eviction"
+
+
+async def test_touch_on_get_makes_eviction_least_recently_used(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-lru", touch_on_get=True)
+    for key in (b"a", b"b", b"c"):
+        await cache.put(key, b"x" * 1000)
+    assert await cache.get(b"a") == b"x" * 1000  # a is now the most recently used
+    per_entry = (await cache.usage()).bytes // 3
+    assert (await cache.evict(2 * per_entry)).removed == 1
+    assert await KVCache(fs, "/kv-lru").get_many([b"a", b"b", b"c"]) == [b"x" * 1000, None, b"x" * 1000]
+
+
+async def test_a_removed_cache_directory_is_made_again(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-gone")
+    await cache.put(b"k", b"1")
+    await fs.rmdir("/kv-gone", recursive=True)
+    assert await cache.get(b"k") is None
+    await cache.put(b"k", b"2")
+    assert await cache.get(b"k") == b"2"
+
+
+async def test_sync_facade(cluster: FsCluster) -> None:
+    await asyncio.to_thread(_sync_cache, cluster.client_config("kv-sync"))
+
+
+def _sync_cache(config: Path) -> None:
+    with SyncFileSystem.connect(config) as fs:
+        cache = SyncKVCache(fs, "/kv-sync")
+        cache.put_many([(b"one", b"1"), (b"two", b"22")])
+        assert cache.get_many([b"one", b"two", b"three"]) == [b"1", b"22", None]
+        assert cache.contains(b"two") and cache.delete(b"two") and not cache.contains(b"two")
+        assert cache.usage().entries == 1
+        assert cache.evict(0).removed == 1
+        assert cache.get(b"one") is None
