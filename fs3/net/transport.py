@@ -102,6 +102,13 @@ class Connection(abc.ABC):
         receiver whose caller gave up on a reply while its payload streamed into the caller's
         memory."""
 
+    def peer_authenticated(self) -> None:
+        """The peer has proven the cluster secret. A transport that lets peers reach our memory
+        (RDMA READ/WRITE) opens nothing before this; on TCP it changes nothing. The RDMA transport
+        also notices it by itself from the handshake step our side sends after checking the peer's
+        proof (AUTH_OK on a server, CLIENT_PROOF on a client)."""
+        return None
+
     @abc.abstractmethod
     def pause_receiving(self, paused: bool) -> None:
         """Stop (True) or resume (False) taking frames from the peer, for flow control: a receiver

@@ -2,7 +2,10 @@
 
 Queue pairs of one :class:`Fabric` reach each other by queue pair number. A SEND consumes the peer's
 oldest posted receive (none posted: an RNR error, counted in ``fabric.rnr_errors``, since fs3's credits
-must make that impossible); READ and WRITE check the remote key and bounds like an HCA does. Work
+must make that impossible); READ and WRITE check what an HCA checks: the target queue pair's remote
+access flags, then an rkey of a memory region with remote access in the target's protection domain
+(one per device here), its exact bounds and its READ/WRITE permission. Registered regions have local
+access only, as :mod:`fs3.net.rdma.memory` requires; only exposures are reachable by rkey. Work
 requests complete asynchronously (on a later loop iteration), SEND completions of a queue pair in
 posting order, and completion-channel events are delivered through a real pipe file descriptor only
 while the CQ is armed, as ``ibv_req_notify_cq`` specifies, so the transport's event loop integration
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from fs3.config import RdmaConfig
 from fs3.net.rdma.discovery import Inventory, Nic
-from fs3.net.rdma.memory import Region, buffer_address
+from fs3.net.rdma.memory import Exposure, Region, buffer_address
 from fs3.net.rdma.wire import ConnectParams, LinkLayer, RemoteBuffer
 from fs3.net.rdma.workreq import Completion
 
@@ -33,8 +36,9 @@ WC_RNR_RETRY_EXC_ERR = 13
 @dataclass
 class Fabric:
     qps: dict[int, FakeQueuePair] = field(default_factory=dict)
-    regions: dict[int, Region] = field(default_factory=dict)
     local_only: dict[int, Region] = field(default_factory=dict)
+    exposures: dict[int, tuple[FakeDevice, Exposure, memoryview]] = field(default_factory=dict)
+    exposure_log: list[Exposure] = field(default_factory=list)  # every exposure ever made
     next_qpn: int = 100
     next_key: int = 1000
     rnr_errors: int = 0
@@ -59,25 +63,33 @@ class FakeDevice:
         self.name = nic.name
         self.closed = False
 
-    def register(self, nbytes: int, remote: bool = True) -> Region:
+    def register(self, nbytes: int) -> Region:
         buf = bytearray(nbytes)
         view = memoryview(buf)
         key = self.fabric.next_key
         self.fabric.next_key += 1
         region = Region(view, buffer_address(view), key, key, nbytes, buf)
-        if remote:  # local-only memory cannot be found by an rkey, as on a device
-            self.fabric.regions[key] = region
-        else:
-            self.fabric.local_only[key] = region
+        self.fabric.local_only[key] = region  # local access only: no rkey finds it
         self.fabric.registered += nbytes
         return region
 
     def deregister(self, region: Region) -> None:
-        if (
-            self.fabric.regions.pop(region.rkey, None) is not None
-            or self.fabric.local_only.pop(region.rkey, None) is not None
-        ):
+        if self.fabric.local_only.pop(region.rkey, None) is not None:
             self.fabric.registered -= region.length
+
+    def expose(self, region: Region, offset: int, length: int, *, write: bool = False) -> Exposure:
+        assert region.rkey in self.fabric.local_only, "exposing memory that is not registered"
+        if offset < 0 or length <= 0 or offset + length > region.length:
+            raise ValueError("exposure outside its region")
+        key = self.fabric.next_key
+        self.fabric.next_key += 1
+        exposure = Exposure(region.addr + offset, key, length, write)
+        self.fabric.exposures[key] = (self, exposure, region.view[offset : offset + length])
+        self.fabric.exposure_log.append(exposure)
+        return exposure
+
+    def withdraw(self, exposure: Exposure) -> None:
+        del self.fabric.exposures[exposure.rkey]
 
     def queue_pair(self, max_send_wr: int, max_recv_wr: int) -> FakeQueuePair:
         return FakeQueuePair(self, max_send_wr, max_recv_wr)
@@ -86,12 +98,20 @@ class FakeDevice:
         self.closed = True
 
 
-def _find(fabric: Fabric, rkey: int, addr: int, length: int) -> memoryview | None:
-    r = fabric.regions.get(rkey)
-    if r is None or addr < r.addr or addr + length > r.addr + r.length:
+def _find(target: FakeQueuePair | None, rkey: int, addr: int, length: int, write: bool) -> memoryview | None:
+    """What a responder checks before a remote READ/WRITE touches its memory (None: access error)."""
+    if target is None or target.closed or not target.remote_access:
         return None
-    off = addr - r.addr
-    return r.view[off : off + length]
+    entry = target.fabric.exposures.get(rkey)
+    if entry is None:
+        return None
+    dev, exp, view = entry
+    if dev is not target.dev or (write and not exp.write):
+        return None
+    if addr < exp.addr or addr + length > exp.addr + exp.length:
+        return None
+    off = addr - exp.addr
+    return view[off : off + length]
 
 
 class FakeQueuePair:
@@ -114,6 +134,7 @@ class FakeQueuePair:
         os.set_blocking(self.rfd, False)
         self.peer: int | None = None
         self.closed = False
+        self.remote_access = False  # created without remote access flags, as verbs.py does
 
     def local_params(self, recv_buffers: int, buffer_size: int, inline_max: int) -> ConnectParams:
         nic = self.dev.nic
@@ -133,6 +154,10 @@ class FakeQueuePair:
         self.peer = remote.qpn
 
     # ---- QueuePairOps -------------------------------------------------------------------------
+
+    def allow_remote_access(self) -> None:
+        assert not self.closed and self.peer is not None  # RTS -> RTS, as verbs.py does
+        self.remote_access = True
 
     def fileno(self) -> int:
         return self.rfd
@@ -190,7 +215,7 @@ class FakeQueuePair:
     def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         def run() -> None:
             self.fabric.reads += 1
-            src = _find(self.fabric, remote.rkey, remote.addr, length)
+            src = _find(self.fabric.qps.get(self.peer), remote.rkey, remote.addr, length, False)  # type: ignore[arg-type]
             if src is None or self.fabric.fail_next_read:
                 self.fabric.fail_next_read = False
                 self._done(wr_id, WC_REM_ACCESS_ERR)
@@ -203,7 +228,7 @@ class FakeQueuePair:
     def post_write(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         def run() -> None:
             self.fabric.writes += 1
-            dst = _find(self.fabric, remote.rkey, remote.addr, length)
+            dst = _find(self.fabric.qps.get(self.peer), remote.rkey, remote.addr, length, True)  # type: ignore[arg-type]
             if dst is None:
                 self._done(wr_id, WC_REM_ACCESS_ERR)
                 return

@@ -257,8 +257,10 @@ class Recorder(FrameReceiver):
 
 
 async def _raw(
-    cfg: RdmaConfig | None = None, limits: RpcLimits = LIMITS
+    cfg: RdmaConfig | None = None, limits: RpcLimits = LIMITS, authenticated: bool = True
 ) -> tuple[Fabric, RdmaTransport, RdmaTransport, list[Recorder], Recorder]:
+    """Two RDMA transports connected without the RPC layer; ``authenticated`` stands for the RPC
+    handshake having succeeded on both sides (which lets each peer reach what it is lent)."""
     fabric = Fabric()
     cfg = cfg or RdmaConfig()
     st = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener)
@@ -274,6 +276,9 @@ async def _raw(
     client_conn = await ct.connect(listener.address, Recorder, limits=limits)
     await poll(lambda: len(accepted) == 1, what="accept")
     assert isinstance(client_conn, RdmaConnection)
+    if authenticated:
+        client_conn.peer_authenticated()
+        accepted[0].conn.peer_authenticated()
     return fabric, st, ct, accepted, client_conn._receiver  # type: ignore[return-value]
 
 
@@ -283,7 +288,7 @@ async def test_one_sided_write_and_read_between_registered_buffers() -> None:
     server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
     # the client lends a registered buffer; the server RDMA-WRITEs "read data" into it
     dest = await ct.alloc_buffer(client, 1 << 20)
-    desc = client.describe(dest.view)
+    desc = client.expose(dest.view, write=True)
     data = os.urandom(1 << 20)
     await asyncio.gather(
         *(
@@ -305,19 +310,22 @@ async def test_one_sided_write_and_read_between_registered_buffers() -> None:
     assert bytes(plain) == data[:4096]
     # a chain successor pulls from its predecessor's staging buffer the same way
     succ_dest = memoryview(bytearray(1 << 20))
-    await client.rdma_read(succ_dest, server.describe(staged.view))
+    lent = server.expose(staged.view)
+    await client.rdma_read(succ_dest, lent)
     assert bytes(succ_dest) == data
+    server.withdraw(lent)
     # errors: a bad rkey fails that operation only; sizes must match; unregistered memory cannot be described
     with pytest.raises(FS3Error, match="remote access error"):
         await server.rdma_write(b"x" * 10, RemoteBuffer(desc.addr, desc.rkey + 999, 10))
     with pytest.raises(FS3Error):
         await server.rdma_read(memoryview(bytearray(10)), RemoteBuffer(desc.addr, desc.rkey, 11))
     with pytest.raises(FS3Error, match="not registered"):
-        client.describe(bytearray(10))
+        client.expose(bytearray(10))
     # receive buffers are registered for local access only: a peer cannot write into them
     recv = client._recv.region
     with pytest.raises(FS3Error, match="remote access error"):
         await server.rdma_write(b"x" * 10, RemoteBuffer(recv.addr, recv.rkey, 10))
+    client.withdraw(desc)
     client.send_frame(1, 9, 1, 1, b"still fine")
     await poll(lambda: accepted[0].frames, what="frame after the failed write")
     ct.free_buffer(client, dest)

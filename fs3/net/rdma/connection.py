@@ -10,6 +10,18 @@ stream waits. A payload above the peer's ``inline_max`` stays where it is when i
 memory, or is copied into a staging buffer of the registered pool (waiting for one when the pool is
 at its cap); the peer READs it and releases it with the token.
 
+Remote access: nothing of ours is reachable by a peer before it has authenticated (the RPC layer's
+handshake, :meth:`RdmaConnection.peer_authenticated`): the queue pair is created without remote
+access flags, registered memory is registered for local access only, and no rkey is handed out.
+Afterwards a peer reaches exactly the bytes of one operation and only while it lasts: a pulled
+payload is exposed (:meth:`~fs3.net.rdma.memory.Registrar.expose`, a memory region of just those
+bytes) when its descriptor goes into the stream and withdrawn (deregistered) when the peer releases
+its token; a buffer lent with :meth:`RdmaConnection.expose` is withdrawn by
+:meth:`RdmaConnection.withdraw`; whatever is still exposed when the connection ends is withdrawn once
+its queue pair is destroyed. Registering per operation costs a system call and page pinning (tens of
+microseconds per MiB on a ConnectX), paid only by payloads above ``inline_max``; it buys exact
+bounds and a dead rkey after each operation, with nothing but ``ibv_reg_mr`` that every device has.
+
 Receiving: every receive buffer is posted at start; a RECV completion's chunk is parsed, its stream
 bytes appended to the :class:`~fs3.net.rdma.stream.StreamAssembler`, the buffer reposted (owing the
 peer a credit), and whole frames handed to the :class:`~fs3.net.transport.FrameReceiver` in order;
@@ -31,7 +43,10 @@ from typing import Any, Protocol
 from crc32c import crc32c
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.net import auth
 from fs3.net.frame import (
+    F_ERROR,
+    F_HANDSHAKE,
     F_PAYLOAD_CRC,
     H_FLAGS,
     H_METHOD,
@@ -45,7 +60,7 @@ from fs3.net.frame import (
     encode_header,
 )
 from fs3.net.rdma.credits import CreditWindow
-from fs3.net.rdma.memory import PoolBuffer, Region, RegisteredPool, SlotArena
+from fs3.net.rdma.memory import Exposure, PoolBuffer, Region, RegisteredPool, SlotArena
 from fs3.net.rdma.nics import OneSidedLimiter
 from fs3.net.rdma.stream import StreamAssembler
 from fs3.net.rdma.wire import (
@@ -83,6 +98,9 @@ class QueuePairOps(Protocol):
 
     def fileno(self) -> int:
         """The completion channel's file descriptor (non-blocking)."""
+
+    def allow_remote_access(self) -> None:
+        """Let the peer RDMA-READ/WRITE through this queue pair (created without remote access)."""
 
     def post_recv(self, wr_id: int, region: Region, offset: int, length: int) -> None: ...
 
@@ -171,7 +189,10 @@ class RdmaConnection(Connection):
         self._slot_end: dict[int, int] = {}
         self._on_stream_done: deque[tuple[int, Callable[[], None]]] = deque()
         self._next_token = 1
-        self._lent: dict[int, tuple[PoolBuffer | None, Callable[[], None] | None]] = {}
+        # pulled payloads the peer has not released yet: token -> (staging buffer, on_sent, exposure)
+        self._lent: dict[int, tuple[PoolBuffer | None, Callable[[], None] | None, Exposure]] = {}
+        self._remote_ok = False  # the peer has authenticated: its rkeys may be honoured
+        self._exposed: dict[int, Exposure] = {}  # lent with expose(), by rkey
         self._release_tokens: list[int] = []
         self._pump_scheduled = False
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -478,6 +499,14 @@ class RdmaConnection(Connection):
     ) -> None:
         if self._closing:
             raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
+        if (
+            flags & F_HANDSHAKE
+            and not flags & F_ERROR
+            and method_id == (auth.AUTH_OK if self._server_side else auth.CLIENT_PROOF)
+        ):
+            # Our side sends this step only once the peer has proven the cluster secret (a server
+            # after checking the client's proof, a client after checking the server's).
+            self.peer_authenticated()
         plen = 0
         if payload is not None:
             t = type(payload)
@@ -485,6 +514,11 @@ class RdmaConnection(Connection):
         pcrc = crc32c(payload) if payload is not None and flags & F_PAYLOAD_CRC else 0
         head = encode_header(flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc)
         pulled = plen > self.remote.inline_max
+        if pulled and not self._remote_ok:
+            raise FS3Error(
+                StatusCode.PERMISSION_DENIED,
+                f"a {plen}-byte payload is pulled by the peer, which has not authenticated",
+            )
         frame = _OutFrame(head + message, payload if plen else None, pulled, plen, on_sent)
         self._frames.append(frame)
         if pulled:
@@ -527,10 +561,17 @@ class RdmaConnection(Connection):
                     found = self.pool.directory.find(f.payload)
                     assert found is not None
                     region, off = found
+                try:
+                    exposure = self.pool.registrar.expose(region, off, f.plen)
+                except Exception as e:
+                    if f.staged is not None:
+                        self.pool.release(f.staged)
+                    self._broken(f"exposing a {f.plen}-byte payload failed: {e}")
+                    return
                 token = self._next_token
                 self._next_token = (token % 0xFFFFFFFF) + 1
-                self._lent[token] = (f.staged, f.on_sent)
-                pieces.append(memoryview(RemoteBuffer(region.addr + off, region.rkey, f.plen, token).pack()))
+                self._lent[token] = (f.staged, f.on_sent, exposure)
+                pieces.append(memoryview(RemoteBuffer(exposure.addr, exposure.rkey, f.plen, token).pack()))
             elif f.payload is not None:
                 pieces.append(memoryview(f.payload).cast("B"))
             for p in pieces:
@@ -545,6 +586,8 @@ class RdmaConnection(Connection):
         if self._finished:
             return
         self._serialise()
+        if self._finished:
+            return
         credits = self.credits
         arena = self._send
         while (self._out or self._release_tokens) and credits.can_send_data():
@@ -621,11 +664,18 @@ class RdmaConnection(Connection):
         if entry is None:
             log.warning("peer released an unknown payload token peer=%s token=%d", self.peer, token)
             return
-        buf, cb = entry
+        buf, cb, exposure = entry
+        self._withdraw(exposure)  # before the buffer can be lent again
         if buf is not None:
             self.pool.release(buf)
         if cb is not None:
             self._call(cb)
+
+    def _withdraw(self, exposure: Exposure) -> None:
+        try:
+            self.pool.registrar.withdraw(exposure)
+        except Exception:
+            log.exception("withdrawing remote access failed peer=%s", self.peer)
 
     def _call(self, cb: Callable[[], None]) -> None:
         try:
@@ -635,15 +685,43 @@ class RdmaConnection(Connection):
 
     # ---- one-sided operations ---------------------------------------------------------------
 
-    def describe(self, buf: Buffer) -> RemoteBuffer:
-        """A descriptor of ``buf`` (which must lie in registered memory, e.g. from
-        :meth:`RdmaTransport.alloc_buffer`) that the peer may READ or WRITE with this connection's
-        one-sided operations; put it in a request message."""
+    def peer_authenticated(self) -> None:
+        """The peer has proven the cluster secret: from now on its RDMA READ and WRITE are honoured
+        for what it is given (pulled payloads, :meth:`expose`). Before this, the queue pair refuses
+        every remote access and no rkey is handed out. Idempotent."""
+        if self._remote_ok or self._finished:
+            return
+        try:
+            self._qp.allow_remote_access()
+        except Exception as e:
+            self._broken(f"enabling remote access failed: {e}")
+            return
+        self._remote_ok = True
+
+    def expose(self, buf: Buffer, *, write: bool = False) -> RemoteBuffer:
+        """Lend ``buf`` (which must lie in registered memory, e.g. from
+        :meth:`RdmaTransport.alloc_buffer`) to the peer for one operation: it may RDMA-READ it (and,
+        with ``write``, RDMA-WRITE it), those bytes only, until :meth:`withdraw` (or the end of the
+        connection). Put the descriptor in a request message. Raises PERMISSION_DENIED before the
+        peer has authenticated."""
+        if self._closing:
+            raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
+        if not self._remote_ok:
+            raise FS3Error(StatusCode.PERMISSION_DENIED, f"{self.peer} has not authenticated")
         found = self.pool.directory.find(buf)
         if found is None:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "buffer is not registered memory")
         region, off = found
-        return RemoteBuffer(region.addr + off, region.rkey, memoryview(buf).nbytes)
+        exposure = self.pool.registrar.expose(region, off, memoryview(buf).nbytes, write=write)
+        self._exposed[exposure.rkey] = exposure
+        return RemoteBuffer(exposure.addr, exposure.rkey, exposure.length)
+
+    def withdraw(self, remote: RemoteBuffer) -> None:
+        """End what :meth:`expose` lent: the peer's rkey for it reaches nothing from now on. Call it
+        once the operation is over (its reply has arrived, or it was abandoned)."""
+        exposure = self._exposed.pop(remote.rkey, None)
+        if exposure is not None:
+            self._withdraw(exposure)
 
     async def rdma_read(self, dest: memoryview, remote: RemoteBuffer) -> None:
         """Copy ``remote`` (a peer's registered memory) into ``dest`` with one RDMA READ (a write
@@ -784,10 +862,14 @@ class RdmaConnection(Connection):
         except Exception:
             log.exception("destroying queue pair failed peer=%s", self.peer)
         self._onesided.fail_all("connection closed")
-        for buf, _ in self._lent.values():
+        for buf, _, exposure in self._lent.values():
+            self._withdraw(exposure)
             if buf is not None:
                 self.pool.release(buf)
         self._lent.clear()
+        for exposure in self._exposed.values():
+            self._withdraw(exposure)
+        self._exposed.clear()
         for f in self._frames:
             if f.staged is not None:
                 self.pool.release(f.staged)
@@ -820,4 +902,5 @@ class RdmaConnection(Connection):
             "queued_bytes": self._out_bytes,
             "one_sided": len(self._onesided),
             "lent_payloads": len(self._lent),
+            "exposed": len(self._exposed),
         }

@@ -5,6 +5,12 @@ Memory that an RDMA NIC reads or writes must be registered (pinned, and given ke
 slow (a system call and page pinning), so it happens once per buffer and buffers are reused. The
 classes here do the bookkeeping only: they get regions from a :class:`Registrar` (the verbs layer's
 ``ibv_reg_mr``, or a fake in tests), so they are tested without an RDMA device.
+
+Every region is registered for local access only: no peer can reach it with any key. A peer gets
+remote access to exactly the bytes of one operation through an :class:`Exposure` (a memory region
+of its own over those bytes, with the remote flags that operation needs), which is withdrawn
+(deregistered, so its rkey is dead) as soon as the operation is over; see
+:mod:`fs3.net.rdma.connection` for when that happens.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from fs3.errors import FS3Error, StatusCode
 @dataclass(slots=True, eq=False)
 class Region:
     """A registered, contiguous piece of memory: ``view`` (writable, ``length`` bytes) at ``addr``,
-    readable and writable by the NIC through ``lkey`` (locally) and ``rkey`` (by peers)."""
+    readable and writable by our own NIC through ``lkey``. ``rkey`` is the key the registration
+    came with; it opens nothing to peers, since regions are registered without remote access."""
 
     view: memoryview
     addr: int
@@ -32,15 +39,33 @@ class Region:
     handle: Any = field(default=None, repr=False)  # the verbs MR (and its backing memory)
 
 
+@dataclass(slots=True, eq=False)
+class Exposure:
+    """``length`` bytes at ``addr`` that peers may RDMA-READ (and, with ``write``, RDMA-WRITE)
+    with ``rkey`` until the exposure is withdrawn."""
+
+    addr: int
+    rkey: int
+    length: int
+    write: bool
+    handle: Any = field(default=None, repr=False)  # the verbs MR of just these bytes
+
+
 class Registrar(Protocol):
     """Registers and deregisters memory with one protection domain."""
 
-    def register(self, nbytes: int, remote: bool = True) -> Region:
-        """Allocate ``nbytes`` of page-aligned memory and register it for local access and, with
-        ``remote``, for peers' RDMA READ and WRITE."""
+    def register(self, nbytes: int) -> Region:
+        """Allocate ``nbytes`` of page-aligned memory and register it for local access only."""
 
     def deregister(self, region: Region) -> None:
         """Undo :meth:`register` (the region's memory must not be in use by any work request)."""
+
+    def expose(self, region: Region, offset: int, length: int, *, write: bool = False) -> Exposure:
+        """Open ``length`` bytes of ``region`` from ``offset`` to peers' RDMA READ (and WRITE, with
+        ``write``): a new registration of exactly those bytes with a key of its own."""
+
+    def withdraw(self, exposure: Exposure) -> None:
+        """Undo :meth:`expose`: from its return on, the exposure's rkey reaches nothing."""
 
 
 class _PyBuffer(ctypes.Structure):

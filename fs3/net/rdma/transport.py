@@ -12,7 +12,9 @@ Connection setup (:mod:`fs3.net.rdma.wire` has the bytes)::
                                                                          device; the socket goes on as TCP)
     QP to RTS, post receive buffers, READY (1 byte) ->
                                              start taking completions
-    ... fs3 RPC frames over SEND/RECV ...
+    ... fs3 RPC frames over SEND/RECV: the fs3 authentication handshake first; only once it has
+        succeeded does either side accept RDMA READ/WRITE from the other (see
+        :mod:`fs3.net.rdma.connection`) ...
 
 The TCP connection stays open for the connection's life: its end (close, or the peer process dying)
 ends the RDMA connection, and closing the RDMA connection closes it.
@@ -32,7 +34,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net.frame import DEFAULT_LIMITS, RpcLimits
 from fs3.net.rdma.connection import QueuePairOps, RdmaConnection
 from fs3.net.rdma.discovery import Inventory, Nic, discover
-from fs3.net.rdma.memory import PoolBuffer, Region, RegisteredPool, SlotArena
+from fs3.net.rdma.memory import Exposure, PoolBuffer, Region, RegisteredPool, SlotArena
 from fs3.net.rdma.nics import NicSelector, OneSidedLimiter
 from fs3.net.rdma.wire import (
     MAGIC,
@@ -73,9 +75,13 @@ class DeviceOps(Protocol):
 
     name: str
 
-    def register(self, nbytes: int, remote: bool = True) -> Region: ...
+    def register(self, nbytes: int) -> Region: ...
 
     def deregister(self, region: Region) -> None: ...
+
+    def expose(self, region: Region, offset: int, length: int, *, write: bool = False) -> Exposure: ...
+
+    def withdraw(self, exposure: Exposure) -> None: ...
 
     def queue_pair(self, max_send_wr: int, max_recv_wr: int) -> PendingQueuePair: ...
 
@@ -304,10 +310,8 @@ class RdmaTransport(Transport):
         qp.connect(remote, timeout=cfg.timeout, retry_cnt=cfg.retry_cnt, rnr_retry=cfg.rnr_retry)
         # Our SENDs fill the peer's receive buffers, so they are cut to the peer's buffer size.
         send_size = remote.buffer_size
-        # SEND/RECV buffers are only ever touched by our own NIC: no remote access to them at all.
-        region = nic.device.register(
-            send_size * cfg.send_buffers + cfg.buffer_size * cfg.recv_buffers, remote=False
-        )
+        # SEND/RECV buffers are only ever touched by our own NIC (never exposed to the peer).
+        region = nic.device.register(send_size * cfg.send_buffers + cfg.buffer_size * cfg.recv_buffers)
         send_region = dataclasses.replace(region, view=region.view[: send_size * cfg.send_buffers])
         recv_off = send_size * cfg.send_buffers
         recv_region = dataclasses.replace(
@@ -455,8 +459,8 @@ class RdmaTransport(Transport):
     # ---- registered memory for callers of the one-sided API -------------------------------------
 
     async def alloc_buffer(self, conn: RdmaConnection, nbytes: int) -> PoolBuffer:
-        """Registered memory usable with ``conn`` (describe it with ``conn.describe``); give it
-        back with :meth:`free_buffer`."""
+        """Registered memory usable with ``conn`` (lend it to the peer for one operation with
+        ``conn.expose`` and ``conn.withdraw``); give it back with :meth:`free_buffer`."""
         return await conn.pool.acquire(nbytes)
 
     def free_buffer(self, conn: RdmaConnection, buf: PoolBuffer) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net.rdma.discovery import Nic
-from fs3.net.rdma.memory import Region, buffer_address
+from fs3.net.rdma.memory import Exposure, Region, buffer_address
 from fs3.net.rdma.wire import ConnectParams, LinkLayer, RemoteBuffer
 from fs3.net.rdma.workreq import Completion
 
@@ -38,6 +38,7 @@ try:
     from pyverbs.wr import SGE, RecvWR, SendWR
 
     HAVE_PYVERBS = True
+    REMOTE_ACCESS = e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
 except ImportError:  # pragma: no cover - depends on the machine
     HAVE_PYVERBS = False
 
@@ -81,18 +82,16 @@ class Device:
         self.service_level = service_level
         self.ctx = Context(name=nic.device)
         self.pd = PD(self.ctx)
-        self.access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE
 
     # ---- Registrar ------------------------------------------------------------------------------
 
-    def register(self, nbytes: int, remote: bool = True) -> Region:
-        """Page-aligned anonymous memory of ``nbytes``, registered for local access and, with
-        ``remote``, for peers' RDMA READ/WRITE."""
+    def register(self, nbytes: int) -> Region:
+        """Page-aligned anonymous memory of ``nbytes``, registered for local access only."""
         mem = mmap.mmap(-1, nbytes)
         view = memoryview(mem)
         addr = buffer_address(view)
         try:
-            mr = MR(self.pd, nbytes, self.access if remote else e.IBV_ACCESS_LOCAL_WRITE, address=addr)
+            mr = MR(self.pd, nbytes, e.IBV_ACCESS_LOCAL_WRITE, address=addr)
         except PyverbsError as exc:
             view.release()
             mem.close()
@@ -109,6 +108,28 @@ class Device:
             mem.close()
         except BufferError:
             pass  # a view of it is still referenced somewhere; the mapping goes with the last one
+
+    def expose(self, region: Region, offset: int, length: int, *, write: bool = False) -> Exposure:
+        """A memory region of exactly ``length`` bytes of ``region`` from ``offset`` with remote
+        READ (and WRITE) access: the NIC checks every remote access against these bounds."""
+        if offset < 0 or length <= 0 or offset + length > region.length:
+            raise ValueError(f"{length} bytes at {offset} are outside a {region.length}-byte region")
+        # LOCAL_WRITE too: remote write needs it, and pinning for write keeps the pages the ones the
+        # region's registration pinned (a read-only pin may map a page that is replaced later).
+        access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
+        if write:
+            access |= e.IBV_ACCESS_REMOTE_WRITE
+        addr = region.addr + offset
+        try:
+            mr = MR(self.pd, length, access, address=addr)
+        except PyverbsError as exc:
+            raise FS3Error(
+                StatusCode.RESOURCE_EXHAUSTED, f"registering {length} bytes for a peer failed: {exc}"
+            ) from exc
+        return Exposure(addr, mr.rkey, length, write, mr)
+
+    def withdraw(self, exposure: Exposure) -> None:
+        exposure.handle.close()  # ibv_dereg_mr: the rkey is invalid once this returns
 
     # ---- queue pairs ----------------------------------------------------------------------------
 
@@ -133,7 +154,8 @@ class VerbsQueuePair:
             cap = QPCap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr, max_send_sge=1, max_recv_sge=1)
             init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=1)
             attr = QPAttr(port_num=dev.nic.port)
-            attr.qp_access_flags = dev.access
+            # No remote access until the peer has authenticated (allow_remote_access).
+            attr.qp_access_flags = 0
             attr.pkey_index = 0
             self.qp = QP(dev.pd, init, attr)  # pyverbs moves an RC QP to INIT given attributes
         except BaseException:
@@ -174,6 +196,13 @@ class VerbsQueuePair:
         self.qp.to_rts(attr)
 
     # ---- QueuePairOps ---------------------------------------------------------------------------
+
+    def allow_remote_access(self) -> None:
+        """Let the peer RDMA-READ and RDMA-WRITE (memory it holds an exposure's rkey for): an RTS to
+        RTS transition that changes only the queue pair's access flags."""
+        attr = QPAttr(qp_state=e.IBV_QPS_RTS, cur_qp_state=e.IBV_QPS_RTS)
+        attr.qp_access_flags = REMOTE_ACCESS
+        self.qp.modify(attr, e.IBV_QP_ACCESS_FLAGS)
 
     def fileno(self) -> int:
         return self._fd

@@ -1,0 +1,216 @@
+"""What a peer can reach with RDMA READ and WRITE: nothing before it has authenticated, and afterwards
+exactly the bytes it was lent for one operation, for as long as that operation lasts.
+
+The fake fabric checks what an HCA checks (the responder queue pair's access flags, then the rkey's
+memory region: its protection domain, bounds and permissions), so each attempt below is one a peer
+holding those keys could make on a real network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from fakeverbs import Fabric
+from test_transport_fake import LIMITS, Recorder, _pair, poll
+
+from fs3.config import RdmaConfig
+from fs3.errors import FS3Error, StatusCode
+from fs3.net.rdma.connection import RdmaConnection
+from fs3.net.rdma.transport import RdmaListener, RdmaTransport
+from fs3.net.rdma.wire import RemoteBuffer
+from fs3.net.system import ECHO
+from fs3.net.transport import Connection
+from fs3.proto import rpc_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Peers:
+    """One server transport and one client transport on a fake fabric, connected twice: (c1, s1)
+    and (c2, s2) are the two ends of each connection. Nothing is authenticated yet."""
+
+    fabric: Fabric
+    st: RdmaTransport
+    ct: RdmaTransport
+    listener: RdmaListener
+    c1: RdmaConnection
+    s1: RdmaConnection
+    c2: RdmaConnection
+    s2: RdmaConnection
+
+
+@pytest.fixture
+async def peers() -> AsyncIterator[Peers]:
+    fabric = Fabric()
+    cfg = RdmaConfig(inline_payload_bytes=1000)
+    st = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener)
+    ct = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener)
+    accepted: list[Recorder] = []
+
+    def server_side(conn: Connection) -> Recorder:
+        accepted.append(Recorder(conn))
+        return accepted[-1]
+
+    listener = await st.listen(("127.0.0.1", 0), server_side, limits=LIMITS)
+    c1 = await ct.connect(listener.address, Recorder, limits=LIMITS)
+    await poll(lambda: len(accepted) == 1, what="first accept")
+    c2 = await ct.connect(listener.address, Recorder, limits=LIMITS)
+    await poll(lambda: len(accepted) == 2, what="second accept")
+    s1, s2 = (r.conn for r in accepted)
+    assert all(isinstance(c, RdmaConnection) for c in (c1, c2, s1, s2))
+    p = Peers(fabric, st, ct, listener, c1, s1, c2, s2)  # type: ignore[arg-type]
+    try:
+        yield p
+    finally:
+        listener.close()
+        for c in (c1, c2):
+            c.close()
+            await c.wait_closed()
+        st.close()
+        ct.close()
+    # every exposure was withdrawn by the end, whatever the test did
+    assert not fabric.exposures
+
+
+async def _denied(conn: RdmaConnection, remote: RemoteBuffer) -> None:
+    """Both a READ and a WRITE of ``remote`` through ``conn`` fail at the responder."""
+    with pytest.raises(FS3Error, match="remote access error"):
+        await conn.rdma_read(memoryview(bytearray(remote.length)), remote)
+    with pytest.raises(FS3Error, match="remote access error"):
+        await conn.rdma_write(b"\xee" * remote.length, remote)
+
+
+async def test_nothing_is_reachable_before_the_peer_authenticates(peers: Peers) -> None:
+    p = peers
+    buf = await p.st.alloc_buffer(p.s1, 8192)
+    secret = os.urandom(8192)
+    buf.view[:] = secret
+    # before authentication nothing is lent, neither explicitly nor as a pulled payload
+    with pytest.raises(FS3Error) as exc:
+        p.s1.expose(buf.view)
+    assert exc.value.code == StatusCode.PERMISSION_DENIED
+    with pytest.raises(FS3Error) as exc:
+        p.s1.send_frame(1, 7, 1, 1, b"m", os.urandom(5000))
+    assert exc.value.code == StatusCode.PERMISSION_DENIED
+    # and the registration's own key opens nothing, even to the peer that is about to authenticate
+    region, off = p.st.nics[0].pool.directory.find(buf.view)  # type: ignore[misc]
+    await _denied(p.c1, RemoteBuffer(region.addr + off, region.rkey, 64))
+
+    # the first connection authenticates (both ways); the second does not
+    p.c1.peer_authenticated()
+    p.s1.peer_authenticated()
+    lent = p.s1.expose(buf.view, write=True)
+    got = memoryview(bytearray(8192))
+    await p.c1.rdma_read(got, lent)
+    assert bytes(got) == secret  # the peer it was lent to reaches it
+    # a peer that only completed the RDMA handshake gets nothing with the same keys: its queue pair
+    # has no remote access, although the memory is exposed in the same protection domain
+    await _denied(p.c2, lent)
+    await _denied(p.c2, RemoteBuffer(region.addr + off, region.rkey, 64))
+    assert bytes(buf.view) == secret
+    # the registration itself stays closed to the authenticated peer too
+    await _denied(p.c1, RemoteBuffer(region.addr + off, region.rkey, 64))
+    p.s1.withdraw(lent)
+    p.st.free_buffer(p.s1, buf)
+    # the authenticated connection still works after its peer's failed attempts
+    p.c1.send_frame(1, 9, 1, 1, b"still fine")
+    await poll(lambda: bool(p.s1._receiver.frames), what="frame after the refused attempts")  # type: ignore[union-attr]
+
+
+async def test_a_peer_reaches_exactly_the_bytes_it_was_lent_while_lent(peers: Peers) -> None:
+    p = peers
+    for c, s in ((p.c1, p.s1), (p.c2, p.s2)):
+        c.peer_authenticated()
+        s.peer_authenticated()
+    buf = await p.ct.alloc_buffer(p.c1, 5000)  # a 8 KiB registration behind a 5000-byte buffer
+    before = os.urandom(5000)
+    buf.view[:] = before
+    window = buf.view[1000:3000]
+    lent = p.c1.expose(window, write=True)
+    assert lent.length == 2000
+    data = os.urandom(2000)
+    await p.s1.rdma_write(data, lent)
+    # one byte either side of the window, and the rest of the registration, are out of reach
+    await _denied(p.s1, RemoteBuffer(lent.addr, lent.rkey, 2001))
+    await _denied(p.s1, RemoteBuffer(lent.addr - 1, lent.rkey, 1))
+    await _denied(p.s1, RemoteBuffer(lent.addr + 2000, lent.rkey, 1))
+    await _denied(p.s1, RemoteBuffer(lent.addr + 3000, lent.rkey, 4096))
+    assert bytes(buf.view) == before[:1000] + data + before[3000:]
+    # read-only lending refuses writes
+    ro = p.c1.expose(window)
+    with pytest.raises(FS3Error, match="remote access error"):
+        await p.s1.rdma_write(b"x" * 2000, ro)
+    got = memoryview(bytearray(2000))
+    await p.s1.rdma_read(got, ro)
+    assert bytes(got) == data
+    p.c1.withdraw(ro)
+    # once withdrawn, the keys reach nothing
+    p.c1.withdraw(lent)
+    await _denied(p.s1, lent)
+    await _denied(p.s1, ro)
+    assert bytes(buf.view) == before[:1000] + data + before[3000:]
+    p.ct.free_buffer(p.c1, buf)
+    # exposures still lent when a connection ends are withdrawn with it
+    buf2 = await p.ct.alloc_buffer(p.c2, 4096)
+    left = p.c2.expose(buf2.view, write=True)
+    assert left.rkey in p.fabric.exposures
+    p.c2.close()
+    await p.c2.wait_closed()
+    assert left.rkey not in p.fabric.exposures
+    p.ct.free_buffer(p.c2, buf2)
+
+
+async def test_a_pulled_payload_is_exposed_alone_until_its_reader_releases_it(peers: Peers) -> None:
+    p = peers
+    p.c1.peer_authenticated()
+    p.s1.peer_authenticated()
+    sent = []
+    for i in range(1, 20):
+        payload = os.urandom(1001 + i * 613)
+        sent.append((i, b"m%d" % i, payload))
+        p.c1.send_frame(1, i, 1, 1, b"m%d" % i, payload)
+    rx: Recorder = p.s1._receiver  # type: ignore[assignment]
+    await poll(lambda: len(rx.frames) == len(sent), what="all frames")
+    assert rx.frames == sent
+    await poll(lambda: p.c1.stats()["lent_payloads"] == 0, what="payloads released")
+    # each payload was lent with exactly its own length, and none of those keys works any more
+    assert sorted(e.length for e in p.fabric.exposure_log) == sorted(len(s[2]) for s in sent)
+    assert not p.fabric.exposures
+    for e in p.fabric.exposure_log:
+        await _denied(p.s1, RemoteBuffer(e.addr, e.rkey, e.length))
+
+
+async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
+    """Over the real RPC server: a peer that completes the RDMA handshake but not fs3's
+    authentication tries every key there is (every registration, every rkey ever handed to the
+    authenticated client) while that client moves payloads that are pulled both ways."""
+    p = await _pair()
+    intruder = None
+    try:
+        data = os.urandom(3 << 20)
+        _, payload = await p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=data)
+        assert payload is not None and bytes(payload) == data
+        assert p.fabric.exposure_log  # rkeys did go over the wire (the payloads were pulled)
+        intruder = await p.ct.connect(p.address, Recorder, limits=LIMITS)
+        assert isinstance(intruder, RdmaConnection)
+        keys = [(r.addr, r.rkey) for r in p.fabric.local_only.values()]
+        keys += [(e.addr, e.rkey) for e in p.fabric.exposure_log]
+        call = asyncio.ensure_future(
+            p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=os.urandom(1 << 20))
+        )
+        for addr, rkey in keys:
+            await _denied(intruder, RemoteBuffer(addr, rkey, 256))
+        _, payload = await call
+        assert payload is not None and len(payload) == 1 << 20
+    finally:
+        if intruder is not None:
+            intruder.abort()
+        await p.client.close()
+        await p.server.stop()
+        p.st.close()
+        p.ct.close()
