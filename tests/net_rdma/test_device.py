@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from fs3.config import RdmaConfig
+from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer
 from fs3.net.rdma.connection import RdmaConnection
 from fs3.net.rdma.discovery import discover
@@ -109,13 +110,25 @@ async def test_one_sided_write_and_read() -> None:
     server = accepted[0].conn
     assert isinstance(server, RdmaConnection)
     dest = await ct.alloc_buffer(client, 1 << 20)
-    desc = client.describe(dest.view)
     data = os.urandom(1 << 20)
+    # before the peers authenticate, the server's queue pair refuses remote access: nothing is lent
+    with pytest.raises(FS3Error) as exc:
+        client.expose(dest.view, write=True)
+    assert exc.value.code == StatusCode.PERMISSION_DENIED
+    client.peer_authenticated()
+    server.peer_authenticated()
+    desc = client.expose(dest.view, write=True)
     await server.rdma_write(data, desc)
     assert bytes(dest.view) == data
     back = memoryview(bytearray(1 << 20))
     await server.rdma_read(back, dataclasses.replace(desc))
     assert bytes(back) == data
+    # one byte past what was lent is refused by the NIC (the queue pair then breaks, as RC does)
+    with pytest.raises(FS3Error, match="remote access error|failed"):
+        await server.rdma_read(
+            memoryview(bytearray(1)), dataclasses.replace(desc, addr=desc.addr + (1 << 20))
+        )
+    client.withdraw(desc)
     ct.free_buffer(client, dest)
     client.close()
     await client.wait_closed()
