@@ -134,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
                 ("read 1MiB chunk", full_read),
                 ("read 4KiB", read_4k),
             ]:
+                before = engine.commit_stats()
                 ops, nbytes, elapsed, cpu = run_threads(threads, args.seconds, op)
+                after = engine.commit_stats()
+                txns = after.transactions - before.transactions
                 results.append(
                     {
                         "case": name,
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ops_per_s": round(ops / elapsed, 1),
                         "mib_per_s": round(nbytes / elapsed / MiB, 1),
                         "cpu_ms_per_op": round(1000 * cpu / max(ops, 1), 3),
+                        "changes_per_txn": round((after.changes - before.changes) / max(txns, 1), 2),
                         "sync": not args.no_sync,
                     }
                 )
@@ -149,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                     r = results[-1]
                     print(
                         f"{name:<18} threads={threads:<3} {r['ops_per_s']:>10.1f} ops/s "
-                        f"{r['mib_per_s']:>9.1f} MiB/s {r['cpu_ms_per_op']:>8.3f} CPU ms/op"
+                        f"{r['mib_per_s']:>9.1f} MiB/s {r['cpu_ms_per_op']:>8.3f} CPU ms/op "
+                        f"{r['changes_per_txn']:>6.2f} changes/txn"
                     )
     finally:
         engine.close()

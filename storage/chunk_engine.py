@@ -15,6 +15,18 @@ switches the committed version to it in another and then deletes the old file. A
 leaves every committed version intact, pending versions recorded for the chain to settle, and at
 worst files no metadata references, which opening the engine removes.
 
+Every call that changes a chunk returns only once its metadata is durable, but concurrent calls on
+a target share one LMDB write transaction and its syncs (group commit, see
+:mod:`fs3.storage.chunk_meta_store`): per-chunk calls already take turns on the striped lock below,
+so the changes of one group are to different chunks and cannot conflict. A commit is durable before
+it returns too. The chain could live without that (an update's pending version is durable on every
+replica before the client hears back, and the chain only ever rolls a pending version forward, by
+settling it or by resync, so a replica that lost a commit in a crash ends with it committed all the
+same), but LMDB has no safe way to commit a transaction lazily (MDB_NOSYNC risks corrupting the
+database on power loss, not only losing the last transactions), so a lazy commit would have to
+live in memory with the old version's file kept until it is durable; with group commit its share of
+a sync costs little, so it is not worth that.
+
 The engine is thread-safe. Calls on different chunks run in parallel (file I/O, fsync and CRC32C
 release the GIL); calls that modify one chunk take turns on a striped lock, so two racing updates
 never clobber each other (the CRAQ service still needs its own per-chunk lock to order a whole
@@ -56,7 +68,7 @@ from .chunk_meta import (
     next_version,
     select_version,
 )
-from .chunk_meta_store import ChunkMetaStore
+from .chunk_meta_store import ChunkMetaStore, CommitStats
 from .chunk_recovery import RecoveryReport, recover
 
 log = logging.getLogger(__name__)
@@ -447,6 +459,11 @@ class ChunkEngine:
     def pending_chunks(self) -> list[ChunkMeta]:
         """Chunks with a pending version, for the chain to commit or abort after a restart."""
         return [meta for meta in self.iter_metas() if meta.pending is not None]
+
+    def commit_stats(self) -> CommitStats:
+        """Metadata changes recorded since the engine opened, and the LMDB write transactions
+        (each one durable sync) they took: concurrent changes share one (group commit)."""
+        return self._store.commit_stats()
 
     def space_info(self) -> SpaceInfo:
         """Capacity and free space of the file system, and what this target's chunks use."""
