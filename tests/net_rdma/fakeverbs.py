@@ -7,7 +7,8 @@ access flags, then an rkey of a memory region with remote access in the target's
 (one per device here), its exact bounds and its READ/WRITE permission. Registered regions have local
 access only, as :mod:`fs3.net.rdma.memory` requires; only exposures are reachable by rkey. Work
 requests complete asynchronously (on a later loop iteration), SEND completions of a queue pair in
-posting order, and completion-channel events are delivered through a real pipe file descriptor only
+posting order (an unsignaled one produces none, and holds its send queue entry until a later
+completion, as on a device), and completion-channel events are delivered through a real pipe file descriptor only
 while the CQ is armed, as ``ibv_req_notify_cq`` specifies, so the transport's event loop integration
 runs exactly as it would over a device.
 """
@@ -43,6 +44,7 @@ class Fabric:
     next_key: int = 1000
     rnr_errors: int = 0
     sends: int = 0
+    send_completions: int = 0  # completions of SEND/READ/WRITE work requests (signaled, or failed)
     reads: int = 0
     writes: int = 0
     registered: int = 0
@@ -127,6 +129,7 @@ class FakeQueuePair:
         self.max_recv_wr = max_recv_wr
         self.recvs: deque[tuple[int, Region, int, int]] = deque()
         self.send_outstanding = 0
+        self.sq_held = 0  # entries of unsignaled work requests not yet vouched for by a completion
         self.cq: deque[Completion] = deque()
         self.armed = False
         self.events = 0
@@ -184,11 +187,17 @@ class FakeQueuePair:
         self.send_outstanding += 1
         self.loop.call_soon(op)
 
-    def _done(self, wr_id: int, status: int) -> None:
-        self.send_outstanding -= 1
+    def _done(self, wr_id: int, status: int, signaled: bool = True) -> None:
+        if not signaled and status == WC_SUCCESS:
+            # an unsignaled work request keeps its send queue entry until a later completion
+            self.sq_held += 1
+            return
+        self.send_outstanding -= 1 + self.sq_held
+        self.sq_held = 0
+        self.fabric.send_completions += 1
         self._complete(Completion(wr_id, status))
 
-    def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None:
+    def post_send(self, wr_id: int, region: Region, offset: int, length: int, signaled: bool = True) -> None:
         data = bytes(region.view[offset : offset + length])
 
         def deliver() -> None:
@@ -208,7 +217,7 @@ class FakeQueuePair:
                 return
             rregion.view[roff : roff + length] = data
             peer._complete(Completion(rid, WC_SUCCESS, length))
-            self._done(wr_id, WC_SUCCESS)
+            self._done(wr_id, WC_SUCCESS, signaled)
 
         self._post(deliver)
 

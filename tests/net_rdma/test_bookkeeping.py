@@ -14,6 +14,7 @@ from fs3.net.rdma.workreq import (
     WC_WR_FLUSH_ERR,
     Completion,
     OneSidedTable,
+    SendSignaling,
     WrKind,
     decode_wr_id,
     encode_wr_id,
@@ -65,6 +66,27 @@ def test_discarded_operation_never_calls_back() -> None:
     wr = table.add(WrKind.WRITE, lambda s, e: pytest.fail("called"))
     table.discard(wr)
     assert not table.complete(Completion(wr, WC_SUCCESS)) and len(table) == 0
+
+
+def test_send_signaling_vouches_for_the_unsignaled_sends_before_it() -> None:
+    sig = SendSignaling(every=3)
+    # a burst of 7 SENDs: every third is signaled, and so is the last
+    flags = [sig.post(slot, last=slot == 6) for slot in range(7)]
+    assert flags == [False, False, True, False, False, True, True]
+    assert sig.unsignaled == 0  # nothing is left waiting for a completion after a burst
+    # each completion gives back the unsignaled slots posted before it, in order, then its own
+    assert sig.completed(2) == [0, 1, 2]
+    assert sig.completed(5) == [3, 4, 5]
+    assert sig.completed(6) == [6]
+    # a burst of one is always signaled; every=1 signals everything
+    assert sig.post(9, last=True) and sig.completed(9) == [9]
+    one = SendSignaling(every=1)
+    assert all(one.post(s, last=False) for s in range(4)) and one.completed(3) == [3]
+    # mid-burst, the unsignaled ones are counted until a signaled SEND covers them
+    assert not sig.post(1, last=False) and sig.unsignaled == 1
+    assert sig.post(2, last=True) and sig.completed(2) == [1, 2]
+    with pytest.raises(ValueError):
+        SendSignaling(0)
 
 
 def test_status_names() -> None:

@@ -219,7 +219,7 @@ def test_verbs_layer_calls_pyverbs_as_installed(rec: Recorder) -> None:
     ((args, _),) = rec.named("CQ", "__init__")
     assert args[1] == 96 and isinstance(args[3], verbs.CompChannel)
     (init_kwargs,) = [k for _, k in rec.named("QPInitAttr", "__init__")]
-    assert init_kwargs["qp_type"] == e.IBV_QPT_RC and init_kwargs["sq_sig_all"] == 1
+    assert init_kwargs["qp_type"] == e.IBV_QPT_RC and init_kwargs["sq_sig_all"] == 0
     cap = init_kwargs["cap"]
     assert (cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge) == (64, 32, 1, 1)
     ((args, _),) = rec.named("QP", "__init__")
@@ -257,9 +257,17 @@ def test_verbs_layer_calls_pyverbs_as_installed(rec: Recorder) -> None:
     qp.post_send(1, region, 0, 100)
     qp.post_read(2, region, 0, 512, target)
     qp.post_write(3, region, 512, 512, target)
+    qp.post_send(4, region, 0, 100, False)
     sends = [a[0] for a, _ in rec.named("QP", "post_send")]
-    assert [w.opcode for w in sends] == [e.IBV_WR_SEND, e.IBV_WR_RDMA_READ, e.IBV_WR_RDMA_WRITE]
-    assert all(w.send_flags == e.IBV_SEND_SIGNALED and w.num_sge == 1 for w in sends)
+    assert [w.opcode for w in sends] == [
+        e.IBV_WR_SEND,
+        e.IBV_WR_RDMA_READ,
+        e.IBV_WR_RDMA_WRITE,
+        e.IBV_WR_SEND,
+    ]
+    # each work request says whether it wants a completion (the QP does not signal all)
+    assert [w.send_flags for w in sends] == [e.IBV_SEND_SIGNALED] * 3 + [0]
+    assert all(w.num_sge == 1 for w in sends)
 
     # completions: arm, take (EAGAIN ends it, nothing to acknowledge), poll
     qp.arm()

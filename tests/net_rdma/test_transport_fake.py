@@ -336,6 +336,31 @@ async def test_one_sided_write_and_read_between_registered_buffers() -> None:
     assert fabric.rnr_errors == 0
 
 
+async def test_sends_of_a_burst_share_completions_and_every_slot_comes_back() -> None:
+    cfg = RdmaConfig(send_buffers=16, recv_buffers=16, buffer_size=1024, inline_payload_bytes=1 << 20)
+    fabric, st, ct, accepted, client_rx = await _raw(cfg)
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    sent_cb: list[int] = []
+    frames = []
+    for i in range(1, 41):
+        payload = os.urandom(i * 997)  # inline: 1 to 39 receive buffers each
+        frames.append((i, b"m%d" % i, payload))
+        client.send_frame(1, i, 1, 1, b"m%d" % i, payload, on_sent=lambda i=i: sent_cb.append(i))
+    await poll(lambda: len(accepted[0].frames) == len(frames), what="all frames")
+    assert accepted[0].frames == frames
+    # every slot is given back and every on_sent called: no SEND waits for a completion that never comes
+    await poll(lambda: client._send.available == client._send.count, what="send slots back")
+    await poll(lambda: len(sent_cb) == len(frames), what="on_sent callbacks")
+    assert sent_cb == list(range(1, 41))
+    # far fewer completions than SENDs (at most one per four in a long burst, plus each burst's last)
+    client_sends = client.credits.sent
+    assert client_sends > 400 and fabric.send_completions < fabric.sends // 2
+    assert fabric.rnr_errors == 0
+    client.close()
+    await client.wait_closed()
+    await asyncio.wait_for(accepted[0].lost.wait(), 5)
+
+
 async def test_malformed_chunk_closes_the_connection() -> None:
     fabric, st, ct, accepted, client_rx = await _raw()
     client: RdmaConnection = client_rx.conn  # type: ignore[assignment]

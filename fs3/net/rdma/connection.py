@@ -75,6 +75,7 @@ from fs3.net.rdma.workreq import (
     WC_SUCCESS,
     Completion,
     OneSidedTable,
+    SendSignaling,
     WrKind,
     decode_wr_id,
     encode_wr_id,
@@ -104,7 +105,8 @@ class QueuePairOps(Protocol):
 
     def post_recv(self, wr_id: int, region: Region, offset: int, length: int) -> None: ...
 
-    def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None: ...
+    def post_send(self, wr_id: int, region: Region, offset: int, length: int, signaled: bool = True) -> None:
+        """Post a SEND; without ``signaled`` it completes silently (vouched for by a later completion)."""
 
     def post_read(
         self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer
@@ -187,6 +189,7 @@ class RdmaConnection(Connection):
         self._sent_pos = 0
         self._done_pos = 0
         self._slot_end: dict[int, int] = {}
+        self._signaling = SendSignaling(max(1, send_arena.count // 4))
         self._on_stream_done: deque[tuple[int, Callable[[], None]]] = deque()
         self._next_token = 1
         # pulled payloads the peer has not released yet: token -> (staging buffer, on_sent, exposure)
@@ -601,13 +604,16 @@ class RdmaConnection(Connection):
             n = self._fill(buf, start)
             pack_chunk_header(buf, credits.take_send(), tokens, n)
             self._sent_pos += n
-            self._post_send(slot, start + n)
+            # the last SEND of this pump asks for a completion (see SendSignaling)
+            more = (self._out or self._release_tokens) and credits.can_send_data()
+            follows = more or credits.should_send_credits()
+            self._post_send(slot, start + n, last=not (follows and arena.available))
         if credits.should_send_credits():
             slot = arena.acquire()
             if slot is not None:
                 buf = arena.view(slot)
                 pack_chunk_header(buf, credits.take_send(), [], 0)
-                self._post_send(slot, CHUNK_HEADER_SIZE)
+                self._post_send(slot, CHUNK_HEADER_SIZE, last=True)
         if self._server_side and not self._paused_for_writes and self._out_bytes > _HIGH_WATER:
             self._paused_for_writes = True
             log.info(
@@ -632,19 +638,22 @@ class RdmaConnection(Connection):
         self._out_bytes -= pos - start
         return pos - start
 
-    def _post_send(self, slot: int, length: int) -> None:
+    def _post_send(self, slot: int, length: int, last: bool) -> None:
         self._slot_end[slot] = self._sent_pos
+        signaled = self._signaling.post(slot, last)
         try:
             self._qp.post_send(
-                encode_wr_id(WrKind.SEND, slot), self._send.region, self._send.offset(slot), length
+                encode_wr_id(WrKind.SEND, slot), self._send.region, self._send.offset(slot), length, signaled
             )
         except Exception as e:
             self._send.release(slot)
             self._broken(f"posting a send failed: {e}")
 
     def _on_send_done(self, slot: int) -> None:
-        end = self._slot_end.pop(slot, self._done_pos)
-        self._send.release(slot)
+        end = self._done_pos
+        for done in self._signaling.completed(slot):
+            end = max(end, self._slot_end.pop(done, end))
+            self._send.release(done)
         # SEND completions of one queue pair arrive in posting order, so this is the stream's progress.
         self._done_pos = max(self._done_pos, end)
         waiting = self._on_stream_done

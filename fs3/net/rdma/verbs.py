@@ -152,7 +152,8 @@ class VerbsQueuePair:
         try:
             self.cq = CQ(dev.ctx, max_send_wr + max_recv_wr, None, self.channel, 0)
             cap = QPCap(max_send_wr=max_send_wr, max_recv_wr=max_recv_wr, max_send_sge=1, max_recv_sge=1)
-            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=1)
+            # sq_sig_all=0: each work request says whether it wants a completion (SendSignaling)
+            init = QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
             attr = QPAttr(port_num=dev.nic.port)
             # No remote access until the peer has authenticated (allow_remote_access).
             attr.qp_access_flags = 0
@@ -211,8 +212,9 @@ class VerbsQueuePair:
         sge = SGE(region.addr + offset, length, region.lkey)
         self.qp.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]), None)
 
-    def post_send(self, wr_id: int, region: Region, offset: int, length: int) -> None:
-        self.qp.post_send(send_request(e.IBV_WR_SEND, wr_id, region, offset, length), None)
+    def post_send(self, wr_id: int, region: Region, offset: int, length: int, signaled: bool = True) -> None:
+        wr = send_request(e.IBV_WR_SEND, wr_id, region, offset, length, signaled=signaled)
+        self.qp.post_send(wr, None)
 
     def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         self.qp.post_send(send_request(e.IBV_WR_RDMA_READ, wr_id, region, offset, length, remote), None)
@@ -292,11 +294,20 @@ def rts_attributes(
 
 
 def send_request(
-    opcode: int, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer | None = None
+    opcode: int,
+    wr_id: int,
+    region: Region,
+    offset: int,
+    length: int,
+    remote: RemoteBuffer | None = None,
+    *,
+    signaled: bool = True,
 ) -> Any:
-    """A signaled ``SendWR`` of one scatter/gather entry (SEND, or RDMA READ/WRITE to ``remote``)."""
+    """A ``SendWR`` of one scatter/gather entry (SEND, or RDMA READ/WRITE to ``remote``), signaled
+    unless told otherwise."""
     sge = SGE(region.addr + offset, length, region.lkey)
-    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
+    flags = e.IBV_SEND_SIGNALED if signaled else 0
+    wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge], send_flags=flags)
     if remote is not None:
         wr.set_wr_rdma(remote.rkey, remote.addr)
     return wr

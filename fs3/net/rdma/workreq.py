@@ -137,3 +137,45 @@ class OneSidedTable:
 
     def __len__(self) -> int:
         return len(self._ops)
+
+
+class SendSignaling:
+    """Which SENDs ask for a completion, and which send slots a completion gives back.
+
+    On an RC queue pair, work requests complete in the order they were posted, so a completion also
+    vouches for every unsignaled SEND posted before it. Asking for a completion on fewer SENDs saves
+    a completion to poll and handle per SEND. A SEND is signaled when it is the last one of a burst
+    (so no slot is ever left waiting for a completion that will not come) and after ``every - 1``
+    unsignaled ones (so a long burst gets its slots back in groups while it goes on). Unsignaled
+    work requests keep their place in the send queue until a later completion, so ``every`` must
+    not exceed the number of SENDs the queue pair can hold.
+    """
+
+    __slots__ = ("every", "_pending", "_covers")
+
+    def __init__(self, every: int) -> None:
+        if every < 1:
+            raise ValueError("every must be at least 1")
+        self.every = every
+        self._pending: list[int] = []  # unsignaled slots posted since the last signaled SEND
+        self._covers: dict[int, list[int]] = {}  # signaled slot -> the unsignaled slots before it
+
+    def post(self, slot: int, last: bool) -> bool:
+        """Note a SEND from ``slot`` about to be posted; True when it must be signaled."""
+        if last or len(self._pending) + 1 >= self.every:
+            self._covers[slot] = self._pending
+            self._pending = []
+            return True
+        self._pending.append(slot)
+        return False
+
+    def completed(self, slot: int) -> list[int]:
+        """The slots a signaled SEND's completion frees, in posting order (``slot`` last)."""
+        covered = self._covers.pop(slot, [])
+        covered.append(slot)
+        return covered
+
+    @property
+    def unsignaled(self) -> int:
+        """Unsignaled SENDs not yet followed by a signaled one (0 between bursts)."""
+        return len(self._pending)
