@@ -43,7 +43,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
 from fs3.proto import common_pb2, storage_pb2
 
-from .chunk_engine import ChunkEngine
+from .chunk_engine import ChunkEngine, ChunkRead
 from .chunk_meta import ChunkMeta, check_chunk_size, crc32c
 from .target_map import LocalTarget, TargetMap
 
@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 _CHUNK_ID = struct.Struct(">QQ")
 MAX_CHUNK_BYTES = 64 << 20
+# Reads up to this size may be served on the event loop thread (Replicator.read_now): a metadata
+# lookup (an LMDB read, which takes no lock) and a pread of at most two checksum blocks cost less
+# than the thread switches and GIL hand-overs of a trip to the I/O threads.
+INLINE_READ_BYTES = 64 << 10
 
 
 def chunk_id(inode_id: int, chunk_index: int) -> bytes:
@@ -440,16 +444,22 @@ class Replicator:
 
     # -- reads ------------------------------------------------------------------------------------
 
+    def read_now(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int] | None:
+        """A small read served right here on the event loop thread, without waiting: like
+        :meth:`read`, or None when it must take that way instead (larger than
+        ``INLINE_READ_BYTES``, or the chunk has an update pending)."""
+        if rio.length > INLINE_READ_BYTES:
+            return None
+        t, cid = self._read_target(rio)
+        outcome = _read_or_meta(t.engine.engine, cid, rio.offset, rio.length)
+        return outcome if isinstance(outcome, tuple) else None
+
     async def read(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int]:
-        """One read of a batch: ``(data, crc32c of data, committed version served)``."""
+        """One read of a batch: ``(data, crc32c of data, committed version served)``. Its first
+        step is a trip to the I/O threads, so a caller outside any task (an inline RPC handler)
+        has become a task before anything else happens."""
+        t, cid = self._read_target(rio)
         key = rio.key
-        t = self.targets.of_chain(key.chain_id)
-        self.targets.check_readable(t)
-        if rio.offset + rio.length > MAX_CHUNK_BYTES:
-            raise FS3Error(
-                StatusCode.INVALID_ARGUMENT, f"read of {rio.offset}+{rio.length} is past any chunk"
-            )
-        cid = chunk_id(key.inode_id, key.chunk_index)
         eng = t.engine.engine
         for _ in range(8):
             outcome = await self._run(_read_or_meta, eng, cid, rio.offset, rio.length)
@@ -469,6 +479,16 @@ class Replicator:
                 raise
             return r
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept changing during a read")
+
+    def _read_target(self, rio: storage_pb2.ReadIO) -> tuple[LocalTarget, bytes]:
+        key = rio.key
+        t = self.targets.of_chain(key.chain_id)
+        self.targets.check_readable(t)
+        if rio.offset + rio.length > MAX_CHUNK_BYTES:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT, f"read of {rio.offset}+{rio.length} is past any chunk"
+            )
+        return t, chunk_id(key.inode_id, key.chunk_index)
 
     async def _query_committed(self, t: LocalTarget, chain_id: int, cid: bytes) -> int:
         chain = self.targets.chain(chain_id)
@@ -696,11 +716,19 @@ def _read_or_meta(
     # whatever is committed by the time of the read: a version committed here is committed at the
     # tail, and one that started after this read began need not be seen
     r = eng.read(cid, offset, length)
-    return r.data, crc32c(r.data), r.version
+    return r.data, _data_crc(offset, r), r.version
 
 
 def _read_version(
     eng: ChunkEngine, cid: bytes, offset: int, length: int, version: int
 ) -> tuple[bytes, int, int]:
     r = eng.read(cid, offset, length, version=version)
-    return r.data, crc32c(r.data), r.version
+    return r.data, _data_crc(offset, r), r.version
+
+
+def _data_crc(offset: int, r: ChunkRead) -> int:
+    """CRC32C of the bytes read: the version's own (which the engine checked them against) when
+    they are the whole chunk, saving a pass over a large read."""
+    if offset == 0 and len(r.data) == r.chunk_length:
+        return r.chunk_crc
+    return crc32c(r.data)
