@@ -5,10 +5,21 @@ Everything else in :mod:`fs3.net.rdma` is plain Python over the small interfaces
 implements (:class:`~fs3.net.rdma.memory.Registrar`, :class:`~fs3.net.rdma.connection.QueuePairOps`),
 so only this file needs a device to run.
 
-pyverbs does not expose a completion channel's file descriptor, which asyncio needs to watch. The
-kernel creates it as an anonymous inode named ``[infinibandevent]`` when the channel is created, so
+pyverbs (44.0, as Debian ships it) does not expose a completion channel's file descriptor, which
+asyncio needs to watch: ``CompChannel`` has only ``close`` and ``get_cq_event`` (the ``channel``
+property that once returned the C pointer was removed upstream), and ``Context.context`` is no
+integer handle ctypes could start from (reading it on an unopened Context crashes the interpreter:
+it is the C pointer handed to Python as an object). The kernel creates the
+descriptor as an anonymous inode named ``[infinibandevent]`` when the channel is created, so
 :func:`_create_channel` notes which such descriptors exist before and after creating one (under a
 lock) and takes the new one, then makes it non-blocking so ``get_cq_event`` never blocks the loop.
+A one-line property in pyverbs' cq.pyx (``return self.cc.fd``) would make this unnecessary.
+
+Memory is registered for local access only and queue pairs are created without remote access;
+:meth:`Device.expose` and :meth:`VerbsQueuePair.allow_remote_access` are the only ways a peer gets
+to our memory (see :mod:`fs3.net.rdma.connection` for when they are used).
+
+tests/net_rdma/test_pyverbs_api.py checks every pyverbs call made here against the installed pyverbs.
 """
 
 from __future__ import annotations
