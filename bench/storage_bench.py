@@ -1,7 +1,7 @@
 """Storage throughput through the storage client: three daemons on this machine, replication 3.
 
     python bench/storage_bench.py [--seconds 5] [--depth 32] [--chains 3] [--no-sync] [--json]
-                                  [--runs 1] [--cases NAME,...] [--dir DIR]
+                                  [--runs 1] [--cases NAME,...] [--io-threads N] [--dir DIR]
 
 Starts mgmtd and three storage daemons (tests/cluster.py) with ``--chains`` chains of three
 targets (heads on different daemons), then measures, each for ``--seconds``, with ``--depth``
@@ -79,7 +79,10 @@ async def run_for(
 
 
 async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
-    cluster = Cluster(root, chains=args.chains, sync_writes=not args.no_sync, log_level="WARNING")
+    extra: dict[str, object] = {"io_threads": args.io_threads} if args.io_threads else {}
+    cluster = Cluster(
+        root, chains=args.chains, sync_writes=not args.no_sync, log_level="WARNING", storage_extra=extra
+    )
     await cluster.start()
     try:
         client: StorageClient = await cluster.storage_client()
@@ -213,6 +216,7 @@ def main() -> int:
     p.add_argument("--chains", type=int, default=3)
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--cases", help='comma-separated case names (default: all), e.g. "write 1MiB,read 4KiB"')
+    p.add_argument("--io-threads", type=int, help="I/O threads per storage daemon (default: the fixture's)")
     p.add_argument("--no-sync", action="store_true", help="no fsync in the daemons (throwaway data)")
     p.add_argument("--dir", help="where the cluster lives (default: a temporary directory)")
     p.add_argument("--json", action="store_true")
