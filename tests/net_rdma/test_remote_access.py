@@ -8,7 +8,6 @@ holding those keys could make on a real network.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -186,29 +185,42 @@ async def test_a_pulled_payload_is_exposed_alone_until_its_reader_releases_it(pe
 
 
 async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
-    """Over the real RPC server: a peer that completes the RDMA handshake but not fs3's
-    authentication tries every key there is (every registration, every rkey ever handed to the
-    authenticated client) while that client moves payloads that are pulled both ways."""
+    """Over the real RPC server and client: the fs3 handshake opens remote access on both ends of
+    the authenticated connection, and peers that complete only the RDMA handshake (one on each of
+    the server's NICs) reach nothing with any key there is, while the server has memory lent out."""
     p = await _pair()
-    intruder = None
+    intruders: list[RdmaConnection] = []
     try:
         data = os.urandom(3 << 20)
         _, payload = await p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=data)
-        assert payload is not None and bytes(payload) == data
-        assert p.fabric.exposure_log  # rkeys did go over the wire (the payloads were pulled)
-        intruder = await p.ct.connect(p.address, Recorder, limits=LIMITS)
-        assert isinstance(intruder, RdmaConnection)
+        assert payload is not None and bytes(payload) == data  # pulled both ways: access was granted
+        assert p.fabric.exposure_log  # rkeys went out with the pulled payloads ...
+        await poll(lambda: not p.fabric.exposures, what="payloads released")  # ... and died after use
+        (legit_server,) = p.st.connections
+        (legit_client,) = p.ct.connections
+        for _ in range(2):  # connections rotate over the server's two NICs
+            conn = await p.ct.connect(p.address, Recorder, limits=LIMITS)
+            assert isinstance(conn, RdmaConnection)
+            intruders.append(conn)
+        assert {c.nic for c in p.st.connections} == {n.name for n in p.st.nics}  # type: ignore[attr-defined]
+        # the server lends a buffer to its authenticated client (as a chain predecessor does)
+        buf = await p.st.alloc_buffer(legit_server, 4096)
+        buf.view[:] = os.urandom(4096)
+        lent = legit_server.expose(buf.view)
         keys = [(r.addr, r.rkey) for r in p.fabric.local_only.values()]
         keys += [(e.addr, e.rkey) for e in p.fabric.exposure_log]
-        call = asyncio.ensure_future(
-            p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=os.urandom(1 << 20))
-        )
-        for addr, rkey in keys:
-            await _denied(intruder, RemoteBuffer(addr, rkey, 256))
-        _, payload = await call
-        assert payload is not None and len(payload) == 1 << 20
+        for intruder in intruders:
+            for addr, rkey in keys:
+                await _denied(intruder, RemoteBuffer(addr, rkey, 256))
+        got = memoryview(bytearray(4096))
+        await legit_client.rdma_read(got, lent)  # the peer it was lent to still reaches it
+        assert bytes(got) == bytes(buf.view)
+        legit_server.withdraw(lent)
+        p.st.free_buffer(legit_server, buf)
+        _, payload = await p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=data)
+        assert payload is not None and bytes(payload) == data
     finally:
-        if intruder is not None:
+        for intruder in intruders:
             intruder.abort()
         await p.client.close()
         await p.server.stop()

@@ -6,7 +6,9 @@ Sending: frames are serialised into a byte stream (header, message, then the pay
 descriptor, see :mod:`fs3.net.rdma.stream`) that is cut into SENDs from a ring of registered send
 buffers, each starting with a chunk header that returns credits and releases pulled payloads
 (:mod:`fs3.net.rdma.wire`). A SEND needs a credit (:mod:`fs3.net.rdma.credits`); without one the
-stream waits. A payload above the peer's ``inline_max`` stays where it is when it lies in registered
+stream waits. Only some SENDs ask for a completion (the last of each burst, and every few in a long
+one: :class:`~fs3.net.rdma.workreq.SendSignaling`); a completion gives back its slot and those of the
+unsignaled SENDs before it. A payload above the peer's ``inline_max`` stays where it is when it lies in registered
 memory, or is copied into a staging buffer of the registered pool (waiting for one when the pool is
 at its cap); the peer READs it and releases it with the token.
 
