@@ -121,6 +121,16 @@ class MetaClient:
         self.rpc_timeout_s = rpc_timeout_s
         self._current = _ids.randrange(len(self.addresses))
         self._methods = {meth.name: meth for meth in META_SERVICE}
+        self._last_request_id = 0
+
+    def _next_request_id(self) -> int:
+        """A request id this client never used before: the wall clock in nanoseconds, or one past
+        the previous id when the clock has not moved on (or stepped back). Ids that grow with time
+        keep meta's records of recent requests together in its store (see ``fs3.meta.schema``);
+        uniqueness needs only this client's ids to differ, as the client id is part of the key."""
+        rid = max(time.time_ns(), self._last_request_id + 1)
+        self._last_request_id = rid
+        return rid
 
     async def close(self) -> None:
         if self._own_rpc:
@@ -138,7 +148,7 @@ class MetaClient:
         hdr.user.CopyFrom(self.user)
         hdr.client_id = self.client_id
         if request_id:
-            hdr.request_id = _ids.getrandbits(63) + 1
+            hdr.request_id = self._next_request_id()
         meth = self._methods[method]
         deadline = time.monotonic() + self.timeout_s
         backoff = 0.01
