@@ -9,8 +9,8 @@ Runs the job files in bench/fio/ (variables DIR, SIZE, NUMJOBS, DIRECT, IODEPTH,
 buffered and direct I/O: sequential write and read with 1 MiB blocks (1 and 4 jobs), random read and
 write with 4 KiB blocks (4 jobs). Page caches are dropped before each read run (as root), so
 buffered reads come from fs3, not from memory. Prints MiB/s and IOPS per run for fs3 and local, and the CPU time
-per I/O of the mount process and of the servers (mgmtd, meta, storage) -- figures that other load on
-the machine distorts far less than the rates.
+per I/O of the mount process, of the storage daemons and of the other servers (mgmtd, meta) --
+figures that other load on the machine distorts far less than the rates.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,11 +76,17 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def fio(
-    run: Run, directory: Path, size: str, runtime: int, mount_pids: list[int], server_pids: list[int]
-) -> dict[str, float]:
+# CPU columns: process group -> the key of its CPU microseconds per I/O in a sample
+CPU_GROUPS = {
+    "mount": "mount_cpu_us_per_io",
+    "storage": "storage_cpu_us_per_io",
+    "other": "other_cpu_us_per_io",
+}
+
+
+def fio(run: Run, directory: Path, size: str, runtime: int, pids: dict[str, list[int]]) -> dict[str, float]:
     """Run one job; returns MiB/s and IOPS summed over the jobs, and CPU microseconds per I/O of
-    the mount process and of the servers (figures a busy machine distorts less than rates)."""
+    each process group in ``pids`` (``CPU_GROUPS``; figures a busy machine distorts less than rates)."""
     if "read" in run.job:
         drop_caches()
     env = {
@@ -93,7 +98,7 @@ def fio(
         "IODEPTH": str(run.iodepth),
         "RUNTIME": str(runtime),
     }
-    client0, server0 = cpu_seconds(mount_pids), cpu_seconds(server_pids)
+    before = {g: cpu_seconds(pids.get(g, [])) for g in CPU_GROUPS}
     r = subprocess.run(
         ["fio", "--output-format=json", str(JOBS / f"{run.job}.fio")],
         env=env,
@@ -107,12 +112,10 @@ def fio(
     job = report["jobs"][0]
     side = job["write"] if "write" in run.job else job["read"]
     ios = max(side["total_ios"], 1)
-    return {
-        "mib_s": side["bw_bytes"] / (1 << 20),
-        "iops": side["iops"],
-        "mount_cpu_us_per_io": (cpu_seconds(mount_pids) - client0) / ios * 1e6,
-        "server_cpu_us_per_io": (cpu_seconds(server_pids) - server0) / ios * 1e6,
-    }
+    out = {"mib_s": side["bw_bytes"] / (1 << 20), "iops": side["iops"]}
+    for g, key in CPU_GROUPS.items():
+        out[key] = (cpu_seconds(pids.get(g, [])) - before[g]) / ios * 1e6
+    return out
 
 
 def measure(
@@ -121,15 +124,14 @@ def measure(
     runtime: int,
     repeat: int,
     only: str,
-    mount_pids: Sequence[int] = (),
-    server_pids: Sequence[int] = (),
+    pids: dict[str, list[int]] | None = None,
 ) -> dict[str, list[dict[str, float]]]:
     results: dict[str, list[dict[str, float]]] = {}
     for _ in range(repeat):
         for run in runs():
             if only and only not in run.name:
                 continue
-            sample = fio(run, directory, size, runtime, list(mount_pids), list(server_pids))
+            sample = fio(run, directory, size, runtime, pids or {})
             results.setdefault(run.name, []).append(sample)
             print(f"  {directory}: {run.name}: {results[run.name][-1]}", file=sys.stderr)
     return results
@@ -143,8 +145,7 @@ def summary(samples: list[dict[str, float]]) -> dict[str, float]:
         "typical_mib_s": statistics.median(mib),
         "best_iops": max(iops),
         "typical_iops": statistics.median(iops),
-        "mount_cpu_us_per_io": statistics.median(s["mount_cpu_us_per_io"] for s in samples),
-        "server_cpu_us_per_io": statistics.median(s["server_cpu_us_per_io"] for s in samples),
+        **{key: statistics.median(s[key] for s in samples) for key in CPU_GROUPS.values()},
         "samples": len(samples),
     }
 
@@ -152,7 +153,7 @@ def summary(samples: list[dict[str, float]]) -> dict[str, float]:
 def table(fs3: dict[str, dict[str, float]], local: dict[str, dict[str, float]]) -> str:
     head = (
         f"{'run':34} {'fs3 MiB/s':>10} {'fs3 IOPS':>9} {'(typical)':>10} {'mount us/io':>11} "
-        f"{'servers us/io':>13} {'local MiB/s':>12} {'local IOPS':>11}"
+        f"{'storage us/io':>13} {'meta+mgmtd':>10} {'local MiB/s':>12} {'local IOPS':>11}"
     )
     lines = [head, "-" * len(head)]
     for name, s in fs3.items():
@@ -160,7 +161,8 @@ def table(fs3: dict[str, dict[str, float]], local: dict[str, dict[str, float]]) 
         typ = s["typical_iops"] if "rand" in name else s["typical_mib_s"]
         lines.append(
             f"{name:34} {s['best_mib_s']:10.0f} {s['best_iops']:9.0f} {typ:10.0f} "
-            f"{s['mount_cpu_us_per_io']:11.0f} {s['server_cpu_us_per_io']:13.0f} "
+            f"{s['mount_cpu_us_per_io']:11.0f} {s['storage_cpu_us_per_io']:13.0f} "
+            f"{s['other_cpu_us_per_io']:10.0f} "
             + (f"{loc['best_mib_s']:12.0f} {loc['best_iops']:11.0f}" if loc else f"{'-':>12} {'-':>11}")
         )
     return "\n".join(lines)
@@ -174,9 +176,12 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
     try:
         async with FsCluster(tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size) as c:
             m = await c.mount(tmp / "mnt")
-            servers = [p.pid for p in c.cluster.procs if p is not m.proc and p.pid is not None]
+            pids: dict[str, list[int]] = {"mount": [m.proc.pid], "storage": [], "other": []}  # type: ignore[list-item]
+            for p in c.cluster.procs:
+                if p is not m.proc and p.pid is not None:
+                    pids["storage" if p.name.startswith("storage") else "other"].append(p.pid)
             return await asyncio.to_thread(
-                measure, m.path, args.size, args.runtime, args.repeat, args.only, [m.proc.pid], servers
+                measure, m.path, args.size, args.runtime, args.repeat, args.only, pids
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -187,7 +192,10 @@ def main() -> int:
     p.add_argument("--mount", type=Path, help="an existing fs3 mount (default: start a cluster and mount it)")
     p.add_argument("--mount-pid", type=int, action="append", default=[], help="with --mount: its process")
     p.add_argument(
-        "--server-pid", type=int, action="append", default=[], help="with --mount: a server process"
+        "--storage-pid", type=int, action="append", default=[], help="with --mount: a storage daemon"
+    )
+    p.add_argument(
+        "--server-pid", type=int, action="append", default=[], help="with --mount: a mgmtd or meta daemon"
     )
     p.add_argument(
         "--local-dir", type=Path, help="local-disk directory to compare with (default: a temp dir)"
@@ -210,9 +218,8 @@ def main() -> int:
         d = args.mount / f"fio-bench-{os.getpid()}"
         d.mkdir()
         try:
-            fs3_raw = measure(
-                d, args.size, args.runtime, args.repeat, args.only, args.mount_pid, args.server_pid
-            )
+            pids = {"mount": args.mount_pid, "storage": args.storage_pid, "other": args.server_pid}
+            fs3_raw = measure(d, args.size, args.runtime, args.repeat, args.only, pids)
         finally:
             shutil.rmtree(d, ignore_errors=True)
     else:

@@ -4,17 +4,23 @@
 mount hold for an open file. It knows the file's layout (chunk size and chains), so it can split a
 byte range at chunk boundaries and send each piece to its chain, and it keeps:
 
-- a **write buffer**: a write that continues where the buffer ends is appended; any other write, a
-  full buffer, a read, a truncate, fsync and close flush it. Flushes run in the background, up to
-  ``max_flushes`` at a time, so a sequential writer keeps several chunk writes in flight; a flush
-  overlapping one still in flight waits for it, so overlapping writes reach storage in order. The
-  first error of a background flush is raised by the next write, flush, fsync or close (as a
-  write-back file system reports it).
+- a **write buffer**: a write that continues where the buffer ends is appended (kept as the
+  caller's immutable ``bytes``, never copied); any other write, a full buffer, a write that
+  completes a chunk, a read, a truncate, fsync and close flush it. Flushes run in the background,
+  up to ``max_flushes`` at a time, each as one storage write per chunk it touches (in parallel), so
+  a sequential writer keeps several chunk writes in flight; a flush overlapping one still in
+  flight waits for it, so overlapping writes reach storage in order. The first error of a
+  background flush is raised by the next write, flush, fsync or close (as a write-back file system
+  reports it).
 - the **written length**: the end of the highest byte this handle wrote, reported to meta on fsync
   and close (the write session), which settles the file's length.
 
 :class:`InodeState` collects the open handles of one inode in one client, so a read sees writes of
 every handle of this client (read-your-writes) and a stat reports the length they wrote.
+
+Reads go through a :class:`fs3.client.read_batcher.ReadBatcher` (shared by the client's files), which
+coalesces concurrent small reads into shared storage batches, and land in the caller's buffer
+(:meth:`OpenFile.read_into`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fs3.client.read_batcher import ReadBatcher
 from fs3.client.storage_client import ReadRequest, StorageClient
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import meta_pb2
@@ -49,6 +56,9 @@ def chunk_size_of(layout: meta_pb2.Layout) -> int:
 def split_range(layout: meta_pb2.Layout, inode_id: int, offset: int, length: int) -> list[ReadRequest]:
     """``[offset, offset + length)`` of a file as chunk-sized read requests."""
     size = chunk_size_of(layout)
+    index, within = divmod(offset, size)
+    if within + length <= size:  # the common case: inside one chunk
+        return [ReadRequest(chain_of(layout, index), inode_id, index, within, length)]
     out: list[ReadRequest] = []
     pos = offset
     end = offset + length
@@ -70,7 +80,19 @@ class InodeState:
     @property
     def size(self) -> int:
         """The larger of meta's length and what this client's handles wrote."""
-        return max([self.inode.size, *(h.written_length for h in self.handles)])
+        n = self.inode.size
+        for h in self.handles:
+            if h.written_length > n:
+                n = h.written_length
+        return n
+
+    @property
+    def settled(self) -> bool:
+        """No handle holds buffered data, a flush in flight or an unreported flush error."""
+        for h in self.handles:
+            if h.writable and not h.settled:
+                return False
+        return True
 
     async def drain(self) -> None:
         """Flush every handle's buffer and wait for their flushes (before a read or a stat)."""
@@ -97,22 +119,40 @@ class OpenFile:
         writable: bool,
         buffer_bytes: int = 4 << 20,
         max_flushes: int = 4,
+        reader: ReadBatcher | None = None,
     ) -> None:
         self.storage = storage
+        self.reader = reader if reader is not None else ReadBatcher(storage)
         self.state = state
         self.inode_id = state.inode.id
         self.layout = state.inode.layout
+        self.chunk_size = chunk_size_of(self.layout)
+        chains = self.layout.chains
+        # the chains chunks rotate over, read out of the protobuf once
+        self._stripe = tuple(chains[: min(self.layout.stripe_count or len(chains), len(chains))])
         self.session_id = session_id
         self.writable = writable
         self.buffer_bytes = buffer_bytes
         self.written_length = 0
         self.dirty = False  # wrote since the last report to meta
-        self._buf = bytearray()
+        # the buffer: contiguous pieces (immutable, so never copied) from _buf_offset on
+        self._parts: list[bytes | memoryview] = []
+        self._buf_len = 0
         self._buf_offset = 0
         self._flushes: dict[asyncio.Task[None], tuple[int, int]] = {}
         self._slots = asyncio.Semaphore(max(1, max_flushes))
         self._error: BaseException | None = None
         self._lock = asyncio.Lock()
+
+    def _chain_of(self, chunk_index: int) -> int:
+        if not self._stripe:
+            return chain_of(self.layout, chunk_index)  # raises: the layout has no chains
+        return self._stripe[chunk_index % len(self._stripe)]
+
+    @property
+    def settled(self) -> bool:
+        """Nothing buffered, no flush in flight or being started, no flush error to report."""
+        return not (self._buf_len or self._flushes or self._error is not None or self._lock.locked())
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -120,26 +160,25 @@ class OpenFile:
         """Write ``data`` at ``offset`` (buffered); returns its length."""
         if not self.writable:
             raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for writing")
-        n = memoryview(data).nbytes
+        if type(data) is not bytes:
+            # the caller may reuse a mutable buffer once write returns; bytes are kept as they are
+            data = bytes(data)
+        n = len(data)
         if n == 0:
             return 0
         self._raise_pending()
         async with self._lock:
-            if self._buf and offset == self._buf_offset + len(self._buf):
-                self._buf += data
-            else:
+            if not (self._buf_len and offset == self._buf_offset + self._buf_len):
                 await self._start_flush()
-                if n >= self.buffer_bytes:
-                    # large writes (checkpoints) skip the buffer; a mutable one is copied, since the
-                    # caller may reuse it once write returns and the flush runs in the background
-                    await self._start_flush_of(offset, data if isinstance(data, bytes) else bytes(data))
-                    data = b""
-                else:
-                    self._buf_offset = offset
-                    self._buf += data
-            if len(self._buf) >= self.buffer_bytes:
+                self._buf_offset = offset
+            self._parts.append(data)
+            self._buf_len += n
+            # A completed chunk leaves at once (sequential writers keep storage busy chunk by
+            # chunk); so does a full buffer.
+            if self._buf_len >= self.buffer_bytes or (offset + n) % self.chunk_size == 0:
                 await self._start_flush()
-        self.written_length = max(self.written_length, offset + n)
+        if offset + n > self.written_length:
+            self.written_length = offset + n
         self.dirty = True
         return n
 
@@ -152,39 +191,37 @@ class OpenFile:
         if n == 0:
             return 0
         await self._wait_overlapping(offset, offset + n)
-        if self._buf and self._buf_offset < offset + n and offset < self._buf_offset + len(self._buf):
+        if self._buf_len and self._buf_offset < offset + n and offset < self._buf_offset + self._buf_len:
             await self.flush_buffer()
-        await self._write_now(offset, data)
+        await self._write_now(offset, [data])
         self.written_length = max(self.written_length, offset + n)
         self.dirty = True
         return n
 
     async def _start_flush(self) -> None:
-        if not self._buf:
+        if not self._buf_len:
             return
-        # hand the buffer itself to the flush (no copy); later writes start a new one
-        data, offset = self._buf, self._buf_offset
-        self._buf = bytearray()
-        await self._start_flush_of(offset, data)
-
-    async def _start_flush_of(self, offset: int, data: bytes | bytearray | memoryview) -> None:
-        end = offset + memoryview(data).nbytes
+        # hand the pieces to the flush; later writes start a new buffer
+        parts, offset, n = self._parts, self._buf_offset, self._buf_len
+        self._parts = []
+        self._buf_len = 0
+        end = offset + n
         await self._wait_overlapping(offset, end)
         await self._slots.acquire()
-        task = asyncio.get_running_loop().create_task(self._flush_task(offset, data))
+        task = asyncio.get_running_loop().create_task(self._flush_task(offset, parts))
         self._flushes[task] = (offset, end)
         task.add_done_callback(self._flush_done)
 
     async def _wait_overlapping(self, begin: int, end: int) -> None:
-        while True:
+        while self._flushes:
             overlapping = [t for t, (b, e) in self._flushes.items() if b < end and begin < e]
             if not overlapping:
                 return
             await asyncio.wait(overlapping)
 
-    async def _flush_task(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+    async def _flush_task(self, offset: int, parts: list[bytes | bytearray | memoryview]) -> None:
         try:
-            await self._write_now(offset, data)
+            await self._write_now(offset, parts)
         finally:
             self._slots.release()
 
@@ -197,11 +234,38 @@ class OpenFile:
             log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
             self._error = e
 
-    async def _write_now(self, offset: int, data: bytes | bytearray | memoryview) -> None:
-        layout = self.layout
-        await self.storage.write_range(
-            lambda index: chain_of(layout, index), self.inode_id, offset, data, chunk_size_of(layout)
-        )
+    async def _write_now(self, offset: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+        """Write the contiguous ``parts`` at ``offset``: one storage write per chunk they touch, all
+        in parallel. A chunk's data is joined only when it comes from several parts."""
+        size = self.chunk_size
+        writes = []
+        index, within = divmod(offset, size)
+        room = size - within
+        pending: list[memoryview] = []
+
+        def emit() -> None:
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            writes.append(self.storage.write(self._chain_of(index), self.inode_id, index, within, data, size))
+
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view:
+                take = min(room, len(view))
+                pending.append(view[:take])
+                view = view[take:]
+                room -= take
+                if room == 0:
+                    emit()
+                    pending = []
+                    index += 1
+                    within = 0
+                    room = size
+        if pending:
+            emit()
+        if len(writes) == 1:
+            await writes[0]
+        else:
+            await asyncio.gather(*writes)
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -219,27 +283,42 @@ class OpenFile:
 
     # -- reads ------------------------------------------------------------------------------------
 
+    async def read_into(self, offset: int, buf: memoryview) -> int:
+        """Read up to ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable byte view); returns
+        how many: short at the end of the file, holes read as zeros."""
+        state = self.state
+        if not state.settled:
+            await state.drain()
+        length = min(len(buf), state.size - offset)
+        if length <= 0:
+            return 0
+        index, within = divmod(offset, self.chunk_size)
+        if within + length <= self.chunk_size:  # the common case: inside one chunk
+            ios = [ReadRequest(self._chain_of(index), self.inode_id, index, within, length)]
+            sinks = [buf[:length]]
+        else:
+            ios = split_range(self.layout, self.inode_id, offset, length)
+            sinks = []
+            pos = 0
+            for io in ios:
+                sinks.append(buf[pos : pos + io.length])
+                pos += io.length
+        got = await self.reader.read_into(ios, sinks)
+        for io, sink, n in zip(ios, sinks, got, strict=True):
+            if n < io.length:
+                sink[n:] = bytes(io.length - n)  # a hole, or past the end of a chunk
+        return length
+
     async def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: short at the end of the file, holes read as zeros."""
-        await self.state.drain()
-        size = self.state.size
-        if offset >= size or length <= 0:
+        if length <= 0:
             return b""
-        length = min(length, size - offset)
-        return await read_range(self.storage, self.state.inode, offset, length)
-
-
-async def read_range(storage: StorageClient, inode: meta_pb2.Inode, offset: int, length: int) -> bytes:
-    """Bytes ``[offset, offset + length)`` of a file (the caller clamps to its length); holes and
-    short chunks read as zeros."""
-    ios = split_range(inode.layout, inode.id, offset, length)
-    if len(ios) == 1:
-        part = await storage.read(ios[0].chain_id, ios[0].inode_id, ios[0].chunk_index, ios[0].offset, length)
-        return part if len(part) == length else part.ljust(length, b"\0")
-    parts = await storage.batch_read(ios)
-    return b"".join(
-        p if len(p) == io.length else p.ljust(io.length, b"\0") for p, io in zip(parts, ios, strict=True)
-    )
+        pool = self.storage.rpc.pool
+        buf = pool.acquire(length)
+        n = await self.read_into(offset, memoryview(buf)[:length])
+        data = bytes(memoryview(buf)[:n])
+        pool.release(buf)
+        return data
 
 
 async def read_many(storage: StorageClient, pieces: Sequence[tuple[meta_pb2.Inode, int, int]]) -> list[bytes]:
