@@ -226,3 +226,30 @@ async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
         await p.server.stop()
         p.st.close()
         p.ct.close()
+
+
+async def test_a_peer_that_holds_on_to_pulled_payloads_gets_a_bounded_number(peers: Peers) -> None:
+    """Each lent payload is a memory registration until the peer releases it: a peer that stops
+    pulling (here: its receiver paused) holds at most 256 at once; the rest wait, in order."""
+    p = peers
+    p.c1.peer_authenticated()
+    p.s1.peer_authenticated()
+    p.s1.pause_receiving(True)
+    sent = []
+    for i in range(1, 601):
+        payload = os.urandom(1001 + i)
+        sent.append((i, b"m%d" % i, payload))
+        p.c1.send_frame(1, i, 1, 1, b"m%d" % i, payload)
+    # the sender settles with 256 lent, the other 344 queued, and nothing in flight
+    await poll(
+        lambda: len(p.c1._frames) == 344 and p.c1._send.available == p.c1._send.count,
+        what="the sender to settle at the cap",
+    )
+    assert p.c1.stats()["lent_payloads"] == 256 and len(p.fabric.exposures) == 256
+    assert p.c1.write_paused is False  # 344 frames wait: below the 1024 that asks callers to drain
+    p.s1.pause_receiving(False)
+    rx: Recorder = p.s1._receiver  # type: ignore[assignment]
+    await poll(lambda: len(rx.frames) == len(sent), what="all frames")
+    assert rx.frames == sent
+    await poll(lambda: not p.fabric.exposures, what="every payload released")
+    assert len(p.fabric.exposure_log) == 600

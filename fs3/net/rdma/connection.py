@@ -90,6 +90,13 @@ log = logging.getLogger(__name__)
 # Queued, unsent stream bytes above which callers are asked to wait (drain), and below which they resume.
 _HIGH_WATER = 16 << 20
 _LOW_WATER = 4 << 20
+# Frames waiting to enter the stream above which callers are asked to wait, and below which a server
+# takes requests again.
+_FRAMES_HIGH = 1024
+_FRAMES_LOW = 256
+# Pulled payloads lent to the peer at once: each holds a memory registration until the peer releases
+# it, so a peer that never does cannot make us register without bound (later frames wait their turn).
+_MAX_LENT = 256
 # Released tokens carried by one SEND at most (the rest go in the next).
 _MAX_TOKENS_PER_SEND = 64
 # Completions taken per poll call.
@@ -557,6 +564,8 @@ class RdmaConnection(Connection):
         """Move frames whose payload is ready into the byte stream, in order."""
         frames = self._frames
         while frames and frames[0].ready:
+            if frames[0].pulled and len(self._lent) >= _MAX_LENT:
+                break  # the peer's releases make room (and schedule a pump)
             f = frames.popleft()
             pieces: list[memoryview] = [memoryview(f.head)]
             if f.pulled:
@@ -616,7 +625,7 @@ class RdmaConnection(Connection):
                 buf = arena.view(slot)
                 pack_chunk_header(buf, credits.take_send(), [], 0)
                 self._post_send(slot, CHUNK_HEADER_SIZE, last=True)
-        if self._server_side and not self._paused_for_writes and self._out_bytes > _HIGH_WATER:
+        if self._server_side and not self._paused_for_writes and self.write_paused:
             self._paused_for_writes = True
             log.info(
                 "peer not taking replies, pausing its requests peer=%s queued=%d", self.peer, self._out_bytes
@@ -662,7 +671,7 @@ class RdmaConnection(Connection):
         while waiting and waiting[0][0] <= self._done_pos:
             _, cb = waiting.popleft()
             self._call(cb)
-        if self._out_bytes <= _LOW_WATER:
+        if self._out_bytes <= _LOW_WATER and len(self._frames) <= _FRAMES_LOW:
             if self._drain_waiters:
                 self._wake_drainers()
             if self._paused_for_writes:
@@ -805,7 +814,7 @@ class RdmaConnection(Connection):
 
     @property
     def write_paused(self) -> bool:
-        return self._out_bytes > _HIGH_WATER or len(self._frames) > 1024
+        return self._out_bytes > _HIGH_WATER or len(self._frames) > _FRAMES_HIGH
 
     async def drain(self) -> None:
         if self._closing or not self.write_paused:
