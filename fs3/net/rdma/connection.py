@@ -90,8 +90,8 @@ log = logging.getLogger(__name__)
 # Queued, unsent stream bytes above which callers are asked to wait (drain), and below which they resume.
 _HIGH_WATER = 16 << 20
 _LOW_WATER = 4 << 20
-# Frames waiting to enter the stream above which callers are asked to wait, and below which a server
-# takes requests again.
+# Frames waiting to enter the stream above which callers are asked to wait (drain), and below which
+# they resume.
 _FRAMES_HIGH = 1024
 _FRAMES_LOW = 256
 # Pulled payloads lent to the peer at once: each holds a memory registration until the peer releases
@@ -625,7 +625,9 @@ class RdmaConnection(Connection):
                 buf = arena.view(slot)
                 pack_chunk_header(buf, credits.take_send(), [], 0)
                 self._post_send(slot, CHUNK_HEADER_SIZE, last=True)
-        if self._server_side and not self._paused_for_writes and self.write_paused:
+        # (Only queued bytes pause a server, not frames waiting for the peer to release lent payloads:
+        # the releases come in the peer's SENDs, which a paused server would stop taking.)
+        if self._server_side and not self._paused_for_writes and self._out_bytes > _HIGH_WATER:
             self._paused_for_writes = True
             log.info(
                 "peer not taking replies, pausing its requests peer=%s queued=%d", self.peer, self._out_bytes
@@ -671,8 +673,8 @@ class RdmaConnection(Connection):
         while waiting and waiting[0][0] <= self._done_pos:
             _, cb = waiting.popleft()
             self._call(cb)
-        if self._out_bytes <= _LOW_WATER and len(self._frames) <= _FRAMES_LOW:
-            if self._drain_waiters:
+        if self._out_bytes <= _LOW_WATER:
+            if self._drain_waiters and len(self._frames) <= _FRAMES_LOW:
                 self._wake_drainers()
             if self._paused_for_writes:
                 self._paused_for_writes = False
