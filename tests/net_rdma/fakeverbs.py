@@ -1,16 +1,17 @@
-"""An in-process stand-in for the verbs layer, faithful where the transport's correctness depends on it.
+"""An in-process stand-in for the verbs layer, faithful where the transport's correctness depends on
+it.
 
 Queue pairs of one :class:`Fabric` reach each other by queue pair number. A SEND consumes the peer's
-oldest posted receive (none posted: an RNR error, counted in ``fabric.rnr_errors``, since fs3's credits
-must make that impossible); READ and WRITE check what an HCA checks: the target queue pair's remote
-access flags, then an rkey of a memory region with remote access in the target's protection domain
-(one per device here), its exact bounds and its READ/WRITE permission. Registered regions have local
-access only, as :mod:`fs3.net.rdma.memory` requires; only exposures are reachable by rkey. Work
-requests complete asynchronously (on a later loop iteration), SEND completions of a queue pair in
-posting order (an unsignaled one produces none, and holds its send queue entry until a later
-completion, as on a device), and completion-channel events are delivered through a real pipe file descriptor only
-while the CQ is armed, as ``ibv_req_notify_cq`` specifies, so the transport's event loop integration
-runs exactly as it would over a device.
+oldest posted receive (none posted: an RNR error, counted in ``fabric.rnr_errors``, since fs3's
+credits must make that impossible); READ and WRITE check what an HCA checks: the target queue pair's
+remote access flags, then an rkey of a memory region with remote access in the target's protection
+domain (one per device here), its exact bounds and its READ/WRITE permission. Registered regions
+have local access only, as :mod:`fs3.net.rdma.memory` requires; only exposures are reachable by
+rkey. Work requests complete asynchronously (on a later loop iteration), SEND completions of a queue
+pair in posting order (an unsignaled one produces none, and holds its send queue entry until a later
+completion, as on a device), and completion-channel events are delivered through a real pipe file
+descriptor only while the CQ is armed, as ``ibv_req_notify_cq`` specifies, so the transport's event
+loop integration runs exactly as it would over a device.
 """
 
 from __future__ import annotations
@@ -224,7 +225,8 @@ class FakeQueuePair:
     def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         def run() -> None:
             self.fabric.reads += 1
-            src = _find(self.fabric.qps.get(self.peer), remote.rkey, remote.addr, length, False)  # type: ignore[arg-type]
+            target = self.fabric.qps.get(self.peer)  # type: ignore[arg-type]
+            src = _find(target, remote.rkey, remote.addr, length, False)
             if src is None or self.fabric.fail_next_read:
                 self.fabric.fail_next_read = False
                 self._done(wr_id, WC_REM_ACCESS_ERR)
@@ -237,7 +239,8 @@ class FakeQueuePair:
     def post_write(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         def run() -> None:
             self.fabric.writes += 1
-            dst = _find(self.fabric.qps.get(self.peer), remote.rkey, remote.addr, length, True)  # type: ignore[arg-type]
+            target = self.fabric.qps.get(self.peer)  # type: ignore[arg-type]
+            dst = _find(target, remote.rkey, remote.addr, length, True)
             if dst is None:
                 self._done(wr_id, WC_REM_ACCESS_ERR)
                 return

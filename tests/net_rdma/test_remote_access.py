@@ -118,7 +118,8 @@ async def test_nothing_is_reachable_before_the_peer_authenticates(peers: Peers) 
     p.st.free_buffer(p.s1, buf)
     # the authenticated connection still works after its peer's failed attempts
     p.c1.send_frame(1, 9, 1, 1, b"still fine")
-    await poll(lambda: bool(p.s1._receiver.frames), what="frame after the refused attempts")  # type: ignore[union-attr]
+    rx: Recorder = p.s1._receiver  # type: ignore[assignment]
+    await poll(lambda: bool(rx.frames), what="frame after the refused attempts")
 
 
 async def test_a_peer_reaches_exactly_the_bytes_it_was_lent_while_lent(peers: Peers) -> None:

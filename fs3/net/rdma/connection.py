@@ -8,9 +8,9 @@ buffers, each starting with a chunk header that returns credits and releases pul
 (:mod:`fs3.net.rdma.wire`). A SEND needs a credit (:mod:`fs3.net.rdma.credits`); without one the
 stream waits. Only some SENDs ask for a completion (the last of each burst, and every few in a long
 one: :class:`~fs3.net.rdma.workreq.SendSignaling`); a completion gives back its slot and those of the
-unsignaled SENDs before it. A payload above the peer's ``inline_max`` stays where it is when it lies in registered
-memory, or is copied into a staging buffer of the registered pool (waiting for one when the pool is
-at its cap); the peer READs it and releases it with the token.
+unsignaled SENDs before it. A payload above the peer's ``inline_max`` stays where it is when it lies
+in registered memory, or is copied into a staging buffer of the registered pool (waiting for one
+when the pool is at its cap); the peer READs it and releases it with the token.
 
 Remote access: nothing of ours is reachable by a peer before it has authenticated (the RPC layer's
 handshake, :meth:`RdmaConnection.peer_authenticated`): the queue pair is created without remote
@@ -20,9 +20,12 @@ payload is exposed (:meth:`~fs3.net.rdma.memory.Registrar.expose`, a memory regi
 bytes) when its descriptor goes into the stream and withdrawn (deregistered) when the peer releases
 its token; a buffer lent with :meth:`RdmaConnection.expose` is withdrawn by
 :meth:`RdmaConnection.withdraw`; whatever is still exposed when the connection ends is withdrawn once
-its queue pair is destroyed. Registering per operation costs a system call and page pinning (tens of
-microseconds per MiB on a ConnectX), paid only by payloads above ``inline_max``; it buys exact
-bounds and a dead rkey after each operation, with nothing but ``ibv_reg_mr`` that every device has.
+its queue pair is destroyed. Registering per operation costs a system call and pinning the pages
+once more, paid only by payloads above ``inline_max`` and by lent buffers; it buys exact bounds and
+a dead rkey after each operation with nothing but ``ibv_reg_mr``, which every device has. (The
+rkey of a live exposure works from any queue pair of the same NIC whose peer has authenticated;
+memory windows bound to one queue pair would narrow that further, where a device supports them.)
+At most ``_MAX_LENT`` pulled payloads are lent to a peer at once.
 
 Receiving: every receive buffer is posted at start; a RECV completion's chunk is parsed, its stream
 bytes appended to the :class:`~fs3.net.rdma.stream.StreamAssembler`, the buffer reposted (owing the
