@@ -25,17 +25,38 @@ class Authenticator(Protocol):
     async def credentials(self, user: common_pb2.UserInfo) -> Credentials: ...
 
 
-def _from_header(user: common_pb2.UserInfo) -> Credentials:
-    if len(user.groups) > MAX_GROUPS:
-        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_GROUPS} supplementary groups")
-    return Credentials(user.uid, user.gid, frozenset(user.groups))
+class _HeaderCredentials:
+    """The Credentials a header names, made once per distinct identity: every request carries one,
+    and building (and validating) them anew cost several microseconds a request."""
+
+    __slots__ = ("_cache", "max_entries")
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self._cache: dict[tuple[int, int, tuple[int, ...]], Credentials] = {}
+        self.max_entries = max_entries
+
+    def __call__(self, user: common_pb2.UserInfo) -> Credentials:
+        groups = tuple(user.groups)
+        key = (user.uid, user.gid, groups)
+        cred = self._cache.get(key)
+        if cred is None:
+            if len(groups) > MAX_GROUPS:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_GROUPS} supplementary groups")
+            cred = Credentials(key[0], key[1], frozenset(groups))
+            if len(self._cache) >= self.max_entries:
+                self._cache.clear()
+            self._cache[key] = cred
+        return cred
 
 
 class TrustingAuthenticator:
     """Believes the request header."""
 
+    def __init__(self) -> None:
+        self._from_header = _HeaderCredentials()
+
     async def credentials(self, user: common_pb2.UserInfo) -> Credentials:
-        return _from_header(user)
+        return self._from_header(user)
 
 
 class TokenAuthenticator:
@@ -54,6 +75,10 @@ class TokenAuthenticator:
         self.negative_ttl_s = negative_ttl_s
         self.max_entries = max_entries
         self._cache: dict[str, tuple[float, mgmtd_pb2.User | FS3Error]] = {}
+        self._from_header = _HeaderCredentials(max_entries)
+        # A non-root token's Credentials, by the User message the token cache holds (replaced, and
+        # so looked up afresh, whenever the token is verified again).
+        self._of_user: dict[int, tuple[mgmtd_pb2.User, Credentials]] = {}
 
     async def user_of(self, token: str) -> mgmtd_pb2.User:
         if not token:
@@ -80,7 +105,14 @@ class TokenAuthenticator:
     async def credentials(self, user: common_pb2.UserInfo) -> Credentials:
         owner = await self.user_of(user.token)
         if owner.root:
-            return _from_header(user)
+            return self._from_header(user)
         if user.uid != owner.uid:
             raise FS3Error(StatusCode.UNAUTHENTICATED, f"the token does not belong to uid {user.uid}")
-        return Credentials(owner.uid, owner.gid, frozenset(owner.groups))
+        hit = self._of_user.get(id(owner))
+        if hit is not None and hit[0] is owner:
+            return hit[1]
+        cred = Credentials(owner.uid, owner.gid, frozenset(owner.groups))
+        if len(self._of_user) >= self.max_entries:
+            self._of_user.clear()
+        self._of_user[id(owner)] = (owner, cred)
+        return cred
