@@ -58,6 +58,15 @@ async def load(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
     return _parse_inode(raw)
 
 
+async def load_into(rv: ReadView, inode_id: int, target: meta_pb2.Inode) -> meta_pb2.Inode:
+    """:func:`load`, parsing into ``target`` (which must be empty) rather than a new message."""
+    raw = await rv.get(schema.inode_key(inode_id))
+    if raw is None:
+        raise FS3Error(StatusCode.NOT_FOUND, f"no inode {inode_id}")
+    target.MergeFromString(raw)
+    return target
+
+
 async def load_dir(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
     """A live directory (NOT_FOUND when gone or being removed, META_NOT_DIRECTORY when another type)."""
     ino = await load(rv, inode_id)

@@ -78,7 +78,9 @@ class MetaService:
 
     async def Stat(self, req: m.StatReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         await self._cred(req)
-        return m.InodeRsp(inode=await self.store.stat(req.inode_id))
+        rsp = m.InodeRsp()
+        await self.store.stat(req.inode_id, into=rsp.inode)
+        return rsp
 
     async def BatchStat(self, req: m.BatchStatReq, _p: Any, _c: CallContext) -> m.BatchStatRsp:
         await self._cred(req)
