@@ -3,7 +3,8 @@
     python bench/chunk_bench.py [--dir DIR] [--threads 1,4] [--seconds 3] [--no-sync] [--json]
 
 Cases: full 1 MiB chunk writes (update + commit, copy-on-write), 4 KiB overwrites inside 1 MiB
-chunks (each copies the chunk), 64 KiB appends (in place), full 1 MiB reads, random 4 KiB reads.
+chunks (layered: each writes the one 64 KiB checksum block it touches, folded at commit), 64 KiB
+appends (in place), full 1 MiB reads, random 4 KiB reads.
 Every write is fsynced (data file, directory, LMDB) unless --no-sync. Each case reports the CPU
 time of the process (all threads, user + system) per operation, steadier than throughput on a
 shared machine.

@@ -8,12 +8,17 @@ On disk, under the target directory::
                         shard is CRC32C(chunk id) & 0xff, its directory made on first use
 
 Writes never touch bytes a committed version needs (an append may extend the committed version's
-file in place, past its end: see ChunkFiles.append_version). Otherwise an update writes the new
-version (the committed content with the update applied) to a new file, fsyncs it, and only then
-records it as the chunk's pending version in one LMDB transaction; :meth:`ChunkEngine.commit`
-switches the committed version to it in another and then deletes the old file. A crash therefore
-leaves every committed version intact, pending versions recorded for the chain to settle, and at
-worst files no metadata references, which opening the engine removes.
+file in place, past its end: see ChunkFiles.append_version). A small overwrite inside the chunk
+writes only the 64 KiB checksum blocks it touches, to an overlay file, making a *layered* pending
+version (the committed version's file plus the overlay); committing it records it, then folds the
+overlay into the data file, whose bytes there no longer belong to any committed version, records
+the plain version and deletes the overlay (see ``_fold``). Any other update writes the new version
+(the committed content with the update applied) to a new file. Either way the new file is fsynced
+before the metadata transaction that records it as the chunk's pending version;
+:meth:`ChunkEngine.commit` switches the committed version to it in another and then deletes the
+old file. A crash therefore leaves every committed version intact, pending versions recorded for
+the chain to settle, committed layered versions that opening the engine folds, and at worst files
+no metadata references, which opening the engine removes.
 
 Every call that changes a chunk returns only once its metadata is durable, but concurrent calls on
 a target share one LMDB write transaction and its syncs (group commit, see
@@ -58,13 +63,19 @@ from fs3.errors import FS3Error, StatusCode
 
 from .chunk_files import ChunkFiles, CorruptVersion
 from .chunk_meta import (
+    CHECKSUM_BLOCK,
     ChunkMeta,
     ChunkVersion,
+    block_count,
+    block_crcs,
     check_checksum,
     check_chunk_id,
     check_chunk_size,
     check_fits,
     check_size_class,
+    crc32c,
+    crc32c_combine,
+    crc32c_splice,
     next_version,
     select_version,
 )
@@ -88,6 +99,9 @@ class EngineOptions:
     map_size: int = 4 << 30  # LMDB's address-space reservation; the file grows only as needed
     max_readers: int = 1024
     in_place_append: bool = True
+    # a small overwrite writes only the checksum blocks it touches (a layered version) instead of
+    # copying the chunk, when those are at most this fraction of the chunk's blocks
+    layered_overwrite_max: float = 0.5
 
 
 @dataclass(slots=True, frozen=True)
@@ -154,6 +168,11 @@ class ChunkEngine:
                 self._files = ChunkFiles(self.path / "chunks", sync=sync)
                 self.recovery: RecoveryReport
                 self.recovery, self._next_file_id = recover(self._store, self._files)
+                for chunk_id in self.recovery.layered:
+                    # a crash between a commit and its fold: finish the fold
+                    meta = self._store.get(chunk_id)
+                    if meta is not None and meta.committed is not None and meta.committed.layered:
+                        self._fold(meta)
             except BaseException:
                 self._store.close()
                 raise
@@ -273,18 +292,31 @@ class ChunkEngine:
             check_size_class(chunk_id, meta, chunk_size)
             new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
+            end = offset + len(data)
+            first, end_block = offset // CHECKSUM_BLOCK, block_count(end)
             if (
                 self.options.in_place_append
                 and base is not None
                 and meta is not None
                 and meta.pending is None
+                and not base.layered
                 and offset == base.length
                 and len(data) > 0
             ):
                 new = self._files.append_version(chunk_id, base, data, new_ver, chain_ver)
+            elif (
+                base is not None
+                and meta is not None
+                and meta.pending is None
+                and not base.layered
+                and 0 < len(data)
+                and end <= base.length
+                and end_block - first <= self.options.layered_overwrite_max * block_count(base.length)
+            ):
+                new = self._write_layered(chunk_id, base, offset, data, new_ver, chain_ver)
             else:
                 # copy-on-write, reading only the old bytes the update keeps
-                end, old_len = offset + len(data), base.length if base else 0
+                old_len = base.length if base else 0
                 content = self._content(chunk_id, base, 0, min(offset, old_len))
                 content.extend(bytes(offset - len(content)))  # a hole reads as zeros
                 content += data
@@ -390,7 +422,8 @@ class ChunkEngine:
                 return None
             if chain_ver is not None:
                 pending = replace(pending, chain_ver=chain_ver)
-            return self._install(meta, ChunkMeta(chunk_id, meta.chunk_size, pending, None))
+            committed = self._install(meta, ChunkMeta(chunk_id, meta.chunk_size, pending, None))
+            return self._fold(committed) if pending.layered else committed
 
     def abort(self, chunk_id: bytes, version: int | None = None) -> ChunkMeta | None:
         """Drop the pending version (only if it is ``version``, when given); returns the metadata.
@@ -535,6 +568,72 @@ class ChunkEngine:
             file_id = self._next_file_id
             self._next_file_id += 1
         return self._files.write_version(chunk_id, file_id, content, version, chain_ver)
+
+    def _write_layered(
+        self,
+        chunk_id: bytes,
+        base: ChunkVersion,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        version: int,
+        chain_ver: int,
+    ) -> ChunkVersion:
+        """The version ``base`` with ``data`` written at ``offset`` (inside it), as a layered
+        version: the checksum blocks the write touches go to a new overlay file, the rest stays in
+        ``base``'s file, which this does not touch (it is the committed version's)."""
+        end = offset + len(data)
+        first, end_block = offset // CHECKSUM_BLOCK, block_count(end)
+        start, stop = first * CHECKSUM_BLOCK, min(end_block * CHECKSUM_BLOCK, base.length)
+        # Read and verify every byte the new version keeps, as copy-on-write does, not only those of
+        # the blocks rewritten: an update never builds on a corrupt copy (the chain then sends the
+        # whole chunk, which repairs it), and one that overwrites the bad bytes repairs them.
+        region = self._content(chunk_id, base, 0, offset)[start:]
+        region += data
+        region += self._content(chunk_id, base, end, base.length)[: stop - end]
+        old_crc = base.block_crc(first)
+        for index in range(first + 1, end_block):
+            size = min(CHECKSUM_BLOCK, base.length - index * CHECKSUM_BLOCK)
+            old_crc = crc32c_combine(old_crc, base.block_crc(index), size)
+        with self._fid_lock:
+            file_id = self._next_file_id
+            self._next_file_id += 1
+        self._files.write_new(chunk_id, file_id, region)
+        crcs = bytearray(base.block_crcs)
+        crcs[4 * first : 4 * end_block] = block_crcs(region)
+        crc = crc32c_splice(base.crc, old_crc, crc32c(region), base.length - stop)
+        return ChunkVersion(
+            version,
+            chain_ver,
+            base.length,
+            crc,
+            base.file_id,
+            bytes(crcs),
+            overlay_file_id=file_id,
+            overlay_first=first,
+            overlay_end=end_block,
+        )
+
+    def _fold(self, meta: ChunkMeta) -> ChunkMeta:
+        """Turn the committed layered version into a plain one: copy its overlay's blocks into its
+        data file, then record it without the overlay and delete the overlay file.
+
+        Safe at any point of a crash: until the plain version is recorded, the metadata takes those
+        blocks from the overlay file and never reads the bytes of the data file being overwritten
+        (they belonged to the version this one replaced, which is no longer committed; a reader that
+        still holds that version's metadata fails their checksums and retries with the new one). The
+        data file is synced before the plain version is recorded. The caller holds the chunk lock."""
+        v = meta.committed
+        assert v is not None and v.layered
+        start, stop = v.overlay_span()
+        try:
+            region = self._files.read_version(meta.chunk_id, v, start, stop)
+        except CorruptVersion as exc:
+            # leave it layered: reads of those blocks keep failing their checksums, as they should
+            log.error("cannot fold overlay chunk=%s version=%d error=%s", meta.chunk_id.hex(), v.version, exc)
+            return meta
+        self._files.write_at(meta.chunk_id, v.file_id, start, region)
+        plain = replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0)
+        return self._install(meta, replace(meta, committed=plain))
 
     def _install(self, old: ChunkMeta | None, new: ChunkMeta) -> ChunkMeta:
         """Record ``new`` in place of ``old``; if that fails, remove the files only ``new`` uses."""

@@ -89,12 +89,13 @@ class ChunkFiles:
             os.fsync(self._dir_fd(self.shard(chunk_id)))
 
     def write_at(self, chunk_id: bytes, file_id: int, offset: int, data: bytes | memoryview) -> None:
-        """Write ``data`` at ``offset`` of an existing file and make it durable (in-place append)."""
+        """Write ``data`` at ``offset`` of an existing file and make it durable (an in-place append,
+        or folding a layered version's overlay into its data file)."""
         fd = os.open(self.path(chunk_id, file_id), os.O_WRONLY | os.O_CLOEXEC)
         try:
             _pwrite_all(fd, data, offset)
             if self.sync:
-                os.fsync(fd)
+                os.fdatasync(fd)  # persists the file size too, which is all an append changes
         finally:
             os.close(fd)
 
@@ -172,7 +173,7 @@ class ChunkFiles:
         first, last = offset // CHECKSUM_BLOCK, block_count(end)
         start, stop = first * CHECKSUM_BLOCK, min(last * CHECKSUM_BLOCK, v.length)
         try:
-            raw = self.read(chunk_id, v.file_id, start, stop - start)
+            raw = self._read_span(chunk_id, v, start, stop)
         except FileNotFoundError:
             raise CorruptVersion("data file missing") from None
         if len(raw) != stop - start:
@@ -187,6 +188,23 @@ class ChunkFiles:
         if start == offset and stop == end:
             return raw
         return raw[offset - start : end - start]
+
+    def _read_span(self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of ``v`` as stored (unverified): from the overlay file where
+        the version is layered, else from its data file."""
+        if not v.layered:
+            return self.read(chunk_id, v.file_id, start, stop - start)
+        over_start, over_end = v.overlay_span()
+        parts = []
+        if start < over_start:
+            parts.append(self.read(chunk_id, v.file_id, start, min(stop, over_start) - start))
+        if start < over_end and stop > over_start:
+            lo, hi = max(start, over_start), min(stop, over_end)
+            parts.append(self.read(chunk_id, v.overlay_file_id, lo - over_start, hi - lo))
+        if stop > over_end:
+            lo = max(start, over_end)
+            parts.append(self.read(chunk_id, v.file_id, lo, stop - lo))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
         os.truncate(self.path(chunk_id, file_id), length)

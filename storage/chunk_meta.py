@@ -6,11 +6,17 @@ length, the CRC32C of its whole content (compared between replicas and during re
 per :data:`CHECKSUM_BLOCK` bytes (so that a small read verifies only the blocks it covers) and the id
 of the data file that holds it. A pending version may also be a *removal*: committing it deletes the
 chunk.
+
+A version may also be *layered*: its bytes are those of its data file except for a run of whole
+checksum blocks, ``[overlay_first, overlay_end)``, which an *overlay* file holds (a small overwrite
+writes only the blocks it touches instead of copying the chunk; see
+:meth:`fs3.storage.chunk_engine.ChunkEngine.update`).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from dataclasses import dataclass, field
 
@@ -28,7 +34,9 @@ CHECKSUM_BLOCK = 64 * KiB
 #: Chunk ids are opaque byte strings that sort like the chunks of a file (fixed-width big-endian
 #: inode id + chunk index); LMDB keys may not exceed 511 bytes, and nobody needs more than this.
 MAX_CHUNK_ID_LEN = 64
-FORMAT_VERSION = 1
+#: 2 added layered versions (flag bit 1 and an overlay record); format 1 reads as format 2.
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -56,6 +64,59 @@ def check_chunk_id(chunk_id: bytes) -> None:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad chunk id {chunk_id!r}")
 
 
+# CRC32C combination (zlib's crc32_combine, for the Castagnoli polynomial): the CRC of A + B from
+# the CRCs of A and B and the length of B, so that a small overwrite's whole-chunk CRC comes from the
+# old one without reading the bytes it keeps.
+_POLY = 0x82F63B78  # reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a * b modulo the polynomial (reflected bit order: x^0 is the top bit)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> list[int]:
+    table, p = [], 1 << 30  # x^1
+    for _ in range(32):
+        table.append(p)
+        p = _multmodp(p, p)
+    return table
+
+
+_X2N = _x2n_table()
+
+
+@functools.lru_cache(maxsize=1024)
+def _shift(nbytes: int) -> int:
+    """x^(8 * nbytes) modulo the polynomial."""
+    p, k = 1 << 31, 3
+    while nbytes:
+        if nbytes & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        nbytes >>= 1
+        k += 1
+    return p
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC32C of A + B, given ``crc1`` of A and ``crc2`` of B, which is ``len2`` bytes long."""
+    return _multmodp(_shift(len2), crc1) ^ crc2
+
+
+def crc32c_splice(crc: int, old_crc: int, new_crc: int, after: int) -> int:
+    """CRC32C of a message after replacing one of its parts by bytes of the same length: ``crc``
+    is the message's, ``old_crc`` and ``new_crc`` the part's before and after, ``after`` how many
+    bytes follow the part. (CRC is affine: the change XORs in the changed part's CRCs, shifted.)"""
+    return crc ^ _multmodp(_shift(after), old_crc ^ new_crc)
+
+
 def block_count(length: int) -> int:
     return -(-length // CHECKSUM_BLOCK)
 
@@ -76,7 +137,12 @@ class ChunkState(enum.IntEnum):
 
 @dataclass(slots=True, frozen=True)
 class ChunkVersion:
-    """One version of a chunk. ``file_id`` names its data file; a removal has no file (0)."""
+    """One version of a chunk. ``file_id`` names its data file; a removal has no file (0).
+
+    A layered version (``overlay_file_id`` not 0) takes blocks ``[overlay_first, overlay_end)``
+    from the overlay file (which holds just those, from its offset 0) and the rest from its data
+    file.
+    """
 
     version: int
     chain_ver: int
@@ -85,9 +151,20 @@ class ChunkVersion:
     file_id: int
     block_crcs: bytes = field(default=b"", repr=False)
     removal: bool = False
+    overlay_file_id: int = 0
+    overlay_first: int = 0
+    overlay_end: int = 0
 
     def block_crc(self, index: int) -> int:
         return struct.unpack_from("<I", self.block_crcs, 4 * index)[0]
+
+    @property
+    def layered(self) -> bool:
+        return self.overlay_file_id != 0
+
+    def overlay_span(self) -> tuple[int, int]:
+        """The byte range ``[start, end)`` of the version that the overlay file holds."""
+        return self.overlay_first * CHECKSUM_BLOCK, min(self.overlay_end * CHECKSUM_BLOCK, self.length)
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,6 +224,9 @@ class ChunkMeta:
         for v in (self.committed, self.pending):
             if v is not None and not v.removal:
                 sizes[v.file_id] = max(sizes.get(v.file_id, 0), v.length)
+                if v.layered:
+                    start, end = v.overlay_span()
+                    sizes[v.overlay_file_id] = end - start
         return sizes
 
     def physical_bytes(self) -> int:
@@ -156,11 +236,16 @@ class ChunkMeta:
 
 # -- encoding -------------------------------------------------------------------------------------
 # value := header(format u8, log2(chunk_size) u8, flags u8) [committed] [pending]
-# version := version u64, chain_ver u32, length u32, crc u32, file_id u64, removal u8, block crcs
+# version := version u64, chain_ver u32, length u32, crc u32, file_id u64, kind u8, block crcs,
+#            [overlay file_id u64, first block u32, end block u32]   (format 2, kind bit 1)
+# kind: bit 0 a removal, bit 1 layered (format 1 has only bit 0)
 _HEADER = struct.Struct("<BBB")
 _VERSION = struct.Struct("<QIIIQB")
+_OVERLAY = struct.Struct("<QII")
 _HAS_COMMITTED = 1
 _HAS_PENDING = 2
+_REMOVAL = 1
+_LAYERED = 2
 
 
 def encode_meta(meta: ChunkMeta) -> bytes:
@@ -168,14 +253,17 @@ def encode_meta(meta: ChunkMeta) -> bytes:
     parts = [_HEADER.pack(FORMAT_VERSION, meta.chunk_size.bit_length() - 1, flags)]
     for v in (meta.committed, meta.pending):
         if v is not None:
-            parts.append(_VERSION.pack(v.version, v.chain_ver, v.length, v.crc, v.file_id, v.removal))
+            kind = (_REMOVAL if v.removal else 0) | (_LAYERED if v.layered else 0)
+            parts.append(_VERSION.pack(v.version, v.chain_ver, v.length, v.crc, v.file_id, kind))
             parts.append(v.block_crcs)
+            if v.layered:
+                parts.append(_OVERLAY.pack(v.overlay_file_id, v.overlay_first, v.overlay_end))
     return b"".join(parts)
 
 
 def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
     fmt, size_log2, flags = _HEADER.unpack_from(value, 0)
-    if fmt != FORMAT_VERSION:
+    if fmt not in READABLE_FORMATS:
         raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"chunk {chunk_id.hex()}: metadata format {fmt}")
     pos = _HEADER.size
     versions: list[ChunkVersion | None] = []
@@ -183,12 +271,17 @@ def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
         if not flags & bit:
             versions.append(None)
             continue
-        version, chain_ver, length, crc, file_id, removal = _VERSION.unpack_from(value, pos)
+        version, chain_ver, length, crc, file_id, kind = _VERSION.unpack_from(value, pos)
         pos += _VERSION.size
+        removal = bool(kind & _REMOVAL)
         n = 0 if removal else 4 * block_count(length)
         crcs = bytes(value[pos : pos + n])
         pos += n
-        versions.append(ChunkVersion(version, chain_ver, length, crc, file_id, crcs, bool(removal)))
+        overlay = (0, 0, 0)
+        if kind & _LAYERED:
+            overlay = _OVERLAY.unpack_from(value, pos)
+            pos += _OVERLAY.size
+        versions.append(ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay))
     return ChunkMeta(chunk_id, 1 << size_log2, versions[0], versions[1])
 
 

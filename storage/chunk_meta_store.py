@@ -39,7 +39,7 @@ import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 
-from .chunk_meta import FORMAT_VERSION, ChunkMeta, decode_meta, encode_meta
+from .chunk_meta import FORMAT_VERSION, READABLE_FORMATS, ChunkMeta, decode_meta, encode_meta
 
 _STATS = struct.Struct("<QQQ")  # used bytes, chunk count, highest file id ever recorded
 _FORMAT = struct.Struct("<I")
@@ -217,7 +217,12 @@ class ChunkMetaStore:
             if raw is None:
                 txn.put(b"format", _FORMAT.pack(FORMAT_VERSION))
                 txn.put(b"stats", _STATS.pack(0, 0, 0))
-            elif _FORMAT.unpack(raw)[0] != FORMAT_VERSION:
+            elif _FORMAT.unpack(raw)[0] == FORMAT_VERSION:
+                pass
+            elif _FORMAT.unpack(raw)[0] in READABLE_FORMATS:
+                # older formats are subsets of this one: from now on the target may hold either
+                txn.put(b"format", _FORMAT.pack(FORMAT_VERSION))
+            else:
                 raise FS3Error(
                     StatusCode.STORAGE_IO_ERROR,
                     f"target metadata {path} has format {_FORMAT.unpack(raw)[0]}, not {FORMAT_VERSION}",

@@ -3,7 +3,8 @@
 Metadata is the truth. A crash can leave three kinds of debris, all harmless to committed data:
 a new version's file written but never recorded (or a replaced version's file recorded as gone but
 not yet deleted): removed; bytes appended in place to a committed version's file but never
-recorded: trimmed; nothing else. Pending versions are kept: whether they commit is for the chain to
+recorded: trimmed; a committed layered version not yet folded into its data file: reported (the
+engine folds it). Pending versions are kept: whether they commit is for the chain to
 decide (:meth:`ChunkEngine.pending_chunks`, then commit or abort).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .chunk_files import ChunkFiles
 from .chunk_meta_store import ChunkMetaStore
@@ -30,6 +31,9 @@ class RecoveryReport:
     unknown_files: int  # files whose names fs3 does not write: left alone, logged
     missing_files: list[tuple[bytes, int]]  # (chunk id, file id) recorded but absent: data lost
     pending: int
+    # chunks whose committed version is still layered (a crash between a commit and its fold):
+    # the engine folds them when it opens
+    layered: list[bytes] = field(default_factory=list)
 
 
 def recover(store: ChunkMetaStore, files: ChunkFiles) -> tuple[RecoveryReport, int]:
@@ -56,12 +60,15 @@ def recover(store: ChunkMetaStore, files: ChunkFiles) -> tuple[RecoveryReport, i
             trimmed += 1
 
     missing: list[tuple[bytes, int]] = []
+    layered: list[bytes] = []
     pending = 0
     start = b""
     while True:
         batch = store.scan(start, None, _BATCH)
         for meta in batch:
             pending += meta.pending is not None
+            if meta.committed is not None and meta.committed.layered:
+                layered.append(meta.chunk_id)
             missing += [
                 (meta.chunk_id, fid) for fid in meta.file_lengths() if (meta.chunk_id, fid) not in seen
             ]
@@ -70,4 +77,4 @@ def recover(store: ChunkMetaStore, files: ChunkFiles) -> tuple[RecoveryReport, i
         start = batch[-1].chunk_id + b"\0"
     for chunk_id, file_id in missing:
         log.error("data file missing chunk=%s file_id=%x", chunk_id.hex(), file_id)
-    return RecoveryReport(orphans, trimmed, unknown, missing, pending), max_fid + 1
+    return RecoveryReport(orphans, trimmed, unknown, missing, pending, layered), max_fid + 1

@@ -1,7 +1,9 @@
 """Child process of the crash test: runs chunk updates and commits until it is SIGKILLed.
 
-Usage: ``python chunk_crash_workload.py TARGET_DIR SEED``. Protocol on stdout, one flushed line
-per event, chunk ids in hex:
+Usage: ``python chunk_crash_workload.py TARGET_DIR SEED [MODE]``. MODE ``mixed`` (the default) mixes
+every kind of update on small chunks; ``small-overwrites`` mostly overwrites a few KiB inside 1 MiB
+chunks (layered versions, folded at commit). Protocol on stdout, one flushed line per event, chunk
+ids in hex:
 
     READY                         the engine is open
     B <chunk>                     an operation on <chunk> begins
@@ -29,8 +31,15 @@ def chunk_id(n: int) -> bytes:
     return struct.pack(">BBQHI", 0, 0, 42, 0, n)
 
 
-def chunk_size(n: int) -> int:
-    return (64 * 1024) << (n % 3)
+def chunk_size(n: int, mode: str) -> int:
+    return 1 << 20 if mode == "small-overwrites" else (64 * 1024) << (n % 3)
+
+
+def small_overwrite(rng: random.Random, old: bytes) -> tuple[int, bytes]:
+    """A few KiB inside the chunk, often across a checksum block boundary."""
+    length = min(len(old), rng.choice([1, 512, 4096, 8192, 70_000]))
+    offset = rng.randrange(0, len(old) - length + 1)
+    return offset, rng.randbytes(length)
 
 
 def emit(line: str) -> None:
@@ -40,18 +49,28 @@ def emit(line: str) -> None:
 
 def main() -> None:
     target, seed = sys.argv[1], int(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else "mixed"
     rng = random.Random(seed)
     engine = ChunkEngine(target)
     emit("READY")
     while True:
         n = rng.randrange(CHUNKS)
-        cid, size = chunk_id(n), chunk_size(n)
+        cid, size = chunk_id(n), chunk_size(n, mode)
         meta = engine.get_meta(cid)
         assert meta is None or meta.pending is None, "the parent settles pending versions"
         old = engine.read(cid).data if meta is not None else b""
         emit(f"B {cid.hex()}")
         op = rng.random()
-        if op < 0.45:  # overwrite (copy-on-write), possibly extending
+        if mode == "small-overwrites" and len(old) > 0 and op < 0.7:
+            offset, data = small_overwrite(rng, old)
+            new = bytearray(old)
+            new[offset : offset + len(data)] = data
+            meta = engine.update(cid, offset, data, chunk_size=size, chain_ver=1, checksum=crc32c(data))
+        elif mode == "small-overwrites" and op < 0.75:  # a chunk to overwrite: whole, or most of one
+            new = bytearray(rng.randbytes(rng.choice([size, size - 1, size // 2 + 1])))
+            version = (meta.committed_ver if meta else 0) + 1
+            meta = engine.replace(cid, new, chunk_size=size, chain_ver=2, version=version)
+        elif op < 0.45:  # overwrite (copy-on-write), possibly extending
             offset = rng.randrange(0, max(1, len(old)))
             data = rng.randbytes(rng.randrange(1, min(size - offset, 20_000) + 1))
             new = bytearray(old)

@@ -56,13 +56,20 @@ class Transcript:
 
 
 def run_and_kill(
-    target: Path, seed: int, kill_after: int, trigger: str, delay: float, transcript: Transcript, log: Path
+    target: Path,
+    seed: int,
+    mode: str,
+    kill_after: int,
+    trigger: str,
+    delay: float,
+    transcript: Transcript,
+    log: Path,
 ) -> None:
     """Run the workload until it has printed ``kill_after`` lines starting with ``trigger``, then
     SIGKILL it ``delay`` seconds later."""
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, str(WORKLOAD), str(target), str(seed)],
+            [sys.executable, str(WORKLOAD), str(target), str(seed), mode],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
@@ -135,6 +142,9 @@ def verify_and_settle(engine: ChunkEngine, t: Transcript, rng: random.Random) ->
             engine.abort(chunk, meta.pending_ver)
             outcome = "pending aborted"
     assert engine.pending_chunks() == []
+    assert not [m for m in engine.dump_metadata() if m.committed and m.committed.layered], "unfolded"
+    if engine.recovery.layered:
+        outcome += f" (folded at open {len(engine.recovery.layered)})"
     if engine.recovery.orphans_removed or engine.recovery.files_trimmed:
         outcome += f" (orphans {engine.recovery.orphans_removed}, trimmed {engine.recovery.files_trimmed})"
     # every acknowledged chunk reads back whole with the CRC the writer printed, and nothing else exists
@@ -151,7 +161,11 @@ def verify_and_settle(engine: ChunkEngine, t: Transcript, rng: random.Random) ->
 
 
 @pytest.mark.timeout(90)
-def test_sigkill_during_chunk_writes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["mixed", "small-overwrites"])
+def test_sigkill_during_chunk_writes(tmp_path: Path, mode: str) -> None:
+    """``small-overwrites`` aims the kills at layered versions: killed while the overlay is written,
+    between the commit and the fold, while the fold rewrites the data file, before the overlay is
+    deleted."""
     seed = int(os.environ.get("FS3_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     target = tmp_path / "target"
@@ -165,10 +179,10 @@ def test_sigkill_during_chunk_writes(tmp_path: Path) -> None:
         trigger, delay = rng.choice("BPC"), rng.uniform(0, 0.003)
         try:
             log = tmp_path / f"child-{run}.log"
-            run_and_kill(target, seed + run, kill_after, trigger, delay, transcript, log)
+            run_and_kill(target, seed + run, mode, kill_after, trigger, delay, transcript, log)
             with ChunkEngine(target) as engine:
                 outcomes.append(verify_and_settle(engine, transcript, rng))
         except BaseException as exc:
-            exc.add_note(f"crash test seed={seed} run={run} (replay with FS3_CRASH_SEED={seed})")
+            exc.add_note(f"crash test mode={mode} seed={seed} run={run} (replay with FS3_CRASH_SEED={seed})")
             raise
-    print(f"crash test seed={seed}: {len(acked)} chunks; after each kill: {outcomes}")
+    print(f"crash test mode={mode} seed={seed}: {len(acked)} chunks; after each kill: {outcomes}")

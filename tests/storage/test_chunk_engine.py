@@ -68,13 +68,20 @@ def test_uncommitted_chunk_does_not_exist_for_readers(engine: ChunkEngine) -> No
     assert err.value.code is StatusCode.STORAGE_CHUNK_NOT_FOUND
 
 
-def test_overwrite_is_copy_on_write_and_committed_stays_readable(engine: ChunkEngine) -> None:
+@pytest.mark.parametrize("layered", [False, True])
+def test_overwrite_is_copy_on_write_and_committed_stays_readable(tmp_path: Path, layered: bool) -> None:
+    # layered: the pending version shares the committed version's file, except for the one
+    # checksum block the write touches, which goes to a file of its own; commit folds it back
+    engine = ChunkEngine(tmp_path, EngineOptions(layered_overwrite_max=0.5 if layered else 0))
     old = os.urandom(200_000)
     write(engine, cid(1), 0, old)
     meta = engine.update(cid(1), 1000, b"X" * 5000, chunk_size=CS, chain_ver=2)
     assert (meta.committed_ver, meta.pending_ver, meta.state) == (1, 2, ChunkState.PENDING)
-    assert meta.pending.file_id != meta.committed.file_id
+    assert meta.pending.layered is layered
+    new_files = {meta.pending.overlay_file_id} if layered else {meta.pending.file_id}
+    assert meta.committed.file_id not in new_files
     assert len(data_files(engine)) == 2
+    assert meta.pending.crc == crc32c(old[:1000] + b"X" * 5000 + old[6000:])
     new = old[:1000] + b"X" * 5000 + old[6000:]
     assert engine.read(cid(1)).data == old
     assert engine.read(cid(1), version=1).data == old
@@ -85,7 +92,12 @@ def test_overwrite_is_copy_on_write_and_committed_stays_readable(engine: ChunkEn
     with pytest.raises(FS3Error) as err:
         engine.read(cid(1), version=1)
     assert err.value.code is StatusCode.STORAGE_CHUNK_VERSION_MISMATCH
-    assert len(data_files(engine)) == 1  # the old version's file went with the commit
+    assert len(data_files(engine)) == 1  # the old version's file (or the overlay) went with the commit
+    assert not committed.committed.layered
+    assert engine.space_info().used == len(new)
+    engine.close()
+    with ChunkEngine(tmp_path) as engine:
+        assert engine.read(cid(1)).data == new
 
 
 def test_append_goes_in_place_and_keeps_committed_readable(engine: ChunkEngine) -> None:

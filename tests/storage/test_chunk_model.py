@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 
-CHUNK_SIZES = [64 * 1024, 128 * 1024, 64 * 1024]
+CHUNK_SIZES = [64 * 1024, 128 * 1024, 64 * 1024, 512 * 1024]  # 512 KiB: layered overwrites
 
 
 def cid(n: int) -> bytes:
