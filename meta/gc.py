@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 BATCH = 256
 DIR_BATCH = 128
+# Unlinked files finished in one transaction.
+FILE_BATCH = 64
 
 
 class Collector:
@@ -100,54 +102,83 @@ class Collector:
                 return [tuple(kv) for kv in await tr.snapshot.get_range(begin, end, BATCH)]
 
             rows = await self.ns.db.run(scan, read_only=True)
+            files: list[int] = []
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
+                if entry.type != DIRECTORY:
+                    files.append(entry.inode_id)
+                    continue
                 try:
-                    if entry.type == DIRECTORY:
-                        done += await self._collect_dir(entry.inode_id)
-                    else:
-                        done += await self._collect_file(entry.inode_id)
+                    done += await self._collect_dir(entry.inode_id)
                 except FS3Error as e:
                     log.warning("gc entry failed inode=%d error=%s", entry.inode_id, e)
+            for at in range(0, len(files), FILE_BATCH):
+                group = files[at : at + FILE_BATCH]
+                try:
+                    done += await self._collect_files(group)
+                except FS3Error as e:
+                    log.warning("gc entries failed inodes=%d..%d error=%s", group[0], group[-1], e)
             if len(rows) < BATCH:
                 return done
             begin = rows[-1][0] + b"\0"
 
-    async def _collect_file(self, inode_id: int) -> int:
+    async def _collect_files(self, inode_ids: list[int]) -> int:
+        """Finish the GC entries of unlinked files ``inode_ids`` that no session holds open: their
+        chunks, then their inodes and entries, in one transaction for the whole group (a
+        transaction and a commit per file cost more than the work itself)."""
         db = self.ns.db
-        sprefix = schema.session_prefix(inode_id)
 
-        async def look(tr: Transaction) -> tuple[meta_pb2.Inode | None, bool]:
-            raw = await tr.snapshot.get(schema.inode_key(inode_id))
-            ino = meta_pb2.Inode.FromString(raw) if raw is not None else None
-            return ino, bool(await tr.snapshot.get_range(sprefix, prefix_end(sprefix), 1))
+        async def look(tr: Transaction) -> list[tuple[int, meta_pb2.Inode | None, bool]]:
+            rv = tr.snapshot
+            out = []
+            for inode_id in inode_ids:
+                raw = await rv.get(schema.inode_key(inode_id))
+                ino = meta_pb2.Inode.FromString(raw) if raw is not None else None
+                sprefix = schema.session_prefix(inode_id)
+                out.append((inode_id, ino, bool(await rv.get_range(sprefix, prefix_end(sprefix), 1))))
+            return out
 
-        ino, open_ = await db.run(look, read_only=True)
-        if ino is not None:
-            if ino.nlink > 0:  # a stale entry (never written for a linked inode): just drop it
-                await db.run(lambda tr: _clear(tr, schema.gc_key(inode_id)))
-                return 1
-            if open_:
-                return 0  # still open somewhere: the last close comes first
-            await self.ns.chunks.remove(ino.layout, inode_id)
+        stale: list[int] = []  # entries of linked inodes (never written so): just dropped
+        ready: list[int] = []
+        for inode_id, ino, open_ in await db.run(look, read_only=True):
+            if ino is not None:
+                if ino.nlink > 0:
+                    stale.append(inode_id)
+                    continue
+                if open_:
+                    continue  # still open somewhere: the last close comes first
+                try:
+                    await self.ns.chunks.remove(ino.layout, inode_id)
+                except FS3Error as e:
+                    log.warning("gc entry failed inode=%d error=%s", inode_id, e)
+                    continue
+            ready.append(inode_id)
 
-        async def finish(tr: Transaction) -> bool:
-            raw = await tr.get(schema.inode_key(inode_id))
-            if raw is not None:
-                if meta_pb2.Inode.FromString(raw).nlink > 0 or await tr.get_range(
-                    sprefix, prefix_end(sprefix), 1
-                ):
-                    return False
-                tr.clear(schema.inode_key(inode_id))
-                tr.add_int(schema.INODE_COUNT_KEY, -1)
-            tr.clear(schema.gc_key(inode_id))
-            return True
+        async def finish(tr: Transaction) -> list[int]:
+            removed = []
+            for inode_id in stale:
+                tr.clear(schema.gc_key(inode_id))
+            for inode_id in ready:
+                raw = await tr.get(schema.inode_key(inode_id))
+                if raw is not None:
+                    sprefix = schema.session_prefix(inode_id)
+                    if meta_pb2.Inode.FromString(raw).nlink > 0 or await tr.get_range(
+                        sprefix, prefix_end(sprefix), 1
+                    ):
+                        continue
+                    tr.clear(schema.inode_key(inode_id))
+                    tr.add_int(schema.INODE_COUNT_KEY, -1)
+                tr.clear(schema.gc_key(inode_id))
+                removed.append(inode_id)
+            return removed
 
-        if await db.run(finish):
-            self.removed_files += 1
+        if not stale and not ready:
+            return 0
+        removed = await db.run(finish)
+        self.removed_files += len(removed)
+        for inode_id in removed:
             log.debug("gc removed file inode=%d", inode_id)
-            return 1
-        return 0
+        return len(stale) + len(removed)
 
     async def _collect_dir(self, dir_id: int) -> int:
         """Detach a batch of the directory's entries (subdirectories become GC entries of their
@@ -185,7 +216,3 @@ class Collector:
             pass
         self.removed_dirs += 1
         return 1
-
-
-async def _clear(tr: Transaction, key: bytes) -> None:
-    tr.clear(key)
