@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import random
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest_asyncio
 from fs_cluster import FsCluster
 
 from fs3.client import FileSystem, SyncFileSystem
+from fs3.client.storage_client import ReadRequest
 from fs3.errors import FS3Error
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
@@ -147,6 +149,48 @@ async def test_batch_reads_and_parallel_writes(fs: FileSystem) -> None:
         got = await fs.read_batch(reqs)
     want = [whole[o : o + n] for _, o, n in reqs[:30]] + [b"3456", b"89", whole[-10:]]
     assert got == want
+
+
+async def test_many_concurrent_small_reads_each_get_their_bytes(fs: FileSystem) -> None:
+    """Reads issued together (more than the client sends to storage at once, so they share
+    batches) each return their own range: inside chunks, across chunk boundaries, at the end."""
+    data = os.urandom(4 * (256 << 10) + 999)
+    await fs.write_file("/many", data)
+    rng = random.Random(7)
+    ranges = [(rng.randrange(len(data)), rng.choice((1, 512, 4096, 70_000))) for _ in range(300)]
+    ranges += [((256 << 10) - 100, 4096), (len(data) - 5, 4096), (len(data) + 10, 4096)]
+    async with await fs.open("/many") as f:
+        got = await asyncio.gather(*(f.pread(n, o) for o, n in ranges))
+    assert got == [data[o : o + n] for o, n in ranges]
+
+
+async def test_a_read_that_fails_in_a_shared_batch_fails_alone(fs: FileSystem) -> None:
+    data = os.urandom(256 << 10)
+    await fs.write_file("/batch-error", data)
+    inode = (await fs.stat("/batch-error")).inode
+    chain = inode.layout.chains[0]
+    good = [ReadRequest(chain, inode.id, 0, i * 1000, 1000) for i in range(40)]
+    bad = ReadRequest(chain, inode.id, 0, 1 << 40, 1000)  # an offset no chunk can have
+    reqs = [*good[:20], bad, *good[20:]]
+    bufs = [bytearray(1000) for _ in reqs]
+    got = await asyncio.gather(
+        *(fs.reader.read_into([r], [memoryview(b)]) for r, b in zip(reqs, bufs, strict=True)),
+        return_exceptions=True,
+    )
+    assert isinstance(got[20], FS3Error) and got[20].errno == errno.EINVAL
+    for i, (r, b) in enumerate(zip(reqs, bufs, strict=True)):
+        if r is not bad:
+            assert got[i] == [1000] and bytes(b) == data[r.offset : r.offset + 1000]
+
+
+async def test_a_write_keeps_its_data_when_the_caller_reuses_the_buffer(fs: FileSystem) -> None:
+    buf = bytearray(b"a" * 100_000)
+    async with await fs.open("/reused", "w") as f:
+        await f.write(buf)
+        buf[:] = b"b" * 100_000  # the buffered write must not see this
+        await f.write(memoryview(buf)[:10])
+        buf[:] = b"c" * 100_000
+    assert await fs.read_file("/reused") == b"a" * 100_000 + b"b" * 10
 
 
 async def test_two_writers_one_file_disjoint_ranges(cluster: FsCluster, fs: FileSystem) -> None:
