@@ -1,0 +1,65 @@
+"""Retried requests and the expiry of their IDEM records: a record is never removed before its
+time-to-live has passed by this server's clock, whatever the client's request id claims, and every
+record is removed eventually."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+
+import pytest
+
+from fs3.errors import FS3Error
+from fs3.meta.idempotency import CLOCK_SKEW_S, expire_idem
+from fs3.meta.permissions import ROOT
+from fs3.meta.schema import ROOT_ID
+from fs3.meta.store import MetaStore
+
+pytestmark = pytest.mark.timeout(60)
+
+DAY_NS = 86_400 * 10**9
+
+
+async def _create_twice(store: MetaStore, name: bytes, request_id: int) -> None:
+    """A create and its retry: the retry returns the first result."""
+    first = await store.create(ROOT, ROOT_ID, name, 0o644, 0o200, idem=(5, request_id))
+    again = await store.create(ROOT, ROOT_ID, name, 0o644, 0o200, idem=(5, request_id))
+    assert again.inode.id == first.inode.id and again.created
+
+
+async def test_records_outlive_their_ttl_whatever_the_request_id(store: MetaStore) -> None:
+    now = time.time_ns()
+    # Request ids that look ancient, current, a little ahead, far ahead, and random-sized.
+    ids = [7, now, now + 10**9, now + DAY_NS, (1 << 63) - 11]
+    for n, rid in enumerate(ids):
+        await _create_twice(store, b"f%d" % n, rid)
+    assert await expire_idem(store.db, ttl_s=3600) == 0
+    for n, rid in enumerate(ids):  # still answered from the records, not refused with EEXIST
+        again = await store.create(ROOT, ROOT_ID, b"f%d" % n, 0o644, 0o200, idem=(5, rid))
+        assert again.created
+
+
+async def test_expired_records_go_and_a_retry_then_is_a_new_request(store: MetaStore) -> None:
+    now = time.time_ns()
+    ids = [7, now, now + DAY_NS, (1 << 63) - 11]
+    for n, rid in enumerate(ids):
+        await _create_twice(store, b"f%d" % n, rid)
+    assert await expire_idem(store.db, ttl_s=0) == len(ids)
+    for n, rid in enumerate(ids):
+        with pytest.raises(FS3Error) as e:
+            await store.create(ROOT, ROOT_ID, b"f%d" % n, 0o644, 0o200, idem=(5, rid))
+        assert e.value.errno == errno.EEXIST  # the record is gone: this is a new create
+
+
+async def test_a_record_from_a_clock_slightly_ahead_goes_in_a_later_round(store: MetaStore) -> None:
+    ahead = time.time_ns() + 10**9 // 2
+    assert ahead < time.time_ns() + CLOCK_SKEW_S * 10**9
+    await _create_twice(store, b"ahead", ahead)
+    await expire_idem(store.db, ttl_s=0)  # its request id reads as recent: it may stay this round
+    # Once this server's clock has passed its request id, the next round removes it.
+    await asyncio.sleep(max(ahead - time.time_ns(), 0) / 1e9 + 0.01)
+    await expire_idem(store.db, ttl_s=0)
+    with pytest.raises(FS3Error) as e:
+        await store.create(ROOT, ROOT_ID, b"ahead", 0o644, 0o200, idem=(5, ahead))
+    assert e.value.errno == errno.EEXIST
