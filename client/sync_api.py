@@ -1,0 +1,232 @@
+"""The synchronous face of the native file API: :class:`SyncFileSystem` and :class:`SyncFile` run
+the calls of :class:`fs3.client.filesystem.FileSystem` and :class:`fs3.client.filesystem.File` on a
+private event loop in a background thread, so scripts without asyncio (and several threads at once)
+can use them. Imported as ``fs3.client.SyncFileSystem``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from fs3.client.filesystem import File, FileSystem, StatResult
+from fs3.config import ClientConfig
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """A private event loop in a daemon thread; :meth:`run` waits for a coroutine's result."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fs3-client", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return fut.result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class SyncFile:
+    """The synchronous face of :class:`File` (same methods, blocking)."""
+
+    def __init__(self, file: File, loop: _LoopThread) -> None:
+        self.file = file
+        self._loop = loop
+
+    def read(self, length: int = -1) -> bytes:
+        return self._loop.run(self.file.read(length))
+
+    def pread(self, length: int, offset: int) -> bytes:
+        return self._loop.run(self.file.pread(length, offset))
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return self._loop.run(self.file.write(data))
+
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        return self._loop.run(self.file.pwrite(data, offset))
+
+    def write_parallel(
+        self, pieces: Iterable[tuple[int, bytes | bytearray | memoryview]], concurrency: int = 16
+    ) -> int:
+        return self._loop.run(self.file.write_parallel(list(pieces), concurrency))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def truncate(self, size: int) -> None:
+        self._loop.run(self.file.truncate(size))
+
+    def flush(self) -> None:
+        self._loop.run(self.file.flush())
+
+    def fsync(self) -> None:
+        self._loop.run(self.file.fsync())
+
+    def stat(self) -> StatResult:
+        return self._loop.run(self.file.stat())
+
+    def close(self) -> None:
+        self._loop.run(self.file.close())
+
+    def __enter__(self) -> SyncFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncFileSystem:
+    """The synchronous face of :class:`FileSystem`: every method blocks until done. Its calls run
+    on a private event loop thread, so it can be used from any thread (and from several)."""
+
+    def __init__(self, fs: FileSystem, loop: _LoopThread) -> None:
+        self.aio = fs
+        self._loop = loop
+
+    @classmethod
+    def connect(
+        cls,
+        config: ClientConfig | str | os.PathLike[str] | None = None,
+        *,
+        user: common_pb2.UserInfo | None = None,
+        timeout_s: float = 30.0,
+    ) -> SyncFileSystem:
+        """Connect as :meth:`FileSystem.connect` does."""
+        loop = _LoopThread()
+        try:
+            fs = loop.run(FileSystem.connect(config, user=user, timeout_s=timeout_s))
+        except BaseException:
+            loop.stop()
+            raise
+        return cls(fs, loop)
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
+        return self._loop.run(fn(*args, **kw))
+
+    def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> SyncFile:
+        return SyncFile(self._call(self.aio.open, path, mode, perm), self._loop)
+
+    def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> SyncFile:
+        return SyncFile(self._call(self.aio.open_flags, path, flags, perm), self._loop)
+
+    def read_batch(self, requests: Sequence[tuple[SyncFile | File | str | bytes, int, int]]) -> list[bytes]:
+        reqs = [(f.file if isinstance(f, SyncFile) else f, o, n) for f, o, n in requests]
+        return self._call(self.aio.read_batch, reqs)
+
+    def stat(self, path: str | bytes, follow_symlinks: bool = True) -> StatResult:
+        return self._call(self.aio.stat, path, follow_symlinks)
+
+    def exists(self, path: str | bytes) -> bool:
+        return self._call(self.aio.exists, path)
+
+    def listdir(self, path: str | bytes = "/") -> list[str]:
+        return self._call(self.aio.listdir, path)
+
+    def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
+        self._call(self.aio.mkdir, path, mode, parents=parents)
+
+    def makedirs(self, path: str | bytes, mode: int = 0o755) -> None:
+        self._call(self.aio.makedirs, path, mode)
+
+    def rmdir(self, path: str | bytes, *, recursive: bool = False) -> None:
+        self._call(self.aio.rmdir, path, recursive=recursive)
+
+    def unlink(self, path: str | bytes) -> None:
+        self._call(self.aio.unlink, path)
+
+    remove = unlink
+
+    def rename(self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False) -> None:
+        self._call(self.aio.rename, src, dst, noreplace=noreplace)
+
+    def symlink(self, target: str | bytes, path: str | bytes) -> None:
+        self._call(self.aio.symlink, target, path)
+
+    def readlink(self, path: str | bytes) -> str:
+        return self._call(self.aio.readlink, path)
+
+    def link(self, src: str | bytes, dst: str | bytes) -> None:
+        self._call(self.aio.link, src, dst)
+
+    def mknod(self, path: str | bytes, mode: int, rdev: int = 0) -> None:
+        self._call(self.aio.mknod, path, mode, rdev)
+
+    def chmod(self, path: str | bytes, mode: int) -> None:
+        self._call(self.aio.chmod, path, mode)
+
+    def chown(self, path: str | bytes, uid: int = -1, gid: int = -1) -> None:
+        self._call(self.aio.chown, path, uid, gid)
+
+    def utime(self, path: str | bytes, ns: tuple[int, int] | None = None) -> None:
+        self._call(self.aio.utime, path, ns)
+
+    def truncate(self, path: str | bytes, size: int) -> None:
+        self._call(self.aio.truncate, path, size)
+
+    def statfs(self) -> m.StatFsRsp:
+        return self._call(self.aio.statfs)
+
+    def set_layout(
+        self, path: str | bytes, *, chunk_size: int = 0, stripe_count: int = 0, chain_table_id: int = 0
+    ) -> m.Layout:
+        return self._call(
+            self.aio.set_layout,
+            path,
+            chunk_size=chunk_size,
+            stripe_count=stripe_count,
+            chain_table_id=chain_table_id,
+        )
+
+    def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
+        return self._call(self.aio.getxattr, path, name)
+
+    def setxattr(self, path: str | bytes, name: str | bytes, value: bytes, flags: int = 0) -> None:
+        self._call(self.aio.setxattr, path, name, value, flags)
+
+    def listxattr(self, path: str | bytes) -> list[str]:
+        return self._call(self.aio.listxattr, path)
+
+    def removexattr(self, path: str | bytes, name: str | bytes) -> None:
+        self._call(self.aio.removexattr, path, name)
+
+    def read_file(self, path: str | bytes) -> bytes:
+        return self._call(self.aio.read_file, path)
+
+    def write_file(self, path: str | bytes, data: bytes, perm: int = 0o644) -> None:
+        self._call(self.aio.write_file, path, data, perm)
+
+    def close(self) -> None:
+        try:
+            self._call(self.aio.close)
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> SyncFileSystem:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["SyncFile", "SyncFileSystem"]
