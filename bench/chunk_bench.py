@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
+from fs3.storage.chunk_meta import crc32c
 
 MiB = 1 << 20
 CHUNK = MiB
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="fs3-chunk-bench-"))
     engine = ChunkEngine(root / "target", EngineOptions(sync=not args.no_sync))
     payload = os.urandom(CHUNK)
+    payload_crc = crc32c(payload)  # the service passes the client's checksum, verified on arrival
     small = os.urandom(4096)
     append = os.urandom(64 * 1024)
     results = []
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def full_write(t: int, rng: random.Random) -> int:
                 chunk = cid(t, rng.randrange(CHUNKS_PER_THREAD))
-                meta = engine.update(chunk, 0, payload, chunk_size=CHUNK, chain_ver=1)
+                meta = engine.update(chunk, 0, payload, chunk_size=CHUNK, chain_ver=1, checksum=payload_crc)
                 engine.commit(chunk, meta.pending_ver)
                 return CHUNK
 

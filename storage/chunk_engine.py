@@ -314,6 +314,9 @@ class ChunkEngine:
                 and end_block - first <= self.options.layered_overwrite_max * block_count(base.length)
             ):
                 new = self._write_layered(chunk_id, base, offset, data, new_ver, chain_ver)
+            elif offset == 0 and (base is None or end >= base.length):
+                # the whole new content is ``data``, whose CRC the sender's checksum may have given
+                new = self._write_version(chunk_id, data, new_ver, chain_ver, crc=checksum)
             else:
                 # copy-on-write, reading only the old bytes the update keeps
                 old_len = base.length if base else 0
@@ -391,7 +394,7 @@ class ChunkEngine:
                     StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
                     f"chunk {chunk_id.hex()}: replace with version {version} but {committed} is committed",
                 )
-            new = self._write_version(chunk_id, data, version, chain_ver)
+            new = self._write_version(chunk_id, data, version, chain_ver, crc=checksum)
             if commit:
                 return self._install(meta, ChunkMeta(chunk_id, chunk_size, new, None))
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, new))
@@ -562,12 +565,19 @@ class ChunkEngine:
             ) from None
 
     def _write_version(
-        self, chunk_id: bytes, content: bytes | bytearray | memoryview, version: int, chain_ver: int
+        self,
+        chunk_id: bytes,
+        content: bytes | bytearray | memoryview,
+        version: int,
+        chain_ver: int,
+        *,
+        crc: int | None = None,
     ) -> ChunkVersion:
+        """``crc``: the CRC32C of ``content`` when already verified (a sender's checksum)."""
         with self._fid_lock:
             file_id = self._next_file_id
             self._next_file_id += 1
-        return self._files.write_version(chunk_id, file_id, content, version, chain_ver)
+        return self._files.write_version(chunk_id, file_id, content, version, chain_ver, crc)
 
     def _write_layered(
         self,

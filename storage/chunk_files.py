@@ -65,22 +65,30 @@ class ChunkFiles:
     def path(self, chunk_id: bytes, file_id: int) -> Path:
         return self.root / f"{self.shard(chunk_id):02x}" / f"{chunk_id.hex()}.{file_id:x}"
 
+    def _open(self, chunk_id: bytes, file_id: int, flags: int, mode: int = 0o644) -> int:
+        # relative to the shard directory's cached descriptor: no Path objects, a one-step lookup
+        return os.open(
+            f"{chunk_id.hex()}.{file_id:x}",
+            flags | os.O_CLOEXEC,
+            mode,
+            dir_fd=self._dir_fd(self.shard(chunk_id)),
+        )
+
     def write_new(self, chunk_id: bytes, file_id: int, data: bytes | bytearray | memoryview) -> None:
         """Create the file with ``data`` and make it durable, directory entry included.
 
         On failure the partial file is removed (best effort) and the error re-raised.
         """
-        path = self.path(chunk_id, file_id)
         if self.shard(chunk_id) not in self._shards:
             self._make_shard(self.shard(chunk_id))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = self._open(chunk_id, file_id, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
             _pwrite_all(fd, data, 0)
             if self.sync:
                 os.fsync(fd)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(path)
+            self.unlink(chunk_id, file_id)
             raise
         os.close(fd)
         if self.sync:
@@ -91,7 +99,7 @@ class ChunkFiles:
     def write_at(self, chunk_id: bytes, file_id: int, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` of an existing file and make it durable (an in-place append,
         or folding a layered version's overlay into its data file)."""
-        fd = os.open(self.path(chunk_id, file_id), os.O_WRONLY | os.O_CLOEXEC)
+        fd = self._open(chunk_id, file_id, os.O_WRONLY)
         try:
             _pwrite_all(fd, data, offset)
             if self.sync:
@@ -101,7 +109,7 @@ class ChunkFiles:
 
     def read(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``; shorter only if the file is shorter."""
-        fd = os.open(self.path(chunk_id, file_id), os.O_RDONLY | os.O_CLOEXEC)
+        fd = self._open(chunk_id, file_id, os.O_RDONLY)
         try:
             data = os.pread(fd, length, offset)
             if len(data) == length or not data:
@@ -125,10 +133,14 @@ class ChunkFiles:
         content: bytes | bytearray | memoryview,
         version: int,
         chain_ver: int,
+        crc: int | None = None,
     ) -> ChunkVersion:
-        """Write ``content`` as a new file and return the version it is, checksums computed."""
+        """Write ``content`` as a new file and return the version it is, checksums computed
+        (``crc``: the CRC32C of ``content``, if the caller has verified it already)."""
         self.write_new(chunk_id, file_id, content)
-        return ChunkVersion(version, chain_ver, len(content), crc32c(content), file_id, block_crcs(content))
+        if crc is None:
+            crc = crc32c(content)
+        return ChunkVersion(version, chain_ver, len(content), crc, file_id, block_crcs(content))
 
     def append_version(
         self,
@@ -207,11 +219,18 @@ class ChunkFiles:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
-        os.truncate(self.path(chunk_id, file_id), length)
+        fd = self._open(chunk_id, file_id, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, length)
+        finally:
+            os.close(fd)
 
     def unlink(self, chunk_id: bytes, file_id: int) -> None:
         """Remove the file; a file already gone is fine (a crash may have removed it before)."""
-        _unlink_quietly(self.path(chunk_id, file_id))
+        try:
+            os.unlink(f"{chunk_id.hex()}.{file_id:x}", dir_fd=self._dir_fd(self.shard(chunk_id)))
+        except FileNotFoundError:
+            pass
 
     def scan(self) -> Iterator[DataFile]:
         """Every file under the shard directories (for recovery)."""
@@ -245,6 +264,9 @@ class ChunkFiles:
             self._shards.add(shard)
 
     def _dir_fd(self, shard: int) -> int:
+        fd = self._dir_fds.get(shard)
+        if fd is not None:
+            return fd
         with self._lock:
             fd = self._dir_fds.get(shard)
             if fd is None:
@@ -273,10 +295,3 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> N
             raise OSError(errno.EIO, "pwrite wrote nothing")
         view = view[n:]
         offset += n
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

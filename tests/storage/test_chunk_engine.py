@@ -206,6 +206,12 @@ def test_sender_checksum_is_verified(engine: ChunkEngine) -> None:
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
     assert engine.get_meta(cid(1)) is None
     engine.update(cid(1), 0, b"data", chunk_size=CS, chain_ver=1, checksum=crc32c(b"data"))
+    # a write of the whole content takes its CRC from the verified checksum: it must be right
+    whole = os.urandom(3 * CHECKSUM_BLOCK + 5)
+    meta = engine.update(cid(1), 0, whole, chunk_size=CS, chain_ver=1, checksum=crc32c(whole))
+    assert meta.pending.crc == crc32c(whole) and engine.commit(cid(1), 1).crc == crc32c(whole)
+    meta = engine.replace(cid(1), b"xy", chunk_size=CS, chain_ver=1, version=2, checksum=crc32c(b"xy"))
+    assert meta.pending.crc == crc32c(b"xy") and engine.read(cid(1), version=2).data == b"xy"
 
 
 @pytest.mark.parametrize("size", [0, 1000, 32 * 1024, 3 * 64 * 1024, 128 * MiB, 1 << 40])
