@@ -5,7 +5,10 @@ version, stores the update as pending version ``committed + 1`` and forwards it 
 with that version; each replica does the same and the tail commits first; each predecessor
 commits once its successor has answered, and the head answers the client last. The lock is held
 for the whole round, so updates of one chunk are serialized and updates of different chunks run in
-parallel.
+parallel. A write of a chunk's whole content (from offset 0, at least as long as the committed
+version) is stored locally and forwarded at the same time, on the head and the middle replicas
+alike: with no base to read, only the disk can fail it locally, and a replica whose disk fails it
+after the successor may have taken it goes offline (see ``Replicator._update_parallel``).
 
 Invariants that make retries and failures safe:
 
@@ -188,6 +191,8 @@ class Replicator:
         self.forward_timeout_s = forward_timeout_s
         self.rpc_timeout_s = rpc_timeout_s
         self.locks = ChunkLocks()
+        # (target, chunk) -> the local write of a parallel update, until it is stored
+        self._applying: dict[tuple[int, bytes], asyncio.Future] = {}  # type: ignore[type-arg]
         self.results = _ResultCache()
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
@@ -302,6 +307,10 @@ class Replicator:
             chain_ver = chain.version
             # At the tail, apply and commit in one trip to the I/O threads.
             tail = chain.successor(t.target_id) is None
+            if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0:
+                parallel = _parallel_version(eng.get_meta(cid), op, version)
+                if parallel:
+                    return await self._update_parallel(t, cid, chain_id, op, parallel, chain_ver)
             kind, meta, new = await self._run(_apply, eng, cid, op, version, chain_ver, tail)
             if kind == "settle":
                 assert meta is not None
@@ -318,6 +327,65 @@ class Replicator:
                 meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
             return io_result(meta, chain_ver) if meta is not None else _removed_result(v, chain_ver)
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
+
+    async def _update_parallel(
+        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int, chain_ver: int
+    ) -> storage_pb2.IOResult:
+        """:meth:`_update_locked` for a write of the whole content (see :func:`_parallel_version`):
+        store it here and forward it at the same time, then commit. The chunk's lock is held.
+
+        Two things make the overlap safe. Until the local copy exists, reads of the chunk here wait
+        for it (``_applying``): the tail may commit the version before this replica holds it as
+        pending, and a read here must not serve the old version after the tail served the new
+        one. And the local write, which needs no base, can fail only with the disk (or a bug):
+        once the version may have reached the successors, a replica that failed to store it would
+        hand out a version number they hold with other content, so it is taken offline instead,
+        to be resynced. (A refusal of the update itself, a bad checksum say, is the same on every
+        replica and fails the write only.)
+        """
+        key = (t.target_id, cid)
+        stored = asyncio.ensure_future(self._run(_apply, t.engine.engine, cid, op, version, chain_ver, False))
+        self._applying[key] = stored
+        stored.add_done_callback(lambda f: self._applying.pop(key) if self._applying.get(key) is f else None)
+        try:
+            forwarded = await self._forward(t, cid, chain_id, op, version, None, local=stored)
+        except BaseException:
+            await self._local_outcome(t, cid, stored)
+            raise  # as in the sequential round: the pending version is settled later
+        kind, _, new = await self._local_outcome(t, cid, stored)
+        assert kind == "pending" and new is not None, kind
+        pending = new.pending
+        if forwarded is not None and pending is not None and forwarded.committed_version == version:
+            _check_same(chain_id, cid, version, pending.crc, forwarded.crc32c)
+        meta = await t.engine.commit(cid, version, chain_ver=self.targets.chain(chain_id).version)
+        return io_result(meta, chain_ver)
+
+    async def _local_outcome(self, t: LocalTarget, cid: bytes, stored: asyncio.Future) -> tuple:  # type: ignore[type-arg]
+        """The result of the local half of a parallel update; if it failed, the target goes
+        offline (see :meth:`_update_parallel`) and the error is raised."""
+        try:
+            return await asyncio.shield(stored)
+        except asyncio.CancelledError:
+            if not stored.done():
+                raise
+            error: BaseException = FS3Error(StatusCode.CANCELLED, "local write cancelled")
+        except Exception as e:
+            error = e
+        if isinstance(error, FS3Error) and error.code in _REFUSED_EVERYWHERE:
+            raise error  # the successors refuse the same bytes the same way: none of them took it
+        if not isinstance(error, FS3Error):
+            log.error(
+                "parallel update failed here target_id=%d chunk=%s", t.target_id, cid.hex(), exc_info=error
+            )
+            error = FS3Error(StatusCode.STORAGE_IO_ERROR, f"storing chunk {cid.hex()} failed: {error!r}")
+        self.targets.fail(
+            t.target_id,
+            FS3Error(
+                error.code,
+                f"could not store chunk {cid.hex()}, which its successor may hold: {error.message}",
+            ),
+        )
+        raise error
 
     async def _settle_locked(
         self, t: LocalTarget, cid: bytes, chain_id: int, meta: ChunkMeta
@@ -343,12 +411,15 @@ class Replicator:
         chain_id: int,
         op: Op,
         version: int,
-        meta: ChunkMeta,
+        meta: ChunkMeta | None,
         *,
         full: bool = False,
+        local: asyncio.Future | None = None,  # type: ignore[type-arg]
     ) -> storage_pb2.IOResult | None:
         """Send pending ``version`` to the successor, retrying (with the newest routing each time)
-        until it answers or ``forward_timeout_s`` passes. Returns None at the tail."""
+        until it answers or ``forward_timeout_s`` passes. Returns None at the tail. ``local``, in
+        a parallel update, is the local write still in progress: sending the whole chunk waits for
+        it. ``meta`` (the local metadata, when known) checks the successor's checksum."""
         deadline = time.monotonic() + self.forward_timeout_s
         backoff = 0.02
         whole: tuple[bytes, int] | None = None
@@ -372,6 +443,8 @@ class Replicator:
                 io.type = storage_pb2.UPDATE_REMOVE
             elif full or syncing or op.type == storage_pb2.UPDATE_REPLACE:
                 if whole is None:
+                    if local is not None:
+                        await asyncio.shield(local)
                     r = await t.engine.read(cid, 0, None, version=version)
                     whole = (r.data, r.chunk_crc)
                 io.type = storage_pb2.UPDATE_REPLACE
@@ -427,19 +500,9 @@ class Replicator:
                 await asyncio.sleep(min(backoff, remaining))
                 backoff = min(backoff * 2, 0.5)
                 continue
-            if op.type != storage_pb2.UPDATE_REMOVE and rsp.committed_version == version:
-                mine = (
-                    meta.pending.crc if meta.pending is not None and meta.pending.version == version else None
-                )
-                if mine is not None and rsp.crc32c != mine:
-                    log.error(
-                        "replica diverged chain_id=%d chunk=%s version=%d crc=%08x successor_crc=%08x",
-                        chain_id,
-                        cid.hex(),
-                        version,
-                        mine,
-                        rsp.crc32c,
-                    )
+            if meta is not None and op.type != storage_pb2.UPDATE_REMOVE and rsp.committed_version == version:
+                if meta.pending is not None and meta.pending.version == version:
+                    _check_same(chain_id, cid, version, meta.pending.crc, rsp.crc32c)
             return rsp
 
     # -- reads ------------------------------------------------------------------------------------
@@ -451,6 +514,8 @@ class Replicator:
         if rio.length > INLINE_READ_BYTES:
             return None
         t, cid = self._read_target(rio)
+        if (t.target_id, cid) in self._applying:
+            return None
         outcome = _read_or_meta(t.engine.engine, cid, rio.offset, rio.length)
         return outcome if isinstance(outcome, tuple) else None
 
@@ -462,6 +527,12 @@ class Replicator:
         key = rio.key
         eng = t.engine.engine
         for _ in range(8):
+            applying = self._applying.get((t.target_id, cid))
+            if applying is not None:
+                # a parallel update is storing a version the tail may have committed already:
+                # once it is stored here (pending), the usual rule below serves the right one
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(applying)
             outcome = await self._run(_read_or_meta, eng, cid, rio.offset, rio.length)
             if isinstance(outcome, tuple):
                 return outcome
@@ -643,6 +714,41 @@ def _apply(
     if commit:
         return "committed", eng.commit(cid, new.pending_ver, chain_ver=chain_ver), new
     return "pending", None, new
+
+
+# What the engine refuses before it writes anything, for reasons that lie in the update itself (its
+# bytes, checksum and sizes) or in metadata every replica holds alike: a successor refuses it too.
+_REFUSED_EVERYWHERE = frozenset(
+    {StatusCode.STORAGE_CHECKSUM_MISMATCH, StatusCode.INVALID_ARGUMENT, StatusCode.STORAGE_CHUNK_TOO_LARGE}
+)
+
+
+def _parallel_version(meta: ChunkMeta | None, op: Op, version: int | None) -> int:
+    """The version a write from offset 0 becomes if it may be stored here and forwarded at the same
+    time (else 0): it must replace the whole content (no base to read, whose corruption could fail
+    it here alone), and no pending version may be in the way (settling it comes first). ``meta``
+    is read on the event loop (an LMDB read takes no lock); the chunk's lock keeps it current."""
+    if meta is not None and meta.pending is not None:
+        return 0
+    committed = meta.committed if meta is not None else None
+    if committed is not None and committed.length > op.length:
+        return 0
+    expected = (committed.version if committed is not None else 0) + 1
+    if version is not None and version != expected:
+        return 0  # a retry, or a replica that missed updates: the sequential round answers those
+    return expected
+
+
+def _check_same(chain_id: int, cid: bytes, version: int, mine: int, successor: int) -> None:
+    if mine != successor:
+        log.error(
+            "replica diverged chain_id=%d chunk=%s version=%d crc=%08x successor_crc=%08x",
+            chain_id,
+            cid.hex(),
+            version,
+            mine,
+            successor,
+        )
 
 
 def _removed_result(version: int, chain_ver: int) -> storage_pb2.IOResult:

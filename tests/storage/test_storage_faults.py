@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import struct
 
 import pytest
@@ -184,8 +185,9 @@ async def test_disk_error_takes_the_target_offline(tmp_path):
             victim = routing.chain(c.chain_ids[0]).targets[1].target_id
             node = c.node_of_target(victim)
             path = node.targets[victim]
-            # the disk "fails": its chunk directory is no longer usable
-            (path / "chunks").rename(path / "chunks.gone")
+            # the disk "fails": its chunk directory is gone (also for descriptors the engine
+            # keeps open) and a file stands in its way
+            shutil.rmtree(path / "chunks")
             (path / "chunks").write_text("not a directory")
             await c.wait_chains(
                 lambda ch: ch.chain_id != c.chain_ids[0] or ch.state_of(victim) == common_pb2.OFFLINE,
