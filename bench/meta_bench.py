@@ -14,7 +14,8 @@ Each of ``clients`` native clients (fs3.client.meta_client.MetaClient, one per c
 
 ``--layout one-dir`` puts every client's entries in one shared directory (the contended case);
 ``many-dirs`` gives each client a directory of its own. A rate is all clients' operations divided by
-the wall time from the first client's start to the last one's end. Without ``--address`` the
+the wall time from the first client's start to the last one's end; CPU per operation is shown for
+the server (when its pid is known) and for the client processes together. Without ``--address`` the
 benchmark starts a meta daemon on an lmdb store in a temporary directory and stops it afterwards.
 """
 
@@ -50,6 +51,13 @@ class Result:
     ops: int
     seconds: float
     server_cpu_s: float | None = None  # CPU the meta server used in the phase (when it runs here)
+    client_cpu_s: float = 0.0  # CPU the client processes used in the phase
+
+    @property
+    def client_us_per_op(self) -> float:
+        """Client CPU per operation: on a machine that runs clients and server alike, it competes
+        with the server for the same cores."""
+        return 1e6 * self.client_cpu_s / self.ops
 
     @property
     def rate(self) -> float:
@@ -108,6 +116,7 @@ async def _worker_main(
         for phase in PHASES:
             await asyncio.to_thread(barrier.wait)
             cpu0 = cpu_seconds(server_pid)
+            mine0 = time.process_time()
             start = time.time()
             await asyncio.gather(
                 *(
@@ -116,7 +125,7 @@ async def _worker_main(
                 )
             )
             end = time.time()
-            out.put((phase, start, end, cpu0, cpu_seconds(server_pid)))
+            out.put((phase, start, end, cpu0, cpu_seconds(server_pid), time.process_time() - mine0))
     finally:
         for c in clients:
             await c.close()
@@ -164,7 +173,7 @@ def run_case(
         )
         p.start()
         workers.append(p)
-    times: dict[str, list[tuple[float, float, float | None, float | None]]] = {ph: [] for ph in PHASES}
+    times: dict[str, list[tuple[float, float, float | None, float | None, float]]] = {ph: [] for ph in PHASES}
     for _ in range(nproc * len(PHASES)):
         phase, *rest = out.get(timeout=600)
         times[phase].append(tuple(rest))
@@ -178,7 +187,8 @@ def run_case(
         cpu = None
         if all(r[2] is not None and r[3] is not None for r in rows):
             cpu = max(r[3] for r in rows) - min(r[2] for r in rows)  # type: ignore[type-var]
-        results.append(Result(layout, clients, phase, clients * items, end - start, cpu))
+        mine = sum(r[4] for r in rows)
+        results.append(Result(layout, clients, phase, clients * items, end - start, cpu, mine))
     return results
 
 
@@ -234,16 +244,26 @@ def main(argv: list[str] | None = None) -> int:
         if tmp is not None and not args.dir:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
-        rows = [{**asdict(r), "rate": r.rate, "server_us_per_op": r.server_us_per_op} for r in results]
+        rows = [
+            {
+                **asdict(r),
+                "rate": r.rate,
+                "server_us_per_op": r.server_us_per_op,
+                "client_us_per_op": r.client_us_per_op,
+            }
+            for r in results
+        ]
         print(json.dumps(rows, indent=2))
     else:
         print(
             f"{'layout':<10} {'clients':>7} {'phase':<7} {'ops':>8} {'seconds':>8} {'ops/s':>9} {'srv us/op':>9}"
+            f" {'cli us/op':>9}"
         )
         for r in results:
             us = f"{r.server_us_per_op:9.0f}" if r.server_us_per_op is not None else f"{'-':>9}"
             print(
                 f"{r.layout:<10} {r.clients:>7} {r.phase:<7} {r.ops:>8} {r.seconds:>8.2f} {r.rate:>9.0f} {us}"
+                f" {r.client_us_per_op:9.0f}"
             )
     return 0
 
