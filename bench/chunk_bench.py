@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of each case")
     parser.add_argument("--no-sync", action="store_true", help="skip fsync (page-cache speed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--cases", help='comma-separated case names (default: all), e.g. "overwrite 4KiB"')
     args = parser.parse_args(argv)
 
     root = args.dir or Path(tempfile.mkdtemp(prefix="fs3-chunk-bench-"))
@@ -130,13 +131,19 @@ def main(argv: list[str] | None = None) -> int:
                 offset = rng.randrange(CHUNK // 4096) * 4096
                 return len(engine.read(cid(t, rng.randrange(CHUNKS_PER_THREAD)), offset, 4096).data)
 
-            for name, op in [
+            cases = [
                 ("write 1MiB chunk", full_write),
                 ("overwrite 4KiB", overwrite_4k),
                 ("append 64KiB", append_64k),
                 ("read 1MiB chunk", full_read),
                 ("read 4KiB", read_4k),
-            ]:
+            ]
+            if args.cases:
+                wanted = {c.strip() for c in args.cases.split(",")}
+                if unknown := wanted - {name for name, _ in cases}:
+                    raise SystemExit(f"unknown cases {sorted(unknown)}; known: {[n for n, _ in cases]}")
+                cases = [(name, op) for name, op in cases if name in wanted]
+            for name, op in cases:
                 before = engine.commit_stats()
                 ops, nbytes, elapsed, cpu = run_threads(threads, args.seconds, op)
                 after = engine.commit_stats()

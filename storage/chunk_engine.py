@@ -10,15 +10,17 @@ On disk, under the target directory::
 Writes never touch bytes a committed version needs (an append may extend the committed version's
 file in place, past its end: see ChunkFiles.append_version). A small overwrite inside the chunk
 writes only the 64 KiB checksum blocks it touches, to an overlay file, making a *layered* pending
-version (the committed version's file plus the overlay); committing it records it, then folds the
-overlay into the data file, whose bytes there no longer belong to any committed version, records
-the plain version and deletes the overlay (see ``_fold``). Any other update writes the new version
-(the committed content with the update applied) to a new file. Either way the new file is fsynced
-before the metadata transaction that records it as the chunk's pending version;
-:meth:`ChunkEngine.commit` switches the committed version to it in another and then deletes the
-old file. A crash therefore leaves every committed version intact, pending versions recorded for
-the chain to settle, committed layered versions that opening the engine folds, and at worst files
-no metadata references, which opening the engine removes.
+version (the committed version's file plus the overlay), which commit records as it is. The next
+update of the chunk first folds the overlay into the data file (whose bytes there no longer belong
+to the committed version) and its metadata transaction records the committed version plain, after
+which the overlay file is deleted; opening the engine folds every committed layered version (see
+``_fold_data``). So a small overwrite writes 64 KiB instead of the chunk, for one in-place sync more
+and no transaction more. Any other update writes the new version (the committed content with the
+update applied) to a new file. Either way the new file is fsynced before the metadata transaction
+that records it as the chunk's pending version; :meth:`ChunkEngine.commit` switches the committed
+version to it in another and then deletes the old file. A crash therefore leaves every committed
+version intact, pending versions recorded for the chain to settle, committed layered versions that
+opening the engine folds, and at worst files no metadata references, which opening the engine removes.
 
 Every call that changes a chunk returns only once its metadata is durable, but concurrent calls on
 a target share one LMDB write transaction and its syncs (group commit, see
@@ -292,6 +294,10 @@ class ChunkEngine:
             check_size_class(chunk_id, meta, chunk_size)
             new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
+            if base is not None and base.layered and meta is not None and meta.pending is None:
+                # fold the previous small overwrite now; the transaction that records the new
+                # pending version records the committed one without its overlay
+                base = self._fold_data(chunk_id, base)
             end = offset + len(data)
             first, end_block = offset // CHECKSUM_BLOCK, block_count(end)
             if (
@@ -425,8 +431,7 @@ class ChunkEngine:
                 return None
             if chain_ver is not None:
                 pending = replace(pending, chain_ver=chain_ver)
-            committed = self._install(meta, ChunkMeta(chunk_id, meta.chunk_size, pending, None))
-            return self._fold(committed) if pending.layered else committed
+            return self._install(meta, ChunkMeta(chunk_id, meta.chunk_size, pending, None))
 
     def abort(self, chunk_id: bytes, version: int | None = None) -> ChunkMeta | None:
         """Drop the pending version (only if it is ``version``, when given); returns the metadata.
@@ -623,26 +628,31 @@ class ChunkEngine:
             overlay_end=end_block,
         )
 
-    def _fold(self, meta: ChunkMeta) -> ChunkMeta:
-        """Turn the committed layered version into a plain one: copy its overlay's blocks into its
-        data file, then record it without the overlay and delete the overlay file.
+    def _fold_data(self, chunk_id: bytes, v: ChunkVersion) -> ChunkVersion:
+        """Copy the overlay blocks of the committed layered version ``v`` into its data file, sync
+        it, and return ``v`` as a plain version, for the caller to record (that deletes the overlay).
 
         Safe at any point of a crash: until the plain version is recorded, the metadata takes those
         blocks from the overlay file and never reads the bytes of the data file being overwritten
-        (they belonged to the version this one replaced, which is no longer committed; a reader that
-        still holds that version's metadata fails their checksums and retries with the new one). The
-        data file is synced before the plain version is recorded. The caller holds the chunk lock."""
-        v = meta.committed
-        assert v is not None and v.layered
+        (they belonged to an older version, which is no longer committed; a reader that still holds
+        that version's metadata fails their checksums and retries with the current one). The caller
+        holds the chunk lock, and no pending version shares the data file.
+
+        Raises STORAGE_CHECKSUM_MISMATCH if the overlay is corrupt (then it stays layered)."""
         start, stop = v.overlay_span()
+        region = self._content(chunk_id, v, start, stop)
+        self._files.write_at(chunk_id, v.file_id, start, region)
+        return replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0)
+
+    def _fold(self, meta: ChunkMeta) -> ChunkMeta:
+        """Fold the committed layered version and record it plain (when the engine opens)."""
+        assert meta.committed is not None
         try:
-            region = self._files.read_version(meta.chunk_id, v, start, stop)
-        except CorruptVersion as exc:
+            plain = self._fold_data(meta.chunk_id, meta.committed)
+        except FS3Error as exc:
             # leave it layered: reads of those blocks keep failing their checksums, as they should
-            log.error("cannot fold overlay chunk=%s version=%d error=%s", meta.chunk_id.hex(), v.version, exc)
+            log.error("cannot fold overlay chunk=%s error=%s", meta.chunk_id.hex(), exc)
             return meta
-        self._files.write_at(meta.chunk_id, v.file_id, start, region)
-        plain = replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0)
         return self._install(meta, replace(meta, committed=plain))
 
     def _install(self, old: ChunkMeta | None, new: ChunkMeta) -> ChunkMeta:

@@ -142,7 +142,6 @@ def verify_and_settle(engine: ChunkEngine, t: Transcript, rng: random.Random) ->
             engine.abort(chunk, meta.pending_ver)
             outcome = "pending aborted"
     assert engine.pending_chunks() == []
-    assert not [m for m in engine.dump_metadata() if m.committed and m.committed.layered], "unfolded"
     if engine.recovery.layered:
         outcome += f" (folded at open {len(engine.recovery.layered)})"
     if engine.recovery.orphans_removed or engine.recovery.files_trimmed:
@@ -153,10 +152,15 @@ def verify_and_settle(engine: ChunkEngine, t: Transcript, rng: random.Random) ->
     for chunk, acked in live.items():
         got = engine.read(chunk)
         assert (got.version, crc32c(got.data), len(got.data)) == (acked.version, acked.crc, acked.length)
+    # the data files are exactly those the metadata names: one per chunk, plus the overlay of a
+    # committed layered version only if settling the pending version just committed one
+    metas = engine.dump_metadata()
+    named = {engine._files.path(m.chunk_id, fid): n for m in metas for fid, n in m.file_lengths().items()}  # noqa: SLF001
+    assert not [m for m in metas if m.committed.layered and m.chunk_id != t.in_flight], "folded at open"
+    files = {p: p.stat().st_size for p in (engine.path / "chunks").rglob("*") if p.is_file()}
+    assert files == named, "no orphans, nothing missing, no bytes past what a version needs"
     space = engine.space_info()
-    assert (space.chunk_count, space.used) == (len(live), sum(a.length for a in live.values()))
-    files = [p for p in (engine.path / "chunks").rglob("*") if p.is_file()]
-    assert len(files) == len(live), "one data file per committed chunk, no orphans"
+    assert (space.chunk_count, space.used) == (len(live), sum(named.values()))
     return outcome
 
 

@@ -1,6 +1,6 @@
 """Layered versions: a small overwrite inside a chunk writes only the checksum blocks it touches to
-an overlay file, leaves the committed version's file alone until the commit, and the commit folds
-the overlay back into the data file (also after a crash between the two)."""
+an overlay file and leaves the committed version's file alone; once committed, the next update of
+the chunk (or the next opening of the target) folds the overlay back into the data file."""
 
 from __future__ import annotations
 
@@ -64,10 +64,22 @@ def test_small_overwrite_writes_only_its_blocks(engine: ChunkEngine) -> None:
     assert engine.space_info().used == CS + 2 * B
 
     committed = engine.commit(cid(1), 2)
-    assert committed is not None and not committed.committed.layered
-    assert committed.committed.crc == crc32c(new)
-    assert data_files(engine) == [base_file] and base_file.read_bytes() == new
+    assert committed is not None and committed.committed.layered and committed.committed.crc == crc32c(new)
     assert engine.read(cid(1)).data == new
+    assert len(data_files(engine)) == 2 and base_file.read_bytes() == old
+
+    # the next update folds the overlay into the data file, in the same transaction as its own
+    more = b"appended"
+    meta = engine.update(cid(1), CS - len(more), more, chunk_size=CS, chain_ver=1)
+    assert not meta.committed.layered and meta.committed.crc == crc32c(new)
+    assert base_file.read_bytes() == new
+    assert engine.read(cid(1)).data == new
+    newer = new[: CS - len(more)] + more
+    assert engine.read(cid(1), version=3).data == newer
+    engine.commit(cid(1), 3)
+    engine.update(cid(1), 0, b"!", chunk_size=CS, chain_ver=1)
+    engine.abort(cid(1), 4)  # nothing to fold: the committed version is plain again
+    assert data_files(engine) == [base_file] and base_file.read_bytes() == newer
     assert engine.space_info().used == CS
 
 
@@ -95,19 +107,16 @@ def test_overwrites_that_are_not_small_copy_the_chunk(engine: ChunkEngine) -> No
         engine.abort(cid(1))
 
 
-def test_a_crash_between_commit_and_fold_is_finished_at_open(tmp_path: Path) -> None:
-    """The commit is recorded with the version still layered, then the process dies before the
-    overlay is folded into the data file (here: its first bytes already overwritten)."""
+def test_a_committed_layered_version_is_folded_at_open(tmp_path: Path) -> None:
+    """Also when the process died while folding it (here: half the block already written)."""
     eng = ChunkEngine(tmp_path)
     old = os.urandom(CS)
     write(eng, cid(1), 0, old)
-    meta = eng.update(cid(1), 10 * B + 7, b"new bytes", chunk_size=CS, chain_ver=1)
+    committed = write(eng, cid(1), 10 * B + 7, b"new bytes")
+    assert committed.committed.layered
     new = old[: 10 * B + 7] + b"new bytes" + old[10 * B + 16 :]
-    # the commit's transaction, without the fold after it
-    layered = ChunkMeta(cid(1), CS, meta.pending, None)
-    eng._store.swap(cid(1), meta, layered)  # noqa: SLF001 - stop where a crash would
-    base = eng._files.path(cid(1), meta.committed.file_id)  # noqa: SLF001
-    with open(base, "r+b") as f:  # the fold had begun: half its block written
+    base = eng._files.path(cid(1), committed.committed.file_id)  # noqa: SLF001
+    with open(base, "r+b") as f:  # a fold had begun: half its block written
         f.seek(10 * B)
         f.write(new[10 * B : 10 * B + B // 2])
     assert eng.read(cid(1)).data == new  # layered: those bytes come from the overlay
@@ -134,11 +143,23 @@ def test_overwrite_never_builds_on_a_corrupt_base(engine: ChunkEngine) -> None:
     fix = os.urandom(B)
     write(engine, cid(1), 6 * B, fix)
     assert engine.read(cid(1)).data == old[: 6 * B] + fix + old[7 * B :]
+    # a corrupt overlay is not folded into the data file: the next update refuses it (the chain
+    # then sends the whole chunk), and the committed version stays as it was
+    overlay = engine.get_meta(cid(1)).committed
+    assert overlay.layered
+    with open(engine._files.path(cid(1), overlay.overlay_file_id), "r+b") as f:  # noqa: SLF001
+        f.write(b"\0\0")
+    with pytest.raises(FS3Error) as err:
+        engine.update(cid(1), 0, b"y", chunk_size=CS, chain_ver=1)
+    assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+    assert engine.get_meta(cid(1)).committed == overlay
+    engine.replace(cid(1), old, chunk_size=CS, chain_ver=2, version=9, commit=True)  # as resync does
+    assert engine.read(cid(1)).data == old and len(data_files(engine)) == 1
 
 
 def test_readers_racing_layered_overwrites_see_whole_versions(tmp_path: Path) -> None:
     """Every read of the committed version returns exactly the content of the version it names,
-    while small overwrites are committed (and folded in place) under it."""
+    while small overwrites are committed under it (and each folded in place by the next)."""
     eng = ChunkEngine(tmp_path, EngineOptions(sync=False))
     content = bytearray(os.urandom(16 * B))
     versions = {write(eng, cid(1), 0, bytes(content)).committed_ver: bytes(content)}
@@ -167,7 +188,7 @@ def test_readers_racing_layered_overwrites_see_whole_versions(tmp_path: Path) ->
             data = os.urandom(5000)
             content[offset : offset + 5000] = data
             meta = eng.update(cid(1), offset, data, chunk_size=CS, chain_ver=1)
-            assert meta.pending.layered
+            assert meta.pending.layered and not meta.committed.layered  # the previous one folded
             versions[meta.pending_ver] = bytes(content)  # before the commit makes it readable
             eng.commit(cid(1), meta.pending_ver)
     finally:
