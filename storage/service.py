@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -50,12 +51,22 @@ class StorageService:
         self.m_latency = metrics.histogram(
             "fs3_storage_request_seconds", "storage request latency", ("method",), reg
         )
+        # the labelled children, looked up once (labels() takes a lock and builds a key every call)
+        self._ops: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self._read_bytes = self.m_bytes.labels("read")
+        self._write_bytes = self.m_bytes.labels("write")
 
     def _done(self, method: str, start: float, code: int = 0) -> None:
-        self.m_ops.labels(
-            method, StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
-        ).inc()
-        self.m_latency.labels(method).observe(time.perf_counter() - start)
+        ops = self._ops.get((method, code))
+        if ops is None:
+            name = StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
+            ops = self._ops[(method, code)] = self.m_ops.labels(method, name)
+        ops.inc()
+        latency = self._latency.get(method)
+        if latency is None:
+            latency = self._latency[method] = self.m_latency.labels(method)
+        latency.observe(time.perf_counter() - start)
 
     async def _timed(self, method: str, coro):  # type: ignore[no-untyped-def]
         start = time.perf_counter()
@@ -77,7 +88,7 @@ class StorageService:
     ) -> storage_pb2.IOResult:
         r = await self._timed("Write", self.rep.client_update(request, payload))
         if request.io.type == storage_pb2.UPDATE_WRITE:
-            self.m_bytes.labels("write").inc(request.io.length)
+            self._write_bytes.inc(request.io.length)
         return r
 
     async def update(
@@ -146,7 +157,7 @@ class StorageService:
             res.committed_version = version
             parts.append(data)
             pos += len(data)
-        self.m_bytes.labels("read").inc(pos)
+        self._read_bytes.inc(pos)
         self._done("BatchRead", start)
         if not parts:
             return rsp, None
