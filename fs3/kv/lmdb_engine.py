@@ -269,11 +269,16 @@ class _FileExtender:
         self._page = env.stat()["psize"]
         self._fd = os.open(os.path.join(path, "data.mdb"), os.O_WRONLY | os.O_CLOEXEC)
         self._zeros = bytes(1 << 20)
+        # The file's size as last seen: it only grows (here, in LMDB, or in another process's
+        # extender), so while this says there is room there is, and no fstat is needed per commit.
+        self._size = os.fstat(self._fd).st_size
 
     def extend_if_needed(self) -> None:
         info = self._env.info()
         used = (info["last_pgno"] + 1) * self._page
-        size = os.fstat(self._fd).st_size
+        if self._size - used >= self.LOW:
+            return
+        size = self._size = os.fstat(self._fd).st_size
         if size - used >= self.LOW:
             return
         start = max(size, used)
@@ -281,6 +286,7 @@ class _FileExtender:
         for offset in range(start, end, len(self._zeros)):
             os.pwrite(self._fd, self._zeros, offset)
         os.fdatasync(self._fd)
+        self._size = max(size, end)
 
     def close(self) -> None:
         os.close(self._fd)
