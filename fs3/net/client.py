@@ -94,6 +94,7 @@ class _ClientSession(FrameReceiver):
                     raise FS3Error(
                         StatusCode.RPC_AUTH_FAILED, f"{self.conn.peer} does not know the cluster secret"
                     )
+                self.conn.peer_authenticated()  # RDMA: remote access may open now, not before
                 proof = rpc_pb2.ClientProof(proof=auth.client_proof(secret, sh.nonce, nonce, identity))
                 step, _ = await self._handshake_step(auth.CLIENT_PROOF, proof.SerializeToString())
                 if step != auth.AUTH_OK:

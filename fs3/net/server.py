@@ -242,6 +242,7 @@ class _ServerSession(FrameReceiver):
                 if self._handshake_timer is not None:
                     self._handshake_timer.cancel()
                     self._handshake_timer = None
+                self.conn.peer_authenticated()  # RDMA: remote access may open now, not before
                 self.conn.send_frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b"")
                 log.debug("authenticated peer=%s identity=%s", self.conn.peer, self.identity)
         except DecodeError:
