@@ -79,6 +79,7 @@ class AsyncChunkEngine:
         chain_ver: int,
         version: int | None = None,
         checksum: int | None = None,
+        commit: bool = False,
     ) -> ChunkMeta:
         return await self._run(
             self.engine.update,
@@ -89,10 +90,18 @@ class AsyncChunkEngine:
             chain_ver=chain_ver,
             version=version,
             checksum=checksum,
+            commit=commit,
         )
 
     async def truncate(
-        self, chunk_id: bytes, length: int, *, chunk_size: int, chain_ver: int, version: int | None = None
+        self,
+        chunk_id: bytes,
+        length: int,
+        *,
+        chunk_size: int,
+        chain_ver: int,
+        version: int | None = None,
+        commit: bool = False,
     ) -> ChunkMeta:
         return await self._run(
             self.engine.truncate,
@@ -101,6 +110,7 @@ class AsyncChunkEngine:
             chunk_size=chunk_size,
             chain_ver=chain_ver,
             version=version,
+            commit=commit,
         )
 
     async def remove(

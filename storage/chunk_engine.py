@@ -271,6 +271,7 @@ class ChunkEngine:
         chain_ver: int,
         version: int | None = None,
         checksum: int | None = None,
+        commit: bool = False,
     ) -> ChunkMeta:
         """Write ``data`` at ``offset`` as the pending version ``committed + 1`` of the chunk.
 
@@ -279,6 +280,9 @@ class ChunkEngine:
         so it is idempotent); any other pending version must be committed or aborted first. Writing
         past the end leaves a hole of zeros. ``checksum``, if given, is the sender's CRC32C of
         ``data`` and is verified first. The chunk size is fixed by the chunk's first write.
+
+        With ``commit=True`` the new version is committed at once, in the same transaction: what
+        the tail of a chain does (one durable sync instead of two).
 
         Raises INVALID_ARGUMENT, STORAGE_CHUNK_TOO_LARGE, STORAGE_CHECKSUM_MISMATCH,
         STORAGE_CHUNK_VERSION_MISMATCH (a version that is not committed + 1: stale or missing).
@@ -331,13 +335,21 @@ class ChunkEngine:
                 content += data
                 content += self._content(chunk_id, base, end, old_len)
                 new = self._write_version(chunk_id, content, new_ver, chain_ver)
-            return self._install(meta, ChunkMeta(chunk_id, chunk_size, base, new))
+            committed, pending = (new, None) if commit else (base, new)
+            return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
 
     def truncate(
-        self, chunk_id: bytes, length: int, *, chunk_size: int, chain_ver: int, version: int | None = None
+        self,
+        chunk_id: bytes,
+        length: int,
+        *,
+        chunk_size: int,
+        chain_ver: int,
+        version: int | None = None,
+        commit: bool = False,
     ) -> ChunkMeta:
         """Make the pending version ``committed + 1`` the committed content cut or zero-extended to
-        ``length`` (creating the chunk if needed). Versions behave as in :meth:`update`."""
+        ``length`` (creating the chunk if needed). Versions and ``commit`` behave as in :meth:`update`."""
         check_chunk_id(chunk_id)
         check_chunk_size(chunk_size)
         if length < 0:
@@ -351,7 +363,8 @@ class ChunkEngine:
             content = self._content(chunk_id, base, 0, length)
             content.extend(bytes(length - len(content)))
             new = self._write_version(chunk_id, content, new_ver, chain_ver)
-            return self._install(meta, ChunkMeta(chunk_id, chunk_size, base, new))
+            committed, pending = (new, None) if commit else (base, new)
+            return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
 
     def remove(self, chunk_id: bytes, *, chain_ver: int, version: int | None = None) -> ChunkMeta | None:
         """Record the removal of the chunk as its pending version; committing it deletes the chunk.

@@ -216,6 +216,37 @@ def test_sender_checksum_is_verified(engine: ChunkEngine) -> None:
     assert meta.pending.crc == crc32c(b"xy") and engine.read(cid(1), version=2).data == b"xy"
 
 
+def test_update_and_truncate_can_commit_at_once(tmp_path: Path) -> None:
+    """As the tail of a chain does: the new version is committed in the update's one transaction,
+    whichever way the update is stored."""
+    eng = ChunkEngine(tmp_path)
+    model = bytearray()
+    steps = [  # (offset, data), or the length of a truncate
+        (0, b"a" * 300_000),  # a new chunk
+        (300_000, b"b" * 5000),  # an append in place
+        (70_000, b"c" * 100),  # a small overwrite: layered
+        (200_000, b"d" * 100),  # another, which folds the first
+        (10, b"e" * 250_000),  # a copy
+        100_000,
+    ]
+    for version, step in enumerate(steps, start=1):
+        before = eng.commit_stats().transactions
+        if isinstance(step, int):
+            meta = eng.truncate(cid(1), step, chunk_size=CS, chain_ver=2, commit=True)
+            del model[step:]
+        else:
+            offset, data = step
+            meta = eng.update(cid(1), offset, data, chunk_size=CS, chain_ver=1, commit=True)
+            model[offset : offset + len(data)] = data
+        assert eng.commit_stats().transactions == before + 1, step
+        assert (meta.committed_ver, meta.pending) == (version, None), step
+        assert meta.committed.crc == crc32c(model) and eng.read(cid(1)).data == model, step
+        assert sorted(meta.file_lengths()) == sorted(int(p.suffix[1:], 16) for p in data_files(eng)), step
+    eng.close()
+    with ChunkEngine(tmp_path) as eng:
+        assert eng.read(cid(1)).data == model and len(data_files(eng)) == 1
+
+
 @pytest.mark.parametrize("size", [0, 1000, 32 * 1024, 3 * 64 * 1024, 128 * MiB, 1 << 40])
 def test_bad_chunk_sizes_are_refused(engine: ChunkEngine, size: int) -> None:
     with pytest.raises(FS3Error) as err:
