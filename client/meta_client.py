@@ -34,6 +34,7 @@ from google.protobuf.message import Message
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, ServiceDef
+from fs3.net.transport import Address, parse_address
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
@@ -42,6 +43,10 @@ from fs3.proto import meta_pb2 as m
 _ids = random.SystemRandom()
 
 ROOT_ID = 1
+
+# "host:port" -> (host, port), parsed once per address rather than on every call (the address list
+# is public and may be replaced, so this is keyed by the string, not kept beside the list).
+_parsed: dict[str, Address] = {}
 
 # A cluster without a configured secret (tests, a single-user local cluster) still needs one for the
 # fs3 RPC handshake; this one is public, so such a cluster is only as private as its network.
@@ -151,15 +156,16 @@ class MetaClient:
             hdr.request_id = self._next_request_id()
         meth = self._methods[method]
         deadline = time.monotonic() + self.timeout_s
+        timeout = min(self.rpc_timeout_s, self.timeout_s)  # the first try has the whole budget
         backoff = 0.01
         tried = 0
         while True:
             address = self.addresses[self._current]
-            remaining = deadline - time.monotonic()
+            parsed = _parsed.get(address)
+            if parsed is None:
+                parsed = _parsed[address] = parse_address(address)
             try:
-                rsp, _ = await self.rpc.call(
-                    address, meth, request, timeout=max(min(self.rpc_timeout_s, remaining), 0.001)
-                )
+                rsp, _ = await self.rpc.call(parsed, meth, request, timeout=max(timeout, 0.001))
                 return rsp
             except FS3Error as e:
                 if e.code not in _FAILOVER or time.monotonic() >= deadline:
@@ -169,6 +175,7 @@ class MetaClient:
                 if tried % len(self.addresses) == 0:
                     await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
                     backoff = min(backoff * 2, 0.5)
+                timeout = min(self.rpc_timeout_s, deadline - time.monotonic())
 
     # ---- reads ---------------------------------------------------------------------------------
 

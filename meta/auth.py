@@ -24,6 +24,11 @@ MAX_GROUPS = 64
 class Authenticator(Protocol):
     async def credentials(self, user: common_pb2.UserInfo) -> Credentials: ...
 
+    def known(self, user: common_pb2.UserInfo) -> Credentials | None:
+        """The credentials :meth:`credentials` would return, when they are at hand without waiting
+        (nothing to verify); None when only :meth:`credentials` can tell (it may also raise)."""
+        ...
+
 
 class _HeaderCredentials:
     """The Credentials a header names, made once per distinct identity: every request carries one,
@@ -34,6 +39,10 @@ class _HeaderCredentials:
     def __init__(self, max_entries: int = 10_000) -> None:
         self._cache: dict[tuple[int, int, tuple[int, ...]], Credentials] = {}
         self.max_entries = max_entries
+
+    def get(self, user: common_pb2.UserInfo) -> Credentials | None:
+        """The cached Credentials of ``user``'s identity, or None (not made yet)."""
+        return self._cache.get((user.uid, user.gid, tuple(user.groups)))
 
     def __call__(self, user: common_pb2.UserInfo) -> Credentials:
         groups = tuple(user.groups)
@@ -57,6 +66,9 @@ class TrustingAuthenticator:
 
     async def credentials(self, user: common_pb2.UserInfo) -> Credentials:
         return self._from_header(user)
+
+    def known(self, user: common_pb2.UserInfo) -> Credentials | None:
+        return self._from_header.get(user)
 
 
 class TokenAuthenticator:
@@ -101,6 +113,22 @@ class TokenAuthenticator:
         if isinstance(value, FS3Error):
             raise FS3Error(value.code, value.message)
         return value
+
+    def known(self, user: common_pb2.UserInfo) -> Credentials | None:
+        # Only a live positive cache entry whose Credentials are made already: anything else (an
+        # unknown or expired token, a refusal, a first use) goes through credentials().
+        hit = self._cache.get(user.token)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        owner = hit[1]
+        if isinstance(owner, FS3Error):
+            return None
+        if owner.root:
+            return self._from_header.get(user)
+        if user.uid != owner.uid:
+            return None
+        made = self._of_user.get(id(owner))
+        return made[1] if made is not None and made[0] is owner else None
 
     async def credentials(self, user: common_pb2.UserInfo) -> Credentials:
         owner = await self.user_of(user.token)
