@@ -18,9 +18,8 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
 :class:`InodeState` collects the open handles of one inode in one client, so a read sees writes of
 every handle of this client (read-your-writes) and a stat reports the length they wrote.
 
-Reads go through a :class:`fs3.client.read_batcher.ReadBatcher` (shared by the client's files), which
-coalesces concurrent small reads into shared storage batches, and land in the caller's buffer
-(:meth:`OpenFile.read_into`).
+Reads land in the caller's buffer (:meth:`OpenFile.read_into`): a read inside one chunk, alone in
+its call to a storage node, is received straight into it.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fs3.client.read_batcher import ReadBatcher
 from fs3.client.storage_client import ReadRequest, StorageClient
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import meta_pb2
@@ -119,10 +117,8 @@ class OpenFile:
         writable: bool,
         buffer_bytes: int = 4 << 20,
         max_flushes: int = 4,
-        reader: ReadBatcher | None = None,
     ) -> None:
         self.storage = storage
-        self.reader = reader if reader is not None else ReadBatcher(storage)
         self.state = state
         self.inode_id = state.inode.id
         self.layout = state.inode.layout
@@ -303,7 +299,7 @@ class OpenFile:
             for io in ios:
                 sinks.append(buf[pos : pos + io.length])
                 pos += io.length
-        got = await self.reader.read_into(ios, sinks)
+        got = await self.storage.batch_read_into(ios, sinks)
         for io, sink, n in zip(ios, sinks, got, strict=True):
             if n < io.length:
                 sink[n:] = bytes(io.length - n)  # a hole, or past the end of a chunk

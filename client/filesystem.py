@@ -44,7 +44,6 @@ from typing import Any
 from fs3.client.file import InodeState, OpenFile, read_many
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
 from fs3.client.mgmtd_client import MgmtdClient
-from fs3.client.read_batcher import ReadBatcher
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
@@ -281,7 +280,6 @@ class FileSystem:
         self.routing = routing
         self.meta = meta
         self.storage = storage
-        self.reader = ReadBatcher(storage)
         self._states: dict[int, InodeState] = {}
         self._meta_from_routing = not config.meta_addresses
 
@@ -390,7 +388,6 @@ class FileSystem:
             writable=(flags & os.O_ACCMODE) != os.O_RDONLY,
             buffer_bytes=self.config.write_buffer_bytes,
             max_flushes=self.config.max_flushes_in_flight,
-            reader=self.reader,
         )
         h.state.handles.add(h)
         return h
