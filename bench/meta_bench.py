@@ -13,7 +13,9 @@ Each of ``clients`` native clients (fs3.client.meta_client.MetaClient, one per c
 * ``unlink``: each file.
 
 ``--layout one-dir`` puts every client's entries in one shared directory (the contended case);
-``many-dirs`` gives each client a directory of its own. A rate is all clients' operations divided by
+``many-dirs`` gives each client a directory of its own. Each client has a connection of its own unless
+``--share-rpc`` makes the clients of a process share one (as one FUSE mount's operations do: their
+requests and replies then travel in shared writes). A rate is all clients' operations divided by
 the wall time from the first client's start to the last one's end; CPU per operation is shown for
 the server (when its pid is known) and for the client processes together. Without ``--address`` the
 benchmark starts a meta daemon on an lmdb store in a temporary directory and stops it afterwards.
@@ -36,7 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fs3.client.meta_client import ROOT_ID, MetaClient  # noqa: E402
+from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient  # noqa: E402
+from fs3.net import RpcClient  # noqa: E402
 from fs3.proto import common_pb2  # noqa: E402
 
 PHASES = ("mkdir", "create", "stat", "unlink")
@@ -108,9 +111,13 @@ async def _worker_main(
     barrier,
     out,
     server_pid: int | None,
+    share_rpc: bool = False,
 ) -> None:
     user = common_pb2.UserInfo(uid=0, gid=0)
-    clients = [MetaClient([address], secret, user=user, timeout_s=120) for _ in names]
+    # shared: the process's clients call through one RpcClient (one connection), as the
+    # operations of one FUSE mount do; else each client has a connection of its own
+    rpc = RpcClient(secret or DEV_SECRET, identity="meta-bench") if share_rpc else None
+    clients = [MetaClient([address], secret, user=user, rpc=rpc, timeout_s=120) for _ in names]
     state: dict[str, list[int]] = {}
     try:
         for phase in PHASES:
@@ -129,6 +136,8 @@ async def _worker_main(
     finally:
         for c in clients:
             await c.close()
+        if rpc is not None:
+            await rpc.close()
 
 
 def _worker(*args) -> None:  # type: ignore[no-untyped-def]
@@ -156,6 +165,7 @@ def run_case(
     items: int,
     procs: int,
     server_pid: int | None = None,
+    share_rpc: bool = False,
 ) -> list[Result]:
     run = f"bench-{layout}-{clients}-{os.getpid()}-{time.time_ns()}"
     parents = asyncio.run(_prepare(address, secret, layout, clients, run))
@@ -169,7 +179,17 @@ def run_case(
         names = [f"{i}" for i in mine]
         p = ctx.Process(
             target=_worker,
-            args=(address, secret, names, [parents[i] for i in mine], items, barrier, out, server_pid),
+            args=(
+                address,
+                secret,
+                names,
+                [parents[i] for i in mine],
+                items,
+                barrier,
+                out,
+                server_pid,
+                share_rpc,
+            ),
         )
         p.start()
         workers.append(p)
@@ -222,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
     p.add_argument("--dir", help="where a started daemon keeps its store (default: a temp dir)")
     p.add_argument("--server-pid", type=int, help="pid of a --address server on this host, for its CPU use")
+    p.add_argument(
+        "--share-rpc",
+        action="store_true",
+        help="the clients of one process share one connection (as a FUSE mount's operations do)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     secret = Path(args.secret_file).read_bytes().strip() if args.secret_file else None
@@ -236,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         for layout in args.layout.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
                 pid = proc.pid if proc is not None else args.server_pid
-                results += run_case(address, secret, layout, clients, args.items, args.procs, pid)
+                results += run_case(
+                    address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc
+                )
     finally:
         if proc is not None:
             proc.terminate()
