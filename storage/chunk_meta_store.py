@@ -117,13 +117,16 @@ class ChunkMetaStore:
         change = _Change(chunk_id, old, new)
         with self._group_lock:
             self._queue.append(change)
-            while self._leading and not change.done:
-                self._group_lock.wait()
-            if not change.done:
-                # lead: our change and every one queued before the previous group finished
+        while True:
+            with self._group_lock:
+                while self._leading and not change.done:
+                    self._group_lock.wait()
+                if change.done:
+                    break
+                # lead: the oldest queued changes (ours among them, or in a later group when more
+                # than _MAX_GROUP were queued ahead of it: then we lead again)
                 self._leading = True
                 group, self._queue = self._queue[:_MAX_GROUP], self._queue[_MAX_GROUP:]
-        if not change.done:
             try:
                 self._commit_group(group)
             except BaseException as exc:

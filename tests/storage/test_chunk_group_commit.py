@@ -160,3 +160,34 @@ def test_a_failed_transaction_fails_every_change_in_it(tmp_path: Path) -> None:
 
 def _leading(store: ChunkMetaStore) -> bool:
     return store._leading  # noqa: SLF001 - no public view of a leader blocked inside LMDB
+
+
+def test_a_leader_whose_change_is_past_the_group_limit_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More changes queued than one group takes: whoever leads next may find its own change left
+    # for a later group; it must not return before that change is recorded.
+    monkeypatch.setattr("fs3.storage.chunk_meta_store._MAX_GROUP", 1)
+    store = ChunkMetaStore(tmp_path / "meta", sync=False, map_size=1 << 26, max_readers=16)
+    seen: dict[int, ChunkMeta | None] = {}
+
+    def swap_then_look(i: int) -> None:
+        store.swap(cid(i), None, meta(i))
+        seen[i] = store.get(cid(i))  # what the caller sees the moment swap returns
+
+    try:
+        n = 16
+        threads, results = run_all([lambda i=i: swap_then_look(i) for i in range(n)])
+        with writer_held(store._env):  # noqa: SLF001
+            threads[0].start()
+            poll(lambda: _leading(store), "the leader stalled")
+            for t in threads[1:]:
+                t.start()
+            poll(lambda: store.commit_stats().queued == n - 1, "the rest queued")
+        for t in threads:
+            t.join()
+        assert results == [None] * n
+        assert all(seen[i] == meta(i) for i in range(n)), [i for i in range(n) if seen[i] is None]
+        assert store.commit_stats().transactions == n
+    finally:
+        store.close()
