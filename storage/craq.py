@@ -321,7 +321,7 @@ class Replicator:
             if kind == "absent":
                 return io_result(None, chain_ver)  # removal of a chunk this replica does not hold
             assert new is not None
-            v = new.pending_ver
+            v = new.pending_ver or new.committed_ver
             if kind == "pending":
                 await self._forward(t, cid, chain_id, op, v, new)
                 meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
@@ -689,9 +689,12 @@ def _apply(
             chain_ver=chain_ver,
             version=version,
             checksum=op.crc,
+            commit=commit,
         )
     elif op.type == storage_pb2.UPDATE_TRUNCATE:
-        new = eng.truncate(cid, op.length, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version)
+        new = eng.truncate(
+            cid, op.length, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version, commit=commit
+        )
     elif op.type == storage_pb2.UPDATE_REPLACE:
         assert op.data is not None and version is not None
         new = eng.replace(
@@ -712,6 +715,8 @@ def _apply(
     if new is None:
         return "absent", None, None
     if commit:
+        if op.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_TRUNCATE):
+            return "committed", new, new  # recorded and committed in one metadata transaction
         return "committed", eng.commit(cid, new.pending_ver, chain_ver=chain_ver), new
     return "pending", None, new
 
