@@ -269,11 +269,34 @@ class MetaService:
         return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id))
 
 
-# Reads that usually finish without suspending: started inline in the receive path, they cost no
-# task per call (see fs3.net.service.inline). Nothing on their path uses asyncio.timeout,
-# current_task or context variables before its first suspension.
+# Started inline in the receive path (see fs3.net.service.inline): reads that usually finish
+# without suspending cost no task per call, and namespace changes run their transaction right away,
+# up to the commit they wait for (a task then takes over), instead of one loop iteration later; a
+# change that fails before its commit (EEXIST, ENOENT...) or replays a recorded reply costs no task.
+# Nothing on their path uses asyncio.timeout, current_task or context variables before its first
+# suspension. Not here: calls that may reach storage before that (Open, Sync, Close and Setattr
+# query or truncate chunks; the RPC client's connect uses asyncio.timeout), and StatFs.
 INLINE = frozenset(
-    {"Stat", "BatchStat", "Lookup", "LookupPath", "Readdir", "Readlink", "Getxattr", "Listxattr"}
+    {
+        "Stat",
+        "BatchStat",
+        "Lookup",
+        "LookupPath",
+        "Readdir",
+        "Readlink",
+        "Getxattr",
+        "Listxattr",
+        "Create",
+        "Mkdir",
+        "Mknod",
+        "Symlink",
+        "Link",
+        "Unlink",
+        "Rmdir",
+        "Rename",
+        "Setxattr",
+        "Removexattr",
+    }
 )
 
 
