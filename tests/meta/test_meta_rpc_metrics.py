@@ -129,3 +129,25 @@ async def test_cached_token_credentials() -> None:
                 assert e.value.code == StatusCode.UNAUTHENTICATED
     # each token was asked about once (answers are cached, refusals included)
     assert sorted(verified) == ["alice-token", "forged", "root-token"]
+
+
+async def test_header_identities_are_told_apart() -> None:
+    async for address, _ in _serve(TrustingAuthenticator(), None):
+        async with MetaClient([address], user=common_pb2.UserInfo(uid=0, gid=0), timeout_s=5) as root:
+            d = await root.mkdir(ROOT_ID, b"team", 0o770)
+            await root.setattr(d.id, gid=7)
+        member = common_pb2.UserInfo(uid=1000, gid=1000, groups=[3, 7])
+        outsider = common_pb2.UserInfo(uid=1000, gid=1000, groups=[3])
+        crowd = common_pb2.UserInfo(uid=1000, gid=1000, groups=list(range(100, 165)))
+        for i in range(2):  # alternating identities of one uid, each with its own groups
+            async with MetaClient([address], user=member, timeout_s=5) as c:
+                f = (await c.create(d.id, f"m{i}".encode(), 0o644)).inode
+                assert (f.uid, f.gid) == (1000, 1000)
+            async with MetaClient([address], user=outsider, timeout_s=5) as c:
+                with pytest.raises(FS3Error) as e:
+                    await c.create(d.id, f"o{i}".encode(), 0o644)
+                assert e.value.errno == errno.EACCES
+            async with MetaClient([address], user=crowd, timeout_s=5) as c:
+                with pytest.raises(FS3Error) as e:
+                    await c.stat(ROOT_ID)
+                assert e.value.code == StatusCode.INVALID_ARGUMENT
