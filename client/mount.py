@@ -21,12 +21,10 @@ import asyncio
 import contextlib
 import logging
 import os
-import select
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error
@@ -43,29 +41,6 @@ CONGESTION_THRESHOLD = 96
 # above MAX_BACKGROUND plus the synchronous requests of a few dozen callers.
 MIN_IDLE_WORKERS = 16
 MAX_WORKERS = 256
-
-
-def _poll_before_waiting(shim: Any) -> None:
-    """Let pyfuse3's workers take a queued request without a trip through the event loop.
-
-    pyfuse3 (in asyncio mode) serves one request per worker turn: the worker holding its read lock
-    awaits ``wait_readable`` on /dev/fuse -- registering the fd with the loop, waking on the next
-    poll, unregistering it -- and only then reads. Under load a request is nearly always queued
-    already; a ``poll`` with no timeout finds it in one cheap system call and the worker reads it
-    in the same turn. Otherwise the worker waits as before.
-    """
-    original = shim.wait_readable
-    pollers: dict[int, select.poll] = {}
-
-    async def wait_readable(fd: int) -> None:
-        poller = pollers.get(fd)
-        if poller is None:
-            poller = pollers[fd] = select.poll()
-            poller.register(fd, select.POLLIN)
-        if not poller.poll(0):
-            await original(fd)
-
-    shim.wait_readable = wait_readable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,7 +97,6 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     from fs3.client.fuse_ops import Fs3Operations
 
     pyfuse3.asyncio.enable()
-    _poll_before_waiting(pyfuse3.asyncio)
     metrics_server = None
     if cfg.metrics_port:
         from fs3.metrics import serve as serve_metrics
