@@ -103,6 +103,7 @@ class _ServerSession(FrameReceiver):
         "_server_nonce",
         "_handshake_timer",
         "_tasks",
+        "_task_key",
         "_handlers",
         "_pool",
         "_crc_flag",
@@ -121,7 +122,10 @@ class _ServerSession(FrameReceiver):
         self._step = auth.CLIENT_HELLO
         self._client_nonce = b""
         self._server_nonce = b""
-        self._tasks: set[asyncio.Task[None]] = set()
+        # calls running in tasks, by a key of ours (request ids may repeat): each call's _finish
+        # removes its own entry, which costs less than a done callback (a loop callback per call)
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._task_key = 0
         self._handlers = server._handlers
         self._pool = server.pool
         self._crc_flag = F_PAYLOAD_CRC if server.payload_crc else 0
@@ -319,7 +323,7 @@ class _ServerSession(FrameReceiver):
             self._reply_exception(request_id, method, exc, payload)
             return
         if not run_inline:
-            self._start_task(self._finish(request_id, method, coro, payload), payload)
+            self._start_task(request_id, method, coro, payload)
             return
         try:
             pending = coro.send(None)
@@ -329,7 +333,7 @@ class _ServerSession(FrameReceiver):
         except Exception as exc:
             self._reply_exception(request_id, method, exc, payload)
             return
-        self._start_task(self._finish(request_id, method, _resume(coro, pending), payload), payload)
+        self._start_task(request_id, method, _resume(coro, pending), payload)
 
     def _log_rejection(self, fmt: str, *args: object) -> None:
         # A confused client can send a stream of bad calls; its first few are worth a warning each,
@@ -342,10 +346,10 @@ class _ServerSession(FrameReceiver):
         else:
             log.debug(fmt, *args)
 
-    def _start_task(self, coro: Any, payload: memoryview | None) -> None:
-        task = self.loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _start_task(self, request_id: int, method: Method, aw: Any, payload: memoryview | None) -> None:
+        key = self._task_key = self._task_key + 1
+        # the task's first step runs later, so its entry is in place before _finish can remove it
+        self._tasks[key] = self.loop.create_task(self._finish(key, request_id, method, aw, payload))
         self._inflight += 1
         if payload is not None:
             self._inflight_bytes += payload.nbytes
@@ -377,7 +381,9 @@ class _ServerSession(FrameReceiver):
                 self._throttled = False
                 self.conn.pause_receiving(False)
 
-    async def _finish(self, request_id: int, method: Method, aw: Any, payload: memoryview | None) -> None:
+    async def _finish(
+        self, key: int, request_id: int, method: Method, aw: Any, payload: memoryview | None
+    ) -> None:
         try:
             result = await aw
         except asyncio.CancelledError as exc:
@@ -388,6 +394,7 @@ class _ServerSession(FrameReceiver):
         else:
             self._reply(request_id, method, result, payload)
         finally:
+            del self._tasks[key]
             self._call_done(payload)
 
     def _reply(
@@ -470,7 +477,7 @@ class _ServerSession(FrameReceiver):
             self._pool.release(payload.obj)  # type: ignore[arg-type]
 
     def cancel_calls(self) -> None:
-        for task in list(self._tasks):
+        for task in list(self._tasks.values()):
             task.cancel()
 
 
@@ -558,7 +565,7 @@ class RpcServer:
             await self._listener.wait_closed()
             self._listener = None
         sessions = list(self._sessions)
-        tasks = [t for s in sessions for t in s._tasks]
+        tasks = [t for s in sessions for t in s._tasks.values()]
         for s in sessions:
             s.cancel_calls()
         if tasks:
