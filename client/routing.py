@@ -84,6 +84,9 @@ class Routing:
         self.chain_tables: dict[tuple[int, int], mgmtd_pb2.ChainTable] = {
             (t.table_id, t.version): t for t in info.chain_tables
         }
+        # Derived per read on the client's hot path, and fixed for a snapshot: computed once each.
+        self.addresses: dict[tuple[int, bool], tuple[str, int]] = {}  # see storage_client.node_address
+        self._serving = {c.chain_id: c.serving for c in self.chains.values()}
 
     @classmethod
     def empty(cls) -> Routing:
@@ -96,6 +99,13 @@ class Routing:
             raise FS3Error(
                 StatusCode.MGMTD_UNKNOWN_CHAIN, f"chain {chain_id} is not in routing info"
             ) from None
+
+    def serving(self, chain_id: int) -> list[int]:
+        """:attr:`ChainView.serving` of a chain (computed once per snapshot; do not modify it)."""
+        try:
+            return self._serving[chain_id]
+        except KeyError:
+            return self.chain(chain_id).serving
 
     def target(self, target_id: int) -> mgmtd_pb2.TargetInfo:
         try:

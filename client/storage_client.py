@@ -192,12 +192,16 @@ def node_address(routing: Routing, target_id: int, *, backend: bool = False) -> 
     chain replication, that endpoint second; ``backend=True`` (storage daemons talking to each
     other) picks the latter where there is one.
     """
+    address = routing.addresses.get((target_id, backend))
+    if address is not None:
+        return address
     node = routing.node_of_target(target_id)
     tcp = [ep for ep in node.endpoints if ep.transport in ("", "tcp")]
     if not tcp:
         raise FS3Error(StatusCode.STORAGE_TARGET_OFFLINE, f"node {node.node_id} has no tcp endpoint")
     ep = tcp[-1] if backend else tcp[0]
-    return (ep.host, ep.port)
+    address = routing.addresses[(target_id, backend)] = (ep.host, ep.port)
+    return address
 
 
 class _Channels:
@@ -445,8 +449,9 @@ class StorageClient:
             backoff = min(backoff * 2, self.retry.max_s)
 
     def _pick_reader(self, routing: Routing, chain_id: int, exclude: set[int]) -> int:
-        chain = routing.chain(chain_id)
-        serving = [t for t in chain.serving if t not in exclude] or chain.serving
+        chain_serving = routing.serving(chain_id)
+        serving = [t for t in chain_serving if t not in exclude] if exclude else chain_serving
+        serving = serving or chain_serving
         if not serving:
             raise FS3Error(StatusCode.STORAGE_TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
 
