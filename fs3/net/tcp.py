@@ -36,6 +36,7 @@ from fs3.net.transport import (
     Address,
     Buffer,
     Connection,
+    DrainWaiters,
     FrameReceiver,
     Listener,
     ReceiverFactory,
@@ -117,7 +118,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._paused_for_writes = False
         self._paused_by_receiver = False
         self._reading_stopped = False
-        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._drain_waiters = DrainWaiters(loop)
         self._closing = False
         self._closed: asyncio.Future[None] = loop.create_future()
 
@@ -221,7 +222,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._wq.clear()
         self._cb_queued.clear()
         self._cb_in_transport.clear()
-        self._wake_drainers()
+        self._drain_waiters.wake()
         if not self._closed.done():
             self._closed.set_result(None)
         receiver, self._receiver = self._receiver, None
@@ -236,7 +237,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         callbacks, self._cb_in_transport = self._cb_in_transport, []
         for cb in callbacks:
             cb()
-        self._wake_drainers()
+        self._drain_waiters.wake()
         if self._paused_for_writes:
             self._paused_for_writes = False
             self._update_reading()
@@ -527,15 +528,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
     async def drain(self) -> None:
         if self._closing or not self._paused:
             return
-        fut = self._loop.create_future()
-        self._drain_waiters.append(fut)
-        await fut
-
-    def _wake_drainers(self) -> None:
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+        await self._drain_waiters.wait()
 
     def close(self) -> None:
         # Also ends a lingering close (see _fail) early.

@@ -15,6 +15,7 @@ payload is RDMA-READ into or answered from, and ``FrameReceiver`` is called as c
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -69,6 +70,31 @@ class FrameReceiver(abc.ABC):
     @abc.abstractmethod
     def connection_lost(self, exc: BaseException | None) -> None:
         """The connection is closed (by either side); no further calls follow."""
+
+
+class DrainWaiters:
+    """The callers of a connection's :meth:`Connection.drain`, waiting until it can take more
+    (woken all at once when the send queue is low again or the connection ends)."""
+
+    __slots__ = ("_loop", "_waiters")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._waiters)
+
+    async def wait(self) -> None:
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        await fut
+
+    def wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
 
 class Connection(abc.ABC):

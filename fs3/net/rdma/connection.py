@@ -86,7 +86,7 @@ from fs3.net.rdma.workreq import (
     encode_wr_id,
     status_name,
 )
-from fs3.net.transport import Buffer, Connection, FrameReceiver, ReceiverFactory
+from fs3.net.transport import Buffer, Connection, DrainWaiters, FrameReceiver, ReceiverFactory
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class RdmaConnection(Connection):
         self._exposed: dict[int, Exposure] = {}  # lent with expose(), by rkey
         self._release_tokens: list[int] = []
         self._pump_scheduled = False
-        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._drain_waiters = DrainWaiters(loop)
         # receive state
         self._assembler = StreamAssembler(local.inline_max)
         self._paused = False  # by the receiver (too much work in progress)
@@ -678,7 +678,7 @@ class RdmaConnection(Connection):
             self._call(cb)
         if self._out_bytes <= _LOW_WATER:
             if self._drain_waiters and len(self._frames) <= _FRAMES_LOW:
-                self._wake_drainers()
+                self._drain_waiters.wake()
             if self._paused_for_writes:
                 self._paused_for_writes = False
                 self._resume()
@@ -824,15 +824,7 @@ class RdmaConnection(Connection):
     async def drain(self) -> None:
         if self._closing or not self.write_paused:
             return
-        fut = self._loop.create_future()
-        self._drain_waiters.append(fut)
-        await fut
-
-    def _wake_drainers(self) -> None:
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+        await self._drain_waiters.wait()
 
     def close(self) -> None:
         if self._closing:
@@ -900,7 +892,7 @@ class RdmaConnection(Connection):
                 self.pool.release(f.staged)
         self._frames.clear()
         self._out.clear()
-        self._wake_drainers()
+        self._drain_waiters.wake()
         if self._on_closed is not None:
             self._on_closed(self)
         receiver, self._receiver = self._receiver, None
