@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -41,6 +42,12 @@ from fs3.proto import meta_pb2 as m
 # Ids that must not repeat across processes or runs: an application (or a test framework) seeding
 # the random module must not make two clients share request or session ids.
 _ids = random.SystemRandom()
+# The last request id drawn for each client id in this process. MetaClients that share a client id
+# (a mount makes one per calling user, all with the mount's id) must share this too: each on its
+# own could hand out an id another already used once the wall clock steps back, and meta would
+# answer the new request with the old one's recorded result.
+_last_request_ids: dict[int, int] = {}
+_last_request_ids_lock = threading.Lock()
 
 ROOT_ID = 1
 
@@ -126,15 +133,17 @@ class MetaClient:
         self.rpc_timeout_s = rpc_timeout_s
         self._current = _ids.randrange(len(self.addresses))
         self._methods = {meth.name: meth for meth in META_SERVICE}
-        self._last_request_id = 0
 
     def _next_request_id(self) -> int:
-        """A request id this client never used before: the wall clock in nanoseconds, or one past
-        the previous id when the clock has not moved on (or stepped back). Ids that grow with time
-        keep meta's records of recent requests together in its store (see ``fs3.meta.schema``);
-        uniqueness needs only this client's ids to differ, as the client id is part of the key."""
-        rid = max(time.time_ns(), self._last_request_id + 1)
-        self._last_request_id = rid
+        """A request id never used before with this client id: the wall clock in nanoseconds, or
+        one past the previous id when the clock has not moved on (or stepped back). Ids that grow
+        with time keep meta's records of recent requests together in its store (see
+        ``fs3.meta.schema``); uniqueness needs only the ids of one client id to differ, as the
+        client id is part of the key."""
+        now = time.time_ns()
+        with _last_request_ids_lock:
+            rid = max(now, _last_request_ids.get(self.client_id, 0) + 1)
+            _last_request_ids[self.client_id] = rid
         return rid
 
     async def close(self) -> None:
