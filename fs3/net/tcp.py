@@ -66,6 +66,22 @@ _KEEPALIVE = [
     if hasattr(socket, name)
 ]
 
+
+def tune_socket(sock: socket.socket | None) -> None:
+    """No Nagle delay, and TCP keepalive that finds a peer which vanished without a FIN (power
+    loss, partition) within about a minute, so connections to it do not linger forever. Best
+    effort: a socket that refuses an option keeps its defaults."""
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in _KEEPALIVE:
+            sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+    except OSError:
+        pass
+
+
 # How long a connection closed for bad input keeps discarding what the peer still sends.
 _LINGER_S = 1.0
 
@@ -129,17 +145,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                # keepalive finds peers that vanished without a FIN (power loss, partition), so
-                # pooled connections to them do not linger forever
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                for opt, value in _KEEPALIVE:
-                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-            except OSError:
-                pass
+        tune_socket(transport.get_extra_info("socket"))
         # high-water 0: we hear (resume_writing) exactly when everything queued has left, which is
         # when payload buffers may be reused. Backpressure uses our own threshold below.
         transport.set_write_buffer_limits(high=0, low=0)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,7 +45,7 @@ from fs3.net.rdma.wire import (
     parse_message,
     parse_prefix,
 )
-from fs3.net.tcp import TcpConnection, TcpTransport
+from fs3.net.tcp import TcpConnection, TcpTransport, tune_socket
 from fs3.net.transport import Address, Connection, Listener, ReceiverFactory, Transport
 
 log = logging.getLogger(__name__)
@@ -55,11 +54,6 @@ TCP_MAGIC = b"FS3R"
 _READY = b"\x01"
 # Bytes a listener holds while it tells an RDMA handshake from a TCP client (normally a few hundred).
 _SNIFF_MAX = 1 << 20
-_KEEPALIVE = [
-    (getattr(socket, name), value)
-    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
-    if hasattr(socket, name)
-]
 
 
 class PendingQueuePair(QueuePairOps, Protocol):
@@ -131,16 +125,8 @@ class _Side(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                # this socket's end is the RDMA connection's end: keepalive notices a vanished host
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                for opt, value in _KEEPALIVE:
-                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-            except OSError:
-                pass
+        # this socket's end is the RDMA connection's end: its keepalive notices a vanished host
+        tune_socket(transport.get_extra_info("socket"))
         if self._on_open is not None:
             self._on_open(self)
 
