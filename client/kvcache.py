@@ -125,6 +125,7 @@ class KVCache:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"the cache root must be an absolute path: {root!r}")
         self.fs = fs
         self.root = root.rstrip("/") or "/"
+        self._prefix = root.rstrip("/")  # what shard directory paths start with ("" for "/")
         self.touch_on_get = touch_on_get
         self.tmp_grace_s = tmp_grace_s
         self._sem = asyncio.Semaphore(concurrency)
@@ -136,7 +137,7 @@ class KVCache:
         return f"{self._shard_dir(name)}/{name}"
 
     def _shard_dir(self, name: str) -> str:
-        return f"{self.root.rstrip('/')}/{name[:2]}"
+        return f"{self._prefix}/{name[:2]}"
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -258,8 +259,8 @@ class KVCache:
             if e.code == StatusCode.NOT_FOUND:
                 return []
             raise
-        names = await asyncio.gather(*(self.fs.listdir(f"{self.root.rstrip('/')}/{s}") for s in shards))
-        paths = [f"{self.root.rstrip('/')}/{s}/{n}" for s, ns in zip(shards, names, strict=True) for n in ns]
+        names = await asyncio.gather(*(self.fs.listdir(f"{self._prefix}/{s}") for s in shards))
+        paths = [f"{self._prefix}/{s}/{n}" for s, ns in zip(shards, names, strict=True) for n in ns]
 
         async def stat(path: str) -> _File | None:
             async with self._sem:
