@@ -30,6 +30,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,6 +81,26 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or pred}")
         await asyncio.sleep(interval_s)
+
+
+def fail_disk(target_path: Path) -> None:
+    """Make a storage target's disk "fail" under a running daemon.
+
+    Its chunk directory is removed (also for the shard-directory descriptors the engine keeps open)
+    and a file stands in its way. The daemon may be creating chunk files while this runs, so the
+    directory is first renamed aside (new creations by path fail at once) and the renamed tree is
+    removed until it is gone: a file created in a shard directory between its listing and its
+    rmdir makes that rmdir fail with ENOTEMPTY, and the next pass removes it.
+    """
+    chunks = target_path / "chunks"
+    dead = target_path / "chunks.failed"
+    os.rename(chunks, dead)
+    chunks.write_text("not a directory")
+    for _ in range(100):
+        shutil.rmtree(dead, ignore_errors=True)
+        if not dead.exists():
+            return
+    raise AssertionError(f"{dead} could not be removed: something keeps writing into it")
 
 
 def _toml(value: object) -> str:

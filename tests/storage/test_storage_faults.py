@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import struct
 
 import pytest
 from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, verify
-from cluster import Cluster, wait_until
+from cluster import Cluster, fail_disk, wait_until
 
 from fs3.client.storage_client import crc32c
 from fs3.proto import common_pb2
@@ -185,10 +184,7 @@ async def test_disk_error_takes_the_target_offline(tmp_path):
             victim = routing.chain(c.chain_ids[0]).targets[1].target_id
             node = c.node_of_target(victim)
             path = node.targets[victim]
-            # the disk "fails": its chunk directory is gone (also for descriptors the engine
-            # keeps open) and a file stands in its way
-            shutil.rmtree(path / "chunks")
-            (path / "chunks").write_text("not a directory")
+            fail_disk(path)
             await c.wait_chains(
                 lambda ch: ch.chain_id != c.chain_ids[0] or ch.state_of(victim) == common_pb2.OFFLINE,
                 what="the failed target to go offline",

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 
 import pytest
 from chain_workload import CHUNK
-from cluster import Cluster, wait_until
+from cluster import Cluster, fail_disk, wait_until
 
 from fs3.client.storage_client import crc32c
 from fs3.proto import common_pb2
@@ -48,10 +47,7 @@ async def test_disk_failure_during_whole_chunk_writes(tmp_path, position):
             await progress(20)
             victim = (await c.routing()).chain(chain_id).targets[0 if position == "head" else 1].target_id
             path = c.node_of_target(victim).targets[victim]
-            # the disk "fails": its chunk directory is gone (also for descriptors the engine
-            # keeps open) and a file stands in its way
-            shutil.rmtree(path / "chunks")
-            (path / "chunks").write_text("not a directory")
+            fail_disk(path)
             await c.wait_chains(
                 lambda ch: ch.state_of(victim) == common_pb2.OFFLINE, what="the failed target to go offline"
             )
