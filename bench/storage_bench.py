@@ -80,6 +80,8 @@ async def run_for(
 
 async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
     extra: dict[str, object] = {"io_threads": args.io_threads} if args.io_threads else {}
+    if args.page_cache:
+        extra["direct_io"] = False
     cluster = Cluster(
         root, chains=args.chains, sync_writes=not args.no_sync, log_level="WARNING", storage_extra=extra
     )
@@ -217,6 +219,11 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--cases", help='comma-separated case names (default: all), e.g. "write 1MiB,read 4KiB"')
     p.add_argument("--io-threads", type=int, help="I/O threads per storage daemon (default: the fixture's)")
+    p.add_argument(
+        "--page-cache",
+        action="store_true",
+        help="storage daemons read and write chunk files through the page cache (direct_io = false)",
+    )
     p.add_argument("--no-sync", action="store_true", help="no fsync in the daemons (throwaway data)")
     p.add_argument("--dir", help="where the cluster lives (default: a temporary directory)")
     p.add_argument("--json", action="store_true")

@@ -232,6 +232,10 @@ class StorageConfig:
     sync_writes: bool = opt(
         True, doc="fsync chunk data and metadata before acknowledging (off: throwaway data)"
     )
+    direct_io: bool = opt(
+        True,
+        doc="O_DIRECT for chunk files written whole (64 KiB or more) and reads of 256 KiB or more",
+    )
     io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
     forward_timeout_s: float = opt(
         30.0, doc="how long a replica retries forwarding an update along the chain", check=_positive

@@ -104,6 +104,8 @@ class EngineOptions:
     # a small overwrite writes only the checksum blocks it touches (a layered version) instead of
     # copying the chunk, when those are at most this fraction of the chunk's blocks
     layered_overwrite_max: float = 0.5
+    # large chunk writes and reads bypass the page cache (see storage.chunk_files)
+    direct_io: bool = True
 
 
 @dataclass(slots=True, frozen=True)
@@ -167,7 +169,7 @@ class ChunkEngine:
                 max_readers=self.options.max_readers,
             )
             try:
-                self._files = ChunkFiles(self.path / "chunks", sync=sync)
+                self._files = ChunkFiles(self.path / "chunks", sync=sync, direct=self.options.direct_io)
                 self.recovery: RecoveryReport
                 self.recovery, self._next_file_id = recover(self._store, self._files)
                 for chunk_id in self.recovery.layered:

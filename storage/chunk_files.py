@@ -9,11 +9,22 @@ references it, the file is an orphan that recovery removes.
 This module also turns bytes into versions: it computes the checksums of what it writes and checks
 those of what it reads. Every method raises OSError as the kernel reports it; the engine decides
 what an error means.
+
+New files of at least ``DIRECT_MIN`` bytes (whole chunk versions, copy-on-write results) are
+written, and reads of at least ``DIRECT_READ_MIN`` bytes are read, with O_DIRECT through a
+page-aligned buffer per thread, as 3FS does with its chunks: a storage daemon's page cache would
+mostly hold a second copy of data that clients cache themselves, and filling it costs far more CPU
+than the copy through the aligned buffer (on the development VM: 2.95 ms of CPU per MiB written and
+fdatasynced through the page cache against 0.41 ms with O_DIRECT; 0.46 ms per MiB read cold
+through it against 0.15). Small reads keep the page cache. Where the file system refuses O_DIRECT
+(ramfs; tmpfs before Linux 6.6) chunk I/O falls back to the page cache for good.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import mmap
 import os
 import struct
 import threading
@@ -24,6 +35,17 @@ from pathlib import Path
 from .chunk_meta import CHECKSUM_BLOCK, ChunkVersion, block_count, block_crcs, crc32c
 
 SHARDS = 256
+# New files at least this long are written with O_DIRECT (see the module docstring) ...
+DIRECT_MIN = 64 << 10
+# ... in pieces of at most this many bytes, each copied into the thread's aligned buffer first ...
+DIRECT_PIECE = 1 << 20
+# ... whose offsets and lengths are multiples of this (the largest logical block size in use).
+DIRECT_ALIGN = 4096
+# Reads of at least this many bytes at an aligned offset use O_DIRECT too; smaller ones (4 KiB
+# random reads check a whole 64 KiB block) keep the page cache, which serves them repeatedly.
+DIRECT_READ_MIN = 256 << 10
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,9 +65,12 @@ class CorruptVersion(Exception):
 class ChunkFiles:
     """The data files of one target. Thread-safe: every call opens its own descriptor."""
 
-    def __init__(self, root: Path, *, sync: bool = True) -> None:
+    def __init__(self, root: Path, *, sync: bool = True, direct: bool = True) -> None:
         self.root = root
         self.sync = sync
+        # O_DIRECT for new files of DIRECT_MIN bytes or more and reads of DIRECT_READ_MIN or more;
+        # turned off for good if the file system refuses it
+        self.direct = direct and hasattr(os, "O_DIRECT")
         self._dir_fds: dict[int, int] = {}
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
@@ -81,9 +106,12 @@ class ChunkFiles:
         """
         if self.shard(chunk_id) not in self._shards:
             self._make_shard(self.shard(chunk_id))
-        fd = self._open(chunk_id, file_id, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd, direct = self._create(chunk_id, file_id, self.direct and len(data) >= DIRECT_MIN)
         try:
-            _pwrite_all(fd, data, 0)
+            if direct:
+                _pwrite_direct(fd, data)
+            else:
+                _pwrite_all(fd, data, 0)
             if self.sync:
                 os.fsync(fd)
         except BaseException:
@@ -95,6 +123,28 @@ class ChunkFiles:
             # fsync of the file does not persist its name; without this a power loss could leave
             # committed metadata pointing at a file that is not there.
             os.fsync(self._dir_fd(self.shard(chunk_id)))
+
+    def _create(self, chunk_id: bytes, file_id: int, direct: bool) -> tuple[int, bool]:
+        """A new file's descriptor, and whether it was opened with O_DIRECT (asked for with
+        ``direct``; not where the file system refuses it)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        if not direct:
+            return self._open(chunk_id, file_id, flags), False
+        try:
+            return self._open(chunk_id, file_id, flags | os.O_DIRECT), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+        # Linux creates the file before it checks O_DIRECT, so the name may exist now (empty).
+        self._no_direct()
+        fd = self._open(chunk_id, file_id, os.O_WRONLY | os.O_CREAT)
+        os.ftruncate(fd, 0)
+        return fd, False
+
+    def _no_direct(self) -> None:
+        if self.direct:
+            self.direct = False
+            log.warning("file system under %s refuses O_DIRECT: chunk I/O uses the page cache", self.root)
 
     def write_at(self, chunk_id: bytes, file_id: int, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` of an existing file and make it durable (an in-place append,
@@ -109,6 +159,13 @@ class ChunkFiles:
 
     def read(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``; shorter only if the file is shorter."""
+        if self.direct and length >= DIRECT_READ_MIN and offset % DIRECT_ALIGN == 0:
+            try:
+                return self._read_direct(chunk_id, file_id, offset, length)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._no_direct()
         fd = self._open(chunk_id, file_id, os.O_RDONLY)
         try:
             data = os.pread(fd, length, offset)
@@ -123,6 +180,25 @@ class ChunkFiles:
                 parts.append(more)
                 got += len(more)
             return b"".join(parts)
+        finally:
+            os.close(fd)
+
+    def _read_direct(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
+        """read() with O_DIRECT: aligned pieces through this thread's buffer, copied out."""
+        fd = self._open(chunk_id, file_id, os.O_RDONLY | os.O_DIRECT)
+        try:
+            buf = _aligned.view
+            parts = []
+            got = 0
+            while got < length:
+                want = min(DIRECT_PIECE, -(-(length - got) // DIRECT_ALIGN) * DIRECT_ALIGN)
+                n = os.preadv(fd, [buf[:want]], offset + got)
+                take = min(n, length - got)
+                parts.append(bytes(buf[:take]))
+                got += take
+                if n < want:
+                    break
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         finally:
             os.close(fd)
 
@@ -285,6 +361,40 @@ def _parse(shard_dir: Path, entry: os.DirEntry) -> DataFile:
         return DataFile(path, bytes.fromhex(stem), int(suffix, 16), size)
     except ValueError:
         return DataFile(path, None, 0, size)
+
+
+class _AlignedBuffer(threading.local):
+    """One page-aligned DIRECT_PIECE buffer per thread (an anonymous mapping is page-aligned)."""
+
+    def __init__(self) -> None:
+        self.view = memoryview(mmap.mmap(-1, DIRECT_PIECE))
+
+
+_aligned = _AlignedBuffer()
+
+
+def _pwrite_direct(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` at offset 0 of a new O_DIRECT file: aligned pieces copied through this
+    thread's buffer, the last one padded with zeros and the file then cut to ``len(data)``."""
+    src = memoryview(data).cast("B")
+    buf = _aligned.view
+    size = len(src)
+    offset = 0
+    while offset < size:
+        take = min(DIRECT_PIECE, size - offset)
+        padded = -(-take // DIRECT_ALIGN) * DIRECT_ALIGN
+        buf[:take] = src[offset : offset + take]
+        if padded > take:
+            buf[take:padded] = bytes(padded - take)
+        done = 0
+        while done < padded:
+            n = os.pwritev(fd, [buf[done:padded]], offset + done)
+            if n <= 0:  # pragma: no cover - the kernel reports ENOSPC rather than writing nothing
+                raise OSError(errno.EIO, "pwritev wrote nothing")
+            done += n
+        offset += take
+    if size % DIRECT_ALIGN:
+        os.ftruncate(fd, size)
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:

@@ -96,7 +96,10 @@ class StorageDaemon:
                 loop.call_soon_threadsafe(self._target_failed, tid, e)
 
             engine = await AsyncChunkEngine.open(
-                p, EngineOptions(sync=cfg.sync_writes), on_failure=on_failure, executor=self.executor
+                p,
+                EngineOptions(sync=cfg.sync_writes, direct_io=cfg.direct_io),
+                on_failure=on_failure,
+                executor=self.executor,
             )
             self._engines.append(engine)
             local.append(LocalTarget(tid, p, engine, disk_index=index))

@@ -1,0 +1,163 @@
+"""New chunk files of 64 KiB or more are written with O_DIRECT (storage.chunk_files): the bytes and
+the length come back exactly, the page cache is left alone, and a file system that refuses
+O_DIRECT (ramfs) gets ordinary writes instead of an error."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
+from fs3.storage.chunk_files import DIRECT_MIN, DIRECT_READ_MIN, ChunkFiles
+
+CHUNK = 1 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+
+
+def cached_pages(path: Path) -> int:
+    """How many of the file's pages are in the page cache (mincore over a mapping of it)."""
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return sum(v & 1 for v in vec)
+        finally:
+            _libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+
+
+def direct_supported(directory: Path) -> bool:
+    probe = directory / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+    os.close(fd)
+    return True
+
+
+@pytest.mark.parametrize("length", [DIRECT_MIN, CHUNK, CHUNK - 1000, 3 * DIRECT_MIN + 17])
+def test_direct_writes_read_back_exactly(tmp_path, length):
+    eng = ChunkEngine(tmp_path / "t")
+    try:
+        cid = bytes(range(16))
+        data = os.urandom(length)
+        eng.update(cid, 0, data, chunk_size=2 * CHUNK, chain_ver=1)
+        eng.commit(cid, 1)
+        assert eng.read(cid).data == data
+        meta = eng.get_meta(cid)
+        path = eng._files.path(cid, meta.committed.file_id)
+        assert path.stat().st_size == length  # the padding of the last block is cut off
+        assert eng._files.direct == direct_supported(tmp_path)
+        # an in-place append after a direct write goes through the page cache and stays exact
+        eng.update(cid, length, b"tail", chunk_size=2 * CHUNK, chain_ver=1)
+        eng.commit(cid, 2)
+        assert eng.read(cid).data == data + b"tail"
+    finally:
+        eng.close()
+
+
+def test_a_direct_write_leaves_the_page_cache_alone(tmp_path):
+    if not direct_supported(tmp_path):
+        pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
+    files = ChunkFiles(tmp_path / "chunks")
+    cid = bytes(16)
+    files.write_new(cid, 1, os.urandom(CHUNK))
+    files.write_new(cid, 2, os.urandom(DIRECT_MIN - 1))  # small files use the page cache
+    assert cached_pages(files.path(cid, 1)) == 0
+    assert cached_pages(files.path(cid, 2)) > 0
+    files.close()
+
+
+def test_large_reads_are_direct_and_exact(tmp_path):
+    if not direct_supported(tmp_path):
+        pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
+    files = ChunkFiles(tmp_path / "chunks")
+    cid = bytes(16)
+    data = os.urandom(CHUNK - 100)
+    files.write_new(cid, 1, data)
+    assert files.read(cid, 1, 0, CHUNK) == data  # past the end: what there is
+    assert files.read(cid, 1, DIRECT_READ_MIN, DIRECT_READ_MIN) == data[DIRECT_READ_MIN : 2 * DIRECT_READ_MIN]
+    assert files.read(cid, 1, 3 * DIRECT_READ_MIN, DIRECT_READ_MIN) == data[3 * DIRECT_READ_MIN :]
+    assert cached_pages(files.path(cid, 1)) == 0
+    # a small read (one checksum block) keeps the page cache
+    assert files.read(cid, 1, 0, DIRECT_MIN) == data[:DIRECT_MIN]
+    assert cached_pages(files.path(cid, 1)) > 0
+    files.close()
+
+
+def test_no_direct_writes_when_switched_off(tmp_path):
+    files = ChunkFiles(tmp_path / "chunks", direct=False)
+    cid = bytes(16)
+    data = os.urandom(CHUNK)
+    files.write_new(cid, 1, data)
+    assert files.read(cid, 1, 0, CHUNK) == data
+    if direct_supported(tmp_path):
+        assert cached_pages(files.path(cid, 1)) > 0
+    files.close()
+
+
+@pytest.fixture
+def ramfs(tmp_path):
+    """A ramfs mount (a file system without O_DIRECT); skipped where this process cannot mount."""
+    where = tmp_path / "ramfs"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(where)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a ramfs (needs root): {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_file_system_without_o_direct_gets_buffered_writes(ramfs):
+    assert not direct_supported(ramfs)
+    eng = ChunkEngine(ramfs / "t", EngineOptions())
+    try:
+        cid = bytes(range(16))
+        data = os.urandom(CHUNK)
+        eng.update(cid, 0, data, chunk_size=CHUNK, chain_ver=1)
+        eng.commit(cid, 1)
+        assert eng.read(cid).data == data
+        assert not eng._files.direct
+        eng.update(cid, 0, data[::-1], chunk_size=CHUNK, chain_ver=1)
+        eng.commit(cid, 2)
+        assert eng.read(cid).data == data[::-1]
+        # the refused open left no file behind: only the committed version's remains
+        names = [p.name for p in (ramfs / "t" / "chunks").rglob("*") if p.is_file()]
+        assert names == [eng._files.path(cid, eng.get_meta(cid).committed.file_id).name]
+    finally:
+        eng.close()
+    # reopened, the first O_DIRECT attempt is a large read: refused, then read through the cache
+    eng = ChunkEngine(ramfs / "t", EngineOptions())
+    try:
+        assert eng._files.direct
+        assert eng.read(cid).data == data[::-1]
+        assert not eng._files.direct
+    finally:
+        eng.close()
