@@ -26,6 +26,10 @@ version. One holding a pending version asks the chain's last SERVING target whic
 committed and serves that one (it still holds both). The last SERVING target answers from its
 committed version after settling any pending version it holds outside an update in flight: it
 may have become the tail after the old tail committed that version.
+
+What a replica does to its own chunks (validating an update into an ``Op``, applying it in an I/O
+thread, reading a version) is in :mod:`fs3.storage.chain_ops`; this module moves updates along the
+chain and answers the protocol's questions.
 """
 
 from __future__ import annotations
@@ -33,12 +37,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator
 from concurrent.futures import Executor
-from dataclasses import dataclass
 
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
@@ -46,124 +46,34 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
 from fs3.proto import common_pb2, storage_pb2
 
-from .chunk_engine import ChunkEngine, ChunkRead
-from .chunk_meta import ChunkMeta, check_chunk_size, crc32c
+from .chain_ops import (
+    REFUSED_EVERYWHERE,
+    ChunkLocks,
+    Op,
+    ResultCache,
+    apply_op,
+    check_same,
+    chunk_id,
+    client_op,
+    file_range,
+    forwarded_op,
+    io_result,
+    parallel_version,
+    read_or_meta,
+    read_version,
+    removed_result,
+    split_chunk_id,
+)
+from .chunk_meta import ChunkMeta, check_chunk_size
 from .target_map import LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
 
-_CHUNK_ID = struct.Struct(">QQ")
 MAX_CHUNK_BYTES = 64 << 20
 # Reads up to this size may be served on the event loop thread (Replicator.read_now): a metadata
 # lookup (an LMDB read, which takes no lock) and a pread of at most two checksum blocks cost less
 # than the thread switches and GIL hand-overs of a trip to the I/O threads.
 INLINE_READ_BYTES = 64 << 10
-
-
-def chunk_id(inode_id: int, chunk_index: int) -> bytes:
-    """The engine's id of a file's chunk: big-endian inode id then chunk index, so a file's chunks
-    sort together and in order."""
-    return _CHUNK_ID.pack(inode_id, chunk_index)
-
-
-def file_range(inode_id: int, begin_index: int = 0, end_index: int = 0) -> tuple[bytes, bytes | None]:
-    """Chunk ids ``[begin, end)`` of a file's chunks ``begin_index <= index < end_index`` (0: to the
-    last); ``end`` is None past the very last inode."""
-    begin = chunk_id(inode_id, begin_index)
-    if end_index:
-        return begin, chunk_id(inode_id, end_index)
-    return begin, chunk_id(inode_id + 1, 0) if inode_id < (1 << 64) - 1 else None
-
-
-def split_chunk_id(cid: bytes) -> tuple[int, int]:
-    if len(cid) != _CHUNK_ID.size:
-        return (0, 0)
-    return _CHUNK_ID.unpack(cid)
-
-
-def io_result(meta: ChunkMeta | None, chain_version: int) -> storage_pb2.IOResult:
-    if meta is None:
-        return storage_pb2.IOResult(commit_chain_version=chain_version)
-    return storage_pb2.IOResult(
-        length=meta.length,
-        committed_version=meta.committed_ver,
-        update_version=meta.update_ver,
-        crc32c=meta.crc,
-        commit_chain_version=chain_version,
-    )
-
-
-class ChunkLocks:
-    """One asyncio lock per (target, chunk), created on demand and dropped when unused."""
-
-    def __init__(self) -> None:
-        self._locks: dict[tuple[int, bytes], tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, target_id: int, cid: bytes) -> AsyncIterator[None]:
-        key = (target_id, cid)
-        lock, users = self._locks.get(key, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
-
-
-@dataclass(slots=True)
-class Op:
-    """One chunk update as a replica applies it."""
-
-    type: int  # storage_pb2.UpdateType
-    chunk_size: int
-    offset: int = 0
-    length: int = 0  # WRITE/REPLACE: bytes of data; TRUNCATE: the new chunk length
-    data: memoryview | None = None
-    crc: int | None = None
-
-
-class _ResultCache:
-    """Results of recent client updates by (client id, channel), for exactly-once retries."""
-
-    def __init__(self, capacity: int = 65536) -> None:
-        self.capacity = capacity
-        self._entries: OrderedDict[tuple[int, int], tuple[int, int, storage_pb2.IOResult]] = OrderedDict()
-
-    def lookup(self, tag: storage_pb2.UpdateTag) -> storage_pb2.IOResult | None:
-        if not tag.client_id:
-            return None
-        entry = self._entries.get((tag.client_id, tag.channel))
-        if entry is None:
-            return None
-        seq, rid, result = entry
-        if tag.seqnum < seq:
-            raise FS3Error(
-                StatusCode.FAILED_PRECONDITION,
-                f"update seqnum {tag.seqnum} on channel {tag.channel} of client {tag.client_id:#x} is older "
-                f"than {seq}: a retry of an update the client has moved past",
-            )
-        if tag.seqnum == seq and tag.request_id == rid:
-            return result
-        return None
-
-    def store(self, tag: storage_pb2.UpdateTag, result: storage_pb2.IOResult) -> None:
-        if not tag.client_id:
-            return
-        key = (tag.client_id, tag.channel)
-        self._entries[key] = (tag.seqnum, tag.request_id, result)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
 
 
 class Replicator:
@@ -193,7 +103,7 @@ class Replicator:
         self.locks = ChunkLocks()
         # (target, chunk) -> the local write of a parallel update, until it is stored
         self._applying: dict[tuple[int, bytes], asyncio.Future] = {}  # type: ignore[type-arg]
-        self.results = _ResultCache()
+        self.results = ResultCache()
 
     async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -227,7 +137,7 @@ class Replicator:
         io = req.io
         key = io.key
         t = self.targets.of_chain(key.chain_id)
-        op = _client_op(io, payload)
+        op = client_op(io, payload)
         await self.check_chain_version(t, key.chain_id, key.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(key.chain_id))
         cached = self.results.lookup(req.tag)
@@ -264,7 +174,7 @@ class Replicator:
             )
         await self.check_chain_version(t, key.chain_id, key.chain_version, who="predecessor")
         self.targets.check_replica(t)
-        op = _forwarded_op(io, payload, req.syncing)
+        op = forwarded_op(io, payload, req.syncing)
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
         cid = chunk_id(key.inode_id, key.chunk_index)
@@ -308,10 +218,10 @@ class Replicator:
             # At the tail, apply and commit in one trip to the I/O threads.
             tail = chain.successor(t.target_id) is None
             if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0:
-                parallel = _parallel_version(eng.get_meta(cid), op, version)
+                parallel = parallel_version(eng.get_meta(cid), op, version)
                 if parallel:
                     return await self._update_parallel(t, cid, chain_id, op, parallel, chain_ver)
-            kind, meta, new = await self._run(_apply, eng, cid, op, version, chain_ver, tail)
+            kind, meta, new = await self._run(apply_op, eng, cid, op, version, chain_ver, tail)
             if kind == "settle":
                 assert meta is not None
                 await self._settle_locked(t, cid, chain_id, meta)
@@ -325,13 +235,13 @@ class Replicator:
             if kind == "pending":
                 await self._forward(t, cid, chain_id, op, v, new)
                 meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
-            return io_result(meta, chain_ver) if meta is not None else _removed_result(v, chain_ver)
+            return io_result(meta, chain_ver) if meta is not None else removed_result(v, chain_ver)
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
 
     async def _update_parallel(
         self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int, chain_ver: int
     ) -> storage_pb2.IOResult:
-        """:meth:`_update_locked` for a write of the whole content (see :func:`_parallel_version`):
+        """:meth:`_update_locked` for a write of the whole content (see :func:`parallel_version`):
         store it here and forward it at the same time, then commit. The chunk's lock is held.
 
         Two things make the overlap safe. Until the local copy exists, reads of the chunk here wait
@@ -344,7 +254,9 @@ class Replicator:
         replica and fails the write only.)
         """
         key = (t.target_id, cid)
-        stored = asyncio.ensure_future(self._run(_apply, t.engine.engine, cid, op, version, chain_ver, False))
+        stored = asyncio.ensure_future(
+            self._run(apply_op, t.engine.engine, cid, op, version, chain_ver, False)
+        )
         self._applying[key] = stored
         stored.add_done_callback(lambda f: self._applying.pop(key) if self._applying.get(key) is f else None)
         try:
@@ -356,7 +268,7 @@ class Replicator:
         assert kind == "pending" and new is not None, kind
         pending = new.pending
         if forwarded is not None and pending is not None and forwarded.committed_version == version:
-            _check_same(chain_id, cid, version, pending.crc, forwarded.crc32c)
+            check_same(chain_id, cid, version, pending.crc, forwarded.crc32c)
         meta = await t.engine.commit(cid, version, chain_ver=self.targets.chain(chain_id).version)
         return io_result(meta, chain_ver)
 
@@ -371,7 +283,7 @@ class Replicator:
             error: BaseException = FS3Error(StatusCode.CANCELLED, "local write cancelled")
         except Exception as e:
             error = e
-        if isinstance(error, FS3Error) and error.code in _REFUSED_EVERYWHERE:
+        if isinstance(error, FS3Error) and error.code in REFUSED_EVERYWHERE:
             raise error  # the successors refuse the same bytes the same way: none of them took it
         if not isinstance(error, FS3Error):
             log.error(
@@ -502,7 +414,7 @@ class Replicator:
                 continue
             if meta is not None and op.type != storage_pb2.UPDATE_REMOVE and rsp.committed_version == version:
                 if meta.pending is not None and meta.pending.version == version:
-                    _check_same(chain_id, cid, version, meta.pending.crc, rsp.crc32c)
+                    check_same(chain_id, cid, version, meta.pending.crc, rsp.crc32c)
             return rsp
 
     # -- reads ------------------------------------------------------------------------------------
@@ -516,7 +428,7 @@ class Replicator:
         t, cid = self._read_target(rio)
         if (t.target_id, cid) in self._applying:
             return None
-        outcome = _read_or_meta(t.engine.engine, cid, rio.offset, rio.length)
+        outcome = read_or_meta(t.engine.engine, cid, rio.offset, rio.length)
         return outcome if isinstance(outcome, tuple) else None
 
     async def read(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int]:
@@ -533,7 +445,7 @@ class Replicator:
                 # once it is stored here (pending), the usual rule below serves the right one
                 with contextlib.suppress(Exception):
                     await asyncio.shield(applying)
-            outcome = await self._run(_read_or_meta, eng, cid, rio.offset, rio.length)
+            outcome = await self._run(read_or_meta, eng, cid, rio.offset, rio.length)
             if isinstance(outcome, tuple):
                 return outcome
             meta = outcome
@@ -543,7 +455,7 @@ class Replicator:
             ):
                 raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
             try:
-                r = await self._run(_read_version, eng, cid, rio.offset, rio.length, committed)
+                r = await self._run(read_version, eng, cid, rio.offset, rio.length, committed)
             except FS3Error as e:
                 if e.code == StatusCode.STORAGE_CHUNK_VERSION_MISMATCH:
                     continue  # committed or aborted meanwhile: look again
@@ -656,190 +568,3 @@ class Replicator:
                         )
                     truncated = True
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
-
-
-def _apply(
-    eng: ChunkEngine, cid: bytes, op: Op, version: int | None, chain_ver: int, commit: bool
-) -> tuple[str, ChunkMeta | None, ChunkMeta | None]:
-    """In an I/O thread: apply ``op`` as pending version ``version`` (``committed + 1`` when None)
-    and, with ``commit``, commit it. Returns ``(kind, meta, new)``: "settle" (a pending version is
-    in the way; meta), "stale" (``version`` is committed already; meta), "absent" (a removal of
-    nothing), "pending" (new: the pending metadata) or "committed" (new, and meta after commit)."""
-    meta = eng.get_meta(cid)
-    if version is None and meta is not None and meta.pending is not None:
-        return "settle", meta, None
-    committed = meta.committed_ver if meta else 0
-    if version is not None:
-        if version <= committed:
-            return "stale", meta, None
-        if version > committed + 1 and op.type not in (storage_pb2.UPDATE_REPLACE, storage_pb2.UPDATE_REMOVE):
-            raise FS3Error(
-                StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
-                f"chunk {cid.hex()}: update to version {version} but {committed} is committed "
-                "(missing updates; send the whole chunk)",
-            )
-    new: ChunkMeta | None
-    if op.type == storage_pb2.UPDATE_WRITE:
-        assert op.data is not None
-        new = eng.update(
-            cid,
-            op.offset,
-            op.data,
-            chunk_size=op.chunk_size,
-            chain_ver=chain_ver,
-            version=version,
-            checksum=op.crc,
-            commit=commit,
-        )
-    elif op.type == storage_pb2.UPDATE_TRUNCATE:
-        new = eng.truncate(
-            cid, op.length, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version, commit=commit
-        )
-    elif op.type == storage_pb2.UPDATE_REPLACE:
-        assert op.data is not None and version is not None
-        new = eng.replace(
-            cid, op.data, chunk_size=op.chunk_size, chain_ver=chain_ver, version=version, checksum=op.crc
-        )
-    elif op.type == storage_pb2.UPDATE_REMOVE:
-        if meta is None:
-            return "absent", None, None
-        if version is not None and version != committed + 1:
-            # a removal that skips versions this replica missed: drop what it has outright
-            eng.remove_range(cid, cid + b"\0")
-            return "absent", None, None
-        if meta.pending is not None and version is not None:
-            eng.abort(cid)
-        new = eng.remove(cid, chain_ver=chain_ver, version=version)
-    else:
-        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown update type {op.type}")
-    if new is None:
-        return "absent", None, None
-    if commit:
-        if op.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_TRUNCATE):
-            return "committed", new, new  # recorded and committed in one metadata transaction
-        return "committed", eng.commit(cid, new.pending_ver, chain_ver=chain_ver), new
-    return "pending", None, new
-
-
-# What the engine refuses before it writes anything, for reasons that lie in the update itself (its
-# bytes, checksum and sizes) or in metadata every replica holds alike: a successor refuses it too.
-_REFUSED_EVERYWHERE = frozenset(
-    {StatusCode.STORAGE_CHECKSUM_MISMATCH, StatusCode.INVALID_ARGUMENT, StatusCode.STORAGE_CHUNK_TOO_LARGE}
-)
-
-
-def _parallel_version(meta: ChunkMeta | None, op: Op, version: int | None) -> int:
-    """The version a write from offset 0 becomes if it may be stored here and forwarded at the same
-    time (else 0): it must replace the whole content (no base to read, whose corruption could fail
-    it here alone), and no pending version may be in the way (settling it comes first). ``meta``
-    is read on the event loop (an LMDB read takes no lock); the chunk's lock keeps it current."""
-    if meta is not None and meta.pending is not None:
-        return 0
-    committed = meta.committed if meta is not None else None
-    if committed is not None and committed.length > op.length:
-        return 0
-    expected = (committed.version if committed is not None else 0) + 1
-    if version is not None and version != expected:
-        return 0  # a retry, or a replica that missed updates: the sequential round answers those
-    return expected
-
-
-def _check_same(chain_id: int, cid: bytes, version: int, mine: int, successor: int) -> None:
-    if mine != successor:
-        log.error(
-            "replica diverged chain_id=%d chunk=%s version=%d crc=%08x successor_crc=%08x",
-            chain_id,
-            cid.hex(),
-            version,
-            mine,
-            successor,
-        )
-
-
-def _removed_result(version: int, chain_ver: int) -> storage_pb2.IOResult:
-    return storage_pb2.IOResult(
-        committed_version=version, update_version=version, commit_chain_version=chain_ver
-    )
-
-
-def _client_op(io: storage_pb2.UpdateIO, payload: memoryview | None) -> Op:
-    """Validate a client's update before anything is locked or touched."""
-    if io.update_version != 0:
-        raise FS3Error(StatusCode.INVALID_ARGUMENT, "a client update must not carry an update version")
-    if io.type == storage_pb2.UPDATE_REMOVE:
-        return Op(io.type, 0)
-    check_chunk_size(io.chunk_size)
-    if io.type == storage_pb2.UPDATE_WRITE:
-        data = _payload_slice(io, payload)
-        if io.length == 0:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, "empty write")
-        if io.offset + io.length > io.chunk_size:
-            raise FS3Error(
-                StatusCode.STORAGE_CHUNK_TOO_LARGE,
-                f"write of {io.length} bytes at {io.offset} exceeds the chunk size {io.chunk_size}",
-            )
-        return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c)
-    if io.type == storage_pb2.UPDATE_TRUNCATE:
-        if io.length > io.chunk_size:
-            raise FS3Error(
-                StatusCode.STORAGE_CHUNK_TOO_LARGE,
-                f"truncate to {io.length} exceeds the chunk size {io.chunk_size}",
-            )
-        return Op(io.type, io.chunk_size, length=io.length)
-    raise FS3Error(StatusCode.INVALID_ARGUMENT, f"clients may not send update type {io.type}")
-
-
-def _forwarded_op(io: storage_pb2.UpdateIO, payload: memoryview | None, syncing: bool) -> Op:
-    if io.type == storage_pb2.UPDATE_REMOVE:
-        return Op(io.type, io.chunk_size or 0)
-    check_chunk_size(io.chunk_size)
-    if io.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
-        data = _payload_slice(io, payload)
-        if io.offset + io.length > io.chunk_size:
-            raise FS3Error(StatusCode.STORAGE_CHUNK_TOO_LARGE, "update exceeds the chunk size")
-        return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c)
-    if io.type == storage_pb2.UPDATE_TRUNCATE:
-        return Op(io.type, io.chunk_size, length=io.length)
-    raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown update type {io.type}")
-
-
-def _payload_slice(io: storage_pb2.UpdateIO, payload: memoryview | None) -> memoryview:
-    size = 0 if payload is None else payload.nbytes
-    if io.payload_offset + io.length > size:
-        raise FS3Error(
-            StatusCode.INVALID_ARGUMENT,
-            f"update names payload bytes {io.payload_offset}..{io.payload_offset + io.length} of {size}",
-        )
-    assert payload is not None
-    return payload[io.payload_offset : io.payload_offset + io.length]
-
-
-def _read_or_meta(
-    eng: ChunkEngine, cid: bytes, offset: int, length: int
-) -> tuple[bytes, int, int] | ChunkMeta:
-    """In an I/O thread: the committed bytes if no update is pending, else the metadata (the
-    caller must ask the tail which version to serve)."""
-    meta = eng.get_meta(cid)
-    if meta is None or (meta.pending is None and meta.committed is None):
-        raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
-    if meta.pending is not None:
-        return meta
-    # whatever is committed by the time of the read: a version committed here is committed at the
-    # tail, and one that started after this read began need not be seen
-    r = eng.read(cid, offset, length)
-    return r.data, _data_crc(offset, r), r.version
-
-
-def _read_version(
-    eng: ChunkEngine, cid: bytes, offset: int, length: int, version: int
-) -> tuple[bytes, int, int]:
-    r = eng.read(cid, offset, length, version=version)
-    return r.data, _data_crc(offset, r), r.version
-
-
-def _data_crc(offset: int, r: ChunkRead) -> int:
-    """CRC32C of the bytes read: the version's own (which the engine checked them against) when
-    they are the whole chunk, saving a pass over a large read."""
-    if offset == 0 and len(r.data) == r.chunk_length:
-        return r.chunk_crc
-    return crc32c(r.data)

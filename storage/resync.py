@@ -29,8 +29,9 @@ from fs3.client.storage_client import STORAGE_SERVICE, node_address
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, storage_pb2
 
+from .chain_ops import split_chunk_id
 from .chunk_meta import ChunkMeta
-from .craq import Replicator, split_chunk_id
+from .craq import Replicator
 from .target_map import UPTODATE, LocalTarget
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,9 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net import CallContext, inline
 from fs3.proto import common_pb2, storage_pb2
 
+from .chain_ops import file_range, split_chunk_id
 from .chunk_meta import ChunkMeta
-from .craq import Replicator, file_range, split_chunk_id
+from .craq import Replicator
 from .target_map import ONLINE, UPTODATE
 
 log = logging.getLogger(__name__)
