@@ -174,7 +174,10 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
 
     tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
     try:
-        async with FsCluster(tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size) as c:
+        extra: dict[str, object] = {"direct_io": False} if args.page_cache else {}
+        async with FsCluster(
+            tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size, storage_extra=extra
+        ) as c:
             m = await c.mount(tmp / "mnt")
             pids: dict[str, list[int]] = {"mount": [m.proc.pid], "storage": [], "other": []}  # type: ignore[list-item]
             for p in c.cluster.procs:
@@ -201,6 +204,11 @@ def main() -> int:
         "--local-dir", type=Path, help="local-disk directory to compare with (default: a temp dir)"
     )
     p.add_argument("--no-local", action="store_true", help="skip the local-disk runs")
+    p.add_argument(
+        "--page-cache",
+        action="store_true",
+        help="a started cluster's storage daemons use the page cache for chunk files (direct_io = false)",
+    )
     p.add_argument(
         "--chunk-size", type=int, default=1 << 20, help="chunk size of the started cluster's files (1 MiB)"
     )

@@ -72,6 +72,7 @@ class FsCluster:
     stripe: int = 3
     chunk_size: int = 1 << 20
     log_level: str = "INFO"
+    storage_extra: dict[str, object] = field(default_factory=dict)  # more storage config keys
     meta_procs: list[Proc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,7 @@ class FsCluster:
             chains=self.chains,
             replication=self.replication,
             log_level=self.log_level,
+            storage_extra=self.storage_extra,
         )
         self.meta_ports: list[int] = []
         self.mounts: list[Mount] = []
