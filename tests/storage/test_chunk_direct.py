@@ -81,22 +81,25 @@ def test_direct_writes_read_back_exactly(tmp_path, length):
         eng.close()
 
 
-def test_a_direct_write_leaves_the_page_cache_alone(tmp_path):
+@pytest.fixture
+def files(tmp_path):
+    """ChunkFiles with O_DIRECT, on a file system that takes it (else the test is skipped)."""
     if not direct_supported(tmp_path):
         pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
     files = ChunkFiles(tmp_path / "chunks")
+    yield files
+    files.close()
+
+
+def test_a_direct_write_leaves_the_page_cache_alone(files):
     cid = bytes(16)
     files.write_new(cid, 1, os.urandom(CHUNK))
     files.write_new(cid, 2, os.urandom(DIRECT_MIN - 1))  # small files use the page cache
     assert cached_pages(files.path(cid, 1)) == 0
     assert cached_pages(files.path(cid, 2)) > 0
-    files.close()
 
 
-def test_large_reads_are_direct_and_exact(tmp_path):
-    if not direct_supported(tmp_path):
-        pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
-    files = ChunkFiles(tmp_path / "chunks")
+def test_large_reads_are_direct_and_exact(files):
     cid = bytes(16)
     data = os.urandom(CHUNK - 100)
     files.write_new(cid, 1, data)
@@ -107,7 +110,6 @@ def test_large_reads_are_direct_and_exact(tmp_path):
     # a small read (one checksum block) keeps the page cache
     assert files.read(cid, 1, 0, DIRECT_MIN) == data[:DIRECT_MIN]
     assert cached_pages(files.path(cid, 1)) > 0
-    files.close()
 
 
 def test_no_direct_writes_when_switched_off(tmp_path):
