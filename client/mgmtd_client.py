@@ -25,7 +25,6 @@ been applied, and a second one would fail or issue a second token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -35,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from fs3.background import Periodic
 from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode
 from fs3.proto import common_pb2, mgmtd_pb2, mgmtd_pb2_grpc
 
@@ -390,7 +390,6 @@ class NodeAgent:
         self.node_type = node_type
         self.endpoints = list(endpoints)
         self.hostname = hostname or socket.gethostname()
-        self.interval_s = interval_s
         self._targets = targets
         self._on_routing_version = on_routing_version
         self._on_config = on_config
@@ -400,24 +399,21 @@ class NodeAgent:
         self.config_version = 0
         self.last_reply: mgmtd_pb2.HeartbeatReply | None = None
         self.last_error: FS3Error | None = None
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic(
+            f"fs3-heartbeat-{node_id}", self._beat_in_loop, interval_s, on_error=self._failed
+        )
 
     async def start(self) -> None:
         """Register and send the first heartbeat (errors raise), then heartbeat in the background."""
         await self.client.register_node(self.node_id, self.node_type, self.endpoints, self.hostname)
         await self.beat()
-        self._task = asyncio.create_task(self._loop(), name=f"fs3-heartbeat-{self.node_id}")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
 
     def beat_soon(self) -> None:
-        self._wake.set()
+        self._loop.wake()
 
     async def beat(self) -> mgmtd_pb2.HeartbeatReply:
         """Send one heartbeat now."""
@@ -452,22 +448,17 @@ class NodeAgent:
             self._on_routing_version(reply.routing_version)
         return reply
 
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
-            self._wake.clear()
-            try:
-                await self.beat()
-                self.last_error = None
-            except asyncio.CancelledError:
-                raise
-            except FS3Error as e:
-                if self.last_error is None or self.last_error.code != e.code:
-                    log.warning("heartbeat failed node_id=%d error=%s", self.node_id, e)
-                self.last_error = e
-            except Exception:
-                log.exception("heartbeat failed node_id=%d", self.node_id)
+    async def _beat_in_loop(self) -> None:
+        await self.beat()
+        self.last_error = None
+
+    def _failed(self, e: Exception) -> None:
+        if not isinstance(e, FS3Error):
+            log.exception("heartbeat failed node_id=%d", self.node_id)
+            return
+        if self.last_error is None or self.last_error.code != e.code:
+            log.warning("heartbeat failed node_id=%d error=%s", self.node_id, e)
+        self.last_error = e
 
 
 class ClientSessionKeeper:
@@ -478,29 +469,21 @@ class ClientSessionKeeper:
     ) -> None:
         self.client = client
         self.session = session
-        self.interval_s = interval_s
         self.last_reply: mgmtd_pb2.ExtendClientSessionReply | None = None
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("fs3-client-session", self._extend, interval_s, on_error=self._failed)
 
     async def start(self) -> None:
-        self.last_reply = await self.client.extend_session(self.session)
-        self._task = asyncio.create_task(self._loop(), name="fs3-client-session")
+        await self._extend()
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.last_reply = await self.client.extend_session(self.session)
-            except asyncio.CancelledError:
-                raise
-            except FS3Error as e:
-                log.warning(
-                    "client session extension failed client_id=%s error=%s", self.session.client_id, e
-                )
+    async def _extend(self) -> None:
+        self.last_reply = await self.client.extend_session(self.session)
+
+    def _failed(self, e: Exception) -> None:
+        if isinstance(e, FS3Error):
+            log.warning("client session extension failed client_id=%s error=%s", self.session.client_id, e)
+        else:
+            log.exception("client session extension failed client_id=%s", self.session.client_id)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fs3.background import Periodic
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, mgmtd_pb2
@@ -165,10 +166,16 @@ class RoutingCache:
         self.min_refresh_gap_s = min_refresh_gap_s
         self.routing: Routing = Routing.empty()
         self.last_refresh: float = 0.0  # monotonic time of the last successful poll
-        self._wake = asyncio.Event()
         self._updated = asyncio.Condition()
-        self._task: asyncio.Task | None = None
         self._listeners: list[Listener] = []
+        self._loop = Periodic(
+            "fs3-routing-refresh",
+            self.refresh,
+            refresh_interval_s,
+            on_error=self._refresh_failed,
+            # an early refresh storm (many failing requests at once) costs at most one poll per gap
+            min_gap_s=min_refresh_gap_s,
+        )
 
     @property
     def version(self) -> int:
@@ -181,18 +188,14 @@ class RoutingCache:
     async def start(self, *, first_timeout_s: float | None = None) -> None:
         """Fetch the first snapshot, then keep refreshing in the background."""
         await self.refresh(timeout_s=first_timeout_s)
-        self._task = asyncio.create_task(self._loop(), name="fs3-routing-refresh")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
 
     def refresh_soon(self) -> None:
         """Ask for a refresh now (after a routing error); cheap to call often."""
-        self._wake.set()
+        self._loop.wake()
 
     async def refresh(self, *, timeout_s: float | None = None) -> Routing:
         """Poll mgmtd once and return the newest routing."""
@@ -239,18 +242,8 @@ class RoutingCache:
                     )
         return self.routing
 
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.refresh_interval_s)
-            self._wake.clear()
-            try:
-                await self.refresh()
-            except asyncio.CancelledError:
-                raise
-            except FS3Error as e:
-                log.warning("routing refresh failed error=%s", e)
-            except Exception:
-                log.exception("routing refresh failed")
-            # An early refresh storm (many failing requests at once) costs at most one poll per gap.
-            await asyncio.sleep(self.min_refresh_gap_s)
+    def _refresh_failed(self, e: Exception) -> None:
+        if isinstance(e, FS3Error):
+            log.warning("routing refresh failed error=%s", e)
+        else:
+            log.exception("routing refresh failed")

@@ -10,11 +10,10 @@ chunk removal is idempotent and the final transaction is conflict-checked.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from fs3.background import Periodic
 from fs3.errors import FS3Error
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
@@ -44,39 +43,26 @@ class Collector:
         """``live_clients`` names the clients whose sessions must not expire (None when that is
         unknown right now: then nothing expires this round); without it, age alone decides."""
         self.ns = ns
-        self.interval_s = interval_s
         self.session_timeout_s = session_timeout_s
         self.live_clients = live_clients
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(
+            "fs3-meta-gc", self._round, interval_s, on_error=lambda _e: log.exception("gc round failed")
+        )
         self.removed_files = 0
         self.removed_dirs = 0
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="fs3-meta-gc")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
 
     def wake(self) -> None:
-        self._wake.set()
+        self._loop.wake()
 
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-            self._wake.clear()
-            try:
-                await self.expire_sessions()
-                await self.collect_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("gc round failed")
+    async def _round(self) -> None:
+        await self.expire_sessions()
+        await self.collect_once()
 
     async def expire_sessions(self) -> int:
         """Prune sessions untouched for ``session_timeout_s`` whose clients are not live."""

@@ -25,6 +25,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from fs3 import metrics
+from fs3.background import Periodic
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, storage_pb2
@@ -51,11 +52,11 @@ class ResyncWorker:
     ) -> None:
         self.replicator = replicator
         self.targets = replicator.targets
-        self.interval_s = interval_s
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._retry_at: dict[tuple[int, int], float] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._loop = Periodic(
+            "fs3-resync", self._scan_step, interval_s, on_error=lambda _e: log.exception("resync scan failed")
+        )
         reg = registry or metrics.registry()
         self.m_total = metrics.gauge(
             "fs3_storage_sync_chunks", "chunks the running resync of a target compares", ("target",), reg
@@ -75,31 +76,24 @@ class ResyncWorker:
         )
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="fs3-resync")
+        self._loop.start()
 
     def poke(self) -> None:
         """Look at routing now (called on every routing change)."""
-        self._wake.set()
+        self._loop.wake()
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._tasks.values()) if t is not None]
+        await self._loop.stop()
+        tasks = list(self._tasks.values())
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._task = None
         self._tasks.clear()
 
-    async def _loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
-            self._wake.clear()
-            try:
-                self._scan()
-            except Exception:
-                log.exception("resync scan failed")
+    async def _scan_step(self) -> None:
+        self._scan()
 
     def _scan(self) -> None:
         now = time.monotonic()
