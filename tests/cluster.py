@@ -125,7 +125,8 @@ def write_config(
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -372,9 +373,9 @@ class Cluster:
         if node.proc is not None and node.proc.alive():
             raise RuntimeError(f"storage {index} is running")
         if self.backend_network and not node.backend_port:
-            node.backend_port = _free_port()
+            node.backend_port = free_port()
         if self.metrics and not node.metrics_port:
-            node.metrics_port = _free_port()
+            node.metrics_port = free_port()
         node.config = self.storage_config(node)
         port_file = self.tmp / f"storage-{node.node_id}.port"
         port_file.unlink(missing_ok=True)

@@ -3,17 +3,18 @@ fake storage nodes, and polling with deadlines."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cluster import free_port
+from cluster import wait_until as _wait_until
 
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.config import KvConfig, MgmtdConfig
@@ -35,23 +36,8 @@ FAST = {
 async def wait_until(
     pred: Callable[[], Awaitable[bool] | bool], timeout_s: float = 10.0, what: str = ""
 ) -> None:
-    """Poll ``pred`` until it is true; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = pred()
-        if asyncio.iscoroutine(r):
-            r = await r
-        if r:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or pred}")
-        await asyncio.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """cluster.wait_until, polling faster (failover here takes well under a second)."""
+    await _wait_until(pred, timeout_s, what, interval_s=0.02)
 
 
 def mgmtd_config(node_id: int = 1, port: int = 0, **overrides) -> MgmtdConfig:

@@ -232,7 +232,7 @@ def test_routing_view() -> None:
 async def test_client_fails_over_past_a_dead_address(inproc: InProcess) -> None:
     server = await inproc.start(1)
     await inproc.primary()
-    from mgmtd_harness import free_port
+    from cluster import free_port
 
     dead = f"127.0.0.1:{free_port()}"
     client = MgmtdClient([dead, server.address], timeout_s=5.0, rpc_timeout_s=1.0)
@@ -251,7 +251,7 @@ async def test_client_fails_over_past_a_dead_address(inproc: InProcess) -> None:
 
 
 async def test_client_finds_a_mgmtd_restarted_on_the_same_address(inproc: InProcess) -> None:
-    from mgmtd_harness import free_port
+    from cluster import free_port
 
     port = free_port()
     first = await inproc.start(1, port=port)
@@ -271,7 +271,7 @@ async def test_client_finds_a_mgmtd_restarted_on_the_same_address(inproc: InProc
 async def test_metrics_endpoint(inproc: InProcess) -> None:
     import urllib.request
 
-    from mgmtd_harness import free_port
+    from cluster import free_port
 
     port = free_port()
     await inproc.start(1, metrics_port=port)

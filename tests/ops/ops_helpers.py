@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,12 +25,6 @@ def fs3(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> 
     return subprocess.run(
         [*FS3, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.05) -> object:

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ops_helpers import Spawner, free_port, fs3, wait_for
+from cluster import free_port
+from ops_helpers import Spawner, fs3, wait_for
 
 from fs3.cli import admin
 from fs3.cli.admin_placement import read_chain_table, read_chains, read_targets

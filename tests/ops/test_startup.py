@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import Spawner, free_port, fs3, wait_for
+from cluster import free_port
+from ops_helpers import Spawner, fs3, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import Callable, Sequence
 
 from cluster import Cluster, wait_until
 
@@ -14,6 +15,22 @@ from fs3.client.storage_client import StorageClient, crc32c
 KiB = 1024
 CHUNK = 64 * KiB
 BLOCK = 4 * KiB
+
+
+async def wait_progress(
+    count: Callable[[], int],
+    n: int,
+    tasks: Sequence[asyncio.Task[None]],
+    timeout_s: float = 60.0,
+    what: str = "progress",
+) -> None:
+    """Wait until ``count()`` has grown by ``n``; a task of ``tasks`` that ended (a worker that
+    failed) raises its error here instead."""
+    target = count() + n
+    await wait_until(lambda: count() >= target or any(t.done() for t in tasks), timeout_s, what)
+    for t in tasks:
+        if t.done():
+            t.result()
 
 
 class Workload:
@@ -44,13 +61,7 @@ class Workload:
             self.acked += 1
 
     async def wait_acked(self, n: int, timeout_s: float = 60.0) -> None:
-        target = self.acked + n
-        await wait_until(
-            lambda: self.acked >= target or any(t.done() for t in self.tasks), timeout_s, "writes"
-        )
-        for t in self.tasks:
-            if t.done():
-                t.result()  # a writer that failed fails the test
+        await wait_progress(lambda: self.acked, n, self.tasks, timeout_s, "writes")
 
     async def finish(self) -> None:
         self.stop.set()

@@ -9,7 +9,7 @@ import random
 import struct
 
 import pytest
-from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, verify
+from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, verify, wait_progress
 from cluster import Cluster, fail_disk, wait_until
 
 from fs3.client.storage_client import crc32c
@@ -96,11 +96,7 @@ async def test_reads_are_linearizable_while_a_replica_dies(tmp_path, position):
         tasks = [asyncio.create_task(write_loop())] + [asyncio.create_task(read_loop(r)) for r in readers]
 
         async def progress(n: int) -> None:
-            start = written
-            await wait_until(lambda: written >= start + n or any(t.done() for t in tasks), 60, "progress")
-            for t in tasks:
-                if t.done():
-                    t.result()
+            await wait_progress(lambda: written, n, tasks)
 
         try:
             await progress(50)
@@ -244,11 +240,7 @@ async def test_truncates_and_removals_during_resync(tmp_path):
         tasks = [asyncio.create_task(mixed(k)) for k in range(3)]
 
         async def progress(n: int) -> None:
-            target = done + n
-            await wait_until(lambda: done >= target or any(t.done() for t in tasks), 60, "progress")
-            for t in tasks:
-                if t.done():
-                    t.result()
+            await wait_progress(lambda: done, n, tasks)
 
         try:
             await progress(30)

@@ -8,8 +8,8 @@ import asyncio
 import os
 
 import pytest
-from chain_workload import CHUNK
-from cluster import Cluster, fail_disk, wait_until
+from chain_workload import CHUNK, wait_progress
+from cluster import Cluster, fail_disk
 
 from fs3.client.storage_client import crc32c
 from fs3.proto import common_pb2
@@ -37,11 +37,7 @@ async def test_disk_failure_during_whole_chunk_writes(tmp_path, position):
         tasks = [asyncio.create_task(writer(w)) for w in range(3)]
 
         async def progress(n: int) -> None:
-            target = acked + n
-            await wait_until(lambda: acked >= target or any(t.done() for t in tasks), 60, "writes")
-            for t in tasks:
-                if t.done():
-                    t.result()
+            await wait_progress(lambda: acked, n, tasks, what="writes")
 
         try:
             await progress(20)
