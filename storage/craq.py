@@ -110,6 +110,20 @@ class Replicator:
 
     # -- chain version checks ---------------------------------------------------------------------
 
+    async def local_target(self, chain_id: int, version: int, *, who: str) -> LocalTarget:
+        """This daemon's target of ``chain_id``, once the chain version ``who`` sent checks out.
+
+        A sender may know a chain this daemon's routing lacks yet (a daemon restarted moments ago
+        fetches routing after it starts listening): refresh and wait briefly for it, as
+        :meth:`check_chain_version` does for a newer chain version."""
+        if chain_id not in self.targets.routing.chains:
+            self.routing.refresh_soon()
+            with contextlib.suppress(FS3Error):
+                await self.routing.wait_for(lambda r: chain_id in r.chains, 1.0)
+        t = self.targets.of_chain(chain_id)
+        await self.check_chain_version(t, chain_id, version, who=who)
+        return t
+
     async def check_chain_version(self, t: LocalTarget, chain_id: int, version: int, *, who: str) -> None:
         """The request's chain version must be the one this daemon acts on. When the sender knows a
         newer one, wait briefly for ours to catch up first."""
@@ -136,9 +150,8 @@ class Replicator:
         """A client's update of one chunk, at the head."""
         io = req.io
         key = io.key
-        t = self.targets.of_chain(key.chain_id)
         op = client_op(io, payload)
-        await self.check_chain_version(t, key.chain_id, key.chain_version, who="client")
+        t = await self.local_target(key.chain_id, key.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(key.chain_id))
         cached = self.results.lookup(req.tag)
         if cached is not None:
@@ -519,8 +532,7 @@ class Replicator:
 
     async def remove_chunks(self, req: storage_pb2.RemoveChunksReq) -> int:
         """Remove a file's chunks in an index range, one chain round per chunk, at the head."""
-        t = self.targets.of_chain(req.chain_id)
-        await self.check_chain_version(t, req.chain_id, req.chain_version, who="client")
+        t = await self.local_target(req.chain_id, req.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(req.chain_id))
         metas = await t.engine.dump_metadata(*file_range(req.inode_id, req.begin_index, req.end_index))
         return await self._remove_all(t, req.chain_id, metas)
@@ -540,8 +552,7 @@ class Replicator:
     async def truncate_chunks(self, req: storage_pb2.TruncateChunksReq) -> storage_pb2.TruncateChunksRsp:
         """Fit a file's chunks on this chain to a new length, at the head."""
         check_chunk_size(req.chunk_size)
-        t = self.targets.of_chain(req.chain_id)
-        await self.check_chain_version(t, req.chain_id, req.chain_version, who="client")
+        t = await self.local_target(req.chain_id, req.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(req.chain_id))
         last_index, rest = divmod(req.length, req.chunk_size)
         first_gone = last_index + 1 if rest else last_index

@@ -175,6 +175,12 @@ class TargetMap:
     def chain(self, chain_id: int) -> ChainView:
         chain = self.routing.chains.get(chain_id)
         if chain is None:
+            if not self.routing.version:
+                # listening, but the first routing snapshot has not arrived (the daemon is starting)
+                raise FS3Error(
+                    StatusCode.STORAGE_ROUTING_STALE,
+                    f"node {self.node_id} is starting: it has no routing yet",
+                )
             raise FS3Error(StatusCode.MGMTD_UNKNOWN_CHAIN, f"chain {chain_id} is not in this node's routing")
         return chain
 

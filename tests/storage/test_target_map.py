@@ -126,3 +126,18 @@ def test_reads_need_a_fresh_lease():
     assert lease.ok()
     lease.confirmed(1e-9)
     assert not lease.ok()
+
+
+def test_a_starting_daemon_without_routing_asks_callers_to_retry():
+    # it listens before its first routing snapshot arrives: a client that still routes to it (the
+    # restart was too quick for mgmtd to notice) must retry, not take the chain for unknown
+    tm, t, _ = make()
+    for call in (lambda: tm.chain(1), lambda: tm.of_chain(1)):
+        with pytest.raises(FS3Error) as err:
+            call()
+        assert err.value.code is StatusCode.STORAGE_ROUTING_STALE and "starting" in err.value.message
+    tm.apply_routing(routing(1, S, S, S))
+    assert tm.chain(1).chain_id == 1 and tm.of_chain(1) is t
+    with pytest.raises(FS3Error) as err:
+        tm.chain(7)  # with routing, a chain it lacks is unknown
+    assert err.value.code is StatusCode.MGMTD_UNKNOWN_CHAIN
