@@ -234,7 +234,7 @@ class StorageConfig:
     )
     direct_io: bool = opt(
         True,
-        doc="O_DIRECT for chunk files written whole (64 KiB or more) and reads of 256 KiB or more",
+        doc="O_DIRECT for chunk files written whole and for reads, both of 256 KiB or more",
     )
     io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
     forward_timeout_s: float = opt(

@@ -16,7 +16,9 @@ page-aligned buffer per thread, as 3FS does with its chunks: a storage daemon's 
 mostly hold a second copy of data that clients cache themselves, and filling it costs far more CPU
 than the copy through the aligned buffer (on the development VM: 2.95 ms of CPU per MiB written and
 fdatasynced through the page cache against 0.41 ms with O_DIRECT; 0.46 ms per MiB read cold
-through it against 0.15). Small reads keep the page cache. Where the file system refuses O_DIRECT
+through it against 0.15). Small files and small reads keep the page cache: a small overwrite reads
+back the blocks it lands in, and a 4 KiB read checks a whole 64 KiB block; through O_DIRECT
+each would go to the disk every time. Where the file system refuses O_DIRECT
 (ramfs; tmpfs before Linux 6.6) chunk I/O falls back to the page cache for good.
 """
 
@@ -35,8 +37,9 @@ from pathlib import Path
 from .chunk_meta import CHECKSUM_BLOCK, ChunkVersion, block_count, block_crcs, crc32c
 
 SHARDS = 256
-# New files at least this long are written with O_DIRECT (see the module docstring) ...
-DIRECT_MIN = 64 << 10
+# New files at least this long are written with O_DIRECT (see the module docstring); smaller ones
+# (the overlays of small overwrites, read back when they are folded) keep the page cache ...
+DIRECT_MIN = 256 << 10
 # ... in pieces of at most this many bytes, each copied into the thread's aligned buffer first ...
 DIRECT_PIECE = 1 << 20
 # ... whose offsets and lengths are multiples of this (the largest logical block size in use).

@@ -1,4 +1,4 @@
-"""New chunk files of 64 KiB or more are written with O_DIRECT (storage.chunk_files): the bytes and
+"""New chunk files of 256 KiB or more are written with O_DIRECT (storage.chunk_files): the bytes and
 the length come back exactly, the page cache is left alone, and a file system that refuses
 O_DIRECT (ramfs) gets ordinary writes instead of an error."""
 
@@ -14,6 +14,7 @@ import pytest
 
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_files import DIRECT_MIN, DIRECT_READ_MIN, ChunkFiles
+from fs3.storage.chunk_meta import CHECKSUM_BLOCK
 
 CHUNK = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -108,7 +109,7 @@ def test_large_reads_are_direct_and_exact(files):
     assert files.read(cid, 1, 3 * DIRECT_READ_MIN, DIRECT_READ_MIN) == data[3 * DIRECT_READ_MIN :]
     assert cached_pages(files.path(cid, 1)) == 0
     # a small read (one checksum block) keeps the page cache
-    assert files.read(cid, 1, 0, DIRECT_MIN) == data[:DIRECT_MIN]
+    assert files.read(cid, 1, 0, CHECKSUM_BLOCK) == data[:CHECKSUM_BLOCK]
     assert cached_pages(files.path(cid, 1)) > 0
 
 
