@@ -33,6 +33,14 @@ async def wait_progress(
             t.result()
 
 
+async def finish_workers(stop: asyncio.Event, tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Tell the workers to stop, wait for all of them, then raise the first one's failure."""
+    stop.set()
+    for r in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(r, BaseException):
+            raise r
+
+
 class Workload:
     """Writers that each own one chunk and overwrite 4 KiB blocks of it, remembering every
     acknowledged write (the model)."""

@@ -9,7 +9,7 @@ import random
 import struct
 
 import pytest
-from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, verify, wait_progress
+from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, finish_workers, verify, wait_progress
 from cluster import Cluster, fail_disk, wait_until
 
 from fs3.client.storage_client import crc32c
@@ -106,11 +106,7 @@ async def test_reads_are_linearizable_while_a_replica_dies(tmp_path, position):
             await c.wait_chains(lambda ch: len(ch.serving) == 2, what=f"the {position} to go")
             await progress(50)
         finally:
-            stop.set()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+            await finish_workers(stop, tasks)
         assert reads > 100 and newest_seen <= written
 
 
@@ -253,8 +249,7 @@ async def test_truncates_and_removals_during_resync(tmp_path):
             await c.wait_all_serving(60)
             await progress(30)
         finally:
-            stop.set()
-            await asyncio.gather(*tasks)
+            await finish_workers(stop, tasks)
         expected = {i: d for i, d in model.items() if d is not None}
         for tid in c.chain_targets[chain_id]:
             metas = {m.key.chunk_index: m for m in await client.dump_chunk_meta(tid, 31)}

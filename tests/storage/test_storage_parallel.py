@@ -8,7 +8,7 @@ import asyncio
 import os
 
 import pytest
-from chain_workload import CHUNK, wait_progress
+from chain_workload import CHUNK, finish_workers, wait_progress
 from cluster import Cluster, fail_disk
 
 from fs3.client.storage_client import crc32c
@@ -49,11 +49,7 @@ async def test_disk_failure_during_whole_chunk_writes(tmp_path, position):
             )
             await progress(20)
         finally:
-            stop.set()
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
+            await finish_workers(stop, tasks)
         serving = (await c.routing()).chain(chain_id).serving
         assert victim not in serving and len(serving) == 2
         for tid in serving:
