@@ -10,13 +10,13 @@ import asyncio
 import importlib.util
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
+from cluster import wait_until
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
@@ -144,11 +144,7 @@ def make_transports(name: str) -> tuple[Transport, Transport]:
 
 async def poll(condition: Callable[[], bool], within: float = 5.0, what: str = "condition") -> None:
     """Wait until ``condition()`` holds, checking every few milliseconds, or fail after ``within`` s."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+    await wait_until(condition, within, what, interval_s=0.005)
 
 
 class ThreadedServer:

@@ -8,10 +8,10 @@ import asyncio
 import dataclasses
 import hashlib
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from cluster import wait_until
 
 from fs3.config import RdmaConfig
 from fs3.errors import FS3Error, StatusCode
@@ -33,11 +33,7 @@ SECRET = b"rdma-device-secret-0123456789abc"
 
 
 async def poll(condition: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.005)
+    await wait_until(condition, within, interval_s=0.005)
 
 
 LIMITS = RpcLimits(max_payload_bytes=32 << 20)

@@ -8,10 +8,10 @@ import asyncio
 import dataclasses
 import hashlib
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from cluster import wait_until
 from fakeverbs import Fabric
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,11 +34,7 @@ LIMITS = RpcLimits(max_payload_bytes=32 << 20, frame_timeout_s=2.0, handshake_ti
 
 
 async def poll(condition: Callable[[], bool], within: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+    await wait_until(condition, within, what, interval_s=0.005)
 
 
 class Pair:
