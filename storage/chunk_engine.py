@@ -594,10 +594,14 @@ class ChunkEngine:
         crc: int | None = None,
     ) -> ChunkVersion:
         """``crc``: the CRC32C of ``content`` when already verified (a sender's checksum)."""
+        return self._files.write_version(chunk_id, self._new_file_id(), content, version, chain_ver, crc)
+
+    def _new_file_id(self) -> int:
+        """A file id never used on this target (ids are not reused; see storage.chunk_files)."""
         with self._fid_lock:
             file_id = self._next_file_id
             self._next_file_id += 1
-        return self._files.write_version(chunk_id, file_id, content, version, chain_ver, crc)
+        return file_id
 
     def _write_layered(
         self,
@@ -624,9 +628,7 @@ class ChunkEngine:
         for index in range(first + 1, end_block):
             size = min(CHECKSUM_BLOCK, base.length - index * CHECKSUM_BLOCK)
             old_crc = crc32c_combine(old_crc, base.block_crc(index), size)
-        with self._fid_lock:
-            file_id = self._next_file_id
-            self._next_file_id += 1
+        file_id = self._new_file_id()
         self._files.write_new(chunk_id, file_id, region)
         crcs = bytearray(base.block_crcs)
         crcs[4 * first : 4 * end_block] = block_crcs(region)
