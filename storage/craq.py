@@ -111,35 +111,36 @@ class Replicator:
     # -- chain version checks ---------------------------------------------------------------------
 
     async def local_target(self, chain_id: int, version: int, *, who: str) -> LocalTarget:
-        """This daemon's target of ``chain_id``, once the chain version ``who`` sent checks out.
-
-        A sender may know a chain this daemon's routing lacks yet (a daemon restarted moments ago
-        fetches routing after it starts listening): refresh and wait briefly for it, as
-        :meth:`check_chain_version` does for a newer chain version."""
-        if chain_id not in self.targets.routing.chains:
-            self.routing.refresh_soon()
-            with contextlib.suppress(FS3Error):
-                await self.routing.wait_for(lambda r: chain_id in r.chains, 1.0)
+        """This daemon's target of ``chain_id``, once the chain version ``who`` sent checks out
+        (see :meth:`check_chain_version`)."""
+        await self._catch_up(chain_id, version)
         t = self.targets.of_chain(chain_id)
         await self.check_chain_version(t, chain_id, version, who=who)
         return t
 
     async def check_chain_version(self, t: LocalTarget, chain_id: int, version: int, *, who: str) -> None:
-        """The request's chain version must be the one this daemon acts on. When the sender knows a
-        newer one, wait briefly for ours to catch up first."""
+        """The request's chain version must be the one this daemon acts on (after
+        :meth:`_catch_up` with the sender's routing)."""
+        await self._catch_up(chain_id, version)
         chain = self.targets.chain(chain_id)
-        if version > chain.version:
-            self.routing.refresh_soon()
-            with contextlib.suppress(FS3Error):
-                await self.routing.wait_for(
-                    lambda r: chain_id in r.chains and r.chains[chain_id].version >= version, 1.0
-                )
-            chain = self.targets.chain(chain_id)
         if version != chain.version:
             raise FS3Error(
                 StatusCode.STORAGE_CHAIN_VERSION_MISMATCH,
                 f"{who} sent chain {chain_id} version {version}; target {t.target_id} is at version "
                 f"{chain.version}",
+            )
+
+    async def _catch_up(self, chain_id: int, version: int) -> None:
+        """A sender may know a newer routing than this daemon's: a newer version of the chain, or
+        the chain itself (a daemon restarted moments ago fetches routing after it starts
+        listening). Then refresh and wait briefly for ours to catch up."""
+        chain = self.targets.routing.chains.get(chain_id)
+        if chain is not None and chain.version >= version:
+            return
+        self.routing.refresh_soon()
+        with contextlib.suppress(FS3Error):
+            await self.routing.wait_for(
+                lambda r: chain_id in r.chains and r.chains[chain_id].version >= version, 1.0
             )
 
     # -- client updates (head) --------------------------------------------------------------------
