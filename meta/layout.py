@@ -105,11 +105,6 @@ class ChainAllocator:
         return layout
 
 
-def chain_of_chunk(layout: meta_pb2.Layout, chunk_index: int) -> int:
-    """The chain holding chunk ``chunk_index`` of a file with ``layout``."""
-    return layout.chains[chunk_index % len(layout.chains)]
-
-
 def max_file_size(layout: meta_pb2.Layout) -> int:
     """Chunk indexes are u32 on storage, so a file ends at ``chunk_size × 2**32``."""
     return (layout.chunk_size or DEFAULT_CHUNK_SIZE) << 32
