@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 
 import pyfuse3
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from fs3 import metrics
 from fs3.client.file import OpenFile
@@ -80,11 +79,7 @@ class FuseMetrics:
         seconds = HistogramMetricFamily("fs3_fuse_request_seconds", "FUSE request latency", labels=["op"])
         for op, (count, total, buckets) in list(self._ops.items()):
             requests.add_metric([op], count)
-            cumulative, acc = [], 0
-            for bound, n in zip((*metrics.LATENCY_BUCKETS, float("inf")), buckets, strict=True):
-                acc += n
-                cumulative.append((floatToGoString(bound), acc))
-            seconds.add_metric([op], cumulative, total)
+            seconds.add_metric([op], metrics.latency_buckets(buckets), total)
         errors = CounterMetricFamily(
             "fs3_fuse_errors_total", "FUSE requests answered with an error", labels=["op", "errno"]
         )

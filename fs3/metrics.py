@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.utils import floatToGoString
 
 from fs3.errors import FS3Error, StatusCode
 
@@ -40,6 +41,18 @@ LATENCY_BUCKETS = (
     2.5,
     10.0,
 )
+_LE = [floatToGoString(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+
+
+def latency_buckets(counts: list[int]) -> list[tuple[str, int]]:
+    """A histogram sample's cumulative ``(le, count)`` pairs from per-bucket counts over
+    LATENCY_BUCKETS (``counts[bisect_left(LATENCY_BUCKETS, seconds)]``, the last one +Inf), for
+    collectors that count latencies in plain lists and build samples only when scraped."""
+    out, total = [], 0
+    for le, n in zip(_LE, list(counts), strict=True):
+        total += n
+        out.append((le, total))
+    return out
 
 
 def registry() -> CollectorRegistry:

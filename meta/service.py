@@ -12,7 +12,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from fs3 import metrics
 from fs3.client.meta_client import META_SERVICE
@@ -324,7 +323,6 @@ class RequestMetrics:
         self.bounds = metrics.LATENCY_BUCKETS
         self.methods = {name: _MethodStats(len(self.bounds)) for name in methods}
         self.errors: dict[tuple[str, str], int] = {}  # (method, status code name) -> failed requests
-        self._le = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
         registry.register(self)
 
     def error(self, method: str, code: str) -> None:
@@ -340,11 +338,7 @@ class RequestMetrics:
         )
         for name, st in self.methods.items():
             requests.add_metric((name, "OK"), st.ok)
-            cumulative, buckets = 0, []
-            for le, n in zip(self._le, list(st.counts), strict=True):
-                cumulative += n
-                buckets.append((le, cumulative))
-            latency.add_metric((name,), buckets, st.sum)
+            latency.add_metric((name,), metrics.latency_buckets(st.counts), st.sum)
         for (name, code), n in list(self.errors.items()):
             requests.add_metric((name, code), n)
         yield requests
