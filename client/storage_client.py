@@ -268,10 +268,16 @@ class StorageClient:
         offset: int,
         data: bytes | bytearray | memoryview,
         chunk_size: int,
+        extents: Sequence[tuple[int, int]] = (),
     ) -> IOResult:
-        """Write ``data`` at ``offset`` of one chunk (``offset + len(data) <= chunk_size``)."""
+        """Write ``data`` at ``offset`` of one chunk (``offset + len(data) <= chunk_size``).
+
+        With ``extents`` (``(offset, length)`` pairs, increasing and apart), a write of several
+        ranges of the chunk as one update, their bytes back to back in ``data`` (``offset`` is then
+        the first one's): the chunk changes from one version to the next with all of them or none."""
         n = memoryview(data).nbytes
-        if offset < 0 or n == 0 or offset + n > chunk_size:
+        end = extents[-1][0] + extents[-1][1] if extents else offset + n
+        if offset < 0 or n == 0 or end > chunk_size:
             raise FS3Error(
                 StatusCode.INVALID_ARGUMENT,
                 f"write of {n} bytes at {offset} does not fit a chunk of {chunk_size}",
@@ -279,6 +285,9 @@ class StorageClient:
         io = storage_pb2.UpdateIO(
             type=storage_pb2.UPDATE_WRITE, offset=offset, length=n, chunk_size=chunk_size, crc32c=crc32c(data)
         )
+        if len(extents) > 1:  # the storage service checks them (UpdateIO.extents)
+            for start, length in extents:
+                io.extents.add(offset=start, length=length)
         return await self._update(chain_id, inode_id, chunk_index, io, data)
 
     async def truncate_chunk(

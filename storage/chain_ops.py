@@ -21,7 +21,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.proto import storage_pb2
 
 from .chunk_engine import ChunkEngine, ChunkRead
-from .chunk_meta import ChunkMeta, check_chunk_size, crc32c
+from .chunk_meta import ChunkMeta, check_chunk_size, check_extents, crc32c
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class Op:
     length: int = 0  # WRITE/REPLACE: bytes of data; TRUNCATE: the new chunk length
     data: memoryview | None = None
     crc: int | None = None
+    # WRITE of several ranges: (offset, length) each, data back to back (see UpdateIO.extents)
+    extents: tuple[tuple[int, int], ...] = ()
 
 
 class ResultCache:
@@ -166,6 +168,7 @@ def apply_op(
             version=version,
             checksum=op.crc,
             commit=commit,
+            extents=op.extents,
         )
     elif op.type == storage_pb2.UPDATE_TRUNCATE:
         new = eng.truncate(
@@ -249,12 +252,14 @@ def client_op(io: storage_pb2.UpdateIO, payload: memoryview | None) -> Op:
         data = payload_slice(io, payload)
         if io.length == 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "empty write")
-        if io.offset + io.length > io.chunk_size:
+        extents = write_extents(io)
+        end = extents[-1][0] + extents[-1][1] if extents else io.offset + io.length
+        if end > io.chunk_size:
             raise FS3Error(
                 StatusCode.STORAGE_CHUNK_TOO_LARGE,
                 f"write of {io.length} bytes at {io.offset} exceeds the chunk size {io.chunk_size}",
             )
-        return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c)
+        return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c, extents)
     if io.type == storage_pb2.UPDATE_TRUNCATE:
         if io.length > io.chunk_size:
             raise FS3Error(
@@ -271,12 +276,23 @@ def forwarded_op(io: storage_pb2.UpdateIO, payload: memoryview | None, syncing: 
     check_chunk_size(io.chunk_size)
     if io.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
         data = payload_slice(io, payload)
-        if io.offset + io.length > io.chunk_size:
+        extents = write_extents(io) if io.type == storage_pb2.UPDATE_WRITE else ()
+        end = extents[-1][0] + extents[-1][1] if extents else io.offset + io.length
+        if end > io.chunk_size:
             raise FS3Error(StatusCode.STORAGE_CHUNK_TOO_LARGE, "update exceeds the chunk size")
-        return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c)
+        return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c, extents)
     if io.type == storage_pb2.UPDATE_TRUNCATE:
         return Op(io.type, io.chunk_size, length=io.length)
     raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown update type {io.type}")
+
+
+def write_extents(io: storage_pb2.UpdateIO) -> tuple[tuple[int, int], ...]:
+    """The ranges of a WRITE of several (empty for one), checked as UpdateIO.extents requires."""
+    if not io.extents:
+        return ()
+    extents = tuple((e.offset, e.length) for e in io.extents)
+    check_extents(io.offset, io.length, extents)
+    return extents
 
 
 def payload_slice(io: storage_pb2.UpdateIO, payload: memoryview | None) -> memoryview:

@@ -55,7 +55,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,6 +73,7 @@ from .chunk_meta import (
     check_checksum,
     check_chunk_id,
     check_chunk_size,
+    check_extents,
     check_fits,
     check_size_class,
     crc32c,
@@ -274,6 +275,7 @@ class ChunkEngine:
         version: int | None = None,
         checksum: int | None = None,
         commit: bool = False,
+        extents: Sequence[tuple[int, int]] = (),
     ) -> ChunkMeta:
         """Write ``data`` at ``offset`` as the pending version ``committed + 1`` of the chunk.
 
@@ -286,6 +288,11 @@ class ChunkEngine:
         With ``commit=True`` the new version is committed at once, in the same transaction: what
         the tail of a chain does (one durable sync instead of two).
 
+        ``extents`` (``(offset, length)`` pairs, increasing and apart) makes it a write of several
+        ranges at once, their bytes back to back in ``data`` (``offset`` is then the first one's):
+        one new version, built as a write of the span from the first range to the end of the last
+        with the bytes between them taken from the committed version.
+
         Raises INVALID_ARGUMENT, STORAGE_CHUNK_TOO_LARGE, STORAGE_CHECKSUM_MISMATCH,
         STORAGE_CHUNK_VERSION_MISMATCH (a version that is not committed + 1: stale or missing).
         """
@@ -293,7 +300,11 @@ class ChunkEngine:
         check_chunk_size(chunk_size)
         if offset < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
-        check_fits(chunk_id, offset + len(data), chunk_size)
+        if extents:
+            check_extents(offset, len(data), extents)
+            check_fits(chunk_id, extents[-1][0] + extents[-1][1], chunk_size)
+        else:
+            check_fits(chunk_id, offset + len(data), chunk_size)
         check_checksum(chunk_id, data, checksum)
         with self._io("update"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)
@@ -304,6 +315,8 @@ class ChunkEngine:
                 # fold the previous small overwrite now; the transaction that records the new
                 # pending version records the committed one without its overlay
                 base = self._fold_data(chunk_id, base)
+            if len(extents) > 1:
+                data, checksum = self._span(chunk_id, base, data, extents), None
             end = offset + len(data)
             first, end_block = offset // CHECKSUM_BLOCK, block_count(end)
             if (
@@ -583,6 +596,26 @@ class ChunkEngine:
                 StatusCode.STORAGE_CHECKSUM_MISMATCH,
                 f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
             ) from None
+
+    def _span(
+        self,
+        chunk_id: bytes,
+        base: ChunkVersion | None,
+        data: bytes | bytearray | memoryview,
+        extents: Sequence[tuple[int, int]],
+    ) -> bytearray:
+        """The bytes from the first of ``extents`` to the end of the last: theirs (back to back in
+        ``data``) with ``base``'s between them (zeros past its end)."""
+        start = extents[0][0]
+        stop = extents[-1][0] + extents[-1][1]
+        region = self._content(chunk_id, base, start, stop)
+        region.extend(bytes(stop - start - len(region)))
+        view = memoryview(data)
+        pos = 0
+        for offset, length in extents:
+            region[offset - start : offset - start + length] = view[pos : pos + length]
+            pos += length
+        return region
 
     def _write_version(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import functools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import crc32c as _crc32c
@@ -338,6 +339,24 @@ def check_fits(chunk_id: bytes, end: int, chunk_size: int) -> None:
         raise FS3Error(
             StatusCode.STORAGE_CHUNK_TOO_LARGE,
             f"chunk {chunk_id.hex()}: {end} bytes do not fit in a chunk of {chunk_size}",
+        )
+
+
+def check_extents(offset: int, length: int, extents: Sequence[tuple[int, int]]) -> None:
+    """The ranges of a write of several (UpdateIO.extents): increasing and apart, none empty, the
+    first at ``offset``, ``length`` bytes in all. Raises INVALID_ARGUMENT."""
+    end = -1
+    for start, n in extents:
+        if n <= 0 or start <= end:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT,
+                f"write range {start}+{n} is empty or not after the previous one (ending at {end})",
+            )
+        end = start + n
+    if not extents or extents[0][0] != offset or sum(n for _, n in extents) != length:
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT,
+            f"write ranges {list(extents)[:4]}... do not start at offset {offset} and hold length {length}",
         )
 
 

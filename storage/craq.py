@@ -231,7 +231,7 @@ class Replicator:
             chain_ver = chain.version
             # At the tail, apply and commit in one trip to the I/O threads.
             tail = chain.successor(t.target_id) is None
-            if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0:
+            if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0 and not op.extents:
                 parallel = parallel_version(eng.get_meta(cid), op, version)
                 if parallel:
                     return await self._update_parallel(t, cid, chain_id, op, parallel, chain_ver)
@@ -378,6 +378,8 @@ class Replicator:
             elif op.type == storage_pb2.UPDATE_WRITE:
                 io.type = storage_pb2.UPDATE_WRITE
                 io.offset, io.length = op.offset, op.length
+                for offset, length in op.extents:
+                    io.extents.add(offset=offset, length=length)
                 if op.crc is not None:
                     io.crc32c = op.crc
                 payload = op.data

@@ -84,8 +84,16 @@ class UpdateTag(_message.Message):
     seqnum: int
     def __init__(self, client_id: _Optional[int] = ..., request_id: _Optional[int] = ..., channel: _Optional[int] = ..., seqnum: _Optional[int] = ...) -> None: ...
 
+class Extent(_message.Message):
+    __slots__ = ("offset", "length")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    length: int
+    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
 class UpdateIO(_message.Message):
-    __slots__ = ("key", "type", "offset", "length", "chunk_size", "crc32c", "update_version", "payload_offset", "rdma")
+    __slots__ = ("key", "type", "offset", "length", "chunk_size", "crc32c", "update_version", "payload_offset", "rdma", "extents")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +103,7 @@ class UpdateIO(_message.Message):
     UPDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_OFFSET_FIELD_NUMBER: _ClassVar[int]
     RDMA_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
     key: ChunkKey
     type: UpdateType
     offset: int
@@ -104,7 +113,8 @@ class UpdateIO(_message.Message):
     update_version: int
     payload_offset: int
     rdma: RdmaBuf
-    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., type: _Optional[_Union[UpdateType, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., update_version: _Optional[int] = ..., payload_offset: _Optional[int] = ..., rdma: _Optional[_Union[RdmaBuf, _Mapping]] = ...) -> None: ...
+    extents: _containers.RepeatedCompositeFieldContainer[Extent]
+    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., type: _Optional[_Union[UpdateType, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., update_version: _Optional[int] = ..., payload_offset: _Optional[int] = ..., rdma: _Optional[_Union[RdmaBuf, _Mapping]] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ...) -> None: ...
 
 class WriteReq(_message.Message):
     __slots__ = ("user", "tag", "io")

@@ -517,3 +517,58 @@ async def test_async_wrapper_runs_off_the_loop(tmp_path: Path) -> None:
         assert await eng.pending_chunks() == []
     finally:
         await eng.close()
+
+
+def test_write_of_several_ranges_is_one_version(engine: ChunkEngine) -> None:
+    """A write of several ranges (a client's buffered random writes) changes the chunk from one
+    version to the next with all of them; the bytes between them are the old version's, and
+    ranges past its end leave holes of zeros."""
+    model = bytearray(os.urandom(10 * CHECKSUM_BLOCK + 77))
+    assert write(engine, cid(4), 0, bytes(model)) == 1
+
+    def several(ranges: list[tuple[int, bytes]], version: int) -> None:
+        extents = [(off, len(d)) for off, d in ranges]
+        data = b"".join(d for _, d in ranges)
+        meta = engine.update(
+            cid(4), extents[0][0], data, chunk_size=CS, chain_ver=1, checksum=crc32c(data), extents=extents
+        )
+        assert meta.pending_ver == version
+        assert engine.commit(cid(4), version) is not None
+        for off, d in ranges:
+            model[len(model) : off + len(d)] = bytes(max(0, off + len(d) - len(model)))
+            model[off : off + len(d)] = d
+        got = engine.read(cid(4))
+        assert (got.data, got.version, got.chunk_crc) == (bytes(model), version, crc32c(bytes(model)))
+
+    # inside one checksum block and across several, small enough for an overlay
+    several([(10, b"a" * 5), (100, b"b" * 3)], 2)
+    several([(CHECKSUM_BLOCK - 2, b"c" * 4), (3 * CHECKSUM_BLOCK + 1, b"d" * 9)], 3)
+    # across the whole chunk (copy-on-write), and past its end (a hole, then data)
+    several([(0, b"e"), (5 * CHECKSUM_BLOCK, os.urandom(CHECKSUM_BLOCK)), (len(model) - 1, b"fg")], 4)
+    several([(7, b"h" * 3), (len(model) + 1000, b"i" * 20), (len(model) + 50_000, b"j")], 5)
+    # after a reopen, the same bytes
+    engine.close()
+    with ChunkEngine(engine.path) as again:
+        assert again.read(cid(4)).data == bytes(model)
+
+
+@pytest.mark.parametrize(
+    "extents, message",
+    [
+        ([(0, 4), (2, 4)], "not after"),  # overlapping
+        ([(0, 4), (4, 4)], "not after"),  # touching: one range
+        ([(8, 4), (0, 4)], "not after"),  # out of order
+        ([(0, 4), (10, 0)], "empty"),
+        ([(0, 4), (10, 3)], "hold length"),  # 7 bytes named, 8 given
+        ([(1, 4), (10, 4)], "start at offset"),
+    ],
+)
+def test_write_of_several_ranges_refuses_bad_ranges(engine: ChunkEngine, extents, message) -> None:
+    assert write(engine, cid(5), 0, b"z" * 100) == 1
+    with pytest.raises(FS3Error) as e:
+        engine.update(cid(5), 0, b"y" * 8, chunk_size=CS, chain_ver=1, extents=extents)
+    assert e.value.code == StatusCode.INVALID_ARGUMENT and message in e.value.message
+    with pytest.raises(FS3Error) as e:
+        engine.update(cid(5), 0, b"y" * 8, chunk_size=CS, chain_ver=1, extents=[(0, 4), (CS - 2, 4)])
+    assert e.value.code == StatusCode.STORAGE_CHUNK_TOO_LARGE
+    assert engine.read(cid(5)).data == b"z" * 100 and engine.get_meta(cid(5)).pending is None

@@ -159,6 +159,31 @@ async def test_concurrent_writers_on_one_chunk(tmp_path):
             assert crc32c(final) == next(m.crc32c for m in await clients[0].dump_chunk_meta(tid, 11))
 
 
+async def test_write_of_several_ranges_reaches_every_replica_as_one_version(tmp_path):
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chunk = 256 * KiB
+        chain = c.chain_ids[0]
+        model = bytearray(os.urandom(100 * KiB))
+        await client.write(chain, 12, 0, 0, bytes(model), chunk)
+        for version in (2, 3, 4):
+            starts = sorted(random.sample(range(0, 150 * KiB, 8 * KiB), 12))
+            ranges = [
+                (s + random.randrange(4 * KiB), os.urandom(random.randrange(1, 4 * KiB))) for s in starts
+            ]
+            data = b"".join(d for _, d in ranges)
+            r = await client.write(
+                chain, 12, 0, ranges[0][0], data, chunk, extents=[(off, len(d)) for off, d in ranges]
+            )
+            for off, d in ranges:
+                model.extend(bytes(max(0, off + len(d) - len(model))))  # past the end: a hole first
+                model[off : off + len(d)] = d
+            assert (r.committed_version, r.length, r.crc32c) == (version, len(model), crc32c(bytes(model)))
+            metas = await assert_replicas_identical(c, client, chain, 12)
+            assert metas == [(0, version, len(model), crc32c(bytes(model)), 0)]
+            assert await client.read(chain, 12, 0, 0, chunk) == bytes(model)
+
+
 async def test_bad_input_gets_clear_errors(tmp_path):
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()

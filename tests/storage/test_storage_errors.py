@@ -71,6 +71,13 @@ async def test_malformed_and_refused_requests(tmp_path):
         assert e.code == StatusCode.INVALID_ARGUMENT and "power of two" in e.message
         e = await call(head, write, write_req(chain_id, chain.version, data, offset=CHUNK - 1), data)
         assert e.code == StatusCode.STORAGE_CHUNK_TOO_LARGE
+        for extents in ([(0, 200), (100, 200)], [(0, 200), (300, 100)], [(0, 300), (CHUNK - 50, 100)]):
+            req = write_req(chain_id, chain.version, data)
+            for off, n in extents:
+                req.io.extents.add(offset=off, length=n)
+            e = await call(head, write, req, data)
+            assert e.code in (StatusCode.INVALID_ARGUMENT, StatusCode.STORAGE_CHUNK_TOO_LARGE), e
+            assert "range" in e.message or "exceeds" in e.message
         e = await call(head, write, write_req(999, 1, data), data)
         assert e.code == StatusCode.MGMTD_UNKNOWN_CHAIN
         big = storage_pb2.BatchReadReq()
