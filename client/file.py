@@ -12,6 +12,12 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
   flight waits for it, so overlapping writes reach storage in order. The first error of a
   background flush is raised by the next write, flush, fsync or close (as a write-back file system
   reports it).
+- a **scattered buffer** for small writes that do not continue the previous one (random writes):
+  when such a write arrives, the buffer's run, if small (up to ``SCATTER_RUN_BYTES``), moves into
+  a map of byte ranges per chunk (later bytes over earlier ones, touching ranges joined) instead of
+  being flushed alone. Once the map holds ``scatter_bytes``, or on a read, truncate, fsync or
+  close, it is flushed as one storage write per chunk carrying all of that chunk's ranges (one new
+  chunk version on every replica, instead of one replicated update per small write).
 - the **written length**: the end of the highest byte this handle wrote, reported to meta on fsync
   and close (the write session), which settles the file's length.
 
@@ -25,9 +31,11 @@ its call to a storage node, is received straight into it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fs3.client.storage_client import ReadRequest, StorageClient
 from fs3.errors import FS3Error, StatusCode
@@ -36,6 +44,10 @@ from fs3.proto import meta_pb2
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 1 << 20
+#: a buffered run at most this long moves into the scattered buffer when a write elsewhere follows
+SCATTER_RUN_BYTES = 256 << 10
+#: chunk writes one flush of the scattered buffer keeps in flight
+SCATTER_PARALLEL = 16
 
 
 def chain_of(layout: meta_pb2.Layout, chunk_index: int) -> int:
@@ -117,6 +129,7 @@ class OpenFile:
         writable: bool,
         buffer_bytes: int = 4 << 20,
         max_flushes: int = 4,
+        scatter_bytes: int = 64 << 20,
     ) -> None:
         self.storage = storage
         self.state = state
@@ -135,6 +148,12 @@ class OpenFile:
         self._parts: list[bytes | memoryview] = []
         self._buf_len = 0
         self._buf_offset = 0
+        # the scattered buffer: chunk index -> its ranges [offset within the chunk, bytes], sorted
+        # and apart; _scatter_span is the file range they lie in, for ordering against flushes
+        self.scatter_bytes = scatter_bytes
+        self._scatter: dict[int, list[list]] = {}  # type: ignore[type-arg]
+        self._scatter_len = 0
+        self._scatter_span = (0, 0)
         self._flushes: dict[asyncio.Task[None], tuple[int, int]] = {}
         self._slots = asyncio.Semaphore(max(1, max_flushes))
         self._error: BaseException | None = None
@@ -148,7 +167,13 @@ class OpenFile:
     @property
     def settled(self) -> bool:
         """Nothing buffered, no flush in flight or being started, no flush error to report."""
-        return not (self._buf_len or self._flushes or self._error is not None or self._lock.locked())
+        return not (
+            self._buf_len
+            or self._scatter_len
+            or self._flushes
+            or self._error is not None
+            or self._lock.locked()
+        )
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -165,7 +190,12 @@ class OpenFile:
         self._raise_pending()
         async with self._lock:
             if not (self._buf_len and offset == self._buf_offset + self._buf_len):
-                await self._start_flush()
+                if self._buf_len and self._buf_len <= SCATTER_RUN_BYTES and n <= SCATTER_RUN_BYTES:
+                    self._scatter_run()  # a small write elsewhere: keep the small run, flush neither
+                    if self._scatter_len >= self.scatter_bytes:
+                        await self._start_scatter_flush()
+                else:
+                    await self._start_flush()
                 self._buf_offset = offset
             self._parts.append(data)
             self._buf_len += n
@@ -187,7 +217,9 @@ class OpenFile:
         if n == 0:
             return 0
         await self._wait_overlapping(offset, offset + n)
-        if self._buf_len and self._buf_offset < offset + n and offset < self._buf_offset + self._buf_len:
+        if (
+            self._buf_len and self._buf_offset < offset + n and offset < self._buf_offset + self._buf_len
+        ) or (self._scatter_len and self._scatter_span[0] < offset + n and offset < self._scatter_span[1]):
             await self.flush_buffer()
         await self._write_now(offset, [data])
         self.written_length = max(self.written_length, offset + n)
@@ -202,11 +234,69 @@ class OpenFile:
         self._parts = []
         self._buf_len = 0
         end = offset + n
-        await self._wait_overlapping(offset, end)
-        await self._slots.acquire()
-        task = asyncio.get_running_loop().create_task(self._flush_task(offset, parts))
-        self._flushes[task] = (offset, end)
+        if self._scatter_len and self._scatter_span[0] < end and offset < self._scatter_span[1]:
+            await self._start_scatter_flush()  # older bytes under these: they reach storage first
+        await self._start(offset, end, self._write_now(offset, parts))
+
+    async def _start(self, begin: int, end: int, write: Coroutine[Any, Any, None]) -> None:
+        """Run ``write`` (of file bytes ``[begin, end)``) as a background flush, once the flushes
+        it overlaps are done and a slot is free."""
+        try:
+            await self._wait_overlapping(begin, end)
+            await self._slots.acquire()
+        except BaseException:
+            write.close()
+            raise
+        task = asyncio.get_running_loop().create_task(self._flush_task(write))
+        self._flushes[task] = (begin, end)
         task.add_done_callback(self._flush_done)
+
+    def _scatter_run(self) -> None:
+        """Move the buffer's run into the scattered buffer, over what that holds already."""
+        offset = self._buf_offset
+        data = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts = []
+        self._buf_len = 0
+        end = offset + len(data)
+        lo, hi = self._scatter_span
+        self._scatter_span = (min(lo, offset), max(hi, end)) if self._scatter_len else (offset, end)
+        size = self.chunk_size
+        view = memoryview(data)
+        pos = offset
+        while pos < end:
+            index, within = divmod(pos, size)
+            take = min(size - within, end - pos)
+            self._scatter_len += _put_range(
+                self._scatter.setdefault(index, []), within, view[pos - offset : pos - offset + take]
+            )
+            pos += take
+
+    async def _start_scatter_flush(self) -> None:
+        if not self._scatter_len:
+            return
+        chunks, (begin, end) = self._scatter, self._scatter_span
+        self._scatter = {}
+        self._scatter_len = 0
+        await self._start(begin, end, self._write_scattered(chunks))
+
+    async def _write_scattered(self, chunks: dict[int, list[list]]) -> None:  # type: ignore[type-arg]
+        """One storage write per chunk of the scattered buffer, with all its ranges; a few at a
+        time. Waits for all of them before raising the first error (a later flush may overlap)."""
+        size = self.chunk_size
+        limit = asyncio.Semaphore(SCATTER_PARALLEL)
+
+        async def one(index: int, ranges: list[list]) -> None:  # type: ignore[type-arg]
+            async with limit:
+                data = ranges[0][1] if len(ranges) == 1 else b"".join(r[1] for r in ranges)
+                extents = [(r[0], len(r[1])) for r in ranges] if len(ranges) > 1 else ()
+                await self.storage.write(
+                    self._chain_of(index), self.inode_id, index, ranges[0][0], data, size, extents
+                )
+
+        results = await asyncio.gather(*(one(i, r) for i, r in chunks.items()), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     async def _wait_overlapping(self, begin: int, end: int) -> None:
         while self._flushes:
@@ -215,9 +305,9 @@ class OpenFile:
                 return
             await asyncio.wait(overlapping)
 
-    async def _flush_task(self, offset: int, parts: list[bytes | bytearray | memoryview]) -> None:
+    async def _flush_task(self, write: Coroutine[Any, Any, None]) -> None:
         try:
-            await self._write_now(offset, parts)
+            await write
         finally:
             self._slots.release()
 
@@ -272,6 +362,7 @@ class OpenFile:
         """Write out the buffer and wait until every flush of this handle is done; raise the first
         error one of them met."""
         async with self._lock:
+            await self._start_scatter_flush()  # older than the run, which it may lie under
             await self._start_flush()
         while self._flushes:
             await asyncio.wait(list(self._flushes))
@@ -315,6 +406,32 @@ class OpenFile:
         data = bytes(memoryview(buf)[:n])
         pool.release(buf)
         return data
+
+
+def _put_range(ranges: list[list], offset: int, data: memoryview) -> int:  # type: ignore[type-arg]
+    """Write ``data`` at ``offset`` into ``ranges`` (``[offset, bytearray]``, sorted and apart),
+    over the bytes there and joined with ranges it overlaps or touches; returns how many bytes
+    ``ranges`` grew by."""
+    end = offset + len(data)
+    # the ranges it joins: from the first that ends at or after offset to the last that starts at
+    # or before end
+    first = bisect.bisect_left(ranges, offset, key=lambda r: r[0] + len(r[1]))
+    last = first
+    while last < len(ranges) and ranges[last][0] <= end:
+        last += 1
+    if first == last:
+        ranges.insert(first, [offset, bytearray(data)])
+        return len(data)
+    joined = ranges[first:last]
+    before = sum(len(r[1]) for r in joined)
+    start = min(offset, joined[0][0])
+    stop = max(end, joined[-1][0] + len(joined[-1][1]))
+    buf = bytearray(stop - start)
+    for r_off, r_data in joined:
+        buf[r_off - start : r_off - start + len(r_data)] = r_data
+    buf[offset - start : end - start] = data
+    ranges[first:last] = [[start, buf]]
+    return len(buf) - before
 
 
 async def read_many(storage: StorageClient, pieces: Sequence[tuple[meta_pb2.Inode, int, int]]) -> list[bytes]:

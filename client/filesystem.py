@@ -388,6 +388,7 @@ class FileSystem:
             writable=(flags & os.O_ACCMODE) != os.O_RDONLY,
             buffer_bytes=self.config.write_buffer_bytes,
             max_flushes=self.config.max_flushes_in_flight,
+            scatter_bytes=self.config.write_scatter_bytes,
         )
         h.state.handles.add(h)
         return h

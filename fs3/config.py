@@ -259,6 +259,12 @@ class ClientConfig:
     attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)
     entry_timeout_s: float = opt(1.0, doc="kernel directory entry cache timeout", check=_positive)
     write_buffer_bytes: int = opt(4 << 20, doc="per-open-file write buffer", check=_positive)
+    write_scatter_bytes: int = opt(
+        64 << 20,
+        doc="per open file: small writes elsewhere than where the last one ended (random writes) are "
+        "gathered up to this many bytes, then sent as one update per chunk",
+        check=_positive,
+    )
     rpc_timeout_s: float = opt(30.0, doc="deadline of each RPC", check=_positive)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
