@@ -235,7 +235,7 @@ class OpenFile:
         self._buf_len = 0
         end = offset + n
         if self._scatter_len and self._scatter_span[0] < end and offset < self._scatter_span[1]:
-            await self._start_scatter_flush()  # older bytes under these: they reach storage first
+            self._unscatter(offset, end)  # older bytes under these: they must not follow them
         await self._start(offset, end, self._write_now(offset, parts))
 
     async def _start(self, begin: int, end: int, write: Coroutine[Any, Any, None]) -> None:
@@ -270,6 +270,17 @@ class OpenFile:
                 self._scatter.setdefault(index, []), within, view[pos - offset : pos - offset + take]
             )
             pos += take
+
+    def _unscatter(self, begin: int, end: int) -> None:
+        """Drop file bytes ``[begin, end)`` from the scattered buffer (newer bytes replace them)."""
+        size = self.chunk_size
+        for index in range(begin // size, (end - 1) // size + 1):
+            ranges = self._scatter.get(index)
+            if ranges:
+                base = index * size
+                self._scatter_len -= _cut_range(ranges, max(begin - base, 0), min(end - base, size))
+                if not ranges:
+                    del self._scatter[index]
 
     async def _start_scatter_flush(self) -> None:
         if not self._scatter_len:
@@ -432,6 +443,29 @@ def _put_range(ranges: list[list], offset: int, data: memoryview) -> int:  # typ
     buf[offset - start : end - start] = data
     ranges[first:last] = [[start, buf]]
     return len(buf) - before
+
+
+def _cut_range(ranges: list[list], begin: int, end: int) -> int:  # type: ignore[type-arg]
+    """Remove ``[begin, end)`` from ``ranges`` (``[offset, bytearray]``, sorted and apart);
+    returns how many bytes that removed."""
+    first = bisect.bisect_right(ranges, begin, key=lambda r: r[0] + len(r[1]))
+    last = first
+    while last < len(ranges) and ranges[last][0] < end:
+        last += 1
+    if first == last:
+        return 0
+    removed = 0
+    keep = []
+    for offset, data in ranges[first:last]:
+        removed += len(data)
+        if offset < begin:
+            keep.append([offset, data[: begin - offset]])
+            removed -= begin - offset
+        if offset + len(data) > end:
+            keep.append([end, data[end - offset :]])
+            removed -= offset + len(data) - end
+    ranges[first:last] = keep
+    return removed
 
 
 async def read_many(storage: StorageClient, pieces: Sequence[tuple[meta_pb2.Inode, int, int]]) -> list[bytes]:
