@@ -5,8 +5,8 @@ mount hold for an open file. It knows the file's layout (chunk size and chains),
 byte range at chunk boundaries and send each piece to its chain, and it keeps:
 
 - a **write buffer**: a write that continues where the buffer ends is appended (kept as the
-  caller's immutable ``bytes``, never copied); any other write, a full buffer, a write that
-  completes a chunk, a read, a truncate, fsync and close flush it. Flushes run in the background,
+  caller's immutable ``bytes``, never copied); any other write (but see below), a full buffer, a
+  write that completes a chunk, a truncate, a stat, fsync and close flush it. Flushes run in the background,
   up to ``max_flushes`` at a time, each as one storage write per chunk it touches (in parallel), so
   a sequential writer keeps several chunk writes in flight; a flush overlapping one still in
   flight waits for it, so overlapping writes reach storage in order. The first error of a
@@ -15,14 +15,16 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
 - a **scattered buffer** for small writes that do not continue the previous one (random writes):
   when such a write arrives, the buffer's run, if small (up to ``SCATTER_RUN_BYTES``), moves into
   a map of byte ranges per chunk (later bytes over earlier ones, touching ranges joined) instead of
-  being flushed alone. Once the map holds ``scatter_bytes``, or on a read, truncate, fsync or
+  being flushed alone. Once the map holds ``scatter_bytes``, or on a truncate, stat, fsync or
   close, it is flushed as one storage write per chunk carrying all of that chunk's ranges (one new
   chunk version on every replica, instead of one replicated update per small write).
 - the **written length**: the end of the highest byte this handle wrote, reported to meta on fsync
   and close (the write session), which settles the file's length.
 
 :class:`InodeState` collects the open handles of one inode in one client, so a read sees writes of
-every handle of this client (read-your-writes) and a stat reports the length they wrote.
+every handle of this client (read-your-writes: the bytes still buffered are laid over what storage
+returns, after any flush in flight over the range is done; a read flushes nothing) and a stat
+reports the length they wrote.
 
 Reads land in the caller's buffer (:meth:`OpenFile.read_into`): a read inside one chunk, alone in
 its call to a storage node, is received straight into it.
@@ -103,6 +105,22 @@ class InodeState:
             if h.writable and not h.settled:
                 return False
         return True
+
+    async def buffered(self, begin: int, end: int) -> list[tuple[int, memoryview]]:
+        """What this client's handles hold for file bytes ``[begin, end)`` that storage may not
+        have yet, as ``(offset, bytes)`` pieces to lay over a storage read in order; returns once
+        every flush that started before this call and overlaps the range is done (its bytes are
+        then on storage)."""
+        pieces: list[tuple[int, memoryview]] = []
+        waits: list[asyncio.Task[None]] = []
+        for h in list(self.handles):
+            if h.writable and not h.settled:
+                async with h._lock:  # no flush is between leaving the buffer and starting
+                    pieces += h._buffered(begin, end)
+                    waits += [t for t, (b, e) in h._flushes.items() if b < end and begin < e]
+        if waits:
+            await asyncio.wait(waits)
+        return pieces
 
     async def drain(self) -> None:
         """Flush every handle's buffer and wait for their flushes (before a read or a stat)."""
@@ -379,17 +397,32 @@ class OpenFile:
             await asyncio.wait(list(self._flushes))
         self._raise_pending()
 
+    def _buffered(self, begin: int, end: int) -> list[tuple[int, memoryview]]:
+        """The buffered bytes of ``[begin, end)``, oldest first: scattered ranges, then the run."""
+        out: list[tuple[int, memoryview]] = []
+        size = self.chunk_size
+        if self._scatter_len and self._scatter_span[0] < end and begin < self._scatter_span[1]:
+            for index in range(begin // size, (end - 1) // size + 1):
+                base = index * size
+                for offset, data in self._scatter.get(index, ()):
+                    out += _clip(base + offset, data, begin, end)
+        pos = self._buf_offset
+        for part in self._parts:
+            out += _clip(pos, part, begin, end)
+            pos += len(part)
+        return out
+
     # -- reads ------------------------------------------------------------------------------------
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable byte view); returns
         how many: short at the end of the file, holes read as zeros."""
         state = self.state
-        if not state.settled:
-            await state.drain()
         length = min(len(buf), state.size - offset)
         if length <= 0:
             return 0
+        # what this client wrote and storage may not have yet goes over what storage returns
+        pieces = await state.buffered(offset, offset + length) if not state.settled else ()
         index, within = divmod(offset, self.chunk_size)
         if within + length <= self.chunk_size:  # the common case: inside one chunk
             ios = [ReadRequest(self._chain_of(index), self.inode_id, index, within, length)]
@@ -405,6 +438,8 @@ class OpenFile:
         for io, sink, n in zip(ios, sinks, got, strict=True):
             if n < io.length:
                 sink[n:] = bytes(io.length - n)  # a hole, or past the end of a chunk
+        for at, data in pieces:
+            buf[at - offset : at - offset + len(data)] = data
         return length
 
     async def read(self, offset: int, length: int) -> bytes:
@@ -443,6 +478,14 @@ def _put_range(ranges: list[list], offset: int, data: memoryview) -> int:  # typ
     buf[offset - start : end - start] = data
     ranges[first:last] = [[start, buf]]
     return len(buf) - before
+
+
+def _clip(
+    offset: int, data: bytes | bytearray | memoryview, begin: int, end: int
+) -> list[tuple[int, memoryview]]:
+    """``data`` at ``offset`` clipped to ``[begin, end)``: one piece, or none."""
+    lo, hi = max(offset, begin), min(offset + len(data), end)
+    return [(lo, memoryview(data)[lo - offset : hi - offset])] if lo < hi else []
 
 
 def _cut_range(ranges: list[list], begin: int, end: int) -> int:  # type: ignore[type-arg]
