@@ -427,6 +427,7 @@ class OpenFile:
         if within + length <= self.chunk_size:  # the common case: inside one chunk
             ios = [ReadRequest(self._chain_of(index), self.inode_id, index, within, length)]
             sinks = [buf[:length]]
+            got = [await self.storage.read_into(ios[0], sinks[0])]
         else:
             ios = split_range(self.layout, self.inode_id, offset, length)
             sinks = []
@@ -434,7 +435,7 @@ class OpenFile:
             for io in ios:
                 sinks.append(buf[pos : pos + io.length])
                 pos += io.length
-        got = await self.storage.batch_read_into(ios, sinks)
+            got = await self.storage.batch_read_into(ios, sinks)
         for io, sink, n in zip(ios, sinks, got, strict=True):
             if n < io.length:
                 sink[n:] = bytes(io.length - n)  # a hole, or past the end of a chunk

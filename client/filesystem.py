@@ -329,6 +329,7 @@ class FileSystem:
                     total_s=max(config.rpc_timeout_s, 60.0), rpc_timeout_s=config.rpc_timeout_s
                 ),
                 user=user,
+                coalesce_turns=config.read_coalesce_turns,
             )
         except BaseException:
             await routing.stop()

@@ -62,6 +62,7 @@ class FuseMetrics:
         self._errors: dict[tuple[str, str], int] = {}
         self.read_bytes = 0
         self.write_bytes = 0
+        self.storage: Any = None  # the StorageClient, for its read batch counters
         (reg or metrics.registry()).register(self)
 
     def op(self, name: str) -> list[Any]:
@@ -90,6 +91,15 @@ class FuseMetrics:
         yield seconds
         yield CounterMetricFamily("fs3_fuse_read_bytes_total", "bytes returned by read", self.read_bytes)
         yield CounterMetricFamily("fs3_fuse_write_bytes_total", "bytes accepted by write", self.write_bytes)
+        if self.storage is not None:
+            yield CounterMetricFamily(
+                "fs3_client_read_batches_total",
+                "batches of small reads sent together (read_coalesce_turns)",
+                self.storage.batches,
+            )
+            yield CounterMetricFamily(
+                "fs3_client_batched_reads_total", "reads sent in those batches", self.storage.batched_reads
+            )
 
 
 _BUCKETS = metrics.LATENCY_BUCKETS
@@ -147,6 +157,7 @@ class Fs3Operations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.metrics = FuseMetrics(metrics_registry)
+        self.metrics.storage = fs.storage
         self.on_init = on_init
         self.fs = fs
         self.config = config

@@ -37,10 +37,11 @@ import itertools
 import logging
 import random
 import secrets
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import crc32c as _crc32c
 
@@ -228,6 +229,18 @@ class _Channels:
         self._free.append(ch)
 
 
+#: reads up to this long may wait a few loop turns to go out in a batch (StorageClient.read_into)
+COALESCE_MAX_BYTES = 64 << 10
+
+
+def _settle(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if not fut.done():
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+
 class StorageClient:
     """Chunk I/O on storage chains.
 
@@ -246,6 +259,7 @@ class StorageClient:
         retry: RetryPolicy | None = None,
         user: common_pb2.UserInfo | None = None,
         verify_read_checksum: bool = True,
+        coalesce_turns: int = 0,
     ) -> None:
         self.routing = routing
         self.rpc = rpc
@@ -257,6 +271,11 @@ class StorageClient:
         self._channels = _Channels()
         self._inflight: dict[Address, int] = {}
         self._served: dict[Address, int] = {}
+        # read_into: reads waiting for the next batch, and how many loop turns it waits
+        self.coalesce_turns = coalesce_turns
+        self._waiting: list[tuple[ReadRequest, memoryview, asyncio.Future[int]]] = []
+        self.batches = 0  # batches read_into sent, and the reads in them (for metrics)
+        self.batched_reads = 0
 
     # -- chunk updates ----------------------------------------------------------------------------
 
@@ -408,6 +427,47 @@ class StorageClient:
             if sink.readonly or len(sink) < io.length:
                 raise ValueError(f"buffer of {len(sink)} bytes cannot take a read of {io.length}")
         return await self._batch_read(ios, sinks)  # type: ignore[return-value]
+
+    async def read_into(self, io: ReadRequest, sink: memoryview) -> int:
+        """One read into ``sink`` (a writable byte view of at least ``io.length``); returns the
+        length read. With ``coalesce_turns``, small reads (up to ``COALESCE_MAX_BYTES``) that arrive within that many turns of the
+        event loop of each other go out together as one batch (one call per storage node), which
+        costs the nodes and this client one request each instead of one per read."""
+        if not self.coalesce_turns or io.length > COALESCE_MAX_BYTES:
+            # a large read alone is received straight into its sink; in a batch it would wait for
+            # the others and be copied out of the shared reply
+            return (await self._batch_read([io], [sink]))[0]  # type: ignore[return-value]
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.append((io, sink, fut))
+        if len(self._waiting) == 1:
+            asyncio.get_running_loop().call_soon(self._coalesce, 1)
+        return await fut
+
+    def _coalesce(self, turn: int) -> None:
+        if turn < self.coalesce_turns:
+            asyncio.get_running_loop().call_soon(self._coalesce, turn + 1)
+            return
+        batch, self._waiting = self._waiting, []
+        self.batches += 1
+        self.batched_reads += len(batch)
+        asyncio.get_running_loop().create_task(self._read_batch(batch))
+
+    async def _read_batch(self, batch: list[tuple[ReadRequest, memoryview, asyncio.Future[int]]]) -> None:
+        try:
+            lengths = await self._batch_read([b[0] for b in batch], [b[1] for b in batch])
+        except BaseException:
+            if len(batch) == 1:
+                _settle(batch[0][2], None, sys.exc_info()[1])
+                return
+            # one read's error must not fail the others: each alone, with its own outcome
+            outcomes = await asyncio.gather(
+                *(self._batch_read([io], [sink]) for io, sink, _ in batch), return_exceptions=True
+            )
+            for (_, _, fut), out in zip(batch, outcomes, strict=True):
+                _settle(fut, None, out) if isinstance(out, BaseException) else _settle(fut, out[0], None)
+            return
+        for (_, _, fut), n in zip(batch, lengths, strict=True):
+            _settle(fut, n, None)
 
     async def _batch_read(
         self, ios: Sequence[ReadRequest], sinks: list[memoryview] | None

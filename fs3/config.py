@@ -285,6 +285,12 @@ class ClientConfig:
         check=lambda v: None if v >= 0 else "must be >= 0",
     )
     direct_io: bool = opt(False, doc="bypass the kernel page cache for every open file")
+    read_coalesce_turns: int = opt(
+        16,
+        doc="reads of up to 64 KiB arriving within this many event-loop turns of each other go to "
+        "storage as one batch per node (0 = each read alone)",
+        check=lambda v: None if v >= 0 else "must be >= 0",
+    )
     max_flushes_in_flight: int = opt(
         4, doc="write-buffer flushes one open file keeps in flight", check=_positive
     )

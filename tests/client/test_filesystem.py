@@ -158,9 +158,12 @@ async def test_many_concurrent_small_reads_each_get_their_bytes(fs: FileSystem) 
     rng = random.Random(7)
     ranges = [(rng.randrange(len(data)), rng.choice((1, 512, 4096, 70_000))) for _ in range(300)]
     ranges += [((256 << 10) - 100, 4096), (len(data) - 5, 4096), (len(data) + 10, 4096)]
+    batches, reads = fs.storage.batches, fs.storage.batched_reads
     async with await fs.open("/many") as f:
         got = await asyncio.gather(*(f.pread(n, o) for o, n in ranges))
     assert got == [data[o : o + n] for o, n in ranges]
+    # the small ones, issued together, went to storage in a few batches (read_coalesce_turns)
+    assert fs.storage.batched_reads - reads > 3 * (fs.storage.batches - batches) > 0
 
 
 async def test_a_write_keeps_its_data_when_the_caller_reuses_the_buffer(fs: FileSystem) -> None:

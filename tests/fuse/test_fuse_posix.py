@@ -305,14 +305,21 @@ async def test_one_mib_requests_readahead_and_metrics(env: Env) -> None:
 def _check_requests(m: Mount, port: int) -> None:
     sh("dd if=/dev/zero of=f bs=1M count=8 conv=fsync status=none", m.path)
     sh("dd if=f of=/dev/null bs=1M iflag=direct status=none", m.path)
+    # 4 KiB reads, 16 at a time: small enough to go to storage in batches
+    sh(
+        "fio --name=r --filename=f --rw=randread --bs=4k --direct=1 --ioengine=libaio --iodepth=16 "
+        "--number_ios=400 --size=8m --output=/dev/null",
+        m.path,
+    )
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
     def metric(name: str) -> float:
         return float(re.search(rf"^{re.escape(name)} (\S+)$", page, re.M).group(1))
 
     assert metric('fs3_fuse_requests_total{op="write"}') == 8  # one request per 1 MiB write(2)
-    assert metric('fs3_fuse_requests_total{op="read"}') <= 9  # 8 of 1 MiB, and the one at EOF
-    assert metric("fs3_fuse_read_bytes_total") == 8 << 20
+    assert metric('fs3_fuse_requests_total{op="read"}') <= 9 + 400  # 8 of 1 MiB, the one at EOF; fio's
+    assert metric("fs3_fuse_read_bytes_total") == (8 << 20) + 400 * 4096
+    assert metric("fs3_client_batched_reads_total") > metric("fs3_client_read_batches_total") > 0
     dev = next(
         line.split()[2]
         for line in Path("/proc/self/mountinfo").read_text().splitlines()

@@ -184,6 +184,31 @@ async def test_write_of_several_ranges_reaches_every_replica_as_one_version(tmp_
             assert await client.read(chain, 12, 0, 0, chunk) == bytes(model)
 
 
+async def test_coalesced_reads_each_get_their_own_bytes_or_error(tmp_path):
+    async with Cluster(tmp_path / "c", chains=2) as c:
+        client = await c.storage_client(coalesce_turns=4)
+        chunk = 64 * KiB
+        data = os.urandom(4 * chunk)
+        await client.write_range(lambda i: c.chain_ids[i % 2], 5, 0, data, chunk)
+
+        async def one(index: int, offset: int, length: int, chain: int | None = None) -> bytes:
+            sink = memoryview(bytearray(length))
+            io = ReadRequest(c.chain_ids[index % 2] if chain is None else chain, 5, index, offset, length)
+            n = await client.read_into(io, sink)
+            return bytes(sink[:n])
+
+        reads = [(i % 4, (i * 997) % chunk, 1 + i % 3000) for i in range(60)]
+        got = await asyncio.gather(*(one(*r) for r in reads))
+        assert got == [data[i * chunk + o : i * chunk + min(o + n, chunk)] for i, o, n in reads]
+        assert client.batches < len(reads) // 4  # they went out together
+        # a read that fails (an unknown chain) fails alone; the others in its batch succeed
+        got = await asyncio.gather(
+            one(0, 0, 10), one(1, 5, 10, chain=999), one(2, 7, 10), return_exceptions=True
+        )
+        assert got[0] == data[:10] and got[2] == data[2 * chunk + 7 : 2 * chunk + 17]
+        assert isinstance(got[1], FS3Error) and got[1].code == StatusCode.MGMTD_UNKNOWN_CHAIN
+
+
 async def test_bad_input_gets_clear_errors(tmp_path):
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
