@@ -318,7 +318,7 @@ def read_or_meta(
         return meta
     # whatever is committed by the time of the read: a version committed here is committed at the
     # tail, and one that started after this read began need not be seen
-    r = eng.read(cid, offset, length)
+    r = eng.read(cid, offset, length, meta=meta)
     return r.data, data_crc(offset, r), r.version
 
 

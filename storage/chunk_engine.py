@@ -229,13 +229,22 @@ class ChunkEngine:
             return self._get(chunk_id)
 
     def read(
-        self, chunk_id: bytes, offset: int = 0, length: int | None = None, *, version: int | None = None
+        self,
+        chunk_id: bytes,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        version: int | None = None,
+        meta: ChunkMeta | None = None,
     ) -> ChunkRead:
         """Read ``length`` bytes (default: to the end) at ``offset`` of one version of a chunk.
 
         ``version=None`` reads the committed version; a number reads that version, committed or
         pending (CRAQ serves the version the tail says is committed). The result is shorter than
         asked where the version ends. Every block read is checked against its CRC32C.
+
+        ``meta``: the chunk's metadata as the caller just read it (saves reading it again; if it
+        is stale by now, the read finds out as it would by itself and reads it afresh).
 
         Raises STORAGE_CHUNK_NOT_FOUND (no committed version), STORAGE_CHUNK_VERSION_MISMATCH (that
         version is not held, e.g. superseded by a commit) or STORAGE_CHECKSUM_MISMATCH.
@@ -245,7 +254,8 @@ class ChunkEngine:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad read range offset={offset} length={length}")
         with self._io("read"):
             for _ in range(_READ_ATTEMPTS):
-                meta = self._get(chunk_id)
+                if meta is None:
+                    meta = self._get(chunk_id)
                 v = select_version(chunk_id, meta, version)
                 end = v.length if length is None else min(v.length, offset + length)
                 try:
@@ -254,6 +264,7 @@ class ChunkEngine:
                     # A commit or abort may have removed or trimmed the file after we looked up the
                     # metadata; only bytes that still disagree with current metadata are corrupt.
                     if self._get(chunk_id) != meta:
+                        meta = None
                         continue
                     raise FS3Error(
                         StatusCode.STORAGE_CHECKSUM_MISMATCH,
