@@ -15,7 +15,8 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
 - a **scattered buffer** for small writes that do not continue the previous one (random writes):
   when such a write arrives, the buffer's run, if small (up to ``SCATTER_RUN_BYTES``), moves into
   a map of byte ranges per chunk (later bytes over earlier ones, touching ranges joined) instead of
-  being flushed alone. Once the map holds ``scatter_bytes``, or on a truncate, stat, fsync or
+  being flushed alone. Once the map holds ``scatter_bytes`` (or the client's files together hold
+  their ``ScatterBudget``), or on a truncate, stat, fsync or
   close, it is flushed as one storage write per chunk carrying all of that chunk's ranges (one new
   chunk version on every replica, instead of one replicated update per small write).
 - the **written length**: the end of the highest byte this handle wrote, reported to meta on fsync
@@ -135,6 +136,15 @@ class InodeState:
             h.written_length = min(h.written_length, size)
 
 
+@dataclass(slots=True)
+class ScatterBudget:
+    """What the scattered buffers of all of one client's open files may hold together, counting
+    their flushes in flight: a file whose write finds it spent flushes its own."""
+
+    limit: int
+    used: int = 0
+
+
 class OpenFile:
     """One open handle of a file; see the module docstring. Not thread-safe: one event loop."""
 
@@ -148,6 +158,7 @@ class OpenFile:
         buffer_bytes: int = 4 << 20,
         max_flushes: int = 4,
         scatter_bytes: int = 64 << 20,
+        budget: ScatterBudget | None = None,
     ) -> None:
         self.storage = storage
         self.state = state
@@ -169,6 +180,7 @@ class OpenFile:
         # the scattered buffer: chunk index -> its ranges [offset within the chunk, bytes], sorted
         # and apart; _scatter_span is the file range they lie in, for ordering against flushes
         self.scatter_bytes = scatter_bytes
+        self._budget = budget or ScatterBudget(scatter_bytes)
         self._scatter: dict[int, list[list]] = {}  # type: ignore[type-arg]
         self._scatter_len = 0
         self._scatter_span = (0, 0)
@@ -210,7 +222,7 @@ class OpenFile:
             if not (self._buf_len and offset == self._buf_offset + self._buf_len):
                 if self._buf_len and self._buf_len <= SCATTER_RUN_BYTES and n <= SCATTER_RUN_BYTES:
                     self._scatter_run()  # a small write elsewhere: keep the small run, flush neither
-                    if self._scatter_len >= self.scatter_bytes:
+                    if self._scatter_len >= self.scatter_bytes or self._budget.used >= self._budget.limit:
                         await self._start_scatter_flush()
                 else:
                     await self._start_flush()
@@ -284,9 +296,11 @@ class OpenFile:
         while pos < end:
             index, within = divmod(pos, size)
             take = min(size - within, end - pos)
-            self._scatter_len += _put_range(
+            grew = _put_range(
                 self._scatter.setdefault(index, []), within, view[pos - offset : pos - offset + take]
             )
+            self._scatter_len += grew
+            self._budget.used += grew
             pos += take
 
     def _unscatter(self, begin: int, end: int) -> None:
@@ -296,21 +310,34 @@ class OpenFile:
             ranges = self._scatter.get(index)
             if ranges:
                 base = index * size
-                self._scatter_len -= _cut_range(ranges, max(begin - base, 0), min(end - base, size))
+                cut = _cut_range(ranges, max(begin - base, 0), min(end - base, size))
+                self._scatter_len -= cut
+                self._budget.used -= cut
                 if not ranges:
                     del self._scatter[index]
 
     async def _start_scatter_flush(self) -> None:
         if not self._scatter_len:
             return
-        chunks, (begin, end) = self._scatter, self._scatter_span
+        chunks, (begin, end), n = self._scatter, self._scatter_span, self._scatter_len
         self._scatter = {}
         self._scatter_len = 0
-        await self._start(begin, end, self._write_scattered(chunks))
+        try:
+            await self._start(begin, end, self._write_scattered(chunks, n))
+        except BaseException:
+            self._budget.used -= n
+            raise
 
-    async def _write_scattered(self, chunks: dict[int, list[list]]) -> None:  # type: ignore[type-arg]
-        """One storage write per chunk of the scattered buffer, with all its ranges; a few at a
-        time. Waits for all of them before raising the first error (a later flush may overlap)."""
+    async def _write_scattered(self, chunks: dict[int, list[list]], n: int) -> None:  # type: ignore[type-arg]
+        """One storage write per chunk of the scattered buffer (``n`` bytes), with all its ranges;
+        a few at a time. Waits for all of them before raising the first error (a later flush may
+        overlap)."""
+        try:
+            await self._write_chunks(chunks)
+        finally:
+            self._budget.used -= n
+
+    async def _write_chunks(self, chunks: dict[int, list[list]]) -> None:  # type: ignore[type-arg]
         size = self.chunk_size
         limit = asyncio.Semaphore(SCATTER_PARALLEL)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fs3.client.file import InodeState, OpenFile, read_many
+from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import RoutingCache
@@ -281,6 +281,7 @@ class FileSystem:
         self.meta = meta
         self.storage = storage
         self._states: dict[int, InodeState] = {}
+        self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
 
     @classmethod
@@ -390,6 +391,7 @@ class FileSystem:
             buffer_bytes=self.config.write_buffer_bytes,
             max_flushes=self.config.max_flushes_in_flight,
             scatter_bytes=self.config.write_scatter_bytes,
+            budget=self._scatter_budget,
         )
         h.state.handles.add(h)
         return h

@@ -285,6 +285,12 @@ class ClientConfig:
         check=lambda v: None if v >= 0 else "must be >= 0",
     )
     direct_io: bool = opt(False, doc="bypass the kernel page cache for every open file")
+    write_scatter_total_bytes: int = opt(
+        256 << 20,
+        doc="what the gathered small writes of all open files may hold together (with their flushes "
+        "in flight); a file whose write finds it spent flushes its own",
+        check=_positive,
+    )
     read_coalesce_turns: int = opt(
         16,
         doc="reads of up to 64 KiB arriving within this many event-loop turns of each other go to "

@@ -231,6 +231,32 @@ async def test_scattered_small_writes_reach_storage_as_one_update_per_chunk(
     assert max((await versions()).values()) < 20, (await versions(), writes)
 
 
+async def test_scattered_writes_of_all_files_share_one_budget(cluster: FsCluster) -> None:
+    """Each file may gather up to write_scatter_bytes, but all of them together only
+    write_scatter_total_bytes (their flushes in flight included): memory stays bounded however
+    many files a client writes at random, and the account returns to zero."""
+    fs2 = await cluster.connect(write_scatter_bytes=8 << 20, write_scatter_total_bytes=64 << 10)
+    budget = fs2._scatter_budget
+    rng = random.Random(3)
+    files = [await fs2.open(f"/budget{i}", "w") for i in range(4)]
+    models = [bytearray(512 << 10) for _ in files]
+    peak = 0
+    for _ in range(400):
+        i = rng.randrange(len(files))
+        offset = rng.randrange(0, (512 << 10) - 4096, 512)
+        data = rng.randbytes(rng.choice([512, 4096]))
+        await files[i].pwrite(data, offset)
+        models[i][offset : offset + len(data)] = data
+        peak = max(peak, budget.used)
+    assert 64 << 10 <= peak <= (64 << 10) + len(files) * 8192, peak
+    for f in files:
+        await f.close()
+    assert budget.used == 0
+    for i in range(len(files)):
+        got = await fs2.read_file(f"/budget{i}")
+        assert got == bytes(models[i])[: len(got)] and not any(models[i][len(got) :])
+
+
 async def test_two_writers_one_file_disjoint_ranges(cluster: FsCluster, fs: FileSystem) -> None:
     other = await cluster.connect()
     a = await fs.open("/shared", "w")
