@@ -70,6 +70,7 @@ from .chunk_meta import (
     ChunkVersion,
     block_count,
     block_crcs,
+    block_size,
     check_checksum,
     check_chunk_id,
     check_chunk_size,
@@ -329,7 +330,8 @@ class ChunkEngine:
             if len(extents) > 1:
                 data, checksum = self._span(chunk_id, base, data, extents), None
             end = offset + len(data)
-            first, end_block = offset // CHECKSUM_BLOCK, block_count(end)
+            blk = base.block if base is not None else CHECKSUM_BLOCK
+            first, end_block = offset // blk, block_count(end, blk)
             if (
                 self.options.in_place_append
                 and base is not None
@@ -347,12 +349,12 @@ class ChunkEngine:
                 and not base.layered
                 and 0 < len(data)
                 and end <= base.length
-                and end_block - first <= self.options.layered_overwrite_max * block_count(base.length)
+                and end_block - first <= self.options.layered_overwrite_max * block_count(base.length, blk)
             ):
                 new = self._write_layered(chunk_id, base, offset, data, new_ver, chain_ver)
             elif offset == 0 and (base is None or end >= base.length):
                 # the whole new content is ``data``, whose CRC the sender's checksum may have given
-                new = self._write_version(chunk_id, data, new_ver, chain_ver, crc=checksum)
+                new = self._write_version(chunk_id, data, new_ver, chain_ver, chunk_size, crc=checksum)
             else:
                 # copy-on-write, reading only the old bytes the update keeps
                 old_len = base.length if base else 0
@@ -360,7 +362,7 @@ class ChunkEngine:
                 content.extend(bytes(offset - len(content)))  # a hole reads as zeros
                 content += data
                 content += self._content(chunk_id, base, end, old_len)
-                new = self._write_version(chunk_id, content, new_ver, chain_ver)
+                new = self._write_version(chunk_id, content, new_ver, chain_ver, chunk_size)
             committed, pending = (new, None) if commit else (base, new)
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
 
@@ -388,7 +390,7 @@ class ChunkEngine:
             base = meta.committed if meta else None
             content = self._content(chunk_id, base, 0, length)
             content.extend(bytes(length - len(content)))
-            new = self._write_version(chunk_id, content, new_ver, chain_ver)
+            new = self._write_version(chunk_id, content, new_ver, chain_ver, chunk_size)
             committed, pending = (new, None) if commit else (base, new)
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
 
@@ -439,7 +441,7 @@ class ChunkEngine:
                     StatusCode.STORAGE_CHUNK_VERSION_MISMATCH,
                     f"chunk {chunk_id.hex()}: replace with version {version} but {committed} is committed",
                 )
-            new = self._write_version(chunk_id, data, version, chain_ver, crc=checksum)
+            new = self._write_version(chunk_id, data, version, chain_ver, chunk_size, crc=checksum)
             if commit:
                 return self._install(meta, ChunkMeta(chunk_id, chunk_size, new, None))
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, new))
@@ -634,11 +636,15 @@ class ChunkEngine:
         content: bytes | bytearray | memoryview,
         version: int,
         chain_ver: int,
+        chunk_size: int,
         *,
         crc: int | None = None,
     ) -> ChunkVersion:
-        """``crc``: the CRC32C of ``content`` when already verified (a sender's checksum)."""
-        return self._files.write_version(chunk_id, self._new_file_id(), content, version, chain_ver, crc)
+        """A new version of ``content`` in a file of its own, with the checksum block of a chunk of
+        ``chunk_size`` (``crc``: the CRC32C of ``content`` when already verified, a sender's)."""
+        return self._files.write_version(
+            chunk_id, self._new_file_id(), content, version, chain_ver, crc, block_size(chunk_size)
+        )
 
     def _new_file_id(self) -> int:
         """A file id never used on this target (ids are not reused; see storage.chunk_files)."""
@@ -660,8 +666,9 @@ class ChunkEngine:
         version: the checksum blocks the write touches go to a new overlay file, the rest stays in
         ``base``'s file, which this does not touch (it is the committed version's)."""
         end = offset + len(data)
-        first, end_block = offset // CHECKSUM_BLOCK, block_count(end)
-        start, stop = first * CHECKSUM_BLOCK, min(end_block * CHECKSUM_BLOCK, base.length)
+        blk = base.block  # the overlay replaces whole blocks of base's
+        first, end_block = offset // blk, block_count(end, blk)
+        start, stop = first * blk, min(end_block * blk, base.length)
         # Read and verify every byte the new version keeps, as copy-on-write does, not only those of
         # the blocks rewritten: an update never builds on a corrupt copy (the chain then sends the
         # whole chunk, which repairs it), and one that overwrites the bad bytes repairs them.
@@ -670,12 +677,12 @@ class ChunkEngine:
         region += self._content(chunk_id, base, end, base.length)[: stop - end]
         old_crc = base.block_crc(first)
         for index in range(first + 1, end_block):
-            size = min(CHECKSUM_BLOCK, base.length - index * CHECKSUM_BLOCK)
+            size = min(blk, base.length - index * blk)
             old_crc = crc32c_combine(old_crc, base.block_crc(index), size)
         file_id = self._new_file_id()
         self._files.write_new(chunk_id, file_id, region)
         crcs = bytearray(base.block_crcs)
-        crcs[4 * first : 4 * end_block] = block_crcs(region)
+        crcs[4 * first : 4 * end_block] = block_crcs(region, blk)
         crc = crc32c_splice(base.crc, old_crc, crc32c(region), base.length - stop)
         return ChunkVersion(
             version,
@@ -687,6 +694,7 @@ class ChunkEngine:
             overlay_file_id=file_id,
             overlay_first=first,
             overlay_end=end_block,
+            block=blk,
         )
 
     def _fold_data(self, chunk_id: bytes, v: ChunkVersion) -> ChunkVersion:

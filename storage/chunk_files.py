@@ -213,13 +213,16 @@ class ChunkFiles:
         version: int,
         chain_ver: int,
         crc: int | None = None,
+        block: int = CHECKSUM_BLOCK,
     ) -> ChunkVersion:
-        """Write ``content`` as a new file and return the version it is, checksums computed
-        (``crc``: the CRC32C of ``content``, if the caller has verified it already)."""
+        """Write ``content`` as a new file and return the version it is, checksums computed per
+        ``block`` bytes (``crc``: the CRC32C of ``content``, if the caller has verified it already)."""
         self.write_new(chunk_id, file_id, content)
         if crc is None:
             crc = crc32c(content)
-        return ChunkVersion(version, chain_ver, len(content), crc, file_id, block_crcs(content))
+        return ChunkVersion(
+            version, chain_ver, len(content), crc, file_id, block_crcs(content, block), block=block
+        )
 
     def append_version(
         self,
@@ -243,16 +246,19 @@ class ChunkFiles:
         # tear; EngineOptions(in_place_append=False) makes every update copy-on-write.
         # Anything else (overwrite, hole, pending retry, truncate) is copy-on-write.
         self.write_at(chunk_id, base.file_id, base.length, data)
-        full_blocks = base.length // CHECKSUM_BLOCK
+        block = base.block  # the file's blocks stay what they are
+        full_blocks = base.length // block
         crcs = bytearray(base.block_crcs[: 4 * full_blocks])
         view = memoryview(data)
-        if base.length % CHECKSUM_BLOCK:
-            take = min(CHECKSUM_BLOCK - base.length % CHECKSUM_BLOCK, len(view))
+        if base.length % block:
+            take = min(block - base.length % block, len(view))
             crcs += struct.pack("<I", crc32c(view[:take], base.block_crc(full_blocks)))
             view = view[take:]
-        crcs += block_crcs(view)
+        crcs += block_crcs(view, block)
         length = base.length + len(data)
-        return ChunkVersion(version, chain_ver, length, crc32c(data, base.crc), base.file_id, bytes(crcs))
+        return ChunkVersion(
+            version, chain_ver, length, crc32c(data, base.crc), base.file_id, bytes(crcs), block=block
+        )
 
     def read_version(self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int) -> bytes:
         """Bytes ``[offset, end)`` of version ``v``, each block read checked against its CRC32C.
@@ -261,8 +267,9 @@ class ChunkFiles:
         """
         if end <= offset:
             return b""
-        first, last = offset // CHECKSUM_BLOCK, block_count(end)
-        start, stop = first * CHECKSUM_BLOCK, min(last * CHECKSUM_BLOCK, v.length)
+        block = v.block
+        first, last = offset // block, block_count(end, block)
+        start, stop = first * block, min(last * block, v.length)
         try:
             raw = self._read_span(chunk_id, v, start, stop)
         except FileNotFoundError:
@@ -271,9 +278,9 @@ class ChunkFiles:
             raise CorruptVersion(f"data file short: {len(raw)} of {stop - start} bytes at {start}")
         view = memoryview(raw)
         for index in range(first, last):
-            pos = (index - first) * CHECKSUM_BLOCK
-            if crc32c(view[pos : pos + CHECKSUM_BLOCK]) != v.block_crc(index):
-                raise CorruptVersion(f"block {index} (bytes {index * CHECKSUM_BLOCK}..) fails its CRC32C")
+            pos = (index - first) * block
+            if crc32c(view[pos : pos + block]) != v.block_crc(index):
+                raise CorruptVersion(f"block {index} (bytes {index * block}..) fails its CRC32C")
         if start == 0 and stop == v.length and crc32c(view) != v.crc:
             raise CorruptVersion("chunk CRC32C differs from its block CRC32Cs")
         if start == offset and stop == end:

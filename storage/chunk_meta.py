@@ -3,8 +3,8 @@
 A chunk holds at most two versions: the *committed* one, which readers are served, and one *pending*
 one, written by an update that the chain has not committed yet (CRAQ). Each version records its
 length, the CRC32C of its whole content (compared between replicas and during resync), one CRC32C
-per :data:`CHECKSUM_BLOCK` bytes (so that a small read verifies only the blocks it covers) and the id
-of the data file that holds it. A pending version may also be a *removal*: committing it deletes the
+per checksum block of the version (4 KiB or 64 KiB, see :func:`block_size`; so that a small read
+reads and verifies only the blocks it covers) and the id of the data file that holds it. A pending version may also be a *removal*: committing it deletes the
 chunk.
 
 A version may also be *layered*: its bytes are those of its data file except for a run of whole
@@ -30,14 +30,21 @@ MiB = 1024 * KiB
 
 MIN_CHUNK_SIZE = 64 * KiB
 MAX_CHUNK_SIZE = 64 * MiB
-#: Granularity of the per-block checksums. It is part of the on-disk format (FORMAT_VERSION).
+#: Granularity of the per-block checksums: part of the on-disk format. Formats 1 and 2 know only
+#: CHECKSUM_BLOCK; format 3 also has FINE_BLOCK (a flag of each version says which it uses), which
+#: new versions of chunks up to FINE_MAX_CHUNK get (see block_size): a small read then reads and
+#: verifies 4 KiB, not 64, and a small overwrite's overlay is 4 KiB too, while the checksums of a
+#: version stay at most 4 KiB of metadata.
 CHECKSUM_BLOCK = 64 * KiB
+FINE_BLOCK = 4 * KiB
+FINE_MAX_CHUNK = 4 * MiB
 #: Chunk ids are opaque byte strings that sort like the chunks of a file (fixed-width big-endian
 #: inode id + chunk index); LMDB keys may not exceed 511 bytes, and nobody needs more than this.
 MAX_CHUNK_ID_LEN = 64
-#: 2 added layered versions (flag bit 1 and an overlay record); format 1 reads as format 2.
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+#: 2 added layered versions (flag bit 1 and an overlay record); 3 added FINE_BLOCK versions (flag
+#: bit 2). Each format reads as the next.
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -118,14 +125,19 @@ def crc32c_splice(crc: int, old_crc: int, new_crc: int, after: int) -> int:
     return crc ^ _multmodp(_shift(after), old_crc ^ new_crc)
 
 
-def block_count(length: int) -> int:
-    return -(-length // CHECKSUM_BLOCK)
+def block_size(chunk_size: int) -> int:
+    """The checksum block of a new (not layered or appended) version of a chunk of this size."""
+    return FINE_BLOCK if chunk_size <= FINE_MAX_CHUNK else CHECKSUM_BLOCK
 
 
-def block_crcs(data: bytes | bytearray | memoryview) -> bytes:
+def block_count(length: int, block: int = CHECKSUM_BLOCK) -> int:
+    return -(-length // block)
+
+
+def block_crcs(data: bytes | bytearray | memoryview, block: int = CHECKSUM_BLOCK) -> bytes:
     """The per-block CRC32Cs of ``data`` (the last block may be short), packed little-endian u32."""
     view = memoryview(data)
-    crcs = [crc32c(view[i : i + CHECKSUM_BLOCK]) for i in range(0, len(view), CHECKSUM_BLOCK)]
+    crcs = [crc32c(view[i : i + block]) for i in range(0, len(view), block)]
     return struct.pack(f"<{len(crcs)}I", *crcs)
 
 
@@ -142,7 +154,7 @@ class ChunkVersion:
 
     A layered version (``overlay_file_id`` not 0) takes blocks ``[overlay_first, overlay_end)``
     from the overlay file (which holds just those, from its offset 0) and the rest from its data
-    file.
+    file. ``block`` is its checksum block (CHECKSUM_BLOCK or FINE_BLOCK).
     """
 
     version: int
@@ -155,6 +167,7 @@ class ChunkVersion:
     overlay_file_id: int = 0
     overlay_first: int = 0
     overlay_end: int = 0
+    block: int = CHECKSUM_BLOCK
 
     def block_crc(self, index: int) -> int:
         return struct.unpack_from("<I", self.block_crcs, 4 * index)[0]
@@ -165,7 +178,7 @@ class ChunkVersion:
 
     def overlay_span(self) -> tuple[int, int]:
         """The byte range ``[start, end)`` of the version that the overlay file holds."""
-        return self.overlay_first * CHECKSUM_BLOCK, min(self.overlay_end * CHECKSUM_BLOCK, self.length)
+        return self.overlay_first * self.block, min(self.overlay_end * self.block, self.length)
 
 
 @dataclass(slots=True, frozen=True)
@@ -239,7 +252,8 @@ class ChunkMeta:
 # value := header(format u8, log2(chunk_size) u8, flags u8) [committed] [pending]
 # version := version u64, chain_ver u32, length u32, crc u32, file_id u64, kind u8, block crcs,
 #            [overlay file_id u64, first block u32, end block u32]   (format 2, kind bit 1)
-# kind: bit 0 a removal, bit 1 layered (format 1 has only bit 0)
+# kind: bit 0 a removal, bit 1 layered, bit 2 FINE_BLOCK checksums (format 1 has only bit 0, format
+# 2 bits 0 and 1)
 _HEADER = struct.Struct("<BBB")
 _VERSION = struct.Struct("<QIIIQB")
 _OVERLAY = struct.Struct("<QII")
@@ -247,6 +261,7 @@ _HAS_COMMITTED = 1
 _HAS_PENDING = 2
 _REMOVAL = 1
 _LAYERED = 2
+_FINE = 4
 
 
 def encode_meta(meta: ChunkMeta) -> bytes:
@@ -255,6 +270,10 @@ def encode_meta(meta: ChunkMeta) -> bytes:
     for v in (meta.committed, meta.pending):
         if v is not None:
             kind = (_REMOVAL if v.removal else 0) | (_LAYERED if v.layered else 0)
+            if v.block == FINE_BLOCK:
+                kind |= _FINE
+            elif v.block != CHECKSUM_BLOCK:
+                raise ValueError(f"checksum block {v.block}")
             parts.append(_VERSION.pack(v.version, v.chain_ver, v.length, v.crc, v.file_id, kind))
             parts.append(v.block_crcs)
             if v.layered:
@@ -275,14 +294,17 @@ def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
         version, chain_ver, length, crc, file_id, kind = _VERSION.unpack_from(value, pos)
         pos += _VERSION.size
         removal = bool(kind & _REMOVAL)
-        n = 0 if removal else 4 * block_count(length)
+        block = FINE_BLOCK if kind & _FINE else CHECKSUM_BLOCK
+        n = 0 if removal else 4 * block_count(length, block)
         crcs = bytes(value[pos : pos + n])
         pos += n
         overlay = (0, 0, 0)
         if kind & _LAYERED:
             overlay = _OVERLAY.unpack_from(value, pos)
             pos += _OVERLAY.size
-        versions.append(ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay))
+        versions.append(
+            ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay, block)
+        )
     return ChunkMeta(chunk_id, 1 << size_log2, versions[0], versions[1])
 
 

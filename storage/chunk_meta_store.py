@@ -61,6 +61,7 @@ class CommitStats:
     changes: int
     transactions: int
     queued: int  # changes waiting for the transaction in progress to finish
+    committing: int  # changes in the transaction in progress (0: none)
 
 
 class _Change:
@@ -90,6 +91,7 @@ class ChunkMetaStore:
         self._group_lock = threading.Condition(threading.Lock())
         self._queue: list[_Change] = []
         self._leading = False  # a leader is committing a group
+        self._committing = 0  # the size of that group
         self._changes = self._transactions = 0
         try:
             self._chunks = self._env.open_db(b"chunks")
@@ -127,6 +129,7 @@ class ChunkMetaStore:
                 # than _MAX_GROUP were queued ahead of it: then we lead again)
                 self._leading = True
                 group, self._queue = self._queue[:_MAX_GROUP], self._queue[_MAX_GROUP:]
+                self._committing = len(group)
             try:
                 self._commit_group(group)
             except BaseException as exc:
@@ -137,6 +140,7 @@ class ChunkMetaStore:
                     for c in group:
                         c.done = True
                     self._leading = False
+                    self._committing = 0
                     self._group_lock.notify_all()
         if change.error is not None:
             raise change.error
@@ -144,7 +148,7 @@ class ChunkMetaStore:
     def commit_stats(self) -> CommitStats:
         """Changes recorded by :meth:`swap` since the store was opened, and transactions used."""
         with self._group_lock:
-            return CommitStats(self._changes, self._transactions, len(self._queue))
+            return CommitStats(self._changes, self._transactions, len(self._queue), self._committing)
 
     def _commit_group(self, group: list[_Change]) -> None:
         """Apply ``group`` in order in one write transaction; a change whose base moved fails alone."""

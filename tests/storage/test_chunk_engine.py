@@ -13,7 +13,16 @@ import pytest
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.async_engine import AsyncChunkEngine
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
-from fs3.storage.chunk_meta import CHECKSUM_BLOCK, ChunkState, UpdateCheck, check_update, crc32c
+from fs3.storage.chunk_meta import (
+    CHECKSUM_BLOCK,
+    FINE_BLOCK,
+    ChunkState,
+    UpdateCheck,
+    check_update,
+    crc32c,
+    decode_meta,
+    encode_meta,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -572,3 +581,59 @@ def test_write_of_several_ranges_refuses_bad_ranges(engine: ChunkEngine, extents
         engine.update(cid(5), 0, b"y" * 8, chunk_size=CS, chain_ver=1, extents=[(0, 4), (CS - 2, 4)])
     assert e.value.code == StatusCode.STORAGE_CHUNK_TOO_LARGE
     assert engine.read(cid(5)).data == b"z" * 100 and engine.get_meta(cid(5)).pending is None
+
+
+def test_checksum_block_follows_the_chunk_size(engine: ChunkEngine) -> None:
+    """New versions of chunks up to 4 MiB verify in 4 KiB blocks (a small read reads 4 KiB, not
+    64); larger chunks keep 64 KiB blocks, so no version carries more than 4 KiB of checksums."""
+    small = engine.update(cid(6), 0, os.urandom(CS), chunk_size=CS, chain_ver=1, commit=True).committed
+    assert small.block == FINE_BLOCK == 4096 and len(small.block_crcs) == 4 * 256
+    big = 8 * MiB
+    large = engine.update(cid(7), 0, os.urandom(big), chunk_size=big, chain_ver=1, commit=True).committed
+    assert large.block == CHECKSUM_BLOCK == 65536 and len(large.block_crcs) == 4 * 128
+    # the metadata says which, and says it again after a reopen
+    engine.close()
+    with ChunkEngine(engine.path) as again:
+        assert again.get_meta(cid(6)).committed.block == FINE_BLOCK
+        assert again.get_meta(cid(7)).committed.block == CHECKSUM_BLOCK
+
+
+def test_versions_with_64k_blocks_from_older_builds_stay_readable_and_updatable(
+    engine: ChunkEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target written before 4 KiB blocks holds 1 MiB chunks with 64 KiB blocks (format 2). They
+    read, take appends and small overwrites in their own blocks, and a rewrite moves them to 4 KiB."""
+    model = bytearray(os.urandom(CS - 100_000))
+    with monkeypatch.context() as m:
+        m.setattr("fs3.storage.chunk_engine.block_size", lambda chunk_size: CHECKSUM_BLOCK)  # an old build
+        write(engine, cid(8), 0, bytes(model))
+    meta = engine.get_meta(cid(8))
+    assert meta.committed.block == CHECKSUM_BLOCK
+    # its record as format 2 wrote it decodes the same
+    raw = bytearray(encode_meta(meta))
+    raw[0] = 2
+    assert decode_meta(cid(8), bytes(raw)) == meta
+    assert engine.read(cid(8), 70_000, 5).data == model[70_000:70_005]
+    # an append and a small overwrite keep the version's 64 KiB blocks (they share its file)
+    more = os.urandom(50_000)
+    write(engine, cid(8), len(model), more)
+    model += more
+    write(engine, cid(8), 200_000, b"x" * 3000)
+    model[200_000:203_000] = b"x" * 3000
+    v = engine.get_meta(cid(8)).committed
+    assert v.block == CHECKSUM_BLOCK and v.layered and engine.read(cid(8)).data == bytes(model)
+    # a bad byte is still found, in its 64 KiB block
+    engine.close()
+    with ChunkEngine(engine.path) as again:  # folds the overlay
+        assert again.read(cid(8)).data == bytes(model)
+        data_file = next(p for p in (again.path / "chunks").rglob("*") if p.is_file())
+        with open(data_file, "r+b") as f:
+            f.seek(3 * CHECKSUM_BLOCK + 5)
+            f.write(bytes([f.read(1)[0] ^ 1]))
+        with pytest.raises(FS3Error) as e:
+            again.read(cid(8), 3 * CHECKSUM_BLOCK + 60_000, 4)
+        assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH and "block 3 " in e.value.message
+        # a whole rewrite is a new version with 4 KiB blocks
+        again.update(cid(8), 0, bytes(model), chunk_size=CS, chain_ver=1, commit=True)
+        v = again.get_meta(cid(8)).committed
+        assert v.block == FINE_BLOCK and again.read(cid(8)).data == bytes(model)

@@ -13,11 +13,12 @@ import pytest
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_files import ChunkFiles
-from fs3.storage.chunk_meta import CHECKSUM_BLOCK
+from fs3.storage.chunk_meta import block_size
 
 pytestmark = pytest.mark.timeout(60)
 
 CS = 1 << 20
+BLOCK = block_size(CS)  # the checksum block of a new version of such a chunk
 
 
 def cid(inode: int, index: int = 0) -> bytes:
@@ -50,27 +51,27 @@ def engine(tmp_path: Path):
 
 
 def test_flipped_bit_is_detected_on_read(engine: ChunkEngine) -> None:
-    payload = os.urandom(4 * CHECKSUM_BLOCK)
+    payload = os.urandom(4 * BLOCK)
     write(engine, cid(1), 0, payload)
-    flip_byte(data_file(engine, cid(1)), 2 * CHECKSUM_BLOCK + 17)
+    flip_byte(data_file(engine, cid(1)), 2 * BLOCK + 17)
     with pytest.raises(FS3Error) as err:
         engine.read(cid(1))
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
     assert "block 2" in err.value.message
     with pytest.raises(FS3Error) as err:
-        engine.read(cid(1), 2 * CHECKSUM_BLOCK + 100, 10)
+        engine.read(cid(1), 2 * BLOCK + 100, 10)
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
     # blocks that were not touched still read, and the target stays online: one bad chunk is for
     # resync to repair, not a reason to drop every chunk of the disk
-    assert engine.read(cid(1), 0, CHECKSUM_BLOCK).data == payload[:CHECKSUM_BLOCK]
+    assert engine.read(cid(1), 0, BLOCK).data == payload[:BLOCK]
     assert engine.online
     with pytest.raises(FS3Error) as err:
         engine.update(cid(1), 0, b"x", chunk_size=CS, chain_ver=1)  # no COW from a corrupt base
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
     # an update that rewrites the bad block needs none of its old bytes, so it repairs the chunk
-    meta = engine.update(cid(1), 2 * CHECKSUM_BLOCK, payload[:CHECKSUM_BLOCK], chunk_size=CS, chain_ver=1)
+    meta = engine.update(cid(1), 2 * BLOCK, payload[:BLOCK], chunk_size=CS, chain_ver=1)
     engine.commit(cid(1), meta.pending_ver)
-    repaired = payload[: 2 * CHECKSUM_BLOCK] + payload[:CHECKSUM_BLOCK] + payload[3 * CHECKSUM_BLOCK :]
+    repaired = payload[: 2 * BLOCK] + payload[:BLOCK] + payload[3 * BLOCK :]
     assert engine.read(cid(1)).data == repaired
     flip_byte(data_file(engine, cid(1)), 5)
     engine.replace(cid(1), payload, chunk_size=CS, chain_ver=2, version=5, commit=True)  # as resync does

@@ -14,12 +14,12 @@ import pytest
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
-from fs3.storage.chunk_meta import CHECKSUM_BLOCK, ChunkMeta, ChunkVersion, crc32c, decode_meta, encode_meta
+from fs3.storage.chunk_meta import ChunkMeta, ChunkVersion, block_size, crc32c, decode_meta, encode_meta
 
 pytestmark = pytest.mark.timeout(60)
 
 CS = 1 << 20
-B = CHECKSUM_BLOCK
+B = block_size(CS)  # the checksum block of a new version of such a chunk
 
 
 def cid(n: int) -> bytes:
@@ -47,8 +47,8 @@ def test_small_overwrite_writes_only_its_blocks(engine: ChunkEngine) -> None:
     old = os.urandom(CS)
     write(engine, cid(1), 0, old)
     (base_file,) = data_files(engine)
-    data = os.urandom(6000)  # straddles blocks 3 and 4
-    offset = 4 * B - 1000
+    data = os.urandom(B // 2)  # straddles blocks 3 and 4
+    offset = 4 * B - B // 4
     new = old[:offset] + data + old[offset + len(data) :]
     meta = engine.update(cid(1), offset, data, chunk_size=CS, chain_ver=1)
     v = meta.pending
