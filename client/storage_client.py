@@ -274,6 +274,7 @@ class StorageClient:
         # read_into: reads waiting for the next batch, and how many loop turns it waits
         self.coalesce_turns = coalesce_turns
         self._waiting: list[tuple[ReadRequest, memoryview, asyncio.Future[int]]] = []
+        self._reading = 0  # small reads of read_into at storage now
         self.batches = 0  # batches read_into sent, and the reads in them (for metrics)
         self.batched_reads = 0
 
@@ -430,13 +431,22 @@ class StorageClient:
 
     async def read_into(self, io: ReadRequest, sink: memoryview) -> int:
         """One read into ``sink`` (a writable byte view of at least ``io.length``); returns the
-        length read. With ``coalesce_turns``, small reads (up to ``COALESCE_MAX_BYTES``) that arrive within that many turns of the
-        event loop of each other go out together as one batch (one call per storage node), which
-        costs the nodes and this client one request each instead of one per read."""
+        length read. With ``coalesce_turns``, small reads (up to ``COALESCE_MAX_BYTES``) that arrive
+        within that many turns of the event loop of each other while others are at storage go out
+        together as one batch (one call per storage node), which costs the nodes and this client
+        one request each instead of one per read; a read that finds none at storage goes at once."""
         if not self.coalesce_turns or io.length > COALESCE_MAX_BYTES:
             # a large read alone is received straight into its sink; in a batch it would wait for
             # the others and be copied out of the shared reply
             return (await self._batch_read([io], [sink]))[0]  # type: ignore[return-value]
+        if not self._reading and not self._waiting:
+            # nothing of ours is at storage: no read is likely to join this one, so waiting for
+            # one would only add to its latency
+            self._reading += 1
+            try:
+                return (await self._batch_read([io], [sink]))[0]  # type: ignore[return-value]
+            finally:
+                self._reading -= 1
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting.append((io, sink, fut))
         if len(self._waiting) == 1:
@@ -453,6 +463,13 @@ class StorageClient:
         asyncio.get_running_loop().create_task(self._read_batch(batch))
 
     async def _read_batch(self, batch: list[tuple[ReadRequest, memoryview, asyncio.Future[int]]]) -> None:
+        self._reading += len(batch)
+        try:
+            await self._read_batch_now(batch)
+        finally:
+            self._reading -= len(batch)
+
+    async def _read_batch_now(self, batch: list[tuple[ReadRequest, memoryview, asyncio.Future[int]]]) -> None:
         try:
             lengths = await self._batch_read([b[0] for b in batch], [b[1] for b in batch])
         except BaseException:

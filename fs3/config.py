@@ -292,9 +292,9 @@ class ClientConfig:
         check=_positive,
     )
     read_coalesce_turns: int = opt(
-        16,
-        doc="reads of up to 64 KiB arriving within this many event-loop turns of each other go to "
-        "storage as one batch per node (0 = each read alone)",
+        48,
+        doc="reads of up to 64 KiB arriving within this many event-loop turns of each other, while "
+        "others are at storage, go to storage as one batch per node (0 = each read alone)",
         check=lambda v: None if v >= 0 else "must be >= 0",
     )
     max_flushes_in_flight: int = opt(

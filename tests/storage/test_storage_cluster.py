@@ -197,6 +197,8 @@ async def test_coalesced_reads_each_get_their_own_bytes_or_error(tmp_path):
             n = await client.read_into(io, sink)
             return bytes(sink[:n])
 
+        # a read alone waits for no other: it goes at once, not in a batch
+        assert await one(1, 3, 5) == data[chunk + 3 : chunk + 8] and client.batches == 0
         reads = [(i % 4, (i * 997) % chunk, 1 + i % 3000) for i in range(60)]
         got = await asyncio.gather(*(one(*r) for r in reads))
         assert got == [data[i * chunk + o : i * chunk + min(o + n, chunk)] for i, o, n in reads]
