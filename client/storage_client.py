@@ -37,7 +37,6 @@ import itertools
 import logging
 import random
 import secrets
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -471,24 +470,33 @@ class StorageClient:
 
     async def _read_batch_now(self, batch: list[tuple[ReadRequest, memoryview, asyncio.Future[int]]]) -> None:
         try:
-            lengths = await self._batch_read([b[0] for b in batch], [b[1] for b in batch])
-        except BaseException:
-            if len(batch) == 1:
-                _settle(batch[0][2], None, sys.exc_info()[1])
+            # each read is answered as soon as its own result is in, not after retries of others
+            await self._batch_read(
+                [b[0] for b in batch], [b[1] for b in batch], lambda i, n: _settle(batch[i][2], n, None)
+            )
+        except asyncio.CancelledError:
+            for _, _, fut in batch:
+                fut.cancel()
+            raise
+        except Exception as e:
+            left = [b for b in batch if not b[2].done()]
+            if len(left) == 1:
+                _settle(left[0][2], None, e)
                 return
             # one read's error must not fail the others: each alone, with its own outcome
             outcomes = await asyncio.gather(
-                *(self._batch_read([io], [sink]) for io, sink, _ in batch), return_exceptions=True
+                *(self._batch_read([io], [sink]) for io, sink, _ in left), return_exceptions=True
             )
-            for (_, _, fut), out in zip(batch, outcomes, strict=True):
+            for (_, _, fut), out in zip(left, outcomes, strict=True):
                 _settle(fut, None, out) if isinstance(out, BaseException) else _settle(fut, out[0], None)
-            return
-        for (_, _, fut), n in zip(batch, lengths, strict=True):
-            _settle(fut, n, None)
 
     async def _batch_read(
-        self, ios: Sequence[ReadRequest], sinks: list[memoryview] | None
+        self,
+        ios: Sequence[ReadRequest],
+        sinks: list[memoryview] | None,
+        done: Callable[[int, Any], None] | None = None,
     ) -> list[bytes | int]:
+        """The reads of a batch; ``done(i, result)`` is called as each one's result comes in."""
         for io in ios:
             if io.offset < 0 or io.length < 0 or io.offset + io.length > MAX_IO_BYTES:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad read range {io.offset}+{io.length}")
@@ -519,6 +527,10 @@ class StorageClient:
             outcomes = await asyncio.gather(
                 *(self._read_group(routing, a, g, ios, results, sinks) for a, g in groups.items())
             )
+            if done is not None:
+                for i in todo:
+                    if results[i] is not None:
+                        done(i, results[i])
             for errors in outcomes:
                 for i, target, e in errors:
                     if not _retryable(e):
