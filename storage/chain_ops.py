@@ -21,7 +21,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.proto import storage_pb2
 
 from .chunk_engine import ChunkEngine, ChunkRead
-from .chunk_meta import ChunkMeta, check_chunk_size, check_extents, crc32c
+from .chunk_meta import ChunkMeta, check_chunk_size, check_extents, crc32c, write_end
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +253,7 @@ def client_op(io: storage_pb2.UpdateIO, payload: memoryview | None) -> Op:
         if io.length == 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "empty write")
         extents = write_extents(io)
-        end = extents[-1][0] + extents[-1][1] if extents else io.offset + io.length
-        if end > io.chunk_size:
+        if write_end(io.offset, io.length, extents) > io.chunk_size:
             raise FS3Error(
                 StatusCode.STORAGE_CHUNK_TOO_LARGE,
                 f"write of {io.length} bytes at {io.offset} exceeds the chunk size {io.chunk_size}",
@@ -277,8 +276,7 @@ def forwarded_op(io: storage_pb2.UpdateIO, payload: memoryview | None, syncing: 
     if io.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
         data = payload_slice(io, payload)
         extents = write_extents(io) if io.type == storage_pb2.UPDATE_WRITE else ()
-        end = extents[-1][0] + extents[-1][1] if extents else io.offset + io.length
-        if end > io.chunk_size:
+        if write_end(io.offset, io.length, extents) > io.chunk_size:
             raise FS3Error(StatusCode.STORAGE_CHUNK_TOO_LARGE, "update exceeds the chunk size")
         return Op(io.type, io.chunk_size, io.offset, io.length, data, io.crc32c, extents)
     if io.type == storage_pb2.UPDATE_TRUNCATE:

@@ -82,6 +82,7 @@ from .chunk_meta import (
     crc32c_splice,
     next_version,
     select_version,
+    write_end,
 )
 from .chunk_meta_store import ChunkMetaStore, CommitStats
 from .chunk_recovery import RecoveryReport, recover
@@ -314,9 +315,7 @@ class ChunkEngine:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
         if extents:
             check_extents(offset, len(data), extents)
-            check_fits(chunk_id, extents[-1][0] + extents[-1][1], chunk_size)
-        else:
-            check_fits(chunk_id, offset + len(data), chunk_size)
+        check_fits(chunk_id, write_end(offset, len(data), extents), chunk_size)
         check_checksum(chunk_id, data, checksum)
         with self._io("update"), self._chunk_lock(chunk_id):
             meta = self._get(chunk_id)

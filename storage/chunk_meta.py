@@ -364,6 +364,12 @@ def check_fits(chunk_id: bytes, end: int, chunk_size: int) -> None:
         )
 
 
+def write_end(offset: int, length: int, extents: Sequence[tuple[int, int]] = ()) -> int:
+    """Where a write ends in its chunk: after ``length`` bytes at ``offset``, or after the last of
+    its ``extents`` (a write of several ranges)."""
+    return extents[-1][0] + extents[-1][1] if extents else offset + length
+
+
 def check_extents(offset: int, length: int, extents: Sequence[tuple[int, int]]) -> None:
     """The ranges of a write of several (UpdateIO.extents): increasing and apart, none empty, the
     first at ``offset``, ``length`` bytes in all. Raises INVALID_ARGUMENT."""
