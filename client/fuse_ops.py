@@ -57,12 +57,12 @@ class FuseMetrics:
     A collector over plain counters, read when Prometheus scrapes: a request costs a few integer
     additions here instead of the locked counter and histogram updates of prometheus_client."""
 
-    def __init__(self, reg: Any = None) -> None:
+    def __init__(self, reg: Any = None, storage: Any = None) -> None:
         self._ops: dict[str, list[Any]] = {}  # op -> [requests, seconds, per-bucket counts]
         self._errors: dict[tuple[str, str], int] = {}
         self.read_bytes = 0
         self.write_bytes = 0
-        self.storage: Any = None  # the StorageClient, for its read batch counters
+        self.storage = storage  # the StorageClient, for its read batch counters
         (reg or metrics.registry()).register(self)
 
     def op(self, name: str) -> list[Any]:
@@ -156,8 +156,7 @@ class Fs3Operations(pyfuse3.Operations):
         metrics_registry: Any = None,
     ) -> None:
         super().__init__()
-        self.metrics = FuseMetrics(metrics_registry)
-        self.metrics.storage = fs.storage
+        self.metrics = FuseMetrics(metrics_registry, fs.storage)
         self.on_init = on_init
         self.fs = fs
         self.config = config
