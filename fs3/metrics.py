@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from fs3.errors import FS3Error, StatusCode
@@ -108,3 +111,36 @@ def serve(port: int, host: str = "127.0.0.1", reg: CollectorRegistry | None = No
     bound = server.server_address[1]
     log.info("metrics serving host=%s port=%d", host, bound)
     return MetricsServer(host, bound, server, thread)
+
+
+class KvCommitMetrics:
+    """The metadata store's group commit as ``fs3_kv_*`` counters, read from ``stats`` (a store's
+    :meth:`fs3.kv.Database.commit_stats`) when scraped; nothing is exported for an engine that
+    keeps no counters. Batch size is ``transactions / batches``; commit latency
+    ``commit_seconds / batches``; a rising conflict share means callers contend for keys."""
+
+    def __init__(self, stats: Callable[[], Any], reg: CollectorRegistry | None = None) -> None:
+        self._stats = stats
+        (reg or registry()).register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._stats()
+        if st is None:
+            return
+        for name, doc, value in (
+            ("fs3_kv_commit_batches", "write transactions the group commit ran", st.batches),
+            (
+                "fs3_kv_commit_transactions",
+                "transactions validated in them, conflicts included",
+                st.transactions,
+            ),
+            ("fs3_kv_commit_conflicts", "transactions refused: a value they read had changed", st.conflicts),
+            (
+                "fs3_kv_commit_seconds",
+                "time in write transactions (validation, writes, data flush)",
+                st.commit_seconds,
+            ),
+            ("fs3_kv_fsyncs", "flushes that made committed batches durable", st.fsyncs),
+            ("fs3_kv_fsync_seconds", "time in those flushes", st.fsync_seconds),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)

@@ -147,6 +147,7 @@ class MetaDaemon:
             self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}", transport=transport
         )
         MetaService(self.store, auth, statfs=self.store.chunks.space).register(self.server, self.registry)
+        metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
         if cfg.metrics_port:
             self.metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host, self.registry)
         try:

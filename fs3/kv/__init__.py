@@ -42,6 +42,7 @@ from fs3.kv.base import (
     MAX_KEY_SIZE,
     MAX_TXN_SIZE,
     MAX_VALUE_SIZE,
+    CommitStats,
     Database,
     KeyValue,
     ReadView,
@@ -51,6 +52,7 @@ from fs3.kv.base import (
 
 __all__ = [
     "ENGINES",
+    "CommitStats",
     "MAX_KEY_SIZE",
     "MAX_TXN_SIZE",
     "MAX_VALUE_SIZE",

@@ -100,8 +100,25 @@ class Transaction(ReadView):
         """Abandon the transaction; later calls raise KV_TXN_CLOSED."""
 
 
+class CommitStats(NamedTuple):
+    """What an engine's group commit has done in this process since the store was opened (the
+    ``lmdb`` engine's; other engines report none). Counters only grow."""
+
+    batches: int  # write transactions (groups of callers' commits) committed
+    transactions: int  # callers' commits validated in them, conflicts included
+    conflicts: int  # of those, the ones refused because a value they read had changed
+    commit_seconds: float  # time in write transactions: validation, writes and the data flush
+    fsyncs: int  # flushes that made committed batches durable before their callers heard
+    fsync_seconds: float  # time in those flushes
+
+
 class Database(abc.ABC):
     """A handle on one store. Open with :func:`fs3.kv.open_database`."""
+
+    def commit_stats(self) -> CommitStats | None:
+        """Group commit counters of this process (see :class:`CommitStats`), or None where the
+        engine keeps none."""
+        return None
 
     @abc.abstractmethod
     def create_transaction(self) -> Transaction: ...

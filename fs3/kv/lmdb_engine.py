@@ -39,7 +39,7 @@ import time
 import lmdb
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv.base import Database, Transaction
+from fs3.kv.base import CommitStats, Database, Transaction
 from fs3.kv.lmdb_layout import Snapshot, WriteView
 from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
 
@@ -105,6 +105,14 @@ class _Committer:
         self._durable_seq = 0
         self._unsynced: collections.deque[tuple[int, Batch, _Rejoin]] = collections.deque()
         self._flush_stopping = False
+        # Counters for commit_stats(): the commit thread alone updates the first four; fsyncs
+        # happen on both threads, so their two are kept under _flush_cond.
+        self._batches = 0
+        self._transactions = 0
+        self._conflicts = 0
+        self._commit_seconds = 0.0
+        self._fsyncs = 0
+        self._fsync_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name=f"kv-commit:{path}", daemon=True)
         self._flusher = threading.Thread(target=self._flush_loop, name=f"kv-flush:{path}", daemon=True)
         self._thread.start()
@@ -119,6 +127,13 @@ class _Committer:
             if self._idle:
                 self._cond.notify()
         await fut
+
+    def stats(self) -> CommitStats:
+        with self._flush_cond:
+            fsyncs, fsync_seconds = self._fsyncs, self._fsync_seconds
+        return CommitStats(
+            self._batches, self._transactions, self._conflicts, self._commit_seconds, fsyncs, fsync_seconds
+        )
 
     def stop(self) -> None:
         """Commit and flush whatever is queued, then end the threads (blocks until they have)."""
@@ -169,14 +184,20 @@ class _Committer:
     def _commit(self, batch: list[tuple[CommitRequest, asyncio.Future[None]]]) -> FS3Error | None:
         """Validate and apply ``batch`` in one LMDB write transaction; an error means none of it
         was committed."""
+        start = time.perf_counter()
         try:
             with self._env.begin(write=True) as txn:
                 self._extender.extend_if_needed()  # under the write lock, see _FileExtender
                 view = WriteView(txn)
+                conflicts = 0
                 for req, fut in batch:
                     # A caller that gave up will not look at the outcome; skipping is allowed.
-                    if not fut.cancelled():
-                        validate_and_apply(view, req)
+                    if not fut.cancelled() and not validate_and_apply(view, req):
+                        conflicts += 1
+            self._commit_seconds += time.perf_counter() - start
+            self._batches += 1
+            self._transactions += len(batch)
+            self._conflicts += conflicts
             return None
         except lmdb.MapFullError:
             size = self._env.info()["map_size"]
@@ -201,7 +222,7 @@ class _Committer:
             return
         # This thread would only wait for the flush thread anyway, so it flushes itself.
         try:
-            self._env.sync(True)
+            self._sync()
         except Exception:
             log.exception("kv fsync failed path=%s", self._path)
             with self._flush_cond:
@@ -219,7 +240,7 @@ class _Committer:
                     self._flush_cond.wait()
                 target = self._committed_seq
             try:
-                self._env.sync(True)
+                self._sync()
             except Exception as e:
                 log.exception("kv fsync failed path=%s", self._path)
                 if self._flush_stopping:
@@ -230,6 +251,14 @@ class _Committer:
                 time.sleep(0.1)
                 continue
             self._mark_durable(target)
+
+    def _sync(self) -> None:
+        start = time.perf_counter()
+        self._env.sync(True)
+        took = time.perf_counter() - start
+        with self._flush_cond:
+            self._fsyncs += 1
+            self._fsync_seconds += took
 
     def _fail_unsynced(self, error: FS3Error) -> None:
         with self._flush_cond:
@@ -407,6 +436,10 @@ class LmdbDatabase(Database):
 
     def create_transaction(self) -> Transaction:
         return BufferedTransaction(self._open_snapshot, self._submit)
+
+    def commit_stats(self) -> CommitStats | None:
+        shared = self._shared
+        return None if shared is None else shared.committer.stats()
 
     async def close(self) -> None:
         env, self._shared = self._shared, None

@@ -115,6 +115,7 @@ class MgmtdServer:
         if self.cfg.metrics_port:
             self._metrics_server = metrics.serve(self.cfg.metrics_port, self.cfg.listen_host, self.registry)
         self._metrics = _Metrics(self.registry)
+        metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
         await server.start()
         self._server = server
         self.election = Election(self.db, self.cfg.node_id, self.address, self.cfg.lease_interval_s)

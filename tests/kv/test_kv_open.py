@@ -210,3 +210,40 @@ async def test_lmdb_data_file_is_extended_ahead_of_use(tmp_path: Path) -> None:
     pairs = await reopened.run(lambda tr: tr.get_range(b"g/", b"g0"), read_only=True)
     assert len(pairs) == 12 * 200 and all(kv.value == bytes(4000) for kv in pairs)
     await reopened.close()
+
+
+async def test_lmdb_commit_stats_count_batches_conflicts_and_flushes(tmp_path: Path) -> None:
+    db = await open_database("lmdb", path=str(tmp_path))
+    before = db.commit_stats()
+    assert before is not None
+
+    # 24 callers at once: each commit is counted once, in however many batches the group made
+    await asyncio.gather(*(db.run(lambda tr, n=n: _set(tr, b"s/%d" % n, b"x")) for n in range(24)))
+    mid = db.commit_stats()
+    assert mid.transactions - before.transactions == 24
+    assert 1 <= mid.batches - before.batches <= 24
+    assert mid.conflicts == before.conflicts
+    assert mid.commit_seconds > before.commit_seconds
+    # every caller heard only after a flush made its batch durable
+    assert mid.fsyncs - before.fsyncs >= 1 and mid.fsync_seconds > before.fsync_seconds
+
+    # a transaction whose read went stale is refused, and counted as a conflict
+    stale = db.create_transaction()
+    assert await stale.get(b"s/0") == b"x"
+    await db.run(lambda tr: _set(tr, b"s/0", b"y"))
+    stale.set(b"s/0", b"z")
+    with pytest.raises(FS3Error) as err:
+        await stale.commit()
+    assert err.value.code == StatusCode.KV_CONFLICT
+    after = db.commit_stats()
+    assert after.conflicts - mid.conflicts == 1
+    assert after.transactions - mid.transactions == 2
+    assert await db.run(lambda tr: tr.get(b"s/0"), read_only=True) == b"y"
+    await db.close()
+    assert db.commit_stats() is None  # closed: nothing to report
+
+
+async def test_engines_without_group_commit_report_no_stats() -> None:
+    db = await open_database("mem")
+    assert db.commit_stats() is None
+    await db.close()

@@ -51,10 +51,23 @@ def test_meta_metrics(small_cluster: Path) -> None:
     assert {"Create", "Close"} <= methods, methods
 
 
+@pytest.mark.parametrize("name", ["meta", "mgmtd"])
+def test_kv_group_commit_metrics(small_cluster: Path, name: str) -> None:
+    """Both daemons on the lmdb store report its group commit: the cluster's set-up committed
+    (mgmtd: registrations, chain tables; meta: the files written), each batch made durable."""
+    m = scrape(small_cluster, name)
+    value = {n: m[n][0].value for n in m if n.startswith("fs3_kv_")}
+    assert value["fs3_kv_commit_transactions"] >= value["fs3_kv_commit_batches"] >= 1, value
+    assert value["fs3_kv_commit_seconds"] > 0 and value["fs3_kv_fsyncs"] >= 1, value
+    assert value["fs3_kv_fsync_seconds"] > 0 and value["fs3_kv_commit_conflicts"] >= 0, value
+
+
 def test_dashboard_queries_name_exported_metrics(small_cluster: Path) -> None:
     exported: set[str] = set()
     for name in ("mgmtd", "meta", "storage-10001", "storage-10002"):
         exported |= set(scrape(small_cluster, name))
-    wanted = {n for n in dashboard_metrics() if n.startswith(("fs3_mgmtd_", "fs3_storage_", "fs3_meta_"))}
+    wanted = {
+        n for n in dashboard_metrics() if n.startswith(("fs3_mgmtd_", "fs3_storage_", "fs3_meta_", "fs3_kv_"))
+    }
     missing = {n for n in wanted if n.removesuffix("_total") not in exported and n not in exported}
     assert not missing, f"dashboard queries metrics no daemon exports: {sorted(missing)}"
