@@ -305,10 +305,11 @@ def payload_slice(io: storage_pb2.UpdateIO, payload: memoryview | None) -> memor
 
 
 def read_or_meta(
-    eng: ChunkEngine, cid: bytes, offset: int, length: int
+    eng: ChunkEngine, cid: bytes, offset: int, length: int, *, nowait: bool = False
 ) -> tuple[bytes, int, int] | ChunkMeta:
-    """In an I/O thread: the committed bytes if no update is pending, else the metadata (the
-    caller must ask the tail which version to serve)."""
+    """In an I/O thread or, with ``nowait`` (see ChunkEngine.read), on the event loop: the
+    committed bytes if no update is pending, else the metadata (the caller must ask the tail which
+    version to serve)."""
     meta = eng.get_meta(cid)
     if meta is None or (meta.pending is None and meta.committed is None):
         raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
@@ -316,7 +317,7 @@ def read_or_meta(
         return meta
     # whatever is committed by the time of the read: a version committed here is committed at the
     # tail, and one that started after this read began need not be seen
-    r = eng.read(cid, offset, length, meta=meta)
+    r = eng.read(cid, offset, length, meta=meta, nowait=nowait)
     return r.data, data_crc(offset, r), r.version
 
 

@@ -238,6 +238,7 @@ class ChunkEngine:
         *,
         version: int | None = None,
         meta: ChunkMeta | None = None,
+        nowait: bool = False,
     ) -> ChunkRead:
         """Read ``length`` bytes (default: to the end) at ``offset`` of one version of a chunk.
 
@@ -247,6 +248,10 @@ class ChunkEngine:
 
         ``meta``: the chunk's metadata as the caller just read it (saves reading it again; if it
         is stale by now, the read finds out as it would by itself and reads it afresh).
+
+        ``nowait``: the caller is the event loop thread: raise
+        :class:`~fs3.storage.chunk_files.WouldBlock` rather than wait for a disk that has been slow
+        (see :mod:`fs3.storage.chunk_files`).
 
         Raises STORAGE_CHUNK_NOT_FOUND (no committed version), STORAGE_CHUNK_VERSION_MISMATCH (that
         version is not held, e.g. superseded by a commit) or STORAGE_CHECKSUM_MISMATCH.
@@ -261,7 +266,7 @@ class ChunkEngine:
                 v = select_version(chunk_id, meta, version)
                 end = v.length if length is None else min(v.length, offset + length)
                 try:
-                    data = self._files.read_version(chunk_id, v, offset, end)
+                    data = self._files.read_version(chunk_id, v, offset, end, nowait=nowait)
                 except CorruptVersion as exc:
                     # A commit or abort may have removed or trimmed the file after we looked up the
                     # metadata; only bytes that still disagree with current metadata are corrupt.

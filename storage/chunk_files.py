@@ -20,6 +20,17 @@ through it against 0.15). Small files and small reads keep the page cache: a sma
 back the blocks it lands in, and a 4 KiB read checks a whole 64 KiB block; through O_DIRECT
 each would go to the disk every time. Where the file system refuses O_DIRECT
 (ramfs; tmpfs before Linux 6.6) chunk I/O falls back to the page cache for good.
+
+Small reads are served on the daemon's event loop thread (see ``storage.craq``), which is right
+while a read that misses the page cache costs about what handing it to an I/O thread costs (a
+fast SSD; this development VM's virtual disk: 0.1–0.25 ms) and wrong when the disk is slow (a
+disk, a throttled or overloaded device: every cold read would stall every other request of the
+daemon for the device's latency). So reads made on the loop (``nowait=True``) are timed, and
+:class:`ColdReads` averages those that waited for the disk; while that average is high, a loop
+read takes its bytes from the page cache alone (``preadv2(RWF_NOWAIT)``) and, on a miss, raises
+:class:`WouldBlock` so that the caller hands it to an I/O thread (one miss in 16 is still read on
+the loop, to notice a disk that is fast again). While the disk is fast a loop read costs two clock
+readings more than before. Where the kernel or file system refuses RWF_NOWAIT, loop reads wait.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +59,11 @@ DIRECT_ALIGN = 4096
 # Reads of at least this many bytes at an aligned offset use O_DIRECT too; smaller ones (4 KiB
 # random reads check a whole 64 KiB block) keep the page cache, which serves them repeatedly.
 DIRECT_READ_MIN = 256 << 10
+# preadv2's flag for "only what the page cache holds" (Linux 4.14; 0 where Python lacks it)
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+# A read on the event loop that took longer than this waited for the disk (page cache hits of the
+# loop's reads, at most 64 KiB, take a few microseconds); only such reads feed ColdReads.
+COLD_READ_MIN_S = 50e-6
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +76,51 @@ class DataFile:
     chunk_id: bytes | None
     file_id: int
     size: int
+
+
+class WouldBlock(Exception):
+    """A read made on the event loop missed the page cache while this target's disk is slow."""
+
+
+class ColdReads:
+    """Moving average of how long the event loop waited for reads that missed the page cache on
+    one target, and whether such reads must leave the loop (with hysteresis). While they are off
+    the loop, one in ``SAMPLE_EVERY`` is still read on the loop to measure the disk as the loop
+    would see it (reads in the I/O threads queue behind each other, so their times say little)."""
+
+    SLOW_S = 0.004  # the average above this: cold reads go to the I/O threads ...
+    FAST_S = 0.001  # ... until it is back below this
+    WEIGHT = 0.05  # of each new read in the average
+    SAMPLE_EVERY = 16
+
+    def __init__(self) -> None:
+        self.avg_s = 0.0
+        self.count = 0  # cold reads the loop waited for
+        self.off_loop = False
+        self._skipped = 0
+
+    def wait_here(self) -> bool:
+        """While cold reads are off the loop: whether to read this one on the loop anyway."""
+        if not self.off_loop:
+            return True
+        self._skipped += 1
+        if self._skipped < self.SAMPLE_EVERY:
+            return False
+        self._skipped = 0
+        return True
+
+    def record(self, seconds: float) -> None:
+        # From 0, so that one slow read among fast ones does not decide alone. Only the event
+        # loop thread calls this.
+        self.count += 1
+        self.avg_s += (seconds - self.avg_s) * self.WEIGHT
+        if self.off_loop:
+            if self.avg_s < self.FAST_S:
+                self.off_loop = False
+                log.info("cold reads back on the event loop avg_ms=%.2f", self.avg_s * 1e3)
+        elif self.avg_s > self.SLOW_S:
+            self.off_loop = True
+            log.warning("disk slow: cold reads leave the event loop avg_ms=%.2f", self.avg_s * 1e3)
 
 
 class CorruptVersion(Exception):
@@ -74,6 +136,9 @@ class ChunkFiles:
         # O_DIRECT for new files of DIRECT_MIN bytes or more and reads of DIRECT_READ_MIN or more;
         # turned off for good if the file system refuses it
         self.direct = direct and hasattr(os, "O_DIRECT")
+        # page-cache-only reads (preadv2 RWF_NOWAIT) for the event loop; off for good where refused
+        self.nowait = _RWF_NOWAIT != 0
+        self.cold = ColdReads()
         self._dir_fds: dict[int, int] = {}
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
@@ -160,9 +225,16 @@ class ChunkFiles:
         finally:
             os.close(fd)
 
-    def read(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
-        """Up to ``length`` bytes at ``offset``; shorter only if the file is shorter."""
-        if self.direct and length >= DIRECT_READ_MIN and offset % DIRECT_ALIGN == 0:
+    def read(self, chunk_id: bytes, file_id: int, offset: int, length: int, *, nowait: bool = False) -> bytes:
+        """Up to ``length`` bytes at ``offset``; shorter only if the file is shorter.
+
+        ``nowait``: the caller is an event loop thread; raise WouldBlock rather than wait for a
+        disk that has been slow (see the module docstring).
+        """
+        direct = self.direct and length >= DIRECT_READ_MIN and offset % DIRECT_ALIGN == 0
+        if nowait and not direct:
+            return self._read_on_loop(chunk_id, file_id, offset, length)
+        if direct:
             try:
                 return self._read_direct(chunk_id, file_id, offset, length)
             except OSError as exc:
@@ -171,18 +243,32 @@ class ChunkFiles:
                 self._no_direct()
         fd = self._open(chunk_id, file_id, os.O_RDONLY)
         try:
-            data = os.pread(fd, length, offset)
-            if len(data) == length or not data:
-                return data
-            parts = [data]
-            got = len(data)
-            while got < length:
-                more = os.pread(fd, length - got, offset + got)
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            return b"".join(parts)
+            return _pread_full(fd, length, offset)
+        finally:
+            os.close(fd)
+
+    def _read_on_loop(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
+        """read() for an event loop thread: timed, and page-cache-only while the disk is slow."""
+        cold = self.cold
+        fd = self._open(chunk_id, file_id, os.O_RDONLY)
+        try:
+            if cold.off_loop and self.nowait:
+                try:
+                    return _pread_nowait(fd, length, offset)
+                except WouldBlock:
+                    if not cold.wait_here():
+                        raise
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    self.nowait = False
+                    log.warning("file system under %s refuses RWF_NOWAIT reads: loop reads wait", self.root)
+            start = time.perf_counter()
+            data = _pread_full(fd, length, offset)
+            took = time.perf_counter() - start
+            if took > COLD_READ_MIN_S:
+                cold.record(took)
+            return data
         finally:
             os.close(fd)
 
@@ -260,10 +346,19 @@ class ChunkFiles:
             version, chain_ver, length, crc32c(data, base.crc), base.file_id, bytes(crcs), block=block
         )
 
-    def read_version(self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int) -> bytes:
+    def read_version(
+        self,
+        chunk_id: bytes,
+        v: ChunkVersion,
+        offset: int,
+        end: int,
+        *,
+        nowait: bool = False,
+    ) -> bytes:
         """Bytes ``[offset, end)`` of version ``v``, each block read checked against its CRC32C.
 
-        Raises CorruptVersion if the file is missing, short, or fails a checksum.
+        Raises CorruptVersion if the file is missing, short, or fails a checksum; with ``nowait``
+        as for :meth:`read`, WouldBlock (before any byte is checked).
         """
         if end <= offset:
             return b""
@@ -271,7 +366,7 @@ class ChunkFiles:
         first, last = offset // block, block_count(end, block)
         start, stop = first * block, min(last * block, v.length)
         try:
-            raw = self._read_span(chunk_id, v, start, stop)
+            raw = self._read_span(chunk_id, v, start, stop, nowait)
         except FileNotFoundError:
             raise CorruptVersion("data file missing") from None
         if len(raw) != stop - start:
@@ -287,21 +382,21 @@ class ChunkFiles:
             return raw
         return raw[offset - start : end - start]
 
-    def _read_span(self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int) -> bytes:
+    def _read_span(self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int, nowait: bool) -> bytes:
         """Bytes ``[start, stop)`` of ``v`` as stored (unverified): from the overlay file where
         the version is layered, else from its data file."""
         if not v.layered:
-            return self.read(chunk_id, v.file_id, start, stop - start)
+            return self.read(chunk_id, v.file_id, start, stop - start, nowait=nowait)
         over_start, over_end = v.overlay_span()
         parts = []
         if start < over_start:
-            parts.append(self.read(chunk_id, v.file_id, start, min(stop, over_start) - start))
+            parts.append(self.read(chunk_id, v.file_id, start, min(stop, over_start) - start, nowait=nowait))
         if start < over_end and stop > over_start:
             lo, hi = max(start, over_start), min(stop, over_end)
-            parts.append(self.read(chunk_id, v.overlay_file_id, lo - over_start, hi - lo))
+            parts.append(self.read(chunk_id, v.overlay_file_id, lo - over_start, hi - lo, nowait=nowait))
         if stop > over_end:
             lo = max(start, over_end)
-            parts.append(self.read(chunk_id, v.file_id, lo, stop - lo))
+            parts.append(self.read(chunk_id, v.file_id, lo, stop - lo, nowait=nowait))
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
@@ -405,6 +500,42 @@ def _pwrite_direct(fd: int, data: bytes | bytearray | memoryview) -> None:
         offset += take
     if size % DIRECT_ALIGN:
         os.ftruncate(fd, size)
+
+
+def _pread_nowait(fd: int, length: int, offset: int) -> bytes:
+    """Up to ``length`` bytes at ``offset`` (shorter only at the end of the file), all from the
+    page cache; WouldBlock if some are not there (some may have been copied: they are dropped)."""
+    buf = bytearray(length)
+    got = 0
+    with memoryview(buf) as view:
+        while got < length:
+            with view[got:] as rest:
+                try:
+                    n = os.preadv(fd, [rest], offset + got, _RWF_NOWAIT)
+                except BlockingIOError:
+                    raise WouldBlock from None
+            if n == 0:
+                break
+            got += n
+    if got < length:
+        del buf[got:]
+    return bytes(buf)
+
+
+def _pread_full(fd: int, length: int, offset: int) -> bytes:
+    """Up to ``length`` bytes at ``offset``, waiting for the disk; shorter only at the end."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:

@@ -64,6 +64,7 @@ from .chain_ops import (
     removed_result,
     split_chunk_id,
 )
+from .chunk_files import WouldBlock
 from .chunk_meta import ChunkMeta, check_chunk_size
 from .target_map import LocalTarget, TargetMap
 
@@ -438,13 +439,17 @@ class Replicator:
     def read_now(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int] | None:
         """A small read served right here on the event loop thread, without waiting: like
         :meth:`read`, or None when it must take that way instead (larger than
-        ``INLINE_READ_BYTES``, or the chunk has an update pending)."""
+        ``INLINE_READ_BYTES``, the chunk has an update pending, or its bytes are not in the page
+        cache while the target's disk is slow: see :mod:`storage.chunk_files`)."""
         if rio.length > INLINE_READ_BYTES:
             return None
         t, cid = self._read_target(rio)
         if (t.target_id, cid) in self._applying:
             return None
-        outcome = read_or_meta(t.engine.engine, cid, rio.offset, rio.length)
+        try:
+            outcome = read_or_meta(t.engine.engine, cid, rio.offset, rio.length, nowait=True)
+        except WouldBlock:
+            return None
         return outcome if isinstance(outcome, tuple) else None
 
     async def read(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int]:

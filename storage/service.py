@@ -55,6 +55,15 @@ class StorageService:
         # the labelled children, looked up once (labels() takes a lock and builds a key every call)
         self._ops: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
+        self.m_reads = metrics.counter(
+            "fs3_storage_batched_reads",
+            "reads of batch reads by where they were served: inline (event loop thread) or "
+            "io_thread (large reads, chunks with an update in flight, cold reads of a slow disk)",
+            ("where",),
+            reg,
+        )
+        self._inline_reads = self.m_reads.labels("inline")
+        self._thread_reads = self.m_reads.labels("io_thread")
         self._read_bytes = self.m_bytes.labels("read")
         self._write_bytes = self.m_bytes.labels("write")
 
@@ -125,6 +134,10 @@ class StorageService:
                     budget -= io.length
                     continue
             slow.append(i)
+        if len(slow) < len(outcomes):
+            self._inline_reads.inc(len(outcomes) - len(slow))
+        if slow:
+            self._thread_reads.inc(len(slow))
         if len(slow) == 1:
             try:
                 outcomes[slow[0]] = await self.rep.read(request.ios[slow[0]])
