@@ -63,7 +63,7 @@ import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 
-from .chunk_files import ChunkFiles, CorruptVersion
+from .chunk_files import ChunkFiles, ColdReads, CorruptVersion
 from .chunk_meta import (
     CHECKSUM_BLOCK,
     ChunkMeta,
@@ -545,6 +545,11 @@ class ChunkEngine:
     def pending_chunks(self) -> list[ChunkMeta]:
         """Chunks with a pending version, for the chain to commit or abort after a restart."""
         return [meta for meta in self.iter_metas() if meta.pending is not None]
+
+    @property
+    def cold_reads(self) -> ColdReads:
+        """How long the event loop's reads that missed the page cache took (see ColdReads)."""
+        return self._files.cold
 
     def commit_stats(self) -> CommitStats:
         """Metadata changes recorded since the engine opened, and the LMDB write transactions

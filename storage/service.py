@@ -10,9 +10,11 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from fs3 import metrics
 from fs3.errors import FS3Error, StatusCode
@@ -22,7 +24,7 @@ from fs3.proto import common_pb2, storage_pb2
 from .chain_ops import file_range, split_chunk_id
 from .chunk_meta import ChunkMeta
 from .craq import Replicator
-from .target_map import ONLINE, UPTODATE
+from .target_map import ONLINE, UPTODATE, TargetMap
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class StorageService:
             ("where",),
             reg,
         )
+        reg.register(_ColdReadMetrics(replicator.targets))
         self._inline_reads = self.m_reads.labels("inline")
         self._thread_reads = self.m_reads.labels("io_thread")
         self._read_bytes = self.m_bytes.labels("read")
@@ -298,3 +301,29 @@ class StorageService:
             c.key.chain_id = t.chain_id
             c.key.inode_id, c.key.chunk_index = split_chunk_id(m.chunk_id)
         return rsp
+
+
+class _ColdReadMetrics:
+    """Per target, from its engine's ColdReads when scraped: the moving average of the event
+    loop's reads that waited for the disk, and whether such reads are off the loop (disk slow)."""
+
+    def __init__(self, targets: TargetMap) -> None:
+        self._targets = targets
+
+    def collect(self) -> Iterator[Metric]:
+        avg = GaugeMetricFamily(
+            "fs3_storage_cold_read_seconds",
+            "moving average of small reads the event loop waited for the disk for",
+            labels=("target",),
+        )
+        off = GaugeMetricFamily(
+            "fs3_storage_cold_reads_off_loop",
+            "1 while the disk is slow and small reads that miss the page cache go to I/O threads",
+            labels=("target",),
+        )
+        for t in list(self._targets.targets.values()):
+            cold = t.engine.engine.cold_reads
+            avg.add_metric((str(t.target_id),), cold.avg_s)
+            off.add_metric((str(t.target_id),), 1 if cold.off_loop else 0)
+        yield avg
+        yield off

@@ -35,6 +35,10 @@ def test_storage_metrics(small_cluster: Path, node: str) -> None:
     m = scrape(small_cluster, node)
     assert any(n.startswith("fs3_storage_") for n in m)
     assert "fs3_storage_request_seconds" in m and "fs3_storage_sync_chunks" in m
+    # each target says whether its small cold reads are off the event loop (a slow disk)
+    off = m["fs3_storage_cold_reads_off_loop"]
+    assert off and all(s.value in (0, 1) and s.labels["target"] for s in off), off
+    assert len(m["fs3_storage_cold_read_seconds"]) == len(off)
 
 
 def test_storage_counts_client_bytes(small_cluster: Path) -> None:

@@ -96,6 +96,7 @@ async def test_a_cold_read_of_a_slow_disk_does_not_hold_up_other_requests(tmp_pa
                     chunks[i][8192:12288]
                 ]
             cold = asyncio.create_task(client.batch_read([ReadRequest(chain, 5, 2, 65536, 4096)]))
+            assert re.search(r"fs3_storage_cold_reads_off_loop\{target=\"\d+\"\} 1\.0", await c.scrape(0))
             await asyncio.sleep(0.05)  # the cold read is at the daemon, waiting for the disk
             # a read of cached bytes is answered meanwhile, not after the disk
             assert await client.batch_read([hot]) == [chunks[7][4096:8192]]
