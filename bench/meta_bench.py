@@ -19,6 +19,11 @@ requests and replies then travel in shared writes). A rate is all clients' opera
 the wall time from the first client's start to the last one's end; CPU per operation is shown for
 the server (when its pid is known) and for the client processes together. Without ``--address`` the
 benchmark starts a meta daemon on an lmdb store in a temporary directory and stops it afterwards.
+
+When the server's ``/metrics`` is known (a started daemon's, or ``--metrics HOST:PORT``), each phase
+also shows the store's group commit: transactions per write batch (``tx/batch``), milliseconds per
+batch in the write transaction including LMDB's data flush (``commit ms``), and per flush that
+made batches durable (``flush ms``), from the ``fs3_kv_*`` counters.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,6 +62,21 @@ class Result:
     seconds: float
     server_cpu_s: float | None = None  # CPU the meta server used in the phase (when it runs here)
     client_cpu_s: float = 0.0  # CPU the client processes used in the phase
+    kv: dict[str, float] | None = None  # the phase's increase of the server's fs3_kv_* counters
+
+    @property
+    def kv_per_batch(self) -> tuple[float, float, float] | None:
+        """(transactions per batch, commit ms per batch, ms per flush), when the counters are known."""
+        kv = self.kv
+        if not kv or not kv.get("fs3_kv_commit_batches"):
+            return None
+        batches = kv["fs3_kv_commit_batches"]
+        flushes = kv.get("fs3_kv_fsyncs") or 0
+        return (
+            kv["fs3_kv_commit_transactions"] / batches,
+            1e3 * kv["fs3_kv_commit_seconds"] / batches,
+            1e3 * kv["fs3_kv_fsync_seconds"] / flushes if flushes else 0.0,
+        )
 
     @property
     def client_us_per_op(self) -> float:
@@ -82,6 +104,32 @@ def cpu_seconds(pid: int | None) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+KV_COUNTERS = (
+    "fs3_kv_commit_batches",
+    "fs3_kv_commit_transactions",
+    "fs3_kv_commit_seconds",
+    "fs3_kv_fsyncs",
+    "fs3_kv_fsync_seconds",
+)
+
+
+def kv_counters(metrics: str | None) -> dict[str, float] | None:
+    """The server's group commit counters from its ``/metrics`` at ``host:port``; None if unknown."""
+    if not metrics:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.endswith("_total") and name[: -len("_total")] in KV_COUNTERS:
+            out[name[: -len("_total")]] = float(value)
+    return out or None
 
 
 async def _client_work(
@@ -112,6 +160,7 @@ async def _worker_main(
     out,
     server_pid: int | None,
     share_rpc: bool = False,
+    metrics: str | None = None,
 ) -> None:
     user = common_pb2.UserInfo(uid=0, gid=0)
     # shared: the process's clients call through one RpcClient (one connection), as the
@@ -122,6 +171,7 @@ async def _worker_main(
     try:
         for phase in PHASES:
             await asyncio.to_thread(barrier.wait)
+            kv0 = kv_counters(metrics)
             cpu0 = cpu_seconds(server_pid)
             mine0 = time.process_time()
             start = time.time()
@@ -132,7 +182,9 @@ async def _worker_main(
                 )
             )
             end = time.time()
-            out.put((phase, start, end, cpu0, cpu_seconds(server_pid), time.process_time() - mine0))
+            cpu1 = cpu_seconds(server_pid)
+            mine = time.process_time() - mine0
+            out.put((phase, start, end, cpu0, cpu1, mine, kv0, kv_counters(metrics)))
     finally:
         for c in clients:
             await c.close()
@@ -166,6 +218,7 @@ def run_case(
     procs: int,
     server_pid: int | None = None,
     share_rpc: bool = False,
+    metrics: str | None = None,
 ) -> list[Result]:
     run = f"bench-{layout}-{clients}-{os.getpid()}-{time.time_ns()}"
     parents = asyncio.run(_prepare(address, secret, layout, clients, run))
@@ -189,11 +242,12 @@ def run_case(
                 out,
                 server_pid,
                 share_rpc,
+                metrics,
             ),
         )
         p.start()
         workers.append(p)
-    times: dict[str, list[tuple[float, float, float | None, float | None, float]]] = {ph: [] for ph in PHASES}
+    times: dict[str, list[tuple]] = {ph: [] for ph in PHASES}
     for _ in range(nproc * len(PHASES)):
         phase, *rest = out.get(timeout=600)
         times[phase].append(tuple(rest))
@@ -208,15 +262,30 @@ def run_case(
         if all(r[2] is not None and r[3] is not None for r in rows):
             cpu = max(r[3] for r in rows) - min(r[2] for r in rows)  # type: ignore[type-var]
         mine = sum(r[4] for r in rows)
-        results.append(Result(layout, clients, phase, clients * items, end - start, cpu, mine))
+        kv = None
+        if all(r[5] is not None and r[6] is not None for r in rows):
+            # counters only grow: from the earliest start to the latest end of any worker
+            kv = {
+                k: max(r[6].get(k, 0.0) for r in rows) - min(r[5].get(k, 0.0) for r in rows)
+                for k in KV_COUNTERS
+            }
+        results.append(Result(layout, clients, phase, clients * items, end - start, cpu, mine, kv))
     return results
 
 
-def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str, str]:
+    """A meta daemon on an lmdb store under ``tmp``: (process, address, metrics address)."""
     cfg = tmp / "meta.toml"
     port_file = tmp / "meta.port"
+    metrics_port = _free_port()
     cfg.write_text(
-        "listen_port = 0\nmgmtd_addresses = []\nauthenticate = false\n"
+        f"listen_port = 0\nmetrics_port = {metrics_port}\nmgmtd_addresses = []\nauthenticate = false\n"
         f'[kv]\nengine = "lmdb"\npath = "{tmp / "kv"}"\n[log]\nlevel = "WARNING"\n'
     )
     proc = subprocess.Popen(
@@ -229,7 +298,7 @@ def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str]:
             proc.kill()
             raise SystemExit("meta daemon did not start")
         time.sleep(0.05)
-    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}", f"127.0.0.1:{metrics_port}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
     p.add_argument("--dir", help="where a started daemon keeps its store (default: a temp dir)")
     p.add_argument("--server-pid", type=int, help="pid of a --address server on this host, for its CPU use")
+    p.add_argument("--metrics", help="host:port of the --address server's /metrics, for its group commit")
     p.add_argument(
         "--share-rpc",
         action="store_true",
@@ -253,16 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     tmp = None
     proc = None
     address = args.address
+    metrics = args.metrics
     if address is None:
         tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-meta-bench-"))
-        proc, address = start_daemon(tmp)
+        proc, address, metrics = start_daemon(tmp)
     results: list[Result] = []
     try:
         for layout in args.layout.split(","):
             for clients in (int(c) for c in args.clients.split(",")):
                 pid = proc.pid if proc is not None else args.server_pid
                 results += run_case(
-                    address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc
+                    address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc, metrics
                 )
     finally:
         if proc is not None:
@@ -277,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                 "rate": r.rate,
                 "server_us_per_op": r.server_us_per_op,
                 "client_us_per_op": r.client_us_per_op,
+                "kv_tx_per_batch": r.kv_per_batch[0] if r.kv_per_batch else None,
+                "kv_commit_ms": r.kv_per_batch[1] if r.kv_per_batch else None,
+                "kv_flush_ms": r.kv_per_batch[2] if r.kv_per_batch else None,
             }
             for r in results
         ]
@@ -284,13 +358,15 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"{'layout':<10} {'clients':>7} {'phase':<7} {'ops':>8} {'seconds':>8} {'ops/s':>9} {'srv us/op':>9}"
-            f" {'cli us/op':>9}"
+            f" {'cli us/op':>9} {'tx/batch':>8} {'commit ms':>9} {'flush ms':>8}"
         )
         for r in results:
             us = f"{r.server_us_per_op:9.0f}" if r.server_us_per_op is not None else f"{'-':>9}"
+            kv = r.kv_per_batch
+            group = f" {kv[0]:8.1f} {kv[1]:9.2f} {kv[2]:8.2f}" if kv else f" {'-':>8} {'-':>9} {'-':>8}"
             print(
                 f"{r.layout:<10} {r.clients:>7} {r.phase:<7} {r.ops:>8} {r.seconds:>8.2f} {r.rate:>9.0f} {us}"
-                f" {r.client_us_per_op:9.0f}"
+                f" {r.client_us_per_op:9.0f}{group}"
             )
     return 0
 
