@@ -23,7 +23,7 @@ each would go to the disk every time. Where the file system refuses O_DIRECT
 
 Small reads are served on the daemon's event loop thread (see ``storage.craq``), which is right
 while a read that misses the page cache costs about what handing it to an I/O thread costs (a
-fast SSD; this development VM's virtual disk: 0.1–0.25 ms) and wrong when the disk is slow (a
+fast SSD; this development VM's virtual disk: 0.05–0.25 ms) and wrong when the disk is slow (a
 disk, a throttled or overloaded device: every cold read would stall every other request of the
 daemon for the device's latency). So reads made on the loop (``nowait=True``) are timed, and
 :class:`ColdReads` averages those that waited for the disk; while that average is high, a loop
