@@ -189,14 +189,17 @@ class _Committer:
             with self._env.begin(write=True) as txn:
                 self._extender.extend_if_needed()  # under the write lock, see _FileExtender
                 view = WriteView(txn)
-                conflicts = 0
+                validated = conflicts = 0
                 for req, fut in batch:
                     # A caller that gave up will not look at the outcome; skipping is allowed.
-                    if not fut.cancelled() and not validate_and_apply(view, req):
+                    if fut.cancelled():
+                        continue
+                    validated += 1
+                    if not validate_and_apply(view, req):
                         conflicts += 1
             self._commit_seconds += time.perf_counter() - start
             self._batches += 1
-            self._transactions += len(batch)
+            self._transactions += validated
             self._conflicts += conflicts
             return None
         except lmdb.MapFullError:
