@@ -34,7 +34,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from fs3.cli.local_cluster import free_ports  # noqa: E402
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient  # noqa: E402
 from fs3.net import RpcClient  # noqa: E402
 from fs3.proto import common_pb2  # noqa: E402
@@ -124,11 +126,7 @@ def kv_counters(metrics: str | None) -> dict[str, float] | None:
             text = r.read().decode()
     except OSError:
         return None
-    out = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.endswith("_total") and name[: -len("_total")] in KV_COUNTERS:
-            out[name[: -len("_total")]] = float(value)
+    out = {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.name in KV_COUNTERS}
     return out or None
 
 
@@ -273,17 +271,11 @@ def run_case(
     return results
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str, str]:
     """A meta daemon on an lmdb store under ``tmp``: (process, address, metrics address)."""
     cfg = tmp / "meta.toml"
     port_file = tmp / "meta.port"
-    metrics_port = _free_port()
+    (metrics_port,) = free_ports("127.0.0.1", 1)
     cfg.write_text(
         f"listen_port = 0\nmetrics_port = {metrics_port}\nmgmtd_addresses = []\nauthenticate = false\n"
         f'[kv]\nengine = "lmdb"\npath = "{tmp / "kv"}"\n[log]\nlevel = "WARNING"\n'
