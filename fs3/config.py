@@ -237,6 +237,11 @@ class StorageConfig:
         doc="O_DIRECT for chunk files written whole and for reads, both of 256 KiB or more",
     )
     io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
+    aio_reads: bool = opt(
+        True,
+        doc="read page-cache misses of small reads with native AIO (O_DIRECT, batched) on the "
+        "event loop instead of waiting for the disk there or in the I/O threads",
+    )
     forward_timeout_s: float = opt(
         30.0, doc="how long a replica retries forwarding an update along the chain", check=_positive
     )

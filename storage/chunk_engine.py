@@ -63,7 +63,7 @@ import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 
-from .chunk_files import ChunkFiles, ColdReads, CorruptVersion
+from .chunk_files import ChunkFiles, ColdReads, CorruptVersion, DirectRead
 from .chunk_meta import (
     CHECKSUM_BLOCK,
     ChunkMeta,
@@ -279,6 +279,39 @@ class ChunkEngine:
                     ) from None
                 return ChunkRead(data, v.version, v.chain_ver, v.length, v.crc)
             raise FS3Error(StatusCode.ABORTED, f"chunk {chunk_id.hex()} kept changing during a read")
+
+    def direct_read_plan(
+        self, chunk_id: bytes, offset: int, length: int, meta: ChunkMeta, max_bytes: int
+    ) -> DirectRead | None:
+        """For a caller that does the disk I/O itself (AIO on the event loop thread): the O_DIRECT
+        read of the committed version's blocks that hold ``[offset, offset + length)``, with
+        ``meta`` as the caller just read it; its file is opened (the caller closes ``fd``) and
+        nothing is read. None where :meth:`read` must do it: nothing to read, a layered version,
+        more than ``max_bytes`` of blocks, no O_DIRECT, or the file gone (a commit that raced, or
+        damage: :meth:`read` tells which)."""
+        check_chunk_id(chunk_id)
+        if offset < 0 or length < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad read range offset={offset} length={length}")
+        with self._io("read"):
+            v = select_version(chunk_id, meta, None)
+            end = min(v.length, offset + length)
+            if end <= offset:
+                return None
+            try:
+                return self._files.direct_plan(chunk_id, v, offset, end, max_bytes)
+            except CorruptVersion:
+                return None
+
+    def direct_read_done(self, plan: DirectRead, raw: bytes | memoryview) -> ChunkRead | None:
+        """The read ``plan`` asked for, from ``raw`` (the bytes read from ``plan.start``), checked
+        against the version's CRC32Cs; None if they fail (a commit may have replaced the bytes
+        since: the caller reads again with :meth:`read`, which tells that from damage)."""
+        v = plan.v
+        try:
+            data = self._files.verify_span(v, plan.offset, plan.end, plan.start, raw)
+        except CorruptVersion:
+            return None
+        return ChunkRead(data, v.version, v.chain_ver, v.length, v.crc)
 
     # -- updates ----------------------------------------------------------------------------------
 
@@ -545,6 +578,16 @@ class ChunkEngine:
     def pending_chunks(self) -> list[ChunkMeta]:
         """Chunks with a pending version, for the chain to commit or abort after a restart."""
         return [meta for meta in self.iter_metas() if meta.pending is not None]
+
+    @property
+    def loop_reads_wait(self) -> bool:
+        """Whether ``read(nowait=True)`` may wait for the disk (see :mod:`storage.chunk_files`);
+        False where the caller reads page-cache misses through AIO instead."""
+        return self._files.loop_waits
+
+    @loop_reads_wait.setter
+    def loop_reads_wait(self, value: bool) -> None:
+        self._files.loop_waits = value
 
     @property
     def cold_reads(self) -> ColdReads:

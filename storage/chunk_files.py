@@ -31,6 +31,11 @@ read takes its bytes from the page cache alone (``preadv2(RWF_NOWAIT)``) and, on
 :class:`WouldBlock` so that the caller hands it to an I/O thread (one miss in 16 is still read on
 the loop, to notice a disk that is fast again). While the disk is fast a loop read costs two clock
 readings more than before. Where the kernel or file system refuses RWF_NOWAIT, loop reads wait.
+
+Where the daemon has native AIO (``storage.aio``), the loop never waits for the disk at all:
+``ChunkFiles.loop_waits`` is off, a loop read takes page-cache bytes only and raises WouldBlock on
+a miss, and the caller reads the missing ones with O_DIRECT through AIO (:meth:`ChunkFiles.
+direct_plan`, then :meth:`ChunkFiles.verify_span` on the bytes), a whole batch per submission.
 """
 
 from __future__ import annotations
@@ -66,6 +71,21 @@ _RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 COLD_READ_MIN_S = 50e-6
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class DirectRead:
+    """An O_DIRECT read of the blocks that hold ``[offset, end)`` of version ``v``, for a caller
+    that does the I/O itself (AIO): ``fd`` (the caller closes it), and the span ``[start, stop)``
+    to read, ``start`` aligned; :meth:`ChunkFiles.verify_span` checks what was read."""
+
+    chunk_id: bytes
+    v: ChunkVersion
+    offset: int
+    end: int
+    fd: int
+    start: int
+    stop: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,6 +159,8 @@ class ChunkFiles:
         # page-cache-only reads (preadv2 RWF_NOWAIT) for the event loop; off for good where refused
         self.nowait = _RWF_NOWAIT != 0
         self.cold = ColdReads()
+        # False where the caller reads page-cache misses through AIO: loop reads never wait
+        self.loop_waits = True
         self._dir_fds: dict[int, int] = {}
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
@@ -252,6 +274,14 @@ class ChunkFiles:
         cold = self.cold
         fd = self._open(chunk_id, file_id, os.O_RDONLY)
         try:
+            if not self.loop_waits and self.nowait:
+                try:
+                    return _pread_nowait(fd, length, offset)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    self.nowait = False
+                    log.warning("file system under %s refuses RWF_NOWAIT reads: loop reads wait", self.root)
             if cold.off_loop and self.nowait:
                 try:
                     return _pread_nowait(fd, length, offset)
@@ -362,25 +392,60 @@ class ChunkFiles:
         """
         if end <= offset:
             return b""
-        block = v.block
-        first, last = offset // block, block_count(end, block)
-        start, stop = first * block, min(last * block, v.length)
+        if nowait and not self.loop_waits and self.direct and not v.layered and v.length >= DIRECT_MIN:
+            # Written with O_DIRECT, so not in the page cache (unless read through it since): an
+            # RWF_NOWAIT attempt would only start a buffered read of the same blocks on a miss
+            raise WouldBlock
+        start, stop = _span(v, offset, end)
         try:
             raw = self._read_span(chunk_id, v, start, stop, nowait)
         except FileNotFoundError:
             raise CorruptVersion("data file missing") from None
-        if len(raw) != stop - start:
+        return self.verify_span(v, offset, end, start, raw)
+
+    def direct_plan(
+        self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int, max_bytes: int
+    ) -> DirectRead | None:
+        """A :class:`DirectRead` of ``[offset, end)`` of ``v`` (``offset < end``), or None where
+        it cannot be one: O_DIRECT is off (or refused now), the version is layered, or the blocks
+        to read exceed ``max_bytes``. Raises CorruptVersion if the file is missing."""
+        if not self.direct or v.layered:
+            return None
+        start, stop = _span(v, offset, end)
+        if stop - start > max_bytes or start % DIRECT_ALIGN:
+            return None
+        try:
+            fd = self._open(chunk_id, v.file_id, os.O_RDONLY | os.O_DIRECT)
+        except FileNotFoundError:
+            raise CorruptVersion("data file missing") from None
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self._no_direct()
+            return None
+        return DirectRead(chunk_id, v, offset, end, fd, start, stop)
+
+    def verify_span(
+        self, v: ChunkVersion, offset: int, end: int, start: int, raw: bytes | memoryview
+    ) -> bytes:
+        """``[offset, end)`` of ``v`` out of ``raw``, the stored bytes of its blocks from ``start``
+        (as :func:`_span` gives them), each block checked against its CRC32C; CorruptVersion if one
+        fails or ``raw`` is short."""
+        block = v.block
+        first, last = offset // block, block_count(end, block)
+        stop = min(last * block, v.length)
+        if len(raw) < stop - start:
             raise CorruptVersion(f"data file short: {len(raw)} of {stop - start} bytes at {start}")
-        view = memoryview(raw)
+        view = memoryview(raw)[: stop - start]  # (an O_DIRECT read may bring bytes past the version)
         for index in range(first, last):
             pos = (index - first) * block
             if crc32c(view[pos : pos + block]) != v.block_crc(index):
                 raise CorruptVersion(f"block {index} (bytes {index * block}..) fails its CRC32C")
         if start == 0 and stop == v.length and crc32c(view) != v.crc:
             raise CorruptVersion("chunk CRC32C differs from its block CRC32Cs")
-        if start == offset and stop == end:
+        if start == offset and stop == end and isinstance(raw, bytes) and len(raw) == stop - start:
             return raw
-        return raw[offset - start : end - start]
+        return bytes(view[offset - start : end - start])
 
     def _read_span(self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int, nowait: bool) -> bytes:
         """Bytes ``[start, stop)`` of ``v`` as stored (unverified): from the overlay file where
@@ -500,6 +565,13 @@ def _pwrite_direct(fd: int, data: bytes | bytearray | memoryview) -> None:
         offset += take
     if size % DIRECT_ALIGN:
         os.ftruncate(fd, size)
+
+
+def _span(v: ChunkVersion, offset: int, end: int) -> tuple[int, int]:
+    """The stored bytes ``[start, stop)`` that hold ``[offset, end)`` of ``v``: its whole
+    checksum blocks, the last one cut at the version's end."""
+    block = v.block
+    return offset // block * block, min(block_count(end, block) * block, v.length)
 
 
 def _pread_nowait(fd: int, length: int, offset: int) -> bytes:

@@ -30,6 +30,7 @@ from fs3.net import RpcClient, RpcServer
 from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
+from .aio import AioReader, open_aio
 from .async_engine import AsyncChunkEngine
 from .chunk_engine import EngineOptions
 from .craq import Replicator
@@ -68,6 +69,7 @@ class StorageDaemon:
         self.lease = Lease()
         self.port = 0
         self._engines: list[AsyncChunkEngine] = []
+        self.aio: AioReader | None = None
         self._usage_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -113,8 +115,15 @@ class StorageDaemon:
         )
         self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
+        if cfg.aio_reads and cfg.direct_io:
+            self.aio = open_aio(loop)
         replicator = Replicator(
-            self.targets, self.routing, self.rpc, self.executor, forward_timeout_s=cfg.forward_timeout_s
+            self.targets,
+            self.routing,
+            self.rpc,
+            self.executor,
+            forward_timeout_s=cfg.forward_timeout_s,
+            aio=self.aio,
         )
         self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
         service = StorageService(replicator, self.registry)
@@ -175,6 +184,8 @@ class StorageDaemon:
             await self.rpc.close()
         if self.mgmtd is not None:
             await self.mgmtd.close()
+        if self.aio is not None:
+            await self.aio.close()  # after the servers: no read is submitted any more
         for e in self._engines:
             with contextlib.suppress(Exception):
                 await e.close()

@@ -59,14 +59,16 @@ class StorageService:
         self._latency: dict[str, Any] = {}
         self.m_reads = metrics.counter(
             "fs3_storage_batched_reads",
-            "reads of batch reads by where they were served: inline (event loop thread) or "
-            "io_thread (large reads, chunks with an update in flight, cold reads of a slow disk)",
+            "reads of batch reads by where they were served: inline (event loop thread, page "
+            "cache), aio (page cache misses read with native AIO) or io_thread (large reads, "
+            "chunks with an update in flight, cold reads where AIO is unavailable)",
             ("where",),
             reg,
         )
         reg.register(_ColdReadMetrics(replicator.targets))
         self._inline_reads = self.m_reads.labels("inline")
         self._thread_reads = self.m_reads.labels("io_thread")
+        self._aio_reads = self.m_reads.labels("aio")
         self._read_bytes = self.m_bytes.labels("read")
         self._write_bytes = self.m_bytes.labels("write")
 
@@ -140,18 +142,13 @@ class StorageService:
         if len(slow) < len(outcomes):
             self._inline_reads.inc(len(outcomes) - len(slow))
         if slow:
-            self._thread_reads.inc(len(slow))
-        if len(slow) == 1:
-            try:
-                outcomes[slow[0]] = await self.rep.read(request.ios[slow[0]])
-            except Exception as e:  # noqa: BLE001
-                outcomes[slow[0]] = e
-        elif slow:
-            done = await asyncio.gather(
-                *(self.rep.read(request.ios[i]) for i in slow), return_exceptions=True
-            )
+            done, by_aio = await self.rep.read_many([request.ios[i] for i in slow])
             for i, o in zip(slow, done, strict=True):
                 outcomes[i] = o
+            if by_aio:
+                self._aio_reads.inc(by_aio)
+            if len(slow) > by_aio:
+                self._thread_reads.inc(len(slow) - by_aio)
         rsp = storage_pb2.BatchReadRsp()
         parts: list[bytes] = []
         pos = 0
