@@ -310,7 +310,13 @@ def read_or_meta(
     """In an I/O thread or, with ``nowait`` (see ChunkEngine.read), on the event loop: the
     committed bytes if no update is pending, else the metadata (the caller must ask the tail which
     version to serve)."""
-    meta = eng.get_meta(cid)
+    return read_meta_or_data(eng, cid, eng.get_meta(cid), offset, length, nowait=nowait)
+
+
+def read_meta_or_data(
+    eng: ChunkEngine, cid: bytes, meta: ChunkMeta | None, offset: int, length: int, *, nowait: bool = False
+) -> tuple[bytes, int, int] | ChunkMeta:
+    """:func:`read_or_meta` with the chunk's metadata as the caller just read it."""
     if meta is None or (meta.pending is None and meta.committed is None):
         raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
     if meta.pending is not None:

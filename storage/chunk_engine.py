@@ -281,14 +281,22 @@ class ChunkEngine:
             raise FS3Error(StatusCode.ABORTED, f"chunk {chunk_id.hex()} kept changing during a read")
 
     def direct_read_plan(
-        self, chunk_id: bytes, offset: int, length: int, meta: ChunkMeta, max_bytes: int
+        self,
+        chunk_id: bytes,
+        offset: int,
+        length: int,
+        meta: ChunkMeta,
+        max_bytes: int,
+        *,
+        uncached_only: bool = False,
     ) -> DirectRead | None:
         """For a caller that does the disk I/O itself (AIO on the event loop thread): the O_DIRECT
         read of the committed version's blocks that hold ``[offset, offset + length)``, with
         ``meta`` as the caller just read it; its file is opened (the caller closes ``fd``) and
         nothing is read. None where :meth:`read` must do it: nothing to read, a layered version,
         more than ``max_bytes`` of blocks, no O_DIRECT, or the file gone (a commit that raced, or
-        damage: :meth:`read` tells which)."""
+        damage: :meth:`read` tells which); with ``uncached_only``, also where the version's bytes
+        were not written with O_DIRECT (they may be in the page cache)."""
         check_chunk_id(chunk_id)
         if offset < 0 or length < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad read range offset={offset} length={length}")
@@ -298,7 +306,9 @@ class ChunkEngine:
             if end <= offset:
                 return None
             try:
-                return self._files.direct_plan(chunk_id, v, offset, end, max_bytes)
+                return self._files.direct_plan(
+                    chunk_id, v, offset, end, max_bytes, uncached_only=uncached_only
+                )
             except CorruptVersion:
                 return None
 

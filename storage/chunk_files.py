@@ -404,12 +404,21 @@ class ChunkFiles:
         return self.verify_span(v, offset, end, start, raw)
 
     def direct_plan(
-        self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int, max_bytes: int
+        self,
+        chunk_id: bytes,
+        v: ChunkVersion,
+        offset: int,
+        end: int,
+        max_bytes: int,
+        *,
+        uncached_only: bool = False,
     ) -> DirectRead | None:
         """A :class:`DirectRead` of ``[offset, end)`` of ``v`` (``offset < end``), or None where
         it cannot be one: O_DIRECT is off (or refused now), the version is layered, or the blocks
-        to read exceed ``max_bytes``. Raises CorruptVersion if the file is missing."""
-        if not self.direct or v.layered:
+        to read exceed ``max_bytes``; with ``uncached_only``, also where the version is shorter
+        than DIRECT_MIN (its file was written through the page cache). Raises CorruptVersion if the
+        file is missing."""
+        if not self.direct or v.layered or (uncached_only and v.length < DIRECT_MIN):
             return None
         start, stop = _span(v, offset, end)
         if stop - start > max_bytes or start % DIRECT_ALIGN:

@@ -63,6 +63,7 @@ from .chain_ops import (
     forwarded_op,
     io_result,
     parallel_version,
+    read_meta_or_data,
     read_or_meta,
     read_version,
     removed_result,
@@ -79,6 +80,17 @@ MAX_CHUNK_BYTES = 64 << 20
 # lookup (an LMDB read, which takes no lock) and a pread of at most two checksum blocks cost less
 # than the thread switches and GIL hand-overs of a trip to the I/O threads.
 INLINE_READ_BYTES = 64 << 10
+
+
+class AioPlan:
+    """A read :meth:`Replicator.read_many` does through AIO: the target, and the O_DIRECT read
+    (whose file is open)."""
+
+    __slots__ = ("target", "read")
+
+    def __init__(self, target: LocalTarget, read: DirectRead) -> None:
+        self.target = target
+        self.read = read
 
 
 class Replicator:
@@ -447,18 +459,27 @@ class Replicator:
 
     # -- reads ------------------------------------------------------------------------------------
 
-    def read_now(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int] | None:
+    def read_now(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int] | AioPlan | None:
         """A small read served right here on the event loop thread, without waiting: like
-        :meth:`read`, or None when it must take that way instead (larger than
-        ``INLINE_READ_BYTES``, the chunk has an update pending, or its bytes are not in the page
-        cache while the target's disk is slow: see :mod:`storage.chunk_files`)."""
+        :meth:`read`; or, with native AIO, an :class:`AioPlan` for :meth:`read_many` when the
+        chunk's bytes were written with O_DIRECT (so are not in the page cache); or None when it
+        must take :meth:`read_many`'s way instead (larger than ``INLINE_READ_BYTES``, the chunk has
+        an update pending, or its bytes are not in the page cache while the loop must not wait:
+        see :mod:`storage.chunk_files`)."""
         if rio.length > INLINE_READ_BYTES:
             return None
         t, cid = self._read_target(rio)
         if (t.target_id, cid) in self._applying:
             return None
+        eng = t.engine.engine
+        meta = eng.get_meta(cid)
+        aio = self.aio
+        if aio is not None and meta is not None and meta.pending is None and meta.committed is not None:
+            plan = eng.direct_read_plan(cid, rio.offset, rio.length, meta, aio.slot_bytes, uncached_only=True)
+            if plan is not None:
+                return AioPlan(t, plan)
         try:
-            outcome = read_or_meta(t.engine.engine, cid, rio.offset, rio.length, nowait=True)
+            outcome = read_meta_or_data(eng, cid, meta, rio.offset, rio.length, nowait=True)
         except WouldBlock:
             return None
         return outcome if isinstance(outcome, tuple) else None
@@ -496,44 +517,66 @@ class Replicator:
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept changing during a read")
 
     async def read_many(
-        self, rios: Sequence[storage_pb2.ReadIO]
+        self, rios: Sequence[storage_pb2.ReadIO], planned: Sequence[tuple[storage_pb2.ReadIO, AioPlan]] = ()
     ) -> tuple[list[tuple[bytes, int, int] | BaseException], int]:
-        """Reads that :meth:`read_now` could not serve: each outcome as :meth:`read` returns it (or
-        the exception it raised), and how many were served through AIO. With native AIO, reads of
-        committed chunks with no update in flight are read with O_DIRECT in one submission and
-        checked on the event loop; the rest (and any AIO read that fails or whose bytes do not
+        """Reads that :meth:`read_now` could not serve (``rios``) and those it planned for AIO
+        (``planned``): each outcome as :meth:`read` returns it (or the exception it raised), those
+        of ``rios`` first, and how many were served through AIO. With native AIO, reads of
+        committed chunks with no update in flight are read with O_DIRECT, all in one submission,
+        and checked on the event loop; the rest (and any AIO read that fails or whose bytes do not
         check out) take :meth:`read`'s way, which decides what a failure means."""
-        outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * len(rios)
-        plans: list[tuple[int, LocalTarget, DirectRead]] = []
-        rest: list[int] = []
+        n = len(rios)
+        outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * (n + len(planned))
+        plans = [(n + j, rio, plan) for j, (rio, plan) in enumerate(planned)]
+        rest: list[tuple[int, storage_pb2.ReadIO]] = []
         aio = self.aio
         for i, rio in enumerate(rios):
             plan = None
-            if aio is not None and len(plans) < aio.free_slots:
+            if aio is not None:
                 try:
                     plan = self._direct_plan(rio, aio.slot_bytes)
                 except Exception as e:  # noqa: BLE001 - reported as read() would report it
                     outcomes[i] = e
                     continue
             if plan is None:
-                rest.append(i)
+                rest.append((i, rio))
             else:
-                plans.append((i, plan[0], plan[1]))
-        if not plans and len(rest) == 1:  # no task for a lone read
-            outcomes[rest[0]] = (await self._read_outcome(rios[rest[0]]))[0]
+                plans.append((i, rio, plan))
+        if aio is not None and len(plans) > aio.free_slots:
+            for i, rio, plan in plans[aio.free_slots :]:
+                os.close(plan.read.fd)
+                rest.append((i, rio))
+            del plans[aio.free_slots :]
+        if not plans:
+            if len(rest) == 1:  # no task for a lone read
+                outcomes[rest[0][0]] = (await self._read_outcome(rest[0][1]))[0]
+                return outcomes, 0  # type: ignore[return-value]
+            done = await asyncio.gather(*(self._read_outcome(rio) for _, rio in rest))
+            for (i, _), (o, _) in zip(rest, done, strict=True):
+                outcomes[i] = o
             return outcomes, 0  # type: ignore[return-value]
-        jobs = [self._read_outcome(rios[i]) for i in rest]
-        if plans:
-            assert aio is not None
-            futures = aio.read_batch([(p.fd, p.start, p.stop - p.start) for _, _, p in plans])
-            jobs += [
-                self._direct_outcome(rios[i], t, p, f) for (i, t, p), f in zip(plans, futures, strict=True)
-            ]
-        done = await asyncio.gather(*jobs)
+        assert aio is not None
+        futures = aio.read_batch([(p.read.fd, p.read.start, p.read.stop - p.read.start) for _, _, p in plans])
+        others = asyncio.gather(*(self._read_outcome(rio) for _, rio in rest)) if rest else None
         by_aio = 0
-        for i, (o, direct) in zip(rest + [i for i, _, _ in plans], done, strict=True):
-            outcomes[i] = o
-            by_aio += direct
+        current = 0  # the AIO read being waited for; it cleans up after itself if that fails
+        try:
+            # one coroutine for the whole submission (no task per read): all of them are at the
+            # device already, so waiting for each in turn costs no more than the slowest
+            for current, ((i, rio, plan), submitted) in enumerate(zip(plans, futures, strict=True)):  # noqa: B007
+                o, direct = await self._direct_outcome(rio, plan, submitted)
+                outcomes[i] = o
+                by_aio += direct
+            current = len(plans)
+            if others is not None:
+                for (i, _), (o, _) in zip(rest, await others, strict=True):
+                    outcomes[i] = o
+        except BaseException:
+            for (_, _, plan), submitted in zip(plans[current + 1 :], futures[current + 1 :], strict=True):
+                self._abandon(plan, submitted)
+            if others is not None:
+                others.cancel()
+            raise
         return outcomes, by_aio  # type: ignore[return-value]
 
     async def _read_outcome(
@@ -547,7 +590,7 @@ class Replicator:
         except Exception as e:  # noqa: BLE001 - the caller reports it per read
             return e, False
 
-    def _direct_plan(self, rio: storage_pb2.ReadIO, max_bytes: int) -> tuple[LocalTarget, DirectRead] | None:
+    def _direct_plan(self, rio: storage_pb2.ReadIO, max_bytes: int) -> AioPlan | None:
         t, cid = self._read_target(rio)
         if (t.target_id, cid) in self._applying:
             return None
@@ -556,36 +599,42 @@ class Replicator:
         if meta is None or meta.pending is not None or meta.committed is None:
             return None  # read() raises the right error, or asks the tail
         plan = eng.direct_read_plan(cid, rio.offset, rio.length, meta, max_bytes)
-        return None if plan is None else (t, plan)
+        return None if plan is None else AioPlan(t, plan)
 
     async def _direct_outcome(
-        self,
-        rio: storage_pb2.ReadIO,
-        t: LocalTarget,
-        plan: DirectRead,
-        submitted: asyncio.Future[AioRead],
+        self, rio: storage_pb2.ReadIO, plan: AioPlan, submitted: asyncio.Future[AioRead]
     ) -> tuple[tuple[bytes, int, int] | BaseException, bool]:
+        """The outcome of one AIO read (as :meth:`_read_outcome`'s), and whether AIO served it."""
         r = None
         try:
             got = await submitted
         except OSError as e:
             log.warning(
                 "AIO read failed target_id=%d chunk=%s error=%s; reading it again the usual way",
-                t.target_id,
-                plan.chunk_id.hex(),
+                plan.target.target_id,
+                plan.read.chunk_id.hex(),
                 e,
             )
         else:
             try:
-                r = t.engine.engine.direct_read_done(plan, got.data)
+                r = plan.target.engine.engine.direct_read_done(plan.read, got.data)
             finally:
                 assert self.aio is not None
                 self.aio.release(got)
         finally:
-            os.close(plan.fd)
+            os.close(plan.read.fd)
         if r is None:
             return await self._read_outcome(rio)
         return (r.data, data_crc(rio.offset, r), r.version), True
+
+    def _abandon(self, plan: AioPlan, submitted: asyncio.Future[AioRead]) -> None:
+        """Give up on an AIO read: its slot comes back when it completes (or now, if it has)."""
+        os.close(plan.read.fd)  # the kernel holds the file until the read completes
+        if not submitted.done():
+            submitted.cancel()
+        elif not submitted.cancelled() and submitted.exception() is None:
+            assert self.aio is not None
+            self.aio.release(submitted.result())
 
     def _read_target(self, rio: storage_pb2.ReadIO) -> tuple[LocalTarget, bytes]:
         key = rio.key

@@ -23,7 +23,7 @@ from fs3.proto import common_pb2, storage_pb2
 
 from .chain_ops import file_range, split_chunk_id
 from .chunk_meta import ChunkMeta
-from .craq import Replicator
+from .craq import AioPlan, Replicator
 from .target_map import ONLINE, UPTODATE, TargetMap
 
 log = logging.getLogger(__name__)
@@ -126,29 +126,41 @@ class StorageService:
         # Small reads of chunks with no update in flight are served at once (this handler runs
         # inline, so a batch of them costs no task and no trip to the I/O threads), up to a budget
         # that keeps the event loop from stalling on a large batch; the rest go the long way.
+        # Cold reads that native AIO can serve come back as plans, submitted together below.
         outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * len(request.ios)
         slow: list[int] = []
+        planned: list[int] = []
+        plans: list[AioPlan] = []
         budget = INLINE_BATCH_READ_BYTES
         for i, io in enumerate(request.ios):
             if io.length <= budget:
                 try:
-                    outcomes[i] = self.rep.read_now(io)
+                    o = self.rep.read_now(io)
                 except Exception as e:  # noqa: BLE001 - reported per read below, as gather would
-                    outcomes[i] = e
-                if outcomes[i] is not None:
+                    o = e
+                if isinstance(o, AioPlan):
+                    planned.append(i)
+                    plans.append(o)
+                    continue
+                if o is not None:
+                    outcomes[i] = o
                     budget -= io.length
                     continue
             slow.append(i)
-        if len(slow) < len(outcomes):
-            self._inline_reads.inc(len(outcomes) - len(slow))
-        if slow:
-            done, by_aio = await self.rep.read_many([request.ios[i] for i in slow])
-            for i, o in zip(slow, done, strict=True):
+        inline = len(outcomes) - len(slow) - len(planned)
+        if inline:
+            self._inline_reads.inc(inline)
+        if slow or planned:
+            ios = request.ios
+            done, by_aio = await self.rep.read_many(
+                [ios[i] for i in slow], [(ios[i], p) for i, p in zip(planned, plans, strict=True)]
+            )
+            for i, o in zip(slow + planned, done, strict=True):
                 outcomes[i] = o
             if by_aio:
                 self._aio_reads.inc(by_aio)
-            if len(slow) > by_aio:
-                self._thread_reads.inc(len(slow) - by_aio)
+            if len(slow) + len(planned) > by_aio:
+                self._thread_reads.inc(len(slow) + len(planned) - by_aio)
         rsp = storage_pb2.BatchReadRsp()
         parts: list[bytes] = []
         pos = 0
