@@ -242,6 +242,11 @@ class StorageConfig:
         doc="read page-cache misses of small reads with native AIO (O_DIRECT, batched) on the "
         "event loop instead of waiting for the disk there or in the I/O threads",
     )
+    aio_depth: int = opt(
+        128,
+        doc="AIO reads in flight at once (128 KiB of buffer each); more wait their turn in the I/O threads",
+        check=_positive,
+    )
     forward_timeout_s: float = opt(
         30.0, doc="how long a replica retries forwarding an update along the chain", check=_positive
     )

@@ -116,7 +116,7 @@ class StorageDaemon:
         self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         if cfg.aio_reads and cfg.direct_io:
-            self.aio = open_aio(loop)
+            self.aio = open_aio(loop, depth=cfg.aio_depth)
         replicator = Replicator(
             self.targets,
             self.routing,

@@ -217,3 +217,28 @@ async def test_without_aio_cold_reads_take_the_old_ways(tmp_path: Path) -> None:
         assert await client.batch_read(asks) == [data[i * 8192 : i * 8192 + 4096] for i in range(20)]
         metrics = await c.scrape(0)
         assert _reads(metrics, "aio") == 0 and _reads(metrics, "inline") >= 20
+
+
+async def test_more_cold_reads_than_aio_slots_take_the_io_threads(tmp_path: Path) -> None:
+    async with Cluster(
+        tmp_path / "c", storage_nodes=1, replication=1, metrics=True, storage_extra={"aio_depth": 4}
+    ) as c:
+        client = await c.storage_client()
+        chain = c.chain_ids[0]
+        chunks = {i: os.urandom(MiB) for i in range(4)}
+        for i, data in chunks.items():
+            await client.write(chain, 3, i, 0, data, MiB)
+        before = await c.scrape(0)
+        asks = [(i, k * 20480 + 512, 4096) for i in chunks for k in range(10)]
+        got = await client.batch_read([ReadRequest(chain, 3, i, off, n) for i, off, n in asks])
+        assert got == [chunks[i][off : off + n] for i, off, n in asks]
+        after = await c.scrape(0)
+        by_aio = _reads(after, "aio") - _reads(before, "aio")
+        by_threads = _reads(after, "io_thread") - _reads(before, "io_thread")
+        assert by_aio == 4 and by_threads == len(asks) - 4, (by_aio, by_threads)
+        # every slot came back: the next batch goes through AIO again
+        again = await client.batch_read(
+            [ReadRequest(chain, 3, 0, 0, 4096), ReadRequest(chain, 3, 1, 0, 4096)]
+        )
+        assert again == [chunks[0][:4096], chunks[1][:4096]]
+        assert _reads(await c.scrape(0), "aio") - _reads(after, "aio") == 2
