@@ -7,6 +7,8 @@ mount is up (the command returns 0 then, or 1 with the reason when mounting fail
 
 The event loop is uvloop (``FS3_FUSE_LOOP=asyncio`` selects the standard loop): pyfuse3 only needs
 ``add_reader`` on the FUSE device, which uvloop provides, and the RPC clients are faster on it.
+The FUSE device stays registered with the loop between requests (``fs3.client.fuse_wait``;
+``FS3_FUSE_WAIT=pyfuse3`` keeps pyfuse3's register-and-remove per request).
 
 After mounting it raises the mount's readahead (``read_ahead_kb`` of its bdi; page-cache reads
 follow it, and 128 KiB, the kernel's default, halves sequential read throughput here) and the FUSE
@@ -97,6 +99,10 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     from fs3.client.fuse_ops import Fs3Operations
 
     pyfuse3.asyncio.enable()
+    if os.environ.get("FS3_FUSE_WAIT", "fs3") != "pyfuse3":
+        from fs3.client.fuse_wait import install
+
+        install()  # one reader on the FUSE device for all requests (see fs3.client.fuse_wait)
     metrics_server = None
     if cfg.metrics_port:
         from fs3.metrics import serve as serve_metrics
@@ -138,6 +144,9 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     finally:
         with contextlib.suppress(Exception):
             await ops.close_all()
+        from fs3.client.fuse_wait import uninstall
+
+        uninstall()  # before pyfuse3 closes the device it watches
         pyfuse3.close(unmount=True)
         await fs.close()
         if metrics_server is not None:
