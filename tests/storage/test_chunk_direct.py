@@ -5,6 +5,7 @@ O_DIRECT (ramfs) gets ordinary writes instead of an error."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
 import os
 import subprocess
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
-from fs3.storage.chunk_files import DIRECT_MIN, DIRECT_READ_MIN, ChunkFiles
-from fs3.storage.chunk_meta import CHECKSUM_BLOCK
+from fs3.storage.chunk_files import DIRECT_MIN, DIRECT_READ_MIN, ChunkFiles, CorruptVersion
+from fs3.storage.chunk_meta import CHECKSUM_BLOCK, FINE_BLOCK
 
 CHUNK = 1 << 20
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -164,3 +165,25 @@ def test_a_file_system_without_o_direct_gets_buffered_writes(ramfs):
         assert not eng._files.direct
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("length", [CHUNK, 3 * DIRECT_MIN + 17, 10_000])
+def test_a_whole_version_read_is_checked_against_its_crc_and_blocks(tmp_path, length):
+    """A read of a whole version checks it with one pass against the version's CRC32C; when that
+    fails, the block CRC32Cs say which block is bad, and a version whose chunk CRC32C disagrees
+    with its (good) blocks is refused too."""
+    files = ChunkFiles(tmp_path / "chunks")
+    cid = bytes(16)
+    data = os.urandom(length)
+    v = files.write_version(cid, 1, data, version=1, chain_ver=1, block=FINE_BLOCK)
+    assert files.read_version(cid, v, 0, length) == data
+    with pytest.raises(CorruptVersion, match="chunk CRC32C differs from its block CRC32Cs"):
+        files.read_version(cid, dataclasses.replace(v, crc=v.crc ^ 1), 0, length)
+    bad = length // 2
+    with open(files.path(cid, 1), "r+b") as f:
+        f.seek(bad)
+        f.write(bytes([data[bad] ^ 0x40]))
+    # (an O_DIRECT read of a file with dirty cached pages writes them back first: both ways see it)
+    with pytest.raises(CorruptVersion, match=f"block {bad // FINE_BLOCK} "):
+        files.read_version(cid, v, 0, length)
+    files.close()
