@@ -1,7 +1,7 @@
 """Storage throughput through the storage client: three daemons on this machine, replication 3.
 
     python bench/storage_bench.py [--seconds 5] [--depth 32] [--chains 3] [--no-sync] [--json]
-                                  [--runs 1] [--cases NAME,...] [--io-threads N] [--dir DIR]
+                                  [--runs 1] [--cases NAME,...] [--io-threads N] [--no-aio] [--dir DIR]
 
 Starts mgmtd and three storage daemons (tests/cluster.py) with ``--chains`` chains of three
 targets (heads on different daemons), then measures, each for ``--seconds``, with ``--depth``
@@ -82,6 +82,8 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
     extra: dict[str, object] = {"io_threads": args.io_threads} if args.io_threads else {}
     if args.page_cache:
         extra["direct_io"] = False
+    if args.no_aio:
+        extra["aio_reads"] = False
     cluster = Cluster(
         root, chains=args.chains, sync_writes=not args.no_sync, log_level="WARNING", storage_extra=extra
     )
@@ -217,6 +219,9 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=32, help="requests in flight")
     p.add_argument("--chains", type=int, default=3)
     p.add_argument("--runs", type=int, default=1)
+    p.add_argument(
+        "--no-aio", action="store_true", help="storage daemons read cold small ranges without native AIO"
+    )
     p.add_argument("--cases", help='comma-separated case names (default: all), e.g. "write 1MiB,read 4KiB"')
     p.add_argument("--io-threads", type=int, help="I/O threads per storage daemon (default: the fixture's)")
     p.add_argument(

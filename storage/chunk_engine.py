@@ -292,10 +292,10 @@ class ChunkEngine:
     ) -> DirectRead | None:
         """For a caller that does the disk I/O itself (AIO on the event loop thread): the O_DIRECT
         read of the committed version's blocks that hold ``[offset, offset + length)``, with
-        ``meta`` as the caller just read it; its file is opened (the caller closes ``fd``) and
-        nothing is read. None where :meth:`read` must do it: nothing to read, a layered version,
-        more than ``max_bytes`` of blocks, no O_DIRECT, or the file gone (a commit that raced, or
-        damage: :meth:`read` tells which); with ``uncached_only``, also where the version's bytes
+        ``meta`` as the caller just read it; its files are opened (the caller closes ``fds``) and
+        nothing is read. None where :meth:`read` must do it: nothing to read, a piece of more than
+        ``max_bytes``, no O_DIRECT, or a file gone (a commit that raced, or damage: :meth:`read`
+        tells which); with ``uncached_only``, also where the version's bytes
         were not written with O_DIRECT (they may be in the page cache)."""
         check_chunk_id(chunk_id)
         if offset < 0 or length < 0:
@@ -312,8 +312,18 @@ class ChunkEngine:
             except CorruptVersion:
                 return None
 
+    def direct_read_now(self, plan: DirectRead) -> ChunkRead | None:
+        """:meth:`direct_read_done` of ``plan`` read at once with blocking reads (on the event
+        loop: the caller has checked :attr:`cold_reads`); None as there, or if a read fails (the
+        caller reads again with :meth:`read`, which takes a failing disk offline)."""
+        try:
+            raw = self._files.read_plan_now(plan)
+        except OSError:
+            return None
+        return self.direct_read_done(plan, raw)
+
     def direct_read_done(self, plan: DirectRead, raw: bytes | memoryview) -> ChunkRead | None:
-        """The read ``plan`` asked for, from ``raw`` (the bytes read from ``plan.start``), checked
+        """The read ``plan`` asked for, from ``raw`` (its pieces' bytes, back to back), checked
         against the version's CRC32Cs; None if they fail (a commit may have replaced the bytes
         since: the caller reads again with :meth:`read`, which tells that from damage)."""
         v = plan.v

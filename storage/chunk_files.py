@@ -75,17 +75,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True, frozen=True)
 class DirectRead:
-    """An O_DIRECT read of the blocks that hold ``[offset, end)`` of version ``v``, for a caller
-    that does the I/O itself (AIO): ``fd`` (the caller closes it), and the span ``[start, stop)``
-    to read, ``start`` aligned; :meth:`ChunkFiles.verify_span` checks what was read."""
+    """O_DIRECT reads of the stored blocks ``[start, stop)`` that hold ``[offset, end)`` of
+    version ``v``, for a caller that does the I/O itself (AIO): ``pieces`` are ``(fd, file
+    offset, length)``, file offsets aligned, to be read and put back to back (one for a plain
+    version; up to three, from its data file and its overlay file, for a layered one). The
+    caller closes ``fds``; :meth:`ChunkFiles.verify_span` checks what was read."""
 
     chunk_id: bytes
     v: ChunkVersion
     offset: int
     end: int
-    fd: int
     start: int
     stop: int
+    pieces: tuple[tuple[int, int, int], ...]
+    fds: tuple[int, ...]
 
 
 @dataclass(slots=True, frozen=True)
@@ -392,7 +395,7 @@ class ChunkFiles:
         """
         if end <= offset:
             return b""
-        if nowait and not self.loop_waits and self.direct and not v.layered and v.length >= DIRECT_MIN:
+        if nowait and not self.loop_waits and self.direct and v.length >= DIRECT_MIN:
             # Written with O_DIRECT, so not in the page cache (unless read through it since): an
             # RWF_NOWAIT attempt would only start a buffered read of the same blocks on a miss
             raise WouldBlock
@@ -414,25 +417,60 @@ class ChunkFiles:
         uncached_only: bool = False,
     ) -> DirectRead | None:
         """A :class:`DirectRead` of ``[offset, end)`` of ``v`` (``offset < end``), or None where
-        it cannot be one: O_DIRECT is off (or refused now), the version is layered, or the blocks
-        to read exceed ``max_bytes``; with ``uncached_only``, also where the version is shorter
-        than DIRECT_MIN (its file was written through the page cache). Raises CorruptVersion if the
-        file is missing."""
-        if not self.direct or v.layered or (uncached_only and v.length < DIRECT_MIN):
+        it cannot be one: O_DIRECT is off (or refused now), or a piece to read exceeds
+        ``max_bytes``; with ``uncached_only``, also where the version is shorter than DIRECT_MIN
+        (its file was written through the page cache). Raises CorruptVersion if a file is
+        missing."""
+        if not self.direct or (uncached_only and v.length < DIRECT_MIN):
             return None
         start, stop = _span(v, offset, end)
-        if stop - start > max_bytes or start % DIRECT_ALIGN:
+        # (file id, offset in that file, length), as _read_span reads them
+        parts: list[tuple[int, int, int]] = []
+        if not v.layered:
+            parts.append((v.file_id, start, stop - start))
+        else:
+            over_start, over_end = v.overlay_span()
+            if start < over_start:
+                parts.append((v.file_id, start, min(stop, over_start) - start))
+            if start < over_end and stop > over_start:
+                lo, hi = max(start, over_start), min(stop, over_end)
+                parts.append((v.overlay_file_id, lo - over_start, hi - lo))
+            if stop > over_end:
+                lo = max(start, over_end)
+                parts.append((v.file_id, lo, stop - lo))
+        if any(n > max_bytes or at % DIRECT_ALIGN for _, at, n in parts):
             return None
+        fds: dict[int, int] = {}
         try:
-            fd = self._open(chunk_id, v.file_id, os.O_RDONLY | os.O_DIRECT)
-        except FileNotFoundError:
-            raise CorruptVersion("data file missing") from None
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self._no_direct()
-            return None
-        return DirectRead(chunk_id, v, offset, end, fd, start, stop)
+            for file_id, _, _ in parts:
+                if file_id not in fds:
+                    fds[file_id] = self._open(chunk_id, file_id, os.O_RDONLY | os.O_DIRECT)
+        except BaseException as exc:
+            for fd in fds.values():
+                os.close(fd)
+            if isinstance(exc, FileNotFoundError):
+                raise CorruptVersion("data file missing") from None
+            if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
+                self._no_direct()
+                return None
+            raise
+        pieces = tuple((fds[file_id], at, n) for file_id, at, n in parts)
+        return DirectRead(chunk_id, v, offset, end, start, stop, pieces, tuple(fds.values()))
+
+    def read_plan_now(self, plan: DirectRead) -> bytes:
+        """The bytes of ``plan``'s pieces, back to back, read here and now with blocking O_DIRECT
+        reads (a lone read on the event loop, where an AIO submission costs more than it saves
+        while the disk is fast); timed into :attr:`cold` like the loop's other reads."""
+        buf = _aligned.view
+        parts = []
+        start = time.perf_counter()
+        for fd, at, n in plan.pieces:
+            got = os.preadv(fd, [buf[: -(-n // DIRECT_ALIGN) * DIRECT_ALIGN]], at)
+            parts.append(bytes(buf[: min(got, n)]))
+        took = time.perf_counter() - start
+        if took > COLD_READ_MIN_S:
+            self.cold.record(took)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def verify_span(
         self, v: ChunkVersion, offset: int, end: int, start: int, raw: bytes | memoryview

@@ -86,11 +86,19 @@ class AioPlan:
     """A read :meth:`Replicator.read_many` does through AIO: the target, and the O_DIRECT read
     (whose file is open)."""
 
-    __slots__ = ("target", "read")
+    __slots__ = ("target", "read", "_open")
 
     def __init__(self, target: LocalTarget, read: DirectRead) -> None:
         self.target = target
         self.read = read
+        self._open = True
+
+    def close(self) -> None:
+        """Close the read's files (once)."""
+        if self._open:
+            self._open = False
+            for fd in self.read.fds:
+                os.close(fd)
 
 
 class Replicator:
@@ -518,10 +526,11 @@ class Replicator:
 
     async def read_many(
         self, rios: Sequence[storage_pb2.ReadIO], planned: Sequence[tuple[storage_pb2.ReadIO, AioPlan]] = ()
-    ) -> tuple[list[tuple[bytes, int, int] | BaseException], int]:
+    ) -> tuple[list[tuple[bytes, int, int] | BaseException], int, int]:
         """Reads that :meth:`read_now` could not serve (``rios``) and those it planned for AIO
         (``planned``): each outcome as :meth:`read` returns it (or the exception it raised), those
-        of ``rios`` first, and how many were served through AIO. With native AIO, reads of
+        of ``rios`` first, how many were served through AIO, and how many read at once on the
+        event loop instead (a lone cold read while the disk is fast). With native AIO, reads of
         committed chunks with no update in flight are read with O_DIRECT, all in one submission,
         and checked on the event loop; the rest (and any AIO read that fails or whose bytes do not
         check out) take :meth:`read`'s way, which decides what a failure means."""
@@ -542,21 +551,49 @@ class Replicator:
                 rest.append((i, rio))
             else:
                 plans.append((i, rio, plan))
-        if aio is not None and len(plans) > aio.free_slots:
-            for i, rio, plan in plans[aio.free_slots :]:
-                os.close(plan.read.fd)
-                rest.append((i, rio))
-            del plans[aio.free_slots :]
+        if plans:
+            assert aio is not None
+            slots = aio.free_slots  # one per piece; reads beyond them take the I/O threads
+            kept = []
+            for i, rio, plan in plans:
+                if len(plan.read.pieces) <= slots:
+                    slots -= len(plan.read.pieces)
+                    kept.append((i, rio, plan))
+                else:
+                    plan.close()
+                    rest.append((i, rio))
+            plans = kept
+        if len(plans) == 1 and not rest:
+            # A lone cold read costs less read at once on the loop than submitted and waited for
+            # (no task, no eventfd wake-up), while the disk is fast: as loop reads without AIO
+            # do, it is timed, and while the disk is slow it goes through AIO after all.
+            i, rio, plan = plans[0]
+            eng = plan.target.engine.engine
+            cold = eng.cold_reads
+            if not cold.off_loop or cold.wait_here():
+                try:
+                    r = eng.direct_read_now(plan.read)
+                finally:
+                    plan.close()
+                if r is None:
+                    outcomes[i] = (await self._read_outcome(rio))[0]
+                    return outcomes, 0, 0  # type: ignore[return-value]
+                outcomes[i] = (r.data, data_crc(rio.offset, r), r.version)
+                return outcomes, 0, 1  # type: ignore[return-value]
         if not plans:
             if len(rest) == 1:  # no task for a lone read
                 outcomes[rest[0][0]] = (await self._read_outcome(rest[0][1]))[0]
-                return outcomes, 0  # type: ignore[return-value]
+                return outcomes, 0, 0  # type: ignore[return-value]
             done = await asyncio.gather(*(self._read_outcome(rio) for _, rio in rest))
             for (i, _), (o, _) in zip(rest, done, strict=True):
                 outcomes[i] = o
-            return outcomes, 0  # type: ignore[return-value]
+            return outcomes, 0, 0  # type: ignore[return-value]
         assert aio is not None
-        futures = aio.read_batch([(p.read.fd, p.read.start, p.read.stop - p.read.start) for _, _, p in plans])
+        flat = aio.read_batch([piece for _, _, p in plans for piece in p.read.pieces])
+        futures: list[list[asyncio.Future[AioRead]]] = []
+        for _, _, p in plans:
+            futures.append(flat[: len(p.read.pieces)])
+            del flat[: len(p.read.pieces)]
         others = asyncio.gather(*(self._read_outcome(rio) for _, rio in rest)) if rest else None
         by_aio = 0
         current = 0  # the AIO read being waited for; it cleans up after itself if that fails
@@ -577,7 +614,7 @@ class Replicator:
             if others is not None:
                 others.cancel()
             raise
-        return outcomes, by_aio  # type: ignore[return-value]
+        return outcomes, by_aio, 0  # type: ignore[return-value]
 
     async def _read_outcome(
         self, rio: storage_pb2.ReadIO
@@ -602,39 +639,53 @@ class Replicator:
         return None if plan is None else AioPlan(t, plan)
 
     async def _direct_outcome(
-        self, rio: storage_pb2.ReadIO, plan: AioPlan, submitted: asyncio.Future[AioRead]
+        self, rio: storage_pb2.ReadIO, plan: AioPlan, submitted: list[asyncio.Future[AioRead]]
     ) -> tuple[tuple[bytes, int, int] | BaseException, bool]:
-        """The outcome of one AIO read (as :meth:`_read_outcome`'s), and whether AIO served it."""
+        """The outcome of one AIO read (as :meth:`_read_outcome`'s), and whether AIO served it.
+        ``submitted``: the reads of its pieces."""
+        aio = self.aio
+        assert aio is not None
+        got: list[AioRead] = []
         r = None
+        k = 0
         try:
-            got = await submitted
-        except OSError as e:
-            log.warning(
-                "AIO read failed target_id=%d chunk=%s error=%s; reading it again the usual way",
-                plan.target.target_id,
-                plan.read.chunk_id.hex(),
-                e,
-            )
-        else:
             try:
-                r = plan.target.engine.engine.direct_read_done(plan.read, got.data)
-            finally:
-                assert self.aio is not None
-                self.aio.release(got)
+                for k, piece in enumerate(submitted):  # noqa: B007
+                    got.append(await piece)
+                k = len(submitted)
+            except OSError as e:
+                log.warning(
+                    "AIO read failed target_id=%d chunk=%s error=%s; reading it again the usual way",
+                    plan.target.target_id,
+                    plan.read.chunk_id.hex(),
+                    e,
+                )
+            else:
+                raw = got[0].data if len(got) == 1 else b"".join(g.data for g in got)
+                r = plan.target.engine.engine.direct_read_done(plan.read, raw)
         finally:
-            os.close(plan.read.fd)
+            for piece in submitted[k + 1 :]:
+                self._drop(piece)
+            for g in got:
+                aio.release(g)
+            plan.close()
         if r is None:
             return await self._read_outcome(rio)
         return (r.data, data_crc(rio.offset, r), r.version), True
 
-    def _abandon(self, plan: AioPlan, submitted: asyncio.Future[AioRead]) -> None:
-        """Give up on an AIO read: its slot comes back when it completes (or now, if it has)."""
-        os.close(plan.read.fd)  # the kernel holds the file until the read completes
-        if not submitted.done():
-            submitted.cancel()
-        elif not submitted.cancelled() and submitted.exception() is None:
+    def _abandon(self, plan: AioPlan, submitted: list[asyncio.Future[AioRead]]) -> None:
+        """Give up on an AIO read whose outcome nobody waits for."""
+        plan.close()  # the kernel holds the files until the reads complete
+        for piece in submitted:
+            self._drop(piece)
+
+    def _drop(self, piece: asyncio.Future[AioRead]) -> None:
+        """Give up on one AIO read: its slot comes back when it completes (or now, if it has)."""
+        if not piece.done():
+            piece.cancel()
+        elif not piece.cancelled() and piece.exception() is None:
             assert self.aio is not None
-            self.aio.release(submitted.result())
+            self.aio.release(piece.result())
 
     def _read_target(self, rio: storage_pb2.ReadIO) -> tuple[LocalTarget, bytes]:
         key = rio.key

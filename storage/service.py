@@ -152,15 +152,17 @@ class StorageService:
             self._inline_reads.inc(inline)
         if slow or planned:
             ios = request.ios
-            done, by_aio = await self.rep.read_many(
+            done, by_aio, on_loop = await self.rep.read_many(
                 [ios[i] for i in slow], [(ios[i], p) for i, p in zip(planned, plans, strict=True)]
             )
             for i, o in zip(slow + planned, done, strict=True):
                 outcomes[i] = o
             if by_aio:
                 self._aio_reads.inc(by_aio)
-            if len(slow) + len(planned) > by_aio:
-                self._thread_reads.inc(len(slow) + len(planned) - by_aio)
+            if on_loop:
+                self._inline_reads.inc(on_loop)
+            if len(slow) + len(planned) > by_aio + on_loop:
+                self._thread_reads.inc(len(slow) + len(planned) - by_aio - on_loop)
         rsp = storage_pb2.BatchReadRsp()
         parts: list[bytes] = []
         pos = 0

@@ -199,6 +199,10 @@ def _damage(path: Path, offset: int, was: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _files_of(target: Path, cid: bytes) -> list[Path]:
+    return sorted((target / "chunks").glob(f"*/{cid.hex()}.*"))
+
+
 def _chunk_index(path: Path) -> int:
     # file name: <chunk id hex>.<file id hex>; a chunk id is the inode id then the chunk index
     cid = bytes.fromhex(path.name.split(".")[0])
@@ -242,3 +246,50 @@ async def test_more_cold_reads_than_aio_slots_take_the_io_threads(tmp_path: Path
         )
         assert again == [chunks[0][:4096], chunks[1][:4096]]
         assert _reads(await c.scrape(0), "aio") - _reads(after, "aio") == 2
+
+
+async def test_reads_of_layered_versions_go_through_aio(tmp_path: Path) -> None:
+    """A small overwrite of a whole chunk makes a layered version (its blocks from the data file
+    and an overlay file); AIO reads it in pieces from both files."""
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1, metrics=True) as c:
+        client = await c.storage_client()
+        chain = c.chain_ids[0]
+        model = bytearray(os.urandom(MiB))
+        await client.write(chain, 8, 0, 0, bytes(model), MiB)
+        patch = os.urandom(3 * 4096)
+        await client.write(chain, 8, 0, 100 * 4096 + 10, patch, MiB)
+        model[100 * 4096 + 10 : 103 * 4096 + 10] = patch
+        target = next(iter(c.nodes[0].targets.values()))
+        cid = (8).to_bytes(8, "big") + (0).to_bytes(8, "big")
+        assert len(_files_of(target, cid)) == 2, "the overwrite did not make a layered version"
+        before = await c.scrape(0)
+        asks = [
+            (0, 4096),  # data file only
+            (100 * 4096, 4096),  # overlay only
+            (99 * 4096 + 100, 8192),  # data file, then overlay
+            (102 * 4096, 12288),  # overlay, then data file
+            (98 * 4096, 8 * 4096),  # data file, overlay, data file
+            (MiB - 5000, 5000),  # the end
+        ]
+        got = await client.batch_read([ReadRequest(chain, 8, 0, off, n) for off, n in asks])
+        assert got == [bytes(model[off : off + n]) for off, n in asks]
+        after = await c.scrape(0)
+        assert _reads(after, "aio") - _reads(before, "aio") == len(asks)
+        assert _reads(after, "io_thread") == _reads(before, "io_thread")
+
+
+async def test_a_lone_cold_read_is_read_at_once_on_the_loop(tmp_path: Path) -> None:
+    """One cold read alone in its batch costs less read right away (blocking O_DIRECT, on the
+    loop) than submitted and waited for, while the disk is fast."""
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1, metrics=True) as c:
+        client = await c.storage_client()
+        chain = c.chain_ids[0]
+        data = os.urandom(MiB)
+        await client.write(chain, 2, 0, 0, data, MiB)
+        before = await c.scrape(0)
+        for off in (0, 4096 * 7 + 3, MiB - 4096):
+            assert await client.batch_read([ReadRequest(chain, 2, 0, off, 4096)]) == [data[off : off + 4096]]
+        after = await c.scrape(0)
+        assert _reads(after, "inline") - _reads(before, "inline") == 3
+        assert _reads(after, "aio") == _reads(before, "aio")
+        assert _reads(after, "io_thread") == _reads(before, "io_thread")
