@@ -32,10 +32,13 @@ read takes its bytes from the page cache alone (``preadv2(RWF_NOWAIT)``) and, on
 the loop, to notice a disk that is fast again). While the disk is fast a loop read costs two clock
 readings more than before. Where the kernel or file system refuses RWF_NOWAIT, loop reads wait.
 
-Where the daemon has native AIO (``storage.aio``), the loop never waits for the disk at all:
-``ChunkFiles.loop_waits`` is off, a loop read takes page-cache bytes only and raises WouldBlock on
-a miss, and the caller reads the missing ones with O_DIRECT through AIO (:meth:`ChunkFiles.
-direct_plan`, then :meth:`ChunkFiles.verify_span` on the bytes), a whole batch per submission.
+Where the daemon has native AIO (``storage.aio``), ``ChunkFiles.loop_waits`` is off: a loop read
+takes page-cache bytes only and raises WouldBlock on a miss (versions written with O_DIRECT are not
+even tried: an RWF_NOWAIT miss starts a buffered read of the same blocks), and the caller reads the
+missing ones with O_DIRECT (:meth:`ChunkFiles.direct_plan`, then :meth:`ChunkFiles.verify_span` on
+the bytes): several of one request through AIO, a whole batch per submission; a lone one at once
+on the loop (:meth:`ChunkFiles.read_plan_now`, timed into ColdReads), and through AIO while the
+disk is slow.
 """
 
 from __future__ import annotations

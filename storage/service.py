@@ -59,9 +59,10 @@ class StorageService:
         self._latency: dict[str, Any] = {}
         self.m_reads = metrics.counter(
             "fs3_storage_batched_reads",
-            "reads of batch reads by where they were served: inline (event loop thread, page "
-            "cache), aio (page cache misses read with native AIO) or io_thread (large reads, "
-            "chunks with an update in flight, cold reads where AIO is unavailable)",
+            "reads of batch reads by where they were served: inline (event loop thread: page "
+            "cache, or a lone cold read), aio (page cache misses read with native AIO) or "
+            "io_thread (large reads, chunks with an update in flight, cold reads of a slow disk "
+            "where AIO is unavailable)",
             ("where",),
             reg,
         )
