@@ -600,16 +600,6 @@ class ChunkEngine:
         return [meta for meta in self.iter_metas() if meta.pending is not None]
 
     @property
-    def loop_reads_wait(self) -> bool:
-        """Whether ``read(nowait=True)`` may wait for the disk (see :mod:`storage.chunk_files`);
-        False where the caller reads page-cache misses through AIO instead."""
-        return self._files.loop_waits
-
-    @loop_reads_wait.setter
-    def loop_reads_wait(self, value: bool) -> None:
-        self._files.loop_waits = value
-
-    @property
     def cold_reads(self) -> ColdReads:
         """How long the event loop's reads that missed the page cache took (see ColdReads)."""
         return self._files.cold

@@ -32,13 +32,12 @@ read takes its bytes from the page cache alone (``preadv2(RWF_NOWAIT)``) and, on
 the loop, to notice a disk that is fast again). While the disk is fast a loop read costs two clock
 readings more than before. Where the kernel or file system refuses RWF_NOWAIT, loop reads wait.
 
-Where the daemon has native AIO (``storage.aio``), ``ChunkFiles.loop_waits`` is off: a loop read
-takes page-cache bytes only and raises WouldBlock on a miss (versions written with O_DIRECT are not
-even tried: an RWF_NOWAIT miss starts a buffered read of the same blocks), and the caller reads the
-missing ones with O_DIRECT (:meth:`ChunkFiles.direct_plan`, then :meth:`ChunkFiles.verify_span` on
-the bytes): several of one request through AIO, a whole batch per submission; a lone one at once
-on the loop (:meth:`ChunkFiles.read_plan_now`, timed into ColdReads), and through AIO while the
-disk is slow.
+Where the daemon has native AIO (``storage.aio``), the cold reads of a request of several reads
+are O_DIRECT reads of the version's blocks (:meth:`ChunkFiles.direct_plan`, then
+:meth:`ChunkFiles.verify_span` on the bytes) submitted together, a whole batch per
+``io_submit``, so that the loop does not wait for the disk; the page cache is not tried for
+versions written with O_DIRECT (an RWF_NOWAIT miss would start a buffered read of the same
+blocks). A lone read is read on the loop as above, and through AIO while the disk is slow.
 """
 
 from __future__ import annotations
@@ -165,8 +164,6 @@ class ChunkFiles:
         # page-cache-only reads (preadv2 RWF_NOWAIT) for the event loop; off for good where refused
         self.nowait = _RWF_NOWAIT != 0
         self.cold = ColdReads()
-        # False where the caller reads page-cache misses through AIO: loop reads never wait
-        self.loop_waits = True
         self._dir_fds: dict[int, int] = {}
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
@@ -280,14 +277,6 @@ class ChunkFiles:
         cold = self.cold
         fd = self._open(chunk_id, file_id, os.O_RDONLY)
         try:
-            if not self.loop_waits and self.nowait:
-                try:
-                    return _pread_nowait(fd, length, offset)
-                except OSError as exc:
-                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                    self.nowait = False
-                    log.warning("file system under %s refuses RWF_NOWAIT reads: loop reads wait", self.root)
             if cold.off_loop and self.nowait:
                 try:
                     return _pread_nowait(fd, length, offset)
@@ -398,10 +387,6 @@ class ChunkFiles:
         """
         if end <= offset:
             return b""
-        if nowait and not self.loop_waits and self.direct and v.length >= DIRECT_MIN:
-            # Written with O_DIRECT, so not in the page cache (unless read through it since): an
-            # RWF_NOWAIT attempt would only start a buffered read of the same blocks on a miss
-            raise WouldBlock
         start, stop = _span(v, offset, end)
         try:
             raw = self._read_span(chunk_id, v, start, stop, nowait)

@@ -133,10 +133,11 @@ class StorageService:
         planned: list[int] = []
         plans: list[AioPlan] = []
         budget = INLINE_BATCH_READ_BYTES
+        lone = len(request.ios) == 1
         for i, io in enumerate(request.ios):
             if io.length <= budget:
                 try:
-                    o = self.rep.read_now(io)
+                    o = self.rep.read_now(io, lone=lone)
                 except Exception as e:  # noqa: BLE001 - reported per read below, as gather would
                     o = e
                 if isinstance(o, AioPlan):

@@ -180,8 +180,11 @@ async def test_cold_small_reads_go_through_aio_and_damage_is_still_caught(tmp_pa
         assert len(victim) == 1, files
         _damage(victim[0], 5 * 4096 + 17, chunks[2][5 * 4096 + 17 : 5 * 4096 + 25])
         with pytest.raises(FS3Error) as e:
-            await client.batch_read([ReadRequest(chain, 9, 2, 5 * 4096, 4096)])
+            await client.batch_read(
+                [ReadRequest(chain, 9, 2, 5 * 4096, 4096), ReadRequest(chain, 9, 3, 0, 4096)]
+            )
         assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH, e.value
+        assert "block 5 " in e.value.message, e.value
         assert await client.batch_read(
             [ReadRequest(chain, 9, 2, 6 * 4096, 4096), ReadRequest(chain, 9, 1, 0, 4096)]
         ) == [
@@ -279,8 +282,9 @@ async def test_reads_of_layered_versions_go_through_aio(tmp_path: Path) -> None:
 
 
 async def test_a_lone_cold_read_is_read_at_once_on_the_loop(tmp_path: Path) -> None:
-    """One cold read alone in its batch costs less read right away (blocking O_DIRECT, on the
-    loop) than submitted and waited for, while the disk is fast."""
+    """A read alone in its request costs less read right away on the loop than submitted and
+    waited for, while the disk is fast; so does the one cold read of a request whose other reads
+    are cached."""
     async with Cluster(tmp_path / "c", storage_nodes=1, replication=1, metrics=True) as c:
         client = await c.storage_client()
         chain = c.chain_ids[0]
@@ -293,3 +297,11 @@ async def test_a_lone_cold_read_is_read_at_once_on_the_loop(tmp_path: Path) -> N
         assert _reads(after, "inline") - _reads(before, "inline") == 3
         assert _reads(after, "aio") == _reads(before, "aio")
         assert _reads(after, "io_thread") == _reads(before, "io_thread")
+        small = os.urandom(8192)  # written through the page cache: cached
+        await client.write(chain, 2, 1, 0, small, MiB)
+        pair = [ReadRequest(chain, 2, 1, 0, 4096), ReadRequest(chain, 2, 0, 40960, 4096)]
+        assert await client.batch_read(pair) == [small[:4096], data[40960:45056]]
+        last = await c.scrape(0)
+        assert _reads(last, "inline") - _reads(after, "inline") == 2 and _reads(last, "aio") == _reads(
+            after, "aio"
+        )
