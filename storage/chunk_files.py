@@ -412,20 +412,7 @@ class ChunkFiles:
         if not self.direct or (uncached_only and v.length < DIRECT_MIN):
             return None
         start, stop = _span(v, offset, end)
-        # (file id, offset in that file, length), as _read_span reads them
-        parts: list[tuple[int, int, int]] = []
-        if not v.layered:
-            parts.append((v.file_id, start, stop - start))
-        else:
-            over_start, over_end = v.overlay_span()
-            if start < over_start:
-                parts.append((v.file_id, start, min(stop, over_start) - start))
-            if start < over_end and stop > over_start:
-                lo, hi = max(start, over_start), min(stop, over_end)
-                parts.append((v.overlay_file_id, lo - over_start, hi - lo))
-            if stop > over_end:
-                lo = max(start, over_end)
-                parts.append((v.file_id, lo, stop - lo))
+        parts = _stored_parts(v, start, stop)
         if any(n > max_bytes or at % DIRECT_ALIGN for _, at, n in parts):
             return None
         fds: dict[int, int] = {}
@@ -489,18 +476,7 @@ class ChunkFiles:
     def _read_span(self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int, nowait: bool) -> bytes:
         """Bytes ``[start, stop)`` of ``v`` as stored (unverified): from the overlay file where
         the version is layered, else from its data file."""
-        if not v.layered:
-            return self.read(chunk_id, v.file_id, start, stop - start, nowait=nowait)
-        over_start, over_end = v.overlay_span()
-        parts = []
-        if start < over_start:
-            parts.append(self.read(chunk_id, v.file_id, start, min(stop, over_start) - start, nowait=nowait))
-        if start < over_end and stop > over_start:
-            lo, hi = max(start, over_start), min(stop, over_end)
-            parts.append(self.read(chunk_id, v.overlay_file_id, lo - over_start, hi - lo, nowait=nowait))
-        if stop > over_end:
-            lo = max(start, over_end)
-            parts.append(self.read(chunk_id, v.file_id, lo, stop - lo, nowait=nowait))
+        parts = [self.read(chunk_id, f, at, n, nowait=nowait) for f, at, n in _stored_parts(v, start, stop)]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
@@ -611,6 +587,25 @@ def _span(v: ChunkVersion, offset: int, end: int) -> tuple[int, int]:
     checksum blocks, the last one cut at the version's end."""
     block = v.block
     return offset // block * block, min(block_count(end, block) * block, v.length)
+
+
+def _stored_parts(v: ChunkVersion, start: int, stop: int) -> list[tuple[int, int, int]]:
+    """Where bytes ``[start, stop)`` of ``v`` are stored, in order: ``(file id, offset in that
+    file, length)``; the overlay file holds a layered version's overlay span, its data file the
+    rest."""
+    if not v.layered:
+        return [(v.file_id, start, stop - start)]
+    over_start, over_end = v.overlay_span()
+    parts = []
+    if start < over_start:
+        parts.append((v.file_id, start, min(stop, over_start) - start))
+    if start < over_end and stop > over_start:
+        lo, hi = max(start, over_start), min(stop, over_end)
+        parts.append((v.overlay_file_id, lo - over_start, hi - lo))
+    if stop > over_end:
+        lo = max(start, over_end)
+        parts.append((v.file_id, lo, stop - lo))
+    return parts
 
 
 def _pread_nowait(fd: int, length: int, offset: int) -> bytes:

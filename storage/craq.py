@@ -485,17 +485,10 @@ class Replicator:
             return None
         eng = t.engine.engine
         meta = eng.get_meta(cid)
-        aio = self.aio
-        if (
-            aio is not None
-            and not lone
-            and meta is not None
-            and meta.pending is None
-            and meta.committed is not None
-        ):
-            plan = eng.direct_read_plan(cid, rio.offset, rio.length, meta, aio.slot_bytes, uncached_only=True)
+        if self.aio is not None and not lone:
+            plan = self._plan(t, cid, meta, rio, uncached_only=True)
             if plan is not None:
-                return AioPlan(t, plan)
+                return plan
         try:
             outcome = read_meta_or_data(eng, cid, meta, rio.offset, rio.length, nowait=True)
         except WouldBlock:
@@ -553,7 +546,7 @@ class Replicator:
             plan = None
             if aio is not None:
                 try:
-                    plan = self._direct_plan(rio, aio.slot_bytes)
+                    plan = self._direct_plan(rio)
                 except Exception as e:  # noqa: BLE001 - reported as read() would report it
                     outcomes[i] = e
                     continue
@@ -636,15 +629,30 @@ class Replicator:
         except Exception as e:  # noqa: BLE001 - the caller reports it per read
             return e, False
 
-    def _direct_plan(self, rio: storage_pb2.ReadIO, max_bytes: int) -> AioPlan | None:
+    def _direct_plan(self, rio: storage_pb2.ReadIO) -> AioPlan | None:
         t, cid = self._read_target(rio)
         if (t.target_id, cid) in self._applying:
             return None
-        eng = t.engine.engine
-        meta = eng.get_meta(cid)
+        return self._plan(t, cid, t.engine.engine.get_meta(cid), rio)
+
+    def _plan(
+        self,
+        t: LocalTarget,
+        cid: bytes,
+        meta: ChunkMeta | None,
+        rio: storage_pb2.ReadIO,
+        *,
+        uncached_only: bool = False,
+    ) -> AioPlan | None:
+        """The AIO read of ``rio`` from the committed version ``meta`` names, or None where
+        :meth:`read` must serve it (no committed version or an update pending: it raises the
+        right error or asks the tail; or the engine cannot plan it)."""
         if meta is None or meta.pending is not None or meta.committed is None:
-            return None  # read() raises the right error, or asks the tail
-        plan = eng.direct_read_plan(cid, rio.offset, rio.length, meta, max_bytes)
+            return None
+        assert self.aio is not None
+        plan = t.engine.engine.direct_read_plan(
+            cid, rio.offset, rio.length, meta, self.aio.slot_bytes, uncached_only=uncached_only
+        )
         return None if plan is None else AioPlan(t, plan)
 
     async def _direct_outcome(

@@ -130,8 +130,7 @@ class StorageService:
         # Cold reads that native AIO can serve come back as plans, submitted together below.
         outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * len(request.ios)
         slow: list[int] = []
-        planned: list[int] = []
-        plans: list[AioPlan] = []
+        planned: list[tuple[int, AioPlan]] = []
         budget = INLINE_BATCH_READ_BYTES
         lone = len(request.ios) == 1
         for i, io in enumerate(request.ios):
@@ -141,8 +140,7 @@ class StorageService:
                 except Exception as e:  # noqa: BLE001 - reported per read below, as gather would
                     o = e
                 if isinstance(o, AioPlan):
-                    planned.append(i)
-                    plans.append(o)
+                    planned.append((i, o))
                     continue
                 if o is not None:
                     outcomes[i] = o
@@ -155,9 +153,9 @@ class StorageService:
         if slow or planned:
             ios = request.ios
             done, by_aio, on_loop = await self.rep.read_many(
-                [ios[i] for i in slow], [(ios[i], p) for i, p in zip(planned, plans, strict=True)]
+                [ios[i] for i in slow], [(ios[i], p) for i, p in planned]
             )
-            for i, o in zip(slow + planned, done, strict=True):
+            for i, o in zip(slow + [i for i, _ in planned], done, strict=True):
                 outcomes[i] = o
             if by_aio:
                 self._aio_reads.inc(by_aio)
