@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -27,6 +28,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from fs3.config import StorageConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "bench" / "fio"
@@ -174,7 +177,11 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
 
     tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
     try:
-        extra: dict[str, object] = {"direct_io": False} if args.page_cache else {}
+        # The daemons run as deployed (the test fixture gives them 8 I/O threads to spare the
+        # test machine; 1 MiB reads and every write go through those threads)
+        extra: dict[str, object] = {"io_threads": args.io_threads}
+        if args.page_cache:
+            extra["direct_io"] = False
         async with FsCluster(
             tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size, storage_extra=extra
         ) as c:
@@ -211,6 +218,14 @@ def main() -> int:
     )
     p.add_argument(
         "--chunk-size", type=int, default=1 << 20, help="chunk size of the started cluster's files (1 MiB)"
+    )
+    default_threads = next(f.default for f in dataclasses.fields(StorageConfig) if f.name == "io_threads")
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=default_threads,
+        help=f"I/O threads of a started cluster's storage daemons (default {default_threads}, the "
+        "storage config's default)",
     )
     p.add_argument("--size", default="512M", help="file size per job (default 512M)")
     p.add_argument("--runtime", type=int, default=8, help="seconds per time-based run (default 8)")
