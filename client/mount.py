@@ -95,14 +95,13 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     import pyfuse3
     import pyfuse3.asyncio
 
+    from fs3.client import fuse_wait
     from fs3.client.filesystem import FileSystem, read_token
     from fs3.client.fuse_ops import Fs3Operations
 
     pyfuse3.asyncio.enable()
     if os.environ.get("FS3_FUSE_WAIT", "fs3") != "pyfuse3":
-        from fs3.client.fuse_wait import install
-
-        install()  # one reader on the FUSE device for all requests (see fs3.client.fuse_wait)
+        fuse_wait.install()  # one reader on the FUSE device for all requests
     metrics_server = None
     if cfg.metrics_port:
         from fs3.metrics import serve as serve_metrics
@@ -144,9 +143,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     finally:
         with contextlib.suppress(Exception):
             await ops.close_all()
-        from fs3.client.fuse_wait import uninstall
-
-        uninstall()  # before pyfuse3 closes the device it watches
+        fuse_wait.uninstall()  # before pyfuse3 closes the device it watches
         pyfuse3.close(unmount=True)
         await fs.close()
         if metrics_server is not None:

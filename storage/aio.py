@@ -113,7 +113,7 @@ class AioReader:
             self._teardown()
             raise
         self._free = list(range(depth - 1, -1, -1))
-        self._waiting: dict[int, tuple[asyncio.Future[AioRead], int]] = {}  # slot -> (future, asked)
+        self._waiting: dict[int, tuple[asyncio.Future[AioRead], int]] = {}  # slot -> (future, length)
         self._closed = False
         self.submitted = 0  # reads handed to the kernel
         self.batches = 0  # io_submit calls

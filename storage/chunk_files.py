@@ -301,18 +301,7 @@ class ChunkFiles:
         """read() with O_DIRECT: aligned pieces through this thread's buffer, copied out."""
         fd = self._open(chunk_id, file_id, os.O_RDONLY | os.O_DIRECT)
         try:
-            buf = _aligned.view
-            parts = []
-            got = 0
-            while got < length:
-                want = min(DIRECT_PIECE, -(-(length - got) // DIRECT_ALIGN) * DIRECT_ALIGN)
-                n = os.preadv(fd, [buf[:want]], offset + got)
-                take = min(n, length - got)
-                parts.append(bytes(buf[:take]))
-                got += take
-                if n < want:
-                    break
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return _pread_direct(fd, length, offset)
         finally:
             os.close(fd)
 
@@ -436,12 +425,8 @@ class ChunkFiles:
         """The bytes of ``plan``'s pieces, back to back, read here and now with blocking O_DIRECT
         reads (a lone read on the event loop, where an AIO submission costs more than it saves
         while the disk is fast); timed into :attr:`cold` like the loop's other reads."""
-        buf = _aligned.view
-        parts = []
         start = time.perf_counter()
-        for fd, at, n in plan.pieces:
-            got = os.preadv(fd, [buf[: -(-n // DIRECT_ALIGN) * DIRECT_ALIGN]], at)
-            parts.append(bytes(buf[: min(got, n)]))
+        parts = [_pread_direct(fd, n, at) for fd, at, n in plan.pieces]
         took = time.perf_counter() - start
         if took > COLD_READ_MIN_S:
             self.cold.record(took)
@@ -606,6 +591,23 @@ def _stored_parts(v: ChunkVersion, start: int, stop: int) -> list[tuple[int, int
         lo = max(start, over_end)
         parts.append((v.file_id, lo, stop - lo))
     return parts
+
+
+def _pread_direct(fd: int, length: int, offset: int) -> bytes:
+    """Up to ``length`` bytes at ``offset`` (aligned) of an O_DIRECT descriptor, shorter only at
+    the end of the file: aligned pieces through this thread's buffer, copied out."""
+    buf = _aligned.view
+    parts = []
+    got = 0
+    while got < length:
+        want = min(DIRECT_PIECE, -(-(length - got) // DIRECT_ALIGN) * DIRECT_ALIGN)
+        n = os.preadv(fd, [buf[:want]], offset + got)
+        take = min(n, length - got)
+        parts.append(bytes(buf[:take]))
+        got += take
+        if n < want:
+            break
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _pread_nowait(fd: int, length: int, offset: int) -> bytes:
