@@ -305,16 +305,23 @@ def payload_slice(io: storage_pb2.UpdateIO, payload: memoryview | None) -> memor
 
 
 def read_or_meta(
-    eng: ChunkEngine, cid: bytes, offset: int, length: int, *, nowait: bool = False
+    eng: ChunkEngine, cid: bytes, offset: int, length: int, *, nowait: bool = False, lease: bool = False
 ) -> tuple[bytes, int, int] | ChunkMeta:
     """In an I/O thread or, with ``nowait`` (see ChunkEngine.read), on the event loop: the
     committed bytes if no update is pending, else the metadata (the caller must ask the tail which
-    version to serve)."""
-    return read_meta_or_data(eng, cid, eng.get_meta(cid), offset, length, nowait=nowait)
+    version to serve). ``lease`` as for ChunkEngine.read."""
+    return read_meta_or_data(eng, cid, eng.get_meta(cid), offset, length, nowait=nowait, lease=lease)
 
 
 def read_meta_or_data(
-    eng: ChunkEngine, cid: bytes, meta: ChunkMeta | None, offset: int, length: int, *, nowait: bool = False
+    eng: ChunkEngine,
+    cid: bytes,
+    meta: ChunkMeta | None,
+    offset: int,
+    length: int,
+    *,
+    nowait: bool = False,
+    lease: bool = False,
 ) -> tuple[bytes, int, int] | ChunkMeta:
     """:func:`read_or_meta` with the chunk's metadata as the caller just read it."""
     if meta is None or (meta.pending is None and meta.committed is None):
@@ -323,15 +330,15 @@ def read_meta_or_data(
         return meta
     # whatever is committed by the time of the read: a version committed here is committed at the
     # tail, and one that started after this read began need not be seen
-    r = eng.read(cid, offset, length, meta=meta, nowait=nowait)
-    return r.data, data_crc(offset, r), r.version
+    r = eng.read(cid, offset, length, meta=meta, nowait=nowait, lease=lease)
+    return r.data, data_crc(offset, r), r.version  # type: ignore[return-value]
 
 
 def read_version(
-    eng: ChunkEngine, cid: bytes, offset: int, length: int, version: int
+    eng: ChunkEngine, cid: bytes, offset: int, length: int, version: int, lease: bool = False
 ) -> tuple[bytes, int, int]:
-    r = eng.read(cid, offset, length, version=version)
-    return r.data, data_crc(offset, r), r.version
+    r = eng.read(cid, offset, length, version=version, lease=lease)
+    return r.data, data_crc(offset, r), r.version  # type: ignore[return-value]
 
 
 def data_crc(offset: int, r: ChunkRead) -> int:

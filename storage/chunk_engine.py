@@ -115,7 +115,7 @@ class EngineOptions:
 class ChunkRead:
     """Bytes read from one version of a chunk, with that version's identity."""
 
-    data: bytes
+    data: bytes | memoryview  # a view only when read with ``lease=True``
     version: int
     chain_ver: int
     chunk_length: int
@@ -239,6 +239,7 @@ class ChunkEngine:
         version: int | None = None,
         meta: ChunkMeta | None = None,
         nowait: bool = False,
+        lease: bool = False,
     ) -> ChunkRead:
         """Read ``length`` bytes (default: to the end) at ``offset`` of one version of a chunk.
 
@@ -251,7 +252,9 @@ class ChunkEngine:
 
         ``nowait``: the caller is the event loop thread: raise
         :class:`~fs3.storage.chunk_files.WouldBlock` rather than wait for a disk that has been slow
-        (see :mod:`fs3.storage.chunk_files`).
+        (see :mod:`fs3.storage.chunk_files`). ``lease``: the data may be a view of a lent buffer,
+        which the caller gives back with :func:`~fs3.storage.chunk_files.release_read` once it
+        has sent the bytes (see :mod:`fs3.storage.chunk_files`).
 
         Raises STORAGE_CHUNK_NOT_FOUND (no committed version), STORAGE_CHUNK_VERSION_MISMATCH (that
         version is not held, e.g. superseded by a commit) or STORAGE_CHECKSUM_MISMATCH.
@@ -266,7 +269,7 @@ class ChunkEngine:
                 v = select_version(chunk_id, meta, version)
                 end = v.length if length is None else min(v.length, offset + length)
                 try:
-                    data = self._files.read_version(chunk_id, v, offset, end, nowait=nowait)
+                    data = self._files.read_version(chunk_id, v, offset, end, nowait=nowait, lease=lease)
                 except CorruptVersion as exc:
                     # A commit or abort may have removed or trimmed the file after we looked up the
                     # metadata; only bytes that still disagree with current metadata are corrupt.

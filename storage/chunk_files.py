@@ -38,6 +38,11 @@ are O_DIRECT reads of the version's blocks (:meth:`ChunkFiles.direct_plan`, then
 ``io_submit``, so that the loop does not wait for the disk; the page cache is not tried for
 versions written with O_DIRECT (an RWF_NOWAIT miss would start a buffered read of the same
 blocks). A lone read is read on the loop as above, and through AIO while the disk is slow.
+
+An O_DIRECT read made for a client (``lease=True``, by the storage service) lands in a page-aligned
+buffer of its own, from :data:`READ_BUFFERS`, and comes back as a view of it, which the service
+sends as the reply's payload and then gives back (:func:`release_read`): no copy out of the aligned
+buffer (a 1 MiB memmove, ~8% of a daemon's CPU per 1 MiB read). Other callers get bytes.
 """
 
 from __future__ import annotations
@@ -250,18 +255,28 @@ class ChunkFiles:
         finally:
             os.close(fd)
 
-    def read(self, chunk_id: bytes, file_id: int, offset: int, length: int, *, nowait: bool = False) -> bytes:
+    def read(
+        self,
+        chunk_id: bytes,
+        file_id: int,
+        offset: int,
+        length: int,
+        *,
+        nowait: bool = False,
+        lease: bool = False,
+    ) -> bytes | memoryview:
         """Up to ``length`` bytes at ``offset``; shorter only if the file is shorter.
 
         ``nowait``: the caller is an event loop thread; raise WouldBlock rather than wait for a
-        disk that has been slow (see the module docstring).
+        disk that has been slow (see the module docstring). ``lease``: an O_DIRECT read may come
+        back as a view of a lent buffer (see the module docstring).
         """
         direct = self.direct and length >= DIRECT_READ_MIN and offset % DIRECT_ALIGN == 0
         if nowait and not direct:
             return self._read_on_loop(chunk_id, file_id, offset, length)
         if direct:
             try:
-                return self._read_direct(chunk_id, file_id, offset, length)
+                return self._read_direct(chunk_id, file_id, offset, length, lease)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
@@ -297,11 +312,13 @@ class ChunkFiles:
         finally:
             os.close(fd)
 
-    def _read_direct(self, chunk_id: bytes, file_id: int, offset: int, length: int) -> bytes:
-        """read() with O_DIRECT: aligned pieces through this thread's buffer, copied out."""
+    def _read_direct(
+        self, chunk_id: bytes, file_id: int, offset: int, length: int, lease: bool = False
+    ) -> bytes | memoryview:
+        """read() with O_DIRECT (see _pread_direct)."""
         fd = self._open(chunk_id, file_id, os.O_RDONLY | os.O_DIRECT)
         try:
-            return _pread_direct(fd, length, offset)
+            return _pread_direct(fd, length, offset, lease)
         finally:
             os.close(fd)
 
@@ -368,20 +385,26 @@ class ChunkFiles:
         end: int,
         *,
         nowait: bool = False,
-    ) -> bytes:
+        lease: bool = False,
+    ) -> bytes | memoryview:
         """Bytes ``[offset, end)`` of version ``v``, each block read checked against its CRC32C.
 
         Raises CorruptVersion if the file is missing, short, or fails a checksum; with ``nowait``
-        as for :meth:`read`, WouldBlock (before any byte is checked).
+        as for :meth:`read`, WouldBlock (before any byte is checked). With ``lease`` the bytes may
+        be a view of a lent buffer (see the module docstring).
         """
         if end <= offset:
             return b""
         start, stop = _span(v, offset, end)
         try:
-            raw = self._read_span(chunk_id, v, start, stop, nowait)
+            raw = self._read_span(chunk_id, v, start, stop, nowait, lease)
         except FileNotFoundError:
             raise CorruptVersion("data file missing") from None
-        return self.verify_span(v, offset, end, start, raw)
+        try:
+            return self.verify_span(v, offset, end, start, raw)
+        except BaseException:
+            release_read(raw)
+            raise
 
     def direct_plan(
         self,
@@ -434,7 +457,7 @@ class ChunkFiles:
 
     def verify_span(
         self, v: ChunkVersion, offset: int, end: int, start: int, raw: bytes | memoryview
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """``[offset, end)`` of ``v`` out of ``raw``, the stored bytes of its blocks from ``start``
         (as :func:`_span` gives them), each block checked against its CRC32C; CorruptVersion if one
         fails or ``raw`` is short."""
@@ -454,15 +477,23 @@ class ChunkFiles:
                     raise CorruptVersion(f"block {index} (bytes {index * block}..) fails its CRC32C")
             if whole:
                 raise CorruptVersion("chunk CRC32C differs from its block CRC32Cs")
+        if lent_buffer(raw) is not None:
+            return view[offset - start : end - start]  # still the lent buffer: no copy
         if start == offset and stop == end and isinstance(raw, bytes) and len(raw) == stop - start:
             return raw
         return bytes(view[offset - start : end - start])
 
-    def _read_span(self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int, nowait: bool) -> bytes:
+    def _read_span(
+        self, chunk_id: bytes, v: ChunkVersion, start: int, stop: int, nowait: bool, lease: bool = False
+    ) -> bytes | memoryview:
         """Bytes ``[start, stop)`` of ``v`` as stored (unverified): from the overlay file where
         the version is layered, else from its data file."""
-        parts = [self.read(chunk_id, f, at, n, nowait=nowait) for f, at, n in _stored_parts(v, start, stop)]
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        pieces = _stored_parts(v, start, stop)
+        if len(pieces) == 1:
+            f, at, n = pieces[0]
+            return self.read(chunk_id, f, at, n, nowait=nowait, lease=lease)
+        parts = [self.read(chunk_id, f, at, n, nowait=nowait) for f, at, n in pieces]
+        return b"".join(parts)
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
         fd = self._open(chunk_id, file_id, os.O_WRONLY)
@@ -543,6 +574,60 @@ class _AlignedBuffer(threading.local):
 _aligned = _AlignedBuffer()
 
 
+class _ReadBuffer(mmap.mmap):
+    """A page-aligned DIRECT_PIECE buffer lent for one read (see :class:`ReadBuffers`)."""
+
+
+class ReadBuffers:
+    """Page-aligned DIRECT_PIECE buffers for O_DIRECT reads whose bytes leave the daemon as they
+    are. Thread-safe. A buffer is lent by :meth:`acquire` (a new one when none is free) and
+    comes back by :meth:`release`; one that is never given back is freed with its last view, so
+    only callers that know when the bytes are gone give them back. At most ``keep`` free buffers
+    are kept.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._free: list[_ReadBuffer] = []
+        self._lock = threading.Lock()
+
+    def acquire(self) -> _ReadBuffer:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return _ReadBuffer(-1, DIRECT_PIECE)
+
+    def release(self, buf: _ReadBuffer) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buf)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+
+# enough for the reads a daemon has in flight (its I/O threads' and those waiting to be sent)
+READ_BUFFERS = ReadBuffers(keep=64)
+
+
+def lent_buffer(data: object) -> _ReadBuffer | None:
+    """The lent buffer ``data`` (a read's result) is a view of, if it is one."""
+    if type(data) is memoryview:
+        obj = data.obj
+        if type(obj) is _ReadBuffer:
+            return obj
+    return None
+
+
+def release_read(data: object) -> None:
+    """Give back the buffer of a read made with ``lease=True`` once nothing uses its bytes any
+    more (nothing happens for other data)."""
+    buf = lent_buffer(data)
+    if buf is not None:
+        READ_BUFFERS.release(buf)
+
+
 def _pwrite_direct(fd: int, data: bytes | bytearray | memoryview) -> None:
     """Write ``data`` at offset 0 of a new O_DIRECT file: aligned pieces copied through this
     thread's buffer, the last one padded with zeros and the file then cut to ``len(data)``."""
@@ -593,9 +678,21 @@ def _stored_parts(v: ChunkVersion, start: int, stop: int) -> list[tuple[int, int
     return parts
 
 
-def _pread_direct(fd: int, length: int, offset: int) -> bytes:
+def _pread_direct(fd: int, length: int, offset: int, lease: bool = False) -> bytes | memoryview:
     """Up to ``length`` bytes at ``offset`` (aligned) of an O_DIRECT descriptor, shorter only at
-    the end of the file: aligned pieces through this thread's buffer, copied out."""
+    the end of the file: aligned pieces through this thread's buffer, copied out; with ``lease``
+    and at most DIRECT_PIECE bytes, read into a lent buffer (:class:`ReadBuffers`) and returned
+    as a view of it."""
+    if lease and length <= DIRECT_PIECE:
+        lent = READ_BUFFERS.acquire()
+        view = memoryview(lent)
+        try:
+            n = os.preadv(fd, [view[: -(-length // DIRECT_ALIGN) * DIRECT_ALIGN]], offset)
+        except BaseException:
+            view.release()
+            READ_BUFFERS.release(lent)
+            raise
+        return view[: min(n, length)]
     buf = _aligned.view
     parts = []
     got = 0

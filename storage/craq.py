@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -498,7 +499,8 @@ class Replicator:
     async def read(self, rio: storage_pb2.ReadIO) -> tuple[bytes, int, int]:
         """One read of a batch: ``(data, crc32c of data, committed version served)``. Its first
         step is a trip to the I/O threads, so a caller outside any task (an inline RPC handler)
-        has become a task before anything else happens."""
+        has become a task before anything else happens. The data may be a view of a lent buffer
+        (O_DIRECT reads): the caller gives it back with ``chunk_files.release_read`` once sent."""
         t, cid = self._read_target(rio)
         key = rio.key
         eng = t.engine.engine
@@ -509,7 +511,9 @@ class Replicator:
                 # once it is stored here (pending), the usual rule below serves the right one
                 with contextlib.suppress(Exception):
                     await asyncio.shield(applying)
-            outcome = await self._run(read_or_meta, eng, cid, rio.offset, rio.length)
+            outcome = await self._run(
+                functools.partial(read_or_meta, lease=True), eng, cid, rio.offset, rio.length
+            )
             if isinstance(outcome, tuple):
                 return outcome
             meta = outcome
@@ -519,7 +523,7 @@ class Replicator:
             ):
                 raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
             try:
-                r = await self._run(read_version, eng, cid, rio.offset, rio.length, committed)
+                r = await self._run(read_version, eng, cid, rio.offset, rio.length, committed, True)
             except FS3Error as e:
                 if e.code == StatusCode.STORAGE_CHUNK_VERSION_MISMATCH:
                     continue  # committed or aborted meanwhile: look again

@@ -7,6 +7,7 @@ sends the code and message back. Method ids and messages: ``proto/storage.proto`
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -22,6 +23,7 @@ from fs3.net import CallContext, inline
 from fs3.proto import common_pb2, storage_pb2
 
 from .chain_ops import file_range, split_chunk_id
+from .chunk_files import lent_buffer, release_read
 from .chunk_meta import ChunkMeta
 from .craq import AioPlan, Replicator
 from .target_map import ONLINE, UPTODATE, TargetMap
@@ -190,10 +192,16 @@ class StorageService:
         if not parts:
             return rsp, None
         if len(parts) == 1:
-            return rsp, parts[0]
+            # an O_DIRECT read's lent buffer goes back once the reply has left
+            part = parts[0]
+            return (rsp, part, functools.partial(release_read, part)) if lent_buffer(part) else (rsp, part)
         if pos > JOIN_OFF_LOOP_BYTES:
-            return rsp, await self.rep._run(b"".join, parts)
-        return rsp, b"".join(parts)
+            joined = await self.rep._run(b"".join, parts)
+        else:
+            joined = b"".join(parts)
+        for part in parts:
+            release_read(part)
+        return rsp, joined
 
     async def query_committed(
         self, request: storage_pb2.QueryCommittedReq, payload: memoryview | None, ctx: CallContext

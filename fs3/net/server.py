@@ -24,7 +24,7 @@ import dataclasses
 import inspect
 import logging
 import types
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -400,10 +400,28 @@ class _ServerSession(FrameReceiver):
     def _reply(
         self, request_id: int, method: Method, result: HandlerResult, req_payload: memoryview | None
     ) -> None:
-        if type(result) is tuple and len(result) == 2:
-            response, out = result
+        done: Callable[[], None] | None = None
+        if type(result) is tuple:
+            if len(result) == 2:
+                response, out = result
+            else:
+                response, out, done = result
         else:
             response, out = result, None
+        self._send_reply(request_id, method, response, out, req_payload, done)
+
+    def _send_reply(
+        self,
+        request_id: int,
+        method: Method,
+        response: Any,
+        out: Any,
+        req_payload: memoryview | None,
+        done: Callable[[], None] | None,
+    ) -> None:
+        """Send the reply; ``done`` (see HandlerResult) is called once ``out`` has left, or at once
+        where the reply fails. (Where the connection is closed it is never called: its memory is
+        simply not reused.)"""
         if type(response) is not method.response:
             log.error(
                 "handler returned the wrong type method=%s returned=%s expected=%s",
@@ -413,12 +431,16 @@ class _ServerSession(FrameReceiver):
             )
             self._send_error(request_id, StatusCode.INTERNAL, f"{method.full_name} returned a bad response")
             self._release(req_payload)
+            if done is not None:
+                done()
             return
         try:
             message = response.SerializeToString()
             size = 0 if out is None else memoryview(out).nbytes
         except Exception as exc:  # e.g. a payload that is not bytes-like
             self._reply_exception(request_id, method, exc, req_payload)
+            if done is not None:
+                done()
             return
         limits = self.conn.limits
         if size > limits.max_payload_bytes or len(message) > limits.max_message_bytes:
@@ -428,12 +450,17 @@ class _ServerSession(FrameReceiver):
                 f"reply of {len(message)} + {size} bytes exceeds the limits",
             )
             self._release(req_payload)
+            if done is not None:
+                done()
             return
-        on_sent = None
+        on_sent = done
         if req_payload is not None:
             # The reply may be (a view of) the request payload: recycle it only once it has left.
             pool, buf = self._pool, req_payload.obj
-            on_sent = lambda: pool.release(buf)  # noqa: E731
+            if done is None:
+                on_sent = lambda: pool.release(buf)  # noqa: E731
+            else:
+                on_sent = lambda: (pool.release(buf), done())  # type: ignore[func-returns-value]  # noqa: E731
         try:
             self.conn.send_frame(
                 F_RESPONSE | (self._crc_flag if out is not None else 0),

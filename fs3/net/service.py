@@ -109,13 +109,18 @@ class CallContext:
         return None if self.deadline is None else self.deadline - now
 
 
-HandlerResult: TypeAlias = Message | tuple[Message, Buffer | None]
+HandlerResult: TypeAlias = (
+    Message | tuple[Message, Buffer | None] | tuple[Message, Buffer | None, Callable[[], None]]
+)
 Handler: TypeAlias = Callable[[Any, memoryview | None, CallContext], Awaitable[HandlerResult]]
-"""``async def handler(request, payload, ctx) -> response | (response, payload)``.
+"""``async def handler(request, payload, ctx) -> response | (response, payload) | (response,
+payload, done)``.
 
 ``payload`` is the request's raw payload (a view valid until the handler returns; copy what you
 keep) or None. Raise :class:`fs3.errors.FS3Error` to fail the call with its code; any other
-exception fails it with INTERNAL and is logged. A returned payload must stay unchanged until sent.
+exception fails it with INTERNAL and is logged. A returned payload must stay unchanged until sent;
+``done``, if returned, is called once it has been sent or will not be (the reply failed), so that
+the handler's caller can reuse its memory; it may never be called if the connection closes first.
 """
 
 

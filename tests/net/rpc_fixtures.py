@@ -34,6 +34,8 @@ from fs3.proto import common_pb2, rpc_pb2
 #   InlineBlock: Block, as an inline handler (started in the receive path, a task once it waits)
 #   BadPayload: returns a payload that is not bytes-like (-> INTERNAL)
 #   Timeout: uses asyncio.timeout around a wait that never ends (-> DEADLINE_EXCEEDED)
+#   Lend: replies with a payload of int(data) bytes of its own (a lent buffer) and a done callback,
+#     which counts and then zeroes the buffer, as reuse would
 TEST_SERVICE = ServiceDef(
     100,
     "test",
@@ -45,6 +47,7 @@ TEST_SERVICE = ServiceDef(
         5: ("InlineBlock", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
         6: ("Timeout", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
         7: ("BadPayload", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
+        8: ("Lend", rpc_pb2.EchoRequest, rpc_pb2.EchoResponse),
     },
 )
 
@@ -55,6 +58,7 @@ class ServiceUnderTest:
         self.blocked = 0
         self.finished = 0
         self.contexts: list[CallContext] = []
+        self.lent_done = 0
 
     async def block(self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext) -> Any:
         self.contexts.append(ctx)
@@ -83,6 +87,16 @@ class ServiceUnderTest:
     ) -> Any:
         return rpc_pb2.EchoResponse(), 12345
 
+    async def lend(self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext) -> Any:
+        size = int(request.data)
+        buf = bytearray(lend_pattern(size))
+
+        def done() -> None:
+            self.lent_done += 1
+            buf[:] = bytes(len(buf))  # the memory is reused at once
+
+        return rpc_pb2.EchoResponse(), buf, done
+
     async def fail(self, request: common_pb2.Status, payload: memoryview | None, ctx: CallContext) -> Any:
         raise FS3Error(request.code, request.message)
 
@@ -93,6 +107,11 @@ class ServiceUnderTest:
         self, request: rpc_pb2.EchoRequest, payload: memoryview | None, ctx: CallContext
     ) -> Any:
         return rpc_pb2.PingResponse()
+
+
+def lend_pattern(size: int) -> bytes:
+    """The bytes the Lend handler replies with."""
+    return (bytes(range(1, 256)) * (size // 255 + 1))[:size]
 
 
 TEST_LIMITS = RpcLimits(max_payload_bytes=32 << 20, frame_timeout_s=0.5, handshake_timeout_s=1.0)

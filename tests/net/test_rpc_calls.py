@@ -9,7 +9,7 @@ import os
 
 import pytest
 import rpcwire
-from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
+from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, lend_pattern, poll
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
@@ -105,6 +105,32 @@ async def test_reply_payload_lands_in_the_callers_buffer(
     assert e.value.code == StatusCode.RPC_FRAME_TOO_LARGE
     _, payload = await rpc_client.call(rpc_server.address, SOURCE, rpc_pb2.SourceRequest(length=100))
     assert bytes(payload) == source_pattern(100)
+
+
+async def test_a_lent_reply_payload_goes_back_only_once_it_has_left(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    """A handler that returns (response, payload, done) gets done called once the payload has been
+    sent (the handler then reuses the memory: here it zeroes it), or at once where the reply
+    fails; the caller receives the bytes as they were."""
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    lend = TEST_SERVICE["Lend"]
+    for calls, size in enumerate([1, 65537, 16 << 20], start=1):
+        _, payload = await rpc_client.call(rpc_server.address, lend, rpc_pb2.EchoRequest(data=b"%d" % size))
+        assert payload is not None and bytes(payload) == lend_pattern(size)
+        await poll(lambda calls=calls: handlers.lent_done == calls, what="done called once")  # type: ignore[misc]
+    # several at once, their payloads in one write
+    sizes = [4096 * i + 1 for i in range(1, 9)]
+    replies = await asyncio.gather(
+        *(rpc_client.call(rpc_server.address, lend, rpc_pb2.EchoRequest(data=b"%d" % n)) for n in sizes)
+    )
+    assert [bytes(p) for _, p in replies] == [lend_pattern(n) for n in sizes]
+    await poll(lambda: handlers.lent_done == 3 + len(sizes), what="done called for each")
+    # a reply over the payload limit fails, and its memory goes back at once
+    with pytest.raises(FS3Error) as e:
+        await rpc_client.call(rpc_server.address, lend, rpc_pb2.EchoRequest(data=b"%d" % ((32 << 20) + 1)))
+    assert e.value.code == StatusCode.RPC_FRAME_TOO_LARGE
+    assert handlers.lent_done == 4 + len(sizes)
 
 
 async def test_payload_crc_end_to_end() -> None:

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
-from fs3.storage.chunk_files import DIRECT_MIN, DIRECT_READ_MIN, ChunkFiles, CorruptVersion
+from fs3.storage.chunk_files import (
+    DIRECT_MIN,
+    DIRECT_READ_MIN,
+    READ_BUFFERS,
+    ChunkFiles,
+    CorruptVersion,
+    lent_buffer,
+    release_read,
+)
 from fs3.storage.chunk_meta import CHECKSUM_BLOCK, FINE_BLOCK
 
 CHUNK = 1 << 20
@@ -187,3 +195,43 @@ def test_a_whole_version_read_is_checked_against_its_crc_and_blocks(tmp_path, le
     with pytest.raises(CorruptVersion, match=f"block {bad // FINE_BLOCK} "):
         files.read_version(cid, v, 0, length)
     files.close()
+
+
+def test_a_leased_read_lands_in_a_lent_buffer_that_comes_back(files):
+    """With lease=True an O_DIRECT read is a view of a lent buffer (no copy out), checked like any
+    read; release_read gives the buffer back and the next leased read uses it again. Without
+    lease, and for reads that are not O_DIRECT, the bytes are bytes."""
+    cid = bytes(16)
+    data = os.urandom(CHUNK)
+    v = files.write_version(cid, 1, data, version=1, chain_ver=1, block=FINE_BLOCK)
+    held = [READ_BUFFERS.acquire() for _ in range(READ_BUFFERS.free)]  # (other tests' buffers)
+    READ_BUFFERS.release(READ_BUFFERS.acquire())  # exactly one free buffer
+    free = READ_BUFFERS.free
+    assert free == 1
+    whole = files.read_version(cid, v, 0, CHUNK, lease=True)
+    buf = lent_buffer(whole)
+    assert buf is not None and whole == data and READ_BUFFERS.free == free - 1
+    part = files.read_version(cid, v, 3 * FINE_BLOCK, 3 * FINE_BLOCK + DIRECT_READ_MIN, lease=True)
+    assert lent_buffer(part) is not None and part == data[3 * FINE_BLOCK : 3 * FINE_BLOCK + DIRECT_READ_MIN]
+    release_read(part)  # (a second buffer, made for it)
+    release_read(whole)
+    assert READ_BUFFERS.free == 2
+    again = files.read_version(cid, v, 0, CHUNK, lease=True)
+    assert lent_buffer(again) is buf and again == data  # the same memory, read afresh
+    release_read(again)
+    plain = files.read_version(cid, v, 0, CHUNK)
+    assert type(plain) is bytes and plain == data
+    small = files.read_version(cid, v, 0, FINE_BLOCK, lease=True)  # a page-cache read
+    assert lent_buffer(small) is None and small == data[:FINE_BLOCK]
+    release_read(small)  # nothing to give back
+    # a leased read that fails its check gives the buffer back itself
+    bad = CHUNK // 2
+    with open(files.path(cid, 1), "r+b") as f:
+        f.seek(bad)
+        f.write(bytes([data[bad] ^ 1]))
+    free = READ_BUFFERS.free
+    with pytest.raises(CorruptVersion, match=f"block {bad // FINE_BLOCK} "):
+        files.read_version(cid, v, 0, CHUNK, lease=True)
+    assert READ_BUFFERS.free == free
+    for buf in held:
+        READ_BUFFERS.release(buf)
