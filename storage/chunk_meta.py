@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import functools
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import crc32c as _crc32c
@@ -47,9 +47,11 @@ FORMAT_VERSION = 3
 READABLE_FORMATS = (1, 2, 3)
 
 
-def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
-    """CRC32C (Castagnoli) of ``data``, continuing from ``value`` (the CRC of the preceding bytes)."""
-    return _crc32c.crc32c(data, value)
+#: ``crc32c(data, value=0)``: CRC32C (Castagnoli) of ``data``, continuing from ``value`` (the CRC
+#: of the preceding bytes). The C function itself, not a Python wrapper around it: a chunk of 4 KiB
+#: checksum blocks takes one call per block (block_crcs of 1 MiB: 106-112 µs through a wrapper,
+#: 97-101 without).
+crc32c: Callable[..., int] = _crc32c.crc32c
 
 
 def check_chunk_size(chunk_size: int) -> None:
