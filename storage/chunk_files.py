@@ -54,6 +54,7 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -580,35 +581,48 @@ class _ReadBuffer(mmap.mmap):
 
 class ReadBuffers:
     """Page-aligned DIRECT_PIECE buffers for O_DIRECT reads whose bytes leave the daemon as they
-    are. Thread-safe. A buffer is lent by :meth:`acquire` (a new one when none is free) and
-    comes back by :meth:`release`; one that is never given back is freed with its last view, so
-    only callers that know when the bytes are gone give them back. At most ``keep`` free buffers
-    are kept.
+    are. Thread-safe. :meth:`acquire` lends a free buffer, or makes one while fewer than
+    ``limit`` exist, else returns None (the caller copies through its thread's buffer instead);
+    :meth:`release` takes one back. A lent buffer that is never given back is freed with its last
+    view and no longer counts, so only callers that know when the bytes are gone give them back.
     """
 
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
         self._free: list[_ReadBuffer] = []
+        self._lent: weakref.WeakSet[_ReadBuffer] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def acquire(self) -> _ReadBuffer:
+    def acquire(self) -> _ReadBuffer | None:
         with self._lock:
             if self._free:
-                return self._free.pop()
-        return _ReadBuffer(-1, DIRECT_PIECE)
+                buf = self._free.pop()
+            elif len(self._lent) < self.limit:
+                buf = _ReadBuffer(-1, DIRECT_PIECE)
+            else:
+                return None
+            self._lent.add(buf)
+        return buf
 
     def release(self, buf: _ReadBuffer) -> None:
         with self._lock:
-            if len(self._free) < self.keep:
-                self._free.append(buf)
+            self._lent.discard(buf)
+            self._free.append(buf)
 
     @property
     def free(self) -> int:
+        """Buffers made and not lent now."""
         return len(self._free)
 
+    @property
+    def lent(self) -> int:
+        """Buffers lent now (given back or not yet freed)."""
+        return len(self._lent)
 
-# enough for the reads a daemon has in flight (its I/O threads' and those waiting to be sent)
-READ_BUFFERS = ReadBuffers(keep=64)
+
+# more than the reads a daemon has in flight (its I/O threads' and those waiting to be sent) but
+# for many clients' at once: those beyond are copied out, as before
+READ_BUFFERS = ReadBuffers(limit=128)
 
 
 def lent_buffer(data: object) -> _ReadBuffer | None:
@@ -682,9 +696,9 @@ def _pread_direct(fd: int, length: int, offset: int, lease: bool = False) -> byt
     """Up to ``length`` bytes at ``offset`` (aligned) of an O_DIRECT descriptor, shorter only at
     the end of the file: aligned pieces through this thread's buffer, copied out; with ``lease``
     and at most DIRECT_PIECE bytes, read into a lent buffer (:class:`ReadBuffers`) and returned
-    as a view of it."""
-    if lease and length <= DIRECT_PIECE:
-        lent = READ_BUFFERS.acquire()
+    as a view of it (when one is free: see :class:`ReadBuffers`)."""
+    lent = READ_BUFFERS.acquire() if lease and length <= DIRECT_PIECE else None
+    if lent is not None:
         view = memoryview(lent)
         try:
             n = os.preadv(fd, [view[: -(-length // DIRECT_ALIGN) * DIRECT_ALIGN]], offset)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import gc
 import mmap
 import os
 import subprocess
@@ -13,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from fs3.storage import chunk_files
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_files import (
     DIRECT_MIN,
     DIRECT_READ_MIN,
-    READ_BUFFERS,
     ChunkFiles,
     CorruptVersion,
+    ReadBuffers,
     lent_buffer,
     release_read,
 )
@@ -197,25 +199,23 @@ def test_a_whole_version_read_is_checked_against_its_crc_and_blocks(tmp_path, le
     files.close()
 
 
-def test_a_leased_read_lands_in_a_lent_buffer_that_comes_back(files):
+def test_a_leased_read_lands_in_a_lent_buffer_that_comes_back(files, monkeypatch):
     """With lease=True an O_DIRECT read is a view of a lent buffer (no copy out), checked like any
     read; release_read gives the buffer back and the next leased read uses it again. Without
     lease, and for reads that are not O_DIRECT, the bytes are bytes."""
+    pool = ReadBuffers(limit=8)
+    monkeypatch.setattr(chunk_files, "READ_BUFFERS", pool)
     cid = bytes(16)
     data = os.urandom(CHUNK)
     v = files.write_version(cid, 1, data, version=1, chain_ver=1, block=FINE_BLOCK)
-    held = [READ_BUFFERS.acquire() for _ in range(READ_BUFFERS.free)]  # (other tests' buffers)
-    READ_BUFFERS.release(READ_BUFFERS.acquire())  # exactly one free buffer
-    free = READ_BUFFERS.free
-    assert free == 1
     whole = files.read_version(cid, v, 0, CHUNK, lease=True)
     buf = lent_buffer(whole)
-    assert buf is not None and whole == data and READ_BUFFERS.free == free - 1
+    assert buf is not None and whole == data and (pool.lent, pool.free) == (1, 0)
     part = files.read_version(cid, v, 3 * FINE_BLOCK, 3 * FINE_BLOCK + DIRECT_READ_MIN, lease=True)
     assert lent_buffer(part) is not None and part == data[3 * FINE_BLOCK : 3 * FINE_BLOCK + DIRECT_READ_MIN]
-    release_read(part)  # (a second buffer, made for it)
+    release_read(part)
     release_read(whole)
-    assert READ_BUFFERS.free == 2
+    assert (pool.lent, pool.free) == (0, 2)
     again = files.read_version(cid, v, 0, CHUNK, lease=True)
     assert lent_buffer(again) is buf and again == data  # the same memory, read afresh
     release_read(again)
@@ -224,14 +224,37 @@ def test_a_leased_read_lands_in_a_lent_buffer_that_comes_back(files):
     small = files.read_version(cid, v, 0, FINE_BLOCK, lease=True)  # a page-cache read
     assert lent_buffer(small) is None and small == data[:FINE_BLOCK]
     release_read(small)  # nothing to give back
+    assert (pool.lent, pool.free) == (0, 2)
     # a leased read that fails its check gives the buffer back itself
     bad = CHUNK // 2
     with open(files.path(cid, 1), "r+b") as f:
         f.seek(bad)
         f.write(bytes([data[bad] ^ 1]))
-    free = READ_BUFFERS.free
     with pytest.raises(CorruptVersion, match=f"block {bad // FINE_BLOCK} "):
         files.read_version(cid, v, 0, CHUNK, lease=True)
-    assert READ_BUFFERS.free == free
-    for buf in held:
-        READ_BUFFERS.release(buf)
+    assert (pool.lent, pool.free) == (0, 2)
+
+
+def test_leased_reads_past_the_limit_are_copied_out(files, monkeypatch):
+    """No more than the pool's limit of buffers is lent at once: a read past it comes back as bytes
+    (copied through the thread's buffer); a lent buffer dropped without being given back no
+    longer counts."""
+    pool = ReadBuffers(limit=2)
+    monkeypatch.setattr(chunk_files, "READ_BUFFERS", pool)
+    cid = bytes(16)
+    data = os.urandom(CHUNK)
+    v = files.write_version(cid, 1, data, version=1, chain_ver=1, block=FINE_BLOCK)
+    first, second = (files.read_version(cid, v, 0, CHUNK, lease=True) for _ in range(2))
+    third = files.read_version(cid, v, 0, CHUNK, lease=True)
+    assert lent_buffer(first) is not None and lent_buffer(second) is not None
+    assert lent_buffer(third) is None and type(third) is bytes
+    assert first == second == third == data
+    assert pool.lent == 2
+    del first
+    gc.collect()
+    assert pool.lent == 1
+    fourth = files.read_version(cid, v, 0, CHUNK, lease=True)
+    assert lent_buffer(fourth) is not None and fourth == data
+    release_read(second)
+    release_read(fourth)
+    assert (pool.lent, pool.free) == (0, 2)
