@@ -606,6 +606,8 @@ class ReadBuffers:
 
     def release(self, buf: _ReadBuffer) -> None:
         with self._lock:
+            if buf not in self._lent:
+                return  # given back twice (it must not be lent twice at once) or not ours
             self._lent.discard(buf)
             self._free.append(buf)
 
@@ -616,7 +618,7 @@ class ReadBuffers:
 
     @property
     def lent(self) -> int:
-        """Buffers lent now (given back or not yet freed)."""
+        """Buffers lent now (neither given back nor freed yet)."""
         return len(self._lent)
 
 

@@ -216,6 +216,8 @@ def test_a_leased_read_lands_in_a_lent_buffer_that_comes_back(files, monkeypatch
     release_read(part)
     release_read(whole)
     assert (pool.lent, pool.free) == (0, 2)
+    release_read(whole)  # a second release is ignored: the buffer is not lent twice
+    assert (pool.lent, pool.free) == (0, 2)
     again = files.read_version(cid, v, 0, CHUNK, lease=True)
     assert lent_buffer(again) is buf and again == data  # the same memory, read afresh
     release_read(again)
