@@ -5,13 +5,18 @@ small frames land in the connection's receive buffer and are handed up as views 
 frame's header says a payload follows, the rest of that payload is read directly into the buffer
 the receiver supplied (pooled, or a caller's destination), with no intermediate copy. Sending
 gathers every frame queued during one loop iteration into a single write (``writelines`` when
-payloads are involved, so payloads are never concatenated or copied).
+payloads are involved, so payloads are never concatenated or copied). A large write goes to the
+socket with ``os.writev`` when the transport has nothing queued: the event loop's own write holds
+the GIL while the kernel copies a megabyte (39% of a storage daemon's GIL-holding samples while
+serving 1 MiB reads), ``writev`` releases it, so the daemon's I/O threads run meanwhile; what
+does not fit goes to the transport as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import Callable
 
@@ -56,6 +61,9 @@ _COMPACT_BELOW = 4 << 10
 # Queued writes smaller than this in total are joined into one bytes object (cheaper for the loop
 # than many tiny buffers); anything with a large payload goes out with writelines, uncopied.
 _JOIN_BELOW = 64 << 10
+# Large writes go to the socket with os.writev while the transport has nothing queued (see
+# TcpConnection._write_direct), in at most this many pieces (Linux's IOV_MAX is 1024).
+_WRITEV_MAX = 512
 # The server stops reading from a peer whose unsent replies exceed this, until they drain.
 _BACKPRESSURE_BYTES = 16 << 20
 
@@ -128,6 +136,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._in_receive = False
         self._cb_queued: list[Callable[[], None]] = []
         self._cb_in_transport: list[Callable[[], None]] = []
+        self._fd = -1  # the socket's descriptor, for writes that release the GIL (_write_direct)
         self._paused = False
         # Reading stops while either holds: our replies are not being read (server side), or the
         # receiver has asked for a pause (too much work in progress).
@@ -145,7 +154,9 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        tune_socket(transport.get_extra_info("socket"))
+        sock = transport.get_extra_info("socket")
+        tune_socket(sock)
+        self._fd = sock.fileno() if sock is not None else -1
         # high-water 0: we hear (resume_writing) exactly when everything queued has left, which is
         # when payload buffers may be reused. Backpressure uses our own threshold below.
         transport.set_write_buffer_limits(high=0, low=0)
@@ -479,6 +490,10 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._wq = []
         if self._wq_bytes < _JOIN_BELOW:
             transport.write(wq[0] if len(wq) == 1 else b"".join(wq))
+        elif self._fd >= 0 and len(wq) <= _WRITEV_MAX and not transport.get_write_buffer_size():
+            rest = self._write_direct(wq)
+            if rest:
+                transport.writelines(rest)
         else:
             transport.writelines(wq)
         self._wq_bytes = 0
@@ -495,6 +510,24 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             # A peer that does not read its replies must not make us buffer without bound.
             self._paused_for_writes = True
             self._update_reading()
+
+    def _write_direct(self, wq: list[Buffer]) -> list[Buffer]:
+        """Write ``wq`` to the socket with one writev, which releases the GIL while the kernel
+        copies (the event loop's own write holds it); returns what did not fit, for the
+        transport. Only while the transport has nothing queued, so the order stays."""
+        try:
+            n = os.writev(self._fd, wq)
+        except OSError:  # EAGAIN, or an error the transport then meets and reports itself
+            return wq
+        for i, buf in enumerate(wq):
+            size = len(buf) if type(buf) is bytes else memoryview(buf).nbytes
+            if n < size:
+                rest = wq[i:]
+                if n:
+                    rest[0] = memoryview(buf).cast("B")[n:]
+                return rest
+            n -= size
+        return []
 
     def pause_receiving(self, paused: bool) -> None:
         was = self._paused_by_receiver
