@@ -75,6 +75,12 @@ _KEEPALIVE = [
 ]
 
 
+def _nbytes(buf: Buffer) -> int:
+    """Length in bytes of a buffer (``len`` counts items for arrays and cast views)."""
+    t = type(buf)
+    return len(buf) if t is bytes or t is bytearray else memoryview(buf).nbytes
+
+
 def tune_socket(sock: socket.socket | None) -> None:
     """No Nagle delay, and TCP keepalive that finds a peer which vanished without a FIN (power
     loss, partition) within about a minute, so connections to it do not linger forever. Best
@@ -464,8 +470,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             wq.append(hdr + message)
             self._wq_bytes += HEADER_SIZE + len(message)
         else:
-            t = type(payload)
-            plen = len(payload) if t is bytes or t is bytearray else memoryview(payload).nbytes
+            plen = _nbytes(payload)
             pcrc = crc32c(payload) if flags & F_PAYLOAD_CRC else 0
             hdr = encode_header(
                 flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc
@@ -520,7 +525,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         except OSError:  # EAGAIN, or an error the transport then meets and reports itself
             return wq
         for i, buf in enumerate(wq):
-            size = len(buf) if type(buf) is bytes else memoryview(buf).nbytes
+            size = _nbytes(buf)
             if n < size:
                 rest = wq[i:]
                 if n:
