@@ -13,8 +13,11 @@ transaction per change caps a target at a few hundred changes a second however m
 :meth:`ChunkMetaStore.swap` therefore queues its change; the first caller to find no transaction
 in progress becomes the leader, takes every change queued so far, applies them in order in one
 write transaction, commits it (one durable sync) and wakes the callers, each of which returns only
-then. Changes that queue while a leader syncs form the next group, so a lone caller waits for no
-one and a busy target amortizes the sync over every change in flight.
+then. Changes that queue while a leader syncs form the next group, whose oldest caller the leader
+wakes to lead it, so a lone caller waits for no one and a busy target amortizes the sync over every
+change in flight. Each caller waits on a lock of its own and is woken only for its own change: with
+one condition for all, every group's end woke every waiting I/O thread, most of them only to go
+back to sleep.
 
 Why changes in one group cannot conflict: each change carries the metadata it was built on
 (``old``) and is applied only if the stored value still is ``old`` when its turn in the group
@@ -65,7 +68,7 @@ class CommitStats:
 
 
 class _Change:
-    __slots__ = ("chunk_id", "old", "new", "done", "error")
+    __slots__ = ("chunk_id", "old", "new", "done", "error", "wake")
 
     def __init__(self, chunk_id: bytes, old: ChunkMeta | None, new: ChunkMeta | None) -> None:
         self.chunk_id = chunk_id
@@ -73,6 +76,10 @@ class _Change:
         self.new = new
         self.done = False
         self.error: BaseException | None = None
+        # Held until this change's caller is to wake up: its change is recorded (done), or it is
+        # to lead the next group. Each caller is woken once per reason, never by others' groups.
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
 
 class ChunkMetaStore:
@@ -88,7 +95,7 @@ class ChunkMetaStore:
             metasync=sync,
             readahead=False,  # random point lookups; readahead would only evict useful pages
         )
-        self._group_lock = threading.Condition(threading.Lock())
+        self._group_lock = threading.Lock()
         self._queue: list[_Change] = []
         self._leading = False  # a leader is committing a group
         self._committing = 0  # the size of that group
@@ -119,15 +126,16 @@ class ChunkMetaStore:
         change = _Change(chunk_id, old, new)
         with self._group_lock:
             self._queue.append(change)
+            lead = not self._leading
+            self._leading = True
         while True:
-            with self._group_lock:
-                while self._leading and not change.done:
-                    self._group_lock.wait()
+            if not lead:
+                change.wake.acquire()  # released once: recorded, or this caller leads next
                 if change.done:
                     break
-                # lead: the oldest queued changes (ours among them, or in a later group when more
-                # than _MAX_GROUP were queued ahead of it: then we lead again)
-                self._leading = True
+            # lead: the oldest queued changes (ours among them, or in a later group when more
+            # than _MAX_GROUP were queued ahead of it: then we lead again)
+            with self._group_lock:
                 group, self._queue = self._queue[:_MAX_GROUP], self._queue[_MAX_GROUP:]
                 self._committing = len(group)
             try:
@@ -139,9 +147,20 @@ class ChunkMetaStore:
                 with self._group_lock:
                     for c in group:
                         c.done = True
-                    self._leading = False
                     self._committing = 0
-                    self._group_lock.notify_all()
+                    # Leadership passes to the oldest queued change's caller, unless ours is
+                    # still queued (we lead again) or nothing is (the next caller leads).
+                    heir = self._queue[0] if change.done and self._queue else None
+                    if change.done and heir is None:
+                        self._leading = False
+                for c in group:
+                    if c is not change:
+                        c.wake.release()
+                if heir is not None:
+                    heir.wake.release()
+            if change.done:
+                break
+            lead = True
         if change.error is not None:
             raise change.error
 

@@ -200,3 +200,41 @@ def test_a_leader_whose_change_is_past_the_group_limit_waits_for_it(
         assert store.commit_stats().transactions == n
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("max_group", [512, 3])
+def test_many_threads_swapping_at_once_all_return_with_their_change_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_group: int
+) -> None:
+    # Leadership passes from group to group without a shared wake-up: no caller may be left
+    # waiting (a lost hand-off would hang here) or return before its change is recorded.
+    monkeypatch.setattr("fs3.storage.chunk_meta_store._MAX_GROUP", max_group)
+    store = ChunkMetaStore(tmp_path / "meta", sync=False, map_size=1 << 26, max_readers=64)
+    threads_n, rounds = 24, 40
+    wrong: list[tuple[int, int]] = []
+
+    def worker(w: int) -> None:
+        prev = None
+        for r in range(rounds):
+            n = w * 1000 + r
+            new = meta(w, version=r + 1, length=1000 + n)
+            store.swap(cid(w), prev, new)
+            if store.get(cid(w)) != new:
+                wrong.append((w, r))
+            prev = new
+
+    try:
+        threads, results = run_all([lambda w=w: worker(w) for w in range(threads_n)])
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "a caller was never woken"
+        assert results == [None] * threads_n and not wrong
+        stats = store.commit_stats()
+        assert stats.changes == threads_n * rounds and stats.queued == 0 and stats.committing == 0
+        assert stats.transactions <= stats.changes
+        assert all(store.get(cid(w)).committed.version == rounds for w in range(threads_n))
+    finally:
+        store.close()
