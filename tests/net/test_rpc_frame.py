@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import struct
 
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from fs3.errors import StatusCode
 from fs3.net import auth
-from fs3.net.buffers import BufferPool
+from fs3.net.buffers import ALIGNED_MIN, AlignedBuffer, BufferPool
 from fs3.net.frame import (
     DEFAULT_LIMITS,
     F_ERROR,
@@ -140,6 +142,20 @@ def test_buffer_pool_reuses_and_bounds_what_it_keeps() -> None:
     pool.release(bytearray(12345))  # not a pool size: ignored
     pool.clear()
     assert pool.retained_bytes == 0
+
+
+def test_large_pool_buffers_are_page_aligned_and_small_ones_are_bytearrays() -> None:
+    pool = BufferPool()
+    small = pool.acquire(ALIGNED_MIN // 2)  # its size class is below ALIGNED_MIN
+    assert type(small) is bytearray
+    for n in (ALIGNED_MIN, (1 << 20) - 5, 1 << 20):
+        buf = pool.acquire(n)
+        assert isinstance(buf, AlignedBuffer) and len(buf) >= n
+        view = memoryview(buf)[:n]
+        view[:] = b"x" * n  # writable, as a receive buffer must be
+        assert ctypes.addressof(ctypes.c_char.from_buffer(view)) % mmap.PAGESIZE == 0
+        pool.release(buf)
+        assert pool.acquire(n) is buf  # and reused like the others
 
 
 def test_handshake_proofs_bind_roles_nonces_and_identity() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fs3.net.buffers import AlignedBuffer, BufferPool
 from fs3.storage import chunk_files
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_files import (
@@ -109,6 +110,48 @@ def test_a_direct_write_leaves_the_page_cache_alone(files):
     files.write_new(cid, 2, os.urandom(DIRECT_MIN - 1))  # small files use the page cache
     assert cached_pages(files.path(cid, 1)) == 0
     assert cached_pages(files.path(cid, 2)) > 0
+
+
+class _NoThreadBuffer:
+    """Stands in for the I/O thread's aligned buffer where a write must not copy through it."""
+
+    @property
+    def view(self):  # noqa: ANN201
+        raise AssertionError("copied through the thread's aligned buffer")
+
+
+@pytest.mark.parametrize("length", [CHUNK, 4 * CHUNK, DIRECT_MIN + 4096])
+def test_a_page_aligned_payload_is_written_as_it_is(files, monkeypatch, length):
+    # a payload received into the RPC server's pool (an AlignedBuffer from ALIGNED_MIN up)
+    data = os.urandom(length)
+    buf = BufferPool().acquire(length)
+    assert isinstance(buf, AlignedBuffer)
+    view = memoryview(buf)[:length]
+    view[:] = data
+    cid = bytes(16)
+    with monkeypatch.context() as m:
+        m.setattr(chunk_files, "_aligned", _NoThreadBuffer())
+        files.write_new(cid, 1, view)
+    assert files.read(cid, 1, 0, length) == data
+    assert files.path(cid, 1).stat().st_size == length
+    assert cached_pages(files.path(cid, 1)) == 0
+
+
+@pytest.mark.parametrize("head", [0, 4096, 17])
+def test_aligned_and_unaligned_payloads_with_short_tails_read_back_exactly(files, head):
+    # a view that starts on a page (head 0, 4096) or off one (17), ending in a partial block
+    length = CHUNK + 1000
+    buf = BufferPool().acquire(head + length)
+    data = os.urandom(length)
+    view = memoryview(buf)[head : head + length]
+    view[:] = data
+    cid = bytes(16)
+    files.write_new(cid, 1, view)
+    assert files.read(cid, 1, 0, 2 * CHUNK) == data
+    assert files.path(cid, 1).stat().st_size == length
+    # and read-only bytes, whose address Python does not tell, are copied through as before
+    files.write_new(cid, 2, data)
+    assert files.read(cid, 2, 0, 2 * CHUNK) == data
 
 
 def test_large_reads_are_direct_and_exact(files):
