@@ -41,6 +41,7 @@ from pathlib import Path
 import lmdb
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.kv.lmdb_engine import FileExtender
 
 from .chunk_meta import FORMAT_VERSION, READABLE_FORMATS, ChunkMeta, decode_meta, encode_meta
 
@@ -101,14 +102,23 @@ class ChunkMetaStore:
         self._committing = 0  # the size of that group
         self._changes = self._transactions = 0
         try:
+            # Zeros ahead of LMDB's data, so a group's fdatasync seldom has a new file size to
+            # commit (see FileExtender); extended inside _commit_group's write transaction.
+            self._extender = FileExtender(self._env, str(path))
+        except BaseException:
+            self._env.close()
+            raise
+        try:
             self._chunks = self._env.open_db(b"chunks")
             self._target = self._env.open_db(b"target")
             self._init_target(path)
         except BaseException:
+            self._extender.close()
             self._env.close()
             raise
 
     def close(self) -> None:
+        self._extender.close()
         self._env.close()
 
     def get(self, chunk_id: bytes) -> ChunkMeta | None:
@@ -173,6 +183,7 @@ class ChunkMetaStore:
         """Apply ``group`` in order in one write transaction; a change whose base moved fails alone."""
         applied = 0
         with self._env.begin(write=True) as txn:
+            self._extender.extend_if_needed()  # under the write lock, as it must be
             stats = self._stats(txn)
             used, count, max_fid = stats.used, stats.chunk_count, stats.max_file_id
             for c in group:

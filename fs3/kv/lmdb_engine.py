@@ -23,7 +23,7 @@ How it works, and why:
   cut a read-only transaction may have seen a commit that did not survive; a writing transaction
   that read it is acknowledged only after an fsync covering both, so no acknowledged commit ever
   depends on a lost one.
-* **Growing the file.** See :class:`_FileExtender`.
+* **Growing the file.** See :class:`FileExtender`.
 * **Long keys.** See :mod:`fs3.kv.lmdb_layout`.
 """
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
 import os
 import threading
@@ -92,7 +93,7 @@ class _Committer:
 
     def __init__(self, env: lmdb.Environment, path: str, rejoin_s: float) -> None:
         self._env = env
-        self._extender = _FileExtender(env, path)
+        self._extender = FileExtender(env, path)
         self._path = path
         self._rejoin_s = rejoin_s
         self._queue: list[tuple[CommitRequest, asyncio.Future[None]]] = []
@@ -187,7 +188,7 @@ class _Committer:
         start = time.perf_counter()
         try:
             with self._env.begin(write=True) as txn:
-                self._extender.extend_if_needed()  # under the write lock, see _FileExtender
+                self._extender.extend_if_needed()  # under the write lock, see FileExtender
                 view = WriteView(txn)
                 validated = conflicts = 0
                 for req, fut in batch:
@@ -282,7 +283,7 @@ class _Committer:
             _deliver(batch, None, rejoin)
 
 
-class _FileExtender:
+class FileExtender:
     """Keeps a few MiB of zero-filled space past the end of LMDB's data.
 
     LMDB appends new pages to its data file, and fsyncing a file whose size changed also commits
@@ -291,10 +292,15 @@ class _FileExtender:
     still journal the conversion of unwritten extents). It does so only while holding LMDB's write
     lock, when no process can be writing pages past the last committed one; LMDB ignores the
     file's size, so the extra space is simply overwritten as the store grows.
+
+    Any writer of an environment may use one: call :meth:`extend_if_needed` inside a write
+    transaction (the storage daemons' per-target chunk metadata does, see
+    ``storage.chunk_meta_store``).
     """
 
     LOW = 4 << 20  # extend when less than this is left ...
-    STEP = 8 << 20  # ... by this much
+    STEP = 8 << 20  # ... by this much ...
+    MIN_FREE = 1 << 30  # ... while the file system has this much free
 
     def __init__(self, env: lmdb.Environment, path: str) -> None:
         self._env = env
@@ -313,11 +319,22 @@ class _FileExtender:
         size = self._size = os.fstat(self._fd).st_size
         if size - used >= self.LOW:
             return
+        fs = os.fstatvfs(self._fd)
+        if fs.f_bavail * fs.f_frsize < self.MIN_FREE:
+            return  # a small or nearly full file system: LMDB grows the file itself, as without us
         start = max(size, used)
         end = min(start + self.STEP, info["map_size"])
-        for offset in range(start, end, len(self._zeros)):
-            os.pwrite(self._fd, self._zeros, offset)
-        os.fdatasync(self._fd)
+        try:
+            for offset in range(start, end, len(self._zeros)):
+                os.pwrite(self._fd, self._zeros, offset)
+            os.fdatasync(self._fd)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # Filled up meanwhile: the space ahead is only a speed-up, so LMDB grows the file
+            # itself as it would without us, and reports a full disk when it really is one.
+            self._size = os.fstat(self._fd).st_size
+            return
         self._size = max(size, end)
 
     def close(self) -> None:

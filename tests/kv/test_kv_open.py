@@ -186,7 +186,7 @@ async def test_lmdb_cancelled_commit_leaves_store_usable(tmp_path: Path) -> None
 
 
 async def test_lmdb_data_file_is_extended_ahead_of_use(tmp_path: Path) -> None:
-    from fs3.kv.lmdb_engine import _FileExtender
+    from fs3.kv.lmdb_engine import FileExtender
 
     db = await open_database("lmdb", path=str(tmp_path))
 
@@ -203,8 +203,8 @@ async def test_lmdb_data_file_is_extended_ahead_of_use(tmp_path: Path) -> None:
     env.close()
     size = (tmp_path / "data.mdb").stat().st_size
     # Ahead of LMDB by at most one step, and never behind by more than the low-water mark.
-    assert size - used >= _FileExtender.LOW - (2 << 20)  # less what the last commit took
-    assert size - used <= _FileExtender.LOW + _FileExtender.STEP
+    assert size - used >= FileExtender.LOW - (2 << 20)  # less what the last commit took
+    assert size - used <= FileExtender.LOW + FileExtender.STEP
 
     reopened = await open_database("lmdb", path=str(tmp_path))
     pairs = await reopened.run(lambda tr: tr.get_range(b"g/", b"g0"), read_only=True)

@@ -15,6 +15,7 @@ import lmdb
 import pytest
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.kv.lmdb_engine import FileExtender
 from fs3.storage.chunk_engine import ChunkEngine
 from fs3.storage.chunk_meta import ChunkMeta, ChunkVersion, block_count
 from fs3.storage.chunk_meta_store import ChunkMetaStore
@@ -236,5 +237,31 @@ def test_many_threads_swapping_at_once_all_return_with_their_change_recorded(
         assert stats.changes == threads_n * rounds and stats.queued == 0 and stats.committing == 0
         assert stats.transactions <= stats.changes
         assert all(store.get(cid(w)).committed.version == rounds for w in range(threads_n))
+    finally:
+        store.close()
+
+
+def test_the_metadata_file_is_extended_ahead_of_use(tmp_path: Path) -> None:
+    # Zeros ahead of LMDB's pages (FileExtender), so that a group's flush seldom has a new file
+    # size to commit; the metadata stays exact across a reopen.
+    store = ChunkMetaStore(tmp_path / "meta", sync=False, map_size=1 << 30, max_readers=16)
+    n = 3000  # ~4 KiB of checksums each: ~12 MB of metadata, a few extensions
+    try:
+        for i in range(n):
+            store.swap(cid(i), None, meta(i, length=64 << 20, chunk_size=64 << 20))
+    finally:
+        store.close()
+    env = lmdb.open(str(tmp_path / "meta"), readonly=True, lock=False, max_dbs=2)
+    used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    env.close()
+    size = (tmp_path / "meta" / "data.mdb").stat().st_size
+    assert used > 2 * FileExtender.STEP  # it did grow past the first extensions
+    assert FileExtender.LOW - (1 << 20) <= size - used <= FileExtender.LOW + FileExtender.STEP
+    store = ChunkMetaStore(tmp_path / "meta", sync=False, map_size=1 << 30, max_readers=16)
+    try:
+        assert store.stats().chunk_count == n
+        assert all(
+            store.get(cid(i)) == meta(i, length=64 << 20, chunk_size=64 << 20) for i in (0, n // 2, n - 1)
+        )
     finally:
         store.close()
