@@ -102,18 +102,14 @@ class ChunkMetaStore:
         self._committing = 0  # the size of that group
         self._changes = self._transactions = 0
         try:
-            # Zeros ahead of LMDB's data, so a group's fdatasync seldom has a new file size to
-            # commit (see FileExtender); extended inside _commit_group's write transaction.
-            self._extender = FileExtender(self._env, str(path))
-        except BaseException:
-            self._env.close()
-            raise
-        try:
             self._chunks = self._env.open_db(b"chunks")
             self._target = self._env.open_db(b"target")
             self._init_target(path)
+            # Zeros ahead of LMDB's data, so a group's fdatasync seldom has a new file size to
+            # commit (see FileExtender); extended inside _commit_group's write transaction. Made
+            # last, so nothing after it can fail and leave its descriptor open.
+            self._extender = FileExtender(self._env, str(path))
         except BaseException:
-            self._extender.close()
             self._env.close()
             raise
 
