@@ -1,0 +1,170 @@
+"""A new chunk file's name survives a crash without an fsync of its directory, on the file systems
+where ``storage.chunk_files`` leaves that fsync out (ext3, ext4, XFS), and the directory is still
+fsynced everywhere else.
+
+The crash is the kernel's own: the file system is shut down with its log unflushed
+(``FS_IOC_SHUTDOWN`` with ``NOLOGFLUSH``, what xfstests uses to simulate a power cut), so nothing
+written after the last fsync reaches the disk; remounting replays the journal. Needs root,
+``losetup`` and the ``mkfs`` of each file system; skips, saying which is missing, elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fs3.storage import chunk_files
+from fs3.storage.chunk_files import ChunkFiles, file_fsync_persists_names, mount_fstype
+
+# _IOR('X', 125, __u32): EXT4_IOC_SHUTDOWN / XFS_IOC_GOINGDOWN; flag 2: do not flush the log
+FS_IOC_SHUTDOWN = 0x8004587D
+SHUTDOWN_NOLOGFLUSH = 2
+
+MKFS = {
+    "ext4": ["mkfs.ext4", "-q", "-F"],
+    "ext4-nojournal": ["mkfs.ext4", "-q", "-F", "-O", "^has_journal"],
+    "ext3": ["mkfs.ext3", "-q", "-F"],
+    "xfs": ["mkfs.xfs", "-q", "-f"],
+}
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+23 22 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
+24 22 0:22 / /dev/shm rw,nosuid,nodev shared:3 - tmpfs tmpfs rw,inode64
+30 22 7:0 / /mnt/a rw,relatime shared:20 master:3 - xfs /dev/loop0 rw,attr2,inode64
+31 22 7:1 / /mnt/b rw,relatime - ext2 /dev/loop1 rw
+32 22 0:45 / /mnt/c rw,relatime shared:21 - nfs4 server:/export rw,vers=4.2
+"""
+
+
+def test_mount_fstype_reads_the_type_of_the_mount_with_that_device() -> None:
+    assert mount_fstype(MOUNTINFO, os.makedev(254, 0)) == "ext4"
+    assert mount_fstype(MOUNTINFO, os.makedev(7, 0)) == "xfs"  # past two optional fields
+    assert mount_fstype(MOUNTINFO, os.makedev(7, 1)) == "ext2"  # no optional field
+    assert mount_fstype(MOUNTINFO, os.makedev(0, 22)) == "tmpfs"
+    assert mount_fstype(MOUNTINFO, os.makedev(0, 45)) == "nfs4"
+    assert mount_fstype(MOUNTINFO, os.makedev(8, 1)) is None
+    assert mount_fstype("garbage\n\n1 2 254:0 /\n", os.makedev(254, 0)) is None
+
+
+def test_which_file_systems_keep_the_directory_fsync(tmp_path: Path) -> None:
+    # the decision follows the file system type, as findmnt (not our parser) reports it
+    if shutil.which("findmnt") is None:
+        pytest.skip("findmnt (util-linux) is not installed")
+    for path in (tmp_path, Path("/dev/shm"), Path("/proc")):
+        if not path.exists():
+            continue
+        fstype = subprocess.run(
+            ["findmnt", "-n", "-o", "FSTYPE", "--target", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert file_fsync_persists_names(path) == (fstype in {"ext3", "ext4", "xfs"}), (path, fstype)
+    assert not file_fsync_persists_names(tmp_path / "missing")
+    assert chunk_files.NAMES_DURABLE_WITH_FILE == {"ext3", "ext4", "xfs"}
+
+
+def test_the_directory_is_fsynced_where_the_file_system_needs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[bool] = []  # per fsync: was it a directory's?
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.path.isdir(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(chunk_files.os, "fsync", fsync)
+    for sync_dirs, want in ((True, [False, True]), (False, [False])):
+        files = ChunkFiles(tmp_path / f"chunks-{sync_dirs}", sync_dirs=sync_dirs)
+        files.write_new(b"\x01" * 16, 1, b"warm the shard up")  # makes (and fsyncs) the shard
+        synced.clear()
+        files.write_new(b"\x01" * 16, 2, os.urandom(4096))
+        assert synced == want
+        files.close()
+    # without sync nothing is fsynced, whatever the file system
+    files = ChunkFiles(tmp_path / "nosync", sync=False, sync_dirs=True)
+    synced.clear()
+    files.write_new(b"\x02" * 16, 1, b"x")
+    assert synced == [] and not files.sync_dirs
+    files.close()
+
+
+@contextlib.contextmanager
+def scratch_fs(tmp_path: Path, fstype: str) -> Iterator[Path]:
+    """A fresh file system of ``fstype`` on a loop device over a sparse file, mounted; unmounted
+    and detached afterwards, whatever happens."""
+    if os.geteuid() != 0:
+        pytest.skip("loop devices and file system shutdown need root")
+    mkfs = MKFS[fstype]
+    for tool in ("losetup", mkfs[0]):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    image, mnt = tmp_path / f"{fstype}.img", tmp_path / f"{fstype}.mnt"
+    with open(image, "wb") as f:
+        f.truncate(320 << 20)  # XFS wants at least 300 MiB
+    subprocess.run([*mkfs, str(image)], check=True, capture_output=True)
+    attach = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
+    if attach.returncode != 0:
+        pytest.skip(f"no loop device: {attach.stderr.strip()}")
+    dev = attach.stdout.strip()
+    try:
+        mnt.mkdir()
+        mounted = subprocess.run(["mount", dev, str(mnt)], capture_output=True, text=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"cannot mount {fstype}: {mounted.stderr.strip()}")
+        try:
+            yield mnt
+        finally:
+            subprocess.run(["umount", str(mnt)], capture_output=True)
+    finally:
+        subprocess.run(["losetup", "-d", dev], capture_output=True)
+
+
+def crash(mnt: Path) -> None:
+    """Cut the file system off as a power loss would: nothing more reaches its disk."""
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_SHUTDOWN, struct.pack("I", SHUTDOWN_NOLOGFLUSH))
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError):  # shut down: it accepts no more writes
+        (mnt / "after").write_bytes(b"lost")
+
+
+def remount(mnt: Path) -> None:
+    dev = subprocess.run(
+        ["findmnt", "-n", "-o", "SOURCE", "--target", str(mnt)], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    subprocess.run(["umount", str(mnt)], check=True, capture_output=True)
+    subprocess.run(["mount", dev, str(mnt)], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("fstype", sorted(MKFS))
+def test_new_chunk_files_survive_a_crash_without_a_directory_fsync(tmp_path: Path, fstype: str) -> None:
+    with scratch_fs(tmp_path, fstype) as mnt:
+        files = ChunkFiles(mnt / "chunks")
+        assert files.sync and not files.sync_dirs  # the case under test: no directory fsync
+        written = []
+        for i in range(24):  # several shards, small files (page cache) and large (O_DIRECT)
+            chunk_id = i.to_bytes(4, "big") * 4
+            data = os.urandom(4096 if i % 2 else 1 << 20)
+            written.append((chunk_id, files.write_version(chunk_id, i + 1, data, 1, 1), data))
+        files.close()
+        crash(mnt)
+        remount(mnt)
+        files = ChunkFiles(mnt / "chunks")
+        try:
+            for chunk_id, version, data in written:
+                assert files.read_version(chunk_id, version, 0, len(data)) == data
+        finally:
+            files.close()
