@@ -612,6 +612,11 @@ class ChunkEngine:
         (each one durable sync) they took: concurrent changes share one (group commit)."""
         return self._store.commit_stats()
 
+    def file_sync_stats(self) -> dict[str, tuple[int, float]]:
+        """Fsyncs of data files and of their directories since the engine opened, and their
+        seconds (see :meth:`ChunkFiles.sync_stats`)."""
+        return self._files.sync_stats()
+
     def space_info(self) -> SpaceInfo:
         """Capacity and free space of the file system, and what this target's chunks use."""
         with self._io("space_info"):

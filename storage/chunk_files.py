@@ -69,7 +69,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,6 +223,10 @@ class ChunkFiles:
         self.cold = ColdReads()
         self._dir_fds: dict[int, int] = {}
         self._lock = threading.Lock()
+        # fsyncs made, for metrics: "file" (a data file's), "dir" (a new file's directory) ->
+        # [count, seconds]; under _sync_lock (the I/O threads sync concurrently)
+        self._syncs: dict[str, list] = {"file": [0, 0.0], "dir": [0, 0.0]}  # type: ignore[type-arg]
+        self._sync_lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
         if sync_dirs is None:
             sync_dirs = not file_fsync_persists_names(root)
@@ -266,7 +270,7 @@ class ChunkFiles:
             else:
                 _pwrite_all(fd, data, 0)
             if self.sync:
-                os.fsync(fd)
+                self._timed_sync("file", os.fsync, fd)
         except BaseException:
             os.close(fd)
             self.unlink(chunk_id, file_id)
@@ -275,7 +279,24 @@ class ChunkFiles:
         if self.sync_dirs:
             # where the file's fsync does not persist its name: without this a power loss could
             # leave committed metadata pointing at a file that is not there
-            os.fsync(self._dir_fd(self.shard(chunk_id)))
+            self._timed_sync("dir", os.fsync, self._dir_fd(self.shard(chunk_id)))
+
+    def _timed_sync(self, what: str, sync: Callable[[int], None], fd: int) -> None:
+        start = time.perf_counter()
+        try:
+            sync(fd)
+        finally:
+            took = time.perf_counter() - start
+            with self._sync_lock:
+                counts = self._syncs[what]
+                counts[0] += 1
+                counts[1] += took
+
+    def sync_stats(self) -> dict[str, tuple[int, float]]:
+        """Fsyncs made so far and the seconds they took: ``"file"`` of data files (new versions,
+        in-place writes), ``"dir"`` of new files' directories (see the module docstring)."""
+        with self._sync_lock:
+            return {what: (n, t) for what, (n, t) in self._syncs.items()}
 
     def _create(self, chunk_id: bytes, file_id: int, direct: bool) -> tuple[int, bool]:
         """A new file's descriptor, and whether it was opened with O_DIRECT (asked for with
@@ -306,7 +327,8 @@ class ChunkFiles:
         try:
             _pwrite_all(fd, data, offset)
             if self.sync:
-                os.fdatasync(fd)  # persists the file size too, which is all an append changes
+                # persists the file size too, which is all an append changes
+                self._timed_sync("file", os.fdatasync, fd)
         finally:
             os.close(fd)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,7 @@ class CommitStats:
     transactions: int
     queued: int  # changes waiting for the transaction in progress to finish
     committing: int  # changes in the transaction in progress (0: none)
+    commit_seconds: float = 0.0  # time in the transactions, their two flushes included
 
 
 class _Change:
@@ -101,6 +103,7 @@ class ChunkMetaStore:
         self._leading = False  # a leader is committing a group
         self._committing = 0  # the size of that group
         self._changes = self._transactions = 0
+        self._commit_seconds = 0.0
         try:
             self._chunks = self._env.open_db(b"chunks")
             self._target = self._env.open_db(b"target")
@@ -173,11 +176,14 @@ class ChunkMetaStore:
     def commit_stats(self) -> CommitStats:
         """Changes recorded by :meth:`swap` since the store was opened, and transactions used."""
         with self._group_lock:
-            return CommitStats(self._changes, self._transactions, len(self._queue), self._committing)
+            return CommitStats(
+                self._changes, self._transactions, len(self._queue), self._committing, self._commit_seconds
+            )
 
     def _commit_group(self, group: list[_Change]) -> None:
         """Apply ``group`` in order in one write transaction; a change whose base moved fails alone."""
         applied = 0
+        start = time.perf_counter()
         with self._env.begin(write=True) as txn:
             self._extender.extend_if_needed()  # under the write lock, as it must be
             stats = self._stats(txn)
@@ -200,9 +206,11 @@ class ChunkMetaStore:
                 applied += 1
             if applied:
                 txn.put(b"stats", _STATS.pack(used, count, max_fid), db=self._target)
+        took = time.perf_counter() - start
         with self._group_lock:
             self._changes += applied
             self._transactions += 1
+            self._commit_seconds += took
 
     def delete_range(self, begin: bytes, end: bytes | None, limit: int) -> list[ChunkMeta]:
         """Delete up to ``limit`` chunks from ``[begin, end)`` in one transaction; return them."""

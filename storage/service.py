@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fs3 import metrics
 from fs3.errors import FS3Error, StatusCode
@@ -68,7 +68,7 @@ class StorageService:
             ("where",),
             reg,
         )
-        reg.register(_ColdReadMetrics(replicator.targets))
+        reg.register(_TargetMetrics(replicator.targets))
         self._inline_reads = self.m_reads.labels("inline")
         self._thread_reads = self.m_reads.labels("io_thread")
         self._aio_reads = self.m_reads.labels("aio")
@@ -322,14 +322,48 @@ class StorageService:
         return rsp
 
 
-class _ColdReadMetrics:
-    """Per target, from its engine's ColdReads when scraped: the moving average of the event
-    loop's reads that waited for the disk, and whether such reads are off the loop (disk slow)."""
+class _TargetMetrics:
+    """Per target, from its engine when scraped: the moving average of the event loop's reads that
+    waited for the disk, and whether such reads are off the loop (disk slow); the chunk-metadata
+    group commit; the fsyncs of chunk files and their directories."""
 
     def __init__(self, targets: TargetMap) -> None:
         self._targets = targets
 
     def collect(self) -> Iterator[Metric]:
+        engines = [(str(t.target_id), t.engine.engine) for t in list(self._targets.targets.values())]
+        yield from self._cold_reads(engines)
+        changes = CounterMetricFamily(
+            "fs3_storage_chunk_meta_changes", "chunk metadata changes recorded", labels=("target",)
+        )
+        commits = CounterMetricFamily(
+            "fs3_storage_chunk_meta_commits",
+            "LMDB write transactions that recorded them (group commit, two flushes each)",
+            labels=("target",),
+        )
+        commit_s = CounterMetricFamily(
+            "fs3_storage_chunk_meta_commit_seconds", "time in those transactions", labels=("target",)
+        )
+        syncs = CounterMetricFamily(
+            "fs3_storage_chunk_file_syncs",
+            "fsyncs of chunk data files (what=file) and of new files' directories (what=dir)",
+            labels=("target", "what"),
+        )
+        sync_s = CounterMetricFamily(
+            "fs3_storage_chunk_file_sync_seconds", "time in those fsyncs", labels=("target", "what")
+        )
+        for target, eng in engines:
+            st = eng.commit_stats()
+            changes.add_metric((target,), st.changes)
+            commits.add_metric((target,), st.transactions)
+            commit_s.add_metric((target,), st.commit_seconds)
+            for what, (count, seconds) in eng.file_sync_stats().items():
+                syncs.add_metric((target, what), count)
+                sync_s.add_metric((target, what), seconds)
+        yield from (changes, commits, commit_s, syncs, sync_s)
+
+    @staticmethod
+    def _cold_reads(engines: list[tuple[str, Any]]) -> Iterator[Metric]:
         avg = GaugeMetricFamily(
             "fs3_storage_cold_read_seconds",
             "moving average of small reads the event loop waited for the disk for",
@@ -340,9 +374,9 @@ class _ColdReadMetrics:
             "1 while the disk is slow and small reads that miss the page cache go to I/O threads",
             labels=("target",),
         )
-        for t in list(self._targets.targets.values()):
-            cold = t.engine.engine.cold_reads
-            avg.add_metric((str(t.target_id),), cold.avg_s)
-            off.add_metric((str(t.target_id),), 1 if cold.off_loop else 0)
+        for target, eng in engines:
+            cold = eng.cold_reads
+            avg.add_metric((target,), cold.avg_s)
+            off.add_metric((target,), 1 if cold.off_loop else 0)
         yield avg
         yield off

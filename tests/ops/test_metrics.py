@@ -11,6 +11,8 @@ import pytest
 from ops_helpers import dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from fs3.storage.chunk_files import file_fsync_persists_names
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -47,6 +49,32 @@ def test_storage_counts_client_bytes(small_cluster: Path) -> None:
         m = scrape(small_cluster, node)
         written += sum(s.value for s in m.get("fs3_storage_bytes", []) if s.labels.get("dir") == "write")
     assert written >= 100_000  # the head counts the client's write
+
+
+def test_storage_chunk_meta_and_file_sync_metrics(small_cluster: Path) -> None:
+    """The client's write made new chunk versions, each a data file fsynced and two metadata
+    changes (pending, commit) at the head, one at the tail, recorded by group commits; directories
+    are fsynced only where the file system needs it (the cluster's own, as the daemons decided)."""
+    changes = commits = commit_s = 0.0
+    syncs: dict[str, float] = {"file": 0.0, "dir": 0.0}
+    sync_s: dict[str, float] = {"file": 0.0, "dir": 0.0}
+    for node in ("storage-10001", "storage-10002"):
+        m = scrape(small_cluster, node)
+        targets = {s.labels["target"] for s in m["fs3_storage_cold_reads_off_loop"]}
+        assert {s.labels["target"] for s in m["fs3_storage_chunk_meta_changes"]} == targets
+        changes += sum(s.value for s in m["fs3_storage_chunk_meta_changes"])
+        commits += sum(s.value for s in m["fs3_storage_chunk_meta_commits"])
+        commit_s += sum(s.value for s in m["fs3_storage_chunk_meta_commit_seconds"])
+        for s in m["fs3_storage_chunk_file_syncs"]:
+            syncs[s.labels["what"]] += s.value
+        for s in m["fs3_storage_chunk_file_sync_seconds"]:
+            sync_s[s.labels["what"]] += s.value
+    assert changes >= commits >= 2 and changes >= 3 and commit_s > 0, (changes, commits, commit_s)
+    assert syncs["file"] >= 2 and sync_s["file"] > 0, (syncs, sync_s)  # a version on each replica
+    if file_fsync_persists_names(small_cluster):
+        assert syncs["dir"] == 0 and sync_s["dir"] == 0, syncs
+    else:
+        assert syncs["dir"] >= 2, syncs
 
 
 def test_meta_metrics(small_cluster: Path) -> None:
