@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from mounts import unmount
 
 from fs3.net.buffers import AlignedBuffer, BufferPool
 from fs3.storage import chunk_files
@@ -189,9 +190,7 @@ def ramfs(tmp_path):
     try:
         yield where
     finally:
-        # lazily if still busy (a failed test may have left files open): it goes with the process
-        if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], check=True, capture_output=True)
+        unmount(where)
 
 
 def test_a_file_system_without_o_direct_gets_buffered_writes(ramfs):

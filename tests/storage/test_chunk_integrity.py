@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from mounts import unmount
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
@@ -225,16 +226,9 @@ def failing_disk(tmp_path: Path):
         try:
             yield mnt
         finally:
-            _umount(mnt)
+            unmount(mnt)
     finally:
-        _umount(back)
-
-
-def _umount(where: Path) -> None:
-    """Unmount; lazily if still busy (a failed test may have left the engine's files open: the
-    file system then goes once the process ends, instead of staying mounted for good)."""
-    if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+        unmount(back)
 
 
 @pytest.mark.parametrize("direct_io", [False, True], ids=["page-cache", "direct"])

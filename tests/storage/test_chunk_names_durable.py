@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from mounts import unmount
 
 from fs3.storage import chunk_files
 from fs3.storage.chunk_files import ChunkFiles, file_fsync_persists_names, mount_fstype
@@ -130,9 +131,7 @@ def scratch_fs(tmp_path: Path, fstype: str) -> Iterator[Path]:
         try:
             yield mnt
         finally:
-            # lazily if still busy (a failed test may have left files open): it goes with the process
-            if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+            unmount(mnt)
     finally:
         subprocess.run(["losetup", "-d", dev], capture_output=True)  # (a busy one detaches when freed)
 
