@@ -173,17 +173,23 @@ def table(fs3: dict[str, dict[str, float]], local: dict[str, dict[str, float]]) 
 
 async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "client")]
+    from cluster import DEPLOYED_MGMTD_TIMING, DEPLOYED_STORAGE_TIMING
     from fs_cluster import FsCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
     try:
         # The daemons run as deployed (the test fixture gives them 8 I/O threads to spare the
         # test machine; 1 MiB reads and every write go through those threads)
-        extra: dict[str, object] = {"io_threads": args.io_threads}
+        # and with their deployed background intervals (heartbeats, routing polls), not the tests'
+        extra: dict[str, object] = {"io_threads": args.io_threads, **DEPLOYED_STORAGE_TIMING}
         if args.page_cache:
             extra["direct_io"] = False
         async with FsCluster(
-            tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size, storage_extra=extra
+            tmp / "cluster",
+            log_level="WARNING",
+            chunk_size=args.chunk_size,
+            storage_extra=extra,
+            mgmtd_extra=dict(DEPLOYED_MGMTD_TIMING),
         ) as c:
             m = await c.mount(tmp / "mnt")
             pids: dict[str, list[int]] = {"mount": [m.proc.pid], "storage": [], "other": []}  # type: ignore[list-item]

@@ -57,12 +57,20 @@ async def _timed(ops: int, nbytes: int, run: Callable[[], Awaitable[None]]) -> d
 
 async def bench(args: argparse.Namespace, tmp: Path) -> list[dict[str, object]]:
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "client")]
+    from cluster import DEPLOYED_MGMTD_TIMING, DEPLOYED_STORAGE_TIMING
     from fs_cluster import FsCluster
 
     from fs3.client.kvcache import KVCache
 
     rows: list[dict[str, object]] = []
-    async with FsCluster(tmp / "cluster", log_level="WARNING", chunk_size=args.chunk_size) as c:
+    # the daemons with their deployed background intervals (heartbeats, routing polls)
+    async with FsCluster(
+        tmp / "cluster",
+        log_level="WARNING",
+        chunk_size=args.chunk_size,
+        storage_extra=dict(DEPLOYED_STORAGE_TIMING),
+        mgmtd_extra=dict(DEPLOYED_MGMTD_TIMING),
+    ) as c:
         fs = await c.connect()
         for size in args.sizes:
             cache = KVCache(fs, f"/bench-{size}", concurrency=args.concurrency)

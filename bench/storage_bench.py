@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cluster import Cluster  # noqa: E402
+from cluster import DEPLOYED_MGMTD_TIMING, DEPLOYED_STORAGE_TIMING, Cluster  # noqa: E402
 
 from fs3.client.storage_client import ReadRequest, StorageClient  # noqa: E402
 from fs3.config import StorageConfig  # noqa: E402
@@ -88,8 +88,15 @@ async def bench(args: argparse.Namespace, root: Path) -> list[dict]:
         extra["direct_io"] = False
     if args.no_aio:
         extra["aio_reads"] = False
+    # ... and with their deployed background intervals (heartbeats, routing polls), not the tests'
+    extra.update(DEPLOYED_STORAGE_TIMING)
     cluster = Cluster(
-        root, chains=args.chains, sync_writes=not args.no_sync, log_level="WARNING", storage_extra=extra
+        root,
+        chains=args.chains,
+        sync_writes=not args.no_sync,
+        log_level="WARNING",
+        storage_extra=extra,
+        mgmtd_extra=dict(DEPLOYED_MGMTD_TIMING),
     )
     await cluster.start()
     try:

@@ -73,6 +73,7 @@ class FsCluster:
     chunk_size: int = 1 << 20
     log_level: str = "INFO"
     storage_extra: dict[str, object] = field(default_factory=dict)  # more storage config keys
+    mgmtd_extra: dict[str, object] = field(default_factory=dict)  # more mgmtd config keys
     meta_procs: list[Proc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -84,6 +85,7 @@ class FsCluster:
             replication=self.replication,
             log_level=self.log_level,
             storage_extra=self.storage_extra,
+            mgmtd_extra=self.mgmtd_extra,
         )
         self.meta_ports: list[int] = []
         self.mounts: list[Mount] = []
