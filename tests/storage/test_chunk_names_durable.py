@@ -106,9 +106,9 @@ def test_the_directory_is_fsynced_where_the_file_system_needs_it(
 
 
 @contextlib.contextmanager
-def scratch_fs(tmp_path: Path, fstype: str) -> Iterator[Path]:
-    """A fresh file system of ``fstype`` on a loop device over a sparse file, mounted; unmounted
-    and detached afterwards, whatever happens."""
+def scratch_fs(tmp_path: Path, fstype: str) -> Iterator[tuple[Path, str]]:
+    """A fresh file system of ``fstype`` on a loop device over a sparse file, mounted: (mount
+    point, loop device); unmounted and detached afterwards, whatever happens."""
     if os.geteuid() != 0:
         pytest.skip("loop devices and file system shutdown need root")
     mkfs = MKFS[fstype]
@@ -129,7 +129,7 @@ def scratch_fs(tmp_path: Path, fstype: str) -> Iterator[Path]:
         if mounted.returncode != 0:
             pytest.skip(f"cannot mount {fstype}: {mounted.stderr.strip()}")
         try:
-            yield mnt
+            yield mnt, dev
         finally:
             unmount(mnt)
     finally:
@@ -147,17 +147,14 @@ def crash(mnt: Path) -> None:
         (mnt / "after").write_bytes(b"lost")
 
 
-def remount(mnt: Path) -> None:
-    dev = subprocess.run(
-        ["findmnt", "-n", "-o", "SOURCE", "--target", str(mnt)], capture_output=True, text=True, check=True
-    ).stdout.strip()
+def remount(mnt: Path, dev: str) -> None:
     subprocess.run(["umount", str(mnt)], check=True, capture_output=True)
     subprocess.run(["mount", dev, str(mnt)], check=True, capture_output=True)
 
 
 @pytest.mark.parametrize("fstype", sorted(MKFS))
 def test_new_chunk_files_survive_a_crash_without_a_directory_fsync(tmp_path: Path, fstype: str) -> None:
-    with scratch_fs(tmp_path, fstype) as mnt:
+    with scratch_fs(tmp_path, fstype) as (mnt, dev):
         files = ChunkFiles(mnt / "chunks")
         assert files.sync and not files.sync_dirs  # the case under test: no directory fsync
         written = []
@@ -167,7 +164,7 @@ def test_new_chunk_files_survive_a_crash_without_a_directory_fsync(tmp_path: Pat
             written.append((chunk_id, files.write_version(chunk_id, i + 1, data, 1, 1), data))
         files.close()
         crash(mnt)
-        remount(mnt)
+        remount(mnt, dev)
         files = ChunkFiles(mnt / "chunks")
         try:
             for chunk_id, version, data in written:
@@ -188,7 +185,7 @@ def test_acknowledged_chunk_metadata_changes_survive_a_crash(tmp_path: Path) -> 
     acknowledged change: no group's callers heard before its changes were flushed, the last
     group's included. (Acknowledging a group once LMDB has committed it with ``metasync=False``,
     before its meta page is flushed, fails this test.)"""
-    with scratch_fs(tmp_path, "ext4") as mnt:
+    with scratch_fs(tmp_path, "ext4") as (mnt, dev):
         store = ChunkMetaStore(mnt / "meta", sync=True, map_size=64 << 20, max_readers=64)
         acked: dict[int, int] = {}
         lock = threading.Lock()
@@ -218,7 +215,7 @@ def test_acknowledged_chunk_metadata_changes_survive_a_crash(tmp_path: Path) -> 
                 store.close()
             except (OSError, lmdb.Error):
                 pass  # its flush at close fails on a shut-down file system
-        remount(mnt)
+        remount(mnt, dev)
         store = ChunkMetaStore(mnt / "meta", sync=True, map_size=64 << 20, max_readers=64)
         try:
             found = {n: store.get(n.to_bytes(16, "big")) for n in acked}
