@@ -8,14 +8,17 @@ On disk, under the target directory::
                         shard is CRC32C(chunk id) & 0xff, its directory made on first use
 
 Writes never touch bytes a committed version needs (an append may extend the committed version's
-file in place, past its end: see ChunkFiles.append_version). A small overwrite inside the chunk
-writes only the 64 KiB checksum blocks it touches, to an overlay file, making a *layered* pending
-version (the committed version's file plus the overlay), which commit records as it is. The next
+file in place, past its end: see ChunkFiles.append_version). A small overwrite inside the chunk,
+or a write of several small ranges of it (a client's gathered random writes), writes only the
+checksum blocks it touches (4 or 64 KiB each), to an overlay file (the runs of blocks back to back),
+making a *layered* pending version (the committed version's file plus the overlay), which commit
+records as it is. The next
 update of the chunk first folds the overlay into the data file (whose bytes there no longer belong
 to the committed version) and its metadata transaction records the committed version plain, after
 which the overlay file is deleted; opening the engine folds every committed layered version (see
-``_fold_data``). So a small overwrite writes 64 KiB instead of the chunk, for one in-place sync more
-and no transaction more. Any other update writes the new version (the committed content with the
+``_fold_data``). So a small overwrite writes its blocks instead of the chunk, for one in-place sync
+more and no transaction more. (It still reads and verifies the whole committed version, so that no
+update builds on a corrupt copy: see ``_write_layered``.) Any other update writes the new version (the committed content with the
 update applied) to a new file. Either way the new file is fsynced before the metadata transaction
 that records it as the chunk's pending version; :meth:`ChunkEngine.commit` switches the committed
 version to it in another and then deletes the old file. A crash therefore leaves every committed
@@ -63,13 +66,14 @@ import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 
-from .chunk_files import ChunkFiles, ColdReads, CorruptVersion, DirectRead
+from .chunk_files import ChunkFiles, ColdReads, CorruptVersion, DirectRead, release_read
 from .chunk_meta import (
     CHECKSUM_BLOCK,
     ChunkMeta,
     ChunkVersion,
     block_count,
     block_crcs,
+    block_runs,
     block_size,
     check_checksum,
     check_chunk_id,
@@ -364,8 +368,9 @@ class ChunkEngine:
 
         ``extents`` (``(offset, length)`` pairs, increasing and apart) makes it a write of several
         ranges at once, their bytes back to back in ``data`` (``offset`` is then the first one's):
-        one new version, built as a write of the span from the first range to the end of the last
-        with the bytes between them taken from the committed version.
+        one new version, layered where the blocks they touch are few enough for one small
+        overwrite (see ``_overlay_runs``), else built as a write of the span from the first range to
+        the end of the last with the bytes between them taken from the committed version.
 
         Raises INVALID_ARGUMENT, STORAGE_CHUNK_TOO_LARGE, STORAGE_CHECKSUM_MISMATCH,
         STORAGE_CHUNK_VERSION_MISMATCH (a version that is not committed + 1: stale or missing).
@@ -383,11 +388,24 @@ class ChunkEngine:
             check_size_class(chunk_id, meta, chunk_size)
             new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
-            if base is not None and base.layered and meta is not None and meta.pending is None:
+            if (
+                base is not None
+                and base.layered
+                and meta is not None
+                and meta.pending is None
+                and not (len(extents) <= 1 and offset == 0 and len(data) >= base.length)
+            ):
                 # fold the previous small overwrite now; the transaction that records the new
-                # pending version records the committed one without its overlay
+                # pending version records the committed one without its overlay (not needed when
+                # the update replaces every byte: the new version shares no file with the old)
                 base = self._fold_data(chunk_id, base)
             if len(extents) > 1:
+                runs = self._overlay_runs(meta, base, offset, data, extents)
+                if runs:
+                    assert base is not None
+                    new = self._write_layered_runs(chunk_id, base, data, extents, runs, new_ver, chain_ver)
+                    committed, pending = (new, None) if commit else (base, new)
+                    return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
                 data, checksum = self._span(chunk_id, base, data, extents), None
             end = offset + len(data)
             blk = base.block if base is not None else CHECKSUM_BLOCK
@@ -672,13 +690,26 @@ class ChunkEngine:
         build a new version from."""
         if v is None:
             return bytearray()
+        with self._verified(chunk_id, v, offset, end) as data:
+            return bytearray(data)
+
+    @contextlib.contextmanager
+    def _verified(
+        self, chunk_id: bytes, v: ChunkVersion, offset: int, end: int
+    ) -> Iterator[bytes | memoryview]:
+        """Verified bytes ``[offset, end)`` of a version (clipped to it), maybe a view of a lent
+        read buffer that is given back when the block ends."""
         try:
-            return bytearray(self._files.read_version(chunk_id, v, offset, min(end, v.length)))
+            data = self._files.read_version(chunk_id, v, offset, min(end, v.length), lease=True)
         except CorruptVersion as exc:
             raise FS3Error(
                 StatusCode.STORAGE_CHECKSUM_MISMATCH,
                 f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
             ) from None
+        try:
+            yield data
+        finally:
+            release_read(data)
 
     def _span(
         self,
@@ -767,6 +798,83 @@ class ChunkEngine:
             block=blk,
         )
 
+    def _overlay_runs(
+        self,
+        meta: ChunkMeta | None,
+        base: ChunkVersion | None,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        extents: Sequence[tuple[int, int]],
+    ) -> list[tuple[int, int]]:
+        """The block runs a write of several ``extents`` touches, where it can be a layered version
+        of ``base`` (as for one small overwrite: inside it, on a plain committed version with no
+        pending one, at most ``layered_overwrite_max`` of its blocks); else none."""
+        if (
+            base is None
+            or meta is None
+            or meta.pending is not None
+            or base.layered
+            or write_end(offset, len(data), extents) > base.length
+        ):
+            return []
+        runs = block_runs(extents, base.block)
+        touched = sum(end - first for first, end in runs)
+        if touched > self.options.layered_overwrite_max * block_count(base.length, base.block):
+            return []
+        return runs
+
+    def _write_layered_runs(
+        self,
+        chunk_id: bytes,
+        base: ChunkVersion,
+        data: bytes | bytearray | memoryview,
+        extents: Sequence[tuple[int, int]],
+        runs: list[tuple[int, int]],
+        version: int,
+        chain_ver: int,
+    ) -> ChunkVersion:
+        """The version ``base`` with ``extents`` (their bytes back to back in ``data``) written, as
+        a layered version: the block ``runs`` they touch go to a new overlay file, back to back."""
+        blk, length = base.block, base.length
+        view = memoryview(data)
+        pos = 0
+        pending = iter(extents)
+        ext = next(pending, None)
+        regions = []
+        crcs = bytearray(base.block_crcs)
+        crc = 0  # of the new version's bytes so far
+        done = 0
+        # every byte the new version keeps is read and verified, as for one small overwrite
+        with self._verified(chunk_id, base, 0, length) as old_bytes, memoryview(old_bytes) as old:
+            for first, end_block in runs:
+                start, stop = first * blk, min(end_block * blk, length)
+                region = bytearray(old[start:stop])
+                while ext is not None and ext[0] < stop:
+                    at, n = ext
+                    region[at - start : at - start + n] = view[pos : pos + n]
+                    pos += n
+                    ext = next(pending, None)
+                crcs[4 * first : 4 * end_block] = block_crcs(region, blk)
+                crc = crc32c(region, crc32c(old[done:start], crc))
+                done = stop
+                regions.append(region)
+            crc = crc32c(old[done:length], crc)
+        file_id = self._new_file_id()
+        self._files.write_new(chunk_id, file_id, b"".join(regions))
+        return ChunkVersion(
+            version,
+            chain_ver,
+            length,
+            crc,
+            base.file_id,
+            bytes(crcs),
+            overlay_file_id=file_id,
+            overlay_first=runs[0][0],
+            overlay_end=runs[-1][1],
+            block=blk,
+            overlay_runs=tuple(runs) if len(runs) > 1 else (),
+        )
+
     def _fold_data(self, chunk_id: bytes, v: ChunkVersion) -> ChunkVersion:
         """Copy the overlay blocks of the committed layered version ``v`` into its data file, sync
         it, and return ``v`` as a plain version, for the caller to record (that deletes the overlay).
@@ -778,10 +886,15 @@ class ChunkEngine:
         holds the chunk lock, and no pending version shares the data file.
 
         Raises STORAGE_CHECKSUM_MISMATCH if the overlay is corrupt (then it stays layered)."""
-        start, stop = v.overlay_span()
-        region = self._content(chunk_id, v, start, stop)
-        self._files.write_at(chunk_id, v.file_id, start, region)
-        return replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0)
+        try:
+            regions = self._files.read_overlay(chunk_id, v)
+        except CorruptVersion as exc:
+            raise FS3Error(
+                StatusCode.STORAGE_CHECKSUM_MISMATCH,
+                f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
+            ) from None
+        self._files.write_ranges(chunk_id, v.file_id, regions)
+        return replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0, overlay_runs=())
 
     def _fold(self, meta: ChunkMeta) -> ChunkMeta:
         """Fold the committed layered version and record it plain (when the engine opens)."""

@@ -69,7 +69,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -323,9 +323,17 @@ class ChunkFiles:
     def write_at(self, chunk_id: bytes, file_id: int, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` of an existing file and make it durable (an in-place append,
         or folding a layered version's overlay into its data file)."""
+        self.write_ranges(chunk_id, file_id, [(offset, data)])
+
+    def write_ranges(
+        self, chunk_id: bytes, file_id: int, ranges: Sequence[tuple[int, bytes | bytearray | memoryview]]
+    ) -> None:
+        """Write each ``(offset, data)`` of ``ranges`` into an existing file, then make them durable
+        with one sync."""
         fd = self._open(chunk_id, file_id, os.O_WRONLY)
         try:
-            _pwrite_all(fd, data, offset)
+            for offset, data in ranges:
+                _pwrite_all(fd, data, offset)
             if self.sync:
                 # persists the file size too, which is all an append changes
                 self._timed_sync("file", os.fdatasync, fd)
@@ -482,6 +490,25 @@ class ChunkFiles:
         except BaseException:
             release_read(raw)
             raise
+
+    def read_overlay(self, chunk_id: bytes, v: ChunkVersion) -> list[tuple[int, bytes | memoryview]]:
+        """The overlay spans of the layered version ``v``, each as ``(offset in the version,
+        bytes)``: one read of the overlay file, every block checked against its CRC32C.
+
+        Raises CorruptVersion if the overlay file is missing, short, or fails a checksum."""
+        try:
+            raw = self.read(chunk_id, v.overlay_file_id, 0, v.overlay_size())
+        except FileNotFoundError:
+            raise CorruptVersion("overlay file missing") from None
+        out = []
+        at = 0
+        with memoryview(raw) as view:
+            for start, stop in v.overlay_spans():
+                out.append(
+                    (start, bytes(self.verify_span(v, start, stop, start, view[at : at + stop - start])))
+                )
+                at += stop - start
+        return out
 
     def direct_plan(
         self,
@@ -773,20 +800,27 @@ def _span(v: ChunkVersion, offset: int, end: int) -> tuple[int, int]:
 
 def _stored_parts(v: ChunkVersion, start: int, stop: int) -> list[tuple[int, int, int]]:
     """Where bytes ``[start, stop)`` of ``v`` are stored, in order: ``(file id, offset in that
-    file, length)``; the overlay file holds a layered version's overlay span, its data file the
-    rest."""
+    file, length)``; the overlay file holds a layered version's overlay spans (back to back), its
+    data file the rest."""
     if not v.layered:
         return [(v.file_id, start, stop - start)]
-    over_start, over_end = v.overlay_span()
     parts = []
-    if start < over_start:
-        parts.append((v.file_id, start, min(stop, over_start) - start))
-    if start < over_end and stop > over_start:
-        lo, hi = max(start, over_start), min(stop, over_end)
-        parts.append((v.overlay_file_id, lo - over_start, hi - lo))
-    if stop > over_end:
-        lo = max(start, over_end)
-        parts.append((v.file_id, lo, stop - lo))
+    pos = start
+    at = 0  # where the overlay file holds the span
+    for lo, hi in v.overlay_spans():
+        if pos >= stop:
+            break
+        if pos < hi:
+            if pos < lo:
+                parts.append((v.file_id, pos, min(stop, lo) - pos))
+                pos = min(stop, lo)
+            if pos < stop:
+                end = min(stop, hi)
+                parts.append((v.overlay_file_id, at + pos - lo, end - pos))
+                pos = end
+        at += hi - lo
+    if pos < stop:
+        parts.append((v.file_id, pos, stop - pos))
     return parts
 
 

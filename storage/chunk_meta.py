@@ -7,9 +7,10 @@ per checksum block of the version (4 KiB or 64 KiB, see :func:`block_size`; so t
 reads and verifies only the blocks it covers) and the id of the data file that holds it. A pending version may also be a *removal*: committing it deletes the
 chunk.
 
-A version may also be *layered*: its bytes are those of its data file except for a run of whole
-checksum blocks, ``[overlay_first, overlay_end)``, which an *overlay* file holds (a small overwrite
-writes only the blocks it touches instead of copying the chunk; see
+A version may also be *layered*: its bytes are those of its data file except for some runs of
+whole checksum blocks (one, ``[overlay_first, overlay_end)``, or several, ``overlay_runs``), which an
+*overlay* file holds back to back (a small overwrite, or a write of several small ranges, writes only
+the blocks it touches instead of copying the chunk; see
 :meth:`fs3.storage.chunk_engine.ChunkEngine.update`).
 """
 
@@ -42,9 +43,10 @@ FINE_MAX_CHUNK = 4 * MiB
 #: inode id + chunk index); LMDB keys may not exceed 511 bytes, and nobody needs more than this.
 MAX_CHUNK_ID_LEN = 64
 #: 2 added layered versions (flag bit 1 and an overlay record); 3 added FINE_BLOCK versions (flag
-#: bit 2). Each format reads as the next.
-FORMAT_VERSION = 3
-READABLE_FORMATS = (1, 2, 3)
+#: bit 2); 4 added layered versions of several block runs (flag bit 3 and a run list). Each format
+#: reads as the next.
+FORMAT_VERSION = 4
+READABLE_FORMATS = (1, 2, 3, 4)
 
 
 #: ``crc32c(data, value=0)``: CRC32C (Castagnoli) of ``data``, continuing from ``value`` (the CRC
@@ -132,6 +134,19 @@ def block_size(chunk_size: int) -> int:
     return FINE_BLOCK if chunk_size <= FINE_MAX_CHUNK else CHECKSUM_BLOCK
 
 
+def block_runs(extents: Sequence[tuple[int, int]], block: int) -> list[tuple[int, int]]:
+    """The runs of whole ``block``-byte blocks ``[first, end)`` that byte ranges ``(offset,
+    length)`` (increasing) touch: increasing, apart (touching runs joined)."""
+    runs: list[list[int]] = []
+    for offset, length in extents:
+        first, end = offset // block, block_count(offset + length, block)
+        if runs and first <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], end)
+        else:
+            runs.append([first, end])
+    return [(first, end) for first, end in runs]
+
+
 def block_count(length: int, block: int = CHECKSUM_BLOCK) -> int:
     return -(-length // block)
 
@@ -156,7 +171,10 @@ class ChunkVersion:
 
     A layered version (``overlay_file_id`` not 0) takes blocks ``[overlay_first, overlay_end)``
     from the overlay file (which holds just those, from its offset 0) and the rest from its data
-    file. ``block`` is its checksum block (CHECKSUM_BLOCK or FINE_BLOCK).
+    file; or, where ``overlay_runs`` is given, the block runs ``[first, end)`` it lists (increasing
+    and apart; ``overlay_first`` and ``overlay_end`` are then the first's first and the last's end),
+    which the overlay file holds back to back. ``block`` is its checksum block (CHECKSUM_BLOCK or
+    FINE_BLOCK).
     """
 
     version: int
@@ -170,6 +188,7 @@ class ChunkVersion:
     overlay_first: int = 0
     overlay_end: int = 0
     block: int = CHECKSUM_BLOCK
+    overlay_runs: tuple[tuple[int, int], ...] = ()
 
     def block_crc(self, index: int) -> int:
         return struct.unpack_from("<I", self.block_crcs, 4 * index)[0]
@@ -178,9 +197,23 @@ class ChunkVersion:
     def layered(self) -> bool:
         return self.overlay_file_id != 0
 
-    def overlay_span(self) -> tuple[int, int]:
-        """The byte range ``[start, end)`` of the version that the overlay file holds."""
-        return self.overlay_first * self.block, min(self.overlay_end * self.block, self.length)
+    def overlay_spans(self) -> list[tuple[int, int]]:
+        """The byte ranges ``[start, end)`` of the version that the overlay file holds, in the order
+        it holds them (none for a version that is not layered)."""
+        if not self.layered:
+            return []
+        block, length = self.block, self.length
+        runs = self.overlay_runs or ((self.overlay_first, self.overlay_end),)
+        return [(first * block, min(end * block, length)) for first, end in runs]
+
+    def overlay_size(self) -> int:
+        """Bytes in the overlay file."""
+        if not self.layered:
+            return 0
+        block, length = self.block, self.length
+        if not self.overlay_runs:
+            return min(self.overlay_end * block, length) - self.overlay_first * block
+        return sum(min(end * block, length) - first * block for first, end in self.overlay_runs)
 
 
 @dataclass(slots=True, frozen=True)
@@ -241,8 +274,7 @@ class ChunkMeta:
             if v is not None and not v.removal:
                 sizes[v.file_id] = max(sizes.get(v.file_id, 0), v.length)
                 if v.layered:
-                    start, end = v.overlay_span()
-                    sizes[v.overlay_file_id] = end - start
+                    sizes[v.overlay_file_id] = v.overlay_size()
         return sizes
 
     def physical_bytes(self) -> int:
@@ -254,16 +286,19 @@ class ChunkMeta:
 # value := header(format u8, log2(chunk_size) u8, flags u8) [committed] [pending]
 # version := version u64, chain_ver u32, length u32, crc u32, file_id u64, kind u8, block crcs,
 #            [overlay file_id u64, first block u32, end block u32]   (format 2, kind bit 1)
-# kind: bit 0 a removal, bit 1 layered, bit 2 FINE_BLOCK checksums (format 1 has only bit 0, format
-# 2 bits 0 and 1)
+#            [run count u32, (first block u32, end block u32) * count]   (format 4, kind bit 3)
+# kind: bit 0 a removal, bit 1 layered, bit 2 FINE_BLOCK checksums, bit 3 several overlay runs
+# (format 1 has only bit 0, format 2 bits 0 and 1, format 3 bits 0 to 2)
 _HEADER = struct.Struct("<BBB")
 _VERSION = struct.Struct("<QIIIQB")
 _OVERLAY = struct.Struct("<QII")
+_COUNT = struct.Struct("<I")
 _HAS_COMMITTED = 1
 _HAS_PENDING = 2
 _REMOVAL = 1
 _LAYERED = 2
 _FINE = 4
+_RUNS = 8
 
 
 def encode_meta(meta: ChunkMeta) -> bytes:
@@ -272,6 +307,8 @@ def encode_meta(meta: ChunkMeta) -> bytes:
     for v in (meta.committed, meta.pending):
         if v is not None:
             kind = (_REMOVAL if v.removal else 0) | (_LAYERED if v.layered else 0)
+            if v.overlay_runs:
+                kind |= _RUNS
             if v.block == FINE_BLOCK:
                 kind |= _FINE
             elif v.block != CHECKSUM_BLOCK:
@@ -280,6 +317,9 @@ def encode_meta(meta: ChunkMeta) -> bytes:
             parts.append(v.block_crcs)
             if v.layered:
                 parts.append(_OVERLAY.pack(v.overlay_file_id, v.overlay_first, v.overlay_end))
+                if v.overlay_runs:
+                    flat = [i for run in v.overlay_runs for i in run]
+                    parts.append(struct.pack(f"<I{len(flat)}I", len(v.overlay_runs), *flat))
     return b"".join(parts)
 
 
@@ -301,11 +341,17 @@ def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
         crcs = bytes(value[pos : pos + n])
         pos += n
         overlay = (0, 0, 0)
+        runs: tuple[tuple[int, int], ...] = ()
         if kind & _LAYERED:
             overlay = _OVERLAY.unpack_from(value, pos)
             pos += _OVERLAY.size
+            if kind & _RUNS:
+                (count,) = _COUNT.unpack_from(value, pos)
+                flat = struct.unpack_from(f"<{2 * count}I", value, pos + _COUNT.size)
+                pos += _COUNT.size + 8 * count
+                runs = tuple(zip(flat[::2], flat[1::2], strict=True))
         versions.append(
-            ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay, block)
+            ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay, block, runs)
         )
     return ChunkMeta(chunk_id, 1 << size_log2, versions[0], versions[1])
 

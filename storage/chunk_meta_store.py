@@ -189,8 +189,7 @@ class ChunkMetaStore:
             stats = self._stats(txn)
             used, count, max_fid = stats.used, stats.chunk_count, stats.max_file_id
             for c in group:
-                raw = txn.get(c.chunk_id, db=self._chunks)
-                if raw != (None if c.old is None else encode_meta(c.old)):
+                if not _holds(c.chunk_id, txn.get(c.chunk_id, db=self._chunks), c.old):
                     c.error = FS3Error(
                         StatusCode.ABORTED, f"chunk {c.chunk_id.hex()} was changed by a concurrent update"
                     )
@@ -268,3 +267,14 @@ class ChunkMetaStore:
                     StatusCode.STORAGE_IO_ERROR,
                     f"target metadata {path} has format {_FORMAT.unpack(raw)[0]}, not {FORMAT_VERSION}",
                 )
+
+
+def _holds(chunk_id: bytes, raw: bytes | None, meta: ChunkMeta | None) -> bool:
+    """Whether the stored record ``raw`` (None: absent) is ``meta``. One that an older format wrote
+    (its first byte says which) is compared decoded: this build encodes the same content with its
+    own format's byte."""
+    if raw is None or meta is None:
+        return raw is None and meta is None
+    if raw[0] == FORMAT_VERSION:
+        return raw == encode_meta(meta)
+    return decode_meta(chunk_id, raw) == meta

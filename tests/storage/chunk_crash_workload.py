@@ -1,8 +1,8 @@
 """Child process of the crash test: runs chunk updates and commits until it is SIGKILLed.
 
 Usage: ``python chunk_crash_workload.py TARGET_DIR SEED [MODE]``. MODE ``mixed`` (the default) mixes
-every kind of update on small chunks; ``small-overwrites`` mostly overwrites a few KiB inside 1 MiB
-chunks (layered versions, folded at commit). Protocol on stdout, one flushed line per event, chunk
+every kind of update on small chunks; ``small-overwrites`` mostly overwrites a few KiB, or several
+small ranges at once, inside 1 MiB chunks (layered versions, folded by the next update). Protocol on stdout, one flushed line per event, chunk
 ids in hex:
 
     READY                         the engine is open
@@ -42,6 +42,12 @@ def small_overwrite(rng: random.Random, old: bytes) -> tuple[int, bytes]:
     return offset, rng.randbytes(length)
 
 
+def small_ranges(rng: random.Random, old: bytes) -> list[tuple[int, bytes]]:
+    """Several small ranges inside the chunk, increasing and apart (a gathered random write)."""
+    starts = sorted(rng.sample(range(0, len(old) - 600, 600), rng.randint(2, 12)))
+    return [(start + rng.randrange(100), rng.randbytes(rng.choice([1, 100, 400]))) for start in starts]
+
+
 def emit(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -61,7 +67,23 @@ def main() -> None:
         old = engine.read(cid).data if meta is not None else b""
         emit(f"B {cid.hex()}")
         op = rng.random()
-        if mode == "small-overwrites" and len(old) > 0 and op < 0.7:
+        if mode == "small-overwrites" and len(old) > 20_000 and op < 0.35:
+            ranges = small_ranges(rng, old)
+            new = bytearray(old)
+            for offset, data in ranges:
+                new[offset : offset + len(data)] = data
+            joined = b"".join(data for _, data in ranges)
+            extents = [(offset, len(data)) for offset, data in ranges]
+            meta = engine.update(
+                cid,
+                extents[0][0],
+                joined,
+                chunk_size=size,
+                chain_ver=1,
+                checksum=crc32c(joined),
+                extents=extents,
+            )
+        elif mode == "small-overwrites" and len(old) > 0 and op < 0.7:
             offset, data = small_overwrite(rng, old)
             new = bytearray(old)
             new[offset : offset + len(data)] = data

@@ -281,6 +281,47 @@ async def test_reads_of_layered_versions_go_through_aio(tmp_path: Path) -> None:
         assert _reads(after, "io_thread") == _reads(before, "io_thread")
 
 
+async def test_reads_of_versions_layered_by_several_ranges_go_through_aio(tmp_path: Path) -> None:
+    """A write of several small ranges of a chunk over replication 3 makes a layered version with
+    several overlay runs on every replica; AIO reads it in pieces from both files."""
+    async with Cluster(tmp_path / "c", storage_nodes=3, replication=3, metrics=True) as c:
+        client = await c.storage_client()
+        chain = c.chain_ids[0]
+        model = bytearray(os.urandom(MiB))
+        await client.write(chain, 9, 0, 0, bytes(model), MiB)
+        ranges = [(10 * 4096 + 5, os.urandom(10)), (40 * 4096, os.urandom(8192)), (200 * 4096 - 1, b"xy")]
+        for offset, data in ranges:
+            model[offset : offset + len(data)] = data
+        extents = [(offset, len(data)) for offset, data in ranges]
+        await client.write(chain, 9, 0, extents[0][0], b"".join(d for _, d in ranges), MiB, extents)
+        cid = (9).to_bytes(8, "big") + (0).to_bytes(8, "big")
+        for node in c.nodes:
+            target = next(iter(node.targets.values()))
+            files = _files_of(target, cid)
+            assert len(files) == 2, "the write did not make a layered version"
+            # blocks 10, 40 and 41, 199 and 200
+            assert sorted(p.stat().st_size for p in files) == [5 * 4096, MiB]
+        asks = [
+            (0, 11 * 4096),  # data file, then the first run
+            (9 * 4096, 3 * 4096),  # data file, the first run, data file
+            (39 * 4096 + 7, 3 * 4096),  # data file, the second run
+            (41 * 4096 + 100, 8192),  # the second run, then data file
+            (199 * 4096, 8192),  # the third run only
+        ]
+        scrapes = [await c.scrape(i) for i in range(3)]
+        got = await client.batch_read([ReadRequest(chain, 9, 0, off, n) for off, n in asks])
+        assert got == [bytes(model[off : off + n]) for off, n in asks]
+        again = [await c.scrape(i) for i in range(3)]
+
+        def count(where: str) -> float:
+            return sum(_reads(b, where) - _reads(a, where) for a, b in zip(scrapes, again, strict=True))
+
+        # the four that touch the data file (written with O_DIRECT, so not cached) go through
+        # AIO; the overlay file is small, written through the page cache: read inline from there
+        assert (count("aio"), count("inline")) == (4, 1)
+        assert await client.batch_read([ReadRequest(chain, 9, 0, 0, MiB)]) == [bytes(model)]
+
+
 async def test_a_lone_cold_read_is_read_at_once_on_the_loop(tmp_path: Path) -> None:
     """A read alone in its request costs less read right away on the loop than submitted and
     waited for, while the disk is fast; so does the one cold read of a request whose other reads

@@ -14,7 +14,15 @@ import pytest
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
-from fs3.storage.chunk_meta import ChunkMeta, ChunkVersion, block_size, crc32c, decode_meta, encode_meta
+from fs3.storage.chunk_meta import (
+    ChunkMeta,
+    ChunkVersion,
+    block_crcs,
+    block_size,
+    crc32c,
+    decode_meta,
+    encode_meta,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,3 +217,159 @@ def test_layered_metadata_round_trips_and_format_1_still_reads(engine: ChunkEngi
     # a record written by format 1 (no layered versions) differs only in its first byte
     for plain in (committed, removal):
         assert decode_meta(cid(1), b"\x01" + encode_meta(plain)[1:]) == plain
+
+
+def test_a_write_of_several_small_ranges_writes_only_their_blocks(engine: ChunkEngine) -> None:
+    """A gathered random write (several ranges of one chunk) makes one layered version whose
+    overlay file holds the block runs the ranges touch, back to back; the data file stays as it is
+    until the next update folds every run into it."""
+    old = os.urandom(CS)
+    write(engine, cid(1), 0, old)
+    (base_file,) = data_files(engine)
+    ranges = [
+        (5 * B + 10, os.urandom(100)),  # inside block 5
+        (6 * B - 3, os.urandom(6)),  # across blocks 5 and 6: joins the run before
+        (20 * B, os.urandom(B)),  # block 20 exactly
+        (21 * B + 1, os.urandom(2 * B)),  # blocks 21 to 23: touches the run before, so joins it
+        (100 * B - 1, os.urandom(2)),  # across blocks 99 and 100
+        (CS - 5, os.urandom(5)),  # the end
+    ]
+    new = bytearray(old)
+    for offset, data in ranges:
+        new[offset : offset + len(data)] = data
+    joined = b"".join(data for _, data in ranges)
+    extents = [(offset, len(data)) for offset, data in ranges]
+    meta = engine.update(
+        cid(1), extents[0][0], joined, chunk_size=CS, chain_ver=1, checksum=crc32c(joined), extents=extents
+    )
+    v = meta.pending
+    runs = ((5, 7), (20, 24), (99, 101), (CS // B - 1, CS // B))
+    assert v.layered and v.overlay_runs == runs and (v.overlay_first, v.overlay_end) == (5, CS // B)
+    assert v.crc == crc32c(new) and v.block_crcs == block_crcs(new, B)
+    overlay = [p for p in data_files(engine) if p != base_file]
+    assert [p.stat().st_size for p in overlay] == [9 * B]
+    assert overlay[0].read_bytes() == b"".join(new[a * B : b * B] for a, b in runs)
+    assert base_file.read_bytes() == old
+    assert engine.space_info().used == CS + 9 * B
+    assert decode_meta(cid(1), encode_meta(meta)) == meta
+    assert engine.read(cid(1), version=2).data == new
+    for off, length in [
+        (0, 5 * B),
+        (5 * B, 2 * B),
+        (7 * B - 1, 2),
+        (19 * B, 6 * B),
+        (6 * B, 95 * B),
+        (CS - 9, 9),
+    ]:
+        assert engine.read(cid(1), off, length, version=2).data == new[off : off + length]
+    assert engine.read(cid(1)).data == old
+
+    engine.commit(cid(1), 2)
+    assert engine.read(cid(1)).data == new
+    # the next update (here another gathered one) folds every run into the data file first
+    more = [(2 * B, b"a"), (50 * B, b"b")]
+    newer = bytearray(new)
+    for offset, data in more:
+        newer[offset : offset + len(data)] = data
+    meta = engine.update(cid(1), 2 * B, b"ab", chunk_size=CS, chain_ver=1, extents=[(2 * B, 1), (50 * B, 1)])
+    assert not meta.committed.layered and meta.committed.crc == crc32c(new)
+    assert base_file.read_bytes() == new
+    assert meta.pending.overlay_runs == ((2, 3), (50, 51))
+    engine.commit(cid(1), 3)
+    assert engine.read(cid(1)).data == newer
+    engine.close()
+    with ChunkEngine(engine.path) as again:  # folds the last one
+        assert not again.get_meta(cid(1)).committed.layered
+        assert data_files(again) == [base_file] and base_file.read_bytes() == newer
+        assert again.space_info().used == CS
+
+
+def test_several_ranges_over_too_much_of_the_chunk_or_past_its_end_copy_it(engine: ChunkEngine) -> None:
+    old = os.urandom(8 * B)
+    write(engine, cid(1), 0, old)
+    cases = [
+        [(0, 1), (2 * B, 1), (4 * B, 1), (6 * B, 1), (7 * B, 1)],  # five of eight blocks
+        [(B, 1), (8 * B - 1, 10)],  # past the end
+    ]
+    for extents in cases:
+        data = os.urandom(sum(n for _, n in extents))
+        meta = engine.update(cid(1), extents[0][0], data, chunk_size=CS, chain_ver=1, extents=extents)
+        assert not meta.pending.layered and meta.pending.file_id != meta.committed.file_id
+        engine.abort(cid(1))
+        assert data_files(engine) == [engine._files.path(cid(1), meta.committed.file_id)]  # noqa: SLF001
+
+
+def test_several_ranges_never_build_on_a_corrupt_base_or_fold_a_corrupt_run(engine: ChunkEngine) -> None:
+    old = os.urandom(16 * B)
+    committed = write(engine, cid(1), 0, old)
+    path = engine._files.path(cid(1), committed.committed.file_id)  # noqa: SLF001
+    with open(path, "r+b") as f:  # a bad byte in block 12, which the write does not touch
+        f.seek(12 * B + 9)
+        f.write(bytes([old[12 * B + 9] ^ 1]))
+    extents = [(B, 3), (3 * B, 3)]
+    with pytest.raises(FS3Error) as err:
+        engine.update(cid(1), B, b"xxxyyy", chunk_size=CS, chain_ver=1, extents=extents)
+    assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH and "block 12" in err.value.message
+    engine.replace(cid(1), old, chunk_size=CS, chain_ver=2, version=5, commit=True)  # the chain repairs it
+    write_meta = engine.update(cid(1), B, b"xxxyyy", chunk_size=CS, chain_ver=1, extents=extents)
+    engine.commit(cid(1), write_meta.pending_ver)
+    layered = engine.get_meta(cid(1)).committed
+    assert layered.overlay_runs == ((1, 2), (3, 4))
+    with open(engine._files.path(cid(1), layered.overlay_file_id), "r+b") as f:  # noqa: SLF001
+        f.seek(B + 7)  # in the second run
+        f.write(b"\0")
+    with pytest.raises(FS3Error) as err:
+        engine.read(cid(1), 3 * B, 10)
+    assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH and "block 3" in err.value.message
+    with pytest.raises(FS3Error) as err:  # not folded into the data file
+        engine.update(cid(1), 0, b"z", chunk_size=CS, chain_ver=1)
+    assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+    assert engine.get_meta(cid(1)).committed == layered
+
+
+def test_records_of_an_older_format_are_updated_in_place(tmp_path: Path) -> None:
+    """A target from the previous build holds records with its format's first byte: they read,
+    and the changes that replace them (here the fold at opening, then updates) find them as they
+    are (a record is compared decoded when its format differs, not byte for byte)."""
+    eng = ChunkEngine(tmp_path)
+    old = os.urandom(CS)
+    write(eng, cid(1), 0, old)
+    write(eng, cid(2), 0, old)
+    layered = write(eng, cid(1), 3 * B, b"layered")
+    assert layered.committed.layered
+    store = eng._store  # noqa: SLF001
+    with store._env.begin(write=True) as txn:  # noqa: SLF001 - as format 3 wrote them
+        for n in (1, 2):
+            raw = bytearray(txn.get(cid(n), db=store._chunks))  # noqa: SLF001
+            raw[0] = 3
+            txn.put(cid(n), bytes(raw), db=store._chunks)  # noqa: SLF001
+        txn.put(b"format", struct.pack("<I", 3), db=store._target)  # noqa: SLF001
+    eng.close()
+    new = bytearray(old)
+    new[3 * B : 3 * B + 7] = b"layered"
+    with ChunkEngine(tmp_path) as eng:
+        assert eng.recovery.layered == [cid(1)]
+        assert not eng.get_meta(cid(1)).committed.layered and eng.read(cid(1)).data == new
+        write(eng, cid(2), 10, b"updated")
+        assert eng.read(cid(2)).data == old[:10] + b"updated" + old[17:]
+
+
+def test_a_whole_rewrite_of_a_layered_version_does_not_fold_it(engine: ChunkEngine) -> None:
+    """Folding writes the overlay into the data file for the next version to build on; a write of
+    the whole chunk builds on nothing (a sequential writer after random ones), so the layered
+    version stays as it is until the commit deletes both of its files."""
+    old = os.urandom(CS)
+    write(engine, cid(1), 0, old)
+    layered = write(engine, cid(1), 7 * B, b"small").committed
+    assert layered.layered
+    files = data_files(engine)
+    before = [p.read_bytes() for p in files]
+    new = os.urandom(CS)
+    meta = engine.update(cid(1), 0, new, chunk_size=CS, chain_ver=1)
+    assert meta.committed == layered and not meta.pending.layered
+    assert [p.read_bytes() for p in files] == before  # neither file was written
+    assert engine.read(cid(1)).data == old[: 7 * B] + b"small" + old[7 * B + 5 :]
+    engine.commit(cid(1), meta.pending_ver)
+    assert engine.read(cid(1)).data == new
+    assert len(data_files(engine)) == 1 and not set(files) & set(data_files(engine))
+    assert engine.space_info().used == CS
