@@ -68,7 +68,6 @@ from fs3.errors import FS3Error, StatusCode
 
 from .chunk_files import ChunkFiles, ColdReads, CorruptVersion, DirectRead, release_read
 from .chunk_meta import (
-    CHECKSUM_BLOCK,
     ChunkMeta,
     ChunkVersion,
     block_count,
@@ -82,8 +81,6 @@ from .chunk_meta import (
     check_fits,
     check_size_class,
     crc32c,
-    crc32c_combine,
-    crc32c_splice,
     next_version,
     select_version,
     write_end,
@@ -399,17 +396,16 @@ class ChunkEngine:
                 # pending version records the committed one without its overlay (not needed when
                 # the update replaces every byte: the new version shares no file with the old)
                 base = self._fold_data(chunk_id, base)
+            ranges = extents if len(extents) > 1 else ((offset, len(data)),)
+            runs = self._overlay_runs(meta, base, offset, data, ranges)
+            if runs:
+                assert base is not None
+                new = self._write_layered(chunk_id, base, data, ranges, runs, new_ver, chain_ver)
+                committed, pending = (new, None) if commit else (base, new)
+                return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
             if len(extents) > 1:
-                runs = self._overlay_runs(meta, base, offset, data, extents)
-                if runs:
-                    assert base is not None
-                    new = self._write_layered_runs(chunk_id, base, data, extents, runs, new_ver, chain_ver)
-                    committed, pending = (new, None) if commit else (base, new)
-                    return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, pending))
                 data, checksum = self._span(chunk_id, base, data, extents), None
             end = offset + len(data)
-            blk = base.block if base is not None else CHECKSUM_BLOCK
-            first, end_block = offset // blk, block_count(end, blk)
             if (
                 self.options.in_place_append
                 and base is not None
@@ -420,16 +416,6 @@ class ChunkEngine:
                 and len(data) > 0
             ):
                 new = self._files.append_version(chunk_id, base, data, new_ver, chain_ver)
-            elif (
-                base is not None
-                and meta is not None
-                and meta.pending is None
-                and not base.layered
-                and 0 < len(data)
-                and end <= base.length
-                and end_block - first <= self.options.layered_overwrite_max * block_count(base.length, blk)
-            ):
-                new = self._write_layered(chunk_id, base, offset, data, new_ver, chain_ver)
             elif offset == 0 and (base is None or end >= base.length):
                 # the whole new content is ``data``, whose CRC the sender's checksum may have given
                 new = self._write_version(chunk_id, data, new_ver, chain_ver, chunk_size, crc=checksum)
@@ -699,17 +685,10 @@ class ChunkEngine:
     ) -> Iterator[bytes | memoryview]:
         """Verified bytes ``[offset, end)`` of a version (clipped to it), maybe a view of a lent
         read buffer that is given back when the block ends."""
-        try:
+        with _cannot_update(chunk_id, v):
             data = self._files.read_version(chunk_id, v, offset, min(end, v.length), lease=True)
-        except CorruptVersion as exc:
-            raise FS3Error(
-                StatusCode.STORAGE_CHECKSUM_MISMATCH,
-                f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
-            ) from None
-        try:
+        with _released(data):
             yield data
-        finally:
-            release_read(data)
 
     def _span(
         self,
@@ -754,50 +733,6 @@ class ChunkEngine:
             self._next_file_id += 1
         return file_id
 
-    def _write_layered(
-        self,
-        chunk_id: bytes,
-        base: ChunkVersion,
-        offset: int,
-        data: bytes | bytearray | memoryview,
-        version: int,
-        chain_ver: int,
-    ) -> ChunkVersion:
-        """The version ``base`` with ``data`` written at ``offset`` (inside it), as a layered
-        version: the checksum blocks the write touches go to a new overlay file, the rest stays in
-        ``base``'s file, which this does not touch (it is the committed version's)."""
-        end = offset + len(data)
-        blk = base.block  # the overlay replaces whole blocks of base's
-        first, end_block = offset // blk, block_count(end, blk)
-        start, stop = first * blk, min(end_block * blk, base.length)
-        # Read and verify every byte the new version keeps, as copy-on-write does, not only those of
-        # the blocks rewritten: an update never builds on a corrupt copy (the chain then sends the
-        # whole chunk, which repairs it), and one that overwrites the bad bytes repairs them.
-        region = self._content(chunk_id, base, 0, offset)[start:]
-        region += data
-        region += self._content(chunk_id, base, end, base.length)[: stop - end]
-        old_crc = base.block_crc(first)
-        for index in range(first + 1, end_block):
-            size = min(blk, base.length - index * blk)
-            old_crc = crc32c_combine(old_crc, base.block_crc(index), size)
-        file_id = self._new_file_id()
-        self._files.write_new(chunk_id, file_id, region)
-        crcs = bytearray(base.block_crcs)
-        crcs[4 * first : 4 * end_block] = block_crcs(region, blk)
-        crc = crc32c_splice(base.crc, old_crc, crc32c(region), base.length - stop)
-        return ChunkVersion(
-            version,
-            chain_ver,
-            base.length,
-            crc,
-            base.file_id,
-            bytes(crcs),
-            overlay_file_id=file_id,
-            overlay_first=first,
-            overlay_end=end_block,
-            block=blk,
-        )
-
     def _overlay_runs(
         self,
         meta: ChunkMeta | None,
@@ -806,11 +741,12 @@ class ChunkEngine:
         data: bytes | bytearray | memoryview,
         extents: Sequence[tuple[int, int]],
     ) -> list[tuple[int, int]]:
-        """The block runs a write of several ``extents`` touches, where it can be a layered version
-        of ``base`` (as for one small overwrite: inside it, on a plain committed version with no
-        pending one, at most ``layered_overwrite_max`` of its blocks); else none."""
+        """The block runs a write of ``extents`` (one or several ranges) touches, where it can be a
+        layered version of ``base``: inside it, on a plain committed version with no pending one,
+        at most ``layered_overwrite_max`` of its blocks; else none."""
         if (
-            base is None
+            not data
+            or base is None
             or meta is None
             or meta.pending is not None
             or base.layered
@@ -823,7 +759,7 @@ class ChunkEngine:
             return []
         return runs
 
-    def _write_layered_runs(
+    def _write_layered(
         self,
         chunk_id: bytes,
         base: ChunkVersion,
@@ -834,7 +770,8 @@ class ChunkEngine:
         chain_ver: int,
     ) -> ChunkVersion:
         """The version ``base`` with ``extents`` (their bytes back to back in ``data``) written, as
-        a layered version: the block ``runs`` they touch go to a new overlay file, back to back."""
+        a layered version: the block ``runs`` they touch go to a new overlay file, back to back;
+        ``base``'s file, the committed version's, is not touched."""
         blk, length = base.block, base.length
         view = memoryview(data)
         pos = 0
@@ -844,8 +781,12 @@ class ChunkEngine:
         crcs = bytearray(base.block_crcs)
         crc = 0  # of the new version's bytes so far
         done = 0
-        # every byte the new version keeps is read and verified, as for one small overwrite
-        with self._verified(chunk_id, base, 0, length) as old_bytes, memoryview(old_bytes) as old:
+        # Read and verify every byte the new version keeps, as copy-on-write does, not only those of
+        # the blocks rewritten: an update never builds on a corrupt copy (the chain then sends the
+        # whole chunk, which repairs it), and one that overwrites the bad bytes repairs them.
+        with _cannot_update(chunk_id, base):
+            kept = self._files.read_kept(chunk_id, base, extents)
+        with _released(kept), memoryview(kept) as old:
             for first, end_block in runs:
                 start, stop = first * blk, min(end_block * blk, length)
                 region = bytearray(old[start:stop])
@@ -886,13 +827,8 @@ class ChunkEngine:
         holds the chunk lock, and no pending version shares the data file.
 
         Raises STORAGE_CHECKSUM_MISMATCH if the overlay is corrupt (then it stays layered)."""
-        try:
+        with _cannot_update(chunk_id, v):
             regions = self._files.read_overlay(chunk_id, v)
-        except CorruptVersion as exc:
-            raise FS3Error(
-                StatusCode.STORAGE_CHECKSUM_MISMATCH,
-                f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
-            ) from None
         self._files.write_ranges(chunk_id, v.file_id, regions)
         return replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0, overlay_runs=())
 
@@ -934,6 +870,27 @@ class ChunkEngine:
                 self._files.unlink(chunk_id, file_id)
             elif new_files[file_id] < length:
                 self._files.truncate(chunk_id, file_id, new_files[file_id])
+
+
+@contextlib.contextmanager
+def _cannot_update(chunk_id: bytes, v: ChunkVersion) -> Iterator[None]:
+    """CorruptVersion, met reading ``v`` to build on it, as the error an update fails with."""
+    try:
+        yield
+    except CorruptVersion as exc:
+        raise FS3Error(
+            StatusCode.STORAGE_CHECKSUM_MISMATCH,
+            f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
+        ) from None
+
+
+@contextlib.contextmanager
+def _released(data: bytes | memoryview) -> Iterator[None]:
+    """Give back the lent buffer ``data`` may be a view of, when the block ends."""
+    try:
+        yield
+    finally:
+        release_read(data)
 
 
 def _lock_target(path: Path) -> int:

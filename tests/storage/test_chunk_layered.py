@@ -373,3 +373,16 @@ def test_a_whole_rewrite_of_a_layered_version_does_not_fold_it(engine: ChunkEngi
     assert engine.read(cid(1)).data == new
     assert len(data_files(engine)) == 1 and not set(files) & set(data_files(engine))
     assert engine.space_info().used == CS
+
+
+def test_several_ranges_that_replace_a_bad_block_whole_repair_it(engine: ChunkEngine) -> None:
+    old = os.urandom(16 * B)
+    committed = write(engine, cid(1), 0, old)
+    with open(engine._files.path(cid(1), committed.committed.file_id), "r+b") as f:  # noqa: SLF001
+        f.seek(5 * B + 1)
+        f.write(bytes([old[5 * B + 1] ^ 1]))
+    fix = os.urandom(B)
+    meta = engine.update(cid(1), B, b"a" + fix, chunk_size=CS, chain_ver=1, extents=[(B, 1), (5 * B, B)])
+    assert meta.pending.overlay_runs == ((1, 2), (5, 6))
+    engine.commit(cid(1), meta.pending_ver)
+    assert engine.read(cid(1)).data == old[:B] + b"a" + old[B + 1 : 5 * B] + fix + old[6 * B :]
