@@ -42,8 +42,9 @@ async def finish_workers(stop: asyncio.Event, tasks: Sequence[asyncio.Task[None]
 
 
 class Workload:
-    """Writers that each own one chunk and overwrite 4 KiB blocks of it, remembering every
-    acknowledged write (the model)."""
+    """Writers that each own one chunk and overwrite 4 KiB blocks of it, one at a time or a few
+    apart in one write (as a client's gathered random writes), remembering every acknowledged
+    write (the model)."""
 
     def __init__(self, client: StorageClient, chain_id: int, inode: int, writers: int) -> None:
         self.client = client
@@ -59,13 +60,19 @@ class Workload:
         seq = 0
         while not self.stop.is_set():
             seq += 1
-            off = rng.randrange(0, CHUNK // BLOCK) * BLOCK
-            data = os.urandom(BLOCK)
-            await self.client.write(self.chain_id, self.inode, w, off, data, CHUNK)
+            if seq % 3:
+                blocks = [rng.randrange(0, CHUNK // BLOCK)]
+            else:  # several blocks, apart
+                blocks = sorted(rng.sample(range(0, CHUNK // BLOCK, 2), rng.randint(2, 6)))
+            writes = [(b * BLOCK, os.urandom(BLOCK)) for b in blocks]
+            extents = [(off, BLOCK) for off, _ in writes] if len(writes) > 1 else ()
+            data = b"".join(d for _, d in writes)
+            await self.client.write(self.chain_id, self.inode, w, writes[0][0], data, CHUNK, extents)
             m = self.model[w]
-            if len(m) < off + BLOCK:
-                m.extend(bytes(off + BLOCK - len(m)))
-            m[off : off + BLOCK] = data
+            for off, d in writes:
+                if len(m) < off + BLOCK:
+                    m.extend(bytes(off + BLOCK - len(m)))
+                m[off : off + BLOCK] = d
             self.acked += 1
 
     async def wait_acked(self, n: int, timeout_s: float = 60.0) -> None:
