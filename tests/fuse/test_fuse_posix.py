@@ -157,6 +157,20 @@ def test_fio_verify(env: Env) -> None:
     sh(f"fio {common} --rw=randwrite --bs=4k --size=4m --do_verify=1 --verify_state_save=0", d, timeout=100)
 
 
+def test_fio_sparse_random_writes_verify_after_close(env: Env) -> None:
+    """4 KiB random writes thinly spread over a 64 MiB file (a few dozen per 1 MiB chunk) reach
+    storage gathered, one update per chunk with its blocks as several overlay runs; a second fio,
+    after the first closed the file, reads every block back from storage and checks it."""
+    d = env.mnt / "fio-sparse"
+    d.mkdir()
+    common = (
+        "--name=v --filename=sparse --size=64m --bs=4k --ioengine=psync --verify=crc32c "
+        "--rw=randwrite --number_ios=3000 --randseed=7"
+    )
+    sh(f"fio {common} --do_verify=0 --verify_state_save=1", d, timeout=100)
+    sh(f"fio {common} --verify_only --verify_state_load=1", d, timeout=100)
+
+
 def test_appends_and_sparse_files(env: Env) -> None:
     p = env.mnt / "appended"
     want = b""
