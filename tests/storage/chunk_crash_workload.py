@@ -22,7 +22,7 @@ import struct
 import sys
 
 from fs3.storage.chunk_engine import ChunkEngine
-from fs3.storage.chunk_meta import crc32c
+from fs3.storage.chunk_meta import ChunkMeta, crc32c
 
 CHUNKS = 6
 
@@ -48,6 +48,22 @@ def small_ranges(rng: random.Random, old: bytes) -> list[tuple[int, bytes]]:
     return [(start + rng.randrange(100), rng.randbytes(rng.choice([1, 100, 400]))) for start in starts]
 
 
+def update_ranges(
+    engine: ChunkEngine, cid: bytes, old: bytes, ranges: list[tuple[int, bytes]], size: int
+) -> tuple[ChunkMeta, bytearray]:
+    """Write ``ranges`` (``(offset, bytes)``, increasing and apart) in one update of a chunk whose
+    committed content is ``old``; returns the update's metadata and the content it makes."""
+    new = bytearray(old)
+    for offset, data in ranges:
+        new[offset : offset + len(data)] = data
+    joined = b"".join(data for _, data in ranges)
+    extents = [(offset, len(data)) for offset, data in ranges]
+    meta = engine.update(
+        cid, extents[0][0], joined, chunk_size=size, chain_ver=1, checksum=crc32c(joined), extents=extents
+    )
+    return meta, new
+
+
 def emit(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -68,21 +84,7 @@ def main() -> None:
         emit(f"B {cid.hex()}")
         op = rng.random()
         if mode == "small-overwrites" and len(old) > 20_000 and op < 0.35:
-            ranges = small_ranges(rng, old)
-            new = bytearray(old)
-            for offset, data in ranges:
-                new[offset : offset + len(data)] = data
-            joined = b"".join(data for _, data in ranges)
-            extents = [(offset, len(data)) for offset, data in ranges]
-            meta = engine.update(
-                cid,
-                extents[0][0],
-                joined,
-                chunk_size=size,
-                chain_ver=1,
-                checksum=crc32c(joined),
-                extents=extents,
-            )
+            meta, new = update_ranges(engine, cid, old, small_ranges(rng, old), size)
         elif mode == "small-overwrites" and len(old) > 0 and op < 0.7:
             offset, data = small_overwrite(rng, old)
             new = bytearray(old)

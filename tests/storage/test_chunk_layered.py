@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from chunk_crash_workload import update_ranges
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
@@ -234,14 +235,7 @@ def test_a_write_of_several_small_ranges_writes_only_their_blocks(engine: ChunkE
         (100 * B - 1, os.urandom(2)),  # across blocks 99 and 100
         (CS - 5, os.urandom(5)),  # the end
     ]
-    new = bytearray(old)
-    for offset, data in ranges:
-        new[offset : offset + len(data)] = data
-    joined = b"".join(data for _, data in ranges)
-    extents = [(offset, len(data)) for offset, data in ranges]
-    meta = engine.update(
-        cid(1), extents[0][0], joined, chunk_size=CS, chain_ver=1, checksum=crc32c(joined), extents=extents
-    )
+    meta, new = update_ranges(engine, cid(1), old, ranges, CS)
     v = meta.pending
     runs = ((5, 7), (20, 24), (99, 101), (CS // B - 1, CS // B))
     assert v.layered and v.overlay_runs == runs and (v.overlay_first, v.overlay_end) == (5, CS // B)
