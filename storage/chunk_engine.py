@@ -8,22 +8,22 @@ On disk, under the target directory::
                         shard is CRC32C(chunk id) & 0xff, its directory made on first use
 
 Writes never touch bytes a committed version needs (an append may extend the committed version's
-file in place, past its end: see ChunkFiles.append_version). A small overwrite inside the chunk,
-or a write of several small ranges of it (a client's gathered random writes), writes only the
-checksum blocks it touches (4 or 64 KiB each), to an overlay file (the runs of blocks back to back),
-making a *layered* pending version (the committed version's file plus the overlay), which commit
-records as it is. The next
-update of the chunk first folds the overlay into the data file (whose bytes there no longer belong
-to the committed version) and its metadata transaction records the committed version plain, after
-which the overlay file is deleted; opening the engine folds every committed layered version (see
-``_fold_data``). So a small overwrite writes its blocks instead of the chunk, for one in-place sync
-more and no transaction more. (It still reads and verifies the whole committed version, so that no
-update builds on a corrupt copy: see ``_write_layered``.) Any other update writes the new version (the committed content with the
-update applied) to a new file. Either way the new file is fsynced before the metadata transaction
-that records it as the chunk's pending version; :meth:`ChunkEngine.commit` switches the committed
-version to it in another and then deletes the old file. A crash therefore leaves every committed
-version intact, pending versions recorded for the chain to settle, committed layered versions that
-opening the engine folds, and at worst files no metadata references, which opening the engine removes.
+file in place, past its end: see ChunkFiles.append_version). A small overwrite inside the chunk, or
+a write of several small ranges of it (a client's gathered random writes), writes only the checksum
+blocks it touches (4 or 64 KiB each), to an overlay file (the runs of blocks back to back), making a
+*layered* pending version (the committed version's file plus the overlay), which commit records as
+it is. The next update of the chunk (unless it replaces every byte) first folds the overlay into the
+data file (whose bytes there no longer belong to the committed version) and its metadata transaction
+records the committed version plain, after which the overlay file is deleted; opening the engine
+folds every committed layered version (see ``_fold_data``). So a small overwrite writes its blocks
+instead of the chunk, for one in-place sync more and no transaction more. (It still reads the whole
+committed version and checks every byte it keeps, so that no update builds on a corrupt copy: see
+``_write_layered``.) Any other update writes the new version (the committed content with the update
+applied) to a new file. Either way the new file is fsynced before the metadata transaction that
+records it as the chunk's pending version; :meth:`ChunkEngine.commit` switches the committed version
+to it in another and then deletes the old file. A crash therefore leaves every committed version
+intact, pending versions recorded for the chain to settle, committed layered versions that opening
+the engine folds, and at worst files no metadata references, which opening the engine removes.
 
 Every call that changes a chunk returns only once its metadata is durable, but concurrent calls on
 a target share one LMDB write transaction and its syncs (group commit, see
