@@ -141,6 +141,7 @@ class _ClientSession(FrameReceiver):
             message,
             payload,
             min(int(timeout * 1000) + 1, 0xFFFFFFFF),
+            reply_into=len(into) if into is not None else 0,
         )
         fut = self.loop.create_future()
         deadline = self.loop.time() + timeout

@@ -50,6 +50,9 @@ class Flag(enum.IntFlag):
     ERROR = 0x04  # a RESPONSE (or HANDSHAKE) whose message is an fs3.Status
     HANDSHAKE = 0x08
     PAYLOAD_CRC = 0x10  # the payload crc field is meaningful and must be checked
+    # RDMA only (other transports refuse it): a request followed by the descriptor of the caller's
+    # registered buffer, where the server may RDMA WRITE the reply's payload (fs3.net.rdma.stream)
+    SINK = 0x20
 
 
 # Plain ints for the hot path (IntFlag arithmetic is slow).
@@ -58,6 +61,7 @@ F_RESPONSE = int(Flag.RESPONSE)
 F_ERROR = int(Flag.ERROR)
 F_HANDSHAKE = int(Flag.HANDSHAKE)
 F_PAYLOAD_CRC = int(Flag.PAYLOAD_CRC)
+F_SINK = int(Flag.SINK)
 _KIND_MASK = F_REQUEST | F_RESPONSE | F_HANDSHAKE
 _KNOWN = _KIND_MASK | F_ERROR | F_PAYLOAD_CRC
 # Valid flag bytes, precomputed so validation is one set lookup.
@@ -68,6 +72,8 @@ _VALID_FLAGS = frozenset(
     and (f & _KIND_MASK) in (F_REQUEST, F_RESPONSE, F_HANDSHAKE)
     and not (f & F_ERROR and f & F_REQUEST)
 )
+#: what the RDMA transport also accepts: requests that name a reply buffer
+VALID_FLAGS_RDMA = _VALID_FLAGS | frozenset(f | F_SINK for f in _VALID_FLAGS if f & F_REQUEST)
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,8 +162,14 @@ H_PAYLOAD_CRC = 10
 _CRC_RESIDUE = 0x48674BC7
 
 
-def check_header(buf: bytes | bytearray | memoryview, offset: int, limits: RpcLimits) -> tuple[int, ...]:
-    """Validate the header at ``buf[offset:]`` and return all its fields (index with ``H_*``).
+def check_header(
+    buf: bytes | bytearray | memoryview,
+    offset: int,
+    limits: RpcLimits,
+    valid_flags: frozenset[int] = _VALID_FLAGS,
+) -> tuple[int, ...]:
+    """Validate the header at ``buf[offset:]`` and return all its fields (index with ``H_*``);
+    ``valid_flags``: the flag bytes the transport accepts.
 
     The receive path's version of :func:`decode_header`: one unpack, one CRC pass and one combined
     test when the header is good, the detailed diagnosis only when it is not.
@@ -167,18 +179,22 @@ def check_header(buf: bytes | bytearray | memoryview, offset: int, limits: RpcLi
         f[0] != MAGIC
         or crc32c(buf[offset : offset + HEADER_SIZE]) != _CRC_RESIDUE
         or f[1] != VERSION
-        or f[2] not in _VALID_FLAGS
+        or f[2] not in valid_flags
         or f[5]
         or (f[10] and not f[2] & F_PAYLOAD_CRC)
         or f[8] > limits.max_message_bytes
         or f[9] > limits.max_payload_bytes
     ):
-        _diagnose(f, buf, offset, limits)
+        _diagnose(f, buf, offset, limits, valid_flags)
     return f
 
 
 def _diagnose(
-    f: tuple[int, ...], buf: bytes | bytearray | memoryview, offset: int, limits: RpcLimits
+    f: tuple[int, ...],
+    buf: bytes | bytearray | memoryview,
+    offset: int,
+    limits: RpcLimits,
+    valid_flags: frozenset[int] = _VALID_FLAGS,
 ) -> None:
     """Raise the FrameError that says what is wrong with header fields ``f``."""
     (magic, version, flags, _, _, reserved, request_id, _, mlen, plen, pcrc, _) = f
@@ -188,7 +204,7 @@ def _diagnose(
         raise FrameError(StatusCode.RPC_MALFORMED_FRAME, "header crc mismatch")
     if version != VERSION:
         raise FrameError(StatusCode.RPC_MALFORMED_FRAME, f"unsupported version {version}", request_id)
-    if flags not in _VALID_FLAGS or reserved:
+    if flags not in valid_flags or reserved:
         raise FrameError(
             StatusCode.RPC_MALFORMED_FRAME,
             f"invalid flags 0x{flags:02x} reserved={reserved}",

@@ -461,6 +461,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         payload: Buffer | None = None,
         timeout_ms: int = 0,
         on_sent: Callable[[], None] | None = None,
+        reply_into: int = 0,  # TCP reads a reply's payload straight into the buffer anyway
     ) -> None:
         if self._closing:
             raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")

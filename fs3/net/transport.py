@@ -116,10 +116,13 @@ class Connection(abc.ABC):
         payload: Buffer | None = None,
         timeout_ms: int = 0,
         on_sent: Callable[[], None] | None = None,
+        reply_into: int = 0,
     ) -> None:
         """Queue a frame. Never blocks and never copies ``payload``: it must stay unchanged until
         ``on_sent`` is called (or the connection is lost, after which ``on_sent`` is not called).
-        Frames queued in one event loop iteration go out together."""
+        Frames queued in one event loop iteration go out together. ``reply_into``: for a request,
+        the size of the buffer its reply's payload will be received into (a transport may have the
+        peer write it there directly; the RDMA transport does)."""
 
     @abc.abstractmethod
     def redirect_payload(self, replacement: memoryview) -> None:

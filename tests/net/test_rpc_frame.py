@@ -20,9 +20,12 @@ from fs3.net.frame import (
     F_PAYLOAD_CRC,
     F_REQUEST,
     F_RESPONSE,
+    F_SINK,
     HEADER_SIZE,
+    VALID_FLAGS_RDMA,
     FrameError,
     RpcLimits,
+    check_header,
     decode_header,
     encode_header,
 )
@@ -99,6 +102,20 @@ def test_invalid_flag_combinations_are_refused(flags: int) -> None:
     with pytest.raises(FrameError) as e:
         decode_header(encode_header(flags, 1, 0, 1, 0), 0, DEFAULT_LIMITS)
     assert e.value.code == StatusCode.RPC_MALFORMED_FRAME
+
+
+def test_a_named_reply_buffer_is_an_rdma_request_s_flag_only() -> None:
+    """Flag.SINK (a descriptor of the caller's reply buffer follows) means something only on RDMA
+    and only on a request: TCP's check refuses it everywhere, the RDMA stream's on anything else."""
+    for flags in (F_REQUEST | F_SINK, F_REQUEST | F_PAYLOAD_CRC | F_SINK):
+        with pytest.raises(FrameError):
+            decode_header(encode_header(flags, 1, 0, 1, 0), 0, DEFAULT_LIMITS)
+        raw = encode_header(flags, 1, 0, 1, 0)
+        assert check_header(raw, 0, DEFAULT_LIMITS, VALID_FLAGS_RDMA)[2] == flags
+    for flags in (F_RESPONSE | F_SINK, F_HANDSHAKE | F_SINK, F_RESPONSE | F_ERROR | F_SINK):
+        with pytest.raises(FrameError) as e:
+            check_header(encode_header(flags, 1, 0, 1, 0), 0, DEFAULT_LIMITS, VALID_FLAGS_RDMA)
+        assert e.value.code == StatusCode.RPC_MALFORMED_FRAME
 
 
 def test_wrong_version_and_reserved_field_are_refused() -> None:

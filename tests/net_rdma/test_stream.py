@@ -6,20 +6,36 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fs3.net.frame import F_REQUEST, H_PAYLOAD_LEN, H_REQUEST_ID, FrameError, RpcLimits, encode_header
+from fs3.net.frame import (
+    F_REQUEST,
+    F_SINK,
+    H_FLAGS,
+    H_PAYLOAD_LEN,
+    H_REQUEST_ID,
+    FrameError,
+    RpcLimits,
+    encode_header,
+)
 from fs3.net.rdma.stream import StreamAssembler
-from fs3.net.rdma.wire import RemoteBuffer
+from fs3.net.rdma.wire import RemoteBuffer, pack_sink, unpack_sink
 
 pytestmark = pytest.mark.timeout(60)
 LIMITS = RpcLimits()
 INLINE = 100
 
 
+def _sink(rid: int) -> RemoteBuffer:
+    return RemoteBuffer(0x9000 + rid, 9, 1000 + rid)
+
+
 def _frame(rid: int, message: bytes, payload: bytes) -> bytes:
-    head = encode_header(F_REQUEST, rid, 1, 2, len(message), len(payload))
+    """A request; every third names a reply buffer (Flag.SINK: its descriptor comes last)."""
+    sink = rid % 3 == 0
+    head = encode_header(F_REQUEST | (F_SINK if sink else 0), rid, 1, 2, len(message), len(payload))
+    tail = pack_sink(_sink(rid)) if sink else b""
     if len(payload) > INLINE:
-        return head + message + RemoteBuffer(0x1000 + rid, 7, len(payload), rid).pack()
-    return head + message + payload
+        return head + message + RemoteBuffer(0x1000 + rid, 7, len(payload), rid).pack() + tail
+    return head + message + payload + tail
 
 
 frames_st = st.lists(st.tuples(st.binary(max_size=300), st.binary(max_size=300)), min_size=1, max_size=20)
@@ -46,6 +62,10 @@ def test_frames_survive_any_chunking(frames: list[tuple[bytes, bytes]], data: st
             assert f.payload is None and RemoteBuffer.unpack(f.descriptor, len(p)).token == i + 1  # type: ignore[arg-type]
         else:
             assert f.descriptor is None and (f.payload or b"") == p
+        if (i + 1) % 3 == 0:
+            assert f.header[H_FLAGS] & F_SINK and unpack_sink(f.sink) == _sink(i + 1)  # type: ignore[arg-type]
+        else:
+            assert f.sink is None
 
 
 def test_bad_header_is_a_frame_error() -> None:

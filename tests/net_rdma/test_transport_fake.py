@@ -22,9 +22,9 @@ from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
 from fs3.net.frame import FrameError, encode_header
 from fs3.net.rdma.connection import RdmaConnection
 from fs3.net.rdma.transport import RdmaTransport
-from fs3.net.rdma.wire import RemoteBuffer, pack_chunk_header
+from fs3.net.rdma.wire import FEATURE_REPLY_BUFFERS, WRITTEN, RemoteBuffer, pack_chunk_header
 from fs3.net.rdma.workreq import WrKind, encode_wr_id
-from fs3.net.system import ECHO, PING, SINK
+from fs3.net.system import ECHO, PING, SINK, SOURCE, source_pattern
 from fs3.net.transport import Connection, FrameReceiver
 from fs3.proto import rpc_pb2
 
@@ -491,3 +491,143 @@ async def test_a_tcp_client_s_large_first_burst_is_handed_to_the_tcp_transport(p
     reply = await asyncio.wait_for(reader.read(), 10)
     assert reply[:4] == b"FS3R"
     writer.close()
+
+
+def _conns(t: RdmaTransport) -> list[RdmaConnection]:
+    return list(t.connections)
+
+
+def _pools_idle(*transports: RdmaTransport) -> bool:
+    return all(n.pool.in_use_bytes == 0 for t in transports for n in t.nics)
+
+
+@pytest.mark.parametrize("payload_crc", [False, True])
+async def test_a_reply_into_the_caller_s_buffer_is_written_there_by_the_server(payload_crc: bool) -> None:
+    """A call with ``into=`` names a reply buffer; the server RDMA WRITEs the reply's payload into
+    it and sends the reply after: no READ, no release token; the buffer goes back to the pool as
+    the reply arrives. A reply too small to be pulled, a failed call and a reply too large for the
+    buffer leave it unwritten, and it goes back all the same."""
+    p = await _pair(RdmaConfig(inline_payload_bytes=4096))
+    client = RpcClient(SECRET, transport=p.ct, limits=LIMITS, payload_crc=payload_crc)
+    try:
+        for n in (4097, 300_000, 3 << 20):
+            dest = bytearray(n + 100)
+            reads = p.fabric.reads
+            _, payload = await client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=n), into=dest)
+            assert payload is not None and payload.obj is dest and bytes(payload) == source_pattern(n)
+            assert p.fabric.reads == reads  # nothing pulled
+        (cconn,) = _conns(p.ct)
+        (sconn,) = _conns(p.st)
+        assert sconn.stats()["pushed"] == 3 and cconn.stats()["received_written"] == 3
+        assert p.fabric.writes == 3
+        await poll(lambda: _pools_idle(p.st, p.ct), what="staging buffers back")
+        assert cconn.stats()["reply_buffers"] == 0 and cconn.stats()["exposed"] == 0
+
+        # inline (small), failed, and too large for the buffer: nothing written, buffers back
+        dest = bytearray(1 << 20)
+        _, payload = await client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=100), into=dest)
+        assert bytes(payload) == source_pattern(100)
+        with pytest.raises(FS3Error) as err:
+            await client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=1 << 40), into=dest)
+        assert err.value.code == StatusCode.INVALID_ARGUMENT
+        with pytest.raises(FS3Error) as err:
+            await client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=2 << 20), into=dest)
+        assert err.value.code == StatusCode.RPC_FRAME_TOO_LARGE
+        assert p.fabric.writes == 3 and sconn.stats()["pushed"] == 3
+        await poll(lambda: _pools_idle(p.st, p.ct), what="staging buffers back")
+        assert cconn.stats()["reply_buffers"] == 0 and cconn.stats()["exposed"] == 0
+        # the connection is still good
+        _, payload = await client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=5000), into=dest)
+        assert bytes(payload) == source_pattern(5000) and p.fabric.writes == 4
+    finally:
+        await client.close()
+        await p.client.close()
+        await p.server.stop()
+
+
+async def test_reply_buffers_are_a_share_of_the_pool_and_the_rest_are_pulled() -> None:
+    """Concurrent calls name reply buffers only up to a quarter of the staging pool; the others'
+    replies are pulled as before. Every reply is right and every buffer comes back."""
+    cfg = RdmaConfig(pool_bytes=4 << 20, inline_payload_bytes=1024)
+    limits = dataclasses.replace(LIMITS, max_payload_bytes=1 << 20)  # (the pool holds one at least)
+    fabric = Fabric()
+    st = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener, limits=limits)
+    ct = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener, limits=limits)
+    server = RpcServer(SECRET, transport=st, limits=limits)
+    await server.start(("127.0.0.1", 0))
+    client = RpcClient(SECRET, transport=ct, limits=limits)
+    try:
+        await client.call(server.address, PING, rpc_pb2.PingRequest())
+        (sconn,) = _conns(st)
+        (cconn,) = _conns(ct)
+        sconn.pause_receiving(True)  # all 16 requests are out before any reply comes back
+        n = 256 << 10
+        dests = [bytearray(n) for _ in range(16)]
+        calls = asyncio.gather(
+            *(client.call(server.address, SOURCE, rpc_pb2.SourceRequest(length=n), into=d) for d in dests)
+        )
+        await poll(lambda: cconn.stats()["sends"] >= 2, what="requests sent")
+        await asyncio.sleep(0.05)
+        assert cconn.stats()["reply_buffers"] == 4  # 1 MiB of the 4 MiB pool
+        sconn.pause_receiving(False)
+        results = await calls
+        assert all(bytes(payload) == source_pattern(n) for _, payload in results)
+        assert (fabric.writes, fabric.reads) == (4, 12)
+        await poll(lambda: _pools_idle(st, ct), what="staging buffers back")
+        assert cconn.stats()["reply_buffers"] == 0
+    finally:
+        await client.close()
+        await server.stop()
+        st.close()
+        ct.close()
+
+
+async def test_a_reply_buffer_outlives_a_caller_that_gave_up() -> None:
+    """The server may write into the buffer until the reply arrives, whatever the caller does: a
+    call that timed out keeps it until then, and the late reply frees it."""
+    p = await _pair(RdmaConfig(inline_payload_bytes=1024))
+    try:
+        await p.client.call(p.address, PING, rpc_pb2.PingRequest())
+        (sconn,) = _conns(p.st)
+        sconn.pause_receiving(True)  # the server takes nothing for a while
+        dest = bytearray(100_000)
+        with pytest.raises(FS3Error) as err:
+            await p.client.call(
+                p.address, SOURCE, rpc_pb2.SourceRequest(length=90_000), into=dest, timeout=0.2
+            )
+        assert err.value.code == StatusCode.DEADLINE_EXCEEDED
+        (cconn,) = _conns(p.ct)
+        assert cconn.stats()["reply_buffers"] == 1
+        sconn.pause_receiving(False)
+        await poll(lambda: cconn.stats()["reply_buffers"] == 0, what="the late reply frees the buffer")
+        assert sconn.stats()["pushed"] == 1 and not any(dest)  # written into our buffer, not the caller's
+        await poll(lambda: _pools_idle(p.st, p.ct), what="staging buffers back")
+    finally:
+        await p.client.close()
+        await p.server.stop()
+
+
+async def test_a_reply_written_where_no_request_named_a_buffer_closes_the_connection() -> None:
+    fabric, st, ct, accepted, client_rx = await _raw()
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    head = encode_header(0x02, 7, 1, 1, 0, 1 << 20)  # a RESPONSE with a 1 MiB payload ...
+    _post_raw_chunk(server, head + WRITTEN)  # ... "already written" into a buffer never named
+    await asyncio.wait_for(client_rx.lost.wait(), 5)
+    assert client_rx.errors and client_rx.errors[0].code == StatusCode.RPC_MALFORMED_FRAME
+    assert "named no buffer" in client_rx.errors[0].message
+
+
+async def test_a_peer_that_does_not_announce_reply_buffers_is_named_none(pair: Pair) -> None:
+    """A server whose handshake lacks FEATURE_REPLY_BUFFERS (an older build) would refuse Flag.SINK:
+    the client names no reply buffer to it, and its replies are pulled as before."""
+    await pair.client.call(pair.address, PING, rpc_pb2.PingRequest())
+    (cconn,) = _conns(pair.ct)
+    assert cconn.remote.features & FEATURE_REPLY_BUFFERS
+    cconn.remote = dataclasses.replace(cconn.remote, features=0)
+    reads, writes = pair.fabric.reads, pair.fabric.writes
+    dest = bytearray(1 << 20)
+    _, payload = await pair.client.call(
+        pair.address, SOURCE, rpc_pb2.SourceRequest(length=500_000), into=dest
+    )
+    assert bytes(payload) == source_pattern(500_000)
+    assert (pair.fabric.reads - reads, pair.fabric.writes - writes) == (1, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
 import pytest
@@ -12,6 +13,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net.rdma.wire import (
     CHUNK_HEADER_SIZE,
     DESCRIPTOR_SIZE,
+    FEATURE_REPLY_BUFFERS,
     MAGIC,
     PARAMS_SIZE,
     PREFIX_SIZE,
@@ -40,6 +42,18 @@ def test_params_round_trip() -> None:
         assert parse_message(msg) == (kind, GOOD)
 
 
+def test_features_round_trip_and_unknown_bits_are_ignored() -> None:
+    """The u16 after the receive buffer count is a feature set (it was a reserved zero): a peer
+    without any is one that names no reply buffers; bits this build does not know are kept and
+    mean nothing to it."""
+    with_replies = dataclasses.replace(GOOD, features=FEATURE_REPLY_BUFFERS)
+    assert parse_message(with_replies.pack(Kind.ACCEPT)) == (Kind.ACCEPT, with_replies)
+    kind, params = parse_message(_with(feat=0x8001))
+    assert isinstance(params, ConnectParams) and params.features == 0x8001
+    assert params.features & FEATURE_REPLY_BUFFERS
+    assert parse_message(_with(feat=0))[1].features == 0  # type: ignore[union-attr]
+
+
 def test_fallback_round_trip_and_reason_is_bounded() -> None:
     assert parse_message(pack_fallback("no device here")) == (Kind.FALLBACK, "no device here")
     kind, reason = parse_message(pack_fallback("x" * 1000))
@@ -48,7 +62,7 @@ def test_fallback_round_trip_and_reason_is_bounded() -> None:
 
 def _with(**changes: object) -> bytes:
     fields = dict(
-        qpn=GOOD.qpn, psn=GOOD.psn, lid=0, mtu=5, ll=2, gid=GID, nrecv=32, res=0, bsize=16384, inline=65536
+        qpn=GOOD.qpn, psn=GOOD.psn, lid=0, mtu=5, ll=2, gid=GID, nrecv=32, feat=0, bsize=16384, inline=65536
     )
     fields.update(changes)
     body = struct.pack("<IIHBB16sHHII", *fields.values())
@@ -69,7 +83,6 @@ def _with(**changes: object) -> bytes:
         ({"nrecv": 5000}, "receive buffers"),
         ({"bsize": 100}, "buffer size"),
         ({"bsize": 1 << 24}, "buffer size"),
-        ({"res": 1}, "reserved"),
         ({"inline": (1 << 30) + 1}, "inline"),
     ],
 )

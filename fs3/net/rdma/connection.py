@@ -27,6 +27,17 @@ rkey of a live exposure works from any queue pair of the same NIC whose peer has
 memory windows bound to one queue pair would narrow that further, where a device supports them.)
 At most ``_MAX_LENT`` pulled payloads are lent to a peer at once.
 
+Reply payloads pushed: a request whose caller receives the reply's payload into a buffer (``reply_into``
+of :meth:`RdmaConnection.send_frame`: the RPC client's ``into=``) and whose reply would be pulled
+(larger than our ``inline_max``) names a staging buffer of ours, exposed for writing (Flag.SINK, see
+:mod:`fs3.net.rdma.stream`). The server RDMA WRITEs the reply's payload there and, once the WRITE has
+completed, sends the reply with the WRITTEN descriptor: one one-sided operation the server starts as
+soon as its data is ready, no READ round trip, no release token. The client withdraws the buffer's
+registration as the reply arrives (any reply: a small or failed one leaves it unused), before it
+copies the bytes out; a reply pulled instead frees the buffer before its READ needs staging. Only
+``_MAX_SINKS`` buffers, and a quarter of the registered pool's bytes, are named at once; beyond that,
+or when the pool has no buffer free right now, a request names none and its reply is pulled.
+
 Receiving: every receive buffer is posted at start; a RECV completion's chunk is parsed, its stream
 bytes appended to the :class:`~fs3.net.rdma.stream.StreamAssembler`, the buffer reposted (owing the
 peer a credit), and whole frames handed to the :class:`~fs3.net.transport.FrameReceiver` in order;
@@ -53,6 +64,9 @@ from fs3.net.frame import (
     F_ERROR,
     F_HANDSHAKE,
     F_PAYLOAD_CRC,
+    F_REQUEST,
+    F_RESPONSE,
+    F_SINK,
     H_FLAGS,
     H_METHOD,
     H_PAYLOAD_CRC,
@@ -70,11 +84,15 @@ from fs3.net.rdma.nics import OneSidedLimiter
 from fs3.net.rdma.stream import StreamAssembler
 from fs3.net.rdma.wire import (
     CHUNK_HEADER_SIZE,
+    FEATURE_REPLY_BUFFERS,
     TOKEN_SIZE,
+    WRITTEN,
     ConnectParams,
     RemoteBuffer,
     pack_chunk_header,
+    pack_sink,
     parse_chunk,
+    unpack_sink,
 )
 from fs3.net.rdma.workreq import (
     WC_SUCCESS,
@@ -100,6 +118,12 @@ _FRAMES_LOW = 256
 # Pulled payloads lent to the peer at once: each holds a memory registration until the peer releases
 # it, so a peer that never does cannot make us register without bound (later frames wait their turn).
 _MAX_LENT = 256
+# Reply buffers our requests name at once (each a staging buffer and a registration until its reply
+# arrives), their share of the registered pool (1/_SINK_POOL_SHARE), and the reply buffers of the
+# peer's requests we remember at once (the rest are not written into: their replies are pulled).
+_MAX_SINKS = 256
+_SINK_POOL_SHARE = 4
+_MAX_PEER_SINKS = 4096
 # Released tokens carried by one SEND at most (the rest go in the next).
 _MAX_TOKENS_PER_SEND = 64
 # Completions taken per poll call.
@@ -142,7 +166,7 @@ class QueuePairOps(Protocol):
 
 
 class _OutFrame:
-    __slots__ = ("head", "payload", "pulled", "plen", "on_sent", "staged", "ready")
+    __slots__ = ("head", "payload", "pulled", "plen", "on_sent", "staged", "ready", "pushed", "sink")
 
     def __init__(
         self,
@@ -159,6 +183,8 @@ class _OutFrame:
         self.on_sent = on_sent
         self.staged: PoolBuffer | None = None
         self.ready = not pulled  # a pulled payload is ready once it lies in registered memory
+        self.pushed = False  # the payload is RDMA-written into the peer's buffer (ready when done)
+        self.sink: bytes | None = None  # the descriptor of our reply buffer (a request)
 
 
 class RdmaConnection(Connection):
@@ -209,6 +235,12 @@ class RdmaConnection(Connection):
         self._remote_ok = False  # the peer has authenticated: its rkeys may be honoured
         self._exposed: dict[int, Exposure] = {}  # lent with expose(), by rkey
         self._release_tokens: list[int] = []
+        # our requests' reply buffers, by request id (see the module docstring), and their bytes
+        self._sinks: dict[int, tuple[PoolBuffer, Exposure]] = {}
+        self._sink_bytes = 0
+        self._peer_sinks: dict[int, RemoteBuffer] = {}  # reply buffers the peer's requests named
+        self.pushed = 0  # reply payloads written into the peer's buffers
+        self.received_written = 0  # reply payloads the peer wrote into ours
         self._pump_scheduled = False
         self._drain_waiters = DrainWaiters(loop)
         # receive state
@@ -336,6 +368,14 @@ class RdmaConnection(Connection):
                     self._arm_partial_timer()
                 return
             hdr = frame.header
+            if frame.sink is not None and not self._remember_sink(hdr, frame.sink):
+                return
+            if frame.descriptor == WRITTEN:
+                if not self._take_written(hdr, frame.message):
+                    return
+                continue
+            if self._sinks and hdr[H_FLAGS] & F_RESPONSE:
+                self._drop_sink(hdr[H_REQUEST_ID])  # not written into: free it (before a pull's staging)
             if frame.descriptor is not None:
                 self._start_pull(hdr, frame.message, frame.descriptor)
                 return
@@ -346,6 +386,80 @@ class RdmaConnection(Connection):
                     return
                 payload[:] = frame.payload
             self._hand_up(hdr, frame.message, payload)
+
+    def _remember_sink(self, hdr: tuple[int, ...], descriptor: bytes) -> bool:
+        """A request named its reply buffer: remember it for the reply (False: malformed, failed)."""
+        try:
+            remote = unpack_sink(descriptor)
+        except FS3Error as e:
+            self._fail(FrameError(StatusCode.RPC_MALFORMED_FRAME, e.message, hdr[H_REQUEST_ID]))
+            return False
+        if len(self._peer_sinks) < _MAX_PEER_SINKS:
+            self._peer_sinks[hdr[H_REQUEST_ID]] = remote
+        return True
+
+    def _take_written(self, hdr: tuple[int, ...], message: bytes) -> bool:
+        """A reply whose payload the peer wrote into the buffer its request named: hand it up from
+        there (False: the connection failed)."""
+        rid, plen = hdr[H_REQUEST_ID], hdr[H_PAYLOAD_LEN]
+        entry = self._sinks.pop(rid, None)
+        if entry is not None:
+            self._sink_bytes -= entry[0].size
+        if entry is None or not hdr[H_FLAGS] & F_RESPONSE or plen > entry[0].size:
+            if entry is not None:
+                self._free_sink(entry)
+            self._fail(
+                FrameError(
+                    StatusCode.RPC_MALFORMED_FRAME, "payload written where the request named no buffer", rid
+                )
+            )
+            return False
+        buf, exposure = entry
+        self._withdraw(exposure)  # nothing writes there any more
+        dest = self._alloc(hdr, plen)
+        if dest is None:
+            self.pool.release(buf)
+            return False
+        dest[:] = buf.view[:plen]
+        self.pool.release(buf)
+        self.received_written += 1
+        self._hand_up(hdr, message, dest)
+        return True
+
+    def _drop_sink(self, request_id: int) -> None:
+        entry = self._sinks.pop(request_id, None)
+        if entry is not None:
+            self._sink_bytes -= entry[0].size
+            self._free_sink(entry)
+
+    def _free_sink(self, entry: tuple[PoolBuffer, Exposure]) -> None:
+        self._withdraw(entry[1])
+        self.pool.release(entry[0])
+
+    def _attach_sink(self, request_id: int, size: int) -> bytes | None:
+        """Expose a staging buffer of ``size`` bytes for the peer to write a request's reply payload
+        into, and return its descriptor; None where none is lent now (see the module docstring)."""
+        pool = self.pool
+        if (
+            not self._remote_ok
+            or not self.remote.features & FEATURE_REPLY_BUFFERS
+            or len(self._sinks) >= _MAX_SINKS
+            or size > pool.max_buffer_bytes
+            or self._sink_bytes + size > pool.max_bytes // _SINK_POOL_SHARE
+        ):
+            return None
+        buf = pool.try_acquire(size)
+        if buf is None:
+            return None
+        try:
+            exposure = pool.registrar.expose(buf.region, 0, size, write=True)
+        except Exception:
+            log.exception("exposing a reply buffer failed peer=%s", self.peer)
+            pool.release(buf)
+            return None
+        self._sinks[request_id] = (buf, exposure)
+        self._sink_bytes += buf.size
+        return pack_sink(RemoteBuffer(exposure.addr, exposure.rkey, size))
 
     def _alloc(self, hdr: tuple[int, ...], length: int) -> memoryview | None:
         assert self._receiver is not None
@@ -511,6 +625,7 @@ class RdmaConnection(Connection):
         payload: Buffer | None = None,
         timeout_ms: int = 0,
         on_sent: Callable[[], None] | None = None,
+        reply_into: int = 0,
     ) -> None:
         if self._closing:
             raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
@@ -527,18 +642,78 @@ class RdmaConnection(Connection):
             t = type(payload)
             plen = len(payload) if t is bytes or t is bytearray else memoryview(payload).nbytes
         pcrc = crc32c(payload) if payload is not None and flags & F_PAYLOAD_CRC else 0
-        head = encode_header(flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc)
         pulled = plen > self.remote.inline_max
-        if pulled and not self._remote_ok:
+        sink = None
+        if reply_into > self.local.inline_max and flags & F_REQUEST:
+            sink = self._attach_sink(request_id, reply_into)
+            if sink is not None:
+                flags |= F_SINK
+        into = self._peer_sinks.pop(request_id, None) if self._peer_sinks and flags & F_RESPONSE else None
+        push = into is not None and pulled and plen <= into.length and self._remote_ok
+        if pulled and not push and not self._remote_ok:
             raise FS3Error(
                 StatusCode.PERMISSION_DENIED,
                 f"a {plen}-byte payload is pulled by the peer, which has not authenticated",
             )
-        frame = _OutFrame(head + message, payload if plen else None, pulled, plen, on_sent)
+        head = encode_header(flags, request_id, service_id, method_id, len(message), plen, timeout_ms, pcrc)
+        frame = _OutFrame(head + message, payload if plen else None, pulled and not push, plen, on_sent)
+        frame.sink = sink
         self._frames.append(frame)
-        if pulled:
+        if push:
+            assert into is not None
+            frame.pushed = True
+            frame.ready = False
+            self._push(frame, into)
+        elif pulled:
             self._prepare_pull(frame)
         self._schedule_pump()
+
+    def _push(self, frame: _OutFrame, remote: RemoteBuffer) -> None:
+        """RDMA WRITE ``frame``'s payload into the peer's reply buffer ``remote``; the frame (with
+        the WRITTEN descriptor) is ready once the WRITE has completed."""
+        assert frame.payload is not None
+        payload = frame.payload
+        n = frame.plen
+        target = RemoteBuffer(remote.addr, remote.rkey, n)
+
+        def write(region: Region, offset: int, staged: PoolBuffer | None) -> None:
+            def post() -> None:
+                def done(status: int, error: str) -> None:
+                    self.limiter.release()
+                    if staged is not None:
+                        self.pool.release(staged)
+                    if error:
+                        self._broken(f"writing a {n}-byte reply payload failed: {error}")
+                        return
+                    self.pushed += 1
+                    frame.payload = None
+                    frame.ready = True
+                    if frame.on_sent is not None:
+                        self._call(frame.on_sent)  # the payload is no longer needed
+                    self._schedule_pump()
+
+                wr_id = self._onesided.add(WrKind.WRITE, done)
+                try:
+                    self._qp.post_write(wr_id, region, offset, n, target)
+                except Exception as e:
+                    self._onesided.discard(wr_id)
+                    done(-1, f"posting a write failed: {e}")
+
+            self.limiter.submit(post)
+
+        found = self.pool.directory.find(payload)
+        if found is not None:
+            write(found[0], found[1], None)
+            return
+
+        def staged(buf: PoolBuffer) -> None:
+            if self._finished:
+                self.pool.release(buf)
+                return
+            buf.view[:] = memoryview(payload).cast("B")  # type: ignore[arg-type]
+            write(buf.region, 0, buf)
+
+        self.pool.acquire_cb(n, staged)
 
     def _prepare_pull(self, frame: _OutFrame) -> None:
         assert frame.payload is not None
@@ -571,7 +746,9 @@ class RdmaConnection(Connection):
                 break  # the peer's releases make room (and schedule a pump)
             f = frames.popleft()
             pieces: list[memoryview] = [memoryview(f.head)]
-            if f.pulled:
+            if f.pushed:
+                pieces.append(memoryview(WRITTEN))
+            elif f.pulled:
                 if f.staged is not None:
                     region, off = f.staged.region, 0
                 else:
@@ -591,11 +768,13 @@ class RdmaConnection(Connection):
                 pieces.append(memoryview(RemoteBuffer(exposure.addr, exposure.rkey, f.plen, token).pack()))
             elif f.payload is not None:
                 pieces.append(memoryview(f.payload).cast("B"))
+            if f.sink is not None:
+                pieces.append(memoryview(f.sink))
             for p in pieces:
                 self._out.append(p)
                 self._out_bytes += p.nbytes
                 self._queued_pos += p.nbytes
-            if not f.pulled and f.on_sent is not None:
+            if not f.pulled and not f.pushed and f.on_sent is not None:
                 self._on_stream_done.append((self._queued_pos, f.on_sent))
 
     def _pump(self) -> None:
@@ -887,6 +1066,11 @@ class RdmaConnection(Connection):
         for exposure in self._exposed.values():
             self._withdraw(exposure)
         self._exposed.clear()
+        for entry in self._sinks.values():
+            self._free_sink(entry)
+        self._sinks.clear()
+        self._sink_bytes = 0
+        self._peer_sinks.clear()
         for f in self._frames:
             if f.staged is not None:
                 self.pool.release(f.staged)
@@ -920,4 +1104,7 @@ class RdmaConnection(Connection):
             "one_sided": len(self._onesided),
             "lent_payloads": len(self._lent),
             "exposed": len(self._exposed),
+            "reply_buffers": len(self._sinks),
+            "pushed": self.pushed,
+            "received_written": self.received_written,
         }

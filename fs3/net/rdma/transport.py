@@ -36,6 +36,7 @@ from fs3.net.rdma.discovery import Inventory, Nic, discover
 from fs3.net.rdma.memory import Exposure, PoolBuffer, Region, RegisteredPool, SlotArena
 from fs3.net.rdma.nics import NicSelector, OneSidedLimiter
 from fs3.net.rdma.wire import (
+    FEATURE_REPLY_BUFFERS,
     MAGIC,
     PREFIX_SIZE,
     ConnectParams,
@@ -279,7 +280,7 @@ class RdmaTransport(Transport):
         cfg = self.config
         qp = nic.device.queue_pair(cfg.send_buffers + cfg.max_onesided_per_nic + 1, cfg.recv_buffers)
         local = qp.local_params(cfg.recv_buffers, cfg.buffer_size, min(cfg.inline_payload_bytes, 1 << 30))
-        return qp, local
+        return qp, dataclasses.replace(local, features=FEATURE_REPLY_BUFFERS)
 
     def _build(
         self,

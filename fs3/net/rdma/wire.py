@@ -51,6 +51,10 @@ MIN_BUFFER_SIZE = 1024
 MAX_BUFFER_SIZE = 1 << 20
 MAX_RECV_BUFFERS = 4096
 _MASK24 = (1 << 24) - 1
+#: ConnectParams.features: this side names reply buffers in its requests and writes replies into
+#: the ones its peer's requests name (see fs3.net.rdma.stream); a side that does not set it is
+#: sent no Flag.SINK. Unknown bits are ignored (a later build's features).
+FEATURE_REPLY_BUFFERS = 1
 
 
 class Kind(enum.IntEnum):
@@ -88,6 +92,7 @@ class ConnectParams:
     recv_buffers: int
     buffer_size: int
     inline_max: int
+    features: int = 0  # FEATURE_* bits
 
     def check(self) -> None:
         """Raise :class:`HandshakeError` when a field is out of range."""
@@ -111,6 +116,8 @@ class ConnectParams:
             raise HandshakeError(f"buffer size {self.buffer_size} out of range")
         if not 0 <= self.inline_max <= 1 << 30:
             raise HandshakeError(f"inline max {self.inline_max} out of range")
+        if not 0 <= self.features <= 0xFFFF:
+            raise HandshakeError(f"features {self.features:#x} out of range")
 
     def pack(self, kind: Kind) -> bytes:
         """The complete handshake message of ``kind`` (CONNECT or ACCEPT)."""
@@ -123,7 +130,7 @@ class ConnectParams:
             self.link_layer,
             self.gid,
             self.recv_buffers,
-            0,
+            self.features,
             self.buffer_size,
             self.inline_max,
         )
@@ -161,10 +168,8 @@ def parse_params(body: bytes | bytearray | memoryview) -> ConnectParams:
     """Decode and check a CONNECT or ACCEPT body."""
     if len(body) != PARAMS_SIZE:
         raise HandshakeError(f"parameters of {len(body)} bytes, expected {PARAMS_SIZE}")
-    (qpn, psn, lid, mtu, ll, gid, nrecv, reserved, bsize, inline_max) = _PARAMS.unpack(bytes(body))
-    if reserved:
-        raise HandshakeError("reserved field is not zero")
-    params = ConnectParams(qpn, psn, lid, mtu, ll, gid, nrecv, bsize, inline_max)
+    (qpn, psn, lid, mtu, ll, gid, nrecv, features, bsize, inline_max) = _PARAMS.unpack(bytes(body))
+    params = ConnectParams(qpn, psn, lid, mtu, ll, gid, nrecv, bsize, inline_max, features)
     params.check()
     return params
 
@@ -250,3 +255,25 @@ class RemoteBuffer:
         if length <= 0 or addr + length > 1 << 64:
             raise FS3Error(StatusCode.RPC_MALFORMED_FRAME, "rdma payload descriptor out of range")
         return cls(addr, rkey, length, token)
+
+
+# ---- a reply buffer a request names, and a payload already written there -------------------------
+
+#: the descriptor of a reply whose payload the server has RDMA-written into the request's sink
+#: (token 0: a pulled payload's token never is)
+WRITTEN = bytes(DESCRIPTOR_SIZE)
+
+
+def pack_sink(remote: RemoteBuffer) -> bytes:
+    """The descriptor of a request's reply buffer: addr, rkey and its length (in the token field)."""
+    return _DESCRIPTOR.pack(remote.addr, remote.rkey, remote.length)
+
+
+def unpack_sink(data: bytes | bytearray | memoryview) -> RemoteBuffer:
+    """Decode a request's reply buffer descriptor; RPC_MALFORMED_FRAME if it makes no sense."""
+    if len(data) != DESCRIPTOR_SIZE:
+        raise FS3Error(StatusCode.RPC_MALFORMED_FRAME, "bad rdma reply buffer descriptor size")
+    addr, rkey, length = _DESCRIPTOR.unpack(bytes(data))
+    if length <= 0 or addr + length > 1 << 64:
+        raise FS3Error(StatusCode.RPC_MALFORMED_FRAME, "rdma reply buffer descriptor out of range")
+    return RemoteBuffer(addr, rkey, length)
