@@ -631,3 +631,76 @@ async def test_a_peer_that_does_not_announce_reply_buffers_is_named_none(pair: P
     )
     assert bytes(payload) == source_pattern(500_000)
     assert (pair.fabric.reads - reads, pair.fabric.writes - writes) == (1, 0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["source", "echo", "fail", "late"]),
+            st.integers(0, 600_000),
+            st.integers(-100_000, 300_000),
+        ),
+        min_size=1,
+        max_size=24,
+    )
+)
+def test_random_calls_with_and_without_reply_buffers(calls: list[tuple[str, int, int]]) -> None:
+    """Calls at once, each with or without a buffer for its reply (of any size, some too small),
+    some failing and some given up on: every answer is right or the error it should be, and once
+    the late replies are in, no reply buffer, staging buffer or registration is left anywhere."""
+
+    async def run() -> None:
+        p = await _pair(RdmaConfig(inline_payload_bytes=2048, pool_bytes=8 << 20))
+        limits = dataclasses.replace(LIMITS, max_payload_bytes=1 << 20)
+        client = RpcClient(SECRET, transport=p.ct, limits=limits, payload_crc=True)
+        try:
+            await client.call(p.address, PING, rpc_pb2.PingRequest())
+
+            async def one(kind: str, n: int, extra: int) -> None:
+                into = bytearray(max(0, n + extra)) if extra != 0 else None
+                if kind == "fail":
+                    with pytest.raises(FS3Error) as err:
+                        await client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=1 << 40), into=into)
+                    assert err.value.code == StatusCode.INVALID_ARGUMENT
+                    return
+                if kind == "late":  # given up on at once; its reply still comes
+                    task = asyncio.ensure_future(
+                        client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=n), into=into)
+                    )
+                    await asyncio.sleep(0)
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                    return
+                data = os.urandom(n) if kind == "echo" else None
+                want = data if data is not None else source_pattern(n)
+                request = rpc_pb2.EchoRequest() if kind == "echo" else rpc_pb2.SourceRequest(length=n)
+                method = ECHO if kind == "echo" else SOURCE
+                if into is not None and len(into) < n:
+                    with pytest.raises(FS3Error) as err:
+                        await client.call(p.address, method, request, payload=data or None, into=into)
+                    assert err.value.code == StatusCode.RPC_FRAME_TOO_LARGE
+                    return
+                _, payload = await client.call(p.address, method, request, payload=data or None, into=into)
+                assert bytes(payload or b"") == want
+                if into is not None and payload is not None:
+                    assert payload.obj is into
+
+            await asyncio.gather(*(one(*c) for c in calls))
+            (cconn,) = _conns(p.ct)
+            await poll(lambda: cconn.stats()["reply_buffers"] == 0, what="reply buffers back")
+            await poll(lambda: _pools_idle(p.st, p.ct), what="staging buffers back")
+            assert cconn.stats()["exposed"] == 0 and cconn.stats()["lent_payloads"] == 0
+            _, payload = await client.call(
+                p.address, SOURCE, rpc_pb2.SourceRequest(length=70_000), into=bytearray(70_000)
+            )
+            assert bytes(payload) == source_pattern(70_000)
+        finally:
+            await client.close()
+            await p.client.close()
+            await p.server.stop()
+            p.st.close()
+            p.ct.close()
+
+    asyncio.run(run())
