@@ -198,7 +198,7 @@ def make_transport(
         if mode == "rdma":
             raise FS3Error(StatusCode.UNAVAILABLE, f"transport = rdma but {inv.reason()}")
         return AutoTransport(None, inv.reason(), metrics_sink=sink)
-    from fs3.net.rdma.transport import RdmaTransport
+    from fs3.net.rdma.transport import RdmaTransport, track
 
     try:
         rdma = RdmaTransport(cfg, inventory=inv, opener=opener, limits=limits)  # type: ignore[arg-type]
@@ -206,6 +206,7 @@ def make_transport(
         if mode == "rdma":
             raise
         return AutoTransport(None, e.message, metrics_sink=sink)
+    track(rdma)
     if mode == "rdma":
         rdma._on_choice = lambda peer, transport, reason: sink.record(transport, R_CONFIGURED)
         return rdma

@@ -10,6 +10,7 @@ import pytest
 from fakeverbs import Fabric
 from prometheus_client import CollectorRegistry
 
+from fs3 import metrics
 from fs3.config import RdmaConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
@@ -85,6 +86,31 @@ def test_a_device_that_cannot_be_opened_means_tcp_in_auto_mode() -> None:
 
     rdma = RdmaTransport(RdmaConfig(), inventory=fabric.inventory(), opener=half)  # type: ignore[arg-type]
     assert [n.name for n in rdma.nics] == ["fake1:1"]
+
+
+def test_an_rdma_transport_appears_in_the_process_metrics() -> None:
+    """What a daemon's /metrics serves: make_transport registers its RDMA transport's per-NIC
+    figures (fs3_net_rdma_*) in the process registry."""
+    fabric = Fabric()
+    t = make_transport(
+        "rdma",
+        inventory=fabric.inventory(),
+        opener=fabric.opener,
+        metrics_sink=TransportMetrics(CollectorRegistry()),
+    )
+    assert isinstance(t, RdmaTransport)
+    try:
+        # (other tests' transports with the same fake NIC names may still be alive: they add up)
+        for nic in t.nics:
+            for name in (
+                "fs3_net_rdma_sends_total",
+                "fs3_net_rdma_one_sided_total",
+                "fs3_net_rdma_connections",
+            ):
+                labels = {"nic": nic.name, "op": "read"} if "one_sided" in name else {"nic": nic.name}
+                assert metrics.registry().get_sample_value(name, labels) is not None, name
+    finally:
+        t.close()
 
 
 def test_make_transport_probes_this_machine() -> None:

@@ -15,13 +15,14 @@ from cluster import wait_until
 from fakeverbs import Fabric
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from fs3.config import RdmaConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
 from fs3.net.frame import FrameError, encode_header
 from fs3.net.rdma.connection import RdmaConnection
-from fs3.net.rdma.transport import RdmaTransport
+from fs3.net.rdma.transport import RdmaMetrics, RdmaTransport
 from fs3.net.rdma.wire import FEATURE_REPLY_BUFFERS, WRITTEN, RemoteBuffer, pack_chunk_header
 from fs3.net.rdma.workreq import WrKind, encode_wr_id
 from fs3.net.system import ECHO, PING, SINK, SOURCE, source_pattern
@@ -704,3 +705,39 @@ def test_random_calls_with_and_without_reply_buffers(calls: list[tuple[str, int,
             p.ct.close()
 
     asyncio.run(run())
+
+
+async def test_rdma_metrics_count_sends_and_one_sided_operations_per_nic() -> None:
+    """``fs3_net_rdma_*``: payloads pulled count as READs of the side that pulls, replies written
+    into the caller's buffer as WRITEs of the server, with their bytes; connections and the staging
+    pool are gauges; what ended connections did stays counted."""
+    p = await _pair(RdmaConfig(inline_payload_bytes=4096))
+    regs = {id(t): CollectorRegistry() for t in (p.st, p.ct)}  # a server and a client process
+    for t in (p.st, p.ct):
+        RdmaMetrics(lambda t=t: [t], regs[id(t)])  # type: ignore[misc]
+    try:
+        await p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=os.urandom(100_000))  # both pull
+        await p.client.call(p.address, SOURCE, rpc_pb2.SourceRequest(length=70_000), into=bytearray(70_000))
+
+        def value(name: str, side: RdmaTransport, **labels: str) -> float:
+            reg = regs[id(side)]
+            return sum(reg.get_sample_value(name, {"nic": nic.name, **labels}) or 0.0 for nic in side.nics)
+
+        assert value("fs3_net_rdma_one_sided_total", p.st, op="read") == 1  # the request's payload
+        assert value("fs3_net_rdma_one_sided_bytes_total", p.st, op="read") == 100_000
+        assert value("fs3_net_rdma_one_sided_total", p.ct, op="read") == 1  # the echoed reply
+        assert value("fs3_net_rdma_one_sided_total", p.st, op="write") == 1  # written into the caller's
+        assert value("fs3_net_rdma_one_sided_bytes_total", p.st, op="write") == 70_000
+        assert value("fs3_net_rdma_one_sided_total", p.ct, op="write") == 0
+        assert value("fs3_net_rdma_sends_total", p.ct) >= 3 and value("fs3_net_rdma_sends_total", p.st) >= 3
+        assert value("fs3_net_rdma_connections", p.ct) == 1 == value("fs3_net_rdma_connections", p.st)
+        await poll(lambda: value("fs3_net_rdma_pool_in_use_bytes", p.ct) == 0, what="staging back")
+        assert value("fs3_net_rdma_pool_registered_bytes", p.ct) > 0
+        await p.client.close()
+        await poll(lambda: not p.ct.connections and not p.st.connections, what="connections closed")
+        assert value("fs3_net_rdma_connections", p.ct) == 0
+        assert value("fs3_net_rdma_one_sided_total", p.st, op="write") == 1  # still counted
+        assert value("fs3_net_rdma_one_sided_bytes_total", p.ct, op="read") == 100_000
+    finally:
+        await p.client.close()
+        await p.server.stop()

@@ -241,6 +241,9 @@ class RdmaConnection(Connection):
         self._peer_sinks: dict[int, RemoteBuffer] = {}  # reply buffers the peer's requests named
         self.pushed = 0  # reply payloads written into the peer's buffers
         self.received_written = 0  # reply payloads the peer wrote into ours
+        # one-sided operations this side completed, and their bytes: READs (pulled payloads and
+        # rdma_read) and WRITEs (pushed reply payloads and rdma_write)
+        self.reads = self.read_bytes = self.writes = self.write_bytes = 0
         self._pump_scheduled = False
         self._drain_waiters = DrainWaiters(loop)
         # receive state
@@ -545,6 +548,8 @@ class RdmaConnection(Connection):
             self.pool.release(buf)
             self._broken(f"reading a {remote.length}-byte payload failed: {error}")
             return
+        self.reads += 1
+        self.read_bytes += remote.length
         if dest is not None:
             dest[:] = buf.view
         self.pool.release(buf)
@@ -686,6 +691,8 @@ class RdmaConnection(Connection):
                         self._broken(f"writing a {n}-byte reply payload failed: {error}")
                         return
                     self.pushed += 1
+                    self.writes += 1
+                    self.write_bytes += n
                     frame.payload = None
                     frame.ready = True
                     if frame.on_sent is not None:
@@ -987,6 +994,12 @@ class RdmaConnection(Connection):
                 raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"posting rdma {kind.name}: {e}") from e
             # The memory stays in use until the completion arrives, whatever the caller does.
             await asyncio.shield(fut)
+            if kind is WrKind.READ:
+                self.reads += 1
+                self.read_bytes += remote.length
+            else:
+                self.writes += 1
+                self.write_bytes += remote.length
         finally:
             self.limiter.release()
 
@@ -1107,4 +1120,8 @@ class RdmaConnection(Connection):
             "reply_buffers": len(self._sinks),
             "pushed": self.pushed,
             "received_written": self.received_written,
+            "reads": self.reads,
+            "read_bytes": self.read_bytes,
+            "writes": self.writes,
+            "write_bytes": self.write_bytes,
         }

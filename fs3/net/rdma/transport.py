@@ -25,9 +25,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from fs3 import metrics
 from fs3.config import RdmaConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.net.frame import DEFAULT_LIMITS, RpcLimits
@@ -90,6 +95,84 @@ def _open_verbs(nic: Nic, cfg: RdmaConfig) -> DeviceOps:
     from fs3.net.rdma.verbs import Device
 
     return Device(nic, traffic_class=cfg.traffic_class, service_level=cfg.service_level)  # type: ignore[return-value]
+
+
+#: what :meth:`RdmaTransport.counts` adds up per NIC
+_COUNTS = ("sends", "reads", "read_bytes", "writes", "write_bytes")
+
+
+def _counts(conn: RdmaConnection) -> dict[str, int]:
+    return {
+        "sends": conn.credits.sent,
+        "reads": conn.reads,
+        "read_bytes": conn.read_bytes,
+        "writes": conn.writes,
+        "write_bytes": conn.write_bytes,
+    }
+
+
+class RdmaMetrics:
+    """``fs3_net_rdma_*``, per NIC, read from the transports when scraped: SENDs posted, one-sided
+    operations completed and their bytes (``op``: ``read``, payloads pulled from the peer;
+    ``write``, reply payloads written into the peer's buffers), open connections, and the
+    registered staging pool (registered and lent bytes). ``transports`` gives those to report."""
+
+    def __init__(
+        self, transports: Callable[[], Iterable[RdmaTransport]], reg: CollectorRegistry | None = None
+    ):
+        self._transports = transports
+        (reg or metrics.registry()).register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        sends = CounterMetricFamily("fs3_net_rdma_sends", "SENDs posted", labels=["nic"])
+        ops = CounterMetricFamily(
+            "fs3_net_rdma_one_sided", "one-sided operations completed", labels=["nic", "op"]
+        )
+        moved = CounterMetricFamily(
+            "fs3_net_rdma_one_sided_bytes", "bytes moved by one-sided operations", labels=["nic", "op"]
+        )
+        conns = GaugeMetricFamily("fs3_net_rdma_connections", "open RDMA connections", labels=["nic"])
+        registered = GaugeMetricFamily(
+            "fs3_net_rdma_pool_registered_bytes", "registered staging memory", labels=["nic"]
+        )
+        lent = GaugeMetricFamily("fs3_net_rdma_pool_in_use_bytes", "staging memory in use", labels=["nic"])
+        # summed per NIC over the transports (a process normally has one; tests have several)
+        per_nic: dict[str, dict[str, int]] = {}
+        for t in self._transports():
+            for name, counts in t.counts().items():
+                agg = per_nic.setdefault(
+                    name, dict.fromkeys((*_COUNTS, "connections", "registered", "lent"), 0)
+                )
+                for key, value in counts.items():
+                    agg[key] += value
+            for conn in list(t.connections):
+                per_nic[conn.nic]["connections"] += 1  # type: ignore[attr-defined]
+            for nic in t.nics:
+                per_nic[nic.name]["registered"] += nic.pool.registered_bytes
+                per_nic[nic.name]["lent"] += nic.pool.in_use_bytes
+        for name, c in per_nic.items():
+            sends.add_metric([name], c["sends"])
+            ops.add_metric([name, "read"], c["reads"])
+            ops.add_metric([name, "write"], c["writes"])
+            moved.add_metric([name, "read"], c["read_bytes"])
+            moved.add_metric([name, "write"], c["write_bytes"])
+            conns.add_metric([name], c["connections"])
+            registered.add_metric([name], c["registered"])
+            lent.add_metric([name], c["lent"])
+        yield from (sends, ops, moved, conns, registered, lent)
+
+
+_TRACKED: weakref.WeakSet[RdmaTransport] = weakref.WeakSet()
+_PROCESS_METRICS: RdmaMetrics | None = None
+
+
+def track(transport: RdmaTransport) -> None:
+    """Report ``transport`` in the process registry's ``fs3_net_rdma_*`` (what a daemon's /metrics
+    serves); the collector is registered once, with the first transport."""
+    global _PROCESS_METRICS
+    _TRACKED.add(transport)
+    if _PROCESS_METRICS is None:
+        _PROCESS_METRICS = RdmaMetrics(lambda: list(_TRACKED))
 
 
 class NicRuntime:
@@ -271,6 +354,7 @@ class RdmaTransport(Transport):
             raise FS3Error(StatusCode.UNAVAILABLE, f"no RDMA device could be opened: {'; '.join(failed)}")
         self.selector: NicSelector[NicRuntime] = NicSelector(self.nics)
         self.connections: set[RdmaConnection] = set()
+        self._closed_counts: dict[str, dict[str, int]] = {}  # per NIC: counters of ended connections
         self._tcp = TcpTransport()
         log.info("rdma transport ready nics=%s", ",".join(n.name for n in self.nics))
 
@@ -307,6 +391,9 @@ class RdmaTransport(Transport):
 
         def closed(conn: RdmaConnection) -> None:
             self.connections.discard(conn)
+            totals = self._closed_counts.setdefault(nic.name, dict.fromkeys(_COUNTS, 0))
+            for key, value in _counts(conn).items():
+                totals[key] += value
             side.close()
             nic.device.deregister(region)
 
@@ -329,6 +416,18 @@ class RdmaTransport(Transport):
         side.conn = conn
         self.connections.add(conn)
         return conn
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per NIC: SENDs posted and one-sided operations completed (with their bytes), over every
+        connection this transport has had (``_COUNTS``)."""
+        out = {nic.name: dict.fromkeys(_COUNTS, 0) for nic in self.nics}
+        for name, totals in self._closed_counts.items():
+            for key, value in totals.items():
+                out[name][key] += value
+        for conn in list(self.connections):
+            for key, value in _counts(conn).items():
+                out[conn.nic][key] += value  # type: ignore[attr-defined]
+        return out
 
     def _chose(self, peer: str, transport: str, reason: str) -> None:
         log.info("transport chosen peer=%s transport=%s reason=%r", peer, transport, reason)
