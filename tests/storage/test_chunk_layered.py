@@ -15,6 +15,7 @@ from chunk_crash_workload import update_ranges
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
+from fs3.storage.chunk_files import release_read
 from fs3.storage.chunk_meta import (
     ChunkMeta,
     ChunkVersion,
@@ -256,6 +257,10 @@ def test_a_write_of_several_small_ranges_writes_only_their_blocks(engine: ChunkE
         (CS - 9, 9),
     ]:
         assert engine.read(cid(1), off, length, version=2).data == new[off : off + length]
+    # as the storage service reads (into a lent buffer): the data file once, the runs laid over it
+    got = engine.read(cid(1), version=2, lease=True).data
+    assert bytes(got) == new
+    release_read(got)
     assert engine.read(cid(1)).data == old
 
     engine.commit(cid(1), 2)
@@ -367,6 +372,24 @@ def test_a_whole_rewrite_of_a_layered_version_does_not_fold_it(engine: ChunkEngi
     assert engine.read(cid(1)).data == new
     assert len(data_files(engine)) == 1 and not set(files) & set(data_files(engine))
     assert engine.space_info().used == CS
+
+
+def test_a_short_overlay_file_of_several_runs_is_a_checksum_error(engine: ChunkEngine) -> None:
+    old = os.urandom(CS)
+    write(engine, cid(1), 0, old)
+    extents = [(i * 8 * B, 10) for i in range(6)]
+    meta, _ = update_ranges(engine, cid(1), old, [(at, b"x" * n) for at, n in extents], CS)
+    v = meta.pending
+    assert len(v.overlay_runs) == 6
+    with open(engine._files.path(cid(1), v.overlay_file_id), "r+b") as f:  # noqa: SLF001
+        f.truncate(5 * B)  # the last run is gone
+    for lease in (False, True):
+        with pytest.raises(FS3Error) as err:
+            engine.read(cid(1), version=2, lease=lease)
+        assert (
+            err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+            and "overlay file short" in err.value.message
+        )
 
 
 def test_several_ranges_that_replace_a_bad_block_whole_repair_it(engine: ChunkEngine) -> None:
