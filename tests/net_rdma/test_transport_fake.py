@@ -123,16 +123,22 @@ async def test_credits_with_tiny_windows_under_load() -> None:
         await p.server.stop()
 
 
-async def test_staging_pool_back_pressure() -> None:
-    # 1 MiB of staging memory per NIC, 20 concurrent 300 KiB payloads: they wait for each other
-    cfg = RdmaConfig(pool_bytes=1 << 20, inline_payload_bytes=1024)
-    limits = dataclasses.replace(LIMITS, max_payload_bytes=512 << 10)
+async def _one_nic(
+    cfg: RdmaConfig, limits: RpcLimits
+) -> tuple[RdmaTransport, RdmaTransport, RpcServer, RpcClient, Fabric]:
+    """A server and a client transport of one NIC each, with ``limits`` everywhere."""
     fabric = Fabric()
     st = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener, limits=limits)
     ct = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener, limits=limits)
     server = RpcServer(SECRET, transport=st, limits=limits)
     await server.start(("127.0.0.1", 0))
-    client = RpcClient(SECRET, transport=ct, limits=limits)
+    return st, ct, server, RpcClient(SECRET, transport=ct, limits=limits), fabric
+
+
+async def test_staging_pool_back_pressure() -> None:
+    # 1 MiB of staging memory per NIC, 20 concurrent 300 KiB payloads: they wait for each other
+    cfg = RdmaConfig(pool_bytes=1 << 20, inline_payload_bytes=1024)
+    st, ct, server, client, _ = await _one_nic(cfg, dataclasses.replace(LIMITS, max_payload_bytes=512 << 10))
     try:
         datas = [os.urandom(300 << 10) for _ in range(20)]
         results = await asyncio.gather(
@@ -551,12 +557,7 @@ async def test_reply_buffers_are_a_share_of_the_pool_and_the_rest_are_pulled() -
     replies are pulled as before. Every reply is right and every buffer comes back."""
     cfg = RdmaConfig(pool_bytes=4 << 20, inline_payload_bytes=1024)
     limits = dataclasses.replace(LIMITS, max_payload_bytes=1 << 20)  # (the pool holds one at least)
-    fabric = Fabric()
-    st = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener, limits=limits)
-    ct = RdmaTransport(cfg, inventory=fabric.inventory(1), opener=fabric.opener, limits=limits)
-    server = RpcServer(SECRET, transport=st, limits=limits)
-    await server.start(("127.0.0.1", 0))
-    client = RpcClient(SECRET, transport=ct, limits=limits)
+    st, ct, server, client, fabric = await _one_nic(cfg, limits)
     try:
         await client.call(server.address, PING, rpc_pb2.PingRequest())
         (sconn,) = _conns(st)
