@@ -405,9 +405,7 @@ class RdmaConnection(Connection):
         """A reply whose payload the peer wrote into the buffer its request named: hand it up from
         there (False: the connection failed)."""
         rid, plen = hdr[H_REQUEST_ID], hdr[H_PAYLOAD_LEN]
-        entry = self._sinks.pop(rid, None)
-        if entry is not None:
-            self._sink_bytes -= entry[0].size
+        entry = self._pop_sink(rid)
         if entry is None or not hdr[H_FLAGS] & F_RESPONSE or plen > entry[0].size:
             if entry is not None:
                 self._free_sink(entry)
@@ -429,10 +427,15 @@ class RdmaConnection(Connection):
         self._hand_up(hdr, message, dest)
         return True
 
-    def _drop_sink(self, request_id: int) -> None:
+    def _pop_sink(self, request_id: int) -> tuple[PoolBuffer, Exposure] | None:
         entry = self._sinks.pop(request_id, None)
         if entry is not None:
             self._sink_bytes -= entry[0].size
+        return entry
+
+    def _drop_sink(self, request_id: int) -> None:
+        entry = self._pop_sink(request_id)
+        if entry is not None:
             self._free_sink(entry)
 
     def _free_sink(self, entry: tuple[PoolBuffer, Exposure]) -> None:

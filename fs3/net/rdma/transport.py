@@ -97,18 +97,13 @@ def _open_verbs(nic: Nic, cfg: RdmaConfig) -> DeviceOps:
     return Device(nic, traffic_class=cfg.traffic_class, service_level=cfg.service_level)  # type: ignore[return-value]
 
 
-#: what :meth:`RdmaTransport.counts` adds up per NIC
+#: what :meth:`RdmaTransport.counts` adds up per NIC (keys of :meth:`RdmaConnection.stats`)
 _COUNTS = ("sends", "reads", "read_bytes", "writes", "write_bytes")
 
 
 def _counts(conn: RdmaConnection) -> dict[str, int]:
-    return {
-        "sends": conn.credits.sent,
-        "reads": conn.reads,
-        "read_bytes": conn.read_bytes,
-        "writes": conn.writes,
-        "write_bytes": conn.write_bytes,
-    }
+    stats = conn.stats()
+    return {key: stats[key] for key in _COUNTS}
 
 
 class RdmaMetrics:
