@@ -629,11 +629,8 @@ class ChunkFiles:
         if len(pieces) == 1:
             f, at, n = pieces[0]
             return self.read(chunk_id, f, at, n, nowait=nowait, lease=lease)
-        if len(pieces) <= 3:
-            parts = [self.read(chunk_id, f, at, n, nowait=nowait) for f, at, n in pieces]
-            return b"".join(parts)
-        # Several overlay runs: one read of the data file's bytes (into a lent buffer where it can)
-        # and one of the overlay's, laid over them, instead of a read (and an open) per piece.
+        # A layered version: one read of the data file's bytes (into a lent buffer where it can) and
+        # one of the overlay's, laid over them, instead of a read (and an open) per piece.
         raw = self.read(chunk_id, v.file_id, start, stop - start, nowait=nowait, lease=True)
         lent = lent_buffer(raw) is not None
         out: bytearray | memoryview = raw if lent else bytearray(raw)  # type: ignore[assignment]

@@ -146,20 +146,19 @@ class ChunkVersion:
     def overlay_spans(self) -> list[tuple[int, int]]:
         """The byte ranges ``[start, end)`` of the version that the overlay file holds, in the order
         it holds them (none for a version that is not layered)."""
-        if not self.layered:
-            return []
         block, length = self.block, self.length
-        runs = self.overlay_runs or ((self.overlay_first, self.overlay_end),)
-        return [(first * block, min(end * block, length)) for first, end in runs]
+        return [(first * block, min(end * block, length)) for first, end in self._runs()]
 
     def overlay_size(self) -> int:
         """Bytes in the overlay file."""
-        if not self.layered:
-            return 0
         block, length = self.block, self.length
-        if not self.overlay_runs:
-            return min(self.overlay_end * block, length) - self.overlay_first * block
-        return sum(min(end * block, length) - first * block for first, end in self.overlay_runs)
+        return sum(min(end * block, length) - first * block for first, end in self._runs())
+
+    def _runs(self) -> tuple[tuple[int, int], ...]:
+        """The overlay's block runs (none for a version that is not layered)."""
+        if not self.layered:
+            return ()
+        return self.overlay_runs or ((self.overlay_first, self.overlay_end),)
 
 
 @dataclass(slots=True, frozen=True)
