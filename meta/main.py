@@ -15,7 +15,7 @@ import logging
 
 from fs3 import daemon
 from fs3.config import MetaConfig
-from fs3.daemon import read_secret, wait_for_shutdown, write_port_file
+from fs3.daemon import read_secret, settle_gc, wait_for_shutdown, write_port_file
 from fs3.errors import FS3Error, StatusCode
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
 
     meta_daemon = MetaDaemon(cfg, secret=read_secret(cfg.cluster_secret_file), registry=metrics.registry())
     await meta_daemon.start()
+    settle_gc()
     if port_file:
         write_port_file(port_file, meta_daemon.port)
     try:

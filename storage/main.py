@@ -7,12 +7,11 @@ cannot be created or written, a target directory that belongs to another target)
 
 from __future__ import annotations
 
-import gc
 import logging
 
 from fs3 import daemon
 from fs3.config import StorageConfig
-from fs3.daemon import read_secret, wait_for_shutdown, write_port_file
+from fs3.daemon import read_secret, settle_gc, wait_for_shutdown, write_port_file
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +29,7 @@ async def serve(cfg: StorageConfig, *, port_file: str | None = None) -> int:
         if metrics_server is not None:
             metrics_server.close()
         raise
-    # Everything allocated so far lives as long as the daemon; the hot path allocates many small
-    # short-lived objects (messages, futures), so collections are made rarer and skip the former.
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
+    settle_gc()
     if port_file:
         write_port_file(port_file, storage_daemon.port)
     try:

@@ -10,7 +10,7 @@ import logging
 
 from fs3 import daemon
 from fs3.config import MgmtdConfig
-from fs3.daemon import read_secret, wait_for_shutdown, write_port_file
+from fs3.daemon import read_secret, settle_gc, wait_for_shutdown, write_port_file
 from fs3.errors import FS3Error, StatusCode
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ async def serve(cfg: MgmtdConfig, *, port_file: str | None = None) -> int:
     except BaseException:
         await db.close()
         raise
+    settle_gc()
     if port_file:
         write_port_file(port_file, server.port)
     try:
