@@ -82,6 +82,69 @@ class ChunkEngineMachine(RuleBasedStateMachine):
         base[offset : offset + len(data)] = data
         self._set_pending(n, bytes(base))
 
+    @rule(
+        n=chunks,
+        first=st.integers(0, 140_000),
+        pieces=st.lists(st.tuples(st.integers(1, 24_000), st.integers(1, 3_000)), min_size=1, max_size=8),
+        start=st.integers(0, 250),
+        commit=st.booleans(),
+    )
+    def update_ranges(
+        self, n: int, first: int, pieces: list[tuple[int, int]], start: int, commit: bool
+    ) -> None:
+        """Several ranges in one update (gap before each but the first, length), as a client's
+        gathered random writes: few small ones make a layered version with several overlay runs;
+        ``commit`` as the tail of a chain does."""
+        m, size = self.model[n], CHUNK_SIZES[n]
+        extents, pos = [], first
+        for i, (gap, length) in enumerate(pieces):
+            at = pos if i == 0 else pos + gap
+            extents.append((at, length))
+            pos = at + length
+        data = _payload(start, sum(length for _, length in extents))
+        try:
+            self.engine.update(
+                cid(n), first, data, chunk_size=size, chain_ver=1, commit=commit, extents=extents
+            )
+        except FS3Error as exc:
+            if pos > size:
+                assert exc.code is StatusCode.STORAGE_CHUNK_TOO_LARGE
+            else:
+                assert self._expect_version_error(m) and exc.code is StatusCode.STORAGE_CHUNK_VERSION_MISMATCH
+            return
+        assert pos <= size and not self._expect_version_error(m)
+        new = bytearray(m.committed or b"")
+        new.extend(bytes(max(0, pos - len(new))))
+        taken = 0
+        for at, length in extents:
+            new[at : at + length] = data[taken : taken + length]
+            taken += length
+        if commit:
+            m.committed, m.committed_ver, m.pending, m.pending_ver = bytes(new), m.committed_ver + 1, None, 0
+        else:
+            self._set_pending(n, bytes(new))
+
+    @rule(n=chunks, start=st.integers(0, 250))
+    def fill(self, n: int, start: int) -> None:
+        """The whole chunk written and committed: what small overwrites then layer over."""
+        m, size = self.model[n], CHUNK_SIZES[n]
+        data = (_PATTERN * 3)[start : start + size]
+        try:
+            self.engine.update(cid(n), 0, data, chunk_size=size, chain_ver=1, commit=True)
+        except FS3Error as exc:
+            assert self._expect_version_error(m) and exc.code is StatusCode.STORAGE_CHUNK_VERSION_MISMATCH
+            return
+        assert not self._expect_version_error(m)
+        m.committed, m.committed_ver, m.pending, m.pending_ver = data, m.committed_ver + 1, None, 0
+
+    @rule(n=chunks, offset=st.integers(0, 140_000), length=st.integers(0, 140_000))
+    def read_range(self, n: int, offset: int, length: int) -> None:
+        """A piece of the committed version (across a layered version's runs and data file)."""
+        m = self.model[n]
+        if m.committed is None:
+            return
+        assert bytes(self.engine.read(cid(n), offset, length).data) == m.committed[offset : offset + length]
+
     @rule(n=chunks, data=payloads)
     def append(self, n: int, data: bytes) -> None:
         """At the committed end: where an update may go in place."""
