@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
+from fsx import Fsx
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -290,6 +291,30 @@ async def test_two_mounts_see_each_others_files(env: Env) -> None:
         # an overwrite through one mount is what the other reads after the writer closed
         (env.mnt / "from1").write_bytes(b"new")
         assert (other.path / "from1").read_bytes() == b"new"
+    finally:
+        assert other.unmount() == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_fsx_random_operations_match_a_model(env: Env, seed: int) -> None:
+    """fsx-style (tests/fuse/fsx.py): 1,200 random writes, runs of small writes, reads,
+    truncates, fsyncs, reopens and reads and writes through a shared mapping on one file of up
+    to 6 MiB, each checked against a model; then a second mount, with nothing cached, reads the
+    whole file from storage."""
+    fx = Fsx(env.mnt / f"fsx-{seed}", seed, max_size=6 << 20)
+    try:
+        await asyncio.to_thread(fx.run, 1200)
+        fx.check_all()
+    finally:
+        fx.close()
+    assert all(fx.counts.get(name) for name, _ in Fsx.OPS), fx.counts
+    other = await env.cluster.mount(env.mnt.parent / f"mnt-fsx{seed}", name=f"fsx{seed}")
+    try:
+        fd = os.open(other.path / f"fsx-{seed}", os.O_RDONLY)
+        try:
+            await asyncio.to_thread(fx.check_all, fd)
+        finally:
+            os.close(fd)
     finally:
         assert other.unmount() == 0
 
