@@ -92,8 +92,7 @@ class Fsx:
     def write(self) -> None:
         offset = self._offset()
         n = self.rng.choice([1, 17, 4096, 65536, 300_000, 1_100_000])
-        n = self.rng.randint(1, n)
-        n = min(n, self.max_size - offset) or 1
+        n = max(1, min(self.rng.randint(1, n), self.max_size - offset))
         data = self._data(n)
         self.log.append(f"write {offset}+{n}")
         if os.pwrite(self.fd, data, offset) != n:
@@ -104,8 +103,8 @@ class Fsx:
         k = self.rng.randint(5, 40)
         self.log.append(f"{k} small writes")
         for _ in range(k):
-            offset = self.rng.randrange(0, max(len(self.model), 1) + 4096)
-            n = min(self.rng.randint(1, 4096), self.max_size - offset) or 1
+            offset = self.rng.randrange(0, min(len(self.model) + 4096, self.max_size))
+            n = self.rng.randint(1, min(4096, self.max_size - offset))
             data = self._data(n)
             os.pwrite(self.fd, data, offset)
             self._put(offset, data)
