@@ -12,10 +12,12 @@ buffered libaio read that misses the page cache blocks in io_submit, so each buf
 one read in flight whatever its iodepth says. Buffered random reads are therefore run a second time
 with io_uring, which keeps iodepth reads in flight for buffered files too (the row marked
 "io_uring"; skipped, with the reason, where the kernel refuses io_uring). Sequential buffered reads
-need no second run: the kernel's readahead keeps them in flight with either engine. Page caches are dropped before each read run (as root), so
-buffered reads come from fs3, not from memory. Prints MiB/s and IOPS per run for fs3 and local, and the CPU time
-per I/O of the mount process, of the storage daemons and of the other servers (mgmtd, meta) --
-figures that other load on the machine distorts far less than the rates.
+need no second run: the kernel's readahead keeps them in flight with either engine.
+
+Page caches are dropped before each read run (as root), so buffered reads come from fs3, not from
+memory. Prints MiB/s and IOPS per run for fs3 and local, and the CPU time per I/O of the mount
+process, of the storage daemons and of the other servers (mgmtd, meta) -- figures that other load on
+the machine distorts far less than the rates.
 """
 
 from __future__ import annotations
