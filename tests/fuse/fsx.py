@@ -4,15 +4,17 @@ model of the file in memory.
 Writes large and small (runs of small ones at random offsets, which the mount gathers into one
 update per chunk), reads, truncates that shrink and extend, fsync, close and reopen, and reads and
 writes through a shared memory mapping; after every read its bytes are checked, after some
-operations the file's size. A failure names the seed and the last operations, so that it can be replayed.
+operations the file's size. :func:`two_writers` has two threads write and read their own stripes of
+one file at once. A failure names the seed and the last operations, so that it can be replayed.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-from array import array
 import random
+import threading
+from array import array
 from collections import deque
 from pathlib import Path
 
@@ -186,3 +188,76 @@ class Fsx:
             if step % 200 == 199:
                 self.log.append("read the whole file")
                 self.check_all()
+
+
+STRIPE = 64 << 10
+
+
+def two_writers(paths: tuple[Path, Path], seed: int, *, size: int, steps: int) -> dict[str, int]:
+    """Two threads, each with its own descriptors (``paths[w]``: the same file, through one mount
+    or two), own alternate 64 KiB stripes of one file of ``size`` bytes: gathered small writes,
+    whole-stripe writes, reads of their own stripes (checked), fsync, close and reopen. Afterwards
+    the whole file, read through ``paths[0]`` once both have closed, is both writers' bytes.
+    Returns the operations done."""
+    model = bytearray(size)
+    fd = os.open(paths[0], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+    errors: list[str] = []
+    counts: dict[str, int] = {}
+
+    def worker(w: int) -> None:
+        rng = random.Random(seed * 10 + w)
+        stripes = [s for s in range(size // STRIPE) if s % 2 == w]
+        fd = os.open(paths[w], os.O_RDWR)
+        tag = w << 60
+        try:
+            for step in range(steps):
+                base = rng.choice(stripes) * STRIPE
+                op = rng.random()
+                if op < 0.5:
+                    off = base + rng.randrange(STRIPE)
+                    n = rng.randint(1, min(6000, base + STRIPE - off)) if op < 0.4 else STRIPE
+                    off = off if op < 0.4 else base
+                    tag += 1 << 32
+                    data = array("Q", range(tag, tag + (n + 7) // 8)).tobytes()[:n]
+                    os.pwrite(fd, data, off)
+                    model[off : off + n] = data
+                    name = "write"
+                elif op < 0.94:
+                    off = base + rng.randrange(STRIPE)
+                    n = rng.randint(1, base + STRIPE - off)
+                    if os.pread(fd, n, off) != model[off : off + n]:
+                        errors.append(
+                            f"seed {seed} writer {w} step {step}: read {off}+{n} is not what it wrote"
+                        )
+                        return
+                    name = "read"
+                elif op < 0.98:
+                    os.fsync(fd)
+                    name = "fsync"
+                else:
+                    os.close(fd)
+                    fd = -1
+                    fd = os.open(paths[w], os.O_RDWR)
+                    name = "reopen"
+                counts[name] = counts.get(name, 0) + 1
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise Mismatch("; ".join(errors))
+    with open(paths[0], "rb") as f:
+        whole = f.read()
+    if whole != model:
+        at = next((i for i in range(min(len(whole), size)) if whole[i] != model[i]), min(len(whole), size))
+        raise Mismatch(f"seed {seed}: the file ({len(whole)} bytes) differs from both writers' bytes at {at}")
+    return counts

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
-from fsx import Fsx
+from fsx import Fsx, two_writers
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -317,6 +317,25 @@ async def test_fsx_random_operations_match_a_model(env: Env, seed: int) -> None:
             os.close(fd)
     finally:
         assert other.unmount() == 0
+
+
+@pytest.mark.parametrize("mounts", [1, 2])
+async def test_two_writers_on_their_own_stripes_of_one_file(env: Env, mounts: int) -> None:
+    """Two threads with their own descriptors, through one mount or through two, write (gathered
+    small writes and whole 64 KiB stripes), read back, fsync and reopen their own alternate
+    stripes of one 4 MiB file at the same time (tests/fuse/fsx.py ``two_writers``); once both have
+    closed, the file read through the first mount holds both writers' bytes."""
+    name = f"stripes-{mounts}"
+    other = await env.cluster.mount(env.mnt.parent / "mnt-stripes", name="stripes") if mounts == 2 else None
+    try:
+        second = (other.path if other else env.mnt) / name
+        counts = await asyncio.to_thread(
+            two_writers, (env.mnt / name, second), mounts, size=4 << 20, steps=1000
+        )
+    finally:
+        if other is not None:
+            assert other.unmount() == 0
+    assert all(counts.get(op) for op in ("write", "read", "fsync", "reopen")), counts
 
 
 async def test_sigterm_unmounts_cleanly(env: Env) -> None:
