@@ -294,7 +294,11 @@ class ClientConfig:
         doc="the mount's kernel readahead (bdi read_ahead_kb; 0 = leave the kernel's)",
         check=lambda v: None if v >= 0 else "must be >= 0",
     )
-    direct_io: bool = opt(False, doc="bypass the kernel page cache for every open file")
+    direct_io: bool = opt(
+        False,
+        doc="bypass the kernel page cache for every open file (such files cannot be mapped "
+        "shared: mmap fails with ENODEV)",
+    )
     write_scatter_total_bytes: int = opt(
         256 << 20,
         doc="what the gathered small writes of all open files may hold together (with their flushes "
