@@ -1,5 +1,6 @@
 """File commands of ``fs3 admin``: ls, stat (with the chunk → chain → target layout), checksum
-of every replica of a file's chunks, and gc-list.
+of every replica of a file's chunks, gc-list, and set-layout (a directory's default layout for
+the files created in it later: what a FUSE mount cannot set).
 
 They speak fs3 RPC to meta and storage, which takes the cluster secret (``--secret-file``) for the
 connection and the token's user for permissions. Meta servers are found in mgmtd's routing info.
@@ -111,6 +112,58 @@ def _stat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-chunks", type=int, default=64, help="with --layout, at most this many chunks (default 64)"
     )
+
+
+def _byte_size(text: str) -> int:
+    """``65536``, ``64K``, ``4M``: bytes (K, M, G are powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = units.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in units else t
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M or G)")
+    return int(digits) * scale
+
+
+def _set_layout_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a directory inside fs3 (absolute, from its root)")
+    p.add_argument(
+        "--chunk-size",
+        type=_byte_size,
+        default=0,
+        help="chunk size of files created in it later: a power of two from 64K to 64M",
+    )
+    p.add_argument("--stripe", type=int, default=0, help="chains each file created in it later spreads over")
+    p.add_argument(
+        "--chain-table", type=int, default=0, help="chain table those files take their chains from"
+    )
+
+
+@command(
+    "set-layout",
+    "a directory's default layout (chunk size, stripe, chain table) for files created in it later",
+    _set_layout_args,
+)
+async def set_layout(conn: Connection, args: argparse.Namespace) -> Result:
+    if args.chunk_size < 0 or args.stripe < 0 or args.chain_table < 0:
+        raise UsageError("--chunk-size, --stripe and --chain-table must not be negative")
+    if not (args.chunk_size or args.stripe or args.chain_table):
+        raise UsageError("name at least one of --chunk-size, --stripe, --chain-table")
+    async with filesystem(conn) as (_routing, meta, _storage):
+        node = await meta.lookup_path(args.path.encode())
+        ino = await meta.set_layout(node.id, args.chain_table, args.chunk_size, args.stripe)
+    lay = ino.layout
+    value = {
+        "path": args.path,
+        "chunk_size": lay.chunk_size,
+        "stripe_count": lay.stripe_count,
+        "chain_table": lay.chain_table_id,
+    }
+    message = (
+        f"{args.path}: files created here get chunk size {lay.chunk_size or 'the default'}, "
+        f"stripe {lay.stripe_count or 'the default'}, chain table {lay.chain_table_id or 'the default'}"
+    )
+    return Result(value=value, message=message)
 
 
 def _chunk_count(size: int, chunk_size: int) -> int:

@@ -1,4 +1,5 @@
-"""``fs3 admin`` file commands (ls, stat, checksum, gc-list) against a running local cluster."""
+"""``fs3 admin`` file commands (ls, stat, checksum, gc-list, set-layout) against a running local
+cluster."""
 
 from __future__ import annotations
 
@@ -72,3 +73,34 @@ def test_gc_list_shows_a_file_unlinked_while_open(small_cluster: Path) -> None:
         "the collector to remove the unlinked file",
         interval_s=0.5,
     )
+
+
+def test_set_layout_applies_to_files_created_later(small_cluster: Path) -> None:
+    async def mkdir_and_write(path: str, data: bytes) -> None:
+        async with await connect(small_cluster) as fs:
+            if path == "/lay/before":
+                await fs.mkdir("/lay")
+            await fs.write_file(path, data)
+
+    asyncio.run(mkdir_and_write("/lay/before", b"b" * 200_000))
+    set_ = admin_json(small_cluster, "set-layout", "/lay", "--chunk-size", "64K", "--stripe", "1")
+    assert (set_["chunk_size"], set_["stripe_count"]) == (64 << 10, 1), set_
+    asyncio.run(mkdir_and_write("/lay/after", b"a" * 200_000))
+    after = admin_json(small_cluster, "stat", "/lay/after", "--layout")
+    assert len(after["chunks"]) == 4 and after["size"] == 200_000, after  # 200,000 bytes in 64 KiB chunks
+    before = admin_json(small_cluster, "stat", "/lay/before", "--layout")
+    assert len(before["chunks"]) == 1, before  # the cluster's 1 MiB chunks: created before the change
+
+    for args, status, words in (
+        (["/lay", "--chunk-size", "100K"], 1, "chunk"),  # not a power of two
+        (["/lay", "--chunk-size", "128M"], 1, "chunk"),  # above 64 MiB
+        (["/lay/after", "--stripe", "1"], 1, "directory"),  # a file
+        (["/nope", "--stripe", "1"], 1, "nope"),
+        (["/lay"], 2, "at least one"),
+        (["/lay", "--chunk-size", "lots"], 2, "size"),
+    ):
+        out = fs3("admin", "set-layout", *args, "--local-dir", str(small_cluster))
+        assert out.returncode == status, (args, out.stdout, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert words in out.stderr.lower() and (status == 2 or len(lines) == 1), (args, out.stderr)
+    assert admin_json(small_cluster, "stat", "/lay")["type"] == "dir"
