@@ -145,8 +145,8 @@ def _set_layout_args(p: argparse.ArgumentParser) -> None:
     _set_layout_args,
 )
 async def set_layout(conn: Connection, args: argparse.Namespace) -> Result:
-    if args.chunk_size < 0 or args.stripe < 0 or args.chain_table < 0:
-        raise UsageError("--chunk-size, --stripe and --chain-table must not be negative")
+    if not (0 <= args.stripe < 1 << 32 and 0 <= args.chain_table < 1 << 32 and args.chunk_size < 1 << 63):
+        raise UsageError("--stripe and --chain-table must be from 0 to 4294967295, --chunk-size below 2**63")
     if not (args.chunk_size or args.stripe or args.chain_table):
         raise UsageError("name at least one of --chunk-size, --stripe, --chain-table")
     async with filesystem(conn) as (_routing, meta, _storage):

@@ -98,6 +98,8 @@ def test_set_layout_applies_to_files_created_later(small_cluster: Path) -> None:
         (["/nope", "--stripe", "1"], 1, "nope"),
         (["/lay"], 2, "at least one"),
         (["/lay", "--chunk-size", "lots"], 2, "size"),
+        (["/lay", "--stripe", "-1"], 2, "stripe"),
+        (["/lay", "--stripe", str(1 << 32)], 2, "stripe"),
     ):
         out = fs3("admin", "set-layout", *args, "--local-dir", str(small_cluster))
         assert out.returncode == status, (args, out.stdout, out.stderr)
