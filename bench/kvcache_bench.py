@@ -30,13 +30,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from fs3.cli import parse_size
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
 
 
 def _cpu() -> float:
@@ -125,8 +121,8 @@ def main() -> None:
     p.add_argument("--tmp", default="/var/tmp", help="where the temporary cluster goes")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args()
-    args.sizes = [_size(s) for s in args.sizes.split(",")]
-    args.chunk_size = _size(args.chunk_size)
+    args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+    args.chunk_size = parse_size(args.chunk_size)
     tmp = Path(tempfile.mkdtemp(prefix="fs3-kvcache-bench-", dir=args.tmp))
     try:
         rows = asyncio.run(bench(args, tmp))

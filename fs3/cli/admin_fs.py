@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fs3.cli import parse_size
 from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
@@ -114,22 +115,11 @@ def _stat_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _byte_size(text: str) -> int:
-    """``65536``, ``64K``, ``4M``: bytes (K, M, G are powers of 1024)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = units.get(t[-1:], 1)
-    digits = t[:-1] if t[-1:] in units else t
-    if not digits.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M or G)")
-    return int(digits) * scale
-
-
 def _set_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a directory inside fs3 (absolute, from its root)")
     p.add_argument(
         "--chunk-size",
-        type=_byte_size,
+        type=parse_size,
         default=0,
         help="chunk size of files created in it later: a power of two from 64K to 64M",
     )
