@@ -23,6 +23,12 @@ class Mismatch(AssertionError):
     pass
 
 
+def words(tag: int, n: int) -> bytes:
+    """``n`` bytes of 8-byte words counting up from ``tag`` (a write's number in the high bits): a
+    misplaced, stale or torn range shows."""
+    return array("Q", range(tag, tag + (n + 7) // 8)).tobytes()[:n]
+
+
 class Fsx:
     def __init__(self, path: Path, seed: int, *, max_size: int, mapped: bool = True) -> None:
         """``mapped``: also read and write through shared mappings (a FUSE file opened with
@@ -77,11 +83,9 @@ class Fsx:
     # -- operations -------------------------------------------------------------------------------
 
     def _data(self, n: int) -> bytes:
-        # every 8-byte word holds the operation's number and its own index: a misplaced, stale
-        # or torn range shows
         tag = (self._writes << 32) + ((self.seed & 0xFF) << 56)
         self._writes += 1
-        return array("Q", range(tag, tag + (n + 7) // 8)).tobytes()[:n]
+        return words(tag, n)
 
     def _offset(self) -> int:
         # mostly inside the file or just past it (appends, small holes); sometimes anywhere
@@ -225,7 +229,7 @@ def two_writers(paths: tuple[Path, Path], seed: int, *, size: int, steps: int) -
                     n = rng.randint(1, min(6000, base + STRIPE - off)) if op < 0.4 else STRIPE
                     off = off if op < 0.4 else base
                     tag += 1 << 32
-                    data = array("Q", range(tag, tag + (n + 7) // 8)).tobytes()[:n]
+                    data = words(tag, n)
                     os.pwrite(fd, data, off)
                     model[off : off + n] = data
                     name = "write"
