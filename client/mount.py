@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fs3.cli.fuse_mounts import fuse_connections, mount_device
 from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error
 
@@ -55,32 +56,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def mount_device(mountpoint: str) -> tuple[int, int] | None:
-    """(major, minor) of the file system mounted at ``mountpoint`` (an absolute path without
-    symlinks: resolving one here would stat the mount this process serves, and wait for itself)."""
-    target = mountpoint
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 4 and parts[4] == target:
-                major, minor = parts[2].split(":")
-                found = (int(major), int(minor))  # the last one is the topmost mount
-    return found
-
-
 def tune_mount(mountpoint: str, read_ahead_kb: int) -> None:
     """Set the mount's readahead and the FUSE connection's max_background and congestion
-    threshold (best effort)."""
+    threshold (best effort; fusectl is mounted first where nothing has mounted it)."""
     dev = mount_device(mountpoint)
     if dev is None:
         log.warning("mount not found in mountinfo mountpoint=%s", mountpoint)
         return
-    conn = f"/sys/fs/fuse/connections/{dev[1]}"
-    settings = [
-        (f"{conn}/max_background", MAX_BACKGROUND),
-        (f"{conn}/congestion_threshold", CONGESTION_THRESHOLD),
-    ]
+    settings: list[tuple[str, int]] = []
+    conns, why = fuse_connections()
+    if conns is None:
+        log.warning(
+            "cannot raise max_background: %s; the kernel keeps 12 background requests in flight "
+            "(readahead, async direct I/O), about half the random read rate",
+            why,
+        )
+    else:
+        settings += [
+            (f"{conns}/{dev[1]}/max_background", MAX_BACKGROUND),
+            (f"{conns}/{dev[1]}/congestion_threshold", CONGESTION_THRESHOLD),
+        ]
     if read_ahead_kb:
         settings.append((f"/sys/class/bdi/{dev[0]}:{dev[1]}/read_ahead_kb", read_ahead_kb))
     for path, value in settings:

@@ -1,4 +1,5 @@
-"""FUSE mount points seen from outside: is something mounted, does it answer, abort, unmount.
+"""FUSE mount points seen from outside: is something mounted, does it answer, abort, unmount; and
+fusectl, the kernel's per-connection controls (``/sys/fs/fuse/connections``).
 
 Mounted-ness comes from ``/proc/self/mountinfo`` and never from a stat of the mount point: a FUSE
 server that does not answer would hang the caller, which is exactly the situation these helpers
@@ -7,10 +8,14 @@ exist to get out of.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
+
+FUSECTL = "/sys/fs/fuse/connections"
 
 
 def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
@@ -41,6 +46,35 @@ def mount_type(path: str) -> str | None:
     return entry[2] if entry is not None else None
 
 
+def mount_device(path: str) -> tuple[int, int] | None:
+    """(major, minor) of the file system mounted at ``path``, or None; for a FUSE mount the minor
+    names its connection under :data:`FUSECTL`."""
+    entry = _mountinfo_entry(path)
+    return entry[:2] if entry is not None else None
+
+
+def fuse_connections() -> tuple[Path | None, str]:
+    """fusectl's directory, ``(Path(FUSECTL), "")``, mounting fusectl there first if nothing has;
+    ``(None, why)`` where that cannot be done.
+
+    systemd mounts fusectl at boot (sys-fs-fuse-connections.mount), but containers, minimal
+    systems and CI machines often have the directory with nothing mounted on it; without fusectl a
+    FUSE connection keeps the kernel's default of 12 background requests (readahead, async direct
+    I/O) and a stuck connection cannot be aborted. Mounting it changes no FUSE mount."""
+    if mount_type(FUSECTL) == "fusectl":
+        return Path(FUSECTL), ""
+    if not os.path.isdir(FUSECTL):
+        return None, f"{FUSECTL} does not exist (is the fuse kernel module loaded?)"
+    if os.geteuid() != 0:
+        return None, f"fusectl is not mounted at {FUSECTL}; as root: mount -t fusectl fusectl {FUSECTL}"
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.mount(b"fusectl", FUSECTL.encode(), b"fusectl", 0, None) != 0:
+        err = ctypes.get_errno()
+        if mount_type(FUSECTL) != "fusectl":  # EBUSY: another process mounted it meanwhile
+            return None, f"cannot mount fusectl at {FUSECTL}: {os.strerror(err)}"
+    return Path(FUSECTL), ""
+
+
 def is_mounted(path: str) -> bool:
     return bool(path) and _mountinfo_entry(path) is not None
 
@@ -58,12 +92,15 @@ def answers(path: str, timeout_s: float) -> bool:
 
 def abort(path: str) -> None:
     """Abort the FUSE connection mounted at ``path`` (a server stuck in the kernel cannot be
-    killed otherwise); needs fusectl at /sys/fs/fuse/connections, else does nothing."""
+    killed otherwise); needs fusectl (:func:`fuse_connections`), else does nothing."""
     dev = _mountinfo_entry(path)
     if dev is None:
         return
+    conns, _ = fuse_connections()
+    if conns is None:
+        return
     try:
-        Path(f"/sys/fs/fuse/connections/{dev[1]}/abort").write_text("1\n")
+        (conns / str(dev[1]) / "abort").write_text("1\n")
     except OSError:
         pass
 

@@ -397,6 +397,39 @@ def _check_requests(m: Mount, port: int) -> None:
         if line.split()[4] == str(m.path)
     )
     assert Path(f"/sys/class/bdi/{dev}/read_ahead_kb").read_text().strip() == "8192"
+    # the connection keeps up to 128 background requests (readahead, async direct I/O), not the
+    # kernel's 12: the mount mounts fusectl first where nothing has (as on this CI's machines)
+    conn = Path("/sys/fs/fuse/connections") / dev.split(":")[1]
+    assert (conn / "max_background").read_text().strip() == "128"
+    assert (conn / "congestion_threshold").read_text().strip() == "96"
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare(1) for a private mount namespace")
+def test_fusectl_is_mounted_where_nothing_has() -> None:
+    """In a mount namespace of its own with fusectl unmounted (what a container or a system
+    without systemd has), fuse_connections() mounts it as root and says how to as another user."""
+    ctl = "/sys/fs/fuse/connections"
+    if not os.path.isdir(ctl):
+        pytest.skip(f"{ctl} does not exist (fuse module not loaded)")
+    probe = f"{sys.executable} -c 'from fs3.cli.fuse_mounts import fuse_connections as f; print(f())'"
+    script = (
+        f"while grep -q ' {ctl} ' /proc/self/mountinfo; do umount {ctl} || exit 3; done; "
+        f"setpriv --reuid=65534 --regid=65534 --clear-groups {probe}; "
+        f"grep -q ' {ctl} ' /proc/self/mountinfo && exit 4; "
+        f"{probe}; grep ' {ctl} ' /proc/self/mountinfo"
+    )
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert r.returncode == 0, r.stderr
+    as_nobody, as_root, mounted = r.stdout.splitlines()
+    assert as_nobody.startswith("(None, 'fusectl is not mounted at") and "mount -t fusectl" in as_nobody
+    assert as_root == f"(PosixPath('{ctl}'), '')"
+    assert " - fusectl " in mounted
 
 
 def _pids_serving(path: Path) -> list[int]:
