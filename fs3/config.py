@@ -38,6 +38,10 @@ def _non_negative(v: Any) -> str | None:
     return None if v >= 0 else "must be >= 0"
 
 
+def _fraction(v: Any) -> str | None:
+    return None if 0 <= v < 1 else "must be a fraction 0 <= x < 1"
+
+
 def _port(v: Any) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535 (0 = any free port)"
 
@@ -235,6 +239,13 @@ class StorageConfig:
     direct_io: bool = opt(
         True,
         doc="O_DIRECT for chunk files written whole and for reads, both of 256 KiB or more",
+    )
+    keep_free: float = opt(
+        0.02,
+        doc="fraction of each target's file system kept free: a write that would use it is refused "
+        "with ENOSPC and the target stays online (reads, removes and truncates go on); 0 = write "
+        "until the disk is full, which takes the target offline",
+        check=_fraction,
     )
     io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
     aio_reads: bool = opt(

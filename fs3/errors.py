@@ -96,6 +96,8 @@ class StatusCode(enum.IntEnum):
     STORAGE_ROUTING_STALE = 508
     STORAGE_CHUNK_TOO_LARGE = 509
     STORAGE_CHUNK_VERSION_MISMATCH = 510
+    # a write refused before any replica kept it: a target keeps its free space (keep_free)
+    STORAGE_SPACE_KEPT = 511
 
 
 # The one table from status code to errno. Anything not listed maps to EIO.
@@ -141,6 +143,7 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.META_NOT_SUPPORTED: _errno.EOPNOTSUPP,
     StatusCode.META_TOO_BIG: _errno.E2BIG,
     StatusCode.STORAGE_NO_SPACE: _errno.ENOSPC,
+    StatusCode.STORAGE_SPACE_KEPT: _errno.ENOSPC,
     StatusCode.STORAGE_CHUNK_TOO_LARGE: _errno.EFBIG,
 }
 

@@ -110,6 +110,8 @@ class EngineOptions:
     layered_overwrite_max: float = 0.5
     # large chunk writes and reads bypass the page cache (see storage.chunk_files)
     direct_io: bool = True
+    # fraction of the file system's capacity that updates leave free (check_room); 0: none
+    keep_free: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -620,6 +622,24 @@ class ChunkEngine:
         """Fsyncs of data files and of their directories since the engine opened, and their
         seconds (see :meth:`ChunkFiles.sync_stats`)."""
         return self._files.sync_stats()
+
+    def check_room(self, nbytes: int) -> None:
+        """Refuse an update of ``nbytes`` that would leave the file system with less than
+        ``options.keep_free`` of its capacity free: STORAGE_SPACE_KEPT, and the target stays online
+        (reads, removes and truncates go on; writes resume once space is freed). Only a disk
+        found full despite this (other users of it, or a race) takes the target offline."""
+        keep = self.options.keep_free
+        if keep <= 0 or self._failure is not None or self._closed:
+            return  # the update itself says why it cannot run
+        with self._io("check_room"):
+            st = os.statvfs(self.path)
+        free = st.f_bavail * st.f_frsize
+        if free - nbytes < st.f_blocks * st.f_frsize * keep:
+            raise FS3Error(
+                StatusCode.STORAGE_SPACE_KEPT,
+                f"target {self.path} has {free >> 20} MiB free, and keeps {keep:.1%} of its file "
+                f"system free: {nbytes} more bytes refused (remove files to make room)",
+            )
 
     def space_info(self) -> SpaceInfo:
         """Capacity and free space of the file system, and what this target's chunks use."""

@@ -183,6 +183,7 @@ class Replicator:
         op = client_op(io, payload)
         t = await self.local_target(key.chain_id, key.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(key.chain_id))
+        _check_room(t, op)
         cached = self.results.lookup(req.tag)
         if cached is not None:
             return cached
@@ -220,6 +221,8 @@ class Replicator:
         op = forwarded_op(io, payload, req.syncing)
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
+        if not (req.syncing and req.commit):  # resync copies are not refused: the target must catch up
+            _check_room(t, op)
         cid = chunk_id(key.inode_id, key.chunk_index)
         eng = t.engine
         async with self.locks.hold(t.target_id, cid):
@@ -276,7 +279,11 @@ class Replicator:
             assert new is not None
             v = new.pending_ver or new.committed_ver
             if kind == "pending":
-                await self._forward(t, cid, chain_id, op, v, new)
+                try:
+                    await self._forward(t, cid, chain_id, op, v, new)
+                except FS3Error as e:
+                    await self._drop_refused(t, cid, v, e)
+                    raise
                 meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
             return io_result(meta, chain_ver) if meta is not None else removed_result(v, chain_ver)
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
@@ -304,8 +311,10 @@ class Replicator:
         stored.add_done_callback(lambda f: self._applying.pop(key) if self._applying.get(key) is f else None)
         try:
             forwarded = await self._forward(t, cid, chain_id, op, version, None, local=stored)
-        except BaseException:
+        except BaseException as e:
             await self._local_outcome(t, cid, stored)
+            if isinstance(e, FS3Error):
+                await self._drop_refused(t, cid, version, e)
             raise  # as in the sequential round: the pending version is settled later
         kind, _, new = await self._local_outcome(t, cid, stored)
         assert kind == "pending" and new is not None, kind
@@ -341,6 +350,23 @@ class Replicator:
             ),
         )
         raise error
+
+    async def _drop_refused(self, t: LocalTarget, cid: bytes, version: int, error: FS3Error) -> None:
+        """After a successor refused pending ``version`` to keep its free space: drop it here too.
+
+        That refusal comes before the refusing replica stores or forwards anything
+        (``_check_room``), and every replica between it and this one dropped the version before passing
+        the refusal on, so no replica holds it: the client's write failed with ENOSPC and nothing
+        of it remains, where settling it later would make a refused write appear after all (and
+        need the space that is missing). Other errors leave the version to be settled."""
+        if error.code == StatusCode.STORAGE_SPACE_KEPT:
+            log.info(
+                "successor refused an update for want of space, dropping it target_id=%d chunk=%s version=%d",
+                t.target_id,
+                cid.hex(),
+                version,
+            )
+            await t.engine.abort(cid, version)
 
     async def _settle_locked(
         self, t: LocalTarget, cid: bytes, chain_id: int, meta: ChunkMeta
@@ -443,7 +469,11 @@ class Replicator:
                     )
                     full = True
                     continue
-                if e.code in (StatusCode.INVALID_ARGUMENT, StatusCode.STORAGE_CHECKSUM_MISMATCH):
+                if e.code in (
+                    StatusCode.INVALID_ARGUMENT,
+                    StatusCode.STORAGE_CHECKSUM_MISMATCH,
+                    StatusCode.STORAGE_SPACE_KEPT,  # a successor keeping its free space: the write fails
+                ):
                     raise
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -811,3 +841,13 @@ class Replicator:
                         )
                     truncated = True
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
+
+
+def _check_room(t: LocalTarget, op: Op) -> None:
+    """Refuse a write that would eat into the space the target keeps free (ChunkEngine.check_room),
+    before anything of it is stored: STORAGE_SPACE_KEPT, which the client reports as ENOSPC and a
+    predecessor passes back without retrying, dropping its pending copy (``_drop_refused``). A
+    disk found full by the write itself is STORAGE_NO_SPACE: that target goes offline, and the
+    predecessor retries until the chain goes on without it."""
+    if op.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
+        t.engine.engine.check_room(op.length)

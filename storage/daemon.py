@@ -99,7 +99,7 @@ class StorageDaemon:
 
             engine = await AsyncChunkEngine.open(
                 p,
-                EngineOptions(sync=cfg.sync_writes, direct_io=cfg.direct_io),
+                EngineOptions(sync=cfg.sync_writes, direct_io=cfg.direct_io, keep_free=cfg.keep_free),
                 on_failure=on_failure,
                 executor=self.executor,
             )

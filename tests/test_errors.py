@@ -31,6 +31,7 @@ def test_python_and_proto_enums_agree():
         (StatusCode.META_NOT_PERMITTED, errno.EPERM),
         (StatusCode.INVALID_ARGUMENT, errno.EINVAL),
         (StatusCode.STORAGE_NO_SPACE, errno.ENOSPC),
+        (StatusCode.STORAGE_SPACE_KEPT, errno.ENOSPC),
         (StatusCode.STORAGE_CHECKSUM_MISMATCH, errno.EIO),
         (StatusCode.INTERNAL, errno.EIO),
     ],

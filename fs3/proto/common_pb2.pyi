@@ -78,6 +78,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_ROUTING_STALE: _ClassVar[StatusCode]
     STORAGE_CHUNK_TOO_LARGE: _ClassVar[StatusCode]
     STORAGE_CHUNK_VERSION_MISMATCH: _ClassVar[StatusCode]
+    STORAGE_SPACE_KEPT: _ClassVar[StatusCode]
 
 class NodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -171,6 +172,7 @@ STORAGE_IO_ERROR: StatusCode
 STORAGE_ROUTING_STALE: StatusCode
 STORAGE_CHUNK_TOO_LARGE: StatusCode
 STORAGE_CHUNK_VERSION_MISMATCH: StatusCode
+STORAGE_SPACE_KEPT: StatusCode
 NODE_TYPE_UNSPECIFIED: NodeType
 NODE_MGMTD: NodeType
 NODE_META: NodeType

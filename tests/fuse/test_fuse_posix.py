@@ -24,6 +24,8 @@ import pytest_asyncio
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
 from fsx import Fsx, two_writers
 
+from fs3.proto import common_pb2
+
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse"),
@@ -466,6 +468,61 @@ def test_daemon_mode_detaches_and_fusermount_ends_it(env: Env) -> None:
         for pid in _pids_serving(path):
             os.kill(pid, signal.SIGKILL)
         force_unmount(path)
+
+
+@pytest.fixture
+def small_disks(tmp_path: Path):
+    """A cluster directory whose three storage daemons' directories are 48 MiB tmpfs mounts,
+    unmounted (lazily if still busy) even when the test fails."""
+    root = tmp_path / "c"
+    mounted: list[Path] = []
+    try:
+        for i in range(3):
+            d = root / f"storage-{10001 + i}"
+            d.mkdir(parents=True)
+            r = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(d)], capture_output=True
+            )
+            if r.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
+            mounted.append(d)
+        yield root
+    finally:
+        for d in mounted:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+async def test_full_storage_gives_enospc_and_frees_up_after_rm(small_disks: Path, tmp_path: Path) -> None:
+    """Storage daemons on small file systems: a write past the space they keep free fails with
+    ENOSPC (dd says "No space left on device"), files already there still read back, and once
+    a file is removed (and collected) writes go through again. Nothing goes offline."""
+    async with FsCluster(small_disks, storage_extra={"keep_free": 0.25}) as c:
+        m = await c.mount(tmp_path / "mnt")
+        try:
+            await asyncio.to_thread(_fill_and_free, m.path)
+            routing = await c.cluster.routing()
+            states = [t.public_state for ch in routing.chains.values() for t in ch.targets]
+            assert states == [common_pb2.SERVING] * 9
+        finally:
+            assert m.unmount() == 0
+
+
+def _fill_and_free(mnt: Path) -> None:
+    sh("head -c 8M /dev/urandom > keep && sha256sum keep > keep.sum", mnt)
+    # 3 nodes x 48 MiB, a quarter kept free, every byte on all three: under 36 MiB of files fit
+    r = sh("dd if=/dev/urandom of=big bs=1M count=64 conv=fsync status=none", mnt, check=False)
+    assert r.returncode != 0 and "No space left on device" in r.stderr, r.stderr
+    sh("sha256sum -c --quiet keep.sum", mnt)
+    sh("rm big", mnt)
+    deadline = time.monotonic() + 30
+    while True:  # the meta service's garbage collector removes big's chunks in the background
+        r = sh("dd if=/dev/urandom of=again bs=1M count=16 conv=fsync status=none", mnt, check=False)
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.returncode == 0, r.stderr
+    assert (mnt / "again").stat().st_size == 16 << 20
+    sh("sha256sum -c --quiet keep.sum", mnt)
 
 
 def test_mount_without_a_cluster_fails_with_a_reason(env: Env, tmp_path: Path) -> None:

@@ -1,0 +1,115 @@
+"""A target whose file system runs low on space refuses writes with STORAGE_SPACE_KEPT (ENOSPC) and
+stays online: what it holds stays readable, removes free space, and writes resume.
+
+Each storage daemon's targets live on a tmpfs of their own; one is small. With the small one at
+the head the head refuses; at the tail the head and the middle have stored the update as pending
+before the tail refuses it, so they must settle it later (reads serve the committed version).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from cluster import Cluster
+from mounts import unmount
+
+from fs3.client.storage_client import crc32c
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import common_pb2
+
+pytestmark = pytest.mark.timeout(120)
+
+MiB = 1 << 20
+CHUNK = MiB
+INODE = 42
+
+
+@pytest.fixture
+def disks(tmp_path: Path, request: pytest.FixtureRequest):
+    """Cluster directory whose storage-1000N directories are tmpfs mounts: 24 MiB for the node
+    ``request.param`` names, 256 MiB for the others; unmounted even when the test fails."""
+    root = tmp_path / "c"
+    mounted: list[Path] = []
+    try:
+        for i in range(3):
+            d = root / f"storage-{10001 + i}"
+            d.mkdir(parents=True)
+            size = "24m" if i == request.param else "256m"
+            try:
+                subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                    check=True,
+                    capture_output=True,
+                )
+            except (OSError, subprocess.CalledProcessError) as exc:
+                pytest.skip(f"cannot mount a tmpfs here (needs root): {exc}")
+            mounted.append(d)
+        yield root, mounted[request.param]
+    finally:
+        for d in mounted:
+            unmount(d)
+
+
+async def committed(c: Cluster, client, chain_id: int) -> dict[int, list[tuple[int, int, int]]]:
+    """(chunk index, length, crc) of every committed chunk of INODE, per replica; and no replica
+    holds a pending version: a refused write leaves nothing behind to be settled later."""
+    out = {}
+    for tid in c.chain_targets[chain_id]:
+        metas = await client.dump_chunk_meta(tid, INODE)
+        assert [m.key.chunk_index for m in metas if m.pending_version] == [], tid
+        out[tid] = sorted((m.key.chunk_index, m.length, m.crc32c) for m in metas if m.committed_version)
+    return out
+
+
+@pytest.mark.parametrize("disks", [0, 2], ids=["head-full", "tail-full"], indirect=True)
+async def test_a_full_target_refuses_writes_and_stays_online(disks: tuple[Path, Path]) -> None:
+    root, small = disks
+    async with Cluster(root, storage_extra={"keep_free": 0.25}) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        written: dict[int, bytes] = {}
+        with pytest.raises(FS3Error) as err:
+            for i in range(64):  # 64 MiB: far more than 24 MiB less a quarter
+                data = os.urandom(CHUNK)
+                await client.write(chain_id, INODE, i, 0, data, CHUNK)
+                written[i] = data
+        refused = len(written)
+        e = err.value
+        assert e.code == StatusCode.STORAGE_SPACE_KEPT and e.errno == errno.ENOSPC, e
+        assert "keeps 25.0%" in e.message and "remove files" in e.message
+        assert 8 <= refused <= 18, refused
+        st = os.statvfs(small)
+        assert st.f_bavail * st.f_frsize >= 5 * MiB  # refused before the disk filled
+
+        # nothing went offline; every replica holds exactly the acknowledged chunks
+        chain = (await c.routing()).chain(chain_id)
+        assert [t.public_state for t in chain.targets] == [common_pb2.SERVING] * 3
+        expected = sorted((i, CHUNK, crc32c(d)) for i, d in written.items())
+        assert all(v == expected for v in (await committed(c, client, chain_id)).values())
+        for i, data in written.items():
+            assert await client.read(chain_id, INODE, i, 0, CHUNK) == data
+
+        # an overwrite is refused too and leaves the old bytes readable
+        with pytest.raises(FS3Error) as err:
+            await client.write(chain_id, INODE, 0, 0, os.urandom(CHUNK), CHUNK)
+        assert err.value.code == StatusCode.STORAGE_SPACE_KEPT
+        assert await client.read(chain_id, INODE, 0, 0, CHUNK) == written[0]
+        assert all(v == expected for v in (await committed(c, client, chain_id)).values())
+
+        # removing chunks makes room: the refused chunk and the overwrite go through now
+        await client.remove_chunks(chain_id, INODE, 0, refused // 2)
+        for i in range(refused // 2):
+            del written[i]
+        for i in (refused, 0):
+            written[i] = os.urandom(CHUNK)
+            await client.write(chain_id, INODE, i, 0, written[i], CHUNK)
+        for i, data in written.items():
+            assert await client.read(chain_id, INODE, i, 0, CHUNK) == data
+        expected = sorted((i, CHUNK, crc32c(d)) for i, d in written.items())
+        assert all(v == expected for v in (await committed(c, client, chain_id)).values())
+        chain = (await c.routing()).chain(chain_id)
+        assert [t.public_state for t in chain.targets] == [common_pb2.SERVING] * 3
