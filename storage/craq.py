@@ -221,8 +221,8 @@ class Replicator:
         op = forwarded_op(io, payload, req.syncing)
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
-        if not (req.syncing and req.commit):  # resync copies are not refused: the target must catch up
-            _check_room(t, op)
+        if not (req.syncing and req.commit) and not req.settle:
+            _check_room(t, op)  # resync copies and settles are not refused: see UpdateReq
         cid = chunk_id(key.inode_id, key.chunk_index)
         eng = t.engine
         async with self.locks.hold(t.target_id, cid):
@@ -248,15 +248,16 @@ class Replicator:
                     checksum=op.crc,
                 )
                 return io_result(meta, key.chain_version)
-            return await self._update_locked(t, cid, key.chain_id, op, io.update_version)
+            return await self._update_locked(t, cid, key.chain_id, op, io.update_version, settle=req.settle)
 
     # -- the round: apply, forward, commit --------------------------------------------------------
 
     async def _update_locked(
-        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int | None
+        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int | None, *, settle: bool = False
     ) -> storage_pb2.IOResult:
         """Apply ``op`` as pending version ``version`` (``committed + 1`` on the head, when None),
-        forward it, commit it. The chunk's lock is held."""
+        forward it, commit it. The chunk's lock is held. ``settle``: the update finishes a pending
+        version (see :meth:`_settle_locked`) and is forwarded as such."""
         eng = t.engine.engine
         for _ in range(3):
             chain = self.targets.chain(chain_id)
@@ -280,7 +281,7 @@ class Replicator:
             v = new.pending_ver or new.committed_ver
             if kind == "pending":
                 try:
-                    await self._forward(t, cid, chain_id, op, v, new)
+                    await self._forward(t, cid, chain_id, op, v, new, settle=settle)
                 except FS3Error as e:
                     await self._drop_refused(t, cid, v, e)
                     raise
@@ -382,7 +383,7 @@ class Replicator:
             pending.version,
         )
         op = Op(storage_pb2.UPDATE_REMOVE if pending.removal else storage_pb2.UPDATE_REPLACE, meta.chunk_size)
-        await self._forward(t, cid, chain_id, op, pending.version, meta, full=True)
+        await self._forward(t, cid, chain_id, op, pending.version, meta, full=True, settle=True)
         return await t.engine.commit(cid, pending.version, chain_ver=self.targets.chain(chain_id).version)
 
     async def _forward(
@@ -396,11 +397,13 @@ class Replicator:
         *,
         full: bool = False,
         local: asyncio.Future | None = None,  # type: ignore[type-arg]
+        settle: bool = False,
     ) -> storage_pb2.IOResult | None:
         """Send pending ``version`` to the successor, retrying (with the newest routing each time)
         until it answers or ``forward_timeout_s`` passes. Returns None at the tail. ``local``, in
         a parallel update, is the local write still in progress: sending the whole chunk waits for
-        it. ``meta`` (the local metadata, when known) checks the successor's checksum."""
+        it. ``meta`` (the local metadata, when known) checks the successor's checksum. ``settle``:
+        the version finishes a pending one, which no successor refuses for space."""
         deadline = time.monotonic() + self.forward_timeout_s
         backoff = 0.02
         whole: tuple[bytes, int] | None = None
@@ -412,7 +415,7 @@ class Replicator:
             if succ is None:
                 return None
             syncing = succ.public_state == common_pb2.SYNCING
-            req = storage_pb2.UpdateReq(target_id=succ.target_id, syncing=syncing)
+            req = storage_pb2.UpdateReq(target_id=succ.target_id, syncing=syncing, settle=settle)
             io = req.io
             io.key.chain_id = chain_id
             io.key.chain_version = chain.version

@@ -127,20 +127,22 @@ class WriteReq(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ...) -> None: ...
 
 class UpdateReq(_message.Message):
-    __slots__ = ("tag", "io", "syncing", "commit_chain_version", "commit", "target_id")
+    __slots__ = ("tag", "io", "syncing", "commit_chain_version", "commit", "target_id", "settle")
     TAG_FIELD_NUMBER: _ClassVar[int]
     IO_FIELD_NUMBER: _ClassVar[int]
     SYNCING_FIELD_NUMBER: _ClassVar[int]
     COMMIT_CHAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_FIELD_NUMBER: _ClassVar[int]
     tag: UpdateTag
     io: UpdateIO
     syncing: bool
     commit_chain_version: int
     commit: bool
     target_id: int
-    def __init__(self, tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., syncing: _Optional[bool] = ..., commit_chain_version: _Optional[int] = ..., commit: _Optional[bool] = ..., target_id: _Optional[int] = ...) -> None: ...
+    settle: bool
+    def __init__(self, tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., syncing: _Optional[bool] = ..., commit_chain_version: _Optional[int] = ..., commit: _Optional[bool] = ..., target_id: _Optional[int] = ..., settle: _Optional[bool] = ...) -> None: ...
 
 class IOResult(_message.Message):
     __slots__ = ("length", "committed_version", "update_version", "crc32c", "commit_chain_version")

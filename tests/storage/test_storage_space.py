@@ -3,7 +3,8 @@ stays online: what it holds stays readable, removes free space, and writes resum
 
 Each storage daemon's targets live on a tmpfs of their own; one is small. With the small one at
 the head the head refuses; at the tail the head and the middle have stored the update as pending
-before the tail refuses it, so they must settle it later (reads serve the committed version).
+before the tail refuses it, and drop it as the refusal comes back: nothing of a refused write
+remains to be settled (and made to appear) later.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import pytest
 from cluster import Cluster
 from mounts import unmount
 
-from fs3.client.storage_client import crc32c
+from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
 from fs3.errors import FS3Error, StatusCode
-from fs3.proto import common_pb2
+from fs3.proto import common_pb2, storage_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,7 +49,7 @@ def disks(tmp_path: Path, request: pytest.FixtureRequest):
             except (OSError, subprocess.CalledProcessError) as exc:
                 pytest.skip(f"cannot mount a tmpfs here (needs root): {exc}")
             mounted.append(d)
-        yield root, mounted[request.param]
+        yield root, request.param
     finally:
         for d in mounted:
             unmount(d)
@@ -66,8 +67,9 @@ async def committed(c: Cluster, client, chain_id: int) -> dict[int, list[tuple[i
 
 
 @pytest.mark.parametrize("disks", [0, 2], ids=["head-full", "tail-full"], indirect=True)
-async def test_a_full_target_refuses_writes_and_stays_online(disks: tuple[Path, Path]) -> None:
-    root, small = disks
+async def test_a_full_target_refuses_writes_and_stays_online(disks: tuple[Path, int]) -> None:
+    root, full = disks
+    small = root / f"storage-{10001 + full}"
     async with Cluster(root, storage_extra={"keep_free": 0.25}) as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
@@ -113,3 +115,38 @@ async def test_a_full_target_refuses_writes_and_stays_online(disks: tuple[Path, 
         assert all(v == expected for v in (await committed(c, client, chain_id)).values())
         chain = (await c.routing()).chain(chain_id)
         assert [t.public_state for t in chain.targets] == [common_pb2.SERVING] * 3
+
+        # Finishing a pending version (a predecessor settling one) is never refused for space, as
+        # a removal may wait on it; sent here as the full target's predecessor (or as the full
+        # head's) would, the flag carried down the chain. Fill the disk up to its limit again first.
+        for i in range(refused + 1, 64):
+            try:
+                await client.write(chain_id, INODE, i, 0, os.urandom(CHUNK), CHUNK)
+            except FS3Error as e:
+                assert e.code == StatusCode.STORAGE_SPACE_KEPT
+                break
+        routing = await c.routing()
+        receiver = routing.chain(chain_id).targets[max(full - 1, 0)].target_id
+        data = os.urandom(CHUNK)
+        with pytest.raises(FS3Error) as err:
+            await forward_replace(client, routing, receiver, chain_id, 999, data, settle=False)
+        assert err.value.code == StatusCode.STORAGE_SPACE_KEPT
+        await forward_replace(client, routing, receiver, chain_id, 999, data, settle=True)
+        # (with the full target at the tail the head never saw this version: the test ends here)
+        full_tid = routing.chain(chain_id).targets[full].target_id
+        metas = {m.key.chunk_index: m for m in await client.dump_chunk_meta(full_tid, INODE)}
+        assert metas[999].committed_version == 1 and metas[999].crc32c == crc32c(data)
+
+
+async def forward_replace(
+    client, routing, target_id: int, chain_id: int, index: int, data: bytes, settle: bool
+):
+    """A predecessor's whole-chunk replace of version 1 of chunk ``index`` to ``target_id``."""
+    req = storage_pb2.UpdateReq(target_id=target_id, settle=settle)
+    io = req.io
+    io.key.chain_id, io.key.chain_version = chain_id, routing.chain(chain_id).version
+    io.key.inode_id, io.key.chunk_index = INODE, index
+    io.type, io.chunk_size, io.update_version = storage_pb2.UPDATE_REPLACE, CHUNK, 1
+    io.length, io.crc32c = len(data), crc32c(data)
+    address = node_address(routing, target_id, backend=True)
+    return await client.rpc.call(address, STORAGE_SERVICE["Update"], req, payload=data, timeout=10)
