@@ -484,7 +484,8 @@ class Fs3Operations(pyfuse3.Operations):
         s.f_frsize = bsize
         s.f_blocks = rsp.capacity // bsize
         s.f_bfree = rsp.free // bsize
-        s.f_bavail = rsp.free // bsize
+        # what writes may still use: storage refuses writes into the space it keeps free
+        s.f_bavail = (rsp.available if rsp.HasField("available") else rsp.free) // bsize
         s.f_files = rsp.inodes + (1 << 32)
         s.f_ffree = 1 << 32
         s.f_favail = 1 << 32

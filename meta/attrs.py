@@ -217,8 +217,9 @@ class AttrOps(Namespace):
 
         return await self.db.run(fn)
 
-    async def statfs(self, capacity: int, used: int) -> meta_pb2.StatFsRsp:
-        """Space from the caller (storage's figures), inode count from the store."""
+    async def statfs(self, capacity: int, used: int, available: int | None = None) -> meta_pb2.StatFsRsp:
+        """Space from the caller (storage's figures; ``available``, what writes may still use,
+        is the free space when not given), inode count from the store."""
 
         async def fn(tr: Transaction) -> int:
             return schema.decode_count(await tr.snapshot.get(schema.INODE_COUNT_KEY))
@@ -228,6 +229,7 @@ class AttrOps(Namespace):
             capacity=capacity,
             used=used,
             free=max(capacity - used, 0),
+            available=max(capacity - used, 0) if available is None else available,
             inodes=count,
             block_size=4096,
             name_max=255,

@@ -37,9 +37,9 @@ class MetaService:
         store: MetaStore,
         auth: Authenticator,
         *,
-        statfs: Callable[[], Awaitable[tuple[int, int]]] | None = None,
+        statfs: Callable[[], Awaitable[tuple[int, int, int]]] | None = None,
     ) -> None:
-        """``statfs`` returns storage's (capacity, used) bytes."""
+        """``statfs`` returns storage's (capacity, used, available) bytes."""
         self.store = store
         self.auth = auth
         self._statfs = statfs
@@ -71,8 +71,8 @@ class MetaService:
     async def StatFs(self, req: m.StatFsReq, _p: Any, _c: CallContext) -> m.StatFsRsp:
         if self._known(req.hdr.user) is None:
             await self._credentials(req.hdr.user)
-        capacity, used = await self._statfs() if self._statfs is not None else (0, 0)
-        return await self.store.statfs(capacity, used)
+        capacity, used, available = await self._statfs() if self._statfs is not None else (0, 0, 0)
+        return await self.store.statfs(capacity, used, available)
 
     async def Stat(self, req: m.StatReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         if self._known(req.hdr.user) is None:

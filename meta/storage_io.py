@@ -33,8 +33,9 @@ class ChunkStore(Protocol):
         """Remove every chunk of the file (idempotent)."""
         ...
 
-    async def space(self) -> tuple[int, int]:
-        """(capacity, used) bytes of the storage behind the file system, for statfs."""
+    async def space(self) -> tuple[int, int, int]:
+        """(capacity, used, available) bytes of the storage behind the file system, for statfs;
+        available is what writes may still use (free less what storage keeps free)."""
         ...
 
 
@@ -50,8 +51,8 @@ class NoStorage:
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
         return None
 
-    async def space(self) -> tuple[int, int]:
-        return 0, 0
+    async def space(self) -> tuple[int, int, int]:
+        return 0, 0, 0
 
 
 class StorageChunks:
@@ -78,24 +79,25 @@ class StorageChunks:
             *(self.client.truncate_chunks(chain, inode_id, chunk, length) for chain in layout.chains)
         )
 
-    async def space(self) -> tuple[int, int]:
-        """(capacity, used) bytes of the disks behind the storage targets, each disk counted once
-        (several targets share a disk, and a test cluster's nodes share one host), raw: every
-        replica takes space, as on the disks themselves. ``used`` is everything not free, as df
-        reports it."""
+    async def space(self) -> tuple[int, int, int]:
+        """(capacity, used, available) bytes of the disks behind the storage targets, each disk
+        counted once (several targets share a disk, and a test cluster's nodes share one host),
+        raw: every replica takes space, as on the disks themselves. ``used`` is everything not
+        free, as df reports it; ``available``, free less what the targets keep free."""
         routing = self.client.routing.routing
         nodes = sorted({t.node_id for t in routing.targets.values()})
         results = await asyncio.gather(*(self.client.space_info(n) for n in nodes), return_exceptions=True)
-        disks: dict[tuple[str, int], tuple[int, int]] = {}
+        disks: dict[tuple[str, int], tuple[int, int, int]] = {}
         for node_id, r in zip(nodes, results, strict=True):
             if isinstance(r, BaseException):
                 continue
             host = routing.node(node_id).hostname or str(node_id)
             for t in r:
-                disks[(host, t.device or t.target_id)] = (t.capacity, t.free)
-        capacity = sum(c for c, _ in disks.values())
-        free = sum(f for _, f in disks.values())
-        return capacity, max(capacity - free, 0)
+                available = t.available if t.HasField("available") else t.free  # an older daemon
+                disks[(host, t.device or t.target_id)] = (t.capacity, t.free, available)
+        capacity = sum(c for c, _, _ in disks.values())
+        free = sum(f for _, f, _ in disks.values())
+        return capacity, max(capacity - free, 0), sum(a for _, _, a in disks.values())
 
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
         await asyncio.gather(

@@ -142,6 +142,7 @@ class SpaceInfo:
     used: int  # bytes of chunk data files this target holds
     chunk_count: int
     device: int = 0  # st_dev of the target directory: targets sharing a disk report the same one
+    available: int = 0  # free less what the target keeps free (EngineOptions.keep_free)
 
 
 class ChunkEngine:
@@ -647,9 +648,9 @@ class ChunkEngine:
             st = os.statvfs(self.path)
             device = os.stat(self.path).st_dev
             stats = self._store.stats()
-        return SpaceInfo(
-            st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, stats.used, stats.chunk_count, device
-        )
+        capacity, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        available = max(free - int(capacity * self.options.keep_free), 0)
+        return SpaceInfo(capacity, free, stats.used, stats.chunk_count, device, available)
 
     # -- internals --------------------------------------------------------------------------------
 

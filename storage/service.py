@@ -289,6 +289,7 @@ class StorageService:
                 free=s.free,
                 chunks=s.chunk_count,
                 device=s.device,
+                available=s.available,
             )
         return rsp
 

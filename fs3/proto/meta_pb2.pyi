@@ -210,20 +210,22 @@ class StatFsReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ...) -> None: ...
 
 class StatFsRsp(_message.Message):
-    __slots__ = ("capacity", "used", "free", "inodes", "block_size", "name_max")
+    __slots__ = ("capacity", "used", "free", "inodes", "block_size", "name_max", "available")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     INODES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NAME_MAX_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     capacity: int
     used: int
     free: int
     inodes: int
     block_size: int
     name_max: int
-    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ..., block_size: _Optional[int] = ..., name_max: _Optional[int] = ...) -> None: ...
+    available: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., inodes: _Optional[int] = ..., block_size: _Optional[int] = ..., name_max: _Optional[int] = ..., available: _Optional[int] = ...) -> None: ...
 
 class LookupReq(_message.Message):
     __slots__ = ("hdr", "parent", "name")

@@ -325,20 +325,22 @@ class SpaceInfoReq(_message.Message):
     def __init__(self, target_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TargetSpace(_message.Message):
-    __slots__ = ("target_id", "capacity", "used", "free", "chunks", "device")
+    __slots__ = ("target_id", "capacity", "used", "free", "chunks", "device", "available")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     FREE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     capacity: int
     used: int
     free: int
     chunks: int
     device: int
-    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., chunks: _Optional[int] = ..., device: _Optional[int] = ...) -> None: ...
+    available: int
+    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., chunks: _Optional[int] = ..., device: _Optional[int] = ..., available: _Optional[int] = ...) -> None: ...
 
 class SpaceInfoRsp(_message.Message):
     __slots__ = ("targets",)

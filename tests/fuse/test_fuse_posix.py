@@ -509,9 +509,13 @@ async def test_full_storage_gives_enospc_and_frees_up_after_rm(small_disks: Path
 
 def _fill_and_free(mnt: Path) -> None:
     sh("head -c 8M /dev/urandom > keep && sha256sum keep > keep.sum", mnt)
+    st = os.statvfs(mnt)  # df: the 3 x 12 MiB the targets keep free is not available
+    assert (st.f_bfree - st.f_bavail) * st.f_frsize == pytest.approx(36 << 20, rel=0.02)
     # 3 nodes x 48 MiB, a quarter kept free, every byte on all three: under 36 MiB of files fit
     r = sh("dd if=/dev/urandom of=big bs=1M count=64 conv=fsync status=none", mnt, check=False)
     assert r.returncode != 0 and "No space left on device" in r.stderr, r.stderr
+    st = os.statvfs(mnt)
+    assert st.f_bavail * st.f_frsize < 3 << 20 < st.f_bfree * st.f_frsize  # df's Avail says it too
     sh("sha256sum -c --quiet keep.sum", mnt)
     sh("rm big", mnt)
     deadline = time.monotonic() + 30
