@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import pytest
+
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import ChainView, Routing, RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
@@ -531,3 +533,26 @@ class Cluster:
 
     def node_of_target(self, target_id: int) -> StorageNode:
         return next(n for n in self.nodes if target_id in n.targets)
+
+
+@contextlib.contextmanager
+def storage_on_tmpfs(root: Path, sizes: list[str]):  # type: ignore[no-untyped-def]
+    """Mount a tmpfs of ``sizes[i]`` (e.g. "24m") at storage daemon i's directory under the
+    cluster directory ``root`` (pytest skips without root); all unmounted, lazily if still busy,
+    even when the test fails."""
+    mounted: list[Path] = []
+    try:
+        for i, size in enumerate(sizes):
+            d = root / f"storage-{10001 + i}"
+            d.mkdir(parents=True, exist_ok=True)
+            r = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True
+            )
+            if r.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.decode().strip()}")
+            mounted.append(d)
+        yield root
+    finally:
+        for d in mounted:
+            if subprocess.run(["umount", str(d)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(d)], capture_output=True)

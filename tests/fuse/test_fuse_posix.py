@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from cluster import storage_on_tmpfs
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
 from fsx import Fsx, two_writers
 
@@ -472,24 +473,9 @@ def test_daemon_mode_detaches_and_fusermount_ends_it(env: Env) -> None:
 
 @pytest.fixture
 def small_disks(tmp_path: Path):
-    """A cluster directory whose three storage daemons' directories are 48 MiB tmpfs mounts,
-    unmounted (lazily if still busy) even when the test fails."""
-    root = tmp_path / "c"
-    mounted: list[Path] = []
-    try:
-        for i in range(3):
-            d = root / f"storage-{10001 + i}"
-            d.mkdir(parents=True)
-            r = subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(d)], capture_output=True
-            )
-            if r.returncode != 0:
-                pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
-            mounted.append(d)
+    """A cluster directory whose three storage daemons' directories are 48 MiB tmpfs mounts."""
+    with storage_on_tmpfs(tmp_path / "c", ["48m"] * 3) as root:
         yield root
-    finally:
-        for d in mounted:
-            subprocess.run(["umount", "-l", str(d)], capture_output=True)
 
 
 async def test_full_storage_gives_enospc_and_frees_up_after_rm(small_disks: Path, tmp_path: Path) -> None:

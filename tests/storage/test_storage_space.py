@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from cluster import Cluster
-from mounts import unmount
+from cluster import Cluster, storage_on_tmpfs
 
 from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
 from fs3.errors import FS3Error, StatusCode
@@ -32,27 +30,10 @@ INODE = 42
 @pytest.fixture
 def disks(tmp_path: Path, request: pytest.FixtureRequest):
     """Cluster directory whose storage-1000N directories are tmpfs mounts: 24 MiB for the node
-    ``request.param`` names, 256 MiB for the others; unmounted even when the test fails."""
-    root = tmp_path / "c"
-    mounted: list[Path] = []
-    try:
-        for i in range(3):
-            d = root / f"storage-{10001 + i}"
-            d.mkdir(parents=True)
-            size = "24m" if i == request.param else "256m"
-            try:
-                subprocess.run(
-                    ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
-                    check=True,
-                    capture_output=True,
-                )
-            except (OSError, subprocess.CalledProcessError) as exc:
-                pytest.skip(f"cannot mount a tmpfs here (needs root): {exc}")
-            mounted.append(d)
+    ``request.param`` names, 256 MiB for the others."""
+    sizes = ["24m" if i == request.param else "256m" for i in range(3)]
+    with storage_on_tmpfs(tmp_path / "c", sizes) as root:
         yield root, request.param
-    finally:
-        for d in mounted:
-            unmount(d)
 
 
 async def committed(c: Cluster, client, chain_id: int) -> dict[int, list[tuple[int, int, int]]]:
