@@ -183,7 +183,6 @@ class Replicator:
         op = client_op(io, payload)
         t = await self.local_target(key.chain_id, key.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(key.chain_id))
-        _check_room(t, op)
         cached = self.results.lookup(req.tag)
         if cached is not None:
             return cached
@@ -199,6 +198,7 @@ class Replicator:
                     f"chain {key.chain_id} changed to version {chain.version} while the update waited",
                 )
             self.targets.check_head(t, chain)
+            _check_room(t, op)  # after the retry cache: a retry of a done write is answered
             result = await self._update_locked(t, cid, key.chain_id, op, None)
         self.results.store(req.tag, result)
         return result
@@ -221,8 +221,6 @@ class Replicator:
         op = forwarded_op(io, payload, req.syncing)
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
-        if not (req.syncing and req.commit) and not req.settle:
-            _check_room(t, op)  # resync copies and settles are not refused: see UpdateReq
         cid = chunk_id(key.inode_id, key.chunk_index)
         eng = t.engine
         async with self.locks.hold(t.target_id, cid):
@@ -248,6 +246,13 @@ class Replicator:
                     checksum=op.crc,
                 )
                 return io_result(meta, key.chain_version)
+            # Resync copies (above) and settles are not refused (see UpdateReq), nor a version this
+            # replica holds already: a retried forward whose answer was lost must get that answer,
+            # or the predecessor would drop a version the chain below it has.
+            meta = eng.engine.get_meta(cid)
+            committed, pending = (meta.committed_ver, meta.pending_ver) if meta else (0, 0)
+            if not req.settle and io.update_version > committed and io.update_version != pending:
+                _check_room(t, op)
             return await self._update_locked(t, cid, key.chain_id, op, io.update_version, settle=req.settle)
 
     # -- the round: apply, forward, commit --------------------------------------------------------
