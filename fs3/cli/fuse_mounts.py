@@ -9,7 +9,6 @@ exist to get out of.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import shutil
 import subprocess
@@ -67,7 +66,7 @@ def fuse_connections() -> tuple[Path | None, str]:
         return None, f"{FUSECTL} does not exist (is the fuse kernel module loaded?)"
     if os.geteuid() != 0:
         return None, f"fusectl is not mounted at {FUSECTL}; as root: mount -t fusectl fusectl {FUSECTL}"
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # the process's own libc: no find_library subprocess
     if libc.mount(b"fusectl", FUSECTL.encode(), b"fusectl", 0, None) != 0:
         err = ctypes.get_errno()
         if mount_type(FUSECTL) != "fusectl":  # EBUSY: another process mounted it meanwhile
