@@ -633,23 +633,27 @@ class ChunkEngine:
         if keep <= 0 or self._failure is not None or self._closed:
             return  # the update itself says why it cannot run
         with self._io("check_room"):
-            st = os.statvfs(self.path)
-        free = st.f_bavail * st.f_frsize
-        if free - nbytes < st.f_blocks * st.f_frsize * keep:
+            _, free, available = self._room()
+        if nbytes > available:
             raise FS3Error(
                 StatusCode.STORAGE_SPACE_KEPT,
                 f"target {self.path} has {free >> 20} MiB free, and keeps {keep:.1%} of its file "
                 f"system free: {nbytes} more bytes refused (remove files to make room)",
             )
 
+    def _room(self) -> tuple[int, int, int]:
+        """(capacity, free, available) bytes of the target's file system, available being free
+        less the ``keep_free`` part of the capacity."""
+        st = os.statvfs(self.path)
+        capacity, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        return capacity, free, max(free - int(capacity * self.options.keep_free), 0)
+
     def space_info(self) -> SpaceInfo:
         """Capacity and free space of the file system, and what this target's chunks use."""
         with self._io("space_info"):
-            st = os.statvfs(self.path)
+            capacity, free, available = self._room()
             device = os.stat(self.path).st_dev
             stats = self._store.stats()
-        capacity, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        available = max(free - int(capacity * self.options.keep_free), 0)
         return SpaceInfo(capacity, free, stats.used, stats.chunk_count, device, available)
 
     # -- internals --------------------------------------------------------------------------------
