@@ -88,6 +88,11 @@ class Routing:
         # Derived per read on the client's hot path, and fixed for a snapshot: computed once each.
         self.addresses: dict[tuple[int, bool], tuple[str, int]] = {}  # see storage_client.node_address
         self._serving = {c.chain_id: c.serving for c in self.chains.values()}
+        # Chains with a target low on space (new files' layouts avoid them, see fs3.meta.layout).
+        low = {t.target_id for t in info.targets if t.low_space}
+        self.low_space_chains: frozenset[int] = frozenset(
+            c.chain_id for c in self.chains.values() if low and any(t.target_id in low for t in c.targets)
+        )
 
     @classmethod
     def empty(cls) -> Routing:

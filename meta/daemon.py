@@ -73,11 +73,12 @@ class MetaDaemon:
     def _table(self, table_id: int) -> ChainTable | None:
         if self.routing is None:
             return None
+        routing = self.routing.routing
         try:
-            t = self.routing.routing.chain_table(table_id)
+            t = routing.chain_table(table_id)
         except FS3Error:
             return None
-        return ChainTable(t.table_id, t.version, tuple(t.chain_ids))
+        return ChainTable(t.table_id, t.version, tuple(t.chain_ids), routing.low_space_chains)
 
     async def _live_clients(self) -> frozenset[int] | None:
         """Meta client ids with a live mgmtd client session; None when mgmtd cannot say."""

@@ -5,6 +5,12 @@ A new file takes its directory's default layout (chain table id, chunk size, str
 and stripe in each meta process, starting at a random offset, so consecutive files spread evenly),
 permuted by :func:`fs3.placement.shuffle` with a fresh random seed. The algorithm id and seed are
 stored in the layout with the resulting list, so anyone can re-derive and check it.
+
+Chains with a target low on space (storage reports it at 4% free, mgmtd publishes it in routing info)
+are passed over: the window is then the first ``stripe_count`` other chains from the base on, in table
+order, and a file gets fewer chains than its stripe count when fewer have room. Only when every chain
+of the table is low on space do new files go to them anyway (their writes then fail with ENOSPC where
+storage has no room left, as they would on any full file system).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ class ChainTable:
     table_id: int
     version: int
     chains: tuple[int, ...]
+    # Chains of the table with a target low on space: new files avoid them.
+    low_space: frozenset[int] = frozenset()
 
 
 # Returns the chain table with this id (newest version), or None when unknown.
@@ -87,15 +95,29 @@ class ChainAllocator:
         if table is None or not table.chains:
             layout.stripe_count = stripe
             return layout
-        n = len(table.chains)
-        stripe = min(stripe, n)
+        chains = table.chains
+        n = len(chains)
+        low = table.low_space
+        roomy = n - sum(1 for c in chains if c in low) if low else n
+        avoid = low if roomy else frozenset()
+        stripe = min(stripe, roomy or n)
         key = (table_id, stripe)
         base = self._counters.get(key)
         if base is None:
             base = self._rng.randrange(n)
-        self._counters[key] = (base + stripe) % n
+        if avoid:
+            while chains[base] in avoid:
+                base = (base + 1) % n
+            window, i = [], base
+            while len(window) < stripe:
+                if chains[i] not in avoid:
+                    window.append(chains[i])
+                i = (i + 1) % n
+            self._counters[key] = i
+        else:
+            window = [chains[(base + i) % n] for i in range(stripe)]
+            self._counters[key] = (base + stripe) % n
         seed = self._rng.getrandbits(64)
-        window = [table.chains[(base + i) % n] for i in range(stripe)]
         layout.chain_table_version = table.version
         layout.stripe_count = stripe
         layout.base_index = base

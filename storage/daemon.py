@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 
 _TARGET_ID_FILE = "target_id"
 #: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
-#: used), so mgmtd and operators see it before writes start failing with STORAGE_NO_SPACE.
+#: used), so meta places new files on other chains and operators see it before writes are refused
+#: (``keep_free``, 2 % by default); the report is withdrawn once more than the second fraction is free.
 LOW_SPACE_FRACTION = 0.04
+LOW_SPACE_CLEAR_FRACTION = 0.05
 
 
 class StorageDaemon:
@@ -231,7 +233,11 @@ class StorageDaemon:
                 except FS3Error:
                     continue
                 t.used_bytes = space.used
-                low = space.free < space.capacity * LOW_SPACE_FRACTION
+                # A little hysteresis: each change republishes routing info (meta steers new files
+                # by it), so a target hovering at the line must not flip on every pass.
+                low = space.free < space.capacity * (
+                    LOW_SPACE_CLEAR_FRACTION if t.low_space else LOW_SPACE_FRACTION
+                )
                 if low != t.low_space:
                     log.log(
                         logging.WARNING if low else logging.INFO,

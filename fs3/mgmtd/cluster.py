@@ -276,9 +276,11 @@ class Cluster:
         rt = self.target_rt.get(target.target_id)
         if rt is not None and rt.local_state is not None:
             out.local_state = int(rt.local_state)
-        if listing and rt is not None:
-            out.used_bytes = rt.used_bytes
+        if rt is not None:
+            # In routing info too: meta steers new files away from chains low on space.
             out.low_space = rt.low_space
+            if listing:
+                out.used_bytes = rt.used_bytes
         return out
 
     def routing_info(self) -> mgmtd_pb2.RoutingInfo:
@@ -425,7 +427,16 @@ class Cluster:
                         # A daemon acting on an older chain cannot vouch for being up to date with
                         # the current one; that it is alive is all this report says.
                         new_state = LocalState.ONLINE
-                    trt.used_bytes, trt.low_space = th.used_bytes, th.low_space
+                    trt.used_bytes = th.used_bytes
+                    if trt.low_space != th.low_space:
+                        log.log(
+                            logging.WARNING if th.low_space else logging.INFO,
+                            "target low on space target_id=%d low=%s",
+                            tid,
+                            th.low_space,
+                        )
+                        trt.low_space = th.low_space
+                        changed = True
                 if trt.local_state != new_state:
                     log.info(
                         "target local state target_id=%d %s -> %s",

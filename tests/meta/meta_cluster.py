@@ -9,7 +9,7 @@ _TESTS = str(Path(__file__).resolve().parents[1])
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-from cluster import Cluster  # noqa: E402
+from cluster import Cluster, storage_on_tmpfs  # noqa: E402
 
 from fs3.client.meta_client import MetaClient  # noqa: E402
 from fs3.proto import common_pb2  # noqa: E402
@@ -30,6 +30,9 @@ async def start_meta(c: Cluster, node_id: int = 100, extra: str = "") -> str:
     )
     port = await c._read_port(port_file, proc)
     return f"127.0.0.1:{port}"
+
+
+__all__ = ["Cluster", "meta_client", "start_meta", "storage_on_tmpfs"]
 
 
 def meta_client(c: Cluster, address: str, uid: int = 0, gid: int = 0) -> MetaClient:

@@ -4,6 +4,7 @@ that allow, paging, layouts, ids, sessions and garbage collection (mem and lmdb 
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import pytest
 from meta_tree import ALICE, BOB, BOB_IN_500, Tree
@@ -11,6 +12,7 @@ from meta_tree import ALICE, BOB, BOB_IN_500, Tree
 from fs3.errors import FS3Error
 from fs3.meta import schema
 from fs3.meta.idalloc import InodeIdAllocator
+from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
 from fs3.meta.permissions import ROOT, Credentials
 from fs3.meta.schema import ROOT_ID
 from fs3.meta.store import MetaStore
@@ -49,6 +51,44 @@ async def test_round_robin_spreads_chains(tree: Tree) -> None:
         for c in ino.layout.chains:
             used[c] = used.get(c, 0) + 1
     assert sorted(used) == list(range(101, 109)) and max(used.values()) == min(used.values()) == 10
+
+
+def _allocator(low: frozenset[int], stripe: int) -> ChainAllocator:
+    return ChainAllocator(
+        static_tables([ChainTable(1, 1, tuple(range(101, 109)), low)]), default_stripe=stripe
+    )
+
+
+def test_new_files_pass_over_chains_low_on_space() -> None:
+    low = frozenset({102, 103, 107})
+    for stripe in (1, 2, 5):
+        alloc = _allocator(low, stripe)
+        used: collections.Counter[int] = collections.Counter()
+        for _ in range(5 * 20):
+            lay = alloc.file_layout(None)
+            assert len(set(lay.chains)) == stripe == lay.stripe_count
+            used.update(lay.chains)
+        # every chain with room, evenly; none of the low ones
+        assert sorted(used) == [101, 104, 105, 106, 108], stripe
+        assert max(used.values()) == min(used.values()) == 20 * stripe, (stripe, used)
+    # a stripe wider than the chains with room: the file gets those chains only
+    lay = _allocator(low, 8).file_layout(None)
+    assert sorted(lay.chains) == [101, 104, 105, 106, 108] and lay.stripe_count == 5
+    # a window of consecutive chains with room keeps the re-derivable form
+    lay = _allocator(frozenset({108}), 2).file_layout(None)
+    if lay.base_index <= 5:
+        window = [101 + lay.base_index + i for i in range(2)]
+        assert list(lay.chains) == shuffle(window, lay.shuffle_seed, lay.shuffle_algorithm)
+
+
+def test_every_chain_low_on_space_still_places_files() -> None:
+    alloc = _allocator(frozenset(range(101, 109)), 2)
+    used: collections.Counter[int] = collections.Counter()
+    for _ in range(40):
+        lay = alloc.file_layout(None)
+        assert len(set(lay.chains)) == 2
+        used.update(lay.chains)
+    assert sorted(used) == list(range(101, 109)) and set(used.values()) == {10}
 
 
 async def test_directory_default_layout_inherited(tree: Tree) -> None:

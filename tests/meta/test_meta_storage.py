@@ -8,12 +8,14 @@ import os
 import time
 
 import pytest
-from meta_cluster import Cluster, meta_client, start_meta
+from meta_cluster import Cluster, meta_client, start_meta, storage_on_tmpfs
 
 from fs3.client.meta_client import ROOT_ID
 
 pytestmark = pytest.mark.timeout(150)
 CHUNK = 64 << 10
+MiB = 1 << 20
+CHUNK_1M = MiB
 
 
 async def until(pred, timeout_s: float = 30.0) -> None:
@@ -78,3 +80,59 @@ async def test_length_truncate_and_gc_on_storage(tmp_path) -> None:
             assert abs(fs.free - st.f_bavail * st.f_frsize) < 256 << 20  # other writers on the disk
         finally:
             await meta.close()
+
+
+async def test_new_files_avoid_a_chain_low_on_space(tmp_path) -> None:
+    """Storage reports a target low on space (under 4% free), mgmtd publishes it, and meta places
+    new files on the chains with room until space is freed: writes keep succeeding."""
+    # chain 1 = nodes 0 and 1, chain 2 = nodes 1 and 2; node 0's disk is a small tmpfs
+    with storage_on_tmpfs(tmp_path / "c", ["64m"]) as root:
+        async with Cluster(root, storage_nodes=3, chains=2, replication=2) as c:
+            address = await start_meta(c)
+            meta = meta_client(c, address)
+            storage = await c.storage_client()
+            names = (f"f{i}".encode() for i in range(10_000))
+            try:
+
+                async def chains_of_new_files(n: int) -> list[int]:
+                    out = []
+                    for _ in range(n):
+                        ino = (await meta.create(ROOT_ID, next(names), 0o644)).inode
+                        out += ino.layout.chains
+                    return out
+
+                assert sorted(set(await chains_of_new_files(4))) == [1, 2]
+                filler = root / "storage-10001" / "filler"
+                filler.write_bytes(b"\1" * (62 * MiB))  # 2 MiB left: 3% free
+
+                async def low() -> bool:
+                    return (await c.routing()).target(101).low_space
+
+                await until(low)
+
+                async def steered() -> bool:  # meta has the routing version that says so
+                    return set(await chains_of_new_files(4)) == {2}
+
+                await until(steered)
+                files = []
+                for _ in range(20):
+                    ino = (await meta.create(ROOT_ID, next(names), 0o644)).inode
+                    assert list(ino.layout.chains) == [2]
+                    files.append(ino)
+                for ino in files:  # more than chain 1's disk has left
+                    await storage.write(2, ino.id, 0, 0, b"\2" * MiB, CHUNK_1M)
+                assert not (await c.routing()).target(201).low_space
+                # between 4% and 5% free it stays low (no flapping at the line) ...
+                os.truncate(filler, 61 * MiB)
+                await asyncio.sleep(2.5)  # two passes of the daemon's usage check
+                assert await low()
+                # ... and more than 5% free ends it
+                filler.unlink()
+
+                async def roomy() -> bool:
+                    return set(await chains_of_new_files(4)) == {1, 2}
+
+                await until(roomy)
+                assert not (await c.routing()).target(101).low_space
+            finally:
+                await meta.close()

@@ -96,6 +96,7 @@ class StorageNode:
         self.sequence = 0
         self.local = {t: common_pb2.UPTODATE for t in targets}
         self.chain_version: dict[int, int] = {}
+        self.low_space: set[int] = set()  # targets it reports low on space
 
     async def register(self) -> None:
         await self.client.register_node(
@@ -115,6 +116,7 @@ class StorageNode:
                     local_state=s,
                     chain_version=self.chain_version.get(t, 1 << 40),
                     used_bytes=123,
+                    low_space=t in self.low_space,
                 )
                 for t, s in self.local.items()
             ],

@@ -383,6 +383,34 @@ async def test_stale_chain_version_cannot_claim_uptodate(admin: Admin) -> None:
         await hb.stop()
 
 
+async def test_low_space_reports_reach_routing_info(admin: Admin) -> None:
+    """Meta places new files by it, so a target's low-space report publishes a routing version."""
+    nodes = await storage_cluster(admin)
+    hb = Heartbeats(nodes)
+    cache = RoutingCache(admin.client, refresh_interval_s=0.05)
+    await cache.start()
+    try:
+        await cache.wait_for(
+            lambda r: not r.bootstrapping and [t.public_state for t in r.chain(1).targets] == [SERVING] * 3, 5
+        )
+        await asyncio.sleep(0.2)  # heartbeats that change nothing publish nothing
+        await cache.refresh()
+        assert cache.routing.low_space_chains == frozenset()
+        v0 = cache.routing.version
+        nodes[2].low_space.add(112)
+        await cache.wait_for(lambda r: r.target(112).low_space, 5)
+        assert cache.routing.version > v0 and cache.routing.low_space_chains == frozenset({1})
+        assert not cache.routing.target(111).low_space
+        assert [t.public_state for t in cache.routing.chain(1).targets] == [SERVING] * 3
+        assert {t.target_id: t.low_space for t in await admin.client.list_targets()}[112]
+        nodes[2].low_space.clear()
+        await cache.wait_for(lambda r: not r.target(112).low_space, 5)
+        assert cache.routing.low_space_chains == frozenset()
+    finally:
+        await cache.stop()
+        await hb.stop()
+
+
 async def test_admin_chain_operations(admin: Admin) -> None:
     c = admin.client
     nodes = await storage_cluster(admin, 3)
