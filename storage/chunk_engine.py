@@ -66,7 +66,14 @@ import lmdb
 
 from fs3.errors import FS3Error, StatusCode
 
-from .chunk_files import ChunkFiles, ColdReads, CorruptVersion, DirectRead, release_read
+from .chunk_files import (
+    ChunkFiles,
+    ColdReads,
+    CorruptVersion,
+    DirectRead,
+    ext4_without_journal,
+    release_read,
+)
 from .chunk_meta import (
     ChunkMeta,
     ChunkVersion,
@@ -177,6 +184,14 @@ class ChunkEngine:
             )
             try:
                 self._files = ChunkFiles(self.path / "chunks", sync=sync, direct=self.options.direct_io)
+                if ext4_without_journal(self.path):
+                    log.warning(
+                        "target %s is on ext4 without a journal: after large removals each new chunk"
+                        " file costs up to ~0.3 ms of kernel CPU (the inode allocator skips recently"
+                        " deleted inodes), and a crash needs e2fsck; XFS or ext4 with a journal"
+                        " avoids both",
+                        self.path,
+                    )
                 self.recovery: RecoveryReport
                 self.recovery, self._next_file_id = recover(self._store, self._files)
                 for chunk_id in self.recovery.layered:

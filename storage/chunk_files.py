@@ -127,6 +127,26 @@ def file_fsync_persists_names(path: Path) -> bool:
     return mount_fstype(mountinfo, dev) in NAMES_DURABLE_WITH_FILE
 
 
+def ext4_without_journal(path: Path) -> bool:
+    """Whether ``path`` is on an ext4 file system without a journal; False where that cannot be
+    told. Such a file system, when it allocates an inode, passes over every free inode of the group
+    that was deleted in the last one to six minutes (``recently_deleted`` in the kernel's
+    ``ialloc.c``; only without a journal), so after a large removal each new chunk file costs up to
+    ~0.3 ms of kernel CPU instead of ~15 µs (on the development VM: a replicated 1 MiB write run
+    fell from 276–344 to 164 MiB/s, 30% of the CPU in that scan). It also needs e2fsck after a
+    crash. The storage daemon warns about targets on one."""
+    try:
+        dev = os.stat(path).st_dev
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            if mount_fstype(f.read(), dev) != "ext4":
+                return False
+        name = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"))
+        with open(f"/sys/fs/ext4/{name}/journal_task", encoding="ascii", errors="replace") as f:
+            return f.read().strip() == "<none>"  # else the pid of its jbd2 thread
+    except OSError:
+        return False
+
+
 @dataclass(slots=True, frozen=True)
 class DirectRead:
     """O_DIRECT reads of the stored blocks ``[start, stop)`` that hold ``[offset, end)`` of

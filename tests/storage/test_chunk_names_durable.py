@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import struct
@@ -26,7 +27,8 @@ import pytest
 from mounts import unmount
 
 from fs3.storage import chunk_files
-from fs3.storage.chunk_files import ChunkFiles, file_fsync_persists_names, mount_fstype
+from fs3.storage.chunk_engine import ChunkEngine
+from fs3.storage.chunk_files import ChunkFiles, ext4_without_journal, file_fsync_persists_names, mount_fstype
 from fs3.storage.chunk_meta import ChunkMeta, ChunkVersion
 from fs3.storage.chunk_meta_store import ChunkMetaStore
 
@@ -150,6 +152,18 @@ def crash(mnt: Path) -> None:
 def remount(mnt: Path, dev: str) -> None:
     subprocess.run(["umount", str(mnt)], check=True, capture_output=True)
     subprocess.run(["mount", dev, str(mnt)], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("fstype", sorted(MKFS))
+def test_ext4_without_a_journal_is_told_apart(tmp_path: Path, fstype: str, caplog) -> None:
+    """The storage daemon warns about targets on ext4 without a journal (see ext4_without_journal)."""
+    with scratch_fs(tmp_path, fstype) as (mnt, _dev):
+        assert ext4_without_journal(mnt) == (fstype == "ext4-nojournal")
+        with caplog.at_level(logging.WARNING, logger="fs3.storage.chunk_engine"):
+            ChunkEngine(mnt / "target").close()
+        warned = [r for r in caplog.records if "ext4 without a journal" in r.getMessage()]
+        assert len(warned) == (fstype == "ext4-nojournal")
+    assert not ext4_without_journal(Path("/dev/shm")) and not ext4_without_journal(tmp_path / "gone")
 
 
 @pytest.mark.parametrize("fstype", sorted(MKFS))
