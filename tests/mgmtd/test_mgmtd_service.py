@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -68,6 +69,22 @@ class Heartbeats:
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
+
+
+@contextlib.asynccontextmanager
+async def heartbeating(
+    a: Admin, n_nodes: int = 3
+) -> AsyncIterator[tuple[list[StorageNode], Heartbeats, RoutingCache]]:
+    """:func:`storage_cluster` with its nodes heartbeating, and a routing cache refreshed often."""
+    nodes = await storage_cluster(a, n_nodes)
+    hb = Heartbeats(nodes)
+    cache = RoutingCache(a.client, refresh_interval_s=0.05)
+    await cache.start()
+    try:
+        yield nodes, hb, cache
+    finally:
+        await cache.stop()
+        await hb.stop()
 
 
 def chain_states(cache: RoutingCache, chain_id: int = 1) -> list[tuple[int, int]]:
@@ -317,11 +334,7 @@ async def test_routing_info_is_versioned(admin: Admin) -> None:
 
 
 async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin: Admin) -> None:
-    nodes = await storage_cluster(admin)
-    hb = Heartbeats(nodes)
-    cache = RoutingCache(admin.client, refresh_interval_s=0.05)
-    await cache.start()
-    try:
+    async with heartbeating(admin) as (nodes, hb, cache):
         await cache.wait_for(
             lambda r: (
                 [t.public_state for t in r.chain(1).targets] == [SERVING] * 3
@@ -355,17 +368,10 @@ async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin
             (before[2], OFFLINE),
             (before[0], OFFLINE),
         ]
-    finally:
-        await cache.stop()
-        await hb.stop()
 
 
 async def test_stale_chain_version_cannot_claim_uptodate(admin: Admin) -> None:
-    nodes = await storage_cluster(admin, 2)
-    hb = Heartbeats(nodes)
-    cache = RoutingCache(admin.client, refresh_interval_s=0.05)
-    await cache.start()
-    try:
+    async with heartbeating(admin, 2) as (nodes, _hb, cache):
         await cache.wait_for(lambda r: [t.public_state for t in r.chain(1).targets] == [SERVING] * 2, 5)
         await admin.client.offline_target(111)
         nodes[1].local[111] = common_pb2.ONLINE
@@ -378,18 +384,11 @@ async def test_stale_chain_version_cannot_claim_uptodate(admin: Admin) -> None:
         assert cache.routing.chain(1).targets[1].public_state == SYNCING
         nodes[1].chain_version[111] = cache.routing.chain(1).version
         await cache.wait_for(lambda r: r.chain(1).targets[1].public_state == SERVING, 5)
-    finally:
-        await cache.stop()
-        await hb.stop()
 
 
 async def test_low_space_reports_reach_routing_info(admin: Admin) -> None:
     """Meta places new files by it, so a target's low-space report publishes a routing version."""
-    nodes = await storage_cluster(admin)
-    hb = Heartbeats(nodes)
-    cache = RoutingCache(admin.client, refresh_interval_s=0.05)
-    await cache.start()
-    try:
+    async with heartbeating(admin) as (nodes, _hb, cache):
         await cache.wait_for(
             lambda r: not r.bootstrapping and [t.public_state for t in r.chain(1).targets] == [SERVING] * 3, 5
         )
@@ -406,9 +405,6 @@ async def test_low_space_reports_reach_routing_info(admin: Admin) -> None:
         nodes[2].low_space.clear()
         await cache.wait_for(lambda r: not r.target(112).low_space, 5)
         assert cache.routing.low_space_chains == frozenset()
-    finally:
-        await cache.stop()
-        await hb.stop()
 
 
 async def test_admin_chain_operations(admin: Admin) -> None:
