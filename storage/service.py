@@ -26,7 +26,7 @@ from .chain_ops import file_range, split_chunk_id
 from .chunk_files import lent_buffer, release_read
 from .chunk_meta import ChunkMeta
 from .craq import AioPlan, Replicator
-from .target_map import ONLINE, UPTODATE, TargetMap
+from .target_map import ONLINE, UPTODATE, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
 
@@ -324,15 +324,17 @@ class StorageService:
 
 
 class _TargetMetrics:
-    """Per target, from its engine when scraped: the moving average of the event loop's reads that
-    waited for the disk, and whether such reads are off the loop (disk slow); the chunk-metadata
-    group commit; the fsyncs of chunk files and their directories."""
+    """Per target, from its engine when scraped: its space; the moving average of the event loop's
+    reads that waited for the disk, and whether such reads are off the loop (disk slow); the
+    chunk-metadata group commit; the fsyncs of chunk files and their directories."""
 
     def __init__(self, targets: TargetMap) -> None:
         self._targets = targets
 
     def collect(self) -> Iterator[Metric]:
-        engines = [(str(t.target_id), t.engine.engine) for t in list(self._targets.targets.values())]
+        targets = list(self._targets.targets.values())
+        engines = [(str(t.target_id), t.engine.engine) for t in targets]
+        yield from self._space(targets)
         yield from self._cold_reads(engines)
         changes = CounterMetricFamily(
             "fs3_storage_chunk_meta_changes", "chunk metadata changes recorded", labels=("target",)
@@ -362,6 +364,37 @@ class _TargetMetrics:
                 syncs.add_metric((target, what), count)
                 sync_s.add_metric((target, what), seconds)
         yield from (changes, commits, commit_s, syncs, sync_s)
+
+    @staticmethod
+    def _space(targets: list[LocalTarget]) -> Iterator[Metric]:
+        """Its file system's capacity, free bytes and what writes may still use (free less
+        ``keep_free``), its chunks' bytes and count, and the low-space flag it reports to mgmtd
+        (meta places no new files on its chain while it is 1). A failed target has none."""
+        help_ = {
+            "capacity_bytes": "size of the file system holding the target",
+            "free_bytes": "free bytes of that file system (targets on one disk each report it)",
+            "available_bytes": "free bytes writes may still use: free less the part keep_free keeps",
+            "used_bytes": "bytes of the target's chunk data files",
+            "chunks": "chunks the target holds",
+            "low_space": "1 while the target reports itself low on space (under 4% free)",
+        }
+        gauges = {
+            name: GaugeMetricFamily(f"fs3_storage_target_{name}", text, labels=("target",))
+            for name, text in help_.items()
+        }
+        for t in targets:
+            try:
+                space = t.engine.engine.space_info()
+            except FS3Error:
+                continue  # failed: nothing to say about its disk
+            label = (str(t.target_id),)
+            gauges["capacity_bytes"].add_metric(label, space.capacity)
+            gauges["free_bytes"].add_metric(label, space.free)
+            gauges["available_bytes"].add_metric(label, space.available)
+            gauges["used_bytes"].add_metric(label, space.used)
+            gauges["chunks"].add_metric(label, space.chunk_count)
+            gauges["low_space"].add_metric(label, 1 if t.low_space else 0)
+        yield from gauges.values()
 
     @staticmethod
     def _cold_reads(engines: list[tuple[str, Any]]) -> Iterator[Metric]:

@@ -43,6 +43,32 @@ def test_storage_metrics(small_cluster: Path, node: str) -> None:
     assert len(m["fs3_storage_cold_read_seconds"]) == len(off)
 
 
+def test_storage_target_space_metrics(small_cluster: Path) -> None:
+    """Each target's disk space, its chunks' bytes and count, and its low-space flag."""
+    used = chunks = 0.0
+    for node in ("storage-10001", "storage-10002"):
+        m = scrape(small_cluster, node)
+        targets = {s.labels["target"] for s in m["fs3_storage_cold_reads_off_loop"]}
+        got = {
+            name: {s.labels["target"]: s.value for s in m[f"fs3_storage_target_{name}"]}
+            for name in (
+                "capacity_bytes",
+                "free_bytes",
+                "available_bytes",
+                "used_bytes",
+                "chunks",
+                "low_space",
+            )
+        }
+        assert all(set(v) == targets for v in got.values()), got
+        for t in targets:
+            assert got["capacity_bytes"][t] >= got["free_bytes"][t] >= got["available_bytes"][t] > 0, got
+            assert got["low_space"][t] == 0
+        used += sum(got["used_bytes"].values())
+        chunks += sum(got["chunks"].values())
+    assert chunks >= 2 and used >= 100_000, (chunks, used)  # the client's write, on both replicas
+
+
 def test_storage_counts_client_bytes(small_cluster: Path) -> None:
     written = 0.0
     for node in ("storage-10001", "storage-10002"):
