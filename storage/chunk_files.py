@@ -115,16 +115,22 @@ def mount_fstype(mountinfo: str, dev: int) -> str | None:
     return None
 
 
+def _fstype_of(path: Path) -> tuple[str | None, int]:
+    """The type of the file system holding ``path`` (None if no mount has its device) and that
+    device; raises OSError."""
+    dev = os.stat(path).st_dev
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        return mount_fstype(f.read(), dev), dev
+
+
 def file_fsync_persists_names(path: Path) -> bool:
     """Whether the file system holding ``path`` makes a new file's name durable with the file's
     own fsync (see the module docstring); False where that cannot be told."""
     try:
-        dev = os.stat(path).st_dev
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            mountinfo = f.read()
+        fstype, _ = _fstype_of(path)
     except OSError:
         return False
-    return mount_fstype(mountinfo, dev) in NAMES_DURABLE_WITH_FILE
+    return fstype in NAMES_DURABLE_WITH_FILE
 
 
 def ext4_without_journal(path: Path) -> bool:
@@ -136,10 +142,9 @@ def ext4_without_journal(path: Path) -> bool:
     fell from 276–344 to 164 MiB/s, 30% of the CPU in that scan). It also needs e2fsck after a
     crash. The storage daemon warns about targets on one."""
     try:
-        dev = os.stat(path).st_dev
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            if mount_fstype(f.read(), dev) != "ext4":
-                return False
+        fstype, dev = _fstype_of(path)
+        if fstype != "ext4":
+            return False
         name = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"))
         with open(f"/sys/fs/ext4/{name}/journal_task", encoding="ascii", errors="replace") as f:
             return f.read().strip() == "<none>"  # else the pid of its jbd2 thread
