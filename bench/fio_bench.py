@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fs3.config import StorageConfig
-from fs3.storage.chunk_files import ext4_without_journal
+from fs3.storage.chunk_files import ext4_without_journal_note
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "bench" / "fio"
@@ -227,12 +227,8 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
     from fs_cluster import FsCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
-    if ext4_without_journal(tmp):
-        print(
-            f"note: {tmp} is on ext4 without a journal; write figures drop for minutes after large"
-            " removals (see the README)",
-            file=sys.stderr,
-        )
+    if (note := ext4_without_journal_note(tmp)) is not None:
+        print(f"note: {note} (see the README)", file=sys.stderr)
     try:
         # The daemons run as deployed (the test fixture gives them 8 I/O threads to spare the
         # test machine; 1 MiB reads and every write go through those threads)

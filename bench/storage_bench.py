@@ -45,7 +45,7 @@ from cluster import DEPLOYED_MGMTD_TIMING, DEPLOYED_STORAGE_TIMING, Cluster  # n
 
 from fs3.client.storage_client import ReadRequest, StorageClient  # noqa: E402
 from fs3.config import StorageConfig  # noqa: E402
-from fs3.storage.chunk_files import ext4_without_journal  # noqa: E402
+from fs3.storage.chunk_files import ext4_without_journal_note  # noqa: E402
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -252,12 +252,8 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-storage-bench-"))
-    if ext4_without_journal(root):
-        print(
-            f"note: {root} is on ext4 without a journal; write figures drop for minutes after large"
-            " removals (see the README)",
-            file=sys.stderr,
-        )
+    if (note := ext4_without_journal_note(root)) is not None:
+        print(f"note: {note} (see the README)", file=sys.stderr)
     try:
         import uvloop
 

@@ -71,7 +71,7 @@ from .chunk_files import (
     ColdReads,
     CorruptVersion,
     DirectRead,
-    ext4_without_journal,
+    ext4_without_journal_note,
     release_read,
 )
 from .chunk_meta import (
@@ -184,14 +184,9 @@ class ChunkEngine:
             )
             try:
                 self._files = ChunkFiles(self.path / "chunks", sync=sync, direct=self.options.direct_io)
-                if ext4_without_journal(self.path):
-                    log.warning(
-                        "target %s is on ext4 without a journal: after large removals each new chunk"
-                        " file costs up to ~0.3 ms of kernel CPU (the inode allocator skips recently"
-                        " deleted inodes), and a crash needs e2fsck; XFS or ext4 with a journal"
-                        " avoids both",
-                        self.path,
-                    )
+                note = ext4_without_journal_note(self.path)
+                if note is not None:
+                    log.warning("target %s", note)
                 self.recovery: RecoveryReport
                 self.recovery, self._next_file_id = recover(self._store, self._files)
                 for chunk_id in self.recovery.layered:
