@@ -239,22 +239,28 @@ class MgmtdServer:
             self._set_role(None)
 
     async def _update_loop(self, cluster: Cluster) -> None:
-        """The primary's periodic work, run at once after a change and at least every interval."""
+        """The primary's periodic work, run at once after a change and at least every interval.
+
+        It lives exactly as long as this primary role: :meth:`_step_down` cancels it. While the
+        lease is not trusted for a moment (a renewal late past the trust margin on a busy host,
+        then renewed with the same epoch, so that the election loop sees nothing new) it skips
+        rounds instead of ending; ending there left a primary that never updated a chain again.
+        """
         interval = self.cfg.chain_update_interval_s
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(cluster.changed.wait(), timeout=interval)
             cluster.changed.clear()
             if not self.is_primary():
-                return
+                continue
             try:
                 changed = await cluster.tick()
             except asyncio.CancelledError:
                 raise
             except FS3Error as e:
+                # MGMTD_NOT_PRIMARY (fenced): the election loop either takes the lease again with a
+                # new epoch or steps down; both replace this loop.
                 log.warning("chain update failed error=%s", e)
-                if e.code == StatusCode.MGMTD_NOT_PRIMARY:
-                    return
                 continue
             except Exception:
                 log.exception("chain update failed")

@@ -370,6 +370,39 @@ async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin
         ]
 
 
+async def test_chain_updates_survive_a_late_lease_renewal(admin: Admin) -> None:
+    """A renewal that comes after the trust margin (a busy host) makes the primary distrust its
+    lease for a moment; renewed with the same epoch it is the same primary, and it must go on
+    updating chains (it once stopped for good: CI saw targets stay OFFLINE for a minute)."""
+    election = admin.server.election
+    async with heartbeating(admin) as (_nodes, hb, cache):
+        await cache.wait_for(
+            lambda r: not r.bootstrapping and [t.public_state for t in r.chain(1).targets] == [SERVING] * 3, 5
+        )
+        epoch = election.epoch
+        renewals = asyncio.Event()
+        renew = election.tick
+
+        async def late_tick():
+            await renewals.wait()
+            return await renew()
+
+        election.tick = late_tick  # the election loop's next renewal waits
+        try:
+            election._held.expires_at = time.time()  # past the trust margin
+            assert not admin.server.is_primary()
+            await asyncio.sleep(0.4)  # several chain-update intervals pass without a trusted lease
+        finally:
+            renewals.set()
+            del election.tick
+        await wait_until(admin.server.is_primary, 5, "the lease renewed")
+        assert election.epoch == epoch  # the same primary, not a new term
+        v0 = cache.routing.chain(1).version
+        hb.paused.add(11)
+        await cache.wait_for(lambda r: r.chain(1).version > v0, 5)
+        assert chain_states(cache) == [(110, SERVING), (112, SERVING), (111, OFFLINE)]
+
+
 async def test_stale_chain_version_cannot_claim_uptodate(admin: Admin) -> None:
     async with heartbeating(admin, 2) as (nodes, _hb, cache):
         await cache.wait_for(lambda r: [t.public_state for t in r.chain(1).targets] == [SERVING] * 2, 5)
