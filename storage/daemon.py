@@ -20,6 +20,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from fs3 import metrics
+from fs3.background import Periodic
 from fs3.client.meta_client import DEV_SECRET
 from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import Routing, RoutingCache
@@ -72,7 +73,7 @@ class StorageDaemon:
         self.port = 0
         self._engines: list[AsyncChunkEngine] = []
         self.aio: AioReader | None = None
-        self._usage_task: asyncio.Task[None] | None = None
+        self._usage: Periodic | None = None
 
     async def start(self) -> None:
         try:
@@ -159,7 +160,9 @@ class StorageDaemon:
         )
         await self.agent.start()
         self.resync.start()
-        self._usage_task = asyncio.create_task(self._usage_loop(), name="fs3-storage-usage")
+        self._usage = Periodic("fs3-storage-usage", self._usage_pass, max(self.cfg.heartbeat_interval_s, 1.0))
+        self._usage.start()
+        self._usage.wake()  # the first figures now, not one interval later
         log.info(
             "storage serving node_id=%d port=%d targets=%s",
             cfg.node_id,
@@ -168,10 +171,8 @@ class StorageDaemon:
         )
 
     async def stop(self) -> None:
-        if self._usage_task is not None:
-            self._usage_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._usage_task
+        if self._usage is not None:
+            await self._usage.stop()
         if self.resync is not None:
             await self.resync.stop()
         if self.agent is not None:
@@ -222,34 +223,34 @@ class StorageDaemon:
         if routing_version > self.routing.version:
             self.routing.refresh_soon()
 
-    async def _usage_loop(self) -> None:
+    async def _usage_pass(self) -> None:
+        """Each target's space, for heartbeats (mgmtd shows it; meta steers new files by
+        ``low_space``). A Periodic step: an unexpected error is logged and the next pass runs."""
         assert self.targets is not None
-        while True:
-            for t in list(self.targets.targets.values()):
-                if t.failed:
-                    continue
-                try:
-                    space = await t.engine.space_info()
-                except FS3Error:
-                    continue
-                t.used_bytes = space.used
-                # A little hysteresis: each change republishes routing info (meta steers new files
-                # by it), so a target hovering at the line must not flip on every pass.
-                low = space.free < space.capacity * (
-                    LOW_SPACE_CLEAR_FRACTION if t.low_space else LOW_SPACE_FRACTION
+        for t in list(self.targets.targets.values()):
+            if t.failed:
+                continue
+            try:
+                space = await t.engine.space_info()
+            except FS3Error:
+                continue
+            t.used_bytes = space.used
+            # A little hysteresis: each change republishes routing info (meta steers new files
+            # by it), so a target hovering at the line must not flip on every pass.
+            low = space.free < space.capacity * (
+                LOW_SPACE_CLEAR_FRACTION if t.low_space else LOW_SPACE_FRACTION
+            )
+            if low != t.low_space:
+                log.log(
+                    logging.WARNING if low else logging.INFO,
+                    "target low on space target_id=%d low=%s free=%d capacity=%d",
+                    t.target_id,
+                    low,
+                    space.free,
+                    space.capacity,
                 )
-                if low != t.low_space:
-                    log.log(
-                        logging.WARNING if low else logging.INFO,
-                        "target low on space target_id=%d low=%s free=%d capacity=%d",
-                        t.target_id,
-                        low,
-                        space.free,
-                        space.capacity,
-                    )
-                    t.low_space = low
-                    self._state_changed()
-            await asyncio.sleep(max(self.cfg.heartbeat_interval_s, 1.0))
+                t.low_space = low
+                self._state_changed()
 
 
 def _advertised(host: str) -> str:
