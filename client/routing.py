@@ -242,9 +242,8 @@ class RoutingCache:
             self.refresh_soon()
             async with self._updated:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._updated.wait(), timeout=min(remaining, self.refresh_interval_s)
-                    )
+                    async with asyncio.timeout(min(remaining, self.refresh_interval_s)):
+                        await self._updated.wait()
         return self.routing
 
     def _refresh_failed(self, e: Exception) -> None:

@@ -15,6 +15,19 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger(__name__)
 
 
+async def cancel_and_wait(task: asyncio.Task[object]) -> None:
+    """Cancel ``task`` and wait until it has ended. Its CancelledError is swallowed, but not the
+    caller's own: a caller cancelled while waiting here is cancelled (``suppress(CancelledError)``
+    around the wait would swallow both, and the caller would go on as if nothing happened)."""
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise
+
+
 class Periodic:
     """Runs ``step`` every ``interval_s`` seconds, or as soon as :meth:`wake` is called, after at
     least ``min_gap_s`` since the previous step ended (a storm of wake-ups costs one step per gap).
@@ -55,14 +68,15 @@ class Periodic:
         """Cancel the loop (a step in progress included) and wait until it has ended."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that arrives as
+            # the wake-up completes, and stop() would then wait for ever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self._step()

@@ -94,6 +94,25 @@ async def test_stop_cancels_a_step_in_progress():
     assert cancelled
 
 
+async def test_stop_right_after_a_wake_up_ends_the_loop():
+    """The wake-up completes the loop's wait in the same turn as the cancel arrives; on Python 3.11
+    asyncio.wait_for dropped such a cancel, and stop() then waited for ever."""
+    steps: list[int] = []
+
+    async def step() -> None:
+        steps.append(1)
+
+    for _ in range(20):
+        loop = Periodic("t", step, 3600)
+        loop.start()
+        await asyncio.sleep(0.005)  # the loop waits for a wake-up
+        task = loop._task
+        loop.wake()
+        stopping = asyncio.ensure_future(loop.stop())
+        done, _ = await asyncio.wait([stopping], timeout=5)
+        assert done and task is not None and task.done(), "stop() did not end the loop"
+
+
 async def test_wake_ups_are_spaced_by_the_minimum_gap():
     times: list[float] = []
 

@@ -18,6 +18,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from fs3 import metrics
+from fs3.background import cancel_and_wait
 from fs3.config import MgmtdConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database, Transaction
@@ -231,10 +232,9 @@ class MgmtdServer:
 
     async def _step_down(self) -> None:
         if self._updater is not None:
-            self._updater.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._updater
-            self._updater = None
+            updater, self._updater = self._updater, None
+            with contextlib.suppress(Exception):
+                await cancel_and_wait(updater)
         if self.cluster is not None:
             self._set_role(None)
 
@@ -248,8 +248,10 @@ class MgmtdServer:
         """
         interval = self.cfg.chain_update_interval_s
         while True:
+            # not wait_for: on 3.11 it can drop _step_down's cancel (see fs3.background)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cluster.changed.wait(), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await cluster.changed.wait()
             cluster.changed.clear()
             if not self.is_primary():
                 continue
