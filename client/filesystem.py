@@ -35,7 +35,9 @@ from __future__ import annotations
 import asyncio
 import os
 import posixpath
+import socket
 import stat as stat_mod
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +45,7 @@ from typing import Any
 
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
-from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
@@ -51,7 +53,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
 from fs3.net.auth import read_secret
 from fs3.net.transport_select import make_transport
-from fs3.proto import common_pb2
+from fs3.proto import common_pb2, mgmtd_pb2
 from fs3.proto import meta_pb2 as m
 
 _TYPE_BITS = {
@@ -283,6 +285,7 @@ class FileSystem:
         self._states: dict[int, InodeState] = {}
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
+        self._session: ClientSessionKeeper | None = None
 
     @classmethod
     async def connect(
@@ -339,17 +342,35 @@ class FileSystem:
             raise
         fs = cls(config, rpc=rpc, mgmtd=mgmtd, routing=routing, meta=meta, storage=storage)
         routing.add_listener(fs._routing_changed)
+        # A live client session on mgmtd keeps meta from expiring this client's open files
+        # however long they stay open without an fsync.
+        fs._session = ClientSessionKeeper(
+            mgmtd,
+            mgmtd_pb2.ClientSession(
+                client_id=str(meta.client_id),
+                description=f"fs3 client pid {os.getpid()}",
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                uid=user.uid,
+                type=common_pb2.NODE_CLIENT,
+                started_at=time.time(),
+            ),
+        )
+        await fs._session.start(strict=False)
         return fs
 
     def _routing_changed(self, routing: Any) -> None:
         if self._meta_from_routing:
             found = meta_addresses(routing)
             if found and set(found) != set(self.meta.addresses):
-                self.meta.addresses = found
+                # in place: the FUSE layer's per-caller meta clients share this list
+                self.meta.addresses[:] = found
                 self.meta._current %= len(found)
 
     async def close(self) -> None:
         """Close every connection (open files are not flushed: close them first)."""
+        if self._session is not None:
+            await self._session.stop()
         await self.routing.stop()
         await self.mgmtd.close()
         await self.rpc.close()

@@ -462,18 +462,30 @@ class NodeAgent:
 
 
 class ClientSessionKeeper:
-    """Keeps a client session (a FUSE mount, an admin tool) alive by extending it periodically."""
+    """Keeps a client session (a FUSE mount, a native client) alive by extending it periodically:
+    every ``interval_s``, and at least three times per session timeout mgmtd states in its reply.
+
+    Meta expires the open-file sessions of clients without a live session here, so a client that
+    holds files open must keep one (``client_id`` = its meta client id)."""
 
     def __init__(
         self, client: MgmtdClient, session: mgmtd_pb2.ClientSession, *, interval_s: float = 10.0
     ) -> None:
         self.client = client
         self.session = session
+        self.max_interval_s = interval_s
         self.last_reply: mgmtd_pb2.ExtendClientSessionReply | None = None
         self._loop = Periodic("fs3-client-session", self._extend, interval_s, on_error=self._failed)
 
-    async def start(self) -> None:
-        await self._extend()
+    async def start(self, *, strict: bool = True) -> None:
+        """Extend once now, then periodically. With ``strict`` a failure of the first extension
+        raises; without, it is logged and the loop retries every interval."""
+        try:
+            await self._extend()
+        except FS3Error as e:
+            if strict:
+                raise
+            self._failed(e)
         self._loop.start()
 
     async def stop(self) -> None:
@@ -481,6 +493,9 @@ class ClientSessionKeeper:
 
     async def _extend(self) -> None:
         self.last_reply = await self.client.extend_session(self.session)
+        timeout = self.last_reply.session_timeout_s
+        if timeout > 0:
+            self._loop.interval_s = min(self.max_interval_s, timeout / 3)
 
     def _failed(self, e: Exception) -> None:
         if isinstance(e, FS3Error):

@@ -74,6 +74,7 @@ class FsCluster:
     log_level: str = "INFO"
     storage_extra: dict[str, object] = field(default_factory=dict)  # more storage config keys
     mgmtd_extra: dict[str, object] = field(default_factory=dict)  # more mgmtd config keys
+    meta_extra: dict[str, object] = field(default_factory=dict)  # more meta config keys
     meta_procs: list[Proc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -128,6 +129,7 @@ class FsCluster:
                 "gc_interval_s": 0.5,
                 "default_stripe": self.stripe,
                 "default_chunk_size": self.chunk_size,
+                **self.meta_extra,
             },
             {
                 "kv": {"engine": "lmdb", "path": str(self.tmp / "meta-kv"), "map_size": 1 << 30},
