@@ -9,9 +9,14 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
   write that completes a chunk, a truncate, a stat, fsync and close flush it. Flushes run in the background,
   up to ``max_flushes`` at a time, each as one storage write per chunk it touches (in parallel), so
   a sequential writer keeps several chunk writes in flight; a flush overlapping one still in
-  flight waits for it, so overlapping writes reach storage in order. The first error of a
-  background flush is raised by the next write, flush, fsync or close (as a write-back file system
-  reports it).
+  flight waits for it, so overlapping writes reach storage in order.
+- **flush errors**, reported as Linux reports write-back errors: a failed background flush is
+  recorded on the file (:class:`InodeState`), and every handle open at the time gets it once from
+  its next fsync or close (:meth:`OpenFile.flush_buffer` with ``report``); a stat, a read or a
+  truncate that flushes does not consume it. The handle whose flush failed also gets it once from
+  its next write, so a writer stops early instead of filling buffers that cannot be written.
+  Until it reports its length again, such a handle reports "ask storage" instead of the length it
+  wrote (:meth:`OpenFile.take_length`), so meta never counts bytes that did not reach storage.
 - a **scattered buffer** for small writes that do not continue the previous one (random writes):
   when such a write arrives, the buffer's run, if small (up to ``SCATTER_RUN_BYTES``), moves into
   a map of byte ranges per chunk (later bytes over earlier ones, touching ranges joined) instead of
@@ -89,6 +94,10 @@ class InodeState:
 
     inode: meta_pb2.Inode
     handles: set[OpenFile] = field(default_factory=set)
+    #: the last flush error of any handle, and how many there were (each handle remembers the
+    #: count it last reported, like Linux's errseq_t)
+    error: BaseException | None = None
+    error_seq: int = 0
 
     @property
     def size(self) -> int:
@@ -124,10 +133,15 @@ class InodeState:
         return pieces
 
     async def drain(self) -> None:
-        """Flush every handle's buffer and wait for their flushes (before a read or a stat)."""
+        """Flush every handle's buffer and wait for their flushes (before a stat or a truncate).
+        A flush error is not raised here: it stays for the handles' next fsync or close."""
         for h in list(self.handles):
             if h.writable:
-                await h.flush_buffer()
+                await h.flush_buffer(report=False)
+
+    def record_error(self, error: BaseException) -> None:
+        self.error = error
+        self.error_seq += 1
 
     def truncated(self, size: int) -> None:
         """The file was truncated to ``size``: no handle may report a longer length afterwards."""
@@ -186,7 +200,9 @@ class OpenFile:
         self._scatter_span = (0, 0)
         self._flushes: dict[asyncio.Task[None], tuple[int, int]] = {}
         self._slots = asyncio.Semaphore(max(1, max_flushes))
-        self._error: BaseException | None = None
+        self._seen_error_seq = state.error_seq  # errors from before this open are not its own
+        self._write_error: BaseException | None = None  # this handle's, not yet raised by a write
+        self._failed = False  # a flush failed since the length was last reported
         self._lock = asyncio.Lock()
 
     def _chain_of(self, chunk_index: int) -> int:
@@ -196,14 +212,8 @@ class OpenFile:
 
     @property
     def settled(self) -> bool:
-        """Nothing buffered, no flush in flight or being started, no flush error to report."""
-        return not (
-            self._buf_len
-            or self._scatter_len
-            or self._flushes
-            or self._error is not None
-            or self._lock.locked()
-        )
+        """Nothing buffered, no flush in flight or being started."""
+        return not (self._buf_len or self._scatter_len or self._flushes or self._lock.locked())
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -217,7 +227,9 @@ class OpenFile:
         n = len(data)
         if n == 0:
             return 0
-        self._raise_pending()
+        if self._write_error is not None:
+            e, self._write_error = self._write_error, None
+            raise e
         async with self._lock:
             if not (self._buf_len and offset == self._buf_offset + self._buf_len):
                 if self._buf_len and self._buf_len <= SCATTER_RUN_BYTES and n <= SCATTER_RUN_BYTES:
@@ -372,9 +384,12 @@ class OpenFile:
         if task.cancelled():
             return
         e = task.exception()
-        if e is not None and self._error is None:
+        if e is not None:
             log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
-            self._error = e
+            self._failed = True
+            if self._write_error is None:
+                self._write_error = e
+            self.state.record_error(e)
 
     async def _write_now(self, offset: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write the contiguous ``parts`` at ``offset``: one storage write per chunk they touch, all
@@ -406,23 +421,47 @@ class OpenFile:
             emit()
         if len(writes) == 1:
             await writes[0]
-        else:
-            await asyncio.gather(*writes)
+            return
+        # every chunk write ends before the flush does: one still retrying must not land after a
+        # newer write of its range that waited for this flush only
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     def _raise_pending(self) -> None:
-        if self._error is not None:
-            e, self._error = self._error, None
-            raise e
+        """Raise the file's last flush error if this handle has not reported it yet."""
+        state = self.state
+        if state.error_seq != self._seen_error_seq:
+            self._seen_error_seq = state.error_seq
+            self._write_error = None  # reported here: the next write need not raise it again
+            assert state.error is not None
+            raise state.error
 
-    async def flush_buffer(self) -> None:
-        """Write out the buffer and wait until every flush of this handle is done; raise the first
-        error one of them met."""
+    async def flush_buffer(self, *, report: bool = True) -> None:
+        """Write out the buffer and wait until every flush of this handle is done. With ``report``
+        (fsync, close), raise a flush error of the file this handle has not reported yet."""
         async with self._lock:
             await self._start_scatter_flush()  # older than the run, which it may lie under
             await self._start_flush()
         while self._flushes:
             await asyncio.wait(list(self._flushes))
-        self._raise_pending()
+        if report:
+            self._raise_pending()
+
+    def take_length(self) -> tuple[int, bool]:
+        """The length to report to meta now, and whether a flush failed since the last report;
+        marks the handle clean (a write from here on makes it dirty again). After a failed flush
+        the length is 0, which asks meta to take the length storage has: bytes that failed are not
+        counted. Give the pair back to :meth:`untake_length` if the report fails."""
+        failed = self._failed
+        self._failed = False
+        self.dirty = False
+        return (0 if failed else self.written_length), failed
+
+    def untake_length(self, failed: bool) -> None:
+        self.dirty = True
+        self._failed = self._failed or failed
 
     def _buffered(self, begin: int, end: int) -> list[tuple[int, memoryview]]:
         """The buffered bytes of ``[begin, end)``, oldest first: scattered ranges, then the run."""

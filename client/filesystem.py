@@ -427,12 +427,16 @@ class FileSystem:
         p = os.fsencode(path)
         if flags & os.O_CREAT:
             parent, name = await self._parent(p)
+            if flags & os.O_TRUNC:
+                await self._drain_before_truncate(None, parent, name)
             rsp = await self.meta.create(
                 parent, name, perm, flags & (os.O_EXCL | os.O_TRUNC | 3), session=True
             )
             inode, session_id = rsp.inode, rsp.session_id
         else:
             inode = await self._lookup(p)
+            if flags & os.O_TRUNC:
+                await self._drain_before_truncate(inode.id)
             rsp = await self.meta.open(inode.id, flags & (os.O_TRUNC | 3))
             inode, session_id = rsp.inode, rsp.session_id
         if inode.type == m.INODE_DIRECTORY:
@@ -453,27 +457,71 @@ class FileSystem:
         writes still count through the handles)."""
         state.inode = await self.meta.stat(state.inode.id)
 
-    async def _sync(self, h: OpenFile) -> None:
-        await h.flush_buffer()
-        if h.writable and h.session_id:
-            ino = await self.meta.sync(h.inode_id, h.session_id, h.written_length, wrote=h.dirty)
-            h.dirty = False
+    async def _sync(
+        self, h: OpenFile, *, raise_errors: bool = True, only_dirty: bool = False
+    ) -> m.Inode | None:
+        """Flush a handle and report its written length to meta; meta's inode after (None when
+        nothing was reported). With ``raise_errors`` (fsync, close), a flush error of the file
+        this handle has not reported yet is raised, once the length is settled. ``only_dirty``:
+        no meta call for a handle that wrote nothing since its last report."""
+        error: Exception | None = None
+        try:
+            await h.flush_buffer(report=raise_errors)
+        except Exception as e:
+            error = e
+        ino = None
+        if h.writable and h.session_id and (h.dirty or not only_dirty):
+            wrote = h.dirty
+            # taken before the call: a write landing while it runs makes the handle dirty again
+            length, failed = h.take_length() if wrote else (h.written_length, False)
+            try:
+                ino = await self.meta.sync(h.inode_id, h.session_id, length, wrote=wrote)
+            except BaseException:
+                if wrote:
+                    h.untake_length(failed)
+                raise
             self._state(ino)
+        if error is not None:
+            raise error
+        return ino
 
     async def _close(self, h: OpenFile) -> m.Inode | None:
-        """Flush a handle, end its session (reporting the written length); meta's inode after."""
+        """Flush a handle, end its session (reporting the written length); meta's inode after. A
+        flush error of the file this handle has not reported yet is raised after the session ends."""
+        error: Exception | None = None
         try:
             await h.flush_buffer()
+        except Exception as e:
+            error = e
         finally:
             h.state.handles.discard(h)
             if not h.state.handles:
                 self._states.pop(h.inode_id, None)
             ino = None
             if h.session_id:
-                ino = await self.meta.close_file(
-                    h.inode_id, h.session_id, h.written_length, wrote=h.writable and h.dirty
-                )
+                wrote = h.writable and h.dirty
+                length = h.take_length()[0] if wrote else h.written_length
+                ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+        if error is not None:
+            raise error
         return ino
+
+    async def _drain_before_truncate(self, inode_id: int | None, parent: int = 0, name: bytes = b"") -> None:
+        """Before an open with O_TRUNC: this client's buffered writes to the file go to storage
+        first, so none lands after the truncate and brings old bytes back. The file is named by
+        id, or (for a create) by parent and name, looked up only when some file has buffered data."""
+        if not any(not st.settled for st in self._states.values()):
+            return
+        if inode_id is None:
+            try:
+                inode_id = (await self.meta.lookup(parent, name)).id
+            except FS3Error as e:
+                if e.code == StatusCode.NOT_FOUND:
+                    return
+                raise
+        st = self._states.get(inode_id)
+        if st is not None:
+            await st.drain()
 
     async def _truncate(self, state: InodeState, size: int, session_id: int = 0) -> m.Inode:
         await state.drain()

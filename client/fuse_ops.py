@@ -301,7 +301,7 @@ class Fs3Operations(pyfuse3.Operations):
             # Settle this mount's writes first: their report sets mtime to now and the length,
             # which must not land after (and undo) an explicit mtime or a truncate.
             for h in list(st.handles):
-                await self._report(h)
+                await self._report(h, raise_errors=False)  # a flush error is for fsync/close
         if fields.update_size:
             kw["size"] = attr.st_size
             handle = self._handles.get(fh) if fh else None
@@ -379,6 +379,8 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if flags & os.O_TRUNC:
+            await self.fs._drain_before_truncate(inode)
         rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
         handle = self.fs._handle(rsp.inode, rsp.session_id, flags)
         if flags & os.O_TRUNC:
@@ -389,6 +391,8 @@ class Fs3Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        if flags & os.O_TRUNC:
+            await self.fs._drain_before_truncate(None, parent_inode, name)
         rsp = await self.meta(ctx).create(
             parent_inode, name, mode & 0o7777, flags & (os.O_EXCL | os.O_TRUNC | os.O_ACCMODE), session=True
         )
@@ -417,14 +421,10 @@ class Fs3Operations(pyfuse3.Operations):
         self.metrics.write_bytes += n
         return n
 
-    async def _report(self, handle: OpenFile) -> None:
-        await handle.flush_buffer()
-        if handle.writable and handle.dirty and handle.session_id:
-            ino = await self.fs.meta.sync(
-                handle.inode_id, handle.session_id, handle.written_length, wrote=True
-            )
-            handle.dirty = False
-            handle.state.inode = ino
+    async def _report(self, handle: OpenFile, *, raise_errors: bool = True) -> None:
+        """Flush a handle and report what it wrote to meta (see FileSystem._sync)."""
+        ino = await self.fs._sync(handle, raise_errors=raise_errors, only_dirty=True)
+        if ino is not None:
             self._seen[ino.id] = (ino.mtime_ns, ino.size)
 
     @_translate
@@ -433,7 +433,13 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self._report(self._handles[fh])
+        """fsync writes out the whole file, as on Linux: every handle's buffer in this mount, not
+        only this one's; a flush error of any of them since this handle reported one is raised."""
+        handle = self._handles[fh]
+        for h in list(handle.state.handles):
+            if h is not handle:
+                await self._report(h, raise_errors=False)
+        await self._report(handle)
 
     @_translate
     async def release(self, fh: int) -> None:
@@ -527,3 +533,5 @@ class Fs3Operations(pyfuse3.Operations):
                 await self.fs._close(handle)
             except FS3Error as e:
                 log.warning("closing inode=%#x at unmount failed error=%s", handle.inode_id, e)
+            except Exception:
+                log.exception("closing inode=%#x at unmount failed", handle.inode_id)

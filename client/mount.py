@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -138,8 +137,11 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
-        with contextlib.suppress(Exception):
+        try:
             await ops.close_all()
+        except Exception:
+            log.exception("flushing open files at unmount failed")
+            status = 1
         fuse_wait.uninstall()  # before pyfuse3 closes the device it watches
         pyfuse3.close(unmount=True)
         await fs.close()

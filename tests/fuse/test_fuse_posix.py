@@ -217,6 +217,39 @@ def test_stat_while_writer_open_and_after_close(env: Env) -> None:
     assert sh("stat -c %s growing", env.mnt).stdout.strip() == str(5 * 300_000)
 
 
+def test_open_with_o_trunc_drops_what_another_descriptor_buffered(env: Env) -> None:
+    """`: > log` while a writer holds the log open: the writer's buffered bytes reach storage
+    before the truncate, so they cannot land after it and bring the old content back."""
+    p = env.mnt / "truncated-under-a-writer"
+    fd1 = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd1, b"A" * 4000)  # buffered in the mount
+        fd2 = os.open(p, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd2, b"B")
+        os.close(fd2)
+    finally:
+        os.close(fd1)
+    assert p.read_bytes() == b"B"
+    assert sh("stat -c %s truncated-under-a-writer", env.mnt).stdout.strip() == "1"
+
+
+async def test_fsync_on_one_descriptor_writes_out_the_others(env: Env) -> None:
+    """`sync FILE` (fsync on a descriptor of its own) makes what another descriptor of this mount
+    wrote durable and visible to other clients, as fsync of an inode does on Linux."""
+    p = env.mnt / "synced-by-another-fd"
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    reader = os.open(p, os.O_RDONLY)
+    try:
+        os.write(fd, b"w" * 100_000)  # buffered in the mount, length not reported
+        os.fsync(reader)
+        other = await env.cluster.connect()
+        assert (await other.stat("/synced-by-another-fd")).st_size == 100_000
+        assert await other.read_file("/synced-by-another-fd") == b"w" * 100_000
+    finally:
+        os.close(reader)
+        os.close(fd)
+
+
 def test_xattrs_rename_and_errors(env: Env) -> None:
     p = env.mnt / "xa"
     p.write_bytes(b"1")

@@ -1,0 +1,119 @@
+"""Write-back errors, reported as Linux reports them: a flush that fails in the background reaches
+every handle of the file once, at its next fsync or close (the failing handle's next write too);
+a stat or a read that flushes does not swallow it; and meta never counts bytes that failed.
+
+Storage here keeps 99.9% of its disks free, so every chunk write is refused with ENOSPC at once
+(the target stays online): the file system is full for data, not for metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from fs_cluster import FsCluster
+
+from fs3.client import FileSystem
+from fs3.errors import FS3Error
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FsCluster]:
+    async with FsCluster(tmp_path_factory.mktemp("full"), storage_extra={"keep_free": 0.999}) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fs(cluster: FsCluster) -> FileSystem:
+    return await cluster.connect()
+
+
+def enospc(e: pytest.ExceptionInfo[FS3Error]) -> bool:
+    return e.value.errno == errno.ENOSPC
+
+
+async def test_a_stat_does_not_swallow_the_error_close_reports_it(cluster: FsCluster, fs: FileSystem) -> None:
+    f = await fs.open("/victim", "w")
+    await f.write(os.urandom(900_000))  # under a chunk and the buffer: buffered
+    # a stat flushes the buffer (to report the length this client wrote); the flush fails, but
+    # that is the writer's to hear, not the stat's
+    assert (await fs.stat("/victim")).st_size == 900_000
+    assert (await f.stat()).st_size == 900_000
+    with pytest.raises(FS3Error) as e:
+        await f.close()
+    assert enospc(e)
+    # meta did not count the bytes that never reached storage
+    other = await cluster.connect()
+    assert (await other.stat("/victim")).st_size == 0
+
+
+async def test_every_open_handle_hears_of_it_once(fs: FileSystem) -> None:
+    a = await fs.open("/shared", "w")
+    b = await fs.open("/shared", "r+")
+    await a.write(b"x" * 5000)
+    with pytest.raises(FS3Error) as e:
+        await a.fsync()
+    assert enospc(e)
+    await a.fsync()  # reported to a already
+    with pytest.raises(FS3Error) as e:
+        await b.fsync()  # b was open when it happened: it hears of it too, once
+    assert enospc(e)
+    await b.fsync()
+    late = await fs.open("/shared", "r+")  # opened after: not its error
+    await late.fsync()
+    for h in (a, b, late):
+        await h.close()
+
+
+async def test_the_failing_writer_is_told_at_its_next_write_and_still_at_close(fs: FileSystem) -> None:
+    f = await fs.open("/writer", "w")
+    await f.write(b"a" * (1 << 20))  # a whole chunk: its flush starts at once, in the background
+    await asyncio.wait(list(f.handle._flushes))  # it failed
+    with pytest.raises(FS3Error) as e:
+        await f.write(b"b" * 100)
+    assert enospc(e)
+    await f.write(b"c" * 100)  # told once; the writer may go on (and fail again)
+    with pytest.raises(FS3Error) as e:
+        await f.close()  # the error was never reported to an fsync or close of this handle
+    assert enospc(e)
+    assert (await fs.stat("/writer")).st_size == 0
+
+
+async def test_a_mount_reports_it_to_close_and_fsync(cluster: FsCluster, tmp_path: Path) -> None:
+    m = await cluster.mount(tmp_path / "mnt")
+    try:
+        await asyncio.to_thread(_mount_checks, m.path)
+    finally:
+        assert m.unmount() == 0
+
+
+def _mount_checks(mnt: Path) -> None:
+    path = mnt / "m1"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"z" * 100_000)
+    os.stat(path)  # may flush (a getattr); must not fail for the writer's error
+    with pytest.raises(OSError) as e:
+        os.close(fd)
+    assert e.value.errno == errno.ENOSPC
+    time.sleep(1.5)  # the kernel's attribute cache (1 s) still has the size the writes gave it
+    assert os.stat(path).st_size == 0  # meta's: the bytes that failed are not counted
+
+    # fsync on one descriptor writes out the others' buffered bytes too, and reports their error
+    fd1 = os.open(path, os.O_WRONLY)
+    fd2 = os.open(path, os.O_RDONLY)
+    os.write(fd1, b"y" * 10_000)
+    with pytest.raises(OSError) as e:
+        os.fsync(fd2)
+    assert e.value.errno == errno.ENOSPC
+    with pytest.raises(OSError) as e:
+        os.close(fd1)  # fd1 has not been told yet
+    assert e.value.errno == errno.ENOSPC
+    os.close(fd2)
