@@ -200,6 +200,7 @@ class StorageDaemon:
     def _routing_changed(self, routing: Routing) -> None:
         assert self.targets is not None
         self.targets.apply_routing(routing)
+        self.lease.routing_applied(routing.version)
         if self.resync is not None:
             self.resync.poke()
 
@@ -219,7 +220,9 @@ class StorageDaemon:
     def _heartbeat_ok(self, routing_version: int) -> None:
         assert self.agent is not None and self.routing is not None
         reply = self.agent.last_reply
-        self.lease.confirmed(reply.heartbeat_timeout_s if reply is not None else 0.0)
+        # held until this daemon has applied that routing version (see Lease): mgmtd may have
+        # taken its targets out of their chains while it was cut off
+        self.lease.confirmed(reply.heartbeat_timeout_s if reply is not None else 0.0, routing_version)
         if routing_version > self.routing.version:
             self.routing.refresh_soon()
 

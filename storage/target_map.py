@@ -11,7 +11,12 @@ Local state of a target (reported in every heartbeat; reference notes §4.1–4.
   ONLINE target SERVING again (the last serving replica of its chain came back: LASTSRV).
 
 An UPTODATE target that routing shows OFFLINE, LASTSRV or WAITING (mgmtd took it for failed) drops
-to ONLINE and stops serving until it has been resynced.
+to ONLINE and stops serving until it has been resynced. So does one that routing shows SYNCING at
+any chain version but the one a SyncDone made it UPTODATE at: a daemon cut off from mgmtd, or slow
+to poll routing, may jump from SERVING straight to SYNCING without ever seeing itself OFFLINE, and
+the writes its chain acknowledged meanwhile are not on it. Dropping to ONLINE lets its predecessor
+resync it (SyncStart needs ONLINE) and keeps it from reporting UPTODATE at the new version, which
+mgmtd would take for the end of a resync that never happened.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ class LocalTarget:
     chain_id: int = 0
     chain_version: int = 0
     public_state: int = common_pb2.PUBLIC_STATE_INVALID
+    # The chain version at which a SyncDone made it UPTODATE while its chain has it SYNCING; 0
+    # otherwise. UPTODATE vouches for that chain version only (see the module docstring).
+    synced_version: int = 0
     used_bytes: int = 0
     low_space: bool = False
 
@@ -116,8 +124,14 @@ class TargetMap:
             new = UPTODATE  # mgmtd made it SERVING from LASTSRV: it holds the newest data
         elif old == UPTODATE and ps in (common_pb2.OFFLINE, common_pb2.LASTSRV, common_pb2.WAITING):
             new = ONLINE  # mgmtd took it for failed: it may have missed writes
+        elif old == UPTODATE and ps == common_pb2.SYNCING and t.synced_version != t.chain_version:
+            # SYNCING with no resync done at this chain version: it was taken out of its chain
+            # while it was not looking (it never saw itself OFFLINE) and may have missed writes
+            new = ONLINE
         else:
             new = old
+        if ps != common_pb2.SYNCING:
+            t.synced_version = 0
         if new != old:
             t.local_state = new
             log.info(
@@ -132,7 +146,13 @@ class TargetMap:
         return False
 
     def set_state(self, t: LocalTarget, state: int, why: str) -> None:
-        if t.failed or t.local_state == state:
+        """Change ``t``'s local state outside routing: UPTODATE here is a SyncDone, which vouches
+        for the chain version ``t`` is at now and no other."""
+        if t.failed:
+            return
+        if state == UPTODATE:
+            t.synced_version = t.chain_version
+        if t.local_state == state:
             return
         log.info(
             "target local state target_id=%d %s -> %s why=%s",
@@ -251,19 +271,53 @@ class Lease:
     mgmtd declares a node failed only after ``timeout_s`` without heartbeats, so until the send
     time of the last accepted heartbeat plus a margin of that, nobody has replaced this node's
     targets in their chains.
+
+    That holds only for a node that acts on the routing mgmtd had when it accepted the heartbeat:
+    after a partition heals, the first heartbeat goes through while the node still acts on the
+    routing from before it (its targets SERVING there, OFFLINE now). A reply that carries a newer
+    routing version than the node has applied (:meth:`routing_applied`) is therefore held, and
+    counts from the moment the node has applied that version: one routing poll later in steady
+    state, where routing versions move on many events.
     """
+
+    #: confirmations held for a newer routing; beyond this many the oldest are let go
+    MAX_HELD = 16
 
     def __init__(self, margin: float = 0.8) -> None:
         self.margin = margin
         self.timeout_s = 0.0
         self._sent = 0.0
         self._confirmed = 0.0
+        self._routing_version = 0
+        # (routing version the reply carried, send time, heartbeat timeout), versions ascending
+        self._held: list[tuple[int, float, float]] = []
 
     def sending(self) -> None:
         self._sent = time.monotonic()
 
-    def confirmed(self, timeout_s: float) -> None:
-        self._confirmed = self._sent
+    def confirmed(self, timeout_s: float, routing_version: int = 0) -> None:
+        """mgmtd accepted the heartbeat sent last; its reply said ``timeout_s`` and
+        ``routing_version``."""
+        if routing_version <= self._routing_version:
+            self._confirm(self._sent, timeout_s)
+            return
+        if self._held and self._held[-1][0] >= routing_version:
+            # replies of one mgmtd carry ascending versions; a failover may not, so keep the larger
+            version = self._held[-1][0]
+            self._held[-1] = (version, self._sent, timeout_s)
+        else:
+            self._held.append((routing_version, self._sent, timeout_s))
+            del self._held[: -self.MAX_HELD]
+
+    def routing_applied(self, version: int) -> None:
+        """The node now acts on routing ``version``: confirmations held for it count."""
+        self._routing_version = version
+        while self._held and self._held[0][0] <= version:
+            _, sent, timeout_s = self._held.pop(0)
+            self._confirm(sent, timeout_s)
+
+    def _confirm(self, sent: float, timeout_s: float) -> None:
+        self._confirmed = max(self._confirmed, sent)
         if timeout_s > 0:
             self.timeout_s = timeout_s
 

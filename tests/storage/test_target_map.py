@@ -23,10 +23,11 @@ S, Y, W, L, OFF = (
 )
 
 
-def routing(version: int, *states: int) -> Routing:
-    """Chain 1 of targets 1, 2, 3 (in that order) with the given public states."""
+def routing(version: int, *states: int, chain_version: int = 0) -> Routing:
+    """Chain 1 of targets 1, 2, 3 (in that order) with the given public states, at
+    ``chain_version`` (by default the routing version: each snapshot a change of the chain)."""
     info = mgmtd_pb2.RoutingInfo(version=version)
-    chain = info.chains.add(chain_id=1, version=version)
+    chain = info.chains.add(chain_id=1, version=chain_version or version)
     for tid, st in zip((1, 2, 3), states, strict=True):
         chain.targets.add(target_id=tid, public_state=st)
         info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=st)
@@ -66,7 +67,7 @@ def test_syncing_target_waits_for_sync_done():
         tm.check_readable(t)
     assert e.value.code == StatusCode.STORAGE_TARGET_NOT_SERVING
     tm.set_state(t, UPTODATE, "resync done")
-    tm.apply_routing(routing(3, S, Y, S))  # mgmtd has not switched yet
+    tm.apply_routing(routing(3, S, Y, S, chain_version=2))  # mgmtd has not switched yet
     assert t.local_state == UPTODATE
 
 
@@ -92,6 +93,55 @@ def test_target_taken_for_failed_stops_serving():
     assert e.value.code == StatusCode.STORAGE_TARGET_NOT_SERVING
     with pytest.raises(FS3Error):
         tm.check_replica(t)
+
+
+def test_target_demoted_while_not_looking_is_resynced():
+    # B was SERVING at chain version 1 and then cut off from mgmtd (or slow to poll): mgmtd took
+    # it OFFLINE (2), writes went on without it, and its heartbeat made it SYNCING again (3). Its
+    # first routing since shows it SYNCING: it must not vouch for being up to date at version 3
+    # (mgmtd would make it SERVING with the writes of version 2 missing), but be resynced.
+    tm, t, changes = make()
+    tm.apply_routing(routing(1, S, OFF, S))
+    tm.apply_routing(routing(2, S, Y, S))
+    tm.set_state(t, UPTODATE, "resync done")
+    tm.apply_routing(routing(3, S, S, S))
+    changes.clear()
+    tm.apply_routing(routing(6, S, Y, S))  # it never saw versions 4 and 5 (OFFLINE, WAITING)
+    assert t.local_state == ONLINE and changes == [ONLINE]
+    report = tm.heartbeat_reports()[0]
+    assert (report.local_state, report.chain_version) == (common_pb2.ONLINE, 6)
+    with pytest.raises(FS3Error) as e:
+        tm.check_readable(t)
+    assert e.value.code == StatusCode.STORAGE_TARGET_NOT_SERVING
+    tm.check_replica(t)  # takes the writes forwarded to it while its predecessor resyncs it
+
+
+def test_sync_done_vouches_for_its_chain_version_only():
+    tm, t, _ = make()
+    tm.apply_routing(routing(1, S, OFF, S))
+    tm.apply_routing(routing(2, S, Y, S))
+    tm.set_state(t, UPTODATE, "resync done")  # SyncDone at chain version 2
+    tm.apply_routing(routing(3, S, Y, S, chain_version=2))  # another chain changed, not ours
+    assert t.local_state == UPTODATE
+    tm.apply_routing(routing(4, S, S, S, chain_version=3))  # mgmtd made it SERVING
+    assert t.local_state == UPTODATE
+    tm.apply_routing(routing(5, S, S, OFF, chain_version=4))  # serving on through other changes
+    assert t.local_state == UPTODATE
+    tm.check_readable(t)
+    # demoted and SYNCING again later: the SyncDone of chain version 2 vouches for nothing now,
+    # even should the chain's versions start over
+    tm.apply_routing(routing(6, S, Y, S, chain_version=2))
+    assert t.local_state == ONLINE
+
+    # a SyncDone, then the chain changes while the target is still SYNCING: that SyncDone no
+    # longer says it is up to date with the chain as it is now (mgmtd takes no UPTODATE report
+    # made at an older chain version either), so it is resynced again
+    tm, t, _ = make()
+    tm.apply_routing(routing(1, S, OFF, S))
+    tm.apply_routing(routing(2, S, Y, S))
+    tm.set_state(t, UPTODATE, "resync done")
+    tm.apply_routing(routing(3, S, Y, OFF))
+    assert t.local_state == ONLINE
 
 
 def test_failed_disk_is_offline_for_good():
@@ -126,6 +176,47 @@ def test_reads_need_a_fresh_lease():
     assert lease.ok()
     lease.confirmed(1e-9)
     assert not lease.ok()
+
+
+def test_lease_waits_for_the_routing_a_heartbeat_reply_names():
+    # A heartbeat that gets through after a partition while this node still acts on the routing
+    # from before it: its targets may be OFFLINE in the newer routing, so the reply renews nothing
+    # until the node has applied that routing.
+    lease = Lease()
+    lease.routing_applied(5)
+    lease.sending()
+    lease.confirmed(60.0, 7)
+    assert not lease.ok()
+    lease.routing_applied(6)
+    assert not lease.ok()
+    lease.routing_applied(7)
+    assert lease.ok()
+
+
+def test_lease_keeps_up_with_routing_that_keeps_changing():
+    lease = Lease(margin=0.5)
+    lease.routing_applied(1)
+    lease.sending()
+    lease.confirmed(60.0, 1)  # nothing newer: counts at once
+    assert lease.ok()
+    lease.confirmed(1e-9, 1)
+    assert not lease.ok()
+    # every reply names a newer version than the node has, and the poll it triggers fetches a
+    # newer one still: each reply counts once the poll is in
+    for version in range(2, 40, 3):
+        lease.sending()
+        lease.confirmed(60.0, version)
+        lease.routing_applied(version + 1)
+        assert lease.ok()
+    # replies faster than the polls: each counts once the routing it names is applied
+    lease = Lease()
+    lease.routing_applied(10)
+    for version in (11, 12, 13):
+        lease.sending()
+        lease.confirmed(60.0, version)
+    assert not lease.ok()
+    lease.routing_applied(12)
+    assert lease.ok()
 
 
 def test_a_starting_daemon_without_routing_asks_callers_to_retry():
