@@ -399,6 +399,7 @@ class NodeAgent:
         self.config_version = 0
         self.last_reply: mgmtd_pb2.HeartbeatReply | None = None
         self.last_error: FS3Error | None = None
+        self.max_interval_s = interval_s
         self._loop = Periodic(
             f"fs3-heartbeat-{node_id}", self._beat_in_loop, interval_s, on_error=self._failed
         )
@@ -440,6 +441,7 @@ class NodeAgent:
             req.sequence = self.sequence
             reply = await self.client.heartbeat(req)
         self.last_reply = reply
+        self._pace(reply.heartbeat_timeout_s)
         if reply.HasField("config") and reply.config.version > self.config_version:
             self.config_version = reply.config.version
             if self._on_config is not None:
@@ -447,6 +449,24 @@ class NodeAgent:
         if self._on_routing_version is not None:
             self._on_routing_version(reply.routing_version)
         return reply
+
+    def _pace(self, timeout_s: float) -> None:
+        """Heartbeat at least three times per mgmtd's heartbeat timeout: an interval configured
+        near or above it would have mgmtd fail this node between beats, over and over."""
+        interval = self.max_interval_s
+        if timeout_s > 0 and interval > timeout_s / 3:
+            interval = timeout_s / 3
+        if interval != self._loop.interval_s:
+            if interval < self.max_interval_s:
+                log.warning(
+                    "heartbeat interval %.3gs is more than a third of mgmtd's heartbeat timeout "
+                    "%.3gs: heartbeating every %.3gs node_id=%d",
+                    self.max_interval_s,
+                    timeout_s,
+                    interval,
+                    self.node_id,
+                )
+            self._loop.interval_s = interval
 
     async def _beat_in_loop(self) -> None:
         await self.beat()
