@@ -244,7 +244,7 @@ class StorageConfig:
         0.02,
         doc="fraction of each target's file system kept free: a write that would use it is refused "
         "with ENOSPC and the target stays online (reads, removes and truncates go on); 0 = write "
-        "until the disk is full, which takes the target offline",
+        "until the disk is full (writes then fail as well, and the target stays online)",
         check=_fraction,
     )
     io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)

@@ -44,10 +44,20 @@ update-forward-commit round). Reads take no lock: they may run while the same ch
 committed or aborted, and retry if a commit removes the file they were reading. Every call blocks on disk
 I/O: asyncio code uses :class:`fs3.storage.async_engine.AsyncChunkEngine`.
 
-A disk error (any OSError from the data files other than a missing file, or an LMDB error) takes
-the target offline: the call and every later one fail with STORAGE_IO_ERROR, or STORAGE_NO_SPACE if
-the disk was full, and ``on_failure`` is called once so that the daemon can tell mgmtd. The target
-comes back only by reopening the engine (after the operator has dealt with the disk).
+A disk error (an OSError from the data files other than a missing file, or an LMDB error, that
+says the disk or its file system is broken: EIO, EROFS, EUCLEAN, ENODEV, ... and any errno not
+known to be harmless) takes the target offline: the call and every later one fail with
+STORAGE_IO_ERROR (STORAGE_NO_SPACE for LMDB's map limit, or a device that ran out of space under a
+file system that has plenty), and ``on_failure`` is called once so that the daemon can tell mgmtd.
+The target comes back only by reopening the engine (after the operator has dealt with the disk).
+
+Two kinds of OSError fail only the call, and the target stays online (see ``_error``): a passing
+shortage of the process or the machine (EMFILE, ENFILE, ENOMEM, ENOBUFS: a burst of client
+connections or of reads), or an interrupted call (EINTR, EAGAIN), as UNAVAILABLE, which clients and
+predecessors retry; and a file system that is really full (ENOSPC while statvfs shows it nearly out
+of blocks or inodes, or EDQUOT), as STORAGE_NO_SPACE: reads, removes and truncates go on, and writes
+resume once space is freed. What a failed call wrote and did not record in the metadata is an
+unreferenced file or bytes past a version's end, which later calls ignore and recovery removes.
 """
 
 from __future__ import annotations
@@ -98,6 +108,15 @@ from .chunk_recovery import RecoveryReport, recover
 log = logging.getLogger(__name__)
 
 _READ_ATTEMPTS = 8
+# Errors that say nothing about the disk: the process or the machine ran short of descriptors,
+# memory or kernel buffers for a moment, or a call was interrupted. They fail the call alone.
+_TRANSIENT_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
+)
+# A file system that reports ENOSPC while this fraction of its blocks and of its inodes is still
+# free is not full: the device under it ran out (a thin-provisioned volume, a loop device whose
+# backing file system is full), which is a disk failure.
+_NOT_FULL_FRACTION = 1 / 8
 # Modifications of one chunk serialize on one of these (held only for local I/O, never across a
 # call out, so it cannot deadlock with the service's per-chunk lock that spans the chain).
 _LOCK_STRIPES = 1024
@@ -637,8 +656,9 @@ class ChunkEngine:
     def check_room(self, nbytes: int) -> None:
         """Refuse an update of ``nbytes`` that would leave the file system with less than
         ``options.keep_free`` of its capacity free: STORAGE_SPACE_KEPT, and the target stays online
-        (reads, removes and truncates go on; writes resume once space is freed). Only a disk
-        found full despite this (other users of it, or a race) takes the target offline."""
+        (reads, removes and truncates go on; writes resume once space is freed). A disk found full
+        despite this (other users of it, or a race) fails the update with STORAGE_NO_SPACE, and
+        the target stays online as well (see ``_error``)."""
         keep = self.options.keep_free
         if keep <= 0 or self._failure is not None or self._closed:
             return  # the update itself says why it cannot run
@@ -679,7 +699,38 @@ class ChunkEngine:
         except FS3Error:
             raise
         except (OSError, lmdb.Error) as exc:
-            raise self._fail(what, exc) from exc
+            raise self._error(what, exc) from exc
+
+    def _error(self, what: str, exc: OSError | lmdb.Error) -> FS3Error:
+        """The error a call that met ``exc`` fails with; only a disk error takes the target offline."""
+        code = _errno_of(exc)
+        if code in _TRANSIENT_ERRNOS or isinstance(exc, lmdb.ReadersFullError | lmdb.MemoryError):
+            log.warning(
+                "target call failed, target stays online path=%s op=%s error=%r", self.path, what, exc
+            )
+            return FS3Error(
+                StatusCode.UNAVAILABLE,
+                f"{what} on target {self.path}: {exc} (a passing shortage or an interruption: "
+                "the target stays online, retry)",
+            )
+        if code == errno.EDQUOT or (code == errno.ENOSPC and self._file_system_full()):
+            log.warning("target full, target stays online path=%s op=%s error=%r", self.path, what, exc)
+            return FS3Error(
+                StatusCode.STORAGE_NO_SPACE,
+                f"{what} on target {self.path}: {exc} (the target stays online: free space to write again)",
+            )
+        return self._fail(what, exc)
+
+    def _file_system_full(self) -> bool:
+        """Whether statvfs shows the target's file system (nearly) out of blocks or inodes, as it
+        is when ENOSPC means what it says (see ``_NOT_FULL_FRACTION``)."""
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return False
+        return st.f_bavail < st.f_blocks * _NOT_FULL_FRACTION or (
+            st.f_files > 0 and st.f_favail < st.f_files * _NOT_FULL_FRACTION
+        )
 
     def _fail(self, what: str, exc: BaseException) -> FS3Error:
         # LMDB reports a full disk as DiskError with only strerror's text to tell it apart
@@ -905,6 +956,17 @@ class ChunkEngine:
                 self._files.unlink(chunk_id, file_id)
             elif new_files[file_id] < length:
                 self._files.truncate(chunk_id, file_id, new_files[file_id])
+
+
+def _errno_of(exc: OSError | lmdb.Error) -> int | None:
+    """The errno behind an OSError or an LMDB error (LMDB passes the system's through as its code;
+    where that is missing, only the text tells a full disk)."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and code > 0:
+        return code
+    return next((e for e in (errno.ENOSPC, errno.EDQUOT) if os.strerror(e) in str(exc)), None)
 
 
 @contextlib.contextmanager

@@ -855,7 +855,8 @@ def _check_room(t: LocalTarget, op: Op) -> None:
     """Refuse a write that would eat into the space the target keeps free (ChunkEngine.check_room),
     before anything of it is stored: STORAGE_SPACE_KEPT, which the client reports as ENOSPC and a
     predecessor passes back without retrying, dropping its pending copy (``_drop_refused``). A
-    disk found full by the write itself is STORAGE_NO_SPACE: that target goes offline, and the
-    predecessor retries until the chain goes on without it."""
+    disk found full by the write itself (other users of it, or a race) is STORAGE_NO_SPACE: the
+    target stays online (ChunkEngine._error), and the predecessor retries until its forward
+    timeout, the version left pending to be settled once there is room."""
     if op.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
         t.engine.engine.check_room(op.length)

@@ -13,6 +13,25 @@ The last SERVING target of a chain whose successor is SYNCING runs one sync task
 Client writes keep flowing meanwhile: the chain forwards them to the SYNCING target as
 whole-chunk replaces (:mod:`fs3.storage.craq`), and the per-chunk lock orders each of them against
 the sync's copy of that chunk, so whichever comes last carries the newest content.
+
+That holds only while the chain stays as it was at ``SyncStart``: a successor that went OFFLINE
+meanwhile (and came back SYNCING) missed the writes committed while it was out, which the list of
+chunks to copy, made from the metadata both sides had before, does not name. So a sync is for one
+chain version: it stops (STORAGE_ROUTING_STALE, and the next one starts afresh, comparing again)
+as soon as this daemon's routing shows another, and ``SyncDone`` carries that version, which the
+successor accepts only from the sync it accepted the ``SyncStart`` of (``storage.service``). Chunks
+the first sync copied compare equal in the next, so a restart costs a metadata comparison, not
+the data again.
+
+A chunk whose committed version this target cannot read (a lost or corrupt data file) is read
+from another SERVING replica of the chain instead (each holds every committed version), checked
+against this target's metadata (version, length, CRC32C), repaired here, and sent. Where no
+replica has a good copy, the chain has lost that version: the sync goes on without it, logs it
+as an error (with the chunk's id), counts it in ``fs3_storage_sync_lost_chunks``, and finishes,
+rather than keep every other chunk of the chain one replica short for ever. The successor keeps
+what it had of that chunk (an older version, or nothing), no worse than the unreadable copy here
+but not the lost version either: the chunk needs the operator, or a write of its whole content,
+which every replica takes without reading what it had.
 """
 
 from __future__ import annotations
@@ -31,13 +50,15 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, storage_pb2
 
 from .chain_ops import split_chunk_id
-from .chunk_meta import ChunkMeta
+from .chunk_meta import ChunkMeta, crc32c
 from .craq import Replicator
 from .target_map import UPTODATE, LocalTarget
 
 log = logging.getLogger(__name__)
 
 _CONCURRENCY = 8
+# Tries to copy a chunk that another replica had to supply while updates kept changing it here.
+_COPY_ATTEMPTS = 3
 
 
 class ResyncWorker:
@@ -73,6 +94,18 @@ class ResyncWorker:
         self.m_bytes = metrics.counter("fs3_storage_sync_sent_bytes", "bytes resync sent", ("target",), reg)
         self.m_runs = metrics.counter(
             "fs3_storage_sync_runs", "resyncs finished, by outcome", ("target", "outcome"), reg
+        )
+        self.m_repaired = metrics.counter(
+            "fs3_storage_sync_repaired_chunks",
+            "chunks resync could not read here and sent as read from another replica",
+            ("target",),
+            reg,
+        )
+        self.m_lost = metrics.counter(
+            "fs3_storage_sync_lost_chunks",
+            "chunks resync could not read here nor from any other replica, and left out",
+            ("target",),
+            reg,
         )
 
     def start(self) -> None:
@@ -116,12 +149,25 @@ class ResyncWorker:
                 self._sync(t, succ.target_id), name=f"fs3-resync-{t.chain_id}-{succ.target_id}"
             )
 
-    def _still_successor(self, t: LocalTarget, succ_id: int) -> bool:
+    def _check_chain(self, t: LocalTarget, succ_id: int, version: int) -> None:
+        """Raise STORAGE_ROUTING_STALE unless the chain is still at ``version`` (the sync's: see the
+        module docstring), with ``t`` up to date and ``succ_id`` its SYNCING successor."""
         chain = self.targets.routing.chains.get(t.chain_id)
-        if chain is None or t.local_state != UPTODATE:
-            return False
-        succ = chain.successor(t.target_id)
-        return succ is not None and succ.target_id == succ_id and succ.public_state == common_pb2.SYNCING
+        succ = chain.successor(t.target_id) if chain is not None else None
+        if (
+            chain is None
+            or chain.version != version
+            or t.local_state != UPTODATE
+            or succ is None
+            or succ.target_id != succ_id
+            or succ.public_state != common_pb2.SYNCING
+        ):
+            now = f"version {chain.version}" if chain is not None else "gone"
+            raise FS3Error(
+                StatusCode.STORAGE_ROUTING_STALE,
+                f"chain {t.chain_id} changed during the resync of target {succ_id} "
+                f"(started at version {version}, now {now})",
+            )
 
     async def _sync(self, t: LocalTarget, succ_id: int) -> None:
         key = (t.chain_id, succ_id)
@@ -138,31 +184,31 @@ class ResyncWorker:
             log.log(level, "resync failed chain_id=%d target_id=%d error=%s", t.chain_id, succ_id, e)
             return
         self.m_runs.labels(label, "done").inc()
-        log.info(
-            "resync done chain_id=%d target_id=%d chunks=%d sent=%d removed=%d seconds=%.2f",
+        log.log(
+            logging.ERROR if stats[3] else logging.INFO,
+            "resync done chain_id=%d target_id=%d chunks=%d sent=%d removed=%d lost=%d seconds=%.2f",
             t.chain_id,
             succ_id,
-            stats[0],
-            stats[1],
-            stats[2],
+            *stats,
             time.monotonic() - started,
         )
 
-    async def _sync_once(self, t: LocalTarget, succ_id: int, label: str) -> tuple[int, int, int]:
+    async def _sync_once(self, t: LocalTarget, succ_id: int, label: str) -> tuple[int, int, int, int]:
+        """One sync of ``succ_id`` from ``t``: (chunks compared, sent, removed, lost)."""
         rep = self.replicator
-        chain = self.targets.chain(t.chain_id)
+        version = self.targets.chain(t.chain_id).version
         address = node_address(self.targets.routing, succ_id, backend=True)
         log.info(
             "resync start chain_id=%d from=%d to=%d chain_version=%d",
             t.chain_id,
             t.target_id,
             succ_id,
-            chain.version,
+            version,
         )
         await rep.rpc.call(
             address,
             STORAGE_SERVICE["SyncStart"],
-            storage_pb2.SyncStartReq(target_id=succ_id, chain_id=t.chain_id, chain_version=chain.version),
+            storage_pb2.SyncStartReq(target_id=succ_id, chain_id=t.chain_id, chain_version=version),
             timeout=rep.rpc_timeout_s,
         )
         remote: dict[bytes, storage_pb2.ChunkMeta] = {}
@@ -183,70 +229,195 @@ class ResyncWorker:
         # Only the chunks that differ need the chain's attention; finding them is done off the
         # event loop (a target may hold millions of chunks).
         todo, total = await rep._run(_differing, metas, remote)
+        # the comparison took a while: a successor that left the chain meanwhile missed writes
+        # that are not in ``todo``
+        self._check_chain(t, succ_id, version)
         self.m_total.labels(label).set(total)
         self.m_done.labels(label).set(total - len(todo))
-        sent = removed = 0
+        counts = {"sent": 0, "removed": 0, "lost": 0}
         pending = iter(todo)
 
         async def worker() -> None:
-            nonlocal sent, removed
             for cid in pending:
-                if not self._still_successor(t, succ_id):
-                    raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, "chain changed during resync")
-                what = await self._copy_chunk(t, succ_id, cid, label)
-                if what == "removed":
-                    removed += 1
-                else:
-                    sent += 1
+                self._check_chain(t, succ_id, version)
+                counts[await self._copy_chunk(t, succ_id, cid, label)] += 1
                 self.m_done.labels(label).inc()
 
-        await asyncio.gather(*(worker() for _ in range(_CONCURRENCY)))
-        if not self._still_successor(t, succ_id):
-            raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, "chain changed during resync")
-        chain = self.targets.chain(t.chain_id)
+        workers = [asyncio.create_task(worker()) for _ in range(_CONCURRENCY)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            # one worker's failure ends the sync: the others must not copy on behind it
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        self._check_chain(t, succ_id, version)
         await rep.rpc.call(
             node_address(self.targets.routing, succ_id, backend=True),
             STORAGE_SERVICE["SyncDone"],
-            storage_pb2.SyncDoneReq(target_id=succ_id, chain_id=t.chain_id, chain_version=chain.version),
+            storage_pb2.SyncDoneReq(target_id=succ_id, chain_id=t.chain_id, chain_version=version),
             timeout=rep.rpc_timeout_s,
         )
-        return total, sent, removed
+        return total, counts["sent"], counts["removed"], counts["lost"]
 
     async def _copy_chunk(self, t: LocalTarget, succ_id: int, cid: bytes, label: str) -> str:
-        """Send the successor this chunk's committed version (or its removal), under the lock."""
+        """Send the successor this chunk's committed version (or its removal), under the lock:
+        "sent" or "removed"; "lost" where neither this target nor another replica could read the
+        committed version (see the module docstring)."""
         rep = self.replicator
-        async with rep.locks.hold(t.target_id, cid):
-            meta = await t.engine.get_meta(cid)
-            chain = self.targets.chain(t.chain_id)
-            req = storage_pb2.UpdateReq(target_id=succ_id, syncing=True, commit=True)
-            io = req.io
+        fetched: tuple[ChunkMeta, bytes] | None = None  # another replica's copy, for that metadata
+        for _ in range(_COPY_ATTEMPTS):
+            async with rep.locks.hold(t.target_id, cid):
+                meta = await t.engine.get_meta(cid)
+                if meta is None or meta.committed is None:
+                    await self._send(t, succ_id, cid, None, b"", label)
+                    return "removed"
+                data = fetched[1] if fetched is not None and fetched[0] == meta else None
+                repaired = data is not None
+                if data is not None:
+                    await self._repair(t, cid, meta, data)
+                else:
+                    try:
+                        data = (await t.engine.read(cid, 0, None, version=meta.committed_ver)).data
+                    except FS3Error as e:
+                        if e.code != StatusCode.STORAGE_CHECKSUM_MISMATCH:
+                            raise
+                        log.warning(
+                            "resync cannot read chunk here, asking the other replicas chain_id=%d "
+                            "target_id=%d chunk=%s version=%d error=%s",
+                            t.chain_id,
+                            t.target_id,
+                            cid.hex(),
+                            meta.committed_ver,
+                            e,
+                        )
+                        data = None
+                if data is not None:
+                    await self._send(t, succ_id, cid, meta, data, label)
+                    if repaired:
+                        self.m_repaired.labels(label).inc()
+                    return "sent"
+            # Outside the lock: a replica asked for its copy may ask this one, the chain's last
+            # SERVING target, which version is committed, and that takes the lock.
+            copy = await self._fetch_copy(t, cid, meta)
+            if copy is not None:
+                fetched = (meta, copy)
+            elif await t.engine.get_meta(cid) == meta:
+                log.error(
+                    "resync leaves out a chunk no replica can read: the chain has lost its committed "
+                    "version chain_id=%d target_id=%d successor=%d chunk=%s version=%d length=%d",
+                    t.chain_id,
+                    t.target_id,
+                    succ_id,
+                    cid.hex(),
+                    meta.committed_ver,
+                    meta.committed.length,
+                )
+                self.m_lost.labels(label).inc()
+                return "lost"
+            # else an update changed the chunk meanwhile: look at it again
+        raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept changing during its resync")
+
+    async def _send(
+        self, t: LocalTarget, succ_id: int, cid: bytes, meta: ChunkMeta | None, data: bytes, label: str
+    ) -> None:
+        """Send the successor ``data``, the committed version ``meta`` names, installed as committed
+        at once; or the chunk's removal where ``meta`` is None. The chunk's lock is held."""
+        rep = self.replicator
+        chain = self.targets.chain(t.chain_id)
+        req = storage_pb2.UpdateReq(target_id=succ_id, syncing=True, commit=True)
+        io = req.io
+        io.key.chain_id = t.chain_id
+        io.key.chain_version = chain.version
+        io.key.inode_id, io.key.chunk_index = split_chunk_id(cid)
+        payload = None
+        if meta is None or meta.committed is None:
+            io.type = storage_pb2.UPDATE_REMOVE
+            io.update_version = 1
+        else:
+            io.type = storage_pb2.UPDATE_REPLACE
+            io.chunk_size = meta.chunk_size
+            io.update_version = meta.committed_ver
+            io.length = len(data)
+            io.crc32c = meta.committed.crc
+            payload = data
+            self.m_bytes.labels(label).inc(len(data))
+        await rep.rpc.call(
+            node_address(self.targets.routing, succ_id, backend=True),
+            STORAGE_SERVICE["Update"],
+            req,
+            payload=payload,
+            timeout=rep.rpc_timeout_s,
+        )
+        self.m_sent.labels(label).inc()
+
+    async def _fetch_copy(self, t: LocalTarget, cid: bytes, meta: ChunkMeta) -> bytes | None:
+        """The committed version ``meta`` names, read from another SERVING replica of the chain and
+        checked against ``meta`` (version, length, CRC32C); None where none has it."""
+        v = meta.committed
+        assert v is not None
+        chain = self.targets.chain(t.chain_id)
+        rep = self.replicator
+        for other in chain.targets:
+            if other.target_id == t.target_id or other.public_state != common_pb2.SERVING:
+                continue
+            req = storage_pb2.BatchReadReq()
+            io = req.ios.add(offset=0, length=v.length)
             io.key.chain_id = t.chain_id
             io.key.chain_version = chain.version
             io.key.inode_id, io.key.chunk_index = split_chunk_id(cid)
-            payload = None
-            if meta is None or meta.committed is None:
-                io.type = storage_pb2.UPDATE_REMOVE
-                io.update_version = 1
-                outcome = "removed"
-            else:
-                r = await t.engine.read(cid, 0, None, version=meta.committed_ver)
-                io.type = storage_pb2.UPDATE_REPLACE
-                io.chunk_size = meta.chunk_size
-                io.update_version = meta.committed_ver
-                io.length = len(r.data)
-                io.crc32c = r.chunk_crc
-                payload = r.data
-                outcome = "sent"
-                self.m_bytes.labels(label).inc(len(r.data))
-            await rep.rpc.call(
-                node_address(self.targets.routing, succ_id, backend=True),
-                STORAGE_SERVICE["Update"],
-                req,
-                payload=payload,
-                timeout=rep.rpc_timeout_s,
+            try:
+                rsp, payload = await rep.rpc.call(
+                    node_address(self.targets.routing, other.target_id, backend=True),
+                    STORAGE_SERVICE["BatchRead"],
+                    req,
+                    timeout=rep.rpc_timeout_s,
+                )
+            except FS3Error as e:
+                log.warning(
+                    "resync could not ask for a copy target_id=%d chunk=%s error=%s",
+                    other.target_id,
+                    cid.hex(),
+                    e,
+                )
+                continue
+            res = rsp.results[0] if len(rsp.results) == 1 else None
+            if res is None or res.status.code != StatusCode.OK:
+                continue
+            data = bytes(payload[res.payload_offset : res.payload_offset + res.length]) if payload else b""
+            if res.committed_version == v.version and len(data) == v.length and crc32c(data) == v.crc:
+                log.info(
+                    "resync found a good copy chunk=%s version=%d target_id=%d",
+                    cid.hex(),
+                    v.version,
+                    other.target_id,
+                )
+                return data
+        return None
+
+    async def _repair(self, t: LocalTarget, cid: bytes, meta: ChunkMeta, data: bytes) -> None:
+        """Replace this target's unreadable copy of the committed version ``meta`` names with
+        ``data`` (checked against it already), unless a pending version would be dropped with it
+        (the chain settles that one). The chunk's lock is held. A failure only leaves it unreadable."""
+        v = meta.committed
+        if v is None or meta.pending is not None:
+            return
+        try:
+            await t.engine.replace(
+                cid,
+                data,
+                chunk_size=meta.chunk_size,
+                chain_ver=v.chain_ver,
+                version=v.version,
+                commit=True,
+                checksum=v.crc,
             )
-            self.m_sent.labels(label).inc()
-            return outcome
+        except FS3Error as e:
+            log.warning(
+                "resync could not repair chunk target_id=%d chunk=%s error=%s", t.target_id, cid.hex(), e
+            )
+            return
+        log.info("resync repaired chunk target_id=%d chunk=%s version=%d", t.target_id, cid.hex(), v.version)
 
 
 def _differing(metas: list[ChunkMeta], remote: dict[bytes, storage_pb2.ChunkMeta]) -> tuple[list[bytes], int]:

@@ -69,6 +69,8 @@ class StorageService:
             reg,
         )
         reg.register(_TargetMetrics(replicator.targets))
+        # target -> (chain id, chain version) of the SyncStart it accepted last (see sync_done)
+        self._sync_starts: dict[int, tuple[int, int]] = {}
         self._inline_reads = self.m_reads.labels("inline")
         self._thread_reads = self.m_reads.labels("io_thread")
         self._aio_reads = self.m_reads.labels("aio")
@@ -259,16 +261,37 @@ class StorageService:
                 f"target {t.target_id} is {common_pb2.PublicTargetState.Name(t.public_state)}/{t.state_name}, "
                 "not SYNCING/ONLINE",
             )
-        log.info("sync start target_id=%d chain_id=%d from=%s", t.target_id, t.chain_id, ctx.peer)
+        self._sync_starts[t.target_id] = (request.chain_id, request.chain_version)
+        log.info(
+            "sync start target_id=%d chain_id=%d chain_version=%d from=%s",
+            t.target_id,
+            t.chain_id,
+            request.chain_version,
+            ctx.peer,
+        )
         return storage_pb2.SyncStartRsp()
 
     async def sync_done(
         self, request: storage_pb2.SyncDoneReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.SyncDoneRsp:
+        """The predecessor has copied this target everything it lacked: it is UPTODATE.
+
+        Only for the sync whose SyncStart this daemon accepted, at the same chain version: a sync
+        that began before the chain changed (this target went OFFLINE and came back SYNCING, say)
+        or before this daemon restarted compared chunk lists that miss the writes committed
+        without this target meanwhile, and vouches for nothing."""
         t = self.targets.target(request.target_id)
         await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
         if t.public_state != common_pb2.SYNCING or t.local_state == 3:
             raise FS3Error(StatusCode.STORAGE_ROUTING_STALE, f"target {t.target_id} is not syncing")
+        started = self._sync_starts.get(t.target_id)
+        if started != (request.chain_id, request.chain_version):
+            raise FS3Error(
+                StatusCode.STORAGE_ROUTING_STALE,
+                f"SyncDone for target {t.target_id} at chain {request.chain_id} version "
+                f"{request.chain_version}, but its last accepted SyncStart was "
+                + (f"at chain {started[0]} version {started[1]}" if started else "none (since a restart)"),
+            )
         self.targets.set_state(t, UPTODATE, "resync done")
         return storage_pb2.SyncDoneRsp()
 

@@ -1,8 +1,10 @@
 """Corruption is detected on read; recovery removes orphans and trims crashed appends; disk errors
-(a full or read-only file system, made real with a small tmpfs) take the target offline."""
+(a read-only or failing file system, made real with a small tmpfs) take the target offline, while a
+full file system and passing shortages (descriptors, memory) fail the call alone."""
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import subprocess
@@ -162,7 +164,9 @@ def small_fs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
 
 
-def test_full_disk_takes_the_target_offline(small_fs: Path) -> None:
+def test_full_disk_fails_the_write_and_the_target_stays_online(small_fs: Path) -> None:
+    """ENOSPC from a file system that is full says nothing about the disk: the write fails with
+    STORAGE_NO_SPACE, everything else goes on, and writes work again once there is room."""
     failures: list[FS3Error] = []
     eng = ChunkEngine(small_fs / "target", on_failure=failures.append)
     written: dict[bytes, bytes] = {}
@@ -174,16 +178,18 @@ def test_full_disk_takes_the_target_offline(small_fs: Path) -> None:
                 written[cid(n)] = payload
         assert err.value.code is StatusCode.STORAGE_NO_SPACE
         assert len(written) > 3
-        assert not eng.online and eng.failure.code is StatusCode.STORAGE_NO_SPACE
-        assert [f.code for f in failures] == [StatusCode.STORAGE_NO_SPACE]
-        for call in (lambda: eng.read(cid(0)), eng.space_info, lambda: eng.commit(cid(0), 1)):
-            with pytest.raises(FS3Error) as err:
-                call()
-            assert err.value.code is StatusCode.STORAGE_NO_SPACE
+        assert eng.online and eng.failure is None and failures == []
+        for chunk, payload in written.items():
+            assert eng.read(chunk).data == payload
+        assert eng.space_info().chunk_count == len(written)
+        subprocess.run(["mount", "-o", "remount,size=4m", str(small_fs)], check=True)
+        payload = os.urandom(64 * 1024)
+        write(eng, cid(1000), 0, payload, size=64 * 1024)
+        written[cid(1000)] = payload
+        assert eng.read(cid(1000)).data == payload
     finally:
         eng.close()
-    assert len(failures) == 1
-    subprocess.run(["mount", "-o", "remount,size=4m", str(small_fs)], check=True)
+    assert failures == []
     with ChunkEngine(small_fs / "target") as eng:
         for chunk, payload in written.items():
             assert eng.read(chunk).data == payload
@@ -261,3 +267,130 @@ def test_failing_disk_takes_the_target_offline(failing_disk: Path, direct_io: bo
             assert err2.value.code is err.value.code
     finally:
         eng.close()
+
+
+# -- errors that are not the disk's ----------------------------------------------------------------
+
+
+def fail_once(monkeypatch: pytest.MonkeyPatch, eng: ChunkEngine, code: int) -> list[int]:
+    """The engine's next open of a data file fails with OSError ``code``; returns the errnos
+    raised so far (to check the failure happened)."""
+    files = eng._files
+    real = files._open
+    raised: list[int] = []
+
+    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not raised:
+            raised.append(code)
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(files, "_open", flaky)
+    return raised
+
+
+TRANSIENT = [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR]
+
+
+@pytest.mark.parametrize("code", TRANSIENT, ids=[errno.errorcode[c] for c in TRANSIENT])
+def test_a_passing_shortage_fails_one_read_and_the_target_stays_online(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    failures: list[FS3Error] = []
+    with ChunkEngine(tmp_path / "target", on_failure=failures.append) as eng:
+        payload = os.urandom(3 * BLOCK)
+        write(eng, cid(1), 0, payload)
+        raised = fail_once(monkeypatch, eng, code)
+        with pytest.raises(FS3Error) as err:
+            eng.read(cid(1))
+        assert raised == [code]
+        assert err.value.code is StatusCode.UNAVAILABLE and err.value.retryable
+        assert os.strerror(code) in err.value.message
+        assert eng.online and eng.failure is None and failures == []
+        assert eng.read(cid(1)).data == payload
+
+
+@pytest.mark.parametrize("code", TRANSIENT, ids=[errno.errorcode[c] for c in TRANSIENT])
+def test_a_passing_shortage_fails_one_write_and_the_target_stays_online(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    failures: list[FS3Error] = []
+    with ChunkEngine(tmp_path / "target", on_failure=failures.append) as eng:
+        write(eng, cid(1), 0, b"before")
+        raised = fail_once(monkeypatch, eng, code)
+        with pytest.raises(FS3Error) as err:
+            eng.update(cid(2), 0, b"refused", chunk_size=CS, chain_ver=1)
+        assert raised == [code]
+        assert err.value.code is StatusCode.UNAVAILABLE
+        assert eng.online and failures == []
+        assert eng.get_meta(cid(2)) is None  # nothing of the failed write is recorded
+        write(eng, cid(2), 0, b"after")
+        assert eng.read(cid(2)).data == b"after"
+        assert eng.read(cid(1)).data == b"before"
+        assert sorted(m.chunk_id for m in eng.dump_metadata()) == [cid(1), cid(2)]
+
+
+DISK_ERRORS = [errno.EIO, errno.EROFS, errno.EUCLEAN, errno.ENODEV, errno.ESTALE]
+
+
+@pytest.mark.parametrize("code", DISK_ERRORS, ids=[errno.errorcode[c] for c in DISK_ERRORS])
+def test_a_disk_error_still_takes_the_target_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    failures: list[FS3Error] = []
+    with ChunkEngine(tmp_path / "target", on_failure=failures.append) as eng:
+        write(eng, cid(1), 0, b"data")
+        fail_once(monkeypatch, eng, code)
+        with pytest.raises(FS3Error) as err:
+            eng.read(cid(1))
+        assert err.value.code is StatusCode.STORAGE_IO_ERROR
+        assert not eng.online and [f.code for f in failures] == [StatusCode.STORAGE_IO_ERROR]
+        with pytest.raises(FS3Error) as err:
+            eng.read(cid(1))  # the file opens now, but the target stays offline
+        assert err.value.code is StatusCode.STORAGE_IO_ERROR
+
+
+class _Statvfs:
+    """What os.statvfs says about a file system of 1000 blocks and 1000 inodes."""
+
+    def __init__(self, free_blocks: int, free_inodes: int) -> None:
+        self.f_blocks, self.f_bavail, self.f_bfree, self.f_frsize = 1000, free_blocks, free_blocks, 4096
+        self.f_files, self.f_favail, self.f_ffree = 1000, free_inodes, free_inodes
+
+
+@pytest.mark.parametrize(
+    ("code", "free_blocks", "free_inodes", "offline"),
+    [
+        (errno.ENOSPC, 10, 900, False),  # out of blocks: full
+        (errno.ENOSPC, 900, 0, False),  # out of inodes: full
+        (errno.EDQUOT, 900, 900, False),  # a quota: statvfs cannot tell, and no device failed
+        (errno.ENOSPC, 900, 900, True),  # room to spare: the device under it failed
+    ],
+    ids=["no-blocks", "no-inodes", "quota", "device"],
+)
+def test_no_space_takes_the_target_offline_only_where_the_file_system_has_room(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    code: int,
+    free_blocks: int,
+    free_inodes: int,
+    offline: bool,
+) -> None:
+    failures: list[FS3Error] = []
+    with ChunkEngine(tmp_path / "target", on_failure=failures.append) as eng:
+        target = str(eng.path)
+        real_statvfs = os.statvfs
+        monkeypatch.setattr(
+            os,
+            "statvfs",
+            lambda p: _Statvfs(free_blocks, free_inodes) if str(p) == target else real_statvfs(p),
+        )
+        fail_once(monkeypatch, eng, code)
+        with pytest.raises(FS3Error) as err:
+            eng.update(cid(1), 0, b"data", chunk_size=CS, chain_ver=1)
+        assert err.value.code is StatusCode.STORAGE_NO_SPACE
+        assert eng.online is not offline
+        assert [f.code for f in failures] == ([StatusCode.STORAGE_NO_SPACE] if offline else [])
+        if not offline:
+            write(eng, cid(1), 0, b"data")
+            assert eng.read(cid(1)).data == b"data"
