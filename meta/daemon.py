@@ -23,7 +23,7 @@ from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
 from fs3.meta.store import MetaStore
 from fs3.net import RpcClient, RpcServer
 from fs3.net.transport_select import TransportMetrics, make_transport
-from fs3.proto import common_pb2
+from fs3.proto import common_pb2, mgmtd_pb2
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +80,24 @@ class MetaDaemon:
             return None
         return ChainTable(t.table_id, t.version, tuple(t.chain_ids), routing.low_space_chains)
 
+    _sessions_partial_logged = False  # logged that mgmtd's session list is partial, this stretch
+
     async def _live_clients(self) -> frozenset[int] | None:
-        """Meta client ids with a live mgmtd client session; None when mgmtd cannot say."""
+        """Meta client ids with a live mgmtd client session; None when mgmtd cannot say (it is
+        unreachable, or its primary is too new to know every live client)."""
         assert self.mgmtd is not None
         try:
-            sessions = await self.mgmtd.list_client_sessions()
+            reply = await self.mgmtd.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
         except FS3Error as e:
             log.warning("cannot list client sessions, no session expires this round error=%s", e)
             return None
-        return frozenset(int(s.client_id) for s in sessions if s.client_id.isdigit())
+        if reply.partial:
+            if not self._sessions_partial_logged:
+                log.info("mgmtd's client session list is partial (a new primary), no session expires yet")
+                self._sessions_partial_logged = True
+            return None
+        self._sessions_partial_logged = False
+        return frozenset(int(s.client_id) for s in reply.sessions if s.client_id.isdigit())
 
     async def start(self) -> None:
         cfg = self.cfg

@@ -226,6 +226,7 @@ async def list_chain_tables(conn: Connection, args: argparse.Namespace) -> Resul
 @command("list-clients", "live client sessions (mounts, admin tools)")
 async def list_clients(conn: Connection, args: argparse.Namespace) -> Result:
     now = time.time()
+    reply = await conn.mgmtd_client().call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
     rows = [
         {
             "client_id": s.client_id,
@@ -236,9 +237,15 @@ async def list_clients(conn: Connection, args: argparse.Namespace) -> Result:
             "description": s.description,
             "age_s": round(now - s.started_at, 1) if s.started_at else "",
         }
-        for s in await conn.mgmtd_client().list_client_sessions()
+        for s in reply.sessions
     ]
-    return Result(rows, ["client_id", "type", "hostname", "pid", "uid", "description", "age_s"])
+    note = (
+        "note: the mgmtd primary took over recently; clients that have not extended their session "
+        "since may be missing"
+        if reply.partial
+        else ""
+    )
+    return Result(rows, ["client_id", "type", "hostname", "pid", "uid", "description", "age_s"], message=note)
 
 
 # -- chain changes --------------------------------------------------------------------------------
@@ -259,7 +266,12 @@ def _chain_result(chain: mgmtd_pb2.ChainInfo, what: str) -> Result:
 
 def _offline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("target_id", type=int)
-    p.add_argument("--force", action="store_true", help="even if it is the chain's last serving target")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="even if it is the chain's last SERVING or its LASTSRV target: the next target becomes "
+        "LASTSRV, and data only this one holds may be lost",
+    )
 
 
 @command("offline-target", "take a target out of service (it moves to the end of its chain)", _offline_args)

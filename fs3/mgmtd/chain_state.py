@@ -36,6 +36,12 @@ surviving SERVING target.
 The manual operations of the admin API (offline a target, rotate LASTSRV, add or remove a target,
 rotate to the preferred order) are here too, as functions from a chain to a new chain that raise
 :class:`fs3.errors.FS3Error` when the operation is not allowed.
+
+A chain always keeps its *last server*: a SERVING target, or else the LASTSRV one, the only target
+known to hold everything acknowledged. Without one nothing may ever serve again (a WAITING target
+never serves on its own), so no manual operation takes it away silently: offlining it needs
+``force`` and removing it is refused. A forced offline hands the role to the next target as LASTSRV,
+as :func:`rotate_lastsrv` does, accepting that writes only the old one held may be lost.
 """
 
 from __future__ import annotations
@@ -164,20 +170,50 @@ def _index(targets: Sequence[ChainTarget], target_id: int) -> int:
     raise FS3Error(StatusCode.MGMTD_UNKNOWN_TARGET, f"target {target_id} is not in this chain")
 
 
+def _role(target: ChainTarget) -> str:
+    return "last SERVING" if target.state == PublicState.SERVING else target.state.name
+
+
+def _is_last_server(targets: Sequence[ChainTarget], i: int) -> bool:
+    """Whether ``targets[i]`` is the chain's last server: its only SERVING target, or its LASTSRV
+    target when none is SERVING."""
+    serving = sum(1 for t in targets if t.state == PublicState.SERVING)
+    state = targets[i].state
+    return (state == PublicState.SERVING and serving == 1) or (state == PublicState.LASTSRV and serving == 0)
+
+
+def _keep_a_last_server(rest: list[ChainTarget]) -> list[ChainTarget]:
+    """``rest`` with its first target made LASTSRV when nothing in it may serve."""
+    if rest and not any(t.state in (PublicState.SERVING, PublicState.LASTSRV) for t in rest):
+        rest = [ChainTarget(rest[0].target_id, PublicState.LASTSRV), *rest[1:]]
+    return rest
+
+
 def offline_target(
     targets: Sequence[ChainTarget], target_id: int, *, force: bool = False
 ) -> list[ChainTarget]:
     """Take one target out of the data path: it becomes OFFLINE at the end of the chain.
 
-    Refused for the last SERVING target unless ``force``: that would leave the chain unreadable."""
+    Refused for the chain's last server (its last SERVING target, or its LASTSRV target) unless
+    ``force``; forced, the next target becomes LASTSRV, so that the chain serves again once that
+    target reports (data only the offlined target held may be lost). The only target of a chain
+    has no successor and is never offlined."""
     i = _index(targets, target_id)
-    serving = [t for t in targets if t.state == PublicState.SERVING]
-    if targets[i].state == PublicState.SERVING and len(serving) == 1 and not force:
-        raise FS3Error(
-            StatusCode.FAILED_PRECONDITION,
-            f"target {target_id} is the last SERVING target of its chain (use force to offline it anyway)",
-        )
     rest = [t for j, t in enumerate(targets) if j != i]
+    if _is_last_server(targets, i):
+        if len(targets) == 1:
+            raise FS3Error(
+                StatusCode.FAILED_PRECONDITION,
+                f"target {target_id} is the only target of its chain; no other target could serve",
+            )
+        if not force:
+            raise FS3Error(
+                StatusCode.FAILED_PRECONDITION,
+                f"target {target_id} is the {_role(targets[i])} target of its chain, the last one "
+                "known to hold all its data (use force to offline it anyway: the next target becomes "
+                "LASTSRV, and data only this one holds may be lost)",
+            )
+        rest = _keep_a_last_server(rest)
     return rest + [ChainTarget(target_id, PublicState.OFFLINE)]
 
 
@@ -185,7 +221,10 @@ def rotate_lastsrv(targets: Sequence[ChainTarget]) -> list[ChainTarget]:
     """When the LASTSRV head cannot come back, make the next target the last server.
 
     The old head goes to the end as OFFLINE; writes only it held may be lost, which is why this is
-    a manual operation."""
+    a manual operation. A chain left with no SERVING and no LASTSRV target at all (which nothing
+    here produces any more, but older versions did) gets its head as LASTSRV."""
+    if not any(t.state in (PublicState.SERVING, PublicState.LASTSRV) for t in targets):
+        return _keep_a_last_server(list(targets))
     if len(targets) < 2:
         raise FS3Error(StatusCode.FAILED_PRECONDITION, "rotate-lastsrv needs a chain of at least two targets")
     if targets[0].state != PublicState.LASTSRV:
@@ -209,14 +248,17 @@ def add_target(targets: Sequence[ChainTarget], target_id: int) -> list[ChainTarg
 
 
 def remove_target(targets: Sequence[ChainTarget], target_id: int) -> list[ChainTarget]:
-    """Drop a target from the chain. Refused for the last target and for the last SERVING one."""
+    """Drop a target from the chain. Refused for the last target and for the chain's last server
+    (its last SERVING target, or its LASTSRV target): offline that one with force, or rotate
+    LASTSRV, first."""
     i = _index(targets, target_id)
     if len(targets) == 1:
         raise FS3Error(StatusCode.MGMTD_INVALID_CHAIN, "cannot remove the only target of a chain")
-    serving = [t for t in targets if t.state == PublicState.SERVING]
-    if targets[i].state == PublicState.SERVING and len(serving) == 1:
+    if _is_last_server(targets, i):
         raise FS3Error(
-            StatusCode.FAILED_PRECONDITION, f"target {target_id} is the last SERVING target of its chain"
+            StatusCode.FAILED_PRECONDITION,
+            f"target {target_id} is the {_role(targets[i])} target of its chain, the last one known "
+            "to hold all its data (to give up on it, offline it with force or rotate LASTSRV first)",
         )
     return [t for j, t in enumerate(targets) if j != i]
 

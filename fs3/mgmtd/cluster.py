@@ -10,6 +10,13 @@ Every write goes through :meth:`Cluster.write`: one KV transaction that re-check
 (fencing), writes the new records and, when routing changed, the new routing version; memory is
 updated only after that transaction commits. Writes are serialized by one lock, so memory equals
 the store whenever the lock is free.
+
+Failure detection judges silence only over time this primary was listening. The primary notes each
+time it acts (accepts a heartbeat or a session extension, runs a round of periodic work, lists
+sessions); a gap between two such moments means its event loop stalled, the process was paused, or
+the lease was not trusted for a while (everything was refused). Nobody could have reached it
+meanwhile, so every node gets a fresh heartbeat timeout from the end of the gap, and the client
+session list counts as partial again.
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ _NODE_TYPES = {common_pb2.NODE_MGMTD, common_pb2.NODE_META, common_pb2.NODE_STOR
 MAX_ENDPOINTS = 16
 MAX_TARGETS_PER_NODE = 4096
 _LOCAL_STATES = {LocalState.UPTODATE, LocalState.ONLINE, LocalState.OFFLINE}
+# A gap longer than this fraction of a timeout between two moments the primary acted means it was not
+# listening (stalled, paused, or not trusting its lease): judge silence afresh from then on. Periodic
+# work runs every chain_update_interval_s (1 s by default) and live nodes heartbeat every few seconds,
+# well inside it.
+RESUME_GAP_FRACTION = 0.5
 
 
 @dataclass(slots=True)
@@ -157,6 +169,11 @@ class Cluster:
         self.node_targets: dict[int, list[int]] = {}  # node -> its targets
         self.bootstrapping_until = 0.0
         self._was_bootstrapping = True
+        # Monotonic times: silence before listening_since does not count against a node; before
+        # sessions_complete_at clients alive before this primary listened may not have extended yet.
+        self.listening_since = 0.0
+        self.sessions_complete_at = 0.0
+        self._last_listening: float | None = None
         self.lock = asyncio.Lock()  # held by every operation that writes (see serialized)
         self._snapshot: mgmtd_pb2.RoutingInfo | None = None
         self._routing_pending = False
@@ -191,6 +208,9 @@ class Cluster:
                 self.target_rt[tid].local_state = LocalState.OFFLINE
         self.reindex()
         self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
+        self.listening_since = now
+        self.sessions_complete_at = now + self.timing.client_session_timeout_s
+        self._last_listening = now
         self._snapshot = None
         log.info(
             "cluster state loaded nodes=%d targets=%d chains=%d tables=%d routing_version=%d",
@@ -249,6 +269,12 @@ class Cluster:
     @property
     def bootstrapping(self) -> bool:
         return self._mono() < self.bootstrapping_until
+
+    @property
+    def sessions_partial(self) -> bool:
+        """Whether :attr:`sessions` may still miss live clients: this primary has not listened for
+        a full client session timeout yet (since it took over, or since it resumed after a gap)."""
+        return self._mono() < self.sessions_complete_at
 
     # ---- routing info --------------------------------------------------------------------------
 
@@ -403,8 +429,10 @@ class Cluster:
                 )
 
         # Accepted: from here on nothing is refused.
+        now = self._mono()
+        self._note_listening(now)
         rt.incarnation, rt.sequence = req.incarnation, req.sequence
-        rt.last_heartbeat = self._mono()
+        rt.last_heartbeat = now
         rt.pid = req.pid
         changed = False
         if rt.status != mgmtd_pb2.NODE_STATUS_ACTIVE:
@@ -514,12 +542,38 @@ class Cluster:
 
     # ---- periodic work -------------------------------------------------------------------------
 
+    def _note_listening(self, now: float) -> None:
+        """The primary acts at ``now`` (see the module docstring). After a gap since the last time,
+        start listening afresh; a node that stays silent one full timeout after that is failed."""
+        last, self._last_listening = self._last_listening, now
+        if last is None:
+            return
+        gap = now - last
+        if gap > self.timing.heartbeat_timeout_s * RESUME_GAP_FRACTION:
+            log.warning(
+                "primary resumed after %.1fs without listening; every node gets a fresh heartbeat timeout",
+                gap,
+            )
+            self.listening_since = now
+            if self._was_bootstrapping:  # the grace for unheard-of targets ran out unobserved
+                self.bootstrapping_until = max(
+                    self.bootstrapping_until, now + self.timing.heartbeat_timeout_s
+                )
+        if gap > self.timing.client_session_timeout_s * RESUME_GAP_FRACTION:
+            self.sessions_complete_at = max(
+                self.sessions_complete_at, now + self.timing.client_session_timeout_s
+            )
+
     def detect_failures(self) -> None:
-        """Mark nodes silent past the heartbeat timeout failed, and their targets offline."""
+        """Mark nodes silent past the heartbeat timeout failed, and their targets offline.
+
+        Silence counts only from :attr:`listening_since`, so that a node is never failed for
+        heartbeats this primary could not have received."""
         now = self._mono()
+        self._note_listening(now)
         for nid, rt in self.node_rt.items():
             if rt.status in (mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_REGISTERED):
-                if now - rt.last_heartbeat > self.timing.heartbeat_timeout_s:
+                if now - max(rt.last_heartbeat, self.listening_since) > self.timing.heartbeat_timeout_s:
                     log.warning("node failed node_id=%d silent_s=%.1f", nid, now - rt.last_heartbeat)
                     rt.status = mgmtd_pb2.NODE_STATUS_FAILED
                     self._node_down(nid)
@@ -535,6 +589,11 @@ class Cluster:
                     self._runtime_changed()
 
     def expire_sessions(self) -> None:
+        """Forget sessions not extended for a client session timeout, unless the list is partial:
+        then their clients may not have been able to reach this primary yet."""
+        self._note_listening(self._mono())
+        if self.sessions_partial:
+            return
         cutoff = self.wall() - self.timing.client_session_timeout_s
         for cid in [cid for cid, s in self.sessions.items() if s.extended_at < cutoff]:
             log.info("client session expired client_id=%s", cid)
@@ -596,6 +655,7 @@ class Cluster:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "client_id must be 1..128 characters")
         if len(s.description) > 1024 or len(s.hostname) > 255:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "session description or hostname too long")
+        self._note_listening(self._mono())
         now = self.wall()
         old = self.sessions.get(s.client_id)
         new = mgmtd_pb2.ClientSession()

@@ -379,7 +379,9 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
     ) -> mgmtd_pb2.ListClientSessionsReply:
         c = self.server.cluster_or_raise()
         c.expire_sessions()
-        return mgmtd_pb2.ListClientSessionsReply(sessions=[s for _, s in sorted(c.sessions.items())])
+        return mgmtd_pb2.ListClientSessionsReply(
+            sessions=[s for _, s in sorted(c.sessions.items())], partial=c.sessions_partial
+        )
 
     @rpc(Access.ADMIN)
     async def SetConfig(

@@ -343,10 +343,12 @@ class ListClientSessionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListClientSessionsReply(_message.Message):
-    __slots__ = ("sessions",)
+    __slots__ = ("sessions", "partial")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[ClientSession]
-    def __init__(self, sessions: _Optional[_Iterable[_Union[ClientSession, _Mapping]]] = ...) -> None: ...
+    partial: bool
+    def __init__(self, sessions: _Optional[_Iterable[_Union[ClientSession, _Mapping]]] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class InitClusterRequest(_message.Message):
     __slots__ = ("cluster_id", "admin_name", "admin_uid", "admin_gid")

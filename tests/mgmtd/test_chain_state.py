@@ -157,12 +157,54 @@ def test_offline_target_moves_it_to_the_end() -> None:
     assert render(offline_target(targets, 1)) == "2S 3S 1O"
 
 
+def serve_again(targets: list[ChainTarget], local: dict[int, LocalState]) -> list[ChainTarget]:
+    """Rounds with every target reporting ``local`` and syncs completing, until nothing changes."""
+    local = dict(local)
+    for _ in range(4 * len(targets) + 2):
+        new = next_chain(targets, local)
+        for t in new:
+            if t.state == Y:
+                local[t.target_id] = UP
+        if new == targets:
+            break
+        targets = new
+    return targets
+
+
 def test_offline_target_refuses_the_last_serving_target_unless_forced() -> None:
-    targets, _ = chain("S/u O/x")
+    targets, _ = chain("S/u O/x O/x")
     with pytest.raises(FS3Error) as e:
         offline_target(targets, 1)
-    assert e.value.code == StatusCode.FAILED_PRECONDITION
-    assert render(offline_target(targets, 1, force=True)) == "2O 1O"
+    assert e.value.code == StatusCode.FAILED_PRECONDITION and "force" in e.value.message
+    # forced, the next target is the last server: the chain serves again once it reports
+    targets = offline_target(targets, 1, force=True)
+    assert render(targets) == "2L 3O 1O"
+    assert render(next_chain(targets, {1: ON, 2: OFF, 3: ON})) == "2L 3W 1W"
+    assert render(serve_again(targets, {1: ON, 2: UP, 3: ON})) == "2S 3S 1S"
+
+
+def test_offline_target_refuses_the_lastsrv_target_unless_forced() -> None:
+    targets, local = chain("S/u S/u S/u")
+    local.update({1: OFF, 2: OFF, 3: OFF})
+    targets = next_chain(targets, local)
+    assert render(targets) == "1L 2O 3O"
+    with pytest.raises(FS3Error) as e:
+        offline_target(targets, 1)
+    assert e.value.code == StatusCode.FAILED_PRECONDITION and "LASTSRV" in e.value.message
+    assert render(offline_target(targets, 2)) == "1L 3O 2O"  # any other target is fine
+    # forced, as rotate-lastsrv: the next target is the last server, and serves once it reports
+    targets = offline_target(targets, 1, force=True)
+    assert targets == rotate_lastsrv(chain("L/x O/x O/x")[0])
+    assert render(targets) == "2L 3O 1O"
+    assert render(serve_again(targets, {1: ON, 2: UP, 3: ON})) == "2S 3S 1S"
+
+
+def test_the_only_target_of_a_chain_is_never_offlined() -> None:
+    for spec in ("S/u", "L/x"):
+        for force in (False, True):
+            with pytest.raises(FS3Error) as e:
+                offline_target(chain(spec)[0], 1, force=force)
+            assert e.value.code == StatusCode.FAILED_PRECONDITION
 
 
 def test_offline_target_not_in_chain() -> None:
@@ -181,6 +223,17 @@ def test_rotate_lastsrv() -> None:
         assert e.value.code == StatusCode.FAILED_PRECONDITION
 
 
+def test_rotate_lastsrv_revives_a_chain_with_no_last_server() -> None:
+    # what older versions left behind: every target WAITING or OFFLINE, none allowed to serve
+    targets, local = chain("O/x O/x O/x")
+    local.update({1: ON, 2: ON, 3: ON})
+    assert render(next_chain(targets, local)) == "1W 2W 3W"
+    targets = rotate_lastsrv(targets)
+    assert render(targets) == "1L 2O 3O"
+    assert render(serve_again(targets, local)) == "1S 2S 3S"
+    assert render(rotate_lastsrv(chain("W/o")[0])) == "1L"
+
+
 def test_add_and_remove_target() -> None:
     targets, _ = chain("S/u S/u")
     assert render(add_target(targets, 7)) == "1S 2S 7O"
@@ -191,6 +244,16 @@ def test_add_and_remove_target() -> None:
         remove_target(chain("S/u")[0], 1)
     with pytest.raises(FS3Error):
         remove_target(chain("S/u O/x")[0], 1)
+
+
+def test_remove_target_refuses_the_lastsrv_target() -> None:
+    targets, _ = chain("L/x O/x O/x")
+    with pytest.raises(FS3Error) as e:
+        remove_target(targets, 1)
+    assert e.value.code == StatusCode.FAILED_PRECONDITION and "LASTSRV" in e.value.message
+    assert render(remove_target(targets, 3)) == "1L 2O"
+    # the way to give up on it: rotate, then remove
+    assert render(remove_target(rotate_lastsrv(targets), 1)) == "2L 3O"
 
 
 def test_rotate_to_preferred_converges() -> None:
@@ -319,11 +382,9 @@ class ChainModel(RuleBasedStateMachine):
             new = offline_target(self.targets, tid, force=force)
         except FS3Error:
             return
-        # an admin offline is not a round: SERVING may be left behind a non-SERVING head only when
-        # forced with no SERVING target left, so check the membership invariant alone
-        assert sorted(t.target_id for t in new) == sorted(self.members)
-        self.version += 1
-        self.targets = new
+        # forced on the last server, the next target takes over as LASTSRV: the chain stays well
+        # formed, and keeps a target that may serve
+        self._apply(new)
         self._apply(next_chain(self.targets, self.local))
 
     @rule()
@@ -340,6 +401,13 @@ class ChainModel(RuleBasedStateMachine):
         self._apply(rotate_to_preferred(self.targets, preferred))
 
     @invariant()
+    def always_a_last_server(self) -> None:
+        """Some target may serve (SERVING, or the LASTSRV that serves once back): neither rounds
+        nor manual operations leave a chain that waits forever."""
+        if hasattr(self, "targets"):
+            assert any(t.state in (S, L) for t in self.targets), render(self.targets)
+
+    @invariant()
     def membership_is_fixed(self) -> None:
         if hasattr(self, "targets"):
             assert {t.target_id for t in self.targets} == self.members
@@ -351,8 +419,6 @@ class ChainModel(RuleBasedStateMachine):
         if not hasattr(self, "targets"):
             return
         targets, local = list(self.targets), dict(self.local)
-        if not any(t.state in (S, L) for t in targets):
-            return  # only rotate-lastsrv (an operator decision) can revive such a chain
         for tid in local:
             local[tid] = UP if local[tid] == UP else ON
         for _ in range(4 * len(targets) + 2):

@@ -174,6 +174,13 @@ class ClusterModel(RuleBasedStateMachine):
             self.versions[cid] = c.version
 
     @invariant()
+    def every_chain_keeps_a_last_server(self) -> None:
+        # a SERVING target, or the LASTSRV one that serves once back: no chain waits forever
+        for c in self.cluster.rec.chains.values():
+            states = [t.public_state for t in c.targets]
+            assert common_pb2.SERVING in states or common_pb2.LASTSRV in states, states
+
+    @invariant()
     def after_a_round_serving_means_serving_head(self) -> None:
         # admin offline with force may leave a non-SERVING head until the next round; a round fixes it
         for c in self.cluster.rec.chains.values():

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from mgmtd_harness import Admin, InProcess, StorageNode, endpoint, wait_until
+from mgmtd_harness import FAST, Admin, InProcess, StorageNode, endpoint, wait_until
 
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import RoutingCache
+from fs3.config import MetaConfig
 from fs3.errors import FS3Error, StatusCode
+from fs3.meta.daemon import MetaDaemon
 from fs3.mgmtd import schema
 from fs3.proto import common_pb2, health_pb2, health_pb2_grpc, mgmtd_pb2
 
@@ -370,6 +373,46 @@ async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin
         ]
 
 
+async def test_giving_up_on_the_last_server_leaves_a_chain_that_serves_again(admin: Admin) -> None:
+    c = admin.client
+    async with heartbeating(admin) as (nodes, hb, cache):
+        await cache.wait_for(
+            lambda r: not r.bootstrapping and [t.public_state for t in r.chain(1).targets] == [SERVING] * 3, 5
+        )
+        hb.paused.update({10, 11, 12})  # every daemon down: the head is the last server
+        await cache.wait_for(lambda r: r.chain(1).targets[0].public_state == LASTSRV, 5)
+        head, nxt, last = (t for t, _ in chain_states(cache))
+        await expect(StatusCode.FAILED_PRECONDITION, c.offline_target(head))
+        await expect(StatusCode.FAILED_PRECONDITION, c.update_chain(1, head, mgmtd_pb2.CHAIN_UPDATE_REMOVE))
+        chain = await c.offline_target(head, force=True)
+        assert [(t.target_id, t.public_state) for t in chain.targets] == [
+            (nxt, LASTSRV),
+            (last, OFFLINE),
+            (head, OFFLINE),
+        ]
+        # the daemons come back; the new last server serves, and the others resync from it in turn
+        by_target = {t: n for n in nodes for t in n.local}
+        for t in (last, head):
+            by_target[t].local[t] = common_pb2.ONLINE
+        hb.paused.clear()
+        await cache.wait_for(lambda r: r.chain(1).targets[0].public_state == SERVING, 5)
+        assert chain_states(cache)[0] == (nxt, SERVING)
+        synced: set[int] = set()
+        for _ in range(2):
+
+            def another_syncing(r) -> bool:
+                return any(
+                    t.public_state == SYNCING and t.target_id not in synced for t in r.chain(1).targets
+                )
+
+            r = await cache.wait_for(another_syncing, 5)
+            tid = next(t.target_id for t in r.chain(1).targets if t.public_state == SYNCING)
+            by_target[tid].local[tid] = common_pb2.UPTODATE
+            synced.add(tid)
+        await cache.wait_for(lambda r: [t.public_state for t in r.chain(1).targets] == [SERVING] * 3, 5)
+        assert chain_states(cache)[0] == (nxt, SERVING)
+
+
 async def test_chain_updates_survive_a_late_lease_renewal(admin: Admin) -> None:
     """A renewal that comes after the trust margin (a busy host) makes the primary distrust its
     lease for a moment; renewed with the same epoch it is the same primary, and it must go on
@@ -401,6 +444,57 @@ async def test_chain_updates_survive_a_late_lease_renewal(admin: Admin) -> None:
         hb.paused.add(11)
         await cache.wait_for(lambda r: r.chain(1).version > v0, 5)
         assert chain_states(cache) == [(110, SERVING), (112, SERVING), (111, OFFLINE)]
+
+
+async def test_a_stalled_primary_fails_no_node(admin: Admin) -> None:
+    """The event loop blocked for longer than the heartbeat timeout (an fsync stall, a VM pause):
+    nobody could reach the primary meanwhile, so nobody is failed for it; a node that stays silent
+    a full timeout after the primary resumed still is."""
+    server = admin.server
+    async with heartbeating(admin) as (_nodes, hb, cache):
+        await cache.wait_for(
+            lambda r: (
+                not r.bootstrapping
+                and [t.public_state for t in r.chain(1).targets] == [SERVING] * 3
+                and all(n.status == mgmtd_pb2.NODE_STATUS_ACTIVE for n in r.nodes.values())
+            ),
+            5,
+        )
+        cluster = server.cluster
+        v0 = cache.routing.chain(1).version
+        rounds = 0
+        tick = cluster.tick
+
+        async def counted_tick() -> list[int]:
+            nonlocal rounds
+            rounds += 1
+            return await tick()
+
+        cluster.tick = counted_tick
+        hb.paused.update({10, 11, 12})
+        time.sleep(1.5 * FAST["heartbeat_timeout_s"])  # noqa: ASYNC251 - the stall under test
+        resumed, rounds_before = time.monotonic(), rounds
+        # the nodes backed off while they were refused; the primary works a few rounds before they
+        # are back (a round needs the lease renewed, so these are rounds of a trusted primary)
+        await wait_until(lambda: rounds >= rounds_before + 2, 5, "chain updates after the stall")
+        hb.paused.clear()
+        await wait_until(
+            lambda: (
+                rounds >= rounds_before + 4
+                and all(cluster.node_rt[n].last_heartbeat > resumed for n in (10, 11, 12))
+            ),
+            5,
+            "heartbeats and chain updates after the stall",
+        )
+        assert server.cluster is cluster  # the same primary all along
+        assert {n: cluster.node_rt[n].status for n in (10, 11, 12)} == dict.fromkeys(
+            (10, 11, 12), mgmtd_pb2.NODE_STATUS_ACTIVE
+        )
+        assert cluster.rec.chains[1].version == v0
+        hb.paused.add(11)
+        await cache.wait_for(lambda r: r.chain(1).version > v0, 5)
+        assert chain_states(cache) == [(110, SERVING), (112, SERVING), (111, OFFLINE)]
+        assert cache.routing.node(11).status == mgmtd_pb2.NODE_STATUS_FAILED
 
 
 async def test_stale_chain_version_cannot_claim_uptodate(admin: Admin) -> None:
@@ -479,6 +573,44 @@ async def test_client_sessions(admin: Admin) -> None:
     assert [x.client_id for x in sessions] == ["fuse-1"] and sessions[0].started_at > 0
     await expect(StatusCode.INVALID_ARGUMENT, c.extend_session(mgmtd_pb2.ClientSession()))
     await wait_until(_no_sessions(c), 5, "session expiry")
+
+
+async def list_sessions(c: MgmtdClient) -> mgmtd_pb2.ListClientSessionsReply:
+    return await c.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
+
+
+async def test_a_new_primary_lists_client_sessions_as_partial(
+    inproc: InProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sessions live in the primary's memory: a new one knows only clients that extended since it
+    took over, so meta must not take a client missing from its list for gone (and prune its file
+    sessions) until every live client had a session timeout to extend."""
+    await inproc.start(1, client_session_timeout_s=3600.0)
+    await inproc.primary()
+    c = inproc.client(token=await inproc.client().init_cluster("t"))
+    await c.extend_session(mgmtd_pb2.ClientSession(client_id="5"))
+    reply = await list_sessions(c)
+    assert reply.partial and [s.client_id for s in reply.sessions] == ["5"]
+    meta = MetaDaemon(MetaConfig())
+    meta.mgmtd = c
+    with caplog.at_level(logging.INFO, logger="fs3.meta.daemon"):
+        assert await meta._live_clients() is None  # no file session expires this round
+        assert await meta._live_clients() is None
+    assert len([r for r in caplog.records if "partial" in r.getMessage()]) == 1  # once per stretch
+
+
+async def test_the_session_list_is_complete_a_session_timeout_after_taking_over(admin: Admin) -> None:
+    c = admin.client
+    meta = MetaDaemon(MetaConfig())
+    meta.mgmtd = c
+
+    async def complete() -> bool:
+        await c.extend_session(mgmtd_pb2.ClientSession(client_id="7"))
+        return not (await list_sessions(c)).partial
+
+    await wait_until(complete, 5, "a complete session list")
+    await c.extend_session(mgmtd_pb2.ClientSession(client_id="fuse-1"))
+    assert await meta._live_clients() == frozenset({7})
 
 
 def _no_sessions(c: MgmtdClient):

@@ -1,0 +1,178 @@
+"""The primary's Cluster on a fake monotonic clock: what it may conclude about nodes and client
+sessions right after it took over, and after it resumes from a stall (event loop blocked, process
+paused, lease not trusted for a while) during which nobody could reach it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fs3.kv import open_database
+from fs3.mgmtd.admin import Admin
+from fs3.mgmtd.cluster import Cluster, Timing
+from fs3.mgmtd.election import Election
+from fs3.proto import common_pb2, mgmtd_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+HEARTBEAT_TIMEOUT_S = 10.0
+SESSION_TIMEOUT_S = 300.0
+NODES = (10, 11, 12)
+ACTIVE, FAILED = mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_FAILED
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Env:
+    def __init__(self, cluster: Cluster, mono: Clock, wall: Clock) -> None:
+        self.cluster = cluster
+        self.mono = mono
+        self.wall = wall
+        self.seq = dict.fromkeys(NODES, 0)
+
+    async def beat(self, *nodes: int) -> None:
+        for nid in nodes:
+            self.seq[nid] += 1
+            await self.cluster.heartbeat(
+                mgmtd_pb2.HeartbeatRequest(
+                    node_id=nid,
+                    type=common_pb2.NODE_STORAGE,
+                    incarnation=1,
+                    sequence=self.seq[nid],
+                    targets=[
+                        mgmtd_pb2.TargetHeartbeat(
+                            target_id=nid + 100, local_state=common_pb2.UPTODATE, chain_version=1 << 40
+                        )
+                    ],
+                )
+            )
+
+    async def run(self, seconds: float, *, beating: tuple[int, ...] = NODES, step: float = 1.0) -> None:
+        """``seconds`` of normal operation: the listed nodes heartbeat and the primary does its
+        periodic work every ``step``."""
+        end = self.mono.t + seconds
+        while self.mono.t < end:
+            self.mono.t += step
+            self.wall.t += step
+            await self.beat(*beating)
+            await self.cluster.tick()
+
+    def advance(self, seconds: float) -> None:
+        """``seconds`` pass in which the primary hears nothing and does nothing (a stall, if long)."""
+        self.mono.t += seconds
+        self.wall.t += seconds
+
+    def status(self) -> dict[int, int]:
+        return {nid: self.cluster.node_rt[nid].status for nid in NODES}
+
+    def chain(self) -> mgmtd_pb2.ChainInfo:
+        return self.cluster.rec.chains[1]
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    db = await open_database("mem")
+    election = Election(db, 1, "127.0.0.1:1", 3600.0)
+    assert (await election.tick())[0]
+    mono, wall = Clock(), Clock(1.7e9)
+    cluster = Cluster(
+        db,
+        election,
+        Timing(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, client_session_timeout_s=SESSION_TIMEOUT_S),
+        monotonic=mono,
+        wall=wall,
+    )
+    await cluster.load()
+    admin = Admin(cluster)
+    await admin.init_cluster(mgmtd_pb2.InitClusterRequest(cluster_id="resume"))
+    for nid in NODES:
+        await cluster.register_node(mgmtd_pb2.RegisterNodeRequest(node_id=nid, type=common_pb2.NODE_STORAGE))
+    await admin.create_targets([mgmtd_pb2.TargetSpec(target_id=nid + 100, node_id=nid) for nid in NODES])
+    await admin.upload_chains(
+        [mgmtd_pb2.ChainSpec(chain_id=1, target_ids=[nid + 100 for nid in NODES])], False
+    )
+    e = Env(cluster, mono, wall)
+    await e.run(2 * HEARTBEAT_TIMEOUT_S)  # past the bootstrapping grace, everyone heard of
+    assert e.status() == dict.fromkeys(NODES, ACTIVE)
+    try:
+        yield e
+    finally:
+        await db.close()
+
+
+async def test_a_stall_of_the_primary_fails_no_node(env: Env) -> None:
+    chain_before = env.chain()
+    env.advance(1.5 * HEARTBEAT_TIMEOUT_S)
+    # the first round after the stall comes before the nodes' backed-off heartbeats
+    assert await env.cluster.tick() == []
+    assert env.status() == dict.fromkeys(NODES, ACTIVE)
+    await env.run(3 * HEARTBEAT_TIMEOUT_S)
+    assert env.status() == dict.fromkeys(NODES, ACTIVE)
+    assert env.chain() == chain_before
+
+
+async def test_a_node_dead_during_the_stall_fails_one_timeout_after_it(env: Env) -> None:
+    env.advance(1.5 * HEARTBEAT_TIMEOUT_S)  # node 12 died during the stall
+    await env.cluster.tick()  # the primary resumes
+    await env.run(HEARTBEAT_TIMEOUT_S - 1, beating=(10, 11))
+    assert env.status()[12] == ACTIVE  # not judged before a full timeout of listening
+    await env.run(2, beating=(10, 11))
+    assert env.status() == {10: ACTIVE, 11: ACTIVE, 12: FAILED}
+    assert [(t.target_id, t.public_state) for t in env.chain().targets] == [
+        (110, common_pb2.SERVING),
+        (111, common_pb2.SERVING),
+        (112, common_pb2.OFFLINE),
+    ]
+
+
+async def test_short_gaps_do_not_delay_failure_detection(env: Env) -> None:
+    # rounds a little late (under half a timeout apart) still count silence from the last heartbeat
+    await env.run(HEARTBEAT_TIMEOUT_S + 1, beating=(10, 11), step=0.4 * HEARTBEAT_TIMEOUT_S)
+    assert env.status() == {10: ACTIVE, 11: ACTIVE, 12: FAILED}
+
+
+async def test_rare_rounds_still_fail_a_silent_node_while_others_heartbeat(env: Env) -> None:
+    # periodic work further apart than half a timeout (a long chain_update_interval_s): the
+    # heartbeats accepted in between show that the primary was listening all along
+    for _ in range(3):
+        for _ in range(6):
+            env.advance(1.0)
+            await env.beat(10, 11)
+        await env.cluster.tick()
+    assert env.status() == {10: ACTIVE, 11: ACTIVE, 12: FAILED}
+
+
+def listen_for_sessions(env: Env, seconds: float, *, extending: tuple[str, ...] = ()) -> None:
+    """``seconds`` of normal operation for sessions: the listed clients extend every minute, and
+    the session list is looked at as often."""
+    for _ in range(int(seconds // 60)):
+        env.advance(60)
+        for cid in extending:
+            env.cluster.extend_session(mgmtd_pb2.ClientSession(client_id=cid))
+        env.cluster.expire_sessions()
+
+
+async def test_sessions_are_partial_until_a_session_timeout_after_taking_over(env: Env) -> None:
+    c = env.cluster
+    assert c.sessions_partial  # the fixture ran for 2 heartbeat timeouts, far less than that
+    listen_for_sessions(env, SESSION_TIMEOUT_S, extending=("7",))
+    assert not c.sessions_partial and list(c.sessions) == ["7"]
+
+
+async def test_sessions_survive_a_stall_and_the_list_is_partial_after_it(env: Env) -> None:
+    c = env.cluster
+    listen_for_sessions(env, SESSION_TIMEOUT_S, extending=("7", "8"))
+    assert not c.sessions_partial
+    env.advance(SESSION_TIMEOUT_S)  # nobody could extend meanwhile
+    c.expire_sessions()
+    assert c.sessions_partial and sorted(c.sessions) == ["7", "8"]
+    # client 8 died during the stall; 7 extends again. One timeout later the list is complete.
+    listen_for_sessions(env, SESSION_TIMEOUT_S, extending=("7",))
+    assert not c.sessions_partial and list(c.sessions) == ["7"]
