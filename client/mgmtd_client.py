@@ -353,7 +353,12 @@ class MgmtdClient:
         return list((await self.call("ListChainTables", mgmtd_pb2.ListChainTablesRequest())).tables)
 
     async def list_client_sessions(self) -> list[mgmtd_pb2.ClientSession]:
-        return list((await self.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())).sessions)
+        return list((await self.client_sessions()).sessions)
+
+    async def client_sessions(self) -> mgmtd_pb2.ListClientSessionsReply:
+        """The live client sessions, and whether the list may be ``partial`` (a primary that has
+        not listened for a whole client session timeout yet)."""
+        return await self.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
 
     async def set_config(self, node_type: int, content: str, description: str = "") -> int:
         r = await self.call(

@@ -23,7 +23,7 @@ from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
 from fs3.meta.store import MetaStore
 from fs3.net import RpcClient, RpcServer
 from fs3.net.transport_select import TransportMetrics, make_transport
-from fs3.proto import common_pb2, mgmtd_pb2
+from fs3.proto import common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class MetaDaemon:
         self._own_db = db is None
         self.chunks = chunks
         self.mgmtd: MgmtdClient | None = None
+        self._sessions_partial_logged = False  # said that mgmtd's session list is partial, this stretch
         self.routing: RoutingCache | None = None
         self.agent: NodeAgent | None = None
         self.server: RpcServer | None = None
@@ -80,14 +81,12 @@ class MetaDaemon:
             return None
         return ChainTable(t.table_id, t.version, tuple(t.chain_ids), routing.low_space_chains)
 
-    _sessions_partial_logged = False  # logged that mgmtd's session list is partial, this stretch
-
     async def _live_clients(self) -> frozenset[int] | None:
         """Meta client ids with a live mgmtd client session; None when mgmtd cannot say (it is
         unreachable, or its primary is too new to know every live client)."""
         assert self.mgmtd is not None
         try:
-            reply = await self.mgmtd.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
+            reply = await self.mgmtd.client_sessions()
         except FS3Error as e:
             log.warning("cannot list client sessions, no session expires this round error=%s", e)
             return None

@@ -226,7 +226,7 @@ async def list_chain_tables(conn: Connection, args: argparse.Namespace) -> Resul
 @command("list-clients", "live client sessions (mounts, admin tools)")
 async def list_clients(conn: Connection, args: argparse.Namespace) -> Result:
     now = time.time()
-    reply = await conn.mgmtd_client().call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
+    reply = await conn.mgmtd_client().client_sessions()
     rows = [
         {
             "client_id": s.client_id,
