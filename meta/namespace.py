@@ -396,7 +396,7 @@ class Namespace:
                     self._truncate_in_txn(tr, ino, 0)
                     truncate.append(ino)
             if session_id and ino.type == FILE:
-                self._open_session(tr, ino.id, session_id, client_id, write=bool(flags & 3) or created)
+                self._open_session(tr, ino, session_id, client_id, write=bool(flags & 3) or created)
                 sid = session_id
             else:
                 sid = 0
@@ -410,25 +410,27 @@ class Namespace:
     # Shared with sessions and attrs (defined here so create can use them).
 
     def _open_session(
-        self, tr: Transaction, inode_id: int, session_id: int, client_id: int, write: bool
+        self, tr: Transaction, ino: meta_pb2.Inode, session_id: int, client_id: int, write: bool
     ) -> None:
         now = inodes.now_ns()
         s = meta_pb2.FileSession(
-            inode_id=inode_id,
+            inode_id=ino.id,
             session_id=session_id,
             client_id=client_id,
             write=write,
             opened_ns=now,
             touched_ns=now,
+            truncate_version=ino.truncate_version,
         )
-        tr.set(schema.session_key(inode_id, session_id), s.SerializeToString())
+        tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
 
     def _truncate_in_txn(self, tr: Transaction, ino: meta_pb2.Inode, size: int) -> None:
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
         now = inodes.now_ns()
-        if size < ino.size:
-            ino.truncate_version += 1
+        # every truncate, even one to the length meta has: a writer may not have reported what it
+        # wrote past it yet, and its report must not bring the removed bytes' length back
+        ino.truncate_version += 1
         ino.size = size
         ino.mtime_ns = ino.ctime_ns = now
         inodes.store(tr, ino)

@@ -25,6 +25,20 @@ from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
 
+#: storage queries one settlement makes before giving up on a file truncated again and again
+_SETTLE_ATTEMPTS = 8
+
+
+class _AskStorage(Exception):
+    """Raised in a settlement's transaction (which then writes nothing) when the length must come
+    from storage, as of ``truncate_version``."""
+
+    def __init__(self, layout: meta_pb2.Layout, truncate_version: int) -> None:
+        super().__init__(truncate_version)
+        self.layout = layout
+        self.truncate_version = truncate_version
+
+
 # Ids that must not repeat across processes or runs: an application (or a test framework) seeding
 # the random module must not make two clients share request or session ids.
 _ids = random.SystemRandom()
@@ -58,7 +72,7 @@ class SessionOps(Namespace):
             if flags & O_TRUNC:
                 self._truncate_in_txn(tr, ino, 0)
                 trunc.append(ino)
-            self._open_session(tr, inode_id, session_id, client_id, write=bool(flags & 3))
+            self._open_session(tr, ino, session_id, client_id, write=bool(flags & 3))
             return inodes.public(ino), session_id
 
         result = await self.db.run(fn)
@@ -98,11 +112,39 @@ class SessionOps(Namespace):
         mtime_ns: int,
         idem: Idem = None,
     ) -> meta_pb2.Inode:
-        queried: int | None = None
-        if wrote and written == 0:
-            ino = await self.stat(inode_id)
-            queried = await self.chunks.file_length(ino.layout, inode_id)
+        """The written length a session reports is a hint: it is taken as it is only when no
+        truncate happened since the session last settled (``FileSession.truncate_version``) and it
+        is above any report found stale before (``stale_below``). Otherwise (or for a report of 0)
+        the length is what storage holds, asked outside the transaction and used only if no
+        truncate came in between (the transaction checks ``truncate_version``, else asks again).
+        So a writer's report never brings back the length of bytes a truncate removed (`logrotate
+        copytruncate` under a writer that goes on appending)."""
+        queried: tuple[int | None, int] | None = None  # (length on storage, truncate_version then)
+        for _ in range(_SETTLE_ATTEMPTS):
+            try:
+                return (
+                    await self._mutate(
+                        idem,
+                        meta_pb2.InodeRsp,
+                        self._settle_fn(inode_id, session_id, written, wrote, close, mtime_ns, queried),
+                    )
+                ).inode
+            except _AskStorage as ask:
+                queried = (await self.chunks.file_length(ask.layout, inode_id), ask.truncate_version)
+        raise FS3Error(
+            StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
+        )
 
+    def _settle_fn(
+        self,
+        inode_id: int,
+        session_id: int,
+        written: int,
+        wrote: bool,
+        close: bool,
+        mtime_ns: int,
+        queried: tuple[int | None, int] | None,
+    ):  # type: ignore[no-untyped-def]
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             skey = schema.session_key(inode_id, session_id)
             raw = await tr.get(skey)
@@ -111,13 +153,23 @@ class SessionOps(Namespace):
             ino = await inodes.load(tr, inode_id)
             session = meta_pb2.FileSession.FromString(raw)
             now = inodes.now_ns()
+            across = session.truncate_version != ino.truncate_version
+            if across:  # whatever this client counted up to now may include removed bytes
+                session.stale_below = max(session.stale_below, written)
             if wrote and session.write:
-                length = queried if queried is not None else written
+                if written == 0 or across or written <= session.stale_below:
+                    if queried is None or queried[1] != ino.truncate_version:
+                        raise _AskStorage(ino.layout, ino.truncate_version)
+                    # without storage to ask (a meta-only deployment), the report is all there is
+                    length = queried[0] if queried[0] is not None else written
+                else:
+                    length = written
                 if length > ino.size:
                     ino.size = length
                 ino.mtime_ns = mtime_ns or now
                 ino.ctime_ns = now
                 inodes.store(tr, ino)
+            session.truncate_version = ino.truncate_version
             if close:
                 tr.clear(skey)
             else:
@@ -125,7 +177,7 @@ class SessionOps(Namespace):
                 tr.set(skey, session.SerializeToString())
             return meta_pb2.InodeRsp(inode=inodes.public(ino))
 
-        return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
+        return fn
 
     async def sessions_of(self, inode_id: int) -> list[meta_pb2.FileSession]:
         """The open sessions of a file."""

@@ -610,20 +610,24 @@ class FallocateReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., mode: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class FileSession(_message.Message):
-    __slots__ = ("inode_id", "session_id", "client_id", "write", "opened_ns", "touched_ns")
+    __slots__ = ("inode_id", "session_id", "client_id", "write", "opened_ns", "touched_ns", "truncate_version", "stale_below")
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     OPENED_NS_FIELD_NUMBER: _ClassVar[int]
     TOUCHED_NS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STALE_BELOW_FIELD_NUMBER: _ClassVar[int]
     inode_id: int
     session_id: int
     client_id: int
     write: bool
     opened_ns: int
     touched_ns: int
-    def __init__(self, inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., client_id: _Optional[int] = ..., write: _Optional[bool] = ..., opened_ns: _Optional[int] = ..., touched_ns: _Optional[int] = ...) -> None: ...
+    truncate_version: int
+    stale_below: int
+    def __init__(self, inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., client_id: _Optional[int] = ..., write: _Optional[bool] = ..., opened_ns: _Optional[int] = ..., touched_ns: _Optional[int] = ..., truncate_version: _Optional[int] = ..., stale_below: _Optional[int] = ...) -> None: ...
 
 class GcEntry(_message.Message):
     __slots__ = ("inode_id", "type", "queued_ns")

@@ -344,3 +344,21 @@ async def test_gathered_random_writes_survive_a_killed_and_resynced_storage_daem
                 metas = await fs.storage.dump_chunk_meta(t.target_id, inode.id)
                 seen.append(sorted((m.key.chunk_index, m.committed_version, m.crc32c) for m in metas))
             assert all(s == seen[0] for s in seen), (chain_id, seen)
+
+
+async def test_a_truncate_by_another_client_under_an_open_writer_holds(
+    cluster: FsCluster, fs: FileSystem
+) -> None:
+    """`logrotate copytruncate`: a writer holds a log open and goes on writing after another client
+    truncated it; its close reports the highest byte it ever wrote, which must not become the
+    length again (the file would be that long with zeros where the old bytes were)."""
+    other = await cluster.connect()
+    f = await fs.open("/rotated.log", "w")
+    await f.write(os.urandom(600_000))
+    await f.fsync()
+    await other.truncate("/rotated.log", 0)
+    assert (await other.stat("/rotated.log")).st_size == 0
+    await f.pwrite(b"after rotation\n", 0)
+    await f.close()
+    assert (await other.stat("/rotated.log")).st_size == 15
+    assert await other.read_file("/rotated.log") == b"after rotation\n"

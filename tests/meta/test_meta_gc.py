@@ -90,6 +90,61 @@ async def test_close_queries_storage_and_truncate_trims(chunked: MetaStore, fake
     await s.close(f, sid)
 
 
+async def test_a_writer_report_made_across_a_truncate_does_not_bring_the_length_back(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """`logrotate copytruncate`: another client truncates a log its writer holds open; the writer's
+    written length (the highest byte it ever wrote) predates the truncate and must not be the file's
+    length again: meta asks storage, then and for every later report up to that length."""
+    s = chunked
+    r = await s.create(ROOT, ROOT_ID, b"log", 0o644, session=True)
+    f, sid = r.inode.id, r.session_id
+    fake.write(f, 0, 10 << 20)
+    assert (await s.sync(f, sid, 10 << 20, True)).size == 10 << 20
+    await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=0))  # the other client
+    assert fake.chunks[f] == {}
+    fake.write(f, 0, 1)  # the writer's next byte, at offset 0 (O_APPEND after the truncate)
+    assert (await s.sync(f, sid, 10 << 20, True)).size == 1
+    fake.write(f, 1, 99)
+    assert (await s.sync(f, sid, 10 << 20, True)).size == 100  # still from storage
+    fake.write(f, 100, (12 << 20) - 100)
+    assert (await s.sync(f, sid, 12 << 20, True)).size == 12 << 20  # past the stale mark: a hint
+    # a truncate to the length meta already has counts too (the writer had not reported more)
+    await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=12 << 20))
+    assert (await s.close(f, sid, 12 << 20, True)).size == 12 << 20
+    r2 = await s.create(ROOT, ROOT_ID, b"log2", 0o644, session=True)
+    fake.write(r2.inode.id, 0, 5000)
+    await s.sync(r2.inode.id, r2.session_id, 5000, True)
+    await s.setattr(ROOT, r2.inode.id, m.SetattrReq(fields=m.SETATTR_SIZE, size=5000))
+    await s.setattr(ROOT, r2.inode.id, m.SetattrReq(fields=m.SETATTR_SIZE, size=0))
+    assert (await s.close(r2.inode.id, r2.session_id, 5000, True)).size == 0
+
+
+async def test_a_storage_length_asked_before_a_truncate_is_asked_again(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """A close that asks storage for the length races a truncate: the answer it got before the
+    truncate committed is not used (the settlement asks again)."""
+    s = chunked
+    r = await s.create(ROOT, ROOT_ID, b"raced", 0o644, session=True)
+    f, sid = r.inode.id, r.session_id
+    fake.write(f, 0, 5 << 20)
+    asked = fake.file_length
+    calls = 0
+
+    async def file_length(layout: m.Layout, inode_id: int) -> int | None:
+        nonlocal calls
+        calls += 1
+        n = await asked(layout, inode_id)
+        if calls == 1:  # the truncate commits (and trims storage) while the answer travels
+            await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=0))
+        return n
+
+    fake.file_length = file_length  # type: ignore[method-assign]
+    assert (await s.close(f, sid, 0, True)).size == 0
+    assert calls == 2
+
+
 async def test_random_workload_leaves_no_chunk_behind(chunked: MetaStore, fake: FakeChunks) -> None:
     s = chunked
     rng = random.Random(1234)
