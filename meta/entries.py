@@ -226,13 +226,18 @@ class EntryOps(Namespace):
                 check_sticky(np, dst, cred)
             moved_dir = src.type == DIRECTORY and new_parent != old_parent
             if moved_dir:
-                # ".." changes: the directory itself must be writable, and must not be an ancestor
-                # of its new parent. The walk's reads conflict with any concurrent move on the way.
-                check(src, cred, W_OK)
+                check(src, cred, W_OK)  # ".." changes: the directory itself must be writable
+            if new_parent != old_parent:
+                # The new parent's ancestors: none may be the moved directory (a cycle), and none
+                # may be a directory a recursive rmdir removed (its subtree, which the collector
+                # is removing, still looks alive below it: what moved in would be collected). The
+                # walk's reads conflict with any concurrent move or removal on the way.
                 cur = np
                 while True:
                     if cur.id == src.id:
                         raise FS3Error(StatusCode.INVALID_ARGUMENT, "cannot move a directory into itself")
+                    if cur.nlink == 0:
+                        raise FS3Error(StatusCode.NOT_FOUND, f"directory {cur.id} has been removed")
                     if cur.id == schema.ROOT_ID or not cur.parent:
                         break
                     cur = await inodes.load(tr, cur.parent)

@@ -9,7 +9,7 @@ import collections
 import pytest
 from meta_tree import ALICE, BOB, BOB_IN_500, Tree
 
-from fs3.errors import FS3Error
+from fs3.errors import FS3Error, StatusCode
 from fs3.meta import schema
 from fs3.meta.idalloc import InodeIdAllocator
 from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
@@ -360,6 +360,28 @@ async def test_recursive_rmdir_collects_tree(tree: Tree) -> None:
         return await tr.get_range(schema.GCQU, schema.IDEM)
 
     assert await s.db.run(leftovers, read_only=True) == []
+
+
+async def test_nothing_moves_into_a_recursively_removed_tree(tree: Tree) -> None:
+    """After rmdir -r, a subdirectory still looks alive by its id until the collector gets to it
+    (a process's cwd, another client's cached dentry): a rename into it would have the collector
+    remove what moved in. It fails with ENOENT, as on a local file system."""
+    s = tree.store
+    top = await s.mkdir(ROOT, ROOT_ID, b"doomed", 0o755)
+    sub = await s.mkdir(ROOT, top.id, b"sub", 0o755)
+    deep = await s.mkdir(ROOT, sub.id, b"deep", 0o755)
+    await s.create(ROOT, ROOT_ID, b"keep-file", 0o644)
+    await s.mkdir(ROOT, ROOT_ID, b"keep-dir", 0o755)
+    await s.rmdir(ROOT, ROOT_ID, b"doomed", recursive=True)
+    for name in (b"keep-file", b"keep-dir"):
+        for into in (sub.id, deep.id):
+            with pytest.raises(FS3Error) as e:
+                await s.rename(ROOT, ROOT_ID, name, into, name)
+            assert e.value.code == StatusCode.NOT_FOUND
+    while await s.collector.collect_once():
+        pass
+    assert (await s.lookup(ROOT, ROOT_ID, b"keep-file")).type == m.INODE_FILE
+    assert (await s.lookup(ROOT, ROOT_ID, b"keep-dir")).type == m.INODE_DIRECTORY
 
 
 async def test_prune_sessions(tree: Tree) -> None:
