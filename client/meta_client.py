@@ -10,8 +10,8 @@
     await client.close()
 
 Meta servers are stateless, so any of them can serve any call. A call that fails for want of a
-server (connection refused or lost, a deadline, an overloaded server) is re-sent to the next one
-until ``timeout_s`` runs out. Non-idempotent calls (create, mkdir, mknod, symlink, link, unlink,
+server (connection refused or lost, a deadline, an overloaded or stopping server) is re-sent to the
+next one until ``timeout_s`` runs out. Non-idempotent calls (create, mkdir, mknod, symlink, link, unlink,
 rmdir, rename, close) carry a request id that stays the same across those re-sends, and the server returns
 the first result for it, so a create whose reply was lost does not fail with EEXIST on retry.
 Errors raise :class:`fs3.errors.FS3Error` with the server's status code (``.errno`` for POSIX).
@@ -91,7 +91,8 @@ META_SERVICE = ServiceDef(
     },
 )
 
-# Calls that are safe to send to another server after a failure without a request id.
+# Calls that are safe to send to another server after a failure without a request id. (UNAVAILABLE
+# includes a meta server's graceful stop cutting a call short; CANCELLED is our RpcClient closed.)
 _FAILOVER = frozenset(
     {
         StatusCode.RPC_CONNECT_FAILED,
@@ -169,7 +170,7 @@ class MetaClient:
         backoff = 0.01
         tried = 0
         while True:
-            address = self.addresses[self._current]
+            address = self._address()
             parsed = _parsed.get(address)
             if parsed is None:
                 parsed = _parsed[address] = parse_address(address)
@@ -180,11 +181,21 @@ class MetaClient:
                 if e.code not in _FAILOVER or time.monotonic() >= deadline:
                     raise
                 tried += 1
-                self._current = (self._current + 1) % len(self.addresses)
-                if tried % len(self.addresses) == 0:
+                self._current += 1  # wrapped by _address, against the list as it is then
+                if tried % max(len(self.addresses), 1) == 0:
                     await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
                     backoff = min(backoff * 2, 0.5)
                 timeout = min(self.rpc_timeout_s, deadline - time.monotonic())
+
+    def _address(self) -> str:
+        """The meta server to call now. ``addresses`` may be shared with other clients (a mount's
+        per-user clients share its list) and change under us, shrinking included: the index is
+        taken modulo its length now, and kept in range."""
+        addresses = self.addresses
+        if not addresses:
+            raise FS3Error(StatusCode.UNAVAILABLE, "no meta server address known")
+        self._current %= len(addresses)
+        return addresses[self._current]
 
     # ---- reads ---------------------------------------------------------------------------------
 

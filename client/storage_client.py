@@ -168,7 +168,9 @@ _ROUTING_CODES = frozenset(
         StatusCode.MGMTD_UNKNOWN_NODE,
     }
 )
-# Also retried: the call's outcome is unknown, and a write is retried under the same tag.
+# Also retried: the call's outcome is unknown, and a write is retried under the same tag. (A daemon
+# stopping gracefully answers the calls it cuts short UNAVAILABLE; CANCELLED is not here, as it means
+# our own RpcClient was closed, where a retry cannot succeed.)
 _TRANSIENT_CODES = frozenset(
     {
         StatusCode.DEADLINE_EXCEEDED,

@@ -101,6 +101,12 @@ class StatusCode(enum.IntEnum):
 
 
 # The one table from status code to errno. Anything not listed maps to EIO.
+#
+# Transient codes (UNAVAILABLE, ABORTED, KV_CONFLICT, KV_RETRY_LIMIT, CANCELLED) reach a POSIX
+# caller only once the client's own retries have run out, so they are EIO, like any other failed
+# I/O. Not EAGAIN: on a blocking file that means "no data yet" (Python's FileIO.readall() takes it as
+# the end and returns what it has, silently short), and not EINTR: no signal interrupted anything,
+# and Python (PEP 475) re-issues a call that fails with it, for ever if the cause persists.
 ERRNO: dict[StatusCode, int] = {
     StatusCode.OK: 0,
     StatusCode.INVALID_ARGUMENT: _errno.EINVAL,
@@ -111,20 +117,20 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.UNAUTHENTICATED: _errno.EACCES,
     StatusCode.RESOURCE_EXHAUSTED: _errno.ENOSPC,
     StatusCode.FAILED_PRECONDITION: _errno.EINVAL,
-    StatusCode.ABORTED: _errno.EAGAIN,
-    StatusCode.UNAVAILABLE: _errno.EAGAIN,
+    StatusCode.ABORTED: _errno.EIO,
+    StatusCode.UNAVAILABLE: _errno.EIO,
     StatusCode.NOT_IMPLEMENTED: _errno.ENOSYS,
-    StatusCode.CANCELLED: _errno.EINTR,
+    StatusCode.CANCELLED: _errno.EIO,
     StatusCode.CONFIG_INVALID: _errno.EINVAL,
     StatusCode.RPC_CONNECTION_CLOSED: _errno.ECONNRESET,
     StatusCode.RPC_FRAME_TOO_LARGE: _errno.EMSGSIZE,
     StatusCode.RPC_AUTH_FAILED: _errno.EACCES,
     StatusCode.RPC_CONNECT_FAILED: _errno.ECONNREFUSED,
-    StatusCode.KV_CONFLICT: _errno.EAGAIN,
+    StatusCode.KV_CONFLICT: _errno.EIO,
     StatusCode.KV_KEY_TOO_LARGE: _errno.ENAMETOOLONG,
     StatusCode.KV_VALUE_TOO_LARGE: _errno.E2BIG,
     StatusCode.KV_TXN_TOO_LARGE: _errno.E2BIG,
-    StatusCode.KV_RETRY_LIMIT: _errno.EAGAIN,
+    StatusCode.KV_RETRY_LIMIT: _errno.EIO,
     StatusCode.META_NOT_DIRECTORY: _errno.ENOTDIR,
     StatusCode.META_IS_DIRECTORY: _errno.EISDIR,
     StatusCode.META_NOT_EMPTY: _errno.ENOTEMPTY,

@@ -41,6 +41,28 @@ def test_errno_table(code, expected):
     assert FS3Error(code).errno == expected
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        StatusCode.UNAVAILABLE,
+        StatusCode.ABORTED,
+        StatusCode.KV_CONFLICT,
+        StatusCode.KV_RETRY_LIMIT,
+        StatusCode.CANCELLED,
+    ],
+)
+def test_transient_codes_left_after_the_clients_retries_are_eio(code):
+    # Not EAGAIN (on a blocking file Python's readall() takes it as the end and returns short data),
+    # not EINTR (Python re-issues the call, for ever while the cause lasts).
+    assert to_errno(code) == errno.EIO
+    assert FS3Error(code).errno == errno.EIO
+
+
+def test_no_code_claims_a_retry_at_the_syscall_level():
+    assert not {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR} & set(ERRNO.values())
+    assert to_errno(StatusCode.DEADLINE_EXCEEDED) == errno.ETIMEDOUT
+
+
 def test_every_errno_in_the_table_is_a_real_errno():
     assert all(v == 0 or v in errno.errorcode for v in ERRNO.values())
 

@@ -10,7 +10,8 @@
 
 One pool of connections per peer address, opened on first use and reopened on the next call after
 a failure. Many calls share a connection, matched by request id. Every call has a deadline
-(``timeout``, default ``default_timeout``): when it passes, the call raises
+(``timeout``, default ``default_timeout``) covering all of it: connecting, waiting for room to
+send while the peer is not keeping up, and the reply. When it passes, the call raises
 FS3Error(DEADLINE_EXCEEDED) and a reply that turns up later is dropped. A server-side error
 raises FS3Error with the server's code and message. Connection failures raise RPC_CONNECT_FAILED
 or RPC_CONNECTION_CLOSED (both retryable: the client never retries by itself, since only the caller
@@ -333,6 +334,25 @@ def _decode_status(message: memoryview | bytes) -> FS3Error:
     return FS3Error(st.code, st.message)
 
 
+# How long close() lets queued frames go out before dropping them: a peer that stopped reading (a
+# stopped process) would otherwise hold the close, and whoever waits on it, for ever.
+_CLOSE_GRACE_S = 2.0
+
+
+async def _close_connections(conns: list[Connection]) -> None:
+    for c in conns:
+        c.close()
+    if not conns:
+        return
+    waits = {asyncio.ensure_future(c.wait_closed()): c for c in conns}
+    _, stuck = await asyncio.wait(waits, timeout=_CLOSE_GRACE_S)
+    for w in stuck:
+        log.warning("peer not taking what was sent, dropping it peer=%s", waits[w].peer)
+        waits[w].abort()
+    if stuck:
+        await asyncio.wait(stuck)
+
+
 class _PeerPool:
     """The connections to one peer: ``size`` slots, filled lazily, used round-robin."""
 
@@ -433,15 +453,34 @@ class RpcClient:
                 )
         conn = session.conn
         if conn.write_paused:
-            await conn.drain()
-            if session.closed:
-                raise session._close_error()
+            timeout = await self._wait_for_room(session, timeout)
         rid, fut = session.start_call(method, request, payload, timeout, into)
         try:
             return await fut
         finally:
             if fut.cancelled():
                 session.abandon(rid)
+
+    async def _wait_for_room(self, session: _ClientSession, budget_s: float) -> float:
+        """Wait, within the call's deadline, until the connection takes more; return what is left
+        of ``budget_s``. A peer that stays connected but stops reading (a stopped process, a frozen
+        VM) never makes room, so the wait is part of the call's deadline, and fails the same way."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            async with asyncio.timeout(budget_s):
+                await session.conn.drain()
+        except TimeoutError:
+            raise FS3Error(
+                StatusCode.DEADLINE_EXCEEDED,
+                f"no room to send to {session.conn.peer} in time (the peer is not reading)",
+            ) from None
+        if session.closed:
+            raise session._close_error()
+        budget_s -= loop.time() - start
+        if budget_s <= 0:
+            raise FS3Error(StatusCode.DEADLINE_EXCEEDED, f"no room to send to {session.conn.peer} in time")
+        return budget_s
 
     def stub(self, address: str | Address, service: ServiceDef) -> ServiceStub:
         """A per-peer, per-service handle: ``await stub.call("Stat", request)``."""
@@ -525,7 +564,9 @@ class RpcClient:
                     peer.slots[i] = None
 
     async def close(self) -> None:
-        """Close every connection; calls in flight fail with RPC_CONNECTION_CLOSED."""
+        """Close every connection; calls in flight fail with RPC_CONNECTION_CLOSED. Requests still
+        queued go out first, for up to ``_CLOSE_GRACE_S``; a peer not reading them by then (a
+        stopped process) has its connection aborted and they are dropped."""
         self._closed = True
         sessions = [s for p in self._peers.values() for s in p.slots if s is not None]
         connecting = [f for p in self._peers.values() for f in p.connecting if f is not None]
@@ -534,10 +575,7 @@ class RpcClient:
         for f in connecting:
             f.cancel()
         await asyncio.gather(*connecting, return_exceptions=True)
-        for s in sessions:
-            s.conn.close()
-        for s in sessions:
-            await s.conn.wait_closed()
+        await _close_connections([s.conn for s in sessions])
 
     async def __aenter__(self) -> RpcClient:
         return self

@@ -51,7 +51,13 @@ from fs3.proto import common_pb2, rpc_pb2
 log = logging.getLogger(__name__)
 
 _MAX_ERROR_MESSAGE = 1024
+# How long stop() lets queued replies go out before dropping them.
+_CLOSE_GRACE_S = 2.0
 _WARN_REJECTIONS = 10  # per connection
+# The reply to calls that a stopping server cancels or no longer starts: UNAVAILABLE, which every
+# client retries (after a backoff, elsewhere where it can), not CANCELLED, which a client takes as
+# final (its own RpcClient raises CANCELLED once closed).
+_SHUTTING_DOWN = (StatusCode.UNAVAILABLE, "server shutting down")
 
 
 def _handshake_limits(limits: RpcLimits) -> RpcLimits:
@@ -300,6 +306,12 @@ class _ServerSession(FrameReceiver):
             self._release(payload)
             return
         method, handler, run_inline = entry
+        if self.server._stopping:
+            # stop() has cancelled what was running and is closing connections: a call started
+            # now would outlive it
+            self._send_error(request_id, *_SHUTTING_DOWN)
+            self._release(payload)
+            return
         try:
             request = method.request.FromString(message)
         except DecodeError as e:
@@ -478,7 +490,14 @@ class _ServerSession(FrameReceiver):
     def _reply_exception(
         self, request_id: int, method: Method, exc: BaseException, req_payload: memoryview | None
     ) -> None:
-        if isinstance(exc, FS3Error):
+        if self.server._stopping and (
+            isinstance(exc, asyncio.CancelledError)
+            or (isinstance(exc, FS3Error) and exc.code == StatusCode.CANCELLED)
+        ):
+            # Cancelled by stop() (a graceful restart): the client may retry, here once this
+            # server is back or elsewhere, as it would after a lost connection.
+            code, message = _SHUTTING_DOWN
+        elif isinstance(exc, FS3Error):
             code, message = exc.code, exc.message
         elif isinstance(exc, asyncio.CancelledError):
             code, message = StatusCode.CANCELLED, "call cancelled by the server"
@@ -536,6 +555,7 @@ class RpcServer:
         self._handlers: dict[int, tuple[Method, Handler, bool]] = {}
         self._sessions: set[_ServerSession] = set()
         self._listener: Listener | None = None
+        self._stopping = False
         self.add_service(SYSTEM_SERVICE, SystemService(identity, limits))
 
     def add_service(self, service: ServiceDef, handlers: Mapping[str, Handler] | object) -> None:
@@ -567,6 +587,7 @@ class RpcServer:
         """Listen on ``address`` and return the bound address (port 0 picks a free port)."""
         if self._listener is not None:
             raise RuntimeError("server already started")
+        self._stopping = False
         self._listener = await self.transport.listen(
             parse_address(address), lambda conn: _ServerSession(self, conn), limits=self.limits
         )
@@ -586,7 +607,11 @@ class RpcServer:
         return len(self._sessions)
 
     async def stop(self) -> None:
-        """Stop accepting, cancel calls in progress, and close every connection."""
+        """Stop accepting, cancel calls in progress, and close every connection. Calls cancelled
+        here, and calls that arrive meanwhile, are answered UNAVAILABLE ("server shutting down"),
+        which clients retry. Queued replies go out first, for up to ``_CLOSE_GRACE_S``; a client
+        not reading them by then (a stopped process) has its connection aborted."""
+        self._stopping = True
         if self._listener is not None:
             self._listener.close()
             await self._listener.wait_closed()
@@ -597,10 +622,18 @@ class RpcServer:
             s.cancel_calls()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        for s in sessions:
-            s.conn.close()
-        for s in sessions:
-            await s.conn.wait_closed()
+        conns = [s.conn for s in sessions]
+        for c in conns:
+            c.close()  # the replies queued (those to the calls just cancelled too) go out first...
+        if conns:
+            waits = {asyncio.ensure_future(c.wait_closed()): c for c in conns}
+            _, stuck = await asyncio.wait(waits, timeout=_CLOSE_GRACE_S)
+            for w in stuck:
+                # ...unless the client is not reading them (a stopped process): it would hold us
+                log.warning("client not taking its replies, dropping them peer=%s", waits[w].peer)
+                waits[w].abort()
+            if stuck:
+                await asyncio.wait(stuck)
 
     async def __aenter__(self) -> RpcServer:
         return self

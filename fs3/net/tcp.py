@@ -41,7 +41,6 @@ from fs3.net.transport import (
     Address,
     Buffer,
     Connection,
-    DrainWaiters,
     FrameReceiver,
     Listener,
     ReceiverFactory,
@@ -64,8 +63,12 @@ _JOIN_BELOW = 64 << 10
 # Large writes go to the socket with os.writev while the transport has nothing queued (see
 # TcpConnection._write_direct), in at most this many pieces (Linux's IOV_MAX is 1024).
 _WRITEV_MAX = 512
-# The server stops reading from a peer whose unsent replies exceed this, until they drain.
+# The server stops reading from a peer whose unsent replies exceed this, until they drain; a
+# client's calls wait (Connection.drain) while its unsent requests exceed it.
 _BACKPRESSURE_BYTES = 16 << 20
+# Callers waiting for room to send go on once no more than this is unsent: enough still queued to
+# keep the socket busy while they add theirs, where waiting for an empty queue would stall it.
+_DRAIN_LOW_BYTES = 4 << 20
 
 # Probe an idle connection after 30 s, every 10 s, and give up after 3 unanswered probes (Linux).
 _KEEPALIVE = [
@@ -149,7 +152,10 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._paused_for_writes = False
         self._paused_by_receiver = False
         self._reading_stopped = False
-        self._drain_waiters = DrainWaiters(loop)
+        # Callers of drain() wait for this; it is set when there is room again (or the connection
+        # ends) and cleared when a caller starts waiting.
+        self._room = asyncio.Event()
+        self._draining = 0  # callers waiting in drain()
         self._closing = False
         self._closed: asyncio.Future[None] = loop.create_future()
 
@@ -201,6 +207,8 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             self._in_receive = False
             if self._wq:
                 self._flush()
+            if self._draining:
+                self._check_room()
 
     def _received(self, nbytes: int) -> None:
         state = self._state
@@ -245,7 +253,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._wq.clear()
         self._cb_queued.clear()
         self._cb_in_transport.clear()
-        self._drain_waiters.wake()
+        self._room.set()
         if not self._closed.done():
             self._closed.set_result(None)
         receiver, self._receiver = self._receiver, None
@@ -260,7 +268,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         callbacks, self._cb_in_transport = self._cb_in_transport, []
         for cb in callbacks:
             cb()
-        self._drain_waiters.wake()
+        self._room.set()
         if self._paused_for_writes:
             self._paused_for_writes = False
             self._update_reading()
@@ -568,12 +576,32 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
     @property
     def write_paused(self) -> bool:
         t = self._transport
-        return self._paused and t is not None and t.get_write_buffer_size() > _BACKPRESSURE_BYTES
+        if not self._paused or t is None:
+            return False
+        # While others wait for room, a newcomer waits too: sending past them would keep the
+        # queue from ever draining to where they go on (they would starve under steady load).
+        return self._draining > 0 or t.get_write_buffer_size() > _BACKPRESSURE_BYTES
 
     async def drain(self) -> None:
+        """Wait until at most ``_DRAIN_LOW_BYTES`` are unsent or the connection ends. The
+        transport tells us only when its buffer is empty (see connection_made), so the low-water
+        mark is checked as replies come in, which is when the peer is making progress; a peer
+        that reads but does not answer makes the waiters go on once everything has left.
+        Cancelling a waiter (a caller's deadline) leaves the others waiting."""
         if self._closing or not self._paused:
             return
-        await self._drain_waiters.wait()
+        if not self._draining:
+            self._room.clear()  # the first to wait; else, if it is set, those waiting are going on
+        self._draining += 1
+        try:
+            await self._room.wait()
+        finally:
+            self._draining -= 1
+
+    def _check_room(self) -> None:
+        t = self._transport
+        if t is None or t.get_write_buffer_size() <= _DRAIN_LOW_BYTES:
+            self._room.set()
 
     def close(self) -> None:
         # Also ends a lingering close (see _fail) early.

@@ -1,0 +1,108 @@
+"""A chunk write across a storage daemon's graceful restart (SIGTERM, as in a rolling upgrade): the
+write in progress is retried under its tag once the daemon is back, not failed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from cluster import wait_until
+
+from fs3.client.routing import Routing
+from fs3.client.storage_client import STORAGE_SERVICE, RetryPolicy, StorageClient, crc32c
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient, RpcServer
+from fs3.net.service import CallContext
+from fs3.proto import common_pb2, mgmtd_pb2, storage_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = b"storage-restart-test-secret-0123"
+CHAIN, TARGET, NODE = 7, 701, 3
+
+
+class StaticRouting:
+    """A RoutingCache that never changes: one chain of one target on one node at ``address``."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        info = mgmtd_pb2.RoutingInfo(version=1)
+        info.nodes.add(node_id=NODE).endpoints.add(host=address[0], port=address[1], transport="tcp")
+        info.targets.add(target_id=TARGET, node_id=NODE, chain_id=CHAIN, public_state=common_pb2.SERVING)
+        info.chains.add(chain_id=CHAIN, version=1).targets.add(
+            target_id=TARGET, public_state=common_pb2.SERVING
+        )
+        self.routing = Routing(info)
+
+    def refresh_soon(self) -> None:
+        pass
+
+    async def refresh(self) -> Routing:
+        return self.routing
+
+    async def wait_for(self, predicate: Any, timeout_s: float) -> Routing:
+        await asyncio.sleep(timeout_s)
+        raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "routing does not change here")
+
+
+class FakeStorage:
+    """Write: records each request's tag and bytes; with ``hold``, waits until cancelled (by the
+    server's stop) instead of answering."""
+
+    def __init__(self, hold: bool) -> None:
+        self.hold = hold
+        self.writes: list[tuple[tuple[int, int, int, int], bytes]] = []
+
+    def handlers(self) -> dict[str, Any]:
+        async def refuse(request: Any, payload: Any, ctx: CallContext) -> Any:
+            raise FS3Error(StatusCode.NOT_IMPLEMENTED, ctx.method.name)
+
+        table: dict[str, Any] = {meth.name: refuse for meth in STORAGE_SERVICE}
+        table["Write"] = self.write
+        return table
+
+    async def write(self, request: storage_pb2.WriteReq, payload: Any, ctx: CallContext) -> Any:
+        t = request.tag
+        self.writes.append(((t.client_id, t.request_id, t.channel, t.seqnum), bytes(payload)))
+        if self.hold:
+            await asyncio.Event().wait()
+        io = request.io
+        return storage_pb2.IOResult(
+            length=io.offset + io.length,
+            committed_version=1,
+            update_version=1,
+            crc32c=io.crc32c,
+            commit_chain_version=io.key.chain_version,
+        )
+
+
+async def _serve(fake: FakeStorage, address: tuple[str, int]) -> RpcServer:
+    server = RpcServer(SECRET, identity="storage")
+    server.add_service(STORAGE_SERVICE, fake.handlers())
+    await server.start(address)
+    return server
+
+
+async def test_a_write_in_progress_survives_a_graceful_restart_of_the_head() -> None:
+    before, after = FakeStorage(hold=True), FakeStorage(hold=False)
+    server = await _serve(before, ("127.0.0.1", 0))
+    address = server.address
+    rpc = RpcClient(SECRET)
+    client = StorageClient(
+        StaticRouting(address),  # type: ignore[arg-type]
+        rpc,
+        retry=RetryPolicy(total_s=20, initial_s=0.01, max_s=0.2, rpc_timeout_s=10),
+    )
+    data = b"checkpoint bytes" * 1000
+    try:
+        write = asyncio.ensure_future(client.write(CHAIN, 0x1234, 0, 0, data, 1 << 20))
+        await wait_until(lambda: len(before.writes) == 1, 10, "the write to reach the head", interval_s=0.005)
+        await server.stop()  # SIGTERM: the daemon stops serving, the write in progress is cut short
+        server = await _serve(after, address)  # and it is back
+        result = await asyncio.wait_for(write, 15)
+        assert result.length == len(data) and result.crc32c == crc32c(data)
+        # the same update, retried: same tag (so the head can tell), same bytes
+        assert after.writes == before.writes
+    finally:
+        await rpc.close()
+        await server.stop()
