@@ -314,10 +314,11 @@ class MetaClient:
         return (await self.call("Setattr", req)).inode
 
     async def setxattr(self, inode_id: int, name: bytes, value: bytes, flags: int = 0) -> None:
-        await self.call("Setxattr", m.SetxattrReq(inode_id=inode_id, name=name, value=value, flags=flags))
+        req = m.SetxattrReq(inode_id=inode_id, name=name, value=value, flags=flags)
+        await self.call("Setxattr", req, request_id=True)
 
     async def removexattr(self, inode_id: int, name: bytes) -> None:
-        await self.call("Removexattr", m.RemovexattrReq(inode_id=inode_id, name=name))
+        await self.call("Removexattr", m.RemovexattrReq(inode_id=inode_id, name=name), request_id=True)
 
     async def set_layout(
         self, inode_id: int, chain_table_id: int = 0, chunk_size: int = 0, stripe_count: int = 0
@@ -330,7 +331,7 @@ class MetaClient:
     # ---- open files ----------------------------------------------------------------------------
 
     async def open(self, inode_id: int, flags: int = 0) -> m.OpenRsp:
-        return await self.call("Open", m.OpenReq(inode_id=inode_id, flags=flags))
+        return await self.call("Open", m.OpenReq(inode_id=inode_id, flags=flags), request_id=True)
 
     async def sync(
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False

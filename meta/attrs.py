@@ -14,7 +14,7 @@ from fs3.kv import Transaction
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.layout import check_layout_params
-from fs3.meta.namespace import DIRECTORY, FILE, Namespace
+from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
@@ -148,23 +148,26 @@ class AttrOps(Namespace):
         return [x.name for x in ino.xattrs]
 
     async def setxattr(
-        self, cred: Credentials, inode_id: int, name: bytes, value: bytes, flags: int = 0
+        self, cred: Credentials, inode_id: int, name: bytes, value: bytes, flags: int = 0, idem: Idem = None
     ) -> None:
         _check_xattr_name(name)
         if len(value) > XATTR_SIZE_MAX:
             raise FS3Error(StatusCode.META_TOO_BIG, f"xattr value of {len(value)} bytes is too large")
         if flags & ~(XATTR_CREATE | XATTR_REPLACE):
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown setxattr flags {flags:#x}")
-        await self._edit_xattrs(cred, inode_id, name, value, flags)
+        await self._edit_xattrs(cred, inode_id, name, value, flags, idem)
 
-    async def removexattr(self, cred: Credentials, inode_id: int, name: bytes) -> None:
+    async def removexattr(self, cred: Credentials, inode_id: int, name: bytes, idem: Idem = None) -> None:
         _check_xattr_name(name)
-        await self._edit_xattrs(cred, inode_id, name, None, XATTR_REPLACE)
+        await self._edit_xattrs(cred, inode_id, name, None, XATTR_REPLACE, idem)
 
     async def _edit_xattrs(
-        self, cred: Credentials, inode_id: int, name: bytes, value: bytes | None, flags: int
+        self, cred: Credentials, inode_id: int, name: bytes, value: bytes | None, flags: int, idem: Idem
     ) -> None:
-        async def fn(tr: Transaction) -> None:
+        """With a request id, once only: a retried XATTR_CREATE or remove that had taken effect
+        returns success, not EEXIST or ENODATA."""
+
+        async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
             ino = await inodes.load(tr, inode_id)
             if ino.type not in (FILE, DIRECTORY):
                 raise FS3Error(
@@ -192,8 +195,9 @@ class AttrOps(Namespace):
             else:
                 ino.ctime_ns = now
                 inodes.store(tr, ino)
+            return meta_pb2.EmptyRsp()
 
-        await self.db.run(fn)
+        await self._mutate(idem, meta_pb2.EmptyRsp, fn)
 
     # ---- layouts and statfs --------------------------------------------------------------------
 

@@ -205,18 +205,12 @@ class MetaService:
 
     async def Setxattr(self, req: m.SetxattrReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        await self.store.setxattr(
-            cred,
-            req.inode_id,
-            req.name,
-            req.value,
-            req.flags,
-        )
+        await self.store.setxattr(cred, req.inode_id, req.name, req.value, req.flags, self._idem(req))
         return m.EmptyRsp()
 
     async def Removexattr(self, req: m.RemovexattrReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        await self.store.removexattr(cred, req.inode_id, req.name)
+        await self.store.removexattr(cred, req.inode_id, req.name, self._idem(req))
         return m.EmptyRsp()
 
     async def SetLayout(self, req: m.SetLayoutReq, _p: Any, _c: CallContext) -> m.InodeRsp:
@@ -234,12 +228,7 @@ class MetaService:
 
     async def Open(self, req: m.OpenReq, _p: Any, _c: CallContext) -> m.OpenRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        ino, sid = await self.store.open(
-            cred,
-            req.inode_id,
-            req.flags,
-            req.hdr.client_id,
-        )
+        ino, sid = await self.store.open(cred, req.inode_id, req.flags, req.hdr.client_id, self._idem(req))
         return m.OpenRsp(inode=ino, session_id=sid)
 
     async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:

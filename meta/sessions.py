@@ -46,25 +46,27 @@ _ids = random.SystemRandom()
 
 class SessionOps(Namespace):
     async def open(
-        self, cred: Credentials, inode_id: int, flags: int, client_id: int = 0
+        self, cred: Credentials, inode_id: int, flags: int, client_id: int = 0, idem: Idem = None
     ) -> tuple[meta_pb2.Inode, int]:
         """Check access for ``flags`` and open a session; returns (inode, session id). Directories
-        and special files are checked but get no session (0)."""
+        and special files are checked but get no session (0). With a request id a retried open
+        returns the first one's session instead of opening a second one, which nobody would close
+        (and which would keep an unlinked file's chunks for the client's lifetime)."""
         want = access_of_flags(flags)
         session_id = _ids.getrandbits(63) + 1
         trunc: list[meta_pb2.Inode] = []
 
-        async def fn(tr: Transaction) -> tuple[meta_pb2.Inode, int]:
+        async def fn(tr: Transaction) -> meta_pb2.OpenRsp:
             trunc.clear()
             ino = await inodes.load(tr, inode_id)
             if ino.type == DIRECTORY:
                 if flags & 3:
                     raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
                 check(ino, cred, want)
-                return inodes.public(await inodes.complete(tr.snapshot, ino)), 0
+                return meta_pb2.OpenRsp(inode=inodes.public(await inodes.complete(tr.snapshot, ino)))
             check(ino, cred, want)
             if ino.type != FILE:
-                return inodes.public(ino), 0
+                return meta_pb2.OpenRsp(inode=inodes.public(ino))
             if ino.nlink == 0:
                 # No new sessions on an unlinked file: the collector may be removing its chunks
                 # once the sessions it saw are gone. Handles opened before the unlink live on.
@@ -73,12 +75,12 @@ class SessionOps(Namespace):
                 self._truncate_in_txn(tr, ino, 0)
                 trunc.append(ino)
             self._open_session(tr, ino, session_id, client_id, write=bool(flags & 3))
-            return inodes.public(ino), session_id
+            return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 
-        result = await self.db.run(fn)
+        rsp = await self._mutate(idem, meta_pb2.OpenRsp, fn)
         for ino in trunc:
             await self.chunks.truncate(ino.layout, ino.id, 0)
-        return result
+        return rsp.inode, rsp.session_id
 
     async def sync(
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False

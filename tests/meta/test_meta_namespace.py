@@ -316,6 +316,18 @@ async def test_idempotent_retries_return_first_result(tree: Tree) -> None:
     await s.rename(ALICE, tree["/pub"], b"alice_file", tree["/pub"], b"moved", idem=(77, 4))
     await s.link(ALICE, tree["/pub/alice_file"], tree["/pub"], b"l", idem=(77, 5))
     assert (await s.link(ALICE, tree["/pub/alice_file"], tree["/pub"], b"l", idem=(77, 5))).nlink == 2
+    # a retried open is the same session (a second one would never be closed, and would keep an
+    # unlinked file's chunks for the client's lifetime)
+    f = tree["/pub/alice_file"]
+    _, sid = await s.open(ALICE, f, 1, client_id=77, idem=(77, 6))
+    assert (await s.open(ALICE, f, 1, client_id=77, idem=(77, 6)))[1] == sid
+    assert [x.session_id for x in await s.sessions_of(f)] == [sid]
+    await s.close(f, sid)
+    # a retried XATTR_CREATE or remove that took effect succeeds
+    await s.setxattr(ALICE, f, b"user.k", b"v", 1, idem=(77, 7))
+    await s.setxattr(ALICE, f, b"user.k", b"v", 1, idem=(77, 7))
+    await s.removexattr(ALICE, f, b"user.k", idem=(77, 8))
+    await s.removexattr(ALICE, f, b"user.k", idem=(77, 8))
     from fs3.meta.idempotency import expire_idem
 
     assert await expire_idem(s.db, ttl_s=0) >= 4
