@@ -20,6 +20,11 @@ Invariants that make retries and failures safe:
   one that skips versions with STORAGE_CHUNK_VERSION_MISMATCH, upon which the predecessor sends
   the whole chunk instead.
 - Forwarding to a SYNCING successor always sends the whole chunk (it may lack the base version).
+- A replica takes itself for the tail (committing without forwarding) only while it holds the
+  place the update found it in: a forwarded update is checked against the chain version again
+  once it holds the chunk's lock, and a replica that mgmtd took out of the chain during a round
+  fails the update (``Replicator._check_round``). Else it would commit, and its predecessors
+  acknowledge, a version that no replica after its old place holds.
 
 Reads (apportioned queries). A replica whose chunk has no pending version serves its committed
 version. One holding a pending version asks the chain's last SERVING target which version is
@@ -72,7 +77,7 @@ from .chain_ops import (
 )
 from .chunk_files import DirectRead, WouldBlock
 from .chunk_meta import ChunkMeta, check_chunk_size
-from .target_map import LocalTarget, TargetMap
+from .target_map import UPTODATE, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +229,10 @@ class Replicator:
         cid = chunk_id(key.inode_id, key.chunk_index)
         eng = t.engine
         async with self.locks.hold(t.target_id, cid):
+            # Checked again now the lock is held: the update may have waited for it (behind its own
+            # first try, say) while mgmtd took this target out of its place, where it would find no
+            # successor and commit as the tail what no replica after its old place holds.
+            self._check_still_replica(t, key.chain_id, key.chain_version)
             if req.syncing and req.commit:
                 # resync: the predecessor's committed chunk, installed as committed at once; only
                 # a SYNCING target may be overwritten like that
@@ -255,6 +264,40 @@ class Replicator:
                 _check_room(t, op)
             return await self._update_locked(t, cid, key.chain_id, op, io.update_version, settle=req.settle)
 
+    def _check_still_replica(self, t: LocalTarget, chain_id: int, version: int) -> None:
+        """A forwarded update, once it holds the chunk's lock: the chain must still be at the
+        version the predecessor sent it with (so this target is where the predecessor took it to
+        be), and ``t`` one of its replicas. Otherwise STORAGE_CHAIN_VERSION_MISMATCH (or the
+        replica check's error): the predecessor reads routing again and retries, to the right
+        successor."""
+        chain = self.targets.chain(chain_id)
+        if t.chain_id != chain_id:
+            raise FS3Error(
+                StatusCode.STORAGE_ROUTING_STALE, f"target {t.target_id} left chain {chain_id} meanwhile"
+            )
+        if chain.version != version:
+            raise FS3Error(
+                StatusCode.STORAGE_CHAIN_VERSION_MISMATCH,
+                f"chain {chain_id} changed to version {chain.version} while the update of version "
+                f"{version} waited at target {t.target_id}",
+            )
+        self.targets.check_replica(t)
+
+    def _check_round(self, t: LocalTarget, serving: bool) -> None:
+        """Before a replica acts on its place in the chain during an update's round (decides that
+        it is the tail, forwards, or finds no successor and commits): it must still be a replica
+        of its chain, and one that was SERVING when the round began must still be SERVING and up
+        to date. mgmtd takes a SERVING target out only by making it OFFLINE and moving it to the
+        chain's end, from where it may come back as SYNCING, with no successor after it, before
+        this daemon looks again: carrying on, it would take itself for the tail. (A SYNCING
+        target is the last one a write reaches anyway; the last SERVING one resyncs it.)"""
+        self.targets.check_replica(t)
+        if serving and (t.public_state != common_pb2.SERVING or t.local_state != UPTODATE):
+            raise FS3Error(
+                StatusCode.STORAGE_ROUTING_STALE,
+                f"target {t.target_id} left its place in chain {t.chain_id} during an update",
+            )
+
     # -- the round: apply, forward, commit --------------------------------------------------------
 
     async def _update_locked(
@@ -264,19 +307,25 @@ class Replicator:
         forward it, commit it. The chunk's lock is held. ``settle``: the update finishes a pending
         version (see :meth:`_settle_locked`) and is forwarded as such."""
         eng = t.engine.engine
+        serving = t.public_state == common_pb2.SERVING  # where the round began (see _check_round)
         for _ in range(3):
             chain = self.targets.chain(chain_id)
             chain_ver = chain.version
+            # Again after a settle, which may have seen the chain change: the head must still be
+            # the head, and no replica may take itself for the tail having lost its place.
+            if version is None:
+                self.targets.check_head(t, chain)
+            self._check_round(t, serving)
             # At the tail, apply and commit in one trip to the I/O threads.
             tail = chain.successor(t.target_id) is None
             if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0 and not op.extents:
                 parallel = parallel_version(eng.get_meta(cid), op, version)
                 if parallel:
-                    return await self._update_parallel(t, cid, chain_id, op, parallel, chain_ver)
+                    return await self._update_parallel(t, cid, chain_id, op, parallel, chain_ver, serving)
             kind, meta, new = await self._run(apply_op, eng, cid, op, version, chain_ver, tail)
             if kind == "settle":
                 assert meta is not None
-                await self._settle_locked(t, cid, chain_id, meta)
+                await self._settle_locked(t, cid, chain_id, meta, serving)
                 continue
             if kind == "stale":
                 return io_result(meta, chain_ver)  # a retry of an update this replica committed
@@ -286,7 +335,7 @@ class Replicator:
             v = new.pending_ver or new.committed_ver
             if kind == "pending":
                 try:
-                    await self._forward(t, cid, chain_id, op, v, new, settle=settle)
+                    await self._forward(t, cid, chain_id, op, v, new, serving=serving, settle=settle)
                 except FS3Error as e:
                     await self._drop_refused(t, cid, v, e)
                     raise
@@ -295,7 +344,7 @@ class Replicator:
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
 
     async def _update_parallel(
-        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int, chain_ver: int
+        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int, chain_ver: int, serving: bool
     ) -> storage_pb2.IOResult:
         """:meth:`_update_locked` for a write of the whole content (see :func:`parallel_version`):
         store it here and forward it at the same time, then commit. The chunk's lock is held.
@@ -316,7 +365,9 @@ class Replicator:
         self._applying[key] = stored
         stored.add_done_callback(lambda f: self._applying.pop(key) if self._applying.get(key) is f else None)
         try:
-            forwarded = await self._forward(t, cid, chain_id, op, version, None, local=stored)
+            forwarded = await self._forward(
+                t, cid, chain_id, op, version, None, serving=serving, local=stored
+            )
         except BaseException as e:
             await self._local_outcome(t, cid, stored)
             if isinstance(e, FS3Error):
@@ -375,10 +426,11 @@ class Replicator:
             await t.engine.abort(cid, version)
 
     async def _settle_locked(
-        self, t: LocalTarget, cid: bytes, chain_id: int, meta: ChunkMeta
+        self, t: LocalTarget, cid: bytes, chain_id: int, meta: ChunkMeta, serving: bool
     ) -> ChunkMeta | None:
         """Finish a pending version no update is carrying any more: forward it as a whole-chunk
-        replace (or removal) and commit it. The chunk's lock is held."""
+        replace (or removal) and commit it. The chunk's lock is held; ``serving`` as for
+        :meth:`_check_round`."""
         pending = meta.pending
         assert pending is not None
         log.info(
@@ -388,7 +440,9 @@ class Replicator:
             pending.version,
         )
         op = Op(storage_pb2.UPDATE_REMOVE if pending.removal else storage_pb2.UPDATE_REPLACE, meta.chunk_size)
-        await self._forward(t, cid, chain_id, op, pending.version, meta, full=True, settle=True)
+        await self._forward(
+            t, cid, chain_id, op, pending.version, meta, serving=serving, full=True, settle=True
+        )
         return await t.engine.commit(cid, pending.version, chain_ver=self.targets.chain(chain_id).version)
 
     async def _forward(
@@ -400,6 +454,7 @@ class Replicator:
         version: int,
         meta: ChunkMeta | None,
         *,
+        serving: bool,
         full: bool = False,
         local: asyncio.Future | None = None,  # type: ignore[type-arg]
         settle: bool = False,
@@ -407,15 +462,16 @@ class Replicator:
         """Send pending ``version`` to the successor, retrying (with the newest routing each time)
         until it answers or ``forward_timeout_s`` passes. Returns None at the tail. ``local``, in
         a parallel update, is the local write still in progress: sending the whole chunk waits for
-        it. ``meta`` (the local metadata, when known) checks the successor's checksum. ``settle``:
-        the version finishes a pending one, which no successor refuses for space."""
+        it. ``meta`` (the local metadata, when known) checks the successor's checksum. ``serving``:
+        whether ``t`` was SERVING when the round began (see :meth:`_check_round`). ``settle``: the
+        version finishes a pending one, which no successor refuses for space."""
         deadline = time.monotonic() + self.forward_timeout_s
         backoff = 0.02
         whole: tuple[bytes, int] | None = None
         while True:
             routing = self.targets.routing
             chain = self.targets.chain(chain_id)
-            self.targets.check_replica(t)
+            self._check_round(t, serving)
             succ = chain.successor(t.target_id)
             if succ is None:
                 return None
@@ -780,9 +836,10 @@ class Replicator:
         """The committed version of a chunk at the chain's last SERVING target, after settling a
         pending version that no update in flight carries."""
         async with self.locks.hold(t.target_id, cid):
+            self.targets.check_readable(t)  # again: it may have left its place while waiting
             meta = await t.engine.get_meta(cid)
             if meta is not None and meta.pending is not None:
-                meta = await self._settle_locked(t, cid, chain_id, meta)
+                meta = await self._settle_locked(t, cid, chain_id, meta, True)
             return meta.committed_ver if meta is not None else 0
 
     async def query_committed(self, req: storage_pb2.QueryCommittedReq) -> storage_pb2.QueryCommittedRsp:
@@ -833,12 +890,18 @@ class Replicator:
             cid = chunk_id(req.inode_id, last_index)
             async with self.locks.hold(t.target_id, cid):
                 meta = await t.engine.get_meta(cid)
+                if meta is not None and meta.chunk_size != req.chunk_size:
+                    raise FS3Error(
+                        StatusCode.INVALID_ARGUMENT,
+                        f"chunk {cid.hex()} has chunk size {meta.chunk_size}, not {req.chunk_size}",
+                    )
+                if meta is not None and meta.pending is not None:
+                    # A pending version (of a write whose forward failed) is committed by whatever
+                    # comes next: settled now, the truncate applies on top of it; left, the next
+                    # update would settle it over the truncate and bring the bytes cut back.
+                    self.targets.check_head(t, self.targets.chain(req.chain_id))
+                    meta = await self._settle_locked(t, cid, req.chain_id, meta, True)
                 if meta is not None and meta.committed is not None:
-                    if meta.chunk_size != req.chunk_size:
-                        raise FS3Error(
-                            StatusCode.INVALID_ARGUMENT,
-                            f"chunk {cid.hex()} has chunk size {meta.chunk_size}, not {req.chunk_size}",
-                        )
                     if meta.committed.length != rest:
                         await self._update_locked(
                             t,

@@ -1,0 +1,370 @@
+"""CRAQ updates whose chain changes under them (craq ``Replicator``), and truncates of chunks that
+hold a pending version.
+
+A replica decides from routing whether it is the tail, and the tail commits without forwarding. One
+that mgmtd took out of the chain (OFFLINE, moved to the end; maybe back as SYNCING there) finds no
+successor after it; if it carried on with an update it took before, it would commit, and have its
+predecessors commit and acknowledge, a version no replica after its old place holds. These tests
+drive one daemon's Replicator in-process against a real chunk engine, with the other replicas
+faked (the RPCs they would get are recorded) and routing applied by hand at the moments that matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fs3.client.routing import Routing
+from fs3.client.storage_client import crc32c
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import common_pb2, mgmtd_pb2, storage_pb2
+from fs3.storage.async_engine import AsyncChunkEngine
+from fs3.storage.chain_ops import chunk_id
+from fs3.storage.chunk_engine import ChunkEngine
+from fs3.storage.craq import Replicator
+from fs3.storage.target_map import ONLINE, UPTODATE, LocalTarget, TargetMap
+
+pytestmark = pytest.mark.timeout(60)
+
+SERVING, SYNCING, OFFLINE = common_pb2.SERVING, common_pb2.SYNCING, common_pb2.OFFLINE
+CHUNK = 1 << 20
+INODE = 7
+CID = chunk_id(INODE, 0)
+
+# What the chain looks like in each test, by target id and public state, head first.
+ALL_SERVING = [(1, SERVING), (2, SERVING), (3, SERVING)]
+MIDDLE_OUT = [(1, SERVING), (3, SERVING), (2, OFFLINE)]
+MIDDLE_BACK = [(1, SERVING), (3, SERVING), (2, SYNCING)]
+HEAD_OUT = [(2, SERVING), (3, SERVING), (1, OFFLINE)]
+HEAD_BACK = [(2, SERVING), (3, SERVING), (1, SYNCING)]
+
+
+def routing(version: int, order: list[tuple[int, int]]) -> Routing:
+    """Chain 1 at ``version`` with ``order``'s targets (target n on node n)."""
+    info = mgmtd_pb2.RoutingInfo(version=version)
+    chain = info.chains.add(chain_id=1, version=version)
+    for tid, state in order:
+        chain.targets.add(target_id=tid, public_state=state)
+        info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=state)
+        node = info.nodes.add(node_id=tid, type=common_pb2.NODE_STORAGE)
+        node.endpoints.add(host="127.0.0.1", port=9000 + tid, transport="tcp")
+    return Routing(info)
+
+
+class FakeChain:
+    """The RPC client of the daemon under test, answering as the rest of the chain: every Update
+    succeeds (as if the successor committed it) unless ``on_update`` raises. ``on_update`` runs
+    first, with the request, while the update is in flight."""
+
+    def __init__(self) -> None:
+        self.updates: list[storage_pb2.UpdateReq] = []
+        self.on_update: Callable[[storage_pb2.UpdateReq], Awaitable[None]] | None = None
+
+    async def call(self, address, method, req, *, payload=None, **_):  # type: ignore[no-untyped-def]
+        assert method.name == "Update", method.name
+        self.updates.append(req)
+        if self.on_update is not None:
+            await self.on_update(req)
+        crc = crc32c(bytes(payload)) if req.io.type == storage_pb2.UPDATE_REPLACE else 0
+        return storage_pb2.IOResult(committed_version=req.io.update_version, crc32c=crc), None
+
+
+class Daemon(SimpleNamespace):
+    rep: Replicator
+    targets: TargetMap
+    target: LocalTarget
+    engine: ChunkEngine
+    chain: FakeChain
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path):
+    """A factory: ``await daemon(target_id, order)`` is one daemon holding that target of chain 1,
+    at version 1 with ``order``'s targets, its local state the one routing implies."""
+    executor = ThreadPoolExecutor(4)
+    engines: list[AsyncChunkEngine] = []
+
+    async def make(target_id: int, order: list[tuple[int, int]]) -> Daemon:
+        engine = AsyncChunkEngine(ChunkEngine(tmp_path / f"t{target_id}"), executor)
+        engines.append(engine)
+        t = LocalTarget(target_id, tmp_path / f"t{target_id}", engine)
+        targets = TargetMap(target_id, [t])
+        targets.apply_routing(routing(1, order))
+        t.local_state = UPTODATE if t.public_state == SERVING else ONLINE
+        chain = FakeChain()
+        rep = Replicator(
+            targets,
+            SimpleNamespace(refresh_soon=lambda: None),  # type: ignore[arg-type]
+            chain,  # type: ignore[arg-type]
+            executor,
+            forward_timeout_s=5.0,
+        )
+        return Daemon(rep=rep, targets=targets, target=t, engine=engine.engine, chain=chain)
+
+    try:
+        yield make
+    finally:
+        for engine in engines:
+            await engine.close()
+        executor.shutdown()
+
+
+def forwarded(data: bytes, offset: int = 0, *, target_id: int = 2, **flags):  # type: ignore[no-untyped-def]
+    """An UpdateReq as the predecessor forwards (at chain version 1) a write of ``data`` at
+    ``offset`` of chunk CID, as its version 1; with ``commit``, a resync copy of it."""
+    req = storage_pb2.UpdateReq(target_id=target_id, **flags)
+    io = req.io
+    io.key.chain_id, io.key.chain_version, io.key.inode_id, io.key.chunk_index = 1, 1, INODE, 0
+    io.type = storage_pb2.UPDATE_REPLACE if flags.get("commit") else storage_pb2.UPDATE_WRITE
+    io.offset, io.length, io.chunk_size, io.crc32c = offset, len(data), CHUNK, crc32c(data)
+    io.update_version = 1
+    return req
+
+
+def client_write(data: bytes, offset: int = 0) -> storage_pb2.WriteReq:
+    req = storage_pb2.WriteReq()
+    io = req.io
+    io.key.chain_id, io.key.chain_version, io.key.inode_id, io.key.chunk_index = 1, 1, INODE, 0
+    io.type = storage_pb2.UPDATE_WRITE
+    io.offset, io.length, io.chunk_size, io.crc32c = offset, len(data), CHUNK, crc32c(data)
+    return req
+
+
+async def wait_for_lock_waiter(d: Daemon) -> None:
+    """Until a second user queues on CID's lock (the update under test)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while d.rep.locks._locks.get((d.target.target_id, CID), (None, 0))[1] < 2:
+        assert loop.time() < deadline, "the update never reached the chunk's lock"
+        await asyncio.sleep(0.001)
+
+
+async def update_after_chain_change(d: Daemon, req: storage_pb2.UpdateReq, *orders) -> storage_pb2.IOResult:
+    """``chain_update(req)`` while CID's lock is held elsewhere (the first try of the same update,
+    say, stuck forwarding to a slow successor); the chain goes through ``orders`` (versions 2, 3, …)
+    while the update waits, then the lock is let go."""
+    hold = d.rep.locks.hold(d.target.target_id, CID)
+    await hold.__aenter__()
+    try:
+        update = asyncio.ensure_future(d.rep.chain_update(req, memoryview(b"x" * req.io.length)))
+        await wait_for_lock_waiter(d)
+        for version, order in enumerate(orders, start=2):
+            d.targets.apply_routing(routing(version, order))
+    finally:
+        await hold.__aexit__(None, None, None)
+    return await update
+
+
+# -- a forwarded update that waited for the chunk's lock ------------------------------------------
+
+
+@pytest.mark.parametrize("orders", [[MIDDLE_OUT], [MIDDLE_OUT, MIDDLE_BACK]], ids=["offline", "back-syncing"])
+async def test_a_forward_to_a_replica_that_left_its_place_while_waiting_commits_nothing(
+    daemon, orders
+) -> None:
+    """Chain [1,2,3]: target 2 is demoted (to OFFLINE at the end, then maybe back as SYNCING there)
+    while the forward waits for the chunk's lock. At the end it has no successor; committing there
+    would have target 1 commit and acknowledge a write target 3 never got."""
+    d = await daemon(2, ALL_SERVING)
+    with pytest.raises(FS3Error) as err:
+        await update_after_chain_change(d, forwarded(b"x" * 100), *orders)
+    assert err.value.code is StatusCode.STORAGE_CHAIN_VERSION_MISMATCH
+    assert d.engine.get_meta(CID) is None
+    assert d.chain.updates == []
+
+
+async def test_a_resync_copy_that_waited_across_a_chain_change_is_not_installed(daemon) -> None:
+    """Target 2 is SYNCING; it leaves and comes back SYNCING while a resync copy of the sync begun
+    at version 1 waits for the lock. That sync's list of chunks is stale (see storage.resync): its
+    copy must not be installed as committed."""
+    d = await daemon(2, [(1, SERVING), (2, SYNCING)])
+    req = forwarded(b"x" * 100, syncing=True, commit=True)
+    with pytest.raises(FS3Error) as err:
+        await update_after_chain_change(d, req, [(1, SERVING), (2, OFFLINE)], [(1, SERVING), (2, SYNCING)])
+    assert err.value.code is StatusCode.STORAGE_CHAIN_VERSION_MISMATCH
+    assert d.engine.get_meta(CID) is None
+
+
+async def test_a_forward_that_waited_on_an_unchanged_chain_commits(daemon) -> None:
+    d = await daemon(3, ALL_SERVING)
+    r = await update_after_chain_change(d, forwarded(b"x" * 100, target_id=3))
+    assert (r.committed_version, r.length) == (1, 100)
+    assert d.engine.get_meta(CID).committed_ver == 1
+    assert d.chain.updates == []  # the tail forwards nothing
+
+
+@pytest.mark.parametrize(
+    ("target_id", "order", "syncing"),
+    [
+        (3, [(1, SERVING), (2, SERVING), (3, SERVING), (4, OFFLINE)], False),
+        (3, [(1, SERVING), (3, SERVING), (2, OFFLINE)], False),
+        (2, [(1, SERVING), (2, SYNCING)], True),
+    ],
+    ids=["tail", "tail-after-demotion", "syncing-tail"],
+)
+async def test_the_tail_commits_a_forward(daemon, target_id, order, syncing) -> None:
+    """The tail (with OFFLINE targets after it, or SYNCING itself) commits without forwarding."""
+    d = await daemon(target_id, order)
+    req = forwarded(b"y" * 50, target_id=target_id, syncing=syncing)
+    r = await d.rep.chain_update(req, memoryview(b"y" * 50))
+    assert (r.committed_version, r.length) == (1, 50)
+    meta = d.engine.get_meta(CID)
+    assert (meta.committed_ver, meta.pending) == (1, None)
+    assert d.chain.updates == []
+
+
+async def test_a_replica_whose_successor_leaves_during_the_forward_commits_as_the_tail(daemon) -> None:
+    d = await daemon(2, ALL_SERVING)
+
+    async def successor_fails(req: storage_pb2.UpdateReq) -> None:
+        d.chain.on_update = None
+        d.targets.apply_routing(routing(2, [(1, SERVING), (2, SERVING), (3, OFFLINE)]))
+        raise FS3Error(StatusCode.UNAVAILABLE, "target 3 is gone")
+
+    d.chain.on_update = successor_fails
+    r = await d.rep.chain_update(forwarded(b"z" * 10), memoryview(b"z" * 10))
+    assert r.committed_version == 1
+    assert d.engine.get_meta(CID).committed_ver == 1
+    assert len(d.chain.updates) == 1
+
+
+# -- a replica taken out of the chain during its round ---------------------------------------------
+
+
+@pytest.mark.parametrize("offset", [0, 10], ids=["whole-chunk", "in-place"])
+@pytest.mark.parametrize("position", ["head", "middle"])
+async def test_a_replica_that_comes_back_syncing_during_its_forward_does_not_commit(
+    daemon, position, offset
+) -> None:
+    """The forward to the successor fails while mgmtd takes this target out of the chain and it
+    comes back SYNCING at the end; the retry finds no successor after it. It must fail the update
+    (left pending, which its resync replaces), not commit it as the tail. (A write from offset 0
+    is stored and forwarded at the same time, see ``Replicator._update_parallel``.)"""
+    tid, out, back = (1, HEAD_OUT, HEAD_BACK) if position == "head" else (2, MIDDLE_OUT, MIDDLE_BACK)
+    d = await daemon(tid, ALL_SERVING)
+
+    async def taken_out_and_back(req: storage_pb2.UpdateReq) -> None:
+        d.targets.apply_routing(routing(2, out))
+        d.targets.apply_routing(routing(3, back))
+        raise FS3Error(StatusCode.UNAVAILABLE, "successor timed out")
+
+    d.chain.on_update = taken_out_and_back
+    with pytest.raises(FS3Error) as err:
+        if position == "head":
+            await d.rep.client_update(client_write(b"w" * 10, offset), memoryview(b"w" * 10))
+        else:
+            await d.rep.chain_update(forwarded(b"w" * 10, offset), memoryview(b"w" * 10))
+    assert err.value.code is StatusCode.STORAGE_ROUTING_STALE
+    meta = d.engine.get_meta(CID)
+    assert (meta.committed_ver, meta.pending_ver) == (0, 1)
+    assert len(d.chain.updates) == 1
+
+
+async def test_a_head_demoted_while_it_settles_does_not_commit_the_clients_write(daemon) -> None:
+    """The client's write finds a pending version (of an earlier failed write) and settles it
+    first; the head is demoted while the settle is forwarded. The client's write must not then be
+    committed here alone, the head having no successor at the chain's end."""
+    d = await daemon(1, ALL_SERVING)
+    await d.target.engine.update(CID, 0, b"a" * 100, chunk_size=CHUNK, chain_ver=1)
+    await d.target.engine.commit(CID, 1)
+    await d.target.engine.update(CID, 0, b"b" * 100, chunk_size=CHUNK, chain_ver=1)  # pending v2
+
+    async def demoted(req: storage_pb2.UpdateReq) -> None:
+        d.chain.on_update = None
+        assert req.settle and req.io.update_version == 2
+        d.targets.apply_routing(routing(2, HEAD_OUT))
+
+    d.chain.on_update = demoted
+    with pytest.raises(FS3Error) as err:
+        await d.rep.client_update(client_write(b"c" * 10), memoryview(b"c" * 10))
+    assert err.value.code in (StatusCode.STORAGE_NOT_HEAD, StatusCode.STORAGE_ROUTING_STALE)
+    meta = d.engine.get_meta(CID)
+    assert (meta.committed_ver, meta.pending) == (2, None)  # the settled version, and no more
+    assert bytes(d.engine.read(CID).data) == b"b" * 100
+    assert len(d.chain.updates) == 1
+
+
+async def test_the_tail_demoted_while_a_query_waits_answers_no_committed_version(daemon) -> None:
+    """A replica holding a pending version asks the tail which version is committed; the query
+    waits for the chunk's lock while the tail is demoted (the new tail may commit newer versions
+    from now on). It must refuse, not answer for a chain it is no longer the tail of."""
+    d = await daemon(3, ALL_SERVING)
+    await d.target.engine.update(CID, 0, b"a" * 100, chunk_size=CHUNK, chain_ver=1)
+    await d.target.engine.commit(CID, 1)
+    req = storage_pb2.QueryCommittedReq()
+    req.key.chain_id, req.key.chain_version, req.key.inode_id, req.key.chunk_index = 1, 1, INODE, 0
+    hold = d.rep.locks.hold(3, CID)
+    await hold.__aenter__()
+    try:
+        query = asyncio.ensure_future(d.rep.query_committed(req))
+        await wait_for_lock_waiter(d)
+        d.targets.apply_routing(routing(2, [(1, SERVING), (2, SERVING), (3, OFFLINE)]))
+    finally:
+        await hold.__aexit__(None, None, None)
+    with pytest.raises(FS3Error) as err:
+        await query
+    assert err.value.code is StatusCode.STORAGE_TARGET_NOT_SERVING
+
+
+# -- truncates of chunks holding a pending version -------------------------------------------------
+
+
+def truncate_req(length: int) -> storage_pb2.TruncateChunksReq:
+    return storage_pb2.TruncateChunksReq(
+        chain_id=1, chain_version=1, inode_id=INODE, chunk_size=CHUNK, length=length
+    )
+
+
+async def test_a_truncate_settles_the_pending_version_of_the_last_chunk_first(daemon) -> None:
+    """Committed: 1000 bytes. Pending (a write whose forward failed): 2000 more at 1000. A truncate
+    to 1000 must leave 1000 bytes for good; the pending version, committed by the next write's
+    settle, must not bring the 2000 bytes back."""
+    d = await daemon(1, [(1, SERVING), (2, SERVING)])
+    eng = d.target.engine
+    await eng.update(CID, 0, b"A" * 1000, chunk_size=CHUNK, chain_ver=1)
+    await eng.commit(CID, 1)
+    await eng.update(CID, 1000, b"B" * 2000, chunk_size=CHUNK, chain_ver=1)  # pending v2
+
+    rsp = await d.rep.truncate_chunks(truncate_req(1000))
+    assert rsp.truncated
+    meta = d.engine.get_meta(CID)
+    assert (meta.committed.length, meta.pending) == (1000, None)
+    r = await d.rep.client_update(client_write(b"Z"), memoryview(b"Z"))
+    assert r.length == 1000
+    assert bytes(d.engine.read(CID).data) == b"Z" + b"A" * 999
+    # the successor got the settle (whole chunk, all 3000 bytes), then the truncate, then the write
+    sent = [(u.settle, u.io.type, u.io.update_version, u.io.length) for u in d.chain.updates]
+    assert sent == [
+        (True, storage_pb2.UPDATE_REPLACE, 2, 3000),
+        (False, storage_pb2.UPDATE_TRUNCATE, 3, 1000),
+        (False, storage_pb2.UPDATE_WRITE, 4, 1),
+    ]
+
+
+async def test_a_truncate_of_a_chunk_that_exists_only_as_pending(daemon) -> None:
+    d = await daemon(1, [(1, SERVING), (2, SERVING)])
+    await d.target.engine.update(CID, 0, b"P" * 2000, chunk_size=CHUNK, chain_ver=1)  # pending v1
+    rsp = await d.rep.truncate_chunks(truncate_req(1000))
+    assert rsp.truncated
+    meta = d.engine.get_meta(CID)
+    assert (meta.committed.length, meta.pending) == (1000, None)
+    await d.rep.client_update(client_write(b"Z"), memoryview(b"Z"))
+    assert bytes(d.engine.read(CID).data) == b"Z" + b"P" * 999
+
+
+async def test_a_truncate_removes_chunks_past_it_that_exist_only_as_pending(daemon) -> None:
+    d = await daemon(1, [(1, SERVING), (2, SERVING)])
+    eng = d.target.engine
+    await eng.update(CID, 0, b"A" * 1000, chunk_size=CHUNK, chain_ver=1)
+    await eng.commit(CID, 1)
+    past = chunk_id(INODE, 1)
+    await eng.update(past, 0, b"B" * 500, chunk_size=CHUNK, chain_ver=1)  # pending v1 only
+    rsp = await d.rep.truncate_chunks(truncate_req(1000))
+    assert rsp.removed == 1
+    assert d.engine.get_meta(past) is None
+    assert d.engine.get_meta(CID).committed.length == 1000
