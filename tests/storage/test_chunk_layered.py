@@ -158,7 +158,9 @@ def test_overwrite_never_builds_on_a_corrupt_base(engine: ChunkEngine) -> None:
     overlay = engine.get_meta(cid(1)).committed
     assert overlay.layered
     with open(engine._files.path(cid(1), overlay.overlay_file_id), "r+b") as f:  # noqa: SLF001
-        f.write(b"\0\0")
+        first = f.read(2)
+        f.seek(0)
+        f.write(bytes(b ^ 0xFF for b in first))
     with pytest.raises(FS3Error) as err:
         engine.update(cid(1), 0, b"y", chunk_size=CS, chain_ver=1)
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
@@ -315,8 +317,10 @@ def test_several_ranges_never_build_on_a_corrupt_base_or_fold_a_corrupt_run(engi
     layered = engine.get_meta(cid(1)).committed
     assert layered.overlay_runs == ((1, 2), (3, 4))
     with open(engine._files.path(cid(1), layered.overlay_file_id), "r+b") as f:  # noqa: SLF001
-        f.seek(B + 7)  # in the second run
-        f.write(b"\0")
+        f.seek(B + 7)  # in the second run: flip a bit (a zero written there is no change 1 time in 256)
+        byte = f.read(1)[0]
+        f.seek(B + 7)
+        f.write(bytes([byte ^ 1]))
     with pytest.raises(FS3Error) as err:
         engine.read(cid(1), 3 * B, 10)
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH and "block 3" in err.value.message
