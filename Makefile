@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-SYSTEM_PACKAGES := fuse3 libfuse3-dev pkg-config fio rsync git e2fsprogs xfsprogs
+# python3-venv, python3-dev and gcc: the venv, and pyfuse3, which pip builds from source
+SYSTEM_PACKAGES := python3-venv python3-dev gcc fuse3 libfuse3-dev pkg-config fio rsync git e2fsprogs xfsprogs
 PROTOS := $(wildcard proto/*.proto)
 RUN_DIR ?= $(HOME)/.local/share/fs3/local
 MOUNT ?= /mnt/fs3

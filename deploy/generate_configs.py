@@ -50,6 +50,7 @@ PRODUCTION: dict[str, dict[str, Any]] = {
     },
     "client": {
         "mgmtd_addresses": MGMTD,
+        "cluster_secret_file": SECRET,
         "token_file": "/etc/fs3/token",
         "metrics_port": 9300,
     },

@@ -22,7 +22,8 @@ async def serve(cfg: StorageConfig, *, port_file: str | None = None) -> int:
     from fs3.storage.daemon import StorageDaemon
 
     storage_daemon = StorageDaemon(cfg, secret=read_secret(cfg.cluster_secret_file))
-    metrics_server = metrics.serve(cfg.metrics_port) if cfg.metrics_port else None
+    # on the daemon's address, as mgmtd and meta do: Prometheus scrapes it from another host
+    metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host) if cfg.metrics_port else None
     try:
         await storage_daemon.start()
     except BaseException:

@@ -98,3 +98,12 @@ def test_editable_install_imports_all_packages(tmp_path):
     # from elsewhere, through the editable finder, and from the checkout itself
     assert str(src / "meta" / "__init__.py") in run(py, "-c", IMPORT_ALL, cwd=tmp_path)
     assert str(src / "meta" / "__init__.py") in run(py, "-c", IMPORT_ALL, cwd=src)
+
+
+def test_make_installs_what_a_fresh_debian_needs_to_build_the_venv() -> None:
+    """python3 -m venv needs python3-venv on Debian, and pip builds pyfuse3 from source (gcc and
+    the Python headers): make's system-packages step must install them."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("SYSTEM_PACKAGES :="))
+    packages = set(line.split(":=", 1)[1].split())
+    assert {"python3-venv", "python3-dev", "gcc", "fuse3", "libfuse3-dev", "pkg-config"} <= packages

@@ -64,6 +64,7 @@ def _read_text(path: str) -> str:
 def _write_secret(path: str, token: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT: make it private
         os.write(fd, token.encode() + b"\n")
     finally:
         os.close(fd)

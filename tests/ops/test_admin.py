@@ -167,6 +167,8 @@ def test_no_credentials_says_how_to_give_them(mgmtd: Mgmtd) -> None:
 
 def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     token_file = tmp_path / "alice.token"
+    token_file.write_text("old\n")
+    token_file.chmod(0o644)  # an existing file: the token must not stay readable by all
     add = mgmtd.admin("user-add", "1000", "alice", "--groups", "10,20", "--token-out", str(token_file))
     assert add.returncode == 0, add.stderr
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600

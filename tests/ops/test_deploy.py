@@ -91,6 +91,22 @@ def test_unit_runs_a_command_that_accepts_its_config_template(path: Path) -> Non
     assert check.returncode == 0, check.stderr
     # the unit validates the installed file the same way before starting
     assert f"config-template {CONFIG_OF[command]} --check {config}" in svc["ExecStartPre"]
+    if command == "mount":
+        # the unit's process must be the one serving the mount: a detaching fs3 mount's first
+        # process exits 0, which Type=simple takes for the end of the service (systemd unmounts)
+        assert "--foreground" in argv and svc.get("Type", "simple") == "simple"
+
+
+def test_every_template_names_the_cluster_secret() -> None:
+    """Clients included: without it a client speaks with the development secret and every
+    production server refuses it."""
+    secrets = set()
+    for service in ("mgmtd", "meta", "storage", "client"):
+        text = (DEPLOY / "config" / f"{service}.toml").read_text()
+        found = re.findall(r'^cluster_secret_file = "(.*)"$', text, re.M)
+        assert found and found[0], f"{service}.toml names no cluster_secret_file"
+        secrets.add(found[0])
+    assert len(secrets) == 1, secrets
 
 
 @pytest.mark.parametrize("path", UNITS, ids=lambda p: p.name)

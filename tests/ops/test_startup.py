@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,25 @@ def test_sigterm_stops_every_daemon_cleanly(tmp_path: Path, spawner: Spawner) ->
     for name in ("meta", "storage", "mgmtd"):
         log = (tmp_path / f"{name}.log").read_text()
         assert "shutdown requested" in log and "Traceback" not in log, log[-3000:]
+
+
+def test_storage_serves_metrics_on_its_listen_address(tmp_path: Path, spawner) -> None:
+    """Prometheus scrapes /metrics from another host: storage binds it to its listen_host, as mgmtd
+    and meta do (it was always 127.0.0.1). 127.0.0.2 stands in for a routable address here."""
+    port = free_port()
+    cfg = config(
+        tmp_path,
+        "storage",
+        f'listen_host = "127.0.0.2"\nmetrics_port = {port}\nmgmtd_connect_timeout_s = 60.0',
+    )
+    p = spawner.start("storage", [sys.executable, "-m", "fs3.storage", "--config", str(cfg)])
+
+    def scraped() -> bool:
+        assert p.poll() is None, (tmp_path / "storage.log").read_text()[-2000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=2) as r:
+                return b"fs3_" in r.read()
+        except OSError:
+            return False
+
+    wait_for(scraped, 30, "storage metrics on 127.0.0.2")  # served while it waits for mgmtd
