@@ -269,9 +269,21 @@ async def _listen(server: RpcServer, host: str, port: int) -> int:
 
 def _claim_target_dir(path: Path, target_id: int) -> None:
     """Create the target directory if needed and check that it belongs to ``target_id`` (a file
-    in it records the id on first use), so a config that swaps two paths is caught at startup."""
+    in it records the id on first use), so a config that swaps two paths is caught at startup.
+
+    Only the target directory itself is created, never its parents: a target's parent is on its
+    disk, and a disk that failed to mount at boot leaves a bare mount point; creating the path
+    there would start an empty target on the root file system (resynced in full there, or served
+    empty as the last server of its chain)."""
+    if not path.parent.is_dir():
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID,
+            f"target directory {path}: its parent {path.parent} is not an existing directory (is the "
+            "target's disk mounted? make the parent on the disk once; fs3 creates only the target "
+            "directory itself)",
+        )
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(exist_ok=True)
         marker = path / _TARGET_ID_FILE
         if marker.exists():
             recorded = marker.read_text().strip()

@@ -364,6 +364,8 @@ class Cluster:
         self.mgmtd_address = f"127.0.0.1:{port}"
 
     def storage_config(self, node: StorageNode) -> Path:
+        for p in node.targets.values():
+            p.parent.mkdir(parents=True, exist_ok=True)  # the "disk" (storage creates the target dir)
         return write_config(
             self.tmp / f"storage-{node.node_id}.toml",
             {

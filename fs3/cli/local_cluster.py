@@ -114,6 +114,13 @@ class LocalCluster:
     def target_dir(self, node_id: int, target_id: int) -> Path:
         return self.root / "storage" / str(node_id) / f"target-{target_id}"
 
+    @staticmethod
+    def _disk_of(target: Path) -> Path:
+        """The target path, with its parent (the node's "disk") made: storage creates only the
+        target directory itself."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
     def config_path(self, name: str) -> Path:
         return self.config_dir / f"{name}.toml"
 
@@ -201,7 +208,7 @@ class LocalCluster:
                 metrics_port=st.ports[f"storage-{node_id}_metrics"],
                 mgmtd_addresses=mgmtd,
                 transport="tcp",
-                target_paths=[str(self.target_dir(node_id, t)) for t in tids],
+                target_paths=[str(self._disk_of(self.target_dir(node_id, t))) for t in tids],
                 target_ids=tids,
                 log=dataclasses.replace(log),
                 **common,

@@ -137,6 +137,20 @@ def test_daemon_with_unusable_target_dir_exits_with_one_line(tmp_path):
     assert len(lines) == 1 and str(blocker / "t") in lines[0], r.stderr
 
 
+def test_a_target_whose_disk_is_not_mounted_is_not_made_on_the_root_disk(tmp_path):
+    """The parent of a target directory is on the target's disk; if it is missing (a disk that did
+    not mount at boot leaves a bare mount point) the daemon refuses to start instead of starting an
+    empty target on whatever file system the mount point is on."""
+    mount_point = tmp_path / "data1"
+    mount_point.mkdir()
+    target = mount_point / "fs3" / "target-1"
+    r = _run_storage(tmp_path, listen_port=0, target_paths=[str(target)], target_ids=[1])
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(target) in lines[0] and "mounted" in lines[0], r.stderr
+    assert not (mount_point / "fs3").exists()
+
+
 def test_daemon_with_mismatched_target_ids_exits_with_one_line(tmp_path):
     r = _run_storage(tmp_path, target_paths=[str(tmp_path / "a"), str(tmp_path / "b")], target_ids=[1])
     assert r.returncode != 0
