@@ -51,7 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="PATH", help="client TOML config (default: built-in defaults)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", default="", help="extra FUSE mount options, comma separated")
-    p.add_argument("--log-level", help="override log.level")
+    p.add_argument(
+        "--log-level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        type=str.upper,
+        help="override log.level",
+    )
     return p
 
 
@@ -203,7 +208,11 @@ def main(argv: list[str]) -> int:
         return 2
     from fs3.log import setup_logging
 
-    setup_logging(cfg.log, "fuse")
+    try:
+        setup_logging(cfg.log, "fuse")
+    except OSError as e:
+        sys.stderr.write(f"fs3 mount: cannot open log file {cfg.log.file}: {e.strerror}\n")
+        return 2
     ready: Callable[[], None] = lambda: None  # noqa: E731
     if not args.foreground:
         _, ready = _detach()

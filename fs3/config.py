@@ -42,6 +42,11 @@ def _fraction(v: Any) -> str | None:
     return None if 0 <= v < 1 else "must be a fraction 0 <= x < 1"
 
 
+def _chunk_size(v: Any) -> str | None:
+    ok = isinstance(v, int) and 64 << 10 <= v <= 64 << 20 and v & (v - 1) == 0
+    return None if ok else "must be a power of two from 65536 (64 KiB) to 67108864 (64 MiB)"
+
+
 def _port(v: Any) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535 (0 = any free port)"
 
@@ -195,7 +200,7 @@ class MetaConfig:
     )
     default_chain_table: int = opt(1, doc="chain table of new files unless a directory says otherwise")
     default_chunk_size: int = opt(
-        1 << 20, doc="chunk size of new files (power of two, 64 KiB..64 MiB)", check=_positive
+        1 << 20, doc="chunk size of new files (power of two, 64 KiB..64 MiB)", check=_chunk_size
     )
     default_stripe: int = opt(1, doc="chains per new file unless a directory says otherwise", check=_positive)
     idem_ttl_s: float = opt(

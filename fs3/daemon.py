@@ -81,7 +81,12 @@ def parser(
     if kv:
         p.add_argument("--kv-engine", choices=("lmdb", "fdb", "mem"), help="override kv.engine")
         p.add_argument("--kv-path", help="override kv.path")
-    p.add_argument("--log-level", help="override log.level")
+    p.add_argument(
+        "--log-level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        type=str.upper,
+        help="override log.level",
+    )
     p.add_argument("--port-file", metavar="PATH", help="write the bound port here once serving")
     return p
 

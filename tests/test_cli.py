@@ -63,3 +63,27 @@ def test_config_check_reports_unknown_key(tmp_path):
     out = fs3("config-template", "meta", "--check", str(path))
     assert out.returncode == 1
     assert "unknown key 'listen_prot'" in out.stderr and str(path) in out.stderr
+
+
+@pytest.mark.parametrize("service", ["mgmtd", "meta", "storage", "mount"])
+def test_a_bad_log_level_is_a_usage_error_not_a_traceback(service: str) -> None:
+    argv = ["mount", "/tmp"] if service == "mount" else [service]
+    out = fs3(*argv, "--log-level", "verbose")
+    assert out.returncode == 2 and "--log-level" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_admin_number_lists_are_usage_errors_not_tracebacks() -> None:
+    out = fs3("admin", "gen-chains", "--nodes", "3", "--disks", "1", "--targets-per-disk", "1",
+              "--replicas", "3", "--node-ids", "a,b,c")  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "fs3 admin gen-chains: --node-ids takes comma-separated numbers, not 'a,b,c'"
+
+
+def test_mount_with_an_unwritable_log_file_says_so_in_one_line(tmp_path) -> None:
+    cfg = tmp_path / "client.toml"
+    cfg.write_text('[log]\nfile = "/nonexistent/dir/x.log"\n')
+    out = fs3("mount", str(tmp_path), "--config", str(cfg), "--foreground")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "fs3 mount: cannot open log file /nonexistent/dir/x.log: No such file or directory"
+    ]

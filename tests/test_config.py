@@ -50,6 +50,8 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("kv = 3\n", "must be a table"),
         ("mgmtd_addresses = 'a:1'\n", "expected a list"),
         ("gc_interval_s = -1\n", "must be > 0"),
+        ("default_chunk_size = 1000000\n", "must be a power of two"),  # meta refused it only later
+        ("default_chunk_size = 32768\n", "'default_chunk_size'"),
     ],
 )
 def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):

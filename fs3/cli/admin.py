@@ -51,6 +51,14 @@ class UsageError(Exception):
     """Bad arguments found after parsing (exit status 2)."""
 
 
+def int_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of integers from option ``option`` (UsageError if it is not one)."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{option} takes comma-separated numbers, not {text!r}") from None
+
+
 @dataclass
 class Result:
     """What a command shows: rows under ``columns`` (a table, or a JSON list), or one ``value``

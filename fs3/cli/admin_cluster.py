@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fs3.cli.admin import Connection, Result, UsageError, command
+from fs3.cli.admin import Connection, Result, UsageError, command, int_list
 from fs3.proto import common_pb2, mgmtd_pb2
 
 NODE_TYPES = {
@@ -359,10 +359,7 @@ def _preferred_args(p: argparse.ArgumentParser) -> None:
     _preferred_args,
 )
 async def set_preferred_order(conn: Connection, args: argparse.Namespace) -> Result:
-    try:
-        tids = [int(x) for x in args.target_ids.split(",")]
-    except ValueError:
-        raise UsageError(f"target ids must be integers: {args.target_ids!r}") from None
+    tids = int_list(args.target_ids, "target_ids")
     chain = await conn.mgmtd_client().set_preferred_order(args.chain_id, tids)
     return _chain_result(chain, "preferred order set")
 
@@ -390,7 +387,7 @@ def _user_add_args(p: argparse.ArgumentParser) -> None:
 
 @command("user-add", "create a user and issue its first token", _user_add_args)
 async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
-    groups = [int(g) for g in args.groups.split(",") if g.strip()]
+    groups = int_list(args.groups, "--groups")
     gid = args.uid if args.gid is None else args.gid
     token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
     return _token_result(

@@ -16,7 +16,7 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command
+from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command, int_list
 
 TARGETS_FILE = "targets.csv"
 CHAINS_FILE = "chains.csv"
@@ -123,7 +123,7 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
 async def gen_chains(conn: Connection, args: argparse.Namespace) -> Result:
     from fs3.placement import generate_chains
 
-    node_ids = [int(x) for x in args.node_ids.split(",")] if args.node_ids else None
+    node_ids = int_list(args.node_ids, "--node-ids") if args.node_ids else None
     try:
         placement = generate_chains(
             args.nodes, args.disks, args.targets_per_disk, args.replicas, node_ids=node_ids, seed=args.seed

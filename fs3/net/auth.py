@@ -47,6 +47,13 @@ def read_secret(path: str) -> bytes | None:
         ) from None
     if len(secret) < 16:
         raise FS3Error(StatusCode.CONFIG_INVALID, f"cluster secret in {path} is shorter than 16 bytes")
+    if not (secret.isascii() and all(32 < b < 127 for b in secret)):
+        # it travels in gRPC metadata (to mgmtd), which takes printable ASCII only
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID,
+            f"cluster secret in {path} must be printable ASCII without spaces (make one with "
+            "'head -c 32 /dev/urandom | xxd -p -c 64')",
+        )
     return secret
 
 

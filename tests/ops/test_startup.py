@@ -234,3 +234,13 @@ def test_storage_serves_metrics_on_its_listen_address(tmp_path: Path, spawner) -
             return False
 
     wait_for(scraped, 30, "storage metrics on 127.0.0.2")  # served while it waits for mgmtd
+
+
+@pytest.mark.parametrize("service", DAEMONS)
+def test_a_binary_cluster_secret_is_refused_in_one_line(tmp_path: Path, service: str) -> None:
+    """The secret travels in gRPC metadata (to mgmtd), which takes printable ASCII: raw random bytes
+    used to pass the check and then fail with a UnicodeDecodeError traceback in meta and storage."""
+    cfg = config(tmp_path, service)
+    (tmp_path / "secret").write_bytes(bytes(range(200, 240)))
+    line = the_line(run_daemon(service, cfg), service)
+    assert "printable ASCII" in line and str(tmp_path / "secret") in line
