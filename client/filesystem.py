@@ -490,7 +490,7 @@ class FileSystem:
         flush error of the file this handle has not reported yet is raised after the session ends."""
         error: Exception | None = None
         try:
-            await h.flush_buffer()
+            await h.flush_buffer(report=h.writable)  # a reader's close reports no write error
         except Exception as e:
             error = e
         finally:

@@ -429,7 +429,10 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def flush(self, fh: int) -> None:
-        await self._report(self._handles[fh])
+        # close(2): a descriptor that cannot write is told of no write-back error (as on Linux,
+        # where only fsync reports one to a read-only descriptor)
+        handle = self._handles[fh]
+        await self._report(handle, raise_errors=handle.writable)
 
     @_translate
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -73,6 +73,18 @@ async def test_every_open_handle_hears_of_it_once(fs: FileSystem) -> None:
         await h.close()
 
 
+async def test_closing_a_reader_reports_no_write_error(fs: FileSystem) -> None:
+    """As on Linux: a descriptor that cannot write is not told of a write-back error at close (its
+    fsync would be)."""
+    w = await fs.open("/read-while-failing", "w")
+    r = await fs.open("/read-while-failing", "r")
+    await w.write(b"x" * 5000)
+    with pytest.raises(FS3Error):
+        await w.fsync()
+    await r.close()
+    await w.close()
+
+
 async def test_the_failing_writer_is_told_at_its_next_write_and_still_at_close(fs: FileSystem) -> None:
     f = await fs.open("/writer", "w")
     await f.write(b"a" * (1 << 20))  # a whole chunk: its flush starts at once, in the background
@@ -117,3 +129,12 @@ def _mount_checks(mnt: Path) -> None:
         os.close(fd1)  # fd1 has not been told yet
     assert e.value.errno == errno.ENOSPC
     os.close(fd2)
+
+    # closing a read-only descriptor reports no write-back error (fsync on it would)
+    reader = os.open(path, os.O_RDONLY)
+    fd3 = os.open(path, os.O_WRONLY)
+    os.write(fd3, b"v" * 10_000)
+    with pytest.raises(OSError):
+        os.fsync(fd3)
+    os.close(reader)
+    os.close(fd3)
