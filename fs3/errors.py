@@ -102,9 +102,9 @@ class StatusCode(enum.IntEnum):
 
 # The one table from status code to errno. Anything not listed maps to EIO.
 #
-# Transient codes (UNAVAILABLE, ABORTED, KV_CONFLICT, KV_RETRY_LIMIT, CANCELLED) reach a POSIX
-# caller only once the client's own retries have run out, so they are EIO, like any other failed
-# I/O. Not EAGAIN: on a blocking file that means "no data yet" (Python's FileIO.readall() takes it as
+# Transient codes (UNAVAILABLE, ABORTED, KV_CONFLICT, KV_RETRY_LIMIT, CANCELLED, and a connection
+# refused or lost) reach a POSIX caller only once the client's own retries have run out, so they
+# are EIO, like any other failed I/O on a file system (not "Connection refused" from a stat). Not EAGAIN: on a blocking file that means "no data yet" (Python's FileIO.readall() takes it as
 # the end and returns what it has, silently short), and not EINTR: no signal interrupted anything,
 # and Python (PEP 475) re-issues a call that fails with it, for ever if the cause persists.
 ERRNO: dict[StatusCode, int] = {
@@ -122,10 +122,10 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.NOT_IMPLEMENTED: _errno.ENOSYS,
     StatusCode.CANCELLED: _errno.EIO,
     StatusCode.CONFIG_INVALID: _errno.EINVAL,
-    StatusCode.RPC_CONNECTION_CLOSED: _errno.ECONNRESET,
+    StatusCode.RPC_CONNECTION_CLOSED: _errno.EIO,
     StatusCode.RPC_FRAME_TOO_LARGE: _errno.EMSGSIZE,
     StatusCode.RPC_AUTH_FAILED: _errno.EACCES,
-    StatusCode.RPC_CONNECT_FAILED: _errno.ECONNREFUSED,
+    StatusCode.RPC_CONNECT_FAILED: _errno.EIO,
     StatusCode.KV_CONFLICT: _errno.EIO,
     StatusCode.KV_KEY_TOO_LARGE: _errno.ENAMETOOLONG,
     StatusCode.KV_VALUE_TOO_LARGE: _errno.E2BIG,

@@ -49,6 +49,8 @@ def test_errno_table(code, expected):
         StatusCode.KV_CONFLICT,
         StatusCode.KV_RETRY_LIMIT,
         StatusCode.CANCELLED,
+        StatusCode.RPC_CONNECT_FAILED,  # a stat must not fail with "Connection refused"
+        StatusCode.RPC_CONNECTION_CLOSED,
     ],
 )
 def test_transient_codes_left_after_the_clients_retries_are_eio(code):
