@@ -433,9 +433,22 @@ def _env_overrides(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def env_list(raw: str) -> list[Any] | Any:
+    """A list from an environment variable: a TOML array (``["a:1", "b:2"]``) or, as shells and
+    ``fs3 admin`` write it, comma-separated words (``a:1,b:2``)."""
+    if raw.strip().startswith("["):
+        try:
+            return tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            return raw  # refused by the type check, naming the variable's key
+    return [x.strip() for x in raw.split(",") if x.strip()]
+
+
 def _parse_env_value(raw: str, tp: Any) -> Any:
     if tp is str:
         return raw
+    if typing.get_origin(tp) is list:
+        return env_list(raw)
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 import pytest
@@ -107,3 +108,20 @@ def test_rendered_template_loads_back_to_the_defaults(tmp_path, service):
     cls = SERVICE_CONFIGS[service]
     p = write(tmp_path, to_toml(cls()))
     assert load_config(cls, p, environ={}) == cls()
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [('["m1:8000", "m2:8000"]', ["m1:8000", "m2:8000"]), ("m1:8000,m2:8000", ["m1:8000", "m2:8000"]),
+     ("m1:8000", ["m1:8000"])],
+)  # fmt: skip
+def test_an_address_list_variable_means_the_same_to_every_command(raw, expected, monkeypatch):
+    """deploy/README has admins export FS3_MGMTD_ADDRESSES; the daemons and clients that inherit it
+    must read it as fs3 admin does (a comma list used to make them refuse to start)."""
+    from fs3.cli.admin import connection
+    from fs3.config import ClientConfig
+
+    assert load_config(ClientConfig, None, environ={"FS3_MGMTD_ADDRESSES": raw}).mgmtd_addresses == expected
+    monkeypatch.setenv("FS3_MGMTD_ADDRESSES", raw)
+    args = argparse.Namespace(mgmtd=None, token_file=None, secret_file=None, local_dir=None, timeout=5.0)
+    assert connection(args).mgmtd == expected

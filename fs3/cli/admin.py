@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fs3.config import env_list
 from fs3.errors import FS3Error, StatusCode
 
 EX_OK = 0
@@ -130,7 +131,9 @@ def connection(args: argparse.Namespace) -> Connection:
     if args.mgmtd:
         mgmtd = args.mgmtd.split(",")
     elif os.environ.get("FS3_MGMTD_ADDRESSES"):
-        mgmtd = os.environ["FS3_MGMTD_ADDRESSES"].split(",")
+        # the same forms the daemons and clients take (fs3.config): a TOML array or a comma list
+        found = env_list(os.environ["FS3_MGMTD_ADDRESSES"])
+        mgmtd = [str(a) for a in found] if isinstance(found, list) else [str(found)]
     elif local is not None:
         state = json.loads((local / "local.json").read_text())
         mgmtd = [f"{state['host']}:{state['ports']['mgmtd']}"]
