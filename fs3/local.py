@@ -217,6 +217,11 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
     if d.pid() is not None and is_mounted(str(mp)):
         return f"mount: {mp} already mounted (pid {d.pid()})"
     if d.pid() is None and mount_type(str(mp)) == FS3_MOUNT_TYPE:
+        if answers(str(mp), 2.0):
+            # alive, and not served by this cluster's mount daemon: someone else's fs3 mount
+            raise LocalError(
+                f"{mp} is mounted by another fs3 (not this cluster's mount); unmount it or pick --mount"
+            )
         # an earlier mount of ours whose process died ("transport endpoint is not connected")
         abort(str(mp))
         unmount(str(mp))
@@ -444,12 +449,19 @@ def cmd_down(args: argparse.Namespace) -> int:
         _say(f"fs3 local: no cluster in {lc.root}; nothing to do")
         return 0
     st = lc.load()
-    if st.mount and is_mounted(st.mount) and not answers(st.mount, 5.0):
-        abort(st.mount)  # a server stuck in the kernel cannot be stopped otherwise
+    ours = lc.daemon("mount").pid() is not None
+    foreign = False
+    if st.mount and is_mounted(st.mount):
+        if not answers(st.mount, 5.0):
+            abort(st.mount)  # a server stuck in the kernel (or dead) cannot be stopped otherwise
+        elif not ours:
+            foreign = True  # alive but not served by this cluster's mount daemon: not ours
     # the mount first: on SIGTERM it flushes its write buffers and unmounts itself
     killed = stop_all([lc.daemon("mount")], timeout_s=args.timeout)
-    if st.mount:
+    if st.mount and not foreign:
         unmount(st.mount)
+    elif foreign:
+        _say(f"fs3 local: left {st.mount} mounted: another fs3 serves it, not this cluster")
     daemons = [lc.daemon(n) for n in reversed(lc.service_names())]
     # meta and storage first, mgmtd last, so that their last heartbeats still find it
     killed += stop_all(daemons[:-1], timeout_s=args.timeout)

@@ -228,7 +228,9 @@ class LocalCluster:
             cfg = str(self.config_path("client"))
             # --foreground: the process we record is the one serving the mount, so down can stop it
             argv = [py, "-m", "fs3.cli.main", "mount", st.mount, "--config", cfg, "--foreground"]
-            return Daemon(name, argv, st.mount, self.run_dir / "mount.pid", self.log_dir / "mount.log")
+            # marked by this cluster's client config, not the mount point: another fs3 mount of
+            # the same path (a production unit, another local cluster) is not ours to stop
+            return Daemon(name, argv, cfg, self.run_dir / "mount.pid", self.log_dir / "mount.log")
         module = {"mgmtd": "fs3.mgmtd", "meta": "fs3.meta"}.get(name, "fs3.storage")
         cfg = str(self.config_path(name))
         argv = [py, "-m", module, "--config", cfg, "--port-file", str(self.port_file(name))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import importlib.util
 import json
@@ -160,6 +161,22 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     again = fs3("local", "up", "--dir", str(local_dir), "--timeout", "30")
     assert again.returncode == 0, again.stdout + again.stderr
     assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
+
+    # another cluster asked to mount at the same path leaves this live mount alone, up and down
+    other = tmp_path / "other"
+    try:
+        clash = fs3("local", "up", "--dir", str(other), "--mount", str(mnt), "--timeout", "30",
+                    "--storage-nodes", "1", "--replicas", "1")  # fmt: skip
+        assert clash.returncode != 0 and "mounted by another fs3" in clash.stderr, clash.stdout + clash.stderr
+        assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
+        left = fs3("local", "down", "--dir", str(other))
+        assert left.returncode == 0, left.stdout + left.stderr
+        assert is_mounted(str(mnt)) and (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
+    finally:  # not cleanup_local: it aborts the mount at the cluster's mount path, which is A's
+        fs3("local", "down", "--dir", str(other), "--timeout", "10")
+        for pid_file in (other / "run").glob("*.pid"):
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
     port = json.loads((local_dir / "local.json").read_text())["ports"]["client_metrics"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
