@@ -206,6 +206,13 @@ def _start_service(lc: LocalCluster, name: str, timeout_s: float) -> str:
     return f"{name}: pid {pid}, port {port}"
 
 
+def _check_fuse(mount: str) -> None:
+    if mount and importlib.util.find_spec(MOUNT_MODULE) is not None and not os.path.exists("/dev/fuse"):
+        raise LocalError(
+            f"cannot mount at {mount}: this machine has no /dev/fuse (use --no-mount)", EX_UNAVAILABLE
+        )
+
+
 def _mount(lc: LocalCluster, timeout_s: float) -> str:
     st = lc.load()
     if not st.mount:
@@ -266,6 +273,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 EX_USAGE,
             )
         placement = _placement(st)
+        _check_fuse(st.mount)  # before anything is written: a failed first up leaves no cluster
         lc.create(st)
         targets: dict[int, list[int]] = {}
         for t in placement.targets:
@@ -292,10 +300,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             st.mount = str(Path(args.mount).expanduser().absolute())
             st.save(lc.state_file)
         _say(f"fs3 local: starting the cluster in {lc.root}")
-    if st.mount and importlib.util.find_spec(MOUNT_MODULE) is not None and not os.path.exists("/dev/fuse"):
-        raise LocalError(
-            f"cannot mount at {st.mount}: this machine has no /dev/fuse (use --no-mount)", EX_UNAVAILABLE
-        )
+    # --no-mount on an existing cluster: start it without mounting, this time
+    mounting = bool(st.mount) and not args.no_mount
+    if mounting:
+        _check_fuse(st.mount)
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:
@@ -327,7 +335,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             st.root_owner_set = True
             st.save(lc.state_file)
         _say("  every node heartbeats and every chain is SERVING")
-        mount_line = _mount(lc, args.timeout)
+        mount_line = _mount(lc, args.timeout) if mounting or not st.mount else "mount: skipped (--no-mount)"
     except BaseException:
         # leave nothing half-started behind: what this command launched stops again
         mounted_by_us = any(d.name == "mount" for d in lc.launched)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import fcntl
 import importlib.util
+import io
 import json
 import os
 import signal
@@ -203,6 +204,32 @@ def test_mount_skipped_says_so_when_fs3_mount_is_missing(local_dir: Path, monkey
     lc = local.LocalCluster(local_dir)
     lc.state = local.LocalState("127.0.0.1", 1, 1, 1, mount=str(local_dir / "mnt"))
     assert "SKIPPED" in local._mount(lc, 5.0) and "not in this build" in local._mount(lc, 5.0)
+
+
+def test_up_without_dev_fuse_leaves_no_cluster_behind(local_dir: Path, monkeypatch) -> None:
+    """A machine without /dev/fuse: up says to use --no-mount and writes nothing, so that the up
+    --no-mount it suggests starts afresh (it used to find the half-made cluster, which still asked
+    for a mount, and refuse again, for ever)."""
+    import fs3.local as local
+
+    real_exists = os.path.exists
+    monkeypatch.setattr(local.os.path, "exists", lambda p: False if p == "/dev/fuse" else real_exists(p))
+    err = io.StringIO()
+    monkeypatch.setattr(local.sys, "stderr", err)
+    argv = [
+        "up",
+        "--dir",
+        str(local_dir),
+        "--storage-nodes",
+        "1",
+        "--replicas",
+        "1",
+        "--targets-per-node",
+        "1",
+    ]
+    assert local.main(argv) == local.EX_UNAVAILABLE
+    assert "no /dev/fuse (use --no-mount)" in err.getvalue()
+    assert not (local_dir / "local.json").exists()
 
 
 def test_unusable_directory_is_one_line(tmp_path: Path) -> None:
