@@ -3,8 +3,9 @@ default layouts and statfs.
 
 Rules are Linux's: only the owner or root changes mode or explicit times; only root changes the
 owner; the owner may change the group to one of its own groups; setting both times to "now" is also
-allowed to anyone with write permission; a non-root chown clears setuid/setgid; a non-root chmod by
-someone outside the file's group clears setgid; any change sets ctime.
+allowed to anyone with write permission; a chown of anything but a directory clears setuid, and
+setgid when group-executable, even by root; a truncate by anyone but root clears them likewise; a
+non-root chmod by someone outside the file's group clears setgid; any change sets ctime.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
-    S_ISUID,
     W_OK,
     Credentials,
     check,
     check_owner,
+    kill_suid_sgid,
 )
 from fs3.proto import meta_pb2
 
@@ -54,12 +55,13 @@ class AttrOps(Namespace):
             trunc.clear()
             ino = await inodes.complete(tr, await inodes.load(tr, inode_id))
             now = inodes.now_ns()
-            if fields & F.SETATTR_UID and request.uid != ino.uid:
-                if not cred.is_root:
-                    raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may change the owner")
-            if fields & F.SETATTR_GID and request.gid != ino.gid:
+            # As Linux's chown_ok/chgrp_ok: even a chown to the current ids is the owner's (it
+            # clears setuid/setgid, and a stranger must not).
+            if fields & F.SETATTR_UID and not cred.is_root and not cred.uid == ino.uid == request.uid:
+                raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may change the owner")
+            if fields & F.SETATTR_GID:
                 check_owner(ino, cred, "change the group")
-                if not cred.is_root and not cred.in_group(request.gid):
+                if request.gid != ino.gid and not cred.is_root and not cred.in_group(request.gid):
                     raise FS3Error(
                         StatusCode.META_NOT_PERMITTED, f"uid {cred.uid} is not in group {request.gid}"
                     )
@@ -68,15 +70,11 @@ class AttrOps(Namespace):
                     ino.uid = request.uid
                 if fields & F.SETATTR_GID:
                     ino.gid = request.gid
-                if not cred.is_root and ino.type != DIRECTORY:
-                    ino.mode &= ~(S_ISUID | S_ISGID)
-            if fields & F.SETATTR_MODE:
-                check_owner(ino, cred, "change the mode")
-                mode = request.mode & 0o7777
-                if not cred.is_root and not cred.in_group(ino.gid) and ino.type != DIRECTORY:
-                    mode &= ~S_ISGID
-                ino.mode = mode
-            # Size first: a truncate sets mtime to now, and explicit times in the same request win.
+                # Linux's chown_common: root included, whether or not the ids change
+                if ino.type != DIRECTORY:
+                    ino.mode = kill_suid_sgid(ino.mode)
+            # Size before mode and times: a truncate sets mtime to now and may clear setuid/setgid;
+            # an explicit mode or time in the same request wins.
             if fields & F.SETATTR_SIZE:
                 if ino.type == DIRECTORY:
                     raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
@@ -88,9 +86,13 @@ class AttrOps(Namespace):
                 # (writes not yet reported), so a shrink or a truncate to the same size trims them.
                 if request.size <= ino.size:
                     trunc.append(ino)
-                self._truncate_in_txn(tr, ino, request.size)
-                if not cred.is_root:
-                    ino.mode &= ~(S_ISUID | (S_ISGID if ino.mode & 0o010 else 0))
+                self._truncate_in_txn(tr, cred, ino, request.size)
+            if fields & F.SETATTR_MODE:
+                check_owner(ino, cred, "change the mode")
+                mode = request.mode & 0o7777
+                if not cred.is_root and not cred.in_group(ino.gid) and ino.type != DIRECTORY:
+                    mode &= ~S_ISGID
+                ino.mode = mode
             explicit = fields & (F.SETATTR_ATIME | F.SETATTR_MTIME | F.SETATTR_CTIME)
             to_now = fields & (F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW)
             if explicit:

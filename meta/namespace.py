@@ -35,6 +35,7 @@ from fs3.meta.permissions import (
     access_of_flags,
     check,
     check_name,
+    kill_suid_sgid,
 )
 from fs3.meta.storage_io import ChunkStore, NoStorage
 from fs3.proto import meta_pb2
@@ -393,10 +394,11 @@ class Namespace:
                 check(ino, cred, access_of_flags(flags))
                 created = False
                 if flags & O_TRUNC and ino.type == FILE:
-                    self._truncate_in_txn(tr, ino, 0)
+                    self._truncate_in_txn(tr, cred, ino, 0)
                     truncate.append(ino)
             if session_id and ino.type == FILE:
-                self._open_session(tr, ino, session_id, client_id, write=bool(flags & 3) or created)
+                write = bool(flags & 3) or created
+                self._open_session(tr, cred, ino, session_id, client_id, write=write)
                 sid = session_id
             else:
                 sid = 0
@@ -410,7 +412,13 @@ class Namespace:
     # Shared with sessions and attrs (defined here so create can use them).
 
     def _open_session(
-        self, tr: Transaction, ino: meta_pb2.Inode, session_id: int, client_id: int, write: bool
+        self,
+        tr: Transaction,
+        cred: Credentials,
+        ino: meta_pb2.Inode,
+        session_id: int,
+        client_id: int,
+        write: bool,
     ) -> None:
         now = inodes.now_ns()
         s = meta_pb2.FileSession(
@@ -421,10 +429,15 @@ class Namespace:
             opened_ns=now,
             touched_ns=now,
             truncate_version=ino.truncate_version,
+            # Writes go straight to storage; meta learns of them when the session settles and
+            # knows the opener, not the writer, so the opener's privilege stands for its writes.
+            fsetid=cred.is_root,
         )
         tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
 
-    def _truncate_in_txn(self, tr: Transaction, ino: meta_pb2.Inode, size: int) -> None:
+    def _truncate_in_txn(self, tr: Transaction, cred: Credentials, ino: meta_pb2.Inode, size: int) -> None:
+        """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC); as on Linux a caller
+        other than root clears setuid/setgid (see :func:`kill_suid_sgid`)."""
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
         now = inodes.now_ns()
@@ -433,4 +446,6 @@ class Namespace:
         ino.truncate_version += 1
         ino.size = size
         ino.mtime_ns = ino.ctime_ns = now
+        if not cred.is_root:
+            ino.mode = kill_suid_sgid(ino.mode)
         inodes.store(tr, ino)

@@ -16,6 +16,7 @@ from fs3.proto import meta_pb2
 
 R_OK, W_OK, X_OK = 4, 2, 1
 S_ISUID, S_ISGID, S_ISVTX = 0o4000, 0o2000, 0o1000
+S_IXGRP = 0o010
 MODE_MASK = 0o7777
 
 NAME_MAX = 255
@@ -55,6 +56,14 @@ def allowed(inode: meta_pb2.Inode, cred: Credentials, want: int) -> bool:
     else:
         bits = mode & 7
     return bits & want == want
+
+
+def kill_suid_sgid(mode: int) -> int:
+    """``mode`` less the bits Linux clears when someone without CAP_FSETID writes or truncates a
+    file, and when anyone chowns a non-directory (``should_remove_suid``): S_ISUID, and S_ISGID
+    when the group may execute. Without S_IXGRP the setgid bit grants nothing (it marks mandatory
+    locking) and stays."""
+    return mode & ~(S_ISUID | (S_ISGID if mode & S_IXGRP else 0))
 
 
 def check(inode: meta_pb2.Inode, cred: Credentials, want: int) -> None:

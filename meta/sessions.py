@@ -8,6 +8,11 @@ of the stored length and that report (length only shrinks through truncate). A r
 that vanish are pruned: by client id (PruneSession), or by the collector once a session has not been
 touched for ``session_timeout_s`` and its client holds no live session with mgmtd (the client's
 mgmtd ``ClientSession.client_id`` is the decimal form of its meta client id).
+
+The kernel leaves clearing setuid/setgid on a write to the file system (libfuse's
+FUSE_CAP_HANDLE_KILLPRIV). Meta sees a write only when its session settles, so that is when the
+bits go, unless root opened the session (``FileSession.fsetid``, Linux's CAP_FSETID): until then
+another client may see the written bytes with the bits still set.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace
-from fs3.meta.permissions import Credentials, access_of_flags, check
+from fs3.meta.permissions import Credentials, access_of_flags, check, kill_suid_sgid
 from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
@@ -72,9 +77,9 @@ class SessionOps(Namespace):
                 # once the sessions it saw are gone. Handles opened before the unlink live on.
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if flags & O_TRUNC:
-                self._truncate_in_txn(tr, ino, 0)
+                self._truncate_in_txn(tr, cred, ino, 0)
                 trunc.append(ino)
-            self._open_session(tr, ino, session_id, client_id, write=bool(flags & 3))
+            self._open_session(tr, cred, ino, session_id, client_id, write=bool(flags & 3))
             return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 
         rsp = await self._mutate(idem, meta_pb2.OpenRsp, fn)
@@ -168,6 +173,8 @@ class SessionOps(Namespace):
                     length = written
                 if length > ino.size:
                     ino.size = length
+                if not session.fsetid:
+                    ino.mode = kill_suid_sgid(ino.mode)
                 ino.mtime_ns = mtime_ns or now
                 ino.ctime_ns = now
                 inodes.store(tr, ino)

@@ -195,7 +195,7 @@ async def test_chown_and_chmod_rules(tree: Tree) -> None:
     f = tree["/pub/alice_file"]
     await s.setattr(ALICE, f, m.SetattrReq(fields=m.SETATTR_MODE, mode=0o6755))
     r = await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_UID | m.SETATTR_GID, uid=1001, gid=1001))
-    assert (r.uid, r.gid, r.mode) == (1001, 1001, 0o6755)  # root keeps setuid
+    assert (r.uid, r.gid, r.mode) == (1001, 1001, 0o755)  # even root's chown clears setuid and setgid
     alice_in = Credentials(1000, 1000, frozenset({77}))
     g = (await s.create(alice_in, tree["/pub"], b"g", 0o4755)).inode
     r = await s.setattr(alice_in, g.id, m.SetattrReq(fields=m.SETATTR_GID, gid=77))
