@@ -13,6 +13,9 @@
   on a non-contiguous write, on read, truncate, fsync, flush (each close(2)) and getattr; flush and
   fsync also report the written length to meta, so once close(2) returns every client sees the
   length. getattr reports the length this mount's writers have written.
+- Directory listings are read from meta as the kernel asks for them, with the inodes: the kernel
+  takes each listed entry as a lookup (READDIRPLUS), so a listing must be as current as one
+  (:class:`OpenDir`).
 - Errors: FS3Error codes become errno through :func:`fs3.errors.to_errno`, the one table.
 """
 
@@ -23,9 +26,11 @@ import errno
 import functools
 import logging
 import os
+import stat as stat_mod
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, TypeVar
 
@@ -104,6 +109,40 @@ class FuseMetrics:
 
 _BUCKETS = metrics.LATENCY_BUCKETS
 
+_DOTS = 2  # "." and ".." open a listing (offsets 1 and 2 resume after them)
+_READDIR_PAGE = 64  # entries asked of meta for a handle's first READDIR (doubled until one is full)
+_READDIR_PAGE_MAX = 1024
+
+
+@dataclass(slots=True)
+class OpenDir:
+    """A directory handle: a cursor into the directory, not a copy of it.
+
+    pyfuse3 answers every READDIR as READDIRPLUS, and the kernel links each listed name to the
+    listed inode and takes the listed attributes (until entry_timeout / attr_timeout), replacing
+    what it knew. So the entries are read from meta, with their inodes, when the kernel asks for
+    them: a listing replayed from opendir would bring back names removed since, inodes replaced by
+    a rename, and lengths written since. An offset given to the kernel stands for a name, and a
+    READDIR at it resumes after that name in meta's name order: entries created or removed
+    meanwhile never make another be listed twice or skipped. Offset 0 (the first READDIR, or
+    rewinddir) starts a new listing of the directory as it is then."""
+
+    meta: MetaClient  # acting as the caller of opendir
+    inode: int
+    dots: tuple[tuple[bytes, m.Inode], tuple[bytes, m.Inode]]
+    names: list[bytes] = field(default_factory=list)  # the name at offset _DOTS + 1 + i
+    offsets: dict[bytes, int] = field(default_factory=dict)
+    page: int = _READDIR_PAGE  # entries to ask meta for per READDIR
+    filled: bool = False  # a READDIR reply was full: page is what it held
+    end: int = -1  # meta had no entry after this offset: a READDIR at it is the end; -1: none
+
+    def offset_of(self, name: bytes) -> int:
+        off = self.offsets.get(name)
+        if off is None:
+            self.names.append(name)
+            off = self.offsets[name] = _DOTS + len(self.names)
+        return off
+
 
 def _translate(fn: F) -> F:
     """Raise FUSEError(errno) for FS3Error (and log unexpected exceptions as EIO); count the request."""
@@ -162,7 +201,7 @@ class Fs3Operations(pyfuse3.Operations):
         self.config = config
         self.token = token
         self._handles: dict[int, OpenFile] = {}
-        self._dirs: dict[int, list[tuple[bytes, m.Inode]]] = {}
+        self._dirs: dict[int, OpenDir] = {}
         self._next_fh = 1
         self._seen: dict[int, tuple[int, int]] = {}  # inode -> (mtime, size) the page cache holds
         self._metas: dict[tuple[int, int, tuple[int, ...]], MetaClient] = {}
@@ -297,9 +336,16 @@ class Fs3Operations(pyfuse3.Operations):
         if fields.update_mtime:
             kw["mtime_ns"] = None if now else attr.st_mtime_ns
         st = self.fs._states.get(inode)
-        if st is not None and (fields.update_size or fields.update_mtime):
-            # Settle this mount's writes first: their report sets mtime to now and the length,
-            # which must not land after (and undo) an explicit mtime or a truncate.
+        if st is not None and (
+            fields.update_size
+            or fields.update_mtime
+            or fields.update_mode
+            or fields.update_uid
+            or fields.update_gid
+        ):
+            # Settle this mount's writes first: their report sets mtime to now and the length, and
+            # clears setuid/setgid (a write by a non-root opener), which must not land after (and
+            # undo) an explicit mtime, a truncate, or the mode of a chmod (install -m 4755).
             for h in list(st.handles):
                 await self._report(h, raise_errors=False)  # a flush error is for fsync/close
         if fields.update_size:
@@ -309,13 +355,26 @@ class Fs3Operations(pyfuse3.Operations):
                 kw["session_id"] = handle.session_id
         if not kw:
             return await self.getattr(inode, ctx)
-        ino = await self.meta(ctx).setattr(inode, **kw)
+        meta = self.meta(ctx)
+        if list(kw) == ["mode"] and ctx.uid != 0 and await self._drops_privileges_only(inode, kw["mode"]):
+            # The kernel clearing setuid/setgid on a write by a user who may write but does not own
+            # the file (file_remove_privs, with ATTR_FORCE: authorized already). A chmod(2) by a
+            # non-owner never gets here (the kernel refuses it), so this is that kill, made as the
+            # mount (meta would refuse the caller a chmod, and the write would fail with EIO).
+            meta = self.fs.meta
+        ino = await meta.setattr(inode, **kw)
         if fields.update_size and st is not None:
             st.truncated(attr.st_size)
             st.inode = ino
         if fields.update_size:
             self._seen.pop(inode, None)
         return self.attrs(ino)
+
+    async def _drops_privileges_only(self, inode: int, mode: int) -> bool:
+        """Whether ``mode`` is the file's mode less setuid and/or setgid (and not equal to it)."""
+        cur = (await self.fs.meta.stat(inode)).mode & 0o7777
+        kill = stat_mod.S_ISUID | stat_mod.S_ISGID
+        return mode != cur and mode & ~kill == cur & ~kill and mode & kill == mode & kill & cur
 
     @_translate
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
@@ -459,24 +518,41 @@ class Fs3Operations(pyfuse3.Operations):
         # "." and ".." as a local file system lists them (the kernel links neither from readdirplus)
         me = await meta.stat(inode)
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
-        entries: list[tuple[bytes, m.Inode]] = [(b".", me), (b"..", up)]
-        after = b""
-        while True:
-            rsp = await meta.readdir(inode, after, 0, with_inodes=True)
-            entries.extend(zip((e.name for e in rsp.entries), rsp.inodes, strict=True))
-            if not rsp.more or not rsp.entries:
-                break
-            after = rsp.entries[-1].name
         fh = self._new_fh()
-        self._dirs[fh] = entries
+        self._dirs[fh] = OpenDir(meta, inode, ((b".", me), (b"..", up)))
         return fh
 
+    @_translate
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        entries = self._dirs.get(fh, [])
-        for i in range(start_id, len(entries)):
-            name, inode = entries[i]
-            if not pyfuse3.readdir_reply(token, name, self.attrs(inode), i + 1):
-                break
+        d = self._dirs[fh]
+        if start_id == 0:
+            d.names.clear()
+            d.offsets.clear()
+            d.end = -1
+        elif start_id == d.end:
+            return
+        for off in range(start_id, _DOTS):
+            name, ino = d.dots[off]
+            if not pyfuse3.readdir_reply(token, name, self.attrs(ino), off + 1):
+                return
+        after = b""
+        if start_id > _DOTS:
+            if start_id - _DOTS > len(d.names):
+                return  # no offset this handle gave out
+            after = d.names[start_id - _DOTS - 1]
+        rsp = await d.meta.readdir(d.inode, after, d.page, with_inodes=True)
+        last = max(start_id, _DOTS)
+        for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
+            off = d.offset_of(e.name)
+            if not pyfuse3.readdir_reply(token, e.name, self.attrs(ino), off):
+                d.page = n + 1  # about what the kernel's buffer holds: ask meta for no more
+                d.filled = True
+                return
+            last = off
+        if not rsp.more:
+            d.end = last
+        elif not d.filled:
+            d.page = min(2 * d.page, _READDIR_PAGE_MAX)
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -4,6 +4,7 @@ by the tools people point at a file system: coreutils, tar, git, rsync, fio, and
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import os
 import re
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -317,6 +318,29 @@ def test_non_owner_denied(env: Env) -> None:
     assert r.returncode != 0 and "Operation not permitted" in r.stderr
 
 
+def test_writes_clear_setuid_and_a_chmod_after_them_holds(env: Env) -> None:
+    """A user rewriting a setuid file (write permission) drops the bit, as on Linux (the mount runs
+    with HANDLE_KILLPRIV: the kernel leaves it to the file system); a chmod the writer makes after
+    writing (install -m 4755, cp -p) keeps the mode it sets."""
+    d = env.mnt / "killpriv"
+    d.mkdir()
+    d.chmod(0o777)
+    suid = d / "suid"
+    suid.write_bytes(b"#!/bin/sh\n")
+    suid.chmod(0o4777)
+    as_user = "setpriv --reuid=4321 --regid=4321 --clear-groups"
+    sh(f"{as_user} sh -c 'echo x >> suid'", d)
+    time.sleep(1.1)  # the kernel's attribute cache
+    assert stat.S_IMODE(suid.stat().st_mode) == 0o777
+    script = (
+        "import os; fd = os.open('mine', os.O_WRONLY | os.O_CREAT, 0o644); os.write(fd, b'x' * 1000); "
+        "os.fchmod(fd, 0o4755); os.close(fd)"
+    )
+    sh(f'{as_user} {sys.executable} -c "{script}"', d)
+    time.sleep(1.1)
+    assert stat.S_IMODE((d / "mine").stat().st_mode) == 0o4755
+
+
 async def test_two_mounts_see_each_others_files(env: Env) -> None:
     other = await env.cluster.mount(env.mnt.parent / "mnt2", name="mount2")
     try:
@@ -600,3 +624,121 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# A listing is read from meta as the kernel asks for it, not replayed from opendir: pyfuse3 answers
+# READDIRPLUS, and the kernel links every listed name to the listed inode and takes its attributes.
+
+
+def test_listing_does_not_revive_a_name_unlinked_after_opendir(env: Env) -> None:
+    d = env.mnt / "listing-unlink"
+    d.mkdir()
+    (d / "x").write_bytes(b"1")
+    with os.scandir(d) as it:
+        os.unlink(d / "x")
+        listed = [e.name for e in it]
+    assert not (d / "x").exists()
+    (d / "x").write_bytes(b"2")
+    assert (d / "x").read_bytes() == b"2"
+    assert listed == []
+
+
+def test_listing_after_rename_over_a_name_lists_the_new_file(env: Env) -> None:
+    d = env.mnt / "listing-rename"
+    d.mkdir()
+    (d / "cfg").write_bytes(b"old!")
+    with os.scandir(d) as it:
+        (d / "cfg.tmp").write_bytes(b"new")
+        os.rename(d / "cfg.tmp", d / "cfg")
+        listed = [(e.name, e.stat().st_size) for e in it]
+    assert (d / "cfg").read_bytes() == b"new"
+    assert listed == [("cfg", 3)]
+
+
+def test_listing_does_not_roll_back_a_size_written_after_opendir(env: Env) -> None:
+    d = env.mnt / "listing-size"
+    d.mkdir()
+    f = d / "f"
+    f.write_bytes(b"")
+    with os.scandir(d) as it:
+        f.write_bytes(b"A" * 100)
+        assert [e.name for e in it] == ["f"]
+    fd = os.open(f, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"B" * 10)
+    finally:
+        os.close(fd)
+    assert f.read_bytes() == b"A" * 100 + b"B" * 10
+
+
+def test_rewinddir_lists_the_directory_as_it_is_now(env: Env) -> None:
+    d = env.mnt / "listing-rewind"
+    d.mkdir()
+    (d / "old").touch()
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert os.listdir(fd) == ["old"]  # CPython rewinds the descriptor for each listing
+        (d / "new").touch()
+        os.unlink(d / "old")
+        assert os.listdir(fd) == ["new"]
+    finally:
+        os.close(fd)
+
+
+def _getdents(fd: int, bufsize: int) -> Iterator[str]:
+    """The names getdents64 returns with a buffer of ``bufsize`` bytes, called when the previous
+    call's names are consumed. A small buffer makes the kernel stop mid-reply and ask the file
+    system again, from the last offset it returned, at the next call."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    buf = ctypes.create_string_buffer(bufsize)
+    while (n := libc.syscall(217, fd, buf, bufsize)) > 0:  # SYS_getdents64 on x86-64
+        raw = buf.raw[:n]
+        pos = 0
+        while pos < n:
+            reclen = int.from_bytes(raw[pos + 16 : pos + 18], "little")
+            yield raw[pos + 19 : pos + reclen].split(b"\0", 1)[0].decode()
+            pos += reclen
+    if n < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64 syscall number")
+def test_listing_a_directory_while_it_changes(env: Env) -> None:
+    d = env.mnt / "listing-changing"
+    d.mkdir()
+    names = [f"f{i:04d}" for i in range(600)]
+    for n in names:
+        (d / n).touch()
+    seen: list[str] = []
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in _getdents(fd, 1024):
+            seen.append(name)
+            if len(seen) == 10:
+                # removed ahead of the listing: not listed; created ahead of it: listed
+                for n in names[300:]:
+                    os.unlink(d / n)
+                (d / "g-new").touch()
+    finally:
+        os.close(fd)
+    assert sorted(seen) == [".", ".."] + names[:300] + ["g-new"]
+    shutil.rmtree(d)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64 syscall number")
+def test_listing_with_a_small_buffer_resumes_at_each_offset(env: Env) -> None:
+    d = env.mnt / "listing-small-buffer"
+    d.mkdir()
+    names = {f"entry-with-a-longer-name-{i:04d}" for i in range(300)}
+    for n in names:
+        (d / n).touch()
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listed = list(_getdents(fd, 300))
+        assert listed[:2] == [".", ".."] and sorted(listed[2:]) == sorted(names)
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert list(_getdents(fd, 1 << 16)) == listed
+    finally:
+        os.close(fd)
+    shutil.rmtree(d)
