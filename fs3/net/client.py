@@ -41,7 +41,15 @@ from fs3.net.frame import (
 )
 from fs3.net.service import Method, ServiceDef
 from fs3.net.tcp import TcpTransport
-from fs3.net.transport import Address, Buffer, Connection, FrameReceiver, Transport, parse_address
+from fs3.net.transport import (
+    Address,
+    Buffer,
+    Connection,
+    FrameReceiver,
+    Transport,
+    close_connections,
+    parse_address,
+)
 from fs3.proto import common_pb2, rpc_pb2
 
 log = logging.getLogger(__name__)
@@ -334,25 +342,6 @@ def _decode_status(message: memoryview | bytes) -> FS3Error:
     return FS3Error(st.code, st.message)
 
 
-# How long close() lets queued frames go out before dropping them: a peer that stopped reading (a
-# stopped process) would otherwise hold the close, and whoever waits on it, for ever.
-_CLOSE_GRACE_S = 2.0
-
-
-async def _close_connections(conns: list[Connection]) -> None:
-    for c in conns:
-        c.close()
-    if not conns:
-        return
-    waits = {asyncio.ensure_future(c.wait_closed()): c for c in conns}
-    _, stuck = await asyncio.wait(waits, timeout=_CLOSE_GRACE_S)
-    for w in stuck:
-        log.warning("peer not taking what was sent, dropping it peer=%s", waits[w].peer)
-        waits[w].abort()
-    if stuck:
-        await asyncio.wait(stuck)
-
-
 class _PeerPool:
     """The connections to one peer: ``size`` slots, filled lazily, used round-robin."""
 
@@ -565,7 +554,7 @@ class RpcClient:
 
     async def close(self) -> None:
         """Close every connection; calls in flight fail with RPC_CONNECTION_CLOSED. Requests still
-        queued go out first, for up to ``_CLOSE_GRACE_S``; a peer not reading them by then (a
+        queued go out first, for up to ``CLOSE_GRACE_S``; a peer not reading them by then (a
         stopped process) has its connection aborted and they are dropped."""
         self._closed = True
         sessions = [s for p in self._peers.values() for s in p.slots if s is not None]
@@ -575,7 +564,7 @@ class RpcClient:
         for f in connecting:
             f.cancel()
         await asyncio.gather(*connecting, return_exceptions=True)
-        await _close_connections([s.conn for s in sessions])
+        await close_connections([s.conn for s in sessions], "server")
 
     async def __aenter__(self) -> RpcClient:
         return self

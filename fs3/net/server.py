@@ -45,14 +45,20 @@ from fs3.net.frame import (
 from fs3.net.service import INLINE_ATTR, CallContext, Handler, HandlerResult, Method, ServiceDef
 from fs3.net.system import SYSTEM_SERVICE, SystemService
 from fs3.net.tcp import TcpTransport
-from fs3.net.transport import Address, Connection, FrameReceiver, Listener, Transport, parse_address
+from fs3.net.transport import (
+    Address,
+    Connection,
+    FrameReceiver,
+    Listener,
+    Transport,
+    close_connections,
+    parse_address,
+)
 from fs3.proto import common_pb2, rpc_pb2
 
 log = logging.getLogger(__name__)
 
 _MAX_ERROR_MESSAGE = 1024
-# How long stop() lets queued replies go out before dropping them.
-_CLOSE_GRACE_S = 2.0
 _WARN_REJECTIONS = 10  # per connection
 # The reply to calls that a stopping server cancels or no longer starts: UNAVAILABLE, which every
 # client retries (after a backoff, elsewhere where it can), not CANCELLED, which a client takes as
@@ -609,7 +615,7 @@ class RpcServer:
     async def stop(self) -> None:
         """Stop accepting, cancel calls in progress, and close every connection. Calls cancelled
         here, and calls that arrive meanwhile, are answered UNAVAILABLE ("server shutting down"),
-        which clients retry. Queued replies go out first, for up to ``_CLOSE_GRACE_S``; a client
+        which clients retry. Queued replies go out first, for up to ``CLOSE_GRACE_S``; a client
         not reading them by then (a stopped process) has its connection aborted."""
         self._stopping = True
         if self._listener is not None:
@@ -622,18 +628,9 @@ class RpcServer:
             s.cancel_calls()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        conns = [s.conn for s in sessions]
-        for c in conns:
-            c.close()  # the replies queued (those to the calls just cancelled too) go out first...
-        if conns:
-            waits = {asyncio.ensure_future(c.wait_closed()): c for c in conns}
-            _, stuck = await asyncio.wait(waits, timeout=_CLOSE_GRACE_S)
-            for w in stuck:
-                # ...unless the client is not reading them (a stopped process): it would hold us
-                log.warning("client not taking its replies, dropping them peer=%s", waits[w].peer)
-                waits[w].abort()
-            if stuck:
-                await asyncio.wait(stuck)
+        # the replies queued (those to the calls just cancelled too) go out first, unless the
+        # client is not reading them (a stopped process): it would hold us
+        await close_connections([s.conn for s in sessions], "client")
 
     async def __aenter__(self) -> RpcServer:
         return self

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import TypeAlias
 
 from fs3.net.frame import DEFAULT_LIMITS, FrameError, RpcLimits
+
+log = logging.getLogger(__name__)
 
 Address: TypeAlias = tuple[str, int]
 Buffer: TypeAlias = bytes | bytearray | memoryview
@@ -168,6 +171,29 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     async def wait_closed(self) -> None:
         """Wait until the connection is fully closed."""
+
+
+#: How long :func:`close_connections` lets queued frames go out before dropping them.
+CLOSE_GRACE_S = 2.0
+
+
+async def close_connections(
+    conns: list[Connection], who: str = "peer", grace_s: float = CLOSE_GRACE_S
+) -> None:
+    """Close ``conns``: what they have queued goes out first, for up to ``grace_s``; a peer not
+    reading it by then (a stopped process) would hold the close, and whoever waits on it, for
+    ever, so its connection is aborted and the frames dropped (with a warning naming ``who``)."""
+    for c in conns:
+        c.close()
+    if not conns:
+        return
+    waits = {asyncio.ensure_future(c.wait_closed()): c for c in conns}
+    _, stuck = await asyncio.wait(waits, timeout=grace_s)
+    for w in stuck:
+        log.warning("%s not taking what was sent, dropping it peer=%s", who, waits[w].peer)
+        waits[w].abort()
+    if stuck:
+        await asyncio.wait(stuck)
 
 
 class Listener(abc.ABC):
