@@ -259,6 +259,13 @@ async def test_xattrs(tree: Tree) -> None:
     await s.removexattr(ALICE, f, b"user.a")
     assert await s.listxattr(ALICE, f) == [b"user.b"]
     assert not (await s.stat(f)).xattrs  # never in stat replies
+    # names are listed for anyone who reaches the file (as on Linux); values need read permission
+    private = tree["/grp/f"]
+    await s.setxattr(ROOT, private, b"user.k", b"v")
+    assert await s.listxattr(BOB, private) == [b"user.k"]
+    with pytest.raises(FS3Error) as e:
+        await s.getxattr(BOB, private, b"user.k")
+    assert e.value.code == StatusCode.PERMISSION_DENIED
     await s.setxattr(ROOT, tree["/pub"], b"user.dir", b"x")
     assert await s.getxattr(ROOT, tree["/pub"], b"user.dir") == b"x"
     assert (await s.stat(tree["/pub"])).nlink >= 2
