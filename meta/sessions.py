@@ -127,31 +127,7 @@ class SessionOps(Namespace):
         So a writer's report never brings back the length of bytes a truncate removed (`logrotate
         copytruncate` under a writer that goes on appending)."""
         queried: tuple[int | None, int] | None = None  # (length on storage, truncate_version then)
-        for _ in range(_SETTLE_ATTEMPTS):
-            try:
-                return (
-                    await self._mutate(
-                        idem,
-                        meta_pb2.InodeRsp,
-                        self._settle_fn(inode_id, session_id, written, wrote, close, mtime_ns, queried),
-                    )
-                ).inode
-            except _AskStorage as ask:
-                queried = (await self.chunks.file_length(ask.layout, inode_id), ask.truncate_version)
-        raise FS3Error(
-            StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
-        )
 
-    def _settle_fn(
-        self,
-        inode_id: int,
-        session_id: int,
-        written: int,
-        wrote: bool,
-        close: bool,
-        mtime_ns: int,
-        queried: tuple[int | None, int] | None,
-    ):  # type: ignore[no-untyped-def]
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             skey = schema.session_key(inode_id, session_id)
             raw = await tr.get(skey)
@@ -186,7 +162,14 @@ class SessionOps(Namespace):
                 tr.set(skey, session.SerializeToString())
             return meta_pb2.InodeRsp(inode=inodes.public(ino))
 
-        return fn
+        for _ in range(_SETTLE_ATTEMPTS):
+            try:
+                return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
+            except _AskStorage as ask:
+                queried = (await self.chunks.file_length(ask.layout, inode_id), ask.truncate_version)
+        raise FS3Error(
+            StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
+        )
 
     async def sessions_of(self, inode_id: int) -> list[meta_pb2.FileSession]:
         """The open sessions of a file."""
