@@ -629,7 +629,9 @@ def test_versions_with_64k_blocks_from_older_builds_stay_readable_and_updatable(
         data_file = next(p for p in (again.path / "chunks").rglob("*") if p.is_file())
         with open(data_file, "r+b") as f:
             f.seek(3 * CHECKSUM_BLOCK + 5)
-            f.write(bytes([f.read(1)[0] ^ 1]))
+            byte = f.read(1)[0]
+            f.seek(3 * CHECKSUM_BLOCK + 5)  # the read moved past it: flip that byte, not the next
+            f.write(bytes([byte ^ 1]))
         with pytest.raises(FS3Error) as e:
             again.read(cid(8), 3 * CHECKSUM_BLOCK + 60_000, 4)
         assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH and "block 3 " in e.value.message
