@@ -41,6 +41,7 @@ from fs3.net.transport import (
     Address,
     Buffer,
     Connection,
+    DrainWaiters,
     FrameReceiver,
     Listener,
     ReceiverFactory,
@@ -152,10 +153,8 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._paused_for_writes = False
         self._paused_by_receiver = False
         self._reading_stopped = False
-        # Callers of drain() wait for this; it is set when there is room again (or the connection
-        # ends) and cleared when a caller starts waiting.
-        self._room = asyncio.Event()
-        self._draining = 0  # callers waiting in drain()
+        # Callers of drain(), woken when the queue is low again or the connection ends.
+        self._drain_waiters = DrainWaiters()
         self._closing = False
         self._closed: asyncio.Future[None] = loop.create_future()
 
@@ -207,7 +206,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             self._in_receive = False
             if self._wq:
                 self._flush()
-            if self._draining:
+            if self._drain_waiters:
                 self._check_room()
 
     def _received(self, nbytes: int) -> None:
@@ -253,7 +252,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._wq.clear()
         self._cb_queued.clear()
         self._cb_in_transport.clear()
-        self._room.set()
+        self._drain_waiters.wake()
         if not self._closed.done():
             self._closed.set_result(None)
         receiver, self._receiver = self._receiver, None
@@ -268,7 +267,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         callbacks, self._cb_in_transport = self._cb_in_transport, []
         for cb in callbacks:
             cb()
-        self._room.set()
+        self._drain_waiters.wake()
         if self._paused_for_writes:
             self._paused_for_writes = False
             self._update_reading()
@@ -580,7 +579,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             return False
         # While others wait for room, a newcomer waits too: sending past them would keep the
         # queue from ever draining to where they go on (they would starve under steady load).
-        return self._draining > 0 or t.get_write_buffer_size() > _BACKPRESSURE_BYTES
+        return bool(self._drain_waiters) or t.get_write_buffer_size() > _BACKPRESSURE_BYTES
 
     async def drain(self) -> None:
         """Wait until at most ``_DRAIN_LOW_BYTES`` are unsent or the connection ends. The
@@ -590,18 +589,12 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         Cancelling a waiter (a caller's deadline) leaves the others waiting."""
         if self._closing or not self._paused:
             return
-        if not self._draining:
-            self._room.clear()  # the first to wait; else, if it is set, those waiting are going on
-        self._draining += 1
-        try:
-            await self._room.wait()
-        finally:
-            self._draining -= 1
+        await self._drain_waiters.wait()
 
     def _check_room(self) -> None:
         t = self._transport
         if t is None or t.get_write_buffer_size() <= _DRAIN_LOW_BYTES:
-            self._room.set()
+            self._drain_waiters.wake()
 
     def close(self) -> None:
         # Also ends a lingering close (see _fail) early.

@@ -76,28 +76,37 @@ class FrameReceiver(abc.ABC):
 
 
 class DrainWaiters:
-    """The callers of a connection's :meth:`Connection.drain`, waiting until it can take more
-    (woken all at once when the send queue is low again or the connection ends)."""
+    """The callers of a connection's :meth:`Connection.drain`, waiting for room in its send queue.
 
-    __slots__ = ("_loop", "_waiters")
+    Both transports follow the same rules with it: the transport wakes the waiters once its queue
+    is down to a low-water mark (not only when it is empty: under steady load it never is) or the
+    connection ends; while any caller waits, a newcomer waits too (the transport's
+    ``write_paused`` is true while this is), since sending past the waiters would keep the queue
+    from ever getting down to where they go on; a waiter cancelled by its caller's deadline leaves
+    the others waiting."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._waiters: list[asyncio.Future[None]] = []
+    __slots__ = ("_room", "_count")
+
+    def __init__(self) -> None:
+        self._room = asyncio.Event()
+        self._count = 0  # callers now waiting
 
     def __bool__(self) -> bool:
-        return bool(self._waiters)
+        return self._count > 0
 
     async def wait(self) -> None:
-        fut = self._loop.create_future()
-        self._waiters.append(fut)
-        await fut
+        if not self._count:
+            # The first to wait. Otherwise, if the room is set, those waiting are going on (woken,
+            # not yet run) and a newcomer goes with them.
+            self._room.clear()
+        self._count += 1
+        try:
+            await self._room.wait()
+        finally:
+            self._count -= 1
 
     def wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
+        self._room.set()
 
 
 class Connection(abc.ABC):

@@ -440,6 +440,44 @@ async def test_paused_receiver_holds_buffers_and_gets_everything_on_resume() -> 
     assert [f[0] for f in accepted[0].frames] == list(range(1, 101)) and fabric.rnr_errors == 0
 
 
+async def test_drain_waiters_are_not_overtaken_and_one_giving_up_leaves_the_others() -> None:
+    """The rules of fs3.net.transport.DrainWaiters, which the TCP connection follows too: a
+    waiter cancelled by its deadline leaves the others waiting; waiters go on at the low-water
+    mark, and until then a newcomer waits with them even once the queue is below the mark that
+    pauses callers (else steady senders would keep it from ever getting low)."""
+    cfg = RdmaConfig(recv_buffers=8, send_buffers=8, buffer_size=4096)
+    fabric, st, ct, accepted, client_rx = await _raw(cfg)
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    high, low = 16 << 20, 4 << 20  # the connection's marks
+    server.pause_receiving(True)
+    n = 0
+    while not client.write_paused:
+        n += 1
+        client.send_frame(1, n, 1, 1, b"x" * (256 << 10))
+    first = asyncio.ensure_future(client.drain())
+    second = asyncio.ensure_future(client.drain())
+    await asyncio.sleep(0)
+    assert not first.done() and not second.done()
+    first.cancel()  # its caller's deadline passed
+    await asyncio.sleep(0)
+    assert first.cancelled() and not second.done()
+    server.pause_receiving(False)
+    # one loop iteration at a time, to look at the queue between the two marks
+    while client.stats()["queued_bytes"] >= high:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    assert client.stats()["queued_bytes"] > low and not second.done()
+    assert client.write_paused
+    late = asyncio.ensure_future(client.drain())
+    await asyncio.sleep(0)
+    assert not late.done()
+    await asyncio.wait_for(asyncio.gather(second, late), 5)
+    assert client.stats()["queued_bytes"] <= low
+    await poll(lambda: len(accepted[0].frames) == n, what="all frames")
+    assert [f[0] for f in accepted[0].frames] == list(range(1, n + 1))
+    assert not client.write_paused
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     recv_buffers=st.integers(3, 8),

@@ -245,7 +245,7 @@ class RdmaConnection(Connection):
         # rdma_read) and WRITEs (pushed reply payloads and rdma_write)
         self.reads = self.read_bytes = self.writes = self.write_bytes = 0
         self._pump_scheduled = False
-        self._drain_waiters = DrainWaiters(loop)
+        self._drain_waiters = DrainWaiters()
         # receive state
         self._assembler = StreamAssembler(local.inline_max)
         self._paused = False  # by the receiver (too much work in progress)
@@ -1014,7 +1014,12 @@ class RdmaConnection(Connection):
 
     @property
     def write_paused(self) -> bool:
-        return self._out_bytes > _HIGH_WATER or len(self._frames) > _FRAMES_HIGH
+        # While others wait for room, a newcomer waits too (see DrainWaiters).
+        return (
+            bool(self._drain_waiters)
+            or self._out_bytes > _HIGH_WATER
+            or len(self._frames) > _FRAMES_HIGH
+        )
 
     async def drain(self) -> None:
         if self._closing or not self.write_paused:
