@@ -1015,11 +1015,7 @@ class RdmaConnection(Connection):
     @property
     def write_paused(self) -> bool:
         # While others wait for room, a newcomer waits too (see DrainWaiters).
-        return (
-            bool(self._drain_waiters)
-            or self._out_bytes > _HIGH_WATER
-            or len(self._frames) > _FRAMES_HIGH
-        )
+        return bool(self._drain_waiters) or self._out_bytes > _HIGH_WATER or len(self._frames) > _FRAMES_HIGH
 
     async def drain(self) -> None:
         if self._closing or not self.write_paused:
