@@ -15,7 +15,7 @@ from fs3.kv import Transaction
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.layout import check_layout_params
-from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace
+from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, OwedTrim
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
@@ -49,10 +49,10 @@ class AttrOps(Namespace):
     async def setattr(self, cred: Credentials, inode_id: int, request: meta_pb2.SetattrReq) -> meta_pb2.Inode:
         """Apply the fields of ``request`` named in ``request.fields`` (see SetattrField)."""
         fields = request.fields
-        trunc: list[meta_pb2.Inode] = []
+        owed: list[OwedTrim] = []
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
-            trunc.clear()
+            owed.clear()
             ino = await inodes.complete(tr, await inodes.load(tr, inode_id))
             now = inodes.now_ns()
             # As Linux's chown_ok/chgrp_ok: even a chown to the current ids is the owner's (it
@@ -84,9 +84,10 @@ class AttrOps(Namespace):
                     check(ino, cred, W_OK)
                 # Chunks past the new end may exist even when the settled size says otherwise
                 # (writes not yet reported), so a shrink or a truncate to the same size trims them.
-                if request.size <= ino.size:
-                    trunc.append(ino)
-                self._truncate_in_txn(tr, cred, ino, request.size)
+                # A trim an earlier truncate left owed is finished first by any resize (a growing
+                # one would otherwise show the bytes it removed instead of zeros).
+                self._truncate_in_txn(tr, cred, ino, request.size, trim=request.size <= ino.size)
+                self._note_owed_trim(ino, owed)
             if fields & F.SETATTR_MODE:
                 check_owner(ino, cred, "change the mode")
                 mode = request.mode & 0o7777
@@ -112,8 +113,7 @@ class AttrOps(Namespace):
             return inodes.public(ino)
 
         ino = await self.db.run(fn)
-        for t in trunc:
-            await self.chunks.truncate(t.layout, t.id, t.size)
+        await self._finish_trims(owed)
         return ino
 
     async def _has_write_session(self, tr: Transaction, inode_id: int, session_id: int) -> bool:

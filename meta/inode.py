@@ -94,9 +94,10 @@ async def load_full(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
 
 
 def public(ino: meta_pb2.Inode) -> meta_pb2.Inode:
-    """``ino`` without the fields replies do not carry (extended attributes)."""
+    """``ino`` without the fields replies do not carry (extended attributes, an owed trim)."""
     if ino.xattrs:
         del ino.xattrs[:]
+    ino.trim_version = ino.trim_length = 0
     return ino
 
 

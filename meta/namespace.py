@@ -48,6 +48,8 @@ _ids = random.SystemRandom()
 
 M = TypeVar("M", bound=Message)
 Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not retried
+# A trim of a file's chunks that a truncate owes: (inode id, layout, truncate_version, length).
+OwedTrim = tuple[int, meta_pb2.Layout, int, int]
 
 DIRECTORY = meta_pb2.INODE_DIRECTORY
 FILE = meta_pb2.INODE_FILE
@@ -374,10 +376,13 @@ class Namespace:
         check_name(name)
         inode_id = await self.ids.allocate()
         session_id = _ids.getrandbits(63) + 1 if session else 0
-        truncate: list[meta_pb2.Inode] = []
+        owed: list[OwedTrim] = []
+        ran = False
 
         async def fn(tr: Transaction) -> meta_pb2.CreateRsp:
-            truncate.clear()
+            nonlocal ran
+            ran = True
+            owed.clear()
             p = await inodes.load_dir(tr, parent)
             check(p, cred, X_OK)
             key = schema.dentry_key(parent, name)
@@ -394,8 +399,8 @@ class Namespace:
                 check(ino, cred, access_of_flags(flags))
                 created = False
                 if flags & O_TRUNC and ino.type == FILE:
-                    self._truncate_in_txn(tr, cred, ino, 0)
-                    truncate.append(ino)
+                    self._truncate_in_txn(tr, cred, ino, 0, trim=True)
+                self._note_owed_trim(ino, owed)
             if session_id and ino.type == FILE:
                 write = bool(flags & 3) or created
                 self._open_session(tr, cred, ino, session_id, client_id, write=write)
@@ -405,8 +410,12 @@ class Namespace:
             return meta_pb2.CreateRsp(inode=inodes.public(ino), session_id=sid, created=created)
 
         rsp = await self._mutate(idem, meta_pb2.CreateRsp, fn)
-        for ino in truncate:
-            await self.chunks.truncate(ino.layout, ino.id, 0)
+        if ran:
+            await self._finish_trims(owed)
+        elif not rsp.created:
+            # A retry answered from the first attempt's record: that attempt may have died (or
+            # failed on storage) before trimming what it owed.
+            await self.finish_owed_trim(rsp.inode.id)
         return rsp
 
     # Shared with sessions and attrs (defined here so create can use them).
@@ -435,17 +444,65 @@ class Namespace:
         )
         tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
 
-    def _truncate_in_txn(self, tr: Transaction, cred: Credentials, ino: meta_pb2.Inode, size: int) -> None:
+    def _truncate_in_txn(
+        self, tr: Transaction, cred: Credentials, ino: meta_pb2.Inode, size: int, *, trim: bool
+    ) -> None:
         """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC); as on Linux a caller
-        other than root clears setuid/setgid (see :func:`kill_suid_sgid`)."""
+        other than root clears setuid/setgid (see :func:`kill_suid_sgid`). With ``trim`` the
+        chunks past ``size`` must go: that is recorded in the inode, in this transaction, and
+        stays owed until :meth:`_finish_trims` has trimmed them (the caller does so after the
+        commit; whoever next opens or resizes the file does it if the caller could not)."""
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
         now = inodes.now_ns()
         # every truncate, even one to the length meta has: a writer may not have reported what it
         # wrote past it yet, and its report must not bring the removed bytes' length back
         ino.truncate_version += 1
+        if trim:
+            # An older trim still owed cut shorter: its bytes must not come back either.
+            ino.trim_length = min(size, ino.trim_length) if ino.trim_version else size
+            ino.trim_version = ino.truncate_version
         ino.size = size
         ino.mtime_ns = ino.ctime_ns = now
         if not cred.is_root:
             ino.mode = kill_suid_sgid(ino.mode)
         inodes.store(tr, ino)
+
+    @staticmethod
+    def _note_owed_trim(ino: meta_pb2.Inode, owed: list[OwedTrim]) -> None:
+        """Add the trim ``ino`` owes (if any) to ``owed``, for after the commit (before
+        :func:`inodes.public` clears it from the reply)."""
+        if ino.trim_version:
+            layout = meta_pb2.Layout()
+            layout.CopyFrom(ino.layout)
+            owed.append((ino.id, layout, ino.trim_version, ino.trim_length))
+
+    async def _finish_trims(self, owed: list[OwedTrim]) -> None:
+        """Trim the chunks each truncate in ``owed`` removed, then mark it done unless a newer
+        truncate owes one of its own (whose caller, or the file's next opener, finishes it).
+        A storage error propagates and the trim stays owed."""
+        for inode_id, layout, version, length in owed:
+            await self.chunks.truncate(layout, inode_id, length)
+
+            async def done(tr: Transaction, inode_id: int = inode_id, version: int = version) -> None:
+                raw = await tr.get(schema.inode_key(inode_id))
+                if raw is None:
+                    return
+                ino = meta_pb2.Inode.FromString(raw)
+                if ino.trim_version == version:
+                    ino.trim_version = ino.trim_length = 0
+                    inodes.store(tr, ino)
+
+            await self.db.run(done)
+
+    async def finish_owed_trim(self, inode_id: int) -> None:
+        """Finish the trim a truncate of ``inode_id`` left owed, if any."""
+
+        async def look(tr: Transaction) -> list[OwedTrim]:
+            owed: list[OwedTrim] = []
+            raw = await tr.snapshot.get(schema.inode_key(inode_id))
+            if raw is not None:
+                self._note_owed_trim(meta_pb2.Inode.FromString(raw), owed)
+            return owed
+
+        await self._finish_trims(await self.db.run(look, read_only=True))

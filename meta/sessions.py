@@ -24,7 +24,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
-from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace
+from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace, OwedTrim
 from fs3.meta.permissions import Credentials, access_of_flags, check, kill_suid_sgid
 from fs3.proto import meta_pb2
 
@@ -59,10 +59,13 @@ class SessionOps(Namespace):
         (and which would keep an unlinked file's chunks for the client's lifetime)."""
         want = access_of_flags(flags)
         session_id = _ids.getrandbits(63) + 1
-        trunc: list[meta_pb2.Inode] = []
+        owed: list[OwedTrim] = []
+        ran = False
 
         async def fn(tr: Transaction) -> meta_pb2.OpenRsp:
-            trunc.clear()
+            nonlocal ran
+            ran = True
+            owed.clear()
             ino = await inodes.load(tr, inode_id)
             if ino.type == DIRECTORY:
                 if flags & 3:
@@ -77,14 +80,19 @@ class SessionOps(Namespace):
                 # once the sessions it saw are gone. Handles opened before the unlink live on.
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if flags & O_TRUNC:
-                self._truncate_in_txn(tr, cred, ino, 0)
-                trunc.append(ino)
+                self._truncate_in_txn(tr, cred, ino, 0, trim=True)
+            # Whatever a truncate left untrimmed goes before this opener may write.
+            self._note_owed_trim(ino, owed)
             self._open_session(tr, cred, ino, session_id, client_id, write=bool(flags & 3))
             return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 
         rsp = await self._mutate(idem, meta_pb2.OpenRsp, fn)
-        for ino in trunc:
-            await self.chunks.truncate(ino.layout, ino.id, 0)
+        if ran:
+            await self._finish_trims(owed)
+        elif rsp.inode.type == FILE:
+            # A retry answered from the first attempt's record: that attempt may have died (or
+            # failed on storage) before trimming what it owed.
+            await self.finish_owed_trim(rsp.inode.id)
         return rsp.inode, rsp.session_id
 
     async def sync(

@@ -144,7 +144,7 @@ class Xattr(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version")
+    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length")
     ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,8 @@ class Inode(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     XATTRS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRIM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRIM_LENGTH_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: InodeType
     mode: int
@@ -179,7 +181,9 @@ class Inode(_message.Message):
     generation: int
     xattrs: _containers.RepeatedCompositeFieldContainer[Xattr]
     truncate_version: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ...) -> None: ...
+    trim_version: int
+    trim_length: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("parent", "name", "inode_id", "type")

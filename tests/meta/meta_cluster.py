@@ -19,6 +19,7 @@ async def start_meta(c: Cluster, node_id: int = 100, extra: str = "") -> str:
     """Start ``python -m fs3.meta`` in the cluster (killed by its teardown); returns host:port."""
     cfg = c.tmp / f"meta-{node_id}.toml"
     port_file = c.tmp / f"meta-{node_id}.port"
+    port_file.unlink(missing_ok=True)  # a restart's: not the old process's port
     cfg.write_text(
         f'node_id = {node_id}\nlisten_port = 0\nmgmtd_addresses = ["{c.mgmtd_address}"]\n'
         f'cluster_secret_file = "{c.secret_file}"\nauthenticate = false\ngc_interval_s = 0.1\n{extra}\n'

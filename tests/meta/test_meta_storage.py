@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 
 import pytest
 from meta_cluster import Cluster, meta_client, start_meta, storage_on_tmpfs
 
-from fs3.client.meta_client import ROOT_ID
+from fs3.client.meta_client import ROOT_ID, MetaClient
+from fs3.errors import FS3Error
+from fs3.proto import meta_pb2
 
 pytestmark = pytest.mark.timeout(150)
 CHUNK = 64 << 10
@@ -136,3 +139,71 @@ async def test_new_files_avoid_a_chain_low_on_space(tmp_path) -> None:
                 assert not (await c.routing()).target(101).low_space
             finally:
                 await meta.close()
+
+
+async def test_a_trim_a_truncate_could_not_make_is_made_by_its_retry_and_by_the_next_open(tmp_path) -> None:
+    """A truncate commits the new length, then trims the chunks past it on storage. When that
+    trim fails (storage down) and meta dies before it could try again, the trim stays owed in the
+    inode: the retry of the request (answered from the first attempt's record) makes it, and so
+    does the file's next open or resize -- a file grown again reads zeros, not the bytes the
+    truncate removed."""
+    async with Cluster(tmp_path, storage_nodes=2, chains=1, replication=2) as c:
+        extra = f"default_stripe = 1\ndefault_chunk_size = {CHUNK}"
+        address = await start_meta(c, extra=extra)
+        meta = meta_client(c, address)
+        impatient = MetaClient([address], c.secret, timeout_s=2, rpc_timeout_s=1)
+        storage = await c.storage_client()
+        data = os.urandom(3 * CHUNK)
+        ids: dict[bytes, int] = {}
+
+        async def on_storage(name: bytes) -> int:
+            last = await storage.query_last_chunk(1, ids[name])
+            return last.last_chunk_index * CHUNK + last.last_chunk_length if last.found else 0
+
+        try:
+            for name in (b"retried", b"reopened", b"regrown"):
+                r = await meta.create(ROOT_ID, name, 0o644, flags=os.O_WRONLY, session=True)
+                ids[name] = r.inode.id
+                await storage.write_range(lambda _i: 1, r.inode.id, 0, data, CHUNK)
+                assert (await meta.close_file(r.inode.id, r.session_id, len(data), True)).size == len(data)
+            for i in range(2):
+                c.kill_storage(i)
+            retried = meta_pb2.OpenReq(inode_id=ids[b"retried"], flags=os.O_WRONLY | os.O_TRUNC)
+            retried.hdr.request_id = 4242
+            # (the client retries it itself once its first call times out: before the trim was
+            # owed, that retry was answered "done" from the record)
+            with pytest.raises(FS3Error):
+                await impatient.call("Open", retried)
+            with pytest.raises(FS3Error):
+                await impatient.open(ids[b"reopened"], os.O_WRONLY | os.O_TRUNC)
+            with pytest.raises(FS3Error):
+                await impatient.setattr(ids[b"regrown"], size=10)
+            proc = next(p for p in c.procs if p.name == "meta-100" and p.alive())
+            assert proc.popen is not None
+            os.kill(proc.popen.pid, signal.SIGKILL)
+            proc.popen.wait(timeout=10)
+            for i in range(2):
+                await c.restart_storage(i)
+            await c.wait_all_serving()
+            storage = await c.storage_client()  # one that knows the daemons' new ports
+            address = await start_meta(c, extra=extra)
+            meta.addresses = impatient.addresses = [address]
+            impatient.timeout_s = 30
+            # the lengths were committed; the chunks are all still there
+            assert [(await meta.stat(ids[n])).size for n in ids] == [0, 0, 10]
+            assert [await on_storage(n) for n in ids] == [len(data)] * 3
+
+            rsp = await impatient.call("Open", retried)  # the retry, after the client's timeout
+            assert rsp.inode.size == 0 and await on_storage(b"retried") == 0
+            await meta.close_file(ids[b"retried"], rsp.session_id)
+
+            o = await meta.open(ids[b"reopened"], os.O_WRONLY)  # another opener, to write
+            assert await on_storage(b"reopened") == 0
+            await meta.close_file(ids[b"reopened"], o.session_id)
+
+            assert (await meta.setattr(ids[b"regrown"], size=2 * CHUNK)).size == 2 * CHUNK
+            back = await storage.read_range(lambda _i: 1, ids[b"regrown"], 0, 2 * CHUNK, CHUNK)
+            assert back == data[:10] + bytes(2 * CHUNK - 10)
+        finally:
+            await impatient.close()
+            await meta.close()
