@@ -397,7 +397,12 @@ class Cluster:
                 f"heartbeat says {common_pb2.NodeType.Name(req.type) if req.type in common_pb2.NodeType.values() else req.type}",
             )
         rt = self.node_rt.setdefault(req.node_id, NodeRuntime())
-        if (req.incarnation, req.sequence) <= (rt.incarnation, rt.sequence):
+        if (req.incarnation, req.sequence) <= (rt.incarnation, rt.sequence) and not (
+            # A process started with its clock set back numbers its incarnation below the last
+            # one. While that one is live this could be a late heartbeat of it; once it has been
+            # declared failed, it is a new process.
+            req.incarnation != rt.incarnation and rt.status == mgmtd_pb2.NODE_STATUS_FAILED
+        ):
             raise FS3Error(
                 StatusCode.MGMTD_STALE_HEARTBEAT,
                 f"heartbeat ({req.incarnation}, {req.sequence}) of node {req.node_id} is not newer "
@@ -431,6 +436,13 @@ class Cluster:
         # Accepted: from here on nothing is refused.
         now = self._mono()
         self._note_listening(now)
+        if req.incarnation < rt.incarnation:
+            log.warning(
+                "node %d: new incarnation %d numbered below the failed one's %d (clock set back?)",
+                req.node_id,
+                req.incarnation,
+                rt.incarnation,
+            )
         rt.incarnation, rt.sequence = req.incarnation, req.sequence
         rt.last_heartbeat = now
         rt.pid = req.pid

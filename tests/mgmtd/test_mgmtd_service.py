@@ -336,6 +336,23 @@ async def test_routing_info_is_versioned(admin: Admin) -> None:
     assert [n.node_id for n in newer.info.nodes] == [10]
 
 
+async def test_a_node_restarted_with_its_clock_set_back_is_heard_once_the_old_process_failed(
+    admin: Admin,
+) -> None:
+    async with heartbeating(admin) as (nodes, hb, cache):
+        await cache.wait_for(lambda r: r.node(11).status == mgmtd_pb2.NODE_STATUS_ACTIVE, 5)
+        # A new process whose clock went back numbers its incarnation below the live one's: that
+        # could be a late heartbeat of an old process, so while the live one beats it is refused.
+        restarted = StorageNode(admin.client, 11, list(nodes[1].local))
+        restarted.incarnation = nodes[1].incarnation - 3600 * 10**9
+        await expect(StatusCode.MGMTD_STALE_HEARTBEAT, restarted.heartbeat())
+        hb.paused.add(11)  # the old process is gone
+        await cache.wait_for(lambda r: r.node(11).status == mgmtd_pb2.NODE_STATUS_FAILED, 5)
+        await restarted.heartbeat()  # now it is the node
+        await cache.wait_for(lambda r: r.node(11).status == mgmtd_pb2.NODE_STATUS_ACTIVE, 5)
+        await restarted.heartbeat()  # and its next ones are newer than its own
+
+
 async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin: Admin) -> None:
     async with heartbeating(admin) as (nodes, hb, cache):
         await cache.wait_for(
