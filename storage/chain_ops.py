@@ -103,7 +103,10 @@ class Op:
 
 
 class ResultCache:
-    """Results of recent client updates by (client id, channel), for exactly-once retries."""
+    """Results of recent client updates by (client id, channel), for exactly-once retries. The
+    head stores what it answered; every other replica what it committed of a forwarded client
+    update (the tag travels with it), so a retry that finds a new head after the old one died is
+    recognised there too."""
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
@@ -130,6 +133,9 @@ class ResultCache:
         if not tag.client_id:
             return
         key = (tag.client_id, tag.channel)
+        known = self._entries.get(key)
+        if known is not None and known[0] > tag.seqnum:
+            return  # a forward arriving after the channel's next update was stored here
         self._entries[key] = (tag.seqnum, tag.request_id, result)
         self._entries.move_to_end(key)
         while len(self._entries) > self.capacity:

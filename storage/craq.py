@@ -204,7 +204,7 @@ class Replicator:
                 )
             self.targets.check_head(t, chain)
             _check_room(t, op)  # after the retry cache: a retry of a done write is answered
-            result = await self._update_locked(t, cid, key.chain_id, op, None)
+            result = await self._update_locked(t, cid, key.chain_id, op, None, tag=req.tag)
         self.results.store(req.tag, result)
         return result
 
@@ -262,7 +262,13 @@ class Replicator:
             committed, pending = (meta.committed_ver, meta.pending_ver) if meta else (0, 0)
             if not req.settle and io.update_version > committed and io.update_version != pending:
                 _check_room(t, op)
-            return await self._update_locked(t, cid, key.chain_id, op, io.update_version, settle=req.settle)
+            result = await self._update_locked(
+                t, cid, key.chain_id, op, io.update_version, settle=req.settle, tag=req.tag
+            )
+        # Committed here: should this replica become the head, a retry of the client's update is
+        # answered rather than applied again.
+        self.results.store(req.tag, result)
+        return result
 
     def _check_still_replica(self, t: LocalTarget, chain_id: int, version: int) -> None:
         """A forwarded update, once it holds the chunk's lock: the chain must still be at the
@@ -301,11 +307,20 @@ class Replicator:
     # -- the round: apply, forward, commit --------------------------------------------------------
 
     async def _update_locked(
-        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int | None, *, settle: bool = False
+        self,
+        t: LocalTarget,
+        cid: bytes,
+        chain_id: int,
+        op: Op,
+        version: int | None,
+        *,
+        settle: bool = False,
+        tag: storage_pb2.UpdateTag | None = None,
     ) -> storage_pb2.IOResult:
         """Apply ``op`` as pending version ``version`` (``committed + 1`` on the head, when None),
         forward it, commit it. The chunk's lock is held. ``settle``: the update finishes a pending
-        version (see :meth:`_settle_locked`) and is forwarded as such."""
+        version (see :meth:`_settle_locked`) and is forwarded as such. ``tag``: the client
+        update's, forwarded with it."""
         eng = t.engine.engine
         serving = t.public_state == common_pb2.SERVING  # where the round began (see _check_round)
         for _ in range(3):
@@ -321,7 +336,9 @@ class Replicator:
             if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0 and not op.extents:
                 parallel = parallel_version(eng.get_meta(cid), op, version)
                 if parallel:
-                    return await self._update_parallel(t, cid, chain_id, op, parallel, chain_ver, serving)
+                    return await self._update_parallel(
+                        t, cid, chain_id, op, parallel, chain_ver, serving, tag
+                    )
             kind, meta, new = await self._run(apply_op, eng, cid, op, version, chain_ver, tail)
             if kind == "settle":
                 assert meta is not None
@@ -335,7 +352,7 @@ class Replicator:
             v = new.pending_ver or new.committed_ver
             if kind == "pending":
                 try:
-                    await self._forward(t, cid, chain_id, op, v, new, serving=serving, settle=settle)
+                    await self._forward(t, cid, chain_id, op, v, new, serving=serving, settle=settle, tag=tag)
                 except FS3Error as e:
                     await self._drop_refused(t, cid, v, e)
                     raise
@@ -344,7 +361,15 @@ class Replicator:
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
 
     async def _update_parallel(
-        self, t: LocalTarget, cid: bytes, chain_id: int, op: Op, version: int, chain_ver: int, serving: bool
+        self,
+        t: LocalTarget,
+        cid: bytes,
+        chain_id: int,
+        op: Op,
+        version: int,
+        chain_ver: int,
+        serving: bool,
+        tag: storage_pb2.UpdateTag | None,
     ) -> storage_pb2.IOResult:
         """:meth:`_update_locked` for a write of the whole content (see :func:`parallel_version`):
         store it here and forward it at the same time, then commit. The chunk's lock is held.
@@ -366,7 +391,7 @@ class Replicator:
         stored.add_done_callback(lambda f: self._applying.pop(key) if self._applying.get(key) is f else None)
         try:
             forwarded = await self._forward(
-                t, cid, chain_id, op, version, None, serving=serving, local=stored
+                t, cid, chain_id, op, version, None, serving=serving, local=stored, tag=tag
             )
         except BaseException as e:
             await self._local_outcome(t, cid, stored)
@@ -458,6 +483,7 @@ class Replicator:
         full: bool = False,
         local: asyncio.Future | None = None,  # type: ignore[type-arg]
         settle: bool = False,
+        tag: storage_pb2.UpdateTag | None = None,
     ) -> storage_pb2.IOResult | None:
         """Send pending ``version`` to the successor, retrying (with the newest routing each time)
         until it answers or ``forward_timeout_s`` passes. Returns None at the tail. ``local``, in
@@ -477,6 +503,8 @@ class Replicator:
                 return None
             syncing = succ.public_state == common_pb2.SYNCING
             req = storage_pb2.UpdateReq(target_id=succ.target_id, syncing=syncing, settle=settle)
+            if tag is not None and tag.client_id:
+                req.tag.CopyFrom(tag)
             io = req.io
             io.key.chain_id = chain_id
             io.key.chain_version = chain.version

@@ -247,6 +247,40 @@ async def test_chain_replication_on_a_backend_network(tmp_path):
         assert len(metas) == 2
 
 
+async def test_a_retry_reaching_the_next_head_after_the_first_died_is_applied_once(tmp_path):
+    """Every replica remembers the tags of the client updates it committed, so the retry of a write
+    whose head died before answering is recognised by the new head: answered, not applied again
+    over what another client wrote since."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        routing = await c.routing()
+        chain = routing.chain(chain_id)
+        old_head = chain.targets[0].target_id
+        mine, theirs = b"A" * 4096, b"B" * 4096
+        req = storage_pb2.WriteReq()
+        req.tag.client_id, req.tag.request_id, req.tag.channel, req.tag.seqnum = 99, 7, 3, 5
+        req.io.key.chain_id, req.io.key.chain_version, req.io.key.inode_id = chain_id, chain.version, 4
+        req.io.type = storage_pb2.UPDATE_WRITE
+        req.io.length, req.io.chunk_size, req.io.crc32c = len(mine), 64 * KiB, crc32c(mine)
+        write = STORAGE_SERVICE["Write"]
+        first, _ = await client.rpc.call(node_address(routing, old_head), write, req, payload=mine)
+        assert first.committed_version == 1
+        c.kill_storage(c.node_of_target(old_head).index)  # its answer is lost with it, say
+        routing = await c.wait_chains(
+            lambda ch: ch.head is not None and ch.head.target_id != old_head, what="a new head"
+        )
+        await client.write(chain_id, 4, 0, 0, theirs, 64 * KiB)  # another writer, after
+        assert await client.read(chain_id, 4, 0, 0, 4096) == theirs
+        chain = routing.chain(chain_id)
+        req.io.key.chain_version = chain.version
+        again, _ = await client.rpc.call(
+            node_address(routing, chain.head.target_id), write, req, payload=mine
+        )
+        assert again.committed_version == 1 and again.crc32c == first.crc32c
+        assert await client.read(chain_id, 4, 0, 0, 4096) == theirs
+
+
 async def test_retried_update_is_applied_once_and_space_is_reported(tmp_path):
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
