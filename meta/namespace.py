@@ -78,6 +78,8 @@ class Namespace:
         self.layouts = layouts or ChainAllocator(lambda _id: None)
         self.chunks: ChunkStore = chunks or NoStorage()
         self.ids = ids or InodeIdAllocator(db)
+        # trims of storage under way in this process, by (inode id, truncate_version)
+        self._trimming: dict[tuple[int, int], asyncio.Future[None]] = {}
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -480,20 +482,42 @@ class Namespace:
     async def _finish_trims(self, owed: list[OwedTrim]) -> None:
         """Trim the chunks each truncate in ``owed`` removed, then mark it done unless a newer
         truncate owes one of its own (whose caller, or the file's next opener, finishes it).
-        A storage error propagates and the trim stays owed."""
+        A storage error propagates and the trim stays owed.
+
+        A trim this process has under way already (the first attempt of a request whose client
+        timed out and retried, say) is waited for, not started again beside it: the retry must
+        not return, and the client write again, while the first attempt's trim may still reach
+        storage and cut the new bytes. The trim goes on if its caller is cancelled."""
         for inode_id, layout, version, length in owed:
-            await self.chunks.truncate(layout, inode_id, length)
+            key = (inode_id, version)
+            task = self._trimming.get(key)
+            if task is None:
+                task = asyncio.ensure_future(self._trim(inode_id, layout, version, length))
+                self._trimming[key] = task
+                task.add_done_callback(lambda t, key=key: self._trim_done(key, t))
+            await asyncio.shield(task)
 
-            async def done(tr: Transaction, inode_id: int = inode_id, version: int = version) -> None:
-                raw = await tr.get(schema.inode_key(inode_id))
-                if raw is None:
-                    return
-                ino = meta_pb2.Inode.FromString(raw)
-                if ino.trim_version == version:
-                    ino.trim_version = ino.trim_length = 0
-                    inodes.store(tr, ino)
+    def _trim_done(self, key: tuple[int, int], task: asyncio.Future[None]) -> None:
+        if self._trimming.get(key) is task:
+            del self._trimming[key]
+        if not task.cancelled():
+            # Marked retrieved: whoever waited for it got it; with none left (a cancelled caller)
+            # the trim stays owed and is tried again by the next caller, open or resize.
+            task.exception()
 
-            await self.db.run(done)
+    async def _trim(self, inode_id: int, layout: meta_pb2.Layout, version: int, length: int) -> None:
+        await self.chunks.truncate(layout, inode_id, length)
+
+        async def done(tr: Transaction) -> None:
+            raw = await tr.get(schema.inode_key(inode_id))
+            if raw is None:
+                return
+            ino = meta_pb2.Inode.FromString(raw)
+            if ino.trim_version == version:
+                ino.trim_version = ino.trim_length = 0
+                inodes.store(tr, ino)
+
+        await self.db.run(done)
 
     async def finish_owed_trim(self, inode_id: int) -> None:
         """Finish the trim a truncate of ``inode_id`` left owed, if any."""

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import time
 
 import pytest
 
 from fs3.errors import FS3Error
+from fs3.kv import open_database
 from fs3.meta.idempotency import CLOCK_SKEW_S, expire_idem
 from fs3.meta.permissions import ROOT
-from fs3.meta.schema import ROOT_ID
+from fs3.meta.schema import ROOT_ID, inode_key
+from fs3.meta.storage_io import NoStorage
 from fs3.meta.store import MetaStore
+from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,3 +67,44 @@ async def test_a_record_from_a_clock_slightly_ahead_goes_in_a_later_round(store:
     with pytest.raises(FS3Error) as e:
         await store.create(ROOT, ROOT_ID, b"ahead", 0o644, 0o200, idem=(5, ahead))
     assert e.value.errno == errno.EEXIST
+
+
+class _GatedTruncates(NoStorage):
+    """Storage whose truncates wait for ``gate`` (a slow storage), recording each one."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+        self.truncates: list[tuple[int, int]] = []
+
+    async def truncate(self, layout: m.Layout, inode_id: int, length: int) -> None:
+        self.truncates.append((inode_id, length))
+        self.started.set()
+        await self.gate.wait()
+
+
+async def test_a_retried_truncating_open_waits_for_the_first_attempt_s_trim(tmp_path) -> None:
+    """The client's retry of an O_TRUNC open whose trim is slow (its first attempt timed out on
+    the client) is answered from the first attempt's record once that attempt's trim is done --
+    not sooner, nor with a second trim beside it: the client writes next, and a trim still on
+    its way to storage would cut those bytes."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=1 << 28)
+    chunks = _GatedTruncates()
+    store = MetaStore(db, chunks=chunks)
+    await store.start(background=False)
+    try:
+        f = (await store.create(ROOT, ROOT_ID, b"f", 0o644)).inode
+        first = asyncio.ensure_future(store.open(ROOT, f.id, os.O_WRONLY | os.O_TRUNC, idem=(5, 77)))
+        await asyncio.wait_for(chunks.started.wait(), 5)
+        first.cancel()  # a caller that gives up does not stop the trim
+        retry = asyncio.ensure_future(store.open(ROOT, f.id, os.O_WRONLY | os.O_TRUNC, idem=(5, 77)))
+        await asyncio.sleep(0.2)
+        assert not retry.done() and chunks.truncates == [(f.id, 0)]
+        chunks.gate.set()
+        _, session = await asyncio.wait_for(retry, 5)
+        assert session and chunks.truncates == [(f.id, 0)]
+        raw = await db.run(lambda tr: tr.get(inode_key(f.id)), read_only=True)
+        assert m.Inode.FromString(raw).trim_version == 0  # done, and marked so
+    finally:
+        await store.stop()
+        await db.close()
