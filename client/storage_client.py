@@ -505,6 +505,7 @@ class StorageClient:
         await self._known_chains({io.chain_id for io in ios})
         results: list[bytes | int | None] = [None] * len(ios)
         failed: dict[int, set[int]] = {}  # request index -> targets that failed it
+        corrupt: dict[int, set[int]] = {}  # request index -> targets whose copy failed its CRC
         deadline = time.monotonic() + self.retry.total_s
         backoff = self.retry.initial_s
         last: FS3Error | None = None
@@ -535,7 +536,14 @@ class StorageClient:
                         done(i, results[i])
             for errors in outcomes:
                 for i, target, e in errors:
-                    if not _retryable(e):
+                    if e.code == StatusCode.STORAGE_CHECKSUM_MISMATCH:
+                        # That replica's copy is damaged (or the reply was, on the way): another
+                        # replica serves the read; only when every one fails it is it an error.
+                        bad = corrupt.setdefault(i, set())
+                        bad.add(target)
+                        if set(routing.serving(ios[i].chain_id)) <= bad:
+                            raise e
+                    elif not _retryable(e):
                         raise e
                     last, retry = e, True
                     failed.setdefault(i, set()).add(target)

@@ -13,7 +13,9 @@ from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, finish_workers,
 from cluster import Cluster, fail_disk, wait_until
 
 from fs3.client.storage_client import crc32c
+from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
+from fs3.storage.chain_ops import chunk_id
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -287,3 +289,30 @@ async def test_a_replica_missing_a_chunk_file_is_repaired_by_the_next_write(tmp_
         expected[BLOCK : 2 * BLOCK] = patch
         await verify(c, client, chain_id, inode, {0: expected})
         assert (await c.routing()).chain(chain_id).state_of(victim) == common_pb2.SERVING
+
+
+async def test_a_read_a_damaged_replica_fails_is_served_by_another(tmp_path):
+    """A replica whose copy of a chunk fails its checksum (here: its data file is gone) answers a
+    read with a checksum error; the client reads that chunk from another replica instead of
+    failing with EIO. Only when every replica's copy is damaged does the read fail."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        inode = 94
+        data = os.urandom(CHUNK)
+        await client.write(chain_id, inode, 0, 0, data, CHUNK)
+        targets = [t.target_id for t in (await c.routing()).chain(chain_id).targets]
+        name = f"*/{chunk_id(inode, 0).hex()}.*"
+        for victim in targets[:2]:
+            files = list((c.node_of_target(victim).targets[victim] / "chunks").glob(name))
+            assert files
+            for f in files:
+                f.unlink()
+        for _ in range(12):  # the reads go to every replica in turn (by load)
+            assert await client.read(chain_id, inode, 0, 0, CHUNK) == data
+        victim = targets[2]
+        for f in (c.node_of_target(victim).targets[victim] / "chunks").glob(name):
+            f.unlink()
+        with pytest.raises(FS3Error) as e:
+            await client.read(chain_id, inode, 0, 0, CHUNK)
+        assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
