@@ -178,10 +178,14 @@ class MetaClient:
                 rsp, _ = await self.rpc.call(parsed, meth, request, timeout=max(timeout, 0.001))
                 return rsp
             except FS3Error as e:
-                if e.code not in _FAILOVER or time.monotonic() >= deadline:
+                if e.code not in _FAILOVER:
+                    raise
+                # wrapped by _address, against the list as it is then; also when this call gives
+                # up, so that the next one does not start with a server that just failed it
+                self._current += 1
+                if time.monotonic() >= deadline:
                     raise
                 tried += 1
-                self._current += 1  # wrapped by _address, against the list as it is then
                 if tried % max(len(self.addresses), 1) == 0:
                     await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
                     backoff = min(backoff * 2, 0.5)

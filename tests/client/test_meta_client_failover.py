@@ -104,3 +104,23 @@ async def test_an_empty_address_list_is_an_error_not_a_crash() -> None:
     with pytest.raises(FS3Error) as e:
         await client.stat(1)
     assert e.value.code == StatusCode.UNAVAILABLE
+
+
+async def test_a_call_that_gives_up_on_a_hung_server_leaves_the_next_call_to_another() -> None:
+    """A budget that one try uses up (a hung server: the call times out) fails that call; the
+    next one starts with another server rather than the one that just failed it."""
+    hung, other = FakeMeta(1, hold=True), FakeMeta(2, hold=False)
+    server_a, a = await _serve(hung)
+    server_b, b = await _serve(other)
+    client = MetaClient([a, b], timeout_s=0.5, rpc_timeout_s=0.5)
+    try:
+        client._current = 0  # noqa: SLF001  # the first try goes to the hung server
+        with pytest.raises(FS3Error) as e:
+            await client.stat(42)
+        assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+        assert (await client.stat(43)).uid == 2
+        assert hung.stats == 1
+    finally:
+        await client.close()
+        await server_a.stop()
+        await server_b.stop()
