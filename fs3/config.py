@@ -253,6 +253,13 @@ class StorageConfig:
         check=_fraction,
     )
     io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
+    chunk_meta_map_size: int = opt(
+        256 << 30,
+        doc="largest size of each target's chunk metadata store (LMDB; address space only, the "
+        "file grows as needed): a chunk of 1 MiB takes about 2 KiB, so the default holds about "
+        "128 TiB of such chunks; a full store takes its target offline",
+        check=_positive,
+    )
     aio_reads: bool = opt(
         True,
         doc="read page-cache misses of small reads with native AIO (O_DIRECT, batched) on the "

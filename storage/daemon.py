@@ -42,6 +42,8 @@ from .target_map import Lease, LocalTarget, TargetMap
 log = logging.getLogger(__name__)
 
 _TARGET_ID_FILE = "target_id"
+#: how long a stop waits for the engine calls already in the I/O threads
+_IO_DRAIN_S = 30.0
 #: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
 #: used), so meta places new files on other chains and operators see it before writes are refused
 #: (``keep_free``, 2 % by default); the report is withdrawn once more than the second fraction is free.
@@ -102,7 +104,12 @@ class StorageDaemon:
 
             engine = await AsyncChunkEngine.open(
                 p,
-                EngineOptions(sync=cfg.sync_writes, direct_io=cfg.direct_io, keep_free=cfg.keep_free),
+                EngineOptions(
+                    sync=cfg.sync_writes,
+                    direct_io=cfg.direct_io,
+                    keep_free=cfg.keep_free,
+                    map_size=cfg.chunk_meta_map_size,
+                ),
                 on_failure=on_failure,
                 executor=self.executor,
             )
@@ -189,11 +196,17 @@ class StorageDaemon:
             await self.mgmtd.close()
         if self.aio is not None:
             await self.aio.close()  # after the servers: no read is submitted any more
+        # The servers cancelled their calls, but an engine call already in an I/O thread runs on:
+        # let those finish before the engines close under them (an update on a closed store fails
+        # as a disk error would, and would mark its target failed on a clean stop). A disk that
+        # hangs does not hold the stop for longer than this.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_IO_DRAIN_S):
+                await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
         for e in self._engines:
             with contextlib.suppress(Exception):
                 await e.close()
         self._engines.clear()
-        self.executor.shutdown(wait=False)
 
     # -- callbacks --------------------------------------------------------------------------------
 

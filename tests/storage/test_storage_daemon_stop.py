@@ -1,0 +1,64 @@
+"""A storage daemon's clean stop, run in this process: the engine calls already in its I/O threads
+finish before the engines close (no target is taken for failed on a clean stop), and its chunk
+metadata stores are opened with the configured size."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+
+import pytest
+from cluster import Cluster, wait_until
+from prometheus_client import CollectorRegistry
+
+from fs3.config import StorageConfig, load_config
+from fs3.errors import FS3Error
+from fs3.proto import common_pb2
+from fs3.storage.daemon import StorageDaemon
+from fs3.storage.target_map import UPTODATE
+
+pytestmark = pytest.mark.timeout(120)
+
+CHUNK = 1 << 20
+
+
+async def test_a_clean_stop_under_writes_lets_the_disk_calls_finish_and_fails_no_target(tmp_path) -> None:
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        node = c.nodes[0]
+        (tid,) = node.targets
+        c.kill_storage(0)
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        cfg = dataclasses.replace(cfg, chunk_meta_map_size=3 << 30)
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        await daemon.start()
+        writers: list[asyncio.Future[None]] = []
+        try:
+            assert daemon.targets is not None
+            t = daemon.targets.target(tid)
+            await wait_until(
+                lambda: t.public_state == common_pb2.SERVING and t.local_state == UPTODATE,
+                30,
+                "the in-process daemon to serve its target",
+            )
+            engine = t.engine.engine
+            assert engine._store._env.info()["map_size"] == 3 << 30  # noqa: SLF001
+            data = os.urandom(CHUNK)
+            await client.write(chain_id, 1, 0, 0, data, CHUNK)
+
+            async def write(n: int) -> None:
+                for i in range(1000):
+                    with contextlib.suppress(FS3Error):
+                        await client.write(chain_id, 2 + n, i % 8, 0, data, CHUNK)
+
+            writers = [asyncio.ensure_future(write(n)) for n in range(16)]
+            await asyncio.sleep(1.0)  # writes at every stage of their way through the engine
+        finally:
+            await daemon.stop()
+            for w in writers:
+                w.cancel()
+            await asyncio.gather(*writers, return_exceptions=True)
+        assert engine.failure is None
