@@ -30,7 +30,10 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
 :class:`InodeState` collects the open handles of one inode in one client, so a read sees writes of
 every handle of this client (read-your-writes: the bytes still buffered are laid over what storage
 returns, after any flush in flight over the range is done; a read flushes nothing) and a stat
-reports the length they wrote.
+reports the length they wrote. The file's length is meta's (other clients append and truncate),
+taken from every inode meta returns (:meth:`InodeState.install`, :meth:`InodeState.refresh`),
+extended only by what this client's handles wrote and meta has not counted yet (their *unsettled*
+lengths): a length this client reported once is meta's to keep or, after a truncate, to drop.
 
 Reads land in the caller's buffer (:meth:`OpenFile.read_into`): a read inside one chunk, alone in
 its call to a storage node, is received straight into it.
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +60,15 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 SCATTER_RUN_BYTES = 256 << 10
 #: chunk writes one flush of the scattered buffer keeps in flight
 SCATTER_PARALLEL = 16
+
+_stamps = itertools.count(1)
+
+
+def stamp() -> int:
+    """A point in this process's order of meta calls: take one before asking meta about a file and
+    give it to :meth:`InodeState.refresh` with the reply, so a reply that was overtaken by a newer
+    one does not replace it."""
+    return next(_stamps)
 
 
 def chain_of(layout: meta_pb2.Layout, chunk_index: int) -> int:
@@ -98,15 +111,34 @@ class InodeState:
     #: count it last reported, like Linux's errseq_t)
     error: BaseException | None = None
     error_seq: int = 0
+    #: the :func:`stamp` at which ``inode`` was taken: a reply to a call made before it may be older
+    installed: int = field(default_factory=stamp)
 
     @property
     def size(self) -> int:
-        """The larger of meta's length and what this client's handles wrote."""
+        """Meta's length, or further where this client's handles wrote bytes meta has not counted
+        yet (buffered, flushed but not reported, or reported with meta's reply still on its way).
+        A length meta counted already is not taken from the handles: another client may have
+        truncated the file since."""
         n = self.inode.size
         for h in self.handles:
-            if h.written_length > n:
-                n = h.written_length
+            u = h.unsettled_length
+            if u > n:
+                n = u
         return n
+
+    def install(self, inode: meta_pb2.Inode) -> None:
+        """Take ``inode``: meta's reply to this client's own change of the file (a length report, a
+        truncate), which no earlier reply may replace."""
+        self.inode = inode
+        self.installed = stamp()
+
+    def refresh(self, inode: meta_pb2.Inode, since: int) -> None:
+        """Take ``inode``, meta's reply to a call made at ``since`` (a :func:`stamp`; an open, a stat,
+        a lookup, a listing), unless another reply was taken meanwhile (it may be the newer one).
+        Meta's length replaces the one known, shrinking included: another client truncated."""
+        if since > self.installed:
+            self.install(inode)
 
     @property
     def settled(self) -> bool:
@@ -144,10 +176,11 @@ class InodeState:
         self.error_seq += 1
 
     def truncated(self, size: int) -> None:
-        """The file was truncated to ``size``: no handle may report a longer length afterwards."""
+        """The file was truncated to ``size``: no handle may report or imply a longer length
+        afterwards."""
         self.inode.size = size
         for h in self.handles:
-            h.written_length = min(h.written_length, size)
+            h.truncated(size)
 
 
 @dataclass(slots=True)
@@ -187,6 +220,11 @@ class OpenFile:
         self.buffer_bytes = buffer_bytes
         self.written_length = 0
         self.dirty = False  # wrote since the last report to meta
+        # The end of what this handle wrote since its length was last taken for meta, and of what
+        # the reports in flight (``_reports`` of them) took: the length meta may not count yet.
+        self._unreported = 0
+        self._reporting = 0
+        self._reports = 0
         # the buffer: contiguous pieces (immutable, so never copied) from _buf_offset on
         self._parts: list[bytes | memoryview] = []
         self._buf_len = 0
@@ -214,6 +252,11 @@ class OpenFile:
     def settled(self) -> bool:
         """Nothing buffered, no flush in flight or being started."""
         return not (self._buf_len or self._scatter_len or self._flushes or self._lock.locked())
+
+    @property
+    def unsettled_length(self) -> int:
+        """The end of what this handle wrote that meta may not count yet (0: none)."""
+        return max(self._unreported, self._reporting)
 
     # -- writes -----------------------------------------------------------------------------------
 
@@ -245,10 +288,15 @@ class OpenFile:
             # chunk); so does a full buffer.
             if self._buf_len >= self.buffer_bytes or (offset + n) % self.chunk_size == 0:
                 await self._start_flush()
-        if offset + n > self.written_length:
-            self.written_length = offset + n
-        self.dirty = True
+        self._wrote(offset + n)
         return n
+
+    def _wrote(self, end: int) -> None:
+        if end > self.written_length:
+            self.written_length = end
+        if end > self._unreported:
+            self._unreported = end
+        self.dirty = True
 
     async def write_through(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` at ``offset`` now, bypassing the buffer (ordered after earlier writes that
@@ -264,8 +312,7 @@ class OpenFile:
         ) or (self._scatter_len and self._scatter_span[0] < offset + n and offset < self._scatter_span[1]):
             await self.flush_buffer()
         await self._write_now(offset, [data])
-        self.written_length = max(self.written_length, offset + n)
-        self.dirty = True
+        self._wrote(offset + n)
         return n
 
     async def _start_flush(self) -> None:
@@ -453,15 +500,39 @@ class OpenFile:
         """The length to report to meta now, and whether a flush failed since the last report;
         marks the handle clean (a write from here on makes it dirty again). After a failed flush
         the length is 0, which asks meta to take the length storage has: bytes that failed are not
-        counted. Give the pair back to :meth:`untake_length` if the report fails."""
+        counted. Give the pair back to :meth:`untake_length` if the report fails, or call
+        :meth:`length_reported` once meta's reply is installed in the file's state."""
         failed = self._failed
         self._failed = False
         self.dirty = False
+        # what was written up to here still counts locally until meta's reply says what it made of it
+        self._reporting = max(self._reporting, self._unreported)
+        self._unreported = 0
+        self._reports += 1
         return (0 if failed else self.written_length), failed
 
     def untake_length(self, failed: bool) -> None:
         self.dirty = True
         self._failed = self._failed or failed
+        self._unreported = max(self._unreported, self._reporting)
+        self._end_report()
+
+    def length_reported(self) -> None:
+        """Meta's reply to a report of :meth:`take_length` is the file's inode now: the length
+        meta made of it (or of what storage holds) replaces the one this handle wrote."""
+        self._end_report()
+
+    def _end_report(self) -> None:
+        self._reports -= 1
+        if self._reports <= 0:
+            self._reports = 0
+            self._reporting = 0
+
+    def truncated(self, size: int) -> None:
+        """The file was truncated to ``size``: nothing this handle wrote lies past it any more."""
+        self.written_length = min(self.written_length, size)
+        self._unreported = min(self._unreported, size)
+        self._reporting = min(self._reporting, size)
 
     def _buffered(self, begin: int, end: int) -> list[tuple[int, memoryview]]:
         """The buffered bytes of ``[begin, end)``, oldest first: scattered ranges, then the run."""

@@ -27,6 +27,9 @@ What a caller may rely on:
   or close. Within one FileSystem, reads see every write made through it (read-your-writes), and
   :meth:`FileSystem.stat` reports the length open writers have written.
 - Other clients see a file's data and length after its writer closed or fsynced it (close-to-open).
+  An open file's length is meta's as of the last stat, or of the last read that reached past it
+  (:meth:`File.pread` looks again then), extended by this FileSystem's unreported writes: a reader
+  that keeps its file open follows other clients' appends and truncates.
 - Errors raise :class:`fs3.errors.FS3Error`; ``e.errno`` is the POSIX errno.
 """
 
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many
+from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
 from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient
 from fs3.client.routing import RoutingCache
@@ -157,7 +160,8 @@ class File:
 
     @property
     def size(self) -> int:
-        """The file's length as this client knows it (meta's, or further if written here)."""
+        """The file's length as this client knows it (meta's when last asked, or further where
+        this client wrote bytes meta has not counted yet)."""
         return self.handle.state.size
 
     def _check(self) -> None:
@@ -318,11 +322,14 @@ class FileSystem:
             if not addresses:
                 await routing.wait_for(lambda r: bool(meta_addresses(r)), timeout_s)
                 addresses = meta_addresses(routing.routing)
+            # Each try may take rpc_timeout_s; the call's budget leaves room for one try at every
+            # meta server, so one that hangs (stopped, or a host that drops connects) is failed
+            # over from instead of spending the whole budget.
             meta = MetaClient(
                 addresses,
                 rpc=rpc,
                 user=user,
-                timeout_s=config.rpc_timeout_s,
+                timeout_s=config.rpc_timeout_s * max(len(addresses), 1),
                 rpc_timeout_s=config.rpc_timeout_s,
             )
             storage = StorageClient(
@@ -395,18 +402,21 @@ class FileSystem:
 
     # -- open files -------------------------------------------------------------------------------
 
-    def _state(self, inode: m.Inode) -> InodeState:
+    def _state(self, inode: m.Inode, since: int) -> InodeState:
+        """The state of a file being opened; ``inode`` is meta's reply to the open, asked at
+        ``since`` (a :func:`stamp`)."""
         st = self._states.get(inode.id)
         if st is None:
             st = self._states[inode.id] = InodeState(inode)
         else:
-            st.inode = inode
+            st.refresh(inode, since)
         return st
 
-    def _handle(self, inode: m.Inode, session_id: int, flags: int) -> OpenFile:
+    def _handle(self, inode: m.Inode, session_id: int, flags: int, since: int) -> OpenFile:
+        """A new handle of the file meta's open (asked at ``since``) returned ``inode`` for."""
         h = OpenFile(
             self.storage,
-            self._state(inode),
+            self._state(inode, since),
             session_id,
             writable=(flags & os.O_ACCMODE) != os.O_RDONLY,
             buffer_bytes=self.config.write_buffer_bytes,
@@ -425,6 +435,7 @@ class FileSystem:
     async def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> File:
         """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE)."""
         p = os.fsencode(path)
+        since = stamp()
         if flags & os.O_CREAT:
             parent, name = await self._parent(p)
             if flags & os.O_TRUNC:
@@ -447,7 +458,7 @@ class FileSystem:
             st = self._states.get(inode.id)
             if st is not None:
                 st.truncated(0)
-        f = File(self, self._handle(inode, session_id, flags), p, flags)
+        f = File(self, self._handle(inode, session_id, flags, since), p, flags)
         if flags & os.O_APPEND:
             f.pos = f.size
         return f
@@ -455,7 +466,8 @@ class FileSystem:
     async def _refresh(self, state: InodeState) -> None:
         """Take meta's current view of the file (its settled length; this client's unreported
         writes still count through the handles)."""
-        state.inode = await self.meta.stat(state.inode.id)
+        since = stamp()
+        state.refresh(await self.meta.stat(state.inode.id), since)
 
     async def _sync(
         self, h: OpenFile, *, raise_errors: bool = True, only_dirty: bool = False
@@ -480,7 +492,9 @@ class FileSystem:
                 if wrote:
                     h.untake_length(failed)
                 raise
-            self._state(ino)
+            h.state.install(ino)
+            if wrote:
+                h.length_reported()
         if error is not None:
             raise error
         return ino
@@ -489,19 +503,26 @@ class FileSystem:
         """Flush a handle, end its session (reporting the written length); meta's inode after. A
         flush error of the file this handle has not reported yet is raised after the session ends."""
         error: Exception | None = None
+        ino = None
         try:
             await h.flush_buffer(report=h.writable)  # a reader's close reports no write error
         except Exception as e:
             error = e
         finally:
-            h.state.handles.discard(h)
-            if not h.state.handles:
-                self._states.pop(h.inode_id, None)
-            ino = None
-            if h.session_id:
-                wrote = h.writable and h.dirty
-                length = h.take_length()[0] if wrote else h.written_length
-                ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+            # The handle's length counts for the file until meta's reply, which counts it, is
+            # installed: an O_APPEND write on another handle must land after it.
+            try:
+                if h.session_id:
+                    wrote = h.writable and h.dirty
+                    length = h.take_length()[0] if wrote else h.written_length
+                    ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+                    h.state.install(ino)
+                    if wrote:
+                        h.length_reported()
+            finally:
+                h.state.handles.discard(h)
+                if not h.state.handles and self._states.get(h.inode_id) is h.state:
+                    del self._states[h.inode_id]
         if error is not None:
             raise error
         return ino
@@ -527,7 +548,7 @@ class FileSystem:
         await state.drain()
         ino = await self.meta.setattr(state.inode.id, size=size, session_id=session_id)
         state.truncated(size)
-        state.inode = ino
+        state.install(ino)
         return ino
 
     # -- batched I/O ------------------------------------------------------------------------------
@@ -535,22 +556,37 @@ class FileSystem:
     async def read_batch(self, requests: Sequence[tuple[File | str | bytes, int, int]]) -> list[bytes]:
         """Read many ``(file, offset, length)`` ranges at once -- open Files or paths -- as one
         batch served concurrently by every storage node (sample loading). Ranges are clamped to
-        each file's length."""
-        inodes: dict[bytes, m.Inode] = {}
+        each file's length. A file this FileSystem has open reads as :meth:`File.pread` would,
+        by path too: with its unflushed writes and the length they imply."""
+        since = stamp()
         paths = {os.fsencode(f) for f, _, _ in requests if not isinstance(f, File)}
         looked = await asyncio.gather(*(self._lookup(p) for p in paths))
-        inodes.update(zip(paths, looked, strict=True))
+        inodes: dict[bytes, m.Inode] = dict(zip(paths, looked, strict=True))
+        # storage reads do not see what handles buffered: the open files' buffers go out first
+        states: dict[int, InodeState] = {}
+        for inode in looked:
+            st = self._states.get(inode.id)
+            if st is not None and st.handles:
+                st.refresh(inode, since)
+                states[inode.id] = st
         for f, _, _ in requests:
             if isinstance(f, File):
-                await f.handle.state.drain()
+                states.setdefault(f.inode_id, f.handle.state)
+        for st in states.values():
+            await st.drain()
         pieces = []
         for f, offset, length in requests:
+            st: InodeState | None
             if isinstance(f, File):
-                ino = m.Inode()
-                ino.CopyFrom(f.handle.state.inode)
-                ino.size = f.handle.state.size
+                st = f.handle.state
+                ino = st.inode
             else:
                 ino = inodes[os.fsencode(f)]
+                st = states.get(ino.id)
+            if st is not None:
+                ino = m.Inode()
+                ino.CopyFrom(st.inode)
+                ino.size = st.size
             pieces.append((ino, offset, length))
         return await read_many(self.storage, pieces)
 
@@ -558,11 +594,13 @@ class FileSystem:
 
     async def stat(self, path: str | bytes, follow_symlinks: bool = True) -> StatResult:
         """stat (or lstat) a path; an open writer's length in this client counts."""
+        since = stamp()
         inode = await self._lookup(path, follow_symlinks)
         st = self._states.get(inode.id)
         if st is not None and st.handles:
             await st.drain()
-            return StatResult.of(inode, max(inode.size, st.size))
+            st.refresh(inode, since)  # meta's length, for this client's open handles too
+            return StatResult.of(inode, st.size)
         return StatResult.of(inode)
 
     async def exists(self, path: str | bytes) -> bool:

@@ -13,6 +13,10 @@
   on a non-contiguous write, on read, truncate, fsync, flush (each close(2)) and getattr; flush and
   fsync also report the written length to meta, so once close(2) returns every client sees the
   length. getattr reports the length this mount's writers have written.
+- A file's length is meta's, taken from every inode meta returns (getattr, lookup, listings,
+  setattr) into the file's open state, which reads are clamped to; this mount's writers extend it
+  by what meta has not counted yet. So a descriptor kept open follows other clients' appends and
+  truncates as the kernel asks for attributes (``tail -f``).
 - Directory listings are read from meta as the kernel asks for them, with the inodes: the kernel
   takes each listed entry as a lookup (READDIRPLUS), so a listing must be as current as one
   (:class:`OpenDir`).
@@ -38,7 +42,7 @@ import pyfuse3
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from fs3 import metrics
-from fs3.client.file import OpenFile
+from fs3.client.file import OpenFile, stamp
 from fs3.client.filesystem import FileSystem, mode_of
 from fs3.client.meta_client import MetaClient
 from fs3.config import ClientConfig
@@ -254,11 +258,19 @@ class Fs3Operations(pyfuse3.Operations):
             self._metas[key] = client
         return client
 
-    def _size(self, inode: m.Inode) -> int:
+    def _size(self, inode: m.Inode, since: int) -> int:
+        """The length of a file meta returned ``inode`` for (to a call made at ``since``, a
+        :func:`stamp`): meta's, which a file open in this mount takes too (its reads are clamped to
+        it), extended by what this mount's writers wrote and meta has not counted yet."""
         st = self.fs._states.get(inode.id)
-        return max(inode.size, st.size) if st is not None else inode.size
+        if st is None:
+            return inode.size
+        st.refresh(inode, since)
+        return st.size
 
-    def attrs(self, inode: m.Inode) -> pyfuse3.EntryAttributes:
+    def attrs(self, inode: m.Inode, since: int) -> pyfuse3.EntryAttributes:
+        """The attributes of ``inode``, meta's reply to a call made at ``since`` (a :func:`stamp`;
+        0 for an inode not fresh from meta, whose length is not taken)."""
         a = pyfuse3.EntryAttributes()
         a.st_ino = inode.id
         a.generation = inode.generation
@@ -269,7 +281,7 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_uid = inode.uid
         a.st_gid = inode.gid
         a.st_rdev = inode.rdev
-        size = self._size(inode) if inode.type == m.INODE_FILE else inode.size
+        size = self._size(inode, since) if inode.type == m.INODE_FILE else inode.size
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
@@ -289,6 +301,7 @@ class Fs3Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
+        since = stamp()
         try:
             inode = await self.meta(ctx).lookup(parent_inode, name)
         except FS3Error as e:
@@ -298,7 +311,7 @@ class Fs3Operations(pyfuse3.Operations):
                 a.entry_timeout = self.config.negative_timeout_s
                 return a
             raise
-        return self.attrs(inode)
+        return self.attrs(inode, since)
 
     async def forget(self, inode_list: Any) -> None:
         return None
@@ -308,7 +321,8 @@ class Fs3Operations(pyfuse3.Operations):
         st = self.fs._states.get(inode)
         if st is not None:
             await st.drain()
-        return self.attrs(await self.fs.meta.stat(inode))
+        since = stamp()
+        return self.attrs(await self.fs.meta.stat(inode), since)
 
     @_translate
     async def setattr(
@@ -362,13 +376,15 @@ class Fs3Operations(pyfuse3.Operations):
             # non-owner never gets here (the kernel refuses it), so this is that kill, made as the
             # mount (meta would refuse the caller a chmod, and the write would fail with EIO).
             meta = self.fs.meta
+        since = stamp()
         ino = await meta.setattr(inode, **kw)
+        st = self.fs._states.get(inode)  # the one open now (the reports above waited)
         if fields.update_size and st is not None:
             st.truncated(attr.st_size)
-            st.inode = ino
+            st.install(ino)
         if fields.update_size:
             self._seen.pop(inode, None)
-        return self.attrs(ino)
+        return self.attrs(ino, since)
 
     async def _drops_privileges_only(self, inode: int, mode: int) -> bool:
         """Whether ``mode`` is the file's mode less setuid and/or setgid (and not equal to it)."""
@@ -384,13 +400,15 @@ class Fs3Operations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(await self.meta(ctx).mknod(parent_inode, name, mode, rdev))
+        since = stamp()
+        return self.attrs(await self.meta(ctx).mknod(parent_inode, name, mode, rdev), since)
 
     @_translate
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777))
+        since = stamp()
+        return self.attrs(await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777), since)
 
     @_translate
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -404,7 +422,8 @@ class Fs3Operations(pyfuse3.Operations):
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(await self.meta(ctx).symlink(parent_inode, name, target))
+        since = stamp()
+        return self.attrs(await self.meta(ctx).symlink(parent_inode, name, target), since)
 
     @_translate
     async def rename(
@@ -422,7 +441,8 @@ class Fs3Operations(pyfuse3.Operations):
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(await self.meta(ctx).link(inode, new_parent_inode, new_name))
+        since = stamp()
+        return self.attrs(await self.meta(ctx).link(inode, new_parent_inode, new_name), since)
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -440,8 +460,9 @@ class Fs3Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         if flags & os.O_TRUNC:
             await self.fs._drain_before_truncate(inode)
+        since = stamp()
         rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
-        handle = self.fs._handle(rsp.inode, rsp.session_id, flags)
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
         return self._file_info(handle, flags)
@@ -452,15 +473,16 @@ class Fs3Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         if flags & os.O_TRUNC:
             await self.fs._drain_before_truncate(None, parent_inode, name)
+        since = stamp()
         rsp = await self.meta(ctx).create(
             parent_inode, name, mode & 0o7777, flags & (os.O_EXCL | os.O_TRUNC | os.O_ACCMODE), session=True
         )
-        handle = self.fs._handle(rsp.inode, rsp.session_id, flags)
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
         if flags & os.O_TRUNC or rsp.created:
             self._seen.pop(rsp.inode.id, None)
-        return self._file_info(handle, flags), self.attrs(rsp.inode)
+        return self._file_info(handle, flags), self.attrs(rsp.inode, since)
 
     @_translate
     async def read(self, fh: int, off: int, size: int) -> memoryview | bytes:
@@ -533,18 +555,19 @@ class Fs3Operations(pyfuse3.Operations):
             return
         for off in range(start_id, _DOTS):
             name, ino = d.dots[off]
-            if not pyfuse3.readdir_reply(token, name, self.attrs(ino), off + 1):
+            if not pyfuse3.readdir_reply(token, name, self.attrs(ino, 0), off + 1):
                 return
         after = b""
         if start_id > _DOTS:
             if start_id - _DOTS > len(d.names):
                 return  # no offset this handle gave out
             after = d.names[start_id - _DOTS - 1]
+        since = stamp()
         rsp = await d.meta.readdir(d.inode, after, d.page, with_inodes=True)
         last = max(start_id, _DOTS)
         for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
             off = d.offset_of(e.name)
-            if not pyfuse3.readdir_reply(token, e.name, self.attrs(ino), off):
+            if not pyfuse3.readdir_reply(token, e.name, self.attrs(ino, since), off):
                 d.page = n + 1  # about what the kernel's buffer holds: ask meta for no more
                 d.filled = True
                 return

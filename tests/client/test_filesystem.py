@@ -6,6 +6,7 @@ import asyncio
 import errno
 import os
 import random
+import signal
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -277,6 +278,27 @@ async def test_meta_failover(tmp_path: Path) -> None:
         c.start_meta(0)
         c.kill_meta(1)
         assert await fs.read_file("/before") == b"1"
+
+
+async def test_a_hung_meta_server_is_failed_over_from(tmp_path: Path) -> None:
+    """A meta server that stops answering (SIGSTOP: connects still succeed, replies never come)
+    costs a call one try of rpc_timeout_s; the call then goes to the other meta server instead of
+    failing with ETIMEDOUT."""
+    async with FsCluster(tmp_path, metas=2, chains=1, stripe=1) as c:
+        hung, healthy = (f"127.0.0.1:{port}" for port in c.meta_ports)
+        fs = await c.connect(meta_addresses=[hung, healthy], rpc_timeout_s=2.0)
+        await fs.write_file("/before", b"1")
+        popen = c.meta_procs[0].popen
+        assert popen is not None
+        os.kill(popen.pid, signal.SIGSTOP)
+        try:
+            fs.meta._current = 0  # noqa: SLF001  # the next call tries the hung server first
+            assert (await fs.stat("/before")).st_size == 1
+            fs.meta._current = 0  # noqa: SLF001
+            await fs.write_file("/after", b"2")  # a create, then a close
+            assert await fs.read_file("/after") == b"2"
+        finally:
+            os.kill(popen.pid, signal.SIGCONT)
 
 
 async def test_sync_facade(cluster: FsCluster) -> None:

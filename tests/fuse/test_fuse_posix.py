@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from cluster import storage_on_tmpfs
+from cluster import storage_on_tmpfs, wait_until
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
 from fsx import Fsx, two_writers
 
@@ -249,6 +249,49 @@ async def test_fsync_on_one_descriptor_writes_out_the_others(env: Env) -> None:
     finally:
         os.close(reader)
         os.close(fd)
+
+
+async def test_a_descriptor_kept_open_follows_another_clients_appends_and_truncates(env: Env) -> None:
+    """`tail -f`: a reader keeps its descriptor while another client appends, then truncates; once
+    the kernel asks for the attributes again, it reads the new bytes, then only what is left."""
+    first, more = os.urandom(100), os.urandom(100)
+    other = await env.cluster.connect()
+    try:
+        await other.write_file("/followed", first)
+        fd = os.open(env.mnt / "followed", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, 0) == first
+            async with await other.open("/followed", "a") as a:
+                await a.write(more)
+            await wait_until(lambda: os.fstat(fd).st_size == 200, 10, "the append to be seen")
+            assert os.pread(fd, 4096, 100) == more
+            assert os.pread(fd, 4096, 0) == first + more
+            await other.truncate("/followed", 10)
+            await wait_until(lambda: os.fstat(fd).st_size == 10, 10, "the truncate to be seen")
+            assert os.pread(fd, 4096, 0) == first[:10]
+        finally:
+            os.close(fd)
+    finally:
+        await other.close()
+
+
+async def test_a_writer_does_not_bring_its_length_back_after_another_client_truncated(env: Env) -> None:
+    """`logrotate copytruncate` seen through the writer's own mount: its descriptor shows the
+    truncated file and what it wrote since, not the length it had written before."""
+    p = env.mnt / "rotating-under-a-mount"
+    other = await env.cluster.connect()
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"x" * 100_000)
+        os.fsync(fd)
+        await other.truncate("/rotating-under-a-mount", 0)
+        await wait_until(lambda: os.fstat(fd).st_size == 0, 10, "the truncate to be seen")
+        os.pwrite(fd, b"after rotation\n", 0)
+        assert os.fstat(fd).st_size == 15
+    finally:
+        os.close(fd)
+        await other.close()
+    assert p.read_bytes() == b"after rotation\n"
 
 
 def test_xattrs_rename_and_errors(env: Env) -> None:

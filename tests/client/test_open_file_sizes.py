@@ -1,0 +1,99 @@
+"""The length an open file has in the native client: meta's, which other clients change (appends,
+truncates), extended by what this client wrote that meta has not counted yet; never a length
+remembered from the open or from this client's own earlier reports."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from fs_cluster import FsCluster
+
+from fs3.client import FileSystem
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FsCluster]:
+    async with FsCluster(tmp_path_factory.mktemp("sizes"), chunk_size=256 << 10) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def fs(cluster: FsCluster) -> FileSystem:
+    return await cluster.connect()
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def other(cluster: FsCluster) -> FileSystem:
+    return await cluster.connect()
+
+
+async def test_a_reader_follows_another_clients_appends_and_truncates(
+    fs: FileSystem, other: FileSystem
+) -> None:
+    """`tail -f` over the native API: the reader keeps its handle while another client appends,
+    then truncates."""
+    first, more = os.urandom(100), os.urandom(100)
+    await other.write_file("/followed", first)
+    r = await fs.open("/followed")
+    assert await r.read() == first
+    async with await other.open("/followed", "a") as a:
+        await a.write(more)
+    assert (await fs.stat("/followed")).st_size == 200
+    assert await r.pread(4096, 100) == more
+    assert r.size == 200
+    await other.truncate("/followed", 10)
+    assert (await fs.stat("/followed")).st_size == 10
+    assert r.size == 10
+    assert await r.pread(100, 0) == first[:10]  # not 10 bytes and 90 zeros
+    assert r.seek(0, os.SEEK_END) == 10
+    await r.close()
+
+
+async def test_a_writers_own_old_length_does_not_come_back_after_another_client_truncated(
+    fs: FileSystem, other: FileSystem
+) -> None:
+    """`logrotate copytruncate` seen from the writer's own client: while its handle stays open,
+    stat and reads there show the truncated file and what the writer wrote since, not the length
+    it had written before."""
+    f = await fs.open("/rotating.log", "w")
+    await f.write(b"x" * 100_000)
+    await f.fsync()
+    await other.truncate("/rotating.log", 0)
+    assert (await fs.stat("/rotating.log")).st_size == 0
+    assert (await f.stat()).st_size == 0
+    assert await f.pread(4096, 0) == b""
+    await f.pwrite(b"after rotation\n", 0)
+    assert (await fs.stat("/rotating.log")).st_size == 15  # this client's unreported write counts
+    assert await f.pread(4096, 0) == b"after rotation\n"
+    await f.close()
+    assert (await fs.stat("/rotating.log")).st_size == 15
+    assert await other.read_file("/rotating.log") == b"after rotation\n"
+
+
+async def test_closing_one_append_handle_keeps_its_length_for_the_others(fs: FileSystem) -> None:
+    """Two O_APPEND handles of one client: what one wrote before its close stays counted, so the
+    other appends after it."""
+    h1 = await fs.open("/appended", "a")
+    h2 = await fs.open("/appended", "a")
+    await h2.write(b"x" * 100)
+    await h2.close()
+    assert h1.size == 100
+    assert h1.seek(0, os.SEEK_END) == 100
+    assert await fs.read_batch([(h1, 0, 64)]) == [b"x" * 64]
+    await h1.write(b"y" * 10)
+    await h1.close()
+    assert await fs.read_file("/appended") == b"x" * 100 + b"y" * 10
+
+
+async def test_read_batch_by_path_sees_this_clients_unflushed_writes(fs: FileSystem) -> None:
+    w = await fs.open("/batched", "w")
+    await w.write(b"z" * 50)  # buffered in this client
+    assert await w.pread(50, 0) == b"z" * 50
+    assert await fs.read_batch([("/batched", 0, 50), ("/batched", 40, 100)]) == [b"z" * 50, b"z" * 10]
+    await w.close()
+    assert await fs.read_batch([("/batched", 0, 100)]) == [b"z" * 50]
