@@ -50,6 +50,10 @@ known to be harmless) takes the target offline: the call and every later one fai
 STORAGE_IO_ERROR (STORAGE_NO_SPACE for LMDB's map limit, or a device that ran out of space under a
 file system that has plenty), and ``on_failure`` is called once so that the daemon can tell mgmtd.
 The target comes back only by reopening the engine (after the operator has dealt with the disk).
+A data file that is missing (lost to fsck or an operator, not to a failed disk) is damage to its
+chunk alone, like bytes that fail their checksums: the chunk's reads, and its updates that need the
+file, fail with STORAGE_CHECKSUM_MISMATCH (the chain then sends the whole chunk, which repairs it),
+and opening the engine reports the file in ``recovery.missing_files`` and leaves the chunk as it is.
 
 Two kinds of OSError fail only the call, and the target stays online (see ``_error``): a passing
 shortage of the process or the machine (EMFILE, ENFILE, ENOMEM, ENOBUFS: a burst of client
@@ -447,7 +451,9 @@ class ChunkEngine:
                 and offset == base.length
                 and len(data) > 0
             ):
-                new = self._files.append_version(chunk_id, base, data, new_ver, chain_ver)
+                # a lost data file fails this chunk's update as copy-on-write would, not the target
+                with _cannot_update(chunk_id, base):
+                    new = self._files.append_version(chunk_id, base, data, new_ver, chain_ver)
             elif offset == 0 and (base is None or end >= base.length):
                 # the whole new content is ``data``, whose CRC the sender's checksum may have given
                 new = self._write_version(chunk_id, data, new_ver, chain_ver, chunk_size, crc=checksum)
@@ -912,14 +918,18 @@ class ChunkEngine:
         that version's metadata fails their checksums and retries with the current one). The caller
         holds the chunk lock, and no pending version shares the data file.
 
-        Raises STORAGE_CHECKSUM_MISMATCH if the overlay is corrupt (then it stays layered)."""
+        Raises STORAGE_CHECKSUM_MISMATCH if the overlay is corrupt or the data file is missing
+        (then it stays layered)."""
         with _cannot_update(chunk_id, v):
             regions = self._files.read_overlay(chunk_id, v)
-        self._files.write_ranges(chunk_id, v.file_id, regions)
+            self._files.write_ranges(chunk_id, v.file_id, regions)
         return replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0, overlay_runs=())
 
     def _fold(self, meta: ChunkMeta) -> ChunkMeta:
-        """Fold the committed layered version and record it plain (when the engine opens)."""
+        """Fold the committed layered version and record it plain (when the engine opens). One
+        that cannot be folded (a corrupt overlay, a lost data file, which recovery reports among
+        its missing files) stays as it is: its reads fail their checksums until the chain sends
+        the whole chunk again, and the rest of the target opens."""
         assert meta.committed is not None
         try:
             plain = self._fold_data(meta.chunk_id, meta.committed)

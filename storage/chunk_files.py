@@ -7,8 +7,10 @@ lets a new version be written under its final name without a rename: until a met
 references it, the file is an orphan that recovery removes.
 
 This module also turns bytes into versions: it computes the checksums of what it writes and checks
-those of what it reads. Every method raises OSError as the kernel reports it; the engine decides
-what an error means.
+those of what it reads. Every method raises OSError as the kernel reports it, but for a version's
+file that is missing, which is CorruptVersion (as for bytes that fail their checksums: a file lost
+to fsck or an operator is damage to that chunk, not a failed disk); the engine decides what an
+error means.
 
 A new file is made durable with an fsync of the file and, where that does not also make its name
 durable, of its directory. POSIX leaves the name to the directory's fsync, but on ext3/ext4 (with
@@ -359,15 +361,21 @@ class ChunkFiles:
 
     def write_at(self, chunk_id: bytes, file_id: int, offset: int, data: bytes | memoryview) -> None:
         """Write ``data`` at ``offset`` of an existing file and make it durable (an in-place append,
-        or folding a layered version's overlay into its data file)."""
+        or folding a layered version's overlay into its data file). Raises CorruptVersion if the
+        file is missing."""
         self.write_ranges(chunk_id, file_id, [(offset, data)])
 
     def write_ranges(
         self, chunk_id: bytes, file_id: int, ranges: Sequence[tuple[int, bytes | bytearray | memoryview]]
     ) -> None:
         """Write each ``(offset, data)`` of ``ranges`` into an existing file, then make them durable
-        with one sync."""
-        fd = self._open(chunk_id, file_id, os.O_WRONLY)
+        with one sync. Raises CorruptVersion if the file is missing."""
+        try:
+            fd = self._open(chunk_id, file_id, os.O_WRONLY)
+        except FileNotFoundError:
+            # the file holds a version's bytes (this writes into a version's file only): that
+            # version is lost, as a read of it would find, and the disk is not to blame
+            raise CorruptVersion("data file missing") from None
         try:
             for offset, data in ranges:
                 _pwrite_all(fd, data, offset)
@@ -696,7 +704,12 @@ class ChunkFiles:
         return data
 
     def truncate(self, chunk_id: bytes, file_id: int, length: int) -> None:
-        fd = self._open(chunk_id, file_id, os.O_WRONLY)
+        """Cut the file to ``length`` bytes; a file already gone is fine (there is nothing to cut:
+        the version that uses it is lost, which its reads report)."""
+        try:
+            fd = self._open(chunk_id, file_id, os.O_WRONLY)
+        except FileNotFoundError:
+            return
         try:
             os.ftruncate(fd, length)
         finally:

@@ -8,6 +8,7 @@ import errno
 import os
 import struct
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,86 @@ def test_recovery_reports_missing_files(tmp_path: Path) -> None:
         data_file(eng, cid(1)).unlink()
     with ChunkEngine(tmp_path) as eng:
         assert [chunk for chunk, _ in eng.recovery.missing_files] == [cid(1)]
+
+
+def test_a_layered_chunk_whose_data_file_is_lost_does_not_stop_the_target_opening(tmp_path: Path) -> None:
+    """Opening the engine folds a committed layered version into its data file; where that file is
+    lost (fsck, an operator), the chunk stays as it is and is reported, like any chunk whose file
+    is lost, and the rest of the target opens: resync's whole-chunk write then repairs it."""
+    payload = os.urandom(CS)
+    with ChunkEngine(tmp_path) as eng:
+        write(eng, cid(1), 0, payload)
+        write(eng, cid(2), 0, b"untouched")
+        eng.update(cid(1), 100, b"x" * 10, chunk_size=CS, chain_ver=1, commit=True)  # a small overwrite
+        meta = eng.get_meta(cid(1))
+        assert meta.committed.layered
+        overlay = eng._files.path(cid(1), meta.committed.overlay_file_id)
+        data_file(eng, cid(1)).unlink()
+    failures: list[FS3Error] = []
+    with ChunkEngine(tmp_path, on_failure=failures.append) as eng:
+        assert eng.recovery.missing_files == [(cid(1), meta.committed.file_id)]
+        assert eng.get_meta(cid(1)) == meta  # left layered: nothing to fold into
+        with pytest.raises(FS3Error) as err:
+            eng.read(cid(1))
+        assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+        with pytest.raises(FS3Error) as err:
+            eng.update(cid(1), 200, b"y", chunk_size=CS, chain_ver=1)  # cannot fold it either
+        assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+        assert eng.online and failures == []
+        assert eng.read(cid(2)).data == b"untouched"
+        eng.replace(cid(1), payload, chunk_size=CS, chain_ver=2, version=5, commit=True)  # as resync does
+        assert eng.read(cid(1)).data == payload
+        assert not overlay.exists()
+    with ChunkEngine(tmp_path) as eng:
+        assert eng.recovery.missing_files == []
+        assert eng.read(cid(1)).data == payload
+
+
+@pytest.mark.parametrize("layered", [False, True], ids=["append", "fold"])
+def test_an_in_place_update_of_a_chunk_whose_file_is_lost_fails_that_chunk_alone(
+    engine: ChunkEngine, layered: bool
+) -> None:
+    """An update that writes into the committed version's own file (an append, or the fold of a
+    previous small overwrite) fails as copy-on-write does where that file is lost: a checksum
+    error of that chunk, which the chain repairs by sending the whole chunk, and the target
+    stays online."""
+    failures: list[FS3Error] = []
+    engine._on_failure = failures.append
+    payload = os.urandom(3 * BLOCK)
+    write(engine, cid(1), 0, payload)
+    if layered:
+        engine.update(cid(1), 10, b"x", chunk_size=CS, chain_ver=1, commit=True)
+        assert engine.get_meta(cid(1)).committed.layered
+    meta = engine.get_meta(cid(1))
+    data_file(engine, cid(1)).unlink()
+    with pytest.raises(FS3Error) as err:
+        engine.update(cid(1), len(payload), b"more", chunk_size=CS, chain_ver=1)
+    assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+    assert "missing" in err.value.message
+    assert engine.online and failures == []
+    assert engine.get_meta(cid(1)) == meta
+    write(engine, cid(1), 0, payload + b"more")  # the whole chunk, as a predecessor then sends it
+    assert engine.read(cid(1)).data == payload + b"more"
+    write(engine, cid(2), 0, b"other chunks go on")
+    assert engine.read(cid(2)).data == b"other chunks go on"
+
+
+def test_aborting_an_append_to_a_chunk_whose_file_is_lost_keeps_the_target_online(
+    engine: ChunkEngine,
+) -> None:
+    """Aborting an in-place append trims the shared file back to the committed length; where the
+    file is lost by then there is nothing to trim, and the abort succeeds."""
+    failures: list[FS3Error] = []
+    engine._on_failure = failures.append
+    write(engine, cid(1), 0, b"committed")
+    meta = engine.update(cid(1), len(b"committed"), b" appended", chunk_size=CS, chain_ver=1)
+    assert meta.pending.file_id == meta.committed.file_id  # appended in place
+    data_file(engine, cid(1)).unlink()
+    assert engine.abort(cid(1), meta.pending_ver) == replace(meta, pending=None)
+    assert engine.online and failures == []
+    with pytest.raises(FS3Error) as err:
+        engine.read(cid(1))
+    assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
 
 
 def test_recovery_removes_orphans_and_trims_crashed_appends(tmp_path: Path) -> None:
