@@ -23,6 +23,15 @@ How it works, and why:
   cut a read-only transaction may have seen a commit that did not survive; a writing transaction
   that read it is acknowledged only after an fsync covering both, so no acknowledged commit ever
   depends on a lost one.
+* **A failed fsync fails the store.** After an fsync error the kernel may have dropped the pages
+  it could not write and report the next fsync as a success, so retrying would acknowledge commits
+  that are not on disk. The batches waiting for that fsync fail (their changes may or may not have
+  survived), and so does every later commit of this process, until the daemon is restarted after
+  the disk has been seen to (as PostgreSQL does since "fsyncgate").
+* **Dead readers.** A process killed during a transaction leaves its LMDB reader slot behind, which
+  keeps every page freed since from being reused: the file would grow until the store is full.
+  Stale slots are cleared when the environment opens, every ``READER_CHECK_S`` while it commits,
+  and before a commit that found the store full is given up.
 * **Growing the file.** See :class:`FileExtender`.
 * **Long keys.** See :mod:`fs3.kv.lmdb_layout`.
 """
@@ -49,6 +58,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAP_SIZE = 16 << 30
 DEFAULT_MAX_READERS = 1024
+#: how often the committer clears the reader slots of dead processes (see the module docstring)
+READER_CHECK_S = 10.0
 # Bound one batch's latency and the size of one LMDB write transaction.
 MAX_BATCH = 4096
 MAX_BATCH_BYTES = 64 << 20
@@ -106,6 +117,9 @@ class _Committer:
         self._durable_seq = 0
         self._unsynced: collections.deque[tuple[int, Batch, _Rejoin]] = collections.deque()
         self._flush_stopping = False
+        # Set (under _flush_cond) once an fsync has failed: every commit fails from then on.
+        self._failed: FS3Error | None = None
+        self._reader_check_at = time.monotonic() + READER_CHECK_S
         # Counters for commit_stats(): the commit thread alone updates the first four; fsyncs
         # happen on both threads, so their two are kept under _flush_cond.
         self._batches = 0
@@ -121,6 +135,9 @@ class _Committer:
 
     async def submit(self, req: CommitRequest) -> None:
         fut = asyncio.get_running_loop().create_future()
+        failed = self._failed
+        if failed is not None:
+            raise FS3Error(failed.code, failed.message)
         with self._cond:
             if self._stopping:
                 raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
@@ -168,6 +185,11 @@ class _Committer:
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
+            if self._failed is not None:
+                _deliver(batch, self._failed)
+                continue
+            if time.monotonic() >= self._reader_check_at:
+                self._check_readers()
             error = self._commit(batch)
             if error is None:
                 self._committed(batch)
@@ -176,13 +198,15 @@ class _Committer:
             else:
                 # Fail only the transactions that fail on their own (e.g. the one too big to fit).
                 for item in batch:
-                    error = self._commit([item])
+                    error = self._failed or self._commit([item])
                     if error is None:
                         self._committed([item])
                     else:
                         _deliver([item], error)
 
-    def _commit(self, batch: list[tuple[CommitRequest, asyncio.Future[None]]]) -> FS3Error | None:
+    def _commit(
+        self, batch: list[tuple[CommitRequest, asyncio.Future[None]]], *, retried: bool = False
+    ) -> FS3Error | None:
         """Validate and apply ``batch`` in one LMDB write transaction; an error means none of it
         was committed."""
         start = time.perf_counter()
@@ -204,21 +228,61 @@ class _Committer:
             self._conflicts += conflicts
             return None
         except lmdb.MapFullError:
+            if not retried and self._check_readers():
+                # dead processes' readers were keeping freed pages from reuse
+                return self._commit(batch, retried=True)
             size = self._env.info()["map_size"]
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})")
+        except lmdb.DiskError as e:
+            if any(os.strerror(n) in str(e) for n in (errno.ENOSPC, errno.EDQUOT)):
+                return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed, the disk is full: {e}")
+            # LMDB's own fsync of the batch's pages, or a write, failed: the disk is not to be
+            # trusted with the batches before it either (see the module docstring)
+            return self._fail_store(f"kv commit failed: {e}")
         except Exception as e:  # an LMDB failure fails the batch, never the thread
             log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}")
+
+    def _check_readers(self) -> int:
+        """Clear the reader slots of dead processes; how many there were."""
+        self._reader_check_at = time.monotonic() + READER_CHECK_S
+        try:
+            stale = self._env.reader_check()
+        except lmdb.Error:
+            log.exception("kv reader check failed path=%s", self._path)
+            return 0
+        if stale:
+            log.warning("kv cleared the readers of dead processes path=%s count=%d", self._path, stale)
+        return stale
+
+    def _fail_store(self, what: str) -> FS3Error:
+        """An fsync (or a write) failed: fail every batch not yet acknowledged and every later
+        commit (see the module docstring). Returns the error."""
+        with self._flush_cond:
+            if self._failed is None:
+                self._failed = FS3Error(
+                    StatusCode.KV_STORE_FAILED,
+                    f"kv store {self._path} failed ({what}); restart once the disk has been checked",
+                )
+                log.critical("kv store failed path=%s error=%s", self._path, what)
+            error = self._failed
+        self._fail_unsynced(error)
+        return error
 
     def _committed(self, batch: Batch) -> None:
         rejoin = _Rejoin(len({fut.get_loop() for _, fut in batch}))
         inline = self._rejoin_s > 0
         with self._flush_cond:
-            self._committed_seq += 1
-            seq = self._committed_seq
-            self._unsynced.append((seq, batch, rejoin))
-            if not inline:
-                self._flush_cond.notify()
+            failed = self._failed
+            if failed is None:
+                self._committed_seq += 1
+                seq = self._committed_seq
+                self._unsynced.append((seq, batch, rejoin))
+                if not inline:
+                    self._flush_cond.notify()
+        if failed is not None:  # an fsync failed while this batch was committed
+            _deliver(batch, failed)
+            return
         # The next batch's commit fsync would also cover this batch's meta page, but only if that
         # commit wrote anything (LMDB skips the fsync otherwise), which is not observable here; so
         # acknowledgements come from an explicit fsync alone.
@@ -227,12 +291,11 @@ class _Committer:
         # This thread would only wait for the flush thread anyway, so it flushes itself.
         try:
             self._sync()
-        except Exception:
+        except Exception as e:
             log.exception("kv fsync failed path=%s", self._path)
-            with self._flush_cond:
-                self._flush_cond.notify()  # the flush thread retries
-        else:
-            self._mark_durable(seq)
+            self._fail_store(f"fsync failed: {e!r}")
+            return
+        self._mark_durable(seq)
         rejoin.wait(self._rejoin_s)
 
     def _flush_loop(self) -> None:
@@ -247,13 +310,10 @@ class _Committer:
                 self._sync()
             except Exception as e:
                 log.exception("kv fsync failed path=%s", self._path)
-                if self._flush_stopping:
-                    self._fail_unsynced(FS3Error(StatusCode.KV_STORE_FAILED, f"kv fsync failed: {e!r}"))
-                    return
-                # Unacknowledged batches stay pending, their callers waiting rather than misled,
-                # until an fsync succeeds.
-                time.sleep(0.1)
-                continue
+                # Not retried: a retry may succeed without the lost pages (see the module
+                # docstring). The batches waiting fail, as does every later commit.
+                self._fail_store(f"fsync failed: {e!r}")
+                continue  # nothing is committed any more; wait to be stopped
             self._mark_durable(target)
 
     def _sync(self) -> None:
