@@ -24,7 +24,10 @@ API_VERSION = 710
 
 # FoundationDB errors its own retry loop (``on_error``) retries; re-running the transaction function
 # is the right response to each, so they surface as KV_CONFLICT. 1021 (commit_unknown_result) is
-# among them, exactly as in ``@fdb.transactional``: transaction functions must be idempotent.
+# among them, exactly as in ``@fdb.transactional``: transaction functions must be idempotent. Which
+# errors those are is libfdb_c's to say (``fdb.predicates.is_retryable``: cluster_version_changed
+# during an upgrade, proxy memory limits and throttling under load, ...); this set only names the
+# common ones, so they are known without a call into the library.
 _RETRYABLE = {1007, 1009, 1020, 1021, 1037, 1038, 1213}
 _CODES = {
     1025: StatusCode.KV_TXN_CLOSED,  # transaction_cancelled
@@ -52,7 +55,7 @@ def _load_fdb() -> Any:
 
 def _translate(fdb: Any, e: BaseException) -> BaseException:
     if isinstance(e, fdb.FDBError):
-        if e.code in _RETRYABLE:
+        if e.code in _RETRYABLE or fdb.predicates.is_retryable(e):
             return FS3Error(StatusCode.KV_CONFLICT, f"fdb {e.code}: {e.description}")
         code = _CODES.get(e.code, StatusCode.KV_STORE_FAILED)
         return FS3Error(code, f"fdb {e.code}: {e.description}")
