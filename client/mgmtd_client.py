@@ -36,12 +36,13 @@ import grpc
 
 from fs3.background import Periodic
 from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode
+from fs3.net.auth import mgmtd_credential
 from fs3.proto import common_pb2, mgmtd_pb2, mgmtd_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 TOKEN_METADATA_KEY = "fs3-token"
-SECRET_METADATA_KEY = "fs3-cluster-secret"
+CREDENTIAL_METADATA_KEY = "fs3-cluster-credential"
 PRIMARY_METADATA_KEY = "fs3-primary"
 
 # Not resent once the request may have reached the server (see the module docstring).
@@ -104,8 +105,9 @@ class MgmtdClient:
         if token:
             md.append((TOKEN_METADATA_KEY, token))
         if cluster_secret:
-            s = cluster_secret.decode() if isinstance(cluster_secret, bytes) else cluster_secret
-            md.append((SECRET_METADATA_KEY, s))
+            raw = cluster_secret.encode() if isinstance(cluster_secret, str) else cluster_secret
+            # a key derived from the secret, never the secret itself (see fs3.net.auth)
+            md.append((CREDENTIAL_METADATA_KEY, mgmtd_credential(raw)))
         self._metadata = tuple(md)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, mgmtd_pb2_grpc.MgmtdStub] = {}

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode, grpc_code_name
+from fs3.net.auth import mgmtd_credential
 from fs3.proto import health_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TOKEN_METADATA_KEY = "fs3-token"
-SECRET_METADATA_KEY = "fs3-cluster-secret"
+CREDENTIAL_METADATA_KEY = "fs3-cluster-credential"  # fs3.net.auth.mgmtd_credential
+SECRET_METADATA_KEY = "fs3-cluster-secret"  # the raw secret, as clients before the credential sent it
 PRIMARY_METADATA_KEY = "fs3-primary"
 SERVICE_NAME = "fs3.Mgmtd"
 
@@ -113,10 +115,15 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
 
     async def authorize(self, context: grpc.aio.ServicerContext, access: Access) -> Caller:
         md = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
-        secret, token = md.get(SECRET_METADATA_KEY), md.get(TOKEN_METADATA_KEY)
+        credential, token = md.get(CREDENTIAL_METADATA_KEY), md.get(TOKEN_METADATA_KEY)
+        secret = md.get(SECRET_METADATA_KEY)
         configured = self.server.secret
         is_service = False
-        if secret is not None and configured:
+        if credential is not None and configured:
+            is_service = hmac.compare_digest(credential.encode(), mgmtd_credential(configured).encode())
+            if not is_service:
+                raise FS3Error(StatusCode.UNAUTHENTICATED, "wrong cluster secret")
+        elif secret is not None and configured:
             is_service = hmac.compare_digest(secret.encode(), configured)
             if not is_service:
                 raise FS3Error(StatusCode.UNAUTHENTICATED, "wrong cluster secret")

@@ -10,6 +10,12 @@ Every process of a cluster holds the cluster secret. On connect::
 Both sides prove the secret over the other side's fresh nonce, so neither a recorded handshake nor
 a reflected proof (the role label differs) is accepted, and the secret never crosses the wire. The
 identity the client claims is bound into both proofs; it is what handlers see as the caller.
+
+mgmtd speaks gRPC, without TLS, where a call carries what proves it in its metadata: services send
+:func:`mgmtd_credential`, a key derived from the secret, not the secret itself. Whoever can read
+mgmtd's traffic can present that credential to mgmtd (so run mgmtd on a network you trust, as
+fs3's user tokens also travel in clear), but not derive the secret that opens fs3 RPC connections
+to storage and meta.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ CLIENT_PROOF = 3
 AUTH_OK = 4
 
 _LABEL_SERVER = b"fs3-rpc-auth-v1 server\x00"
+_LABEL_MGMTD = b"fs3-mgmtd-credential-v1\x00"
 _LABEL_CLIENT = b"fs3-rpc-auth-v1 client\x00"
 
 
@@ -86,3 +93,8 @@ def client_proof(secret: bytes, server_nonce: bytes, client_nonce: bytes, identi
 def verify(expected: bytes, received: bytes) -> bool:
     """Constant-time comparison of proofs."""
     return hmac.compare_digest(expected, received)
+
+
+def mgmtd_credential(secret: bytes) -> str:
+    """What a service presents to mgmtd for the cluster secret (see the module docstring)."""
+    return hmac.new(secret, _LABEL_MGMTD, hashlib.sha256).hexdigest()

@@ -749,3 +749,31 @@ async def test_deposed_primary_cannot_write(inproc: InProcess) -> None:
         return [kv.key for kv in await tr.get_prefix(schema.USER)]
 
     assert await inproc.db.run(users_in_store, read_only=True) == [schema.user_key(0)]
+
+
+async def test_the_cluster_secret_never_crosses_the_wire() -> None:
+    """Services prove the cluster secret to mgmtd with a key derived from it: a listener on mgmtd's
+    (clear-text gRPC) traffic learns nothing that opens fs3 RPC connections to storage or meta."""
+    seen: list[dict[str, object]] = []
+
+    class Recorder(grpc.GenericRpcHandler):
+        def service(self, handler_call_details: grpc.HandlerCallDetails) -> None:
+            seen.append(dict(handler_call_details.invocation_metadata))
+            return None  # every method unimplemented
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((Recorder(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    secret = b"the-cluster-secret-0123456789"
+    client = MgmtdClient([f"127.0.0.1:{port}"], cluster_secret=secret, timeout_s=2.0)
+    try:
+        with pytest.raises(FS3Error):
+            await client.get_routing_info()
+        assert seen
+        for md in seen:
+            assert not any(secret.decode() in str(v) for v in md.values()), md
+            assert "fs3-cluster-credential" in md
+    finally:
+        await client.close()
+        await server.stop(None)
