@@ -109,12 +109,7 @@ class View:
 class Snapshot(View):
     """A transaction's frozen view: an LMDB read transaction, aborted on release."""
 
-    __slots__ = ("version",)
-
-    def __init__(self, txn: lmdb.Transaction) -> None:
-        self.txn = txn
-        self._get = txn.get
-        self.version = txn.id()  # the LMDB transaction id it sees
+    __slots__ = ()
 
     def release(self) -> None:
         self.txn.abort()
@@ -123,25 +118,15 @@ class Snapshot(View):
 class WriteView(View):
     """The committer's view: reads see earlier writes of the same batch."""
 
-    __slots__ = ("dirty",)
-
-    def __init__(self, txn: lmdb.Transaction) -> None:
-        super().__init__(txn)
-        self.dirty = False  # whether an earlier member of the batch has written
-
-    def changed_since(self, version: int) -> bool:
-        # A write transaction's id is one past the last committed one.
-        return self.dirty or self.txn.id() - 1 > version
+    __slots__ = ()
 
     def put(self, key: bytes, value: bytes) -> None:
-        self.dirty = True
         if len(key) < BUCKET_KEY_LEN:
             self.txn.put(key, value)
             return
         self._update_bucket(key, value)
 
     def delete(self, key: bytes) -> None:
-        self.dirty = True
         if len(key) < BUCKET_KEY_LEN:
             self.txn.delete(key)
             return
@@ -167,7 +152,6 @@ class WriteView(View):
             self.txn.delete(bkey)
 
     def delete_range(self, begin: bytes, end: bytes) -> None:
-        self.dirty = True
         cur = self.txn.cursor()
         if not cur.set_range(begin[:BUCKET_KEY_LEN]):
             return

@@ -19,21 +19,17 @@ from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
 
 
 class _State:
-    __slots__ = ("keys", "data", "pins", "version")
+    __slots__ = ("keys", "data", "pins")
 
-    def __init__(self, keys: list[bytes], data: dict[bytes, bytes], version: int) -> None:
+    def __init__(self, keys: list[bytes], data: dict[bytes, bytes]) -> None:
         self.keys = keys
         self.data = data
-        self.version = version  # commits so far
         # ids of the open snapshots pinning this state; set.add/discard are atomic, so snapshots
         # can unpin from __del__ without taking the database lock.
         self.pins: set[int] = set()
 
     def get(self, key: bytes) -> bytes | None:
         return self.data.get(key)
-
-    def changed_since(self, version: int) -> bool:
-        return self.version > version
 
     def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
         keys, data = self.keys, self.data
@@ -66,10 +62,9 @@ class _State:
 
 
 class _MemSnapshot:
-    __slots__ = ("get", "iter_range", "version", "_pins")
+    __slots__ = ("get", "iter_range", "_pins")
 
     def __init__(self, state: _State) -> None:
-        self.version = state.version
         self.get = state.get
         self.iter_range = state.iter_range
         self._pins = state.pins
@@ -89,7 +84,7 @@ class MemoryDatabase(Database):
     """
 
     def __init__(self) -> None:
-        self._state = _State([], {}, 0)
+        self._state = _State([], {})
         self._lock = threading.Lock()
         self._closed = False
 
@@ -105,10 +100,9 @@ class MemoryDatabase(Database):
                 raise FS3Error(StatusCode.KV_STORE_FAILED, "database is closed")
             state = self._state
             if state.pins:
-                state = self._state = _State(list(state.keys), dict(state.data), state.version)
+                state = self._state = _State(list(state.keys), dict(state.data))
             if not validate_and_apply(state, req):
                 raise FS3Error(StatusCode.KV_CONFLICT, "a value read by this transaction changed")
-            state.version += 1
 
     def create_transaction(self) -> Transaction:
         return BufferedTransaction(self._open_snapshot, self._submit)

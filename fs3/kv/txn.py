@@ -7,7 +7,11 @@ and range content the transaction's non-snapshot reads observed, and the engine 
 store still holds exactly those when it applies the writes (see :func:`validate`). That is
 serializable, because a transaction whose observations still hold at its commit point is equivalent
 to one that ran entirely at that point, and it needs no per-key version bookkeeping, so several
-processes sharing one LMDB environment detect each other's conflicts for free.
+processes sharing one LMDB environment detect each other's conflicts for free. A range read of more
+than :data:`EXACT_RANGE_ROWS` rows is carried as the count and a hash of its rows rather than the
+rows themselves (a :class:`RangeDigest`), so a transaction's memory stays bounded; validation
+re-reads the range and compares, so a large read, like a small one, conflicts only with changes
+inside the range it read.
 
 Writes are kept normalised so that commit order does not depend on call order: a set of merged
 cleared ranges (applied first) and a map of point operations (applied after), where a point operation
@@ -18,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
 import itertools
+import struct
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import MAX_KEY_SIZE, MAX_TXN_SIZE, MAX_VALUE_SIZE, KeyValue, ReadView, Transaction
@@ -33,9 +39,14 @@ SYSTEM_KEYS = b"\xff"
 # A long range read hands the event loop back after this many rows (well under a millisecond's
 # worth) so one scan cannot stall it.
 _ROWS_PER_YIELD = 512
-# Reads covering more rows than this are validated coarsely (see CommitRequest.since), bounding the
-# memory a transaction keeps and the time its validation holds the store's write lock.
+# A transaction keeps the rows of a range read of at most this many rows until it commits, and only a
+# RangeDigest of a larger one, bounding its memory. Validation re-reads the range either way, so it
+# holds the store's write lock about as long as the read took.
 EXACT_RANGE_ROWS = 10_000
+
+# Prefixes each row in a RangeDigest's hash: with the lengths first, no two different row sequences
+# hash the same bytes.
+_ROW_LENGTHS = struct.Struct("<II")
 
 
 class Adds:
@@ -75,9 +86,6 @@ def resolve_point(op: PointOp, base: bytes | None) -> bytes | None:
 class Snapshot(Protocol):
     """A frozen view of the store, as engines provide it to :class:`BufferedTransaction`."""
 
-    # Orders snapshots and commits: see Store.changed_since.
-    version: int
-
     def get(self, key: bytes) -> bytes | None: ...
 
     def iter_range(self, begin: bytes, end: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]: ...
@@ -98,9 +106,32 @@ class Store(Protocol):
 
     def delete_range(self, begin: bytes, end: bytes) -> None: ...
 
-    def changed_since(self, version: int) -> bool:
-        """Whether anything was committed after the snapshot with this version was taken."""
-        ...
+
+class RowHash:
+    """A running hash of rows, fed in ascending key order, and how many there were."""
+
+    __slots__ = ("rows", "_hash")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._hash = hashlib.blake2b(digest_size=32)
+
+    def update(self, rows: list[tuple[bytes, bytes]]) -> None:
+        pack = _ROW_LENGTHS.pack
+        self._hash.update(b"".join([part for k, v in rows for part in (pack(len(k), len(v)), k, v)]))
+        self.rows += len(rows)
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
+class RangeDigest(NamedTuple):
+    """A non-snapshot read of more than EXACT_RANGE_ROWS rows: the rows it saw in [begin, end)."""
+
+    begin: bytes
+    end: bytes
+    rows: int
+    digest: bytes  # RowHash.digest() of the rows, in ascending order
 
 
 @dataclass(slots=True)
@@ -109,13 +140,13 @@ class CommitRequest:
 
     # Non-snapshot point reads: key -> the value observed (None when absent).
     reads: dict[bytes, bytes | None]
-    # Non-snapshot range reads: (begin, end, the pairs observed in [begin, end) in ascending order).
+    # Non-snapshot range reads of at most EXACT_RANGE_ROWS rows: (begin, end, the pairs observed in
+    # [begin, end) in ascending order).
     ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]]
+    # The larger ones.
+    digests: list[RangeDigest]
     clears: list[tuple[bytes, bytes]]
     points: dict[bytes, PointOp]
-    # Set when some read covered more than EXACT_RANGE_ROWS rows: then the request is valid only if
-    # nothing at all was committed after the snapshot with this version (a conservative check).
-    since: int | None = None
     # Bytes of mutations and conflict ranges, as counted against MAX_TXN_SIZE.
     size: int = 0
     # Filled in by the engine.
@@ -124,8 +155,6 @@ class CommitRequest:
 
 def validate(store: Store, req: CommitRequest) -> bool:
     """True when every observation in ``req`` still holds in ``store``."""
-    if req.since is not None and store.changed_since(req.since):
-        return False
     get = store.get
     for key, seen in req.reads.items():
         if get(key) != seen:
@@ -138,6 +167,15 @@ def validate(store: Store, req: CommitRequest) -> bool:
                 return False
             i += 1
         if i != n:
+            return False
+    for begin, end, n, digest in req.digests:
+        rows = store.iter_range(begin, end, False)
+        now = RowHash()
+        while chunk := list(itertools.islice(rows, _ROWS_PER_YIELD)):
+            now.update(chunk)
+            if now.rows > n:  # a range that grew is given up on without reading all of it
+                return False
+        if now.rows != n or now.digest() != digest:
             return False
     return True
 
@@ -221,7 +259,7 @@ class BufferedTransaction(Transaction):
         self._clears: list[tuple[bytes, bytes]] = []  # sorted, disjoint, non-adjacent
         self._reads: dict[bytes, bytes | None] = {}
         self._ranges: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]] = []
-        self._since: int | None = None
+        self._digests: list[RangeDigest] = []
         self._explicit: list[tuple[bytes, bytes]] = []  # add_read_conflict_range, read at commit
         self._size = 0
         self._snapshot_view: _SnapshotView | None = None
@@ -315,7 +353,7 @@ class BufferedTransaction(Transaction):
         else:
             await self._merge(underlying, points, clears, limit, reverse, seen, out)
         if conflict:
-            self._record_range(begin, end, limit, reverse, seen, out)
+            await self._record_range(begin, end, limit, reverse, seen, out)
         return out
 
     async def _merge(
@@ -366,7 +404,7 @@ class BufferedTransaction(Transaction):
             if steps % _ROWS_PER_YIELD == 0:
                 await asyncio.sleep(0)
 
-    def _record_range(
+    async def _record_range(
         self,
         begin: bytes,
         end: bytes,
@@ -386,12 +424,23 @@ class BufferedTransaction(Transaction):
                 end = last + b"\x00"
                 seen = [p for p in seen if p[0] <= last]
         self._size += len(begin) + len(end)
-        if len(seen) > EXACT_RANGE_ROWS:
-            self._since = self._snapshot().version
-            return
+        # What validation compares with is what the snapshot held, not the view merged with this
+        # transaction's own writes: the store holds the same until some other transaction commits.
         if reverse:
             seen.reverse()
-        self._ranges.append((begin, end, seen))
+        if len(seen) > EXACT_RANGE_ROWS:
+            await self._record_digest(begin, end, iter(seen))
+        else:
+            self._ranges.append((begin, end, seen))
+
+    async def _record_digest(self, begin: bytes, end: bytes, rows: Iterator[tuple[bytes, bytes]]) -> None:
+        """Remember ``rows``, what the snapshot holds in [begin, end) in ascending order, as a
+        :class:`RangeDigest`."""
+        hashed = RowHash()
+        while chunk := list(itertools.islice(rows, _ROWS_PER_YIELD)):
+            hashed.update(chunk)
+            await asyncio.sleep(0)
+        self._digests.append(RangeDigest(begin, end, hashed.rows, hashed.digest()))
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._snapshot()  # the range is judged against this transaction's snapshot
@@ -415,7 +464,8 @@ class BufferedTransaction(Transaction):
                     break
                 await asyncio.sleep(0)
             if len(seen) > EXACT_RANGE_ROWS:
-                self._since = snap.version
+                # The rest of the range streams into the hash rather than into memory.
+                await self._record_digest(begin, end, itertools.chain(seen, rows))
             else:
                 self._ranges.append((begin, end, seen))
 
@@ -514,9 +564,9 @@ class BufferedTransaction(Transaction):
             CommitRequest(
                 reads=self._reads,
                 ranges=self._ranges,
+                digests=self._digests,
                 clears=self._clears,
                 points=self._points,
-                since=self._since,
                 size=self._size,
             )
         )

@@ -396,7 +396,7 @@ async def test_closed_transaction_refuses_use(db: Database) -> None:
 
 
 async def test_conflicts_on_reads_of_many_rows(db: Database) -> None:
-    # Past 10,000 rows the embedded engines validate coarsely; the outcomes below hold either way.
+    # Past 10,000 rows the embedded engines validate a hash of the rows read (fs3.kv.txn.RangeDigest).
     async def load(tr: Transaction) -> None:
         for i in range(12_000):
             tr.set(b"m%06d" % i, b"")
