@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 from fs3.config import load_config
 from fs3.errors import FS3Error, StatusCode
+from fs3.kv.base import Database
 from fs3.net.auth import read_secret
 
 log = logging.getLogger(__name__)
@@ -58,14 +60,29 @@ def settle_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-async def wait_for_shutdown() -> None:
-    """Return once SIGTERM or SIGINT arrives."""
+async def wait_for_shutdown(db: Database | None = None, *, check_s: float = 1.0) -> int:
+    """Return 0 once SIGTERM or SIGINT arrives, or 1 once ``db`` can commit nothing any more
+    (:meth:`fs3.kv.Database.failure`, e.g. after an fsync error): a daemon that could only answer
+    errors exits, so that clients fail over to another and its supervisor restarts it (reopening
+    the store recovers its last durable state)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    try:
+        while not stop.is_set():
+            failure = db.failure() if db is not None else None
+            if failure is not None:
+                log.critical("stopping: the kv store failed: %s", failure.message)
+                return 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(check_s):
+                    await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
     log.info("shutdown requested")
+    return 0
 
 
 def parser(

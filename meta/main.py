@@ -6,7 +6,8 @@ routing info, and (with ``authenticate``) verifies users' tokens with mgmtd; wit
 ``mgmtd_addresses = []`` it runs alone (no layouts with chains, and ``authenticate`` must be off).
 
 Exits 0 after a clean shutdown on SIGTERM or SIGINT, and non-zero with one line on standard error
-when it cannot start (unreadable or invalid config, port in use, store that cannot be opened).
+when it cannot start (unreadable or invalid config, port in use, store that cannot be opened), or
+with 1 once its store can commit nothing any more (an fsync error: see fs3.kv.lmdb_engine).
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
     if port_file:
         write_port_file(port_file, meta_daemon.port)
     try:
-        await wait_for_shutdown()
+        return await wait_for_shutdown(meta_daemon.db)
     finally:
         await meta_daemon.stop()
-    return 0
 
 
 def main(argv: list[str]) -> int:

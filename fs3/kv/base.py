@@ -29,6 +29,7 @@ import abc
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
+from fs3.errors import FS3Error
 from fs3.kv.retry import run_transaction
 
 MAX_KEY_SIZE = 10_000
@@ -118,6 +119,11 @@ class Database(abc.ABC):
     def commit_stats(self) -> CommitStats | None:
         """Group commit counters of this process (see :class:`CommitStats`), or None where the
         engine keeps none."""
+        return None
+
+    def failure(self) -> FS3Error | None:
+        """Why this process can commit nothing any more (an engine that failed its store, e.g.
+        on an fsync error), or None while it can."""
         return None
 
     @abc.abstractmethod

@@ -146,6 +146,11 @@ class _Committer:
                 self._cond.notify()
         await fut
 
+    @property
+    def failure(self) -> FS3Error | None:
+        """Set once an fsync failed (see the module docstring)."""
+        return self._failed
+
     def stats(self) -> CommitStats:
         with self._flush_cond:
             fsyncs, fsync_seconds = self._fsyncs, self._fsync_seconds
@@ -520,6 +525,10 @@ class LmdbDatabase(Database):
     def commit_stats(self) -> CommitStats | None:
         shared = self._shared
         return None if shared is None else shared.committer.stats()
+
+    def failure(self) -> FS3Error | None:
+        shared = self._shared
+        return None if shared is None else shared.committer.failure
 
     async def close(self) -> None:
         env, self._shared = self._shared, None

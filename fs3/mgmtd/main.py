@@ -40,11 +40,10 @@ async def serve(cfg: MgmtdConfig, *, port_file: str | None = None) -> int:
     if port_file:
         write_port_file(port_file, server.port)
     try:
-        await wait_for_shutdown()
+        return await wait_for_shutdown(db)
     finally:
         await server.stop()
         await db.close()
-    return 0
 
 
 def main(argv: list[str]) -> int:

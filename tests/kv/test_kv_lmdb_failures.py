@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fs3.daemon import wait_for_shutdown
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Database, Transaction, lmdb_engine, open_database, open_database_sync
 
@@ -61,6 +62,9 @@ async def test_a_failed_fsync_fails_the_commit_waiting_for_it_and_every_later_on
             await put(db, b"c", b"3")
         assert e.value.code == StatusCode.KV_STORE_FAILED and "restart" in e.value.message
         assert await get(db, b"a") == b"1"  # reads go on
+        # a daemon over it stops (exit status 1), for its supervisor to restart it
+        assert db.failure() is not None
+        assert await asyncio.wait_for(wait_for_shutdown(db, check_s=0.05), 5) == 1
     finally:
         await db.close()
 
