@@ -4,14 +4,27 @@ Each value is one file, named by the SHA-256 of its key, in one of 256 shard dir
 cache's root directory::
 
     <root>/<first two hex digits>/<64 hex digits>       an entry
-    <root>/<first two hex digits>/<64 hex digits>.<tag>.tmp   an entry being written
+    <root>/<first two hex digits>/<64 hex digits>.<pid>-<12 hex digits>.tmp   an entry being written
 
-An entry starts with a header -- magic, key length, value length, the key itself -- followed by
-the value, so a read checks that the file holds the key asked for (not a hash collision or a
-foreign file) and all of its value. A put writes a temporary file, closes it (which settles its
-length in meta) and renames it over the entry's name: meta's rename is atomic, so readers in any
-process see the old value or the new one, never a part. Several clients, on any number of nodes,
-can share one cache; the last put of a key wins.
+The cache touches nothing else under its root: other files, and directories that are not shards,
+are neither read, counted nor evicted (so even a root of ``/`` is safe, if untidy).
+
+An entry starts with a header -- magic, key length, value length, a CRC32C of the key and the
+value -- then the key itself, then the value, so a read checks that the file holds the key asked
+for (not a hash collision or a foreign file), all of its value, and the bytes that were written.
+A put writes a temporary file, closes it (which settles its length in meta) and renames it over
+the entry's name: meta's rename is atomic, so readers in any process see the old value or the new
+one, never a part. Several clients, on any number of nodes, can share one cache; the last put of
+a key wins.
+
+A read finds an entry by path, then reads its chunks from storage. If the entry is unlinked in
+between (evicted, deleted, or replaced by a put), meta collects its chunks and those read as
+zeros; the checksum catches that, and the entry is read once more, by path: the new value, or a
+miss if the key is gone. An entry whose checksum still fails reads as a miss, logged as a warning,
+never as its bytes: the cache only holds what its callers can recompute, and their next put
+replaces the bad entry. Entries of format version 1 (no checksum; the version is the magic's last
+two bytes) read as misses too, for the same reason; eviction counts and removes them like the
+others.
 
 :meth:`KVCache.get_many` is the sample-loading path: one lookup per key (concurrently) and one
 batched storage read spread over every storage node, as :meth:`FileSystem.read_batch` does.
@@ -27,26 +40,36 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
+import re
 import struct
 import time
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import crc32c as _crc32c
+
 from fs3.errors import FS3Error, StatusCode
+from fs3.proto import meta_pb2 as m
 
 if TYPE_CHECKING:
     from .filesystem import FileSystem, SyncFileSystem
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-_MAGIC = b"fs3kv\x00\x01\x00"
-_HEADER = struct.Struct("<8sIQ")  # magic, key length, value length; then the key, then the value
+_MAGIC = b"fs3kv\x00\x02\x00"  # the format version is its last two bytes
+_OLD_MAGICS = (b"fs3kv\x00\x01\x00",)  # formats this module no longer writes: read as misses
+# magic, key length, value length, CRC32C of the key and the value; then the key, then the value
+_HEADER = struct.Struct("<8sIQI")
 MAX_KEY_BYTES = 4096
-_SHARDS = 256
-_TMP_SUFFIX = ".tmp"
 _WHOLE_FILE = 1 << 62  # a read length that the client clamps to the file's length
+# The names this module makes (see the module docstring), and so the only ones evict() removes.
+_SHARD_NAME = re.compile(r"[0-9a-f]{2}")
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}")
+_TMP_NAME = re.compile(r"([0-9a-f]{64})\.[0-9a-f]+-[0-9a-f]{12}\.tmp")
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,6 +90,7 @@ class EvictReport:
 @dataclass(slots=True, frozen=True)
 class _File:
     path: str
+    inode: int
     size: int
     mtime_ns: int
     temporary: bool
@@ -79,25 +103,48 @@ def entry_name(key: bytes) -> str:
 
 def encode_entry(key: bytes, value: bytes | bytearray | memoryview) -> bytes:
     """The bytes of an entry file holding ``value`` for ``key``."""
-    return b"".join((_HEADER.pack(_MAGIC, len(key), len(value)), key, value))
+    crc = _crc32c.crc32c(value, _crc32c.crc32c(key))
+    return b"".join((_HEADER.pack(_MAGIC, len(key), len(value), crc), key, value))
 
 
-def decode_entry(key: bytes, data: bytes, where: str) -> bytes:
-    """The value in entry file bytes ``data``, checked to be ``key``'s and complete."""
+def decode_entry(key: bytes, data: bytes, where: str) -> bytes | None:
+    """The value in entry file bytes ``data``, checked to be ``key``'s, whole and as written.
+
+    None for bytes that may be what an entry of ``key`` reads as but whose value cannot be
+    trusted: a checksum that fails (chunks collected under a racing reader, or corruption), a
+    header of zeros (the first chunk collected), or an older format with no checksum. Raises
+    INVALID_ARGUMENT for a file that is not ``key``'s entry at all."""
+    return _decode(key, data, where)[0]
+
+
+_OLD_FORMAT = "an older format"
+
+
+def _decode(key: bytes, data: bytes, where: str) -> tuple[bytes | None, str]:
+    """(value, "") or (None, why the bytes read as a miss); see :func:`decode_entry`."""
+    if data[: len(_MAGIC)] in _OLD_MAGICS:
+        return None, _OLD_FORMAT
     if len(data) < _HEADER.size:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: not a cache entry ({len(data)} bytes)")
-    magic, key_len, value_len = _HEADER.unpack_from(data)
+    magic, key_len, value_len, crc = _HEADER.unpack_from(data)
     if magic != _MAGIC:
+        if not any(data[: _HEADER.size]):
+            # no put writes this: the entry's first chunk is gone (collected, see the docstring)
+            return None, "a header of zeros"
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: not a cache entry (bad magic)")
     start = _HEADER.size + key_len
-    if data[_HEADER.size : start] != key:
-        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: the entry holds another key")
     if len(data) - start != value_len:
         raise FS3Error(
             StatusCode.INVALID_ARGUMENT,
             f"{where}: entry has {len(data) - start} value bytes, its header says {value_len}",
         )
-    return data[start:]
+    body = memoryview(data)[_HEADER.size :]
+    if _crc32c.crc32c(body) != crc:
+        # before the key check: the key is in the chunks that a racing removal collects as well
+        return None, "a checksum that fails"
+    if body[:key_len] != key:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: the entry holds another key")
+    return data[start:], ""
 
 
 def _key_bytes(key: bytes | str) -> bytes:
@@ -147,7 +194,7 @@ class KVCache:
         k = _key_bytes(key)
         name = entry_name(k)
         shard = self._shard_dir(name)
-        tmp = f"{shard}/{name}.{os.getpid():x}-{os.urandom(6).hex()}{_TMP_SUFFIX}"
+        tmp = f"{shard}/{name}.{os.getpid():x}-{os.urandom(6).hex()}.tmp"  # as _TMP_NAME says
         data = encode_entry(k, value)
         async with self._sem:
             await self._ensure_shard(shard)
@@ -199,7 +246,8 @@ class KVCache:
         return await self.fs.exists(self.path_of(key))
 
     async def get_many(self, keys: Sequence[bytes | str]) -> list[bytes | None]:
-        """The values of ``keys`` (None for each one not held), read as one storage batch."""
+        """The values of ``keys`` (None for each one not held, or whose entry does not read as a
+        whole value: see the module docstring), read as one storage batch."""
         ks = [_key_bytes(k) for k in keys]
         paths = [self.path_of(k) for k in ks]
         try:
@@ -209,8 +257,23 @@ class KVCache:
                 raise
             datas = await self._read_present(paths)
         out: list[bytes | None] = []
-        for k, p, data in zip(ks, paths, datas, strict=True):
-            out.append(None if data is None else decode_entry(k, data, p))
+        again: list[int] = []  # entries whose bytes were not the value: read them once more
+        for i, (k, p, data) in enumerate(zip(ks, paths, datas, strict=True)):
+            value, why = (None, "") if data is None else _decode(k, data, p)
+            if why == _OLD_FORMAT:
+                log.debug("cache entry of an older format read as a miss: path=%s", p)
+            elif why:
+                log.debug("cache entry read as %s, reading it again: path=%s", why, p)
+                again.append(i)
+            out.append(value)
+        if again:
+            # Most likely the entry was unlinked under this read and its chunks collected: a second
+            # lookup finds the entry that replaced it, or none.
+            for i, data in zip(again, await self._read_present([paths[i] for i in again]), strict=True):
+                value, why = (None, "") if data is None else _decode(ks[i], data, paths[i])
+                if why:
+                    log.warning("cache entry read as a miss, it has %s: path=%s", why, paths[i])
+                out[i] = value
         if self.touch_on_get:
             await asyncio.gather(*(self._touch(p) for p, d in zip(paths, out, strict=True) if d is not None))
         return out
@@ -252,17 +315,28 @@ class KVCache:
 
     # -- upkeep -----------------------------------------------------------------------------------
 
-    async def _files(self) -> list[_File]:
+    async def _names(self, path: str, inode_type: int) -> list[str]:
+        """The names of the entries of type ``inode_type`` in directory ``path``; none if it is gone."""
         try:
-            shards = [s for s in await self.fs.listdir(self.root) if len(s) == 2]
+            return [os.fsdecode(e.name) async for e in self.fs.scandir(path) if e.type == inode_type]
         except FS3Error as e:
             if e.code == StatusCode.NOT_FOUND:
                 return []
             raise
-        names = await asyncio.gather(*(self.fs.listdir(f"{self._prefix}/{s}") for s in shards))
-        paths = [f"{self._prefix}/{s}/{n}" for s, ns in zip(shards, names, strict=True) for n in ns]
 
-        async def stat(path: str) -> _File | None:
+    async def _files(self) -> list[_File]:
+        """The entries and temporary files of this cache -- only names that this module makes, in
+        the shard their name belongs to: whatever else the root holds is someone else's."""
+        shards = [s for s in await self._names(self.root, m.INODE_DIRECTORY) if _SHARD_NAME.fullmatch(s)]
+        names = await asyncio.gather(*(self._names(f"{self._prefix}/{s}", m.INODE_FILE) for s in shards))
+        found: list[tuple[str, bool]] = []
+        for shard, ns in zip(shards, names, strict=True):
+            for n in ns:
+                tmp = _TMP_NAME.fullmatch(n)
+                if (tmp or _ENTRY_NAME.fullmatch(n)) and (tmp[1] if tmp else n).startswith(shard):
+                    found.append((f"{self._prefix}/{shard}/{n}", tmp is not None))
+
+        async def stat(path: str, temporary: bool) -> _File | None:
             async with self._sem:
                 try:
                     st = await self.fs.stat(path, follow_symlinks=False)
@@ -270,9 +344,9 @@ class KVCache:
                     if e.code == StatusCode.NOT_FOUND:
                         return None  # removed meanwhile
                     raise
-            return _File(path, st.st_size, st.st_mtime_ns, path.endswith(_TMP_SUFFIX))
+            return _File(path, st.st_ino, st.st_size, st.st_mtime_ns, temporary)
 
-        return [f for f in await asyncio.gather(*(stat(p) for p in paths)) if f is not None]
+        return [f for f in await asyncio.gather(*(stat(p, t) for p, t in found)) if f is not None]
 
     async def usage(self) -> CacheUsage:
         """How many entries the cache holds and their bytes (one stat per file)."""
@@ -297,9 +371,20 @@ class KVCache:
             victims.append(f)
             total -= f.size
 
+        replaced = 0  # bytes of entries that puts wrote over victims since they were chosen
+
         async def remove(f: _File) -> bool:
+            nonlocal replaced
             async with self._sem:
                 try:
+                    # A put may have renamed a new entry over a victim since the snapshot, and the
+                    # unlink goes by path: remove only the file that was chosen. Meta has no
+                    # unlink-if-inode, so a put landing between this stat and the unlink (one meta
+                    # round trip) still loses its value, which a later get sees as a miss.
+                    st = await self.fs.stat(f.path, follow_symlinks=False)
+                    if st.st_ino != f.inode:
+                        replaced += st.st_size
+                        return False
                     await self.fs.unlink(f.path)
                 except FS3Error as e:
                     if e.code == StatusCode.NOT_FOUND:
@@ -309,7 +394,9 @@ class KVCache:
 
         gone = await asyncio.gather(*(remove(f) for f in victims + stale))
         removed = [f for f, ok in zip(victims, gone[: len(victims)], strict=True) if ok]
-        return EvictReport(len(removed), sum(f.size for f in removed), sum(gone[len(victims) :]), total)
+        return EvictReport(
+            len(removed), sum(f.size for f in removed), sum(gone[len(victims) :]), total + replaced
+        )
 
 
 class SyncKVCache:

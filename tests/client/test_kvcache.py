@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import AsyncIterator
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
+from cluster import wait_until
 from fs_cluster import FsCluster
 
 from fs3.client import FileSystem, SyncFileSystem
-from fs3.client.kvcache import KVCache, SyncKVCache, encode_entry, entry_name
+from fs3.client.filesystem import StatResult
+from fs3.client.kvcache import CacheUsage, KVCache, SyncKVCache, encode_entry, entry_name
 from fs3.errors import FS3Error, StatusCode
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
@@ -95,6 +100,130 @@ async def test_a_file_that_is_not_the_keys_entry_is_an_error(fs: FileSystem) -> 
     assert await cache.get(b"good") == b"value"  # the cache itself is unharmed
 
 
+async def test_entries_that_fail_their_checksum_read_as_misses(
+    fs: FileSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a read racing a removal gets when meta has collected some of the entry's chunks (they
+    # read as zeros), or all of them; and entries of the first format, which have no checksum.
+    cache = KVCache(fs, "/kv-torn")
+    value = os.urandom(3 * CHUNK)
+    entry = encode_entry(b"torn", value)
+    torn = entry[:CHUNK] + bytes(CHUNK) + entry[2 * CHUNK :]
+    v1 = struct.pack("<8sIQ", b"fs3kv\x00\x01\x00", 2, 5) + b"v1" + b"value"
+    for key, data in ((b"torn", torn), (b"zeros", bytes(len(entry))), (b"v1", v1)):
+        await fs.mkdir(cache.path_of(key).rsplit("/", 1)[0], parents=True)
+        await fs.write_file(cache.path_of(key), data)
+    with caplog.at_level(logging.WARNING, logger="fs3.client.kvcache"):
+        assert await cache.get_many([b"torn", b"zeros", b"v1"]) == [None, None, None]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "checksum that fails" in warned and "header of zeros" in warned
+    await cache.put(b"torn", value)  # what a caller does after a miss mends the entry
+    assert await cache.get(b"torn") == value
+    assert (await cache.usage()).entries == 3  # eviction still sees every entry
+
+
+async def test_a_get_racing_a_delete_reads_a_miss(
+    cluster: FsCluster, fs: FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader finds the entry by path, then reads its chunks. Removed in between (here by
+    # delete(); evict() and a put renaming over it do the same), the entry's chunks are collected
+    # by meta and read as zeros: that is a miss, not a value of zeros nor a "bad magic" error.
+    reader = await cluster.connect()
+    cache, other = KVCache(reader, "/kv-race-delete"), KVCache(fs, "/kv-race-delete")
+    await other.put(b"k", os.urandom(3 * CHUNK))
+    raced = await _race_storage_reads(reader, monkeypatch, lambda: other.delete(b"k"))
+    assert await cache.get(b"k") is None
+    assert raced == [True]
+
+
+async def test_a_get_racing_a_put_reads_the_new_value(
+    cluster: FsCluster, fs: FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = await cluster.connect()
+    cache, other = KVCache(reader, "/kv-race-put"), KVCache(fs, "/kv-race-put")
+    old, new = os.urandom(3 * CHUNK), os.urandom(2 * CHUNK)
+    await other.put(b"k", old)
+    raced = await _race_storage_reads(reader, monkeypatch, lambda: other.put(b"k", new))
+    assert await cache.get_many([b"k"]) == [new]  # read again after the race: the new entry
+    assert raced == [True]
+
+
+async def _race_storage_reads(
+    reader: FileSystem, monkeypatch: pytest.MonkeyPatch, action: Callable[[], Awaitable[object]]
+) -> list[bool]:
+    """Make ``reader``'s next storage read run ``action`` first, then wait until meta has collected
+    the chunks that read asked for: the reader has looked an entry up, and it is gone."""
+    real = reader.storage.batch_read
+    raced: list[bool] = []
+
+    async def read_after(ios: Any) -> list[bytes]:
+        if not raced:
+            raced.append(True)
+            await action()
+
+            async def collected() -> bool:
+                return not any(await real(ios))
+
+            await wait_until(collected, 30, "the removed entry's chunks collected")
+        return await real(ios)
+
+    monkeypatch.setattr(reader.storage, "batch_read", read_after)
+    return raced
+
+
+async def test_eviction_removes_only_the_caches_own_files(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/")  # the root of the whole file system, shared with everything else
+    await cache.put(b"mine", b"an entry")
+    shard = cache.path_of(b"mine").rsplit("/", 1)[0]
+    elsewhere = next(c * 64 for c in "0123456789abcdef" if c * 2 != shard[1:])  # not in this shard
+    others = [
+        "/ml/weights.bin",  # a two-character directory that is not a shard
+        "/AB/weights.bin",  # nor is this one
+        f"{shard}/notes.txt",  # a foreign file in a shard
+        f"{shard}/{elsewhere}",  # an entry's name, in the wrong shard
+        f"{shard}/{entry_name(b'mine').upper()}",
+        f"{shard}/{entry_name(b'mine')}.tmp",  # not a temporary name that put makes
+    ]
+    for path in others:
+        await fs.mkdir(path.rsplit("/", 1)[0], parents=True)
+        await fs.write_file(path, b"not the cache's")
+    await fs.mkdir(f"{shard}/{shard[1:] * 32}")  # a directory with an entry's name
+    assert await cache.usage() == CacheUsage(1, len(encode_entry(b"mine", b"an entry")), 0)
+    assert (await cache.evict(0)).removed == 1
+    for path in others:
+        assert await fs.read_file(path) == b"not the cache's"
+    await fs.write_file("/ab", b"a plain file with a shard's name")
+    await cache.put(b"mine", b"again")
+    assert (await cache.evict(0)).removed == 1
+    assert await fs.read_file("/ab") == b"a plain file with a shard's name"
+
+
+async def test_eviction_spares_an_entry_a_put_replaced_meanwhile(
+    cluster: FsCluster, fs: FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evictor = await cluster.connect()
+    cache, writer = KVCache(evictor, "/kv-evict-race"), KVCache(fs, "/kv-evict-race")
+    await writer.put(b"k", b"old value")
+    path = cache.path_of(b"k")
+    real_stat = evictor.stat
+    raced: list[bool] = []
+
+    async def stat_then_put(p: str | bytes, follow_symlinks: bool = True) -> StatResult:
+        st = await real_stat(p, follow_symlinks)
+        if p == path and not raced:  # evict() has seen the old entry: the put lands before its unlink
+            raced.append(True)
+            await writer.put(b"k", b"new value")
+        return st
+
+    monkeypatch.setattr(evictor, "stat", stat_then_put)
+    report = await cache.evict(0)
+    assert raced == [True]
+    assert await writer.get(b"k") == b"new value"
+    assert (report.removed, report.remaining_bytes) == (0, len(encode_entry(b"k", b"new value")))
+    assert (await cache.evict(0)).removed == 1  # the new entry is a victim like any other
+    assert await writer.get(b"k") is None
+
+
 async def test_bad_keys_and_roots_are_refused(fs: FileSystem) -> None:
     cache = KVCache(fs, "/kv-keys")
     for key in (b"", "x" * 5000):
@@ -116,7 +245,7 @@ async def test_eviction_removes_the_oldest_entries_and_dead_puts(fs: FileSystem)
     assert used.entries == 6 and used.bytes == 6 * len(encode_entry(b"k0", bytes(10_000)))
     # a put that died leaves a temporary file: eviction sweeps it
     shard = cache.path_of(b"k0").rsplit("/", 1)[0]
-    await fs.write_file(f"{shard}/{entry_name(b'k0')}.dead-put.tmp", b"partial")
+    await fs.write_file(f"{shard}/{entry_name(b'k0')}.1f2e-0123456789ab.tmp", b"partial")
     assert (await cache.usage()).temporary_files == 1
     per_entry = used.bytes // 6
     report = await cache.evict(4 * per_entry)
