@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -71,6 +72,8 @@ class _ClientSession(FrameReceiver):
         self.ready = False
         self.closed = False
         self.pending: dict[int, list[Any]] = {}
+        # requests whose payload the transport may still read (until its on_sent)
+        self._unsent: set[int] = set()
         self._next_id = 1
         self._crc_flag = F_PAYLOAD_CRC if client.payload_crc else 0
         self._pool = client.pool
@@ -142,16 +145,26 @@ class _ClientSession(FrameReceiver):
             raise FS3Error(
                 StatusCode.RPC_FRAME_TOO_LARGE, f"request message of {len(message)} bytes is too large"
             )
-        self.conn.send_frame(
-            F_REQUEST | (self._crc_flag if payload is not None else 0),
-            rid,
-            method.service_id,
-            method.id,
-            message,
-            payload,
-            min(int(timeout * 1000) + 1, 0xFFFFFFFF),
-            reply_into=len(into) if into is not None else 0,
-        )
+        on_sent = None
+        if payload is not None:
+            unsent = self._unsent
+            unsent.add(rid)
+            on_sent = partial(unsent.discard, rid)
+        try:
+            self.conn.send_frame(
+                F_REQUEST | (self._crc_flag if payload is not None else 0),
+                rid,
+                method.service_id,
+                method.id,
+                message,
+                payload,
+                min(int(timeout * 1000) + 1, 0xFFFFFFFF),
+                on_sent,
+                len(into) if into is not None else 0,
+            )
+        except BaseException:
+            self._unsent.discard(rid)
+            raise
         fut = self.loop.create_future()
         deadline = self.loop.time() + timeout
         self.pending[rid] = [fut, method.response, into, deadline]
@@ -159,10 +172,35 @@ class _ClientSession(FrameReceiver):
             self._arm(deadline)
         return rid, fut
 
-    def abandon(self, rid: int) -> None:
-        """Forget a call whose caller stopped waiting (cancelled)."""
-        if self.pending.pop(rid, None) is not None and rid == self._receiving:
-            self._discard_receiving()
+    def abandon(self, rid: int, fut: asyncio.Future[Reply]) -> None:
+        """The caller of request ``rid`` stops waiting without a reply: cancelled, past its
+        deadline, or failed. Forget the call, and see that the transport reads nothing more of its
+        payload, which the caller may reuse from now on."""
+        if fut.cancelled():
+            if self.pending.pop(rid, None) is not None and rid == self._receiving:
+                self._discard_receiving()
+        elif fut.exception() is None:
+            return  # answered (its caller cancelled since): the peer had the whole request
+        if rid in self._unsent:
+            self._drop_unsent(rid)
+
+    def _drop_unsent(self, rid: int) -> None:
+        # The payload is still queued, maybe partly written: were it sent on, the peer would take
+        # whatever the caller puts in that memory next for this request. Bytes cannot be taken
+        # back from the middle of a stream, so the connection goes, with everything queued on it
+        # (abort, not close, which would send them first); the calls still on it fail with
+        # RPC_CONNECTION_CLOSED, which their callers retry as for any lost connection.
+        log.warning(
+            "dropping connection: a call ended before its payload was sent peer=%s request_id=%d",
+            self.conn.peer,
+            rid,
+        )
+        self._unsent.clear()
+        self.ready = False
+        self._close_reason = FS3Error(
+            StatusCode.RPC_CONNECTION_CLOSED, f"dropped: request {rid} ended before its payload was sent"
+        )
+        self.conn.abort()
 
     def _discard_receiving(self) -> None:
         # The reply's payload is streaming into the caller's buffer, which the caller may reuse as
@@ -318,6 +356,7 @@ class _ClientSession(FrameReceiver):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self.ready = False
+        self._unsent.clear()  # the transport reads no payload any more
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -403,9 +442,12 @@ class RpcClient:
         """Call ``method`` on the server at ``address``; return ``(response, payload)``.
 
         ``payload`` (bytes-like) travels raw after the message and must not change until the call
-        returns. ``into``, a writable buffer, receives the reply's payload directly; the returned
-        payload is then a view of its first bytes (a reply payload larger than ``into`` fails with
-        RPC_FRAME_TOO_LARGE). Without ``into`` the returned payload is a fresh buffer or None.
+        returns; whatever the outcome, nothing reads it after that (a call that ends before its
+        payload has been sent, by its deadline or cancelled, drops the connection, and the other
+        calls on it fail with RPC_CONNECTION_CLOSED). ``into``, a writable buffer, receives the
+        reply's payload directly; the returned payload is then a view of its first bytes (a reply
+        payload larger than ``into`` fails with RPC_FRAME_TOO_LARGE). Without ``into`` the returned
+        payload is a fresh buffer or None.
         """
         if type(address) is not tuple:
             address = parse_address(address)
@@ -446,9 +488,9 @@ class RpcClient:
         rid, fut = session.start_call(method, request, payload, timeout, into)
         try:
             return await fut
-        finally:
-            if fut.cancelled():
-                session.abandon(rid)
+        except BaseException:
+            session.abandon(rid, fut)
+            raise
 
     async def _wait_for_room(self, session: _ClientSession, budget_s: float) -> float:
         """Wait, within the call's deadline, until the connection takes more; return what is left
@@ -510,6 +552,17 @@ class RpcClient:
             raise FS3Error(
                 StatusCode.DEADLINE_EXCEEDED, f"connecting to {address[0]}:{address[1]} took too long"
             ) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if fut.cancelled() and self._closed and task is not None and not task.cancelling():
+                # close() cancelled the connecting, not our caller: fail like the calls close()
+                # finds in flight (a CancelledError would end the caller's task, past a retry
+                # loop catching FS3Error)
+                raise FS3Error(
+                    StatusCode.RPC_CONNECTION_CLOSED,
+                    f"client closed while connecting to {address[0]}:{address[1]}",
+                ) from None
+            raise
 
     def _start_open(self, address: Address, peer: _PeerPool, slot: int) -> asyncio.Future[_ClientSession]:
         fut = asyncio.ensure_future(self._open(address, peer, slot))

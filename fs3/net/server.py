@@ -403,6 +403,14 @@ class _ServerSession(FrameReceiver):
         self, key: int, request_id: int, method: Method, aw: Any, payload: memoryview | None
     ) -> None:
         try:
+            if self.server._stopping:
+                # stop() came before this task's first step and left the call to it (see
+                # cancel_calls); it ends as the calls stop() cuts short, answered UNAVAILABLE
+                if inspect.iscoroutine(aw):
+                    aw.close()  # a handler not started yet: it never starts, as in _dispatch
+                    raise asyncio.CancelledError
+                # an inline handler, started already: cancelled at its next wait
+                asyncio.current_task().cancel()  # type: ignore[union-attr]
             result = await aw
         except asyncio.CancelledError as exc:
             self._reply_exception(request_id, method, exc, payload)
@@ -530,7 +538,11 @@ class _ServerSession(FrameReceiver):
 
     def cancel_calls(self) -> None:
         for task in list(self._tasks.values()):
-            task.cancel()
+            # A task cancelled before its first step ends without running its coroutine at all:
+            # no reply, no cleanup, a handler never awaited. One not started yet cancels itself
+            # when it starts (see _finish).
+            if inspect.getcoroutinestate(task.get_coro()) != inspect.CORO_CREATED:
+                task.cancel()
 
 
 class RpcServer:

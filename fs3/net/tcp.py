@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Callable
 
 from crc32c import crc32c
@@ -144,8 +145,12 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._wq_bytes = 0
         self._flush_scheduled = False
         self._in_receive = False
-        self._cb_queued: list[Callable[[], None]] = []
-        self._cb_in_transport: list[Callable[[], None]] = []
+        # on_sent callbacks, each with the stream position where its frame ends: those of frames
+        # still in _wq, and those of frames handed to the transport, called once the kernel has
+        # taken the stream up to there (see _settle_sent)
+        self._queued_pos = 0  # stream bytes ever queued
+        self._cb_queued: list[tuple[int, Callable[[], None]]] = []
+        self._cb_in_transport: deque[tuple[int, Callable[[], None]]] = deque()
         self._fd = -1  # the socket's descriptor, for writes that release the GIL (_write_direct)
         self._paused = False
         # Reading stops while either holds: our replies are not being read (server side), or the
@@ -206,6 +211,9 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             self._in_receive = False
             if self._wq:
                 self._flush()
+            elif self._cb_in_transport:
+                # the peer is making progress, so our bytes probably are too
+                self._settle_sent()
             if self._drain_waiters:
                 self._check_room()
 
@@ -264,8 +272,8 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
 
     def resume_writing(self) -> None:
         self._paused = False
-        callbacks, self._cb_in_transport = self._cb_in_transport, []
-        for cb in callbacks:
+        callbacks, self._cb_in_transport = self._cb_in_transport, deque()
+        for _, cb in callbacks:
             cb()
         self._drain_waiters.wake()
         if self._paused_for_writes:
@@ -476,7 +484,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         if payload is None:
             hdr = encode_header(flags, request_id, service_id, method_id, len(message), 0, timeout_ms)
             wq.append(hdr + message)
-            self._wq_bytes += HEADER_SIZE + len(message)
+            size = HEADER_SIZE + len(message)
         else:
             plen = _nbytes(payload)
             pcrc = crc32c(payload) if flags & F_PAYLOAD_CRC else 0
@@ -486,9 +494,11 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             wq.append(hdr + message)
             if plen:
                 wq.append(payload)
-            self._wq_bytes += HEADER_SIZE + len(message) + plen
+            size = HEADER_SIZE + len(message) + plen
+        self._wq_bytes += size
+        self._queued_pos += size
         if on_sent is not None:
-            self._cb_queued.append(on_sent)
+            self._cb_queued.append((self._queued_pos, on_sent))
         if not self._flush_scheduled and not self._in_receive:
             # Frames queued by other tasks in this loop iteration join this write.
             self._flush_scheduled = True
@@ -514,15 +524,27 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
             self._cb_in_transport.extend(self._cb_queued)
             self._cb_queued.clear()
         pending = transport.get_write_buffer_size()
-        if pending == 0:
-            if self._cb_in_transport:
-                callbacks, self._cb_in_transport = self._cb_in_transport, []
-                for cb in callbacks:
-                    cb()
-        elif self._server_side and pending > _BACKPRESSURE_BYTES and not self._paused_for_writes:
+        if self._cb_in_transport:
+            self._settle_sent(pending)
+        if self._server_side and pending > _BACKPRESSURE_BYTES and not self._paused_for_writes:
             # A peer that does not read its replies must not make us buffer without bound.
             self._paused_for_writes = True
             self._update_reading()
+
+    def _settle_sent(self, pending: int = -1) -> None:
+        """Call the on_sent callbacks of the frames the kernel has taken whole: a payload is free
+        once its last byte has left the transport's buffer, not only once all of that buffer has
+        (which, under steady load, may take long; the RPC client drops a connection on which a call
+        ends with its payload unsent). ``pending``: the transport's unsent bytes, if known."""
+        transport = self._transport
+        if transport is None:
+            return
+        if pending < 0:
+            pending = transport.get_write_buffer_size()
+        taken = self._queued_pos - self._wq_bytes - pending
+        callbacks = self._cb_in_transport
+        while callbacks and callbacks[0][0] <= taken:
+            callbacks.popleft()[1]()
 
     def _write_direct(self, wq: list[Buffer]) -> list[Buffer]:
         """Write ``wq`` to the socket with one writev, which releases the GIL while the kernel

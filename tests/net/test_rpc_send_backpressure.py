@@ -12,7 +12,7 @@ from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
-from fs3.net.frame import F_RESPONSE, FrameError, encode_header
+from fs3.net.frame import F_REQUEST, F_RESPONSE, FrameError, encode_header
 from fs3.net.system import PING, SINK, SOURCE
 from fs3.net.tcp import TcpConnection, TcpTransport
 from fs3.net.transport import FrameReceiver
@@ -37,28 +37,31 @@ async def test_a_call_to_a_peer_that_stopped_reading_fails_at_its_deadline() -> 
         await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
         _stop_reading(server, True)
         # far more than the kernel's socket buffers take: the rest stays queued in the client
-        fillers = await asyncio.gather(
-            *(
-                client.call(address, SINK, rpc_pb2.SinkRequest(), payload=bytes(4 * MiB), timeout=1.0)
-                for _ in range(16)
-            ),
-            return_exceptions=True,
-        )
-        assert all(isinstance(f, FS3Error) and f.code == StatusCode.DEADLINE_EXCEEDED for f in fillers), (
-            fillers
-        )
+        fillers = [
+            asyncio.ensure_future(
+                client.call(address, SINK, rpc_pb2.SinkRequest(), payload=bytes(4 * MiB), timeout=30)
+            )
+            for _ in range(16)
+        ]
+        conn = client._single[address].conn  # noqa: SLF001
+        await poll(lambda: conn.write_paused, what="requests queued in the client")
         # a further call waits for room to send, and gives up at its deadline like any other call
+        # (with nothing of it queued yet: a call ending with its payload queued drops the
+        # connection, see test_rpc_call_lifetimes.py)
         with pytest.raises(FS3Error) as e:
             await asyncio.wait_for(
                 client.call(address, SINK, rpc_pb2.SinkRequest(), payload=bytes(MiB), timeout=0.5), 10
             )
         assert e.value.code == StatusCode.DEADLINE_EXCEEDED
-        # once the peer reads again, the same connection carries calls
+        # once the peer reads again, the same connection carries the queued calls, and more
         _stop_reading(server, False)
+        for response, _ in await asyncio.wait_for(asyncio.gather(*fillers), 30):
+            assert response.received == 4 * MiB
         response, _ = await asyncio.wait_for(
             client.call(address, SINK, rpc_pb2.SinkRequest(), payload=bytes(MiB), timeout=20), 30
         )
         assert response.received == MiB
+        assert client._single[address].conn is conn  # noqa: SLF001
     finally:
         _stop_reading(server, False)
         await client.close()
@@ -249,3 +252,23 @@ async def test_a_waiter_giving_up_leaves_the_others_waiting(
     c.resume_writing()
     await asyncio.wait_for(second, 5)
     assert not c.write_paused
+
+
+async def test_on_sent_comes_once_the_frame_has_left_not_once_all_that_is_queued_has(
+    conn: tuple[TcpConnection, _Transport, _Receiver],
+) -> None:
+    # (the RPC client drops a connection on which a call ends with its payload not sent; under
+    # steady load the transport's buffer may never empty, so waiting for that would be too late)
+    c, t, _ = conn
+    sent: list[int] = []
+    for rid in (1, 2):
+        c.send_frame(F_REQUEST, rid, 0, 0, b"", bytes(MiB), on_sent=lambda rid=rid: sent.append(rid))
+    await poll(lambda: t.unsent > 2 * MiB, what="the frames handed to the transport")
+    c.pause_writing()
+    assert sent == []
+    t.unsent = MiB  # the kernel has taken the first frame, not the second
+    _reply_arrives(c, 1)
+    assert sent == [1]
+    t.unsent = 0
+    c.resume_writing()
+    assert sent == [1, 2]
