@@ -8,8 +8,14 @@ byte range at chunk boundaries and send each piece to its chain, and it keeps:
   caller's immutable ``bytes``, never copied); any other write (but see below), a full buffer, a
   write that completes a chunk, a truncate, a stat, fsync and close flush it. Flushes run in the background,
   up to ``max_flushes`` at a time, each as one storage write per chunk it touches (in parallel), so
-  a sequential writer keeps several chunk writes in flight; a flush overlapping one still in
-  flight waits for it, so overlapping writes reach storage in order.
+  a sequential writer keeps several chunk writes in flight.
+- **write order**: overlapping writes reach storage in the order they were made, whichever handle
+  of the file in this client made them. A flush is registered on the file (``InodeState.flushes``)
+  the moment its bytes leave the buffer, and so is a write-through (:meth:`OpenFile.write_through`)
+  once it starts; each waits for the registered writes it overlaps before it goes to storage. A
+  flush goes on even when the write that started it is cancelled while waiting: its bytes were
+  acknowledged earlier. A write over bytes another handle still buffers flushes them first, so
+  what different handles buffer never overlaps.
 - **flush errors**, reported as Linux reports write-back errors: a failed background flush is
   recorded on the file (:class:`InodeState`), and every handle open at the time gets it once from
   its next fsync or close (:meth:`OpenFile.flush_buffer` with ``report``); a stat, a read or a
@@ -113,6 +119,12 @@ class InodeState:
     error_seq: int = 0
     #: the :func:`stamp` at which ``inode`` was taken: a reply to a call made before it may be older
     installed: int = field(default_factory=stamp)
+    #: every handle's flushes and write-throughs, started or waiting to, and the file bytes
+    #: ``[begin, end)`` each writes: a later write that overlaps one waits for it
+    flushes: dict[asyncio.Task[None], tuple[int, int]] = field(default_factory=dict)
+    #: held by an O_APPEND write from taking the length as its offset until its bytes count in the
+    #: length, so appends of this client's tasks and handles each get a range of their own
+    appending: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def size(self) -> int:
@@ -151,15 +163,15 @@ class InodeState:
     async def buffered(self, begin: int, end: int) -> list[tuple[int, memoryview]]:
         """What this client's handles hold for file bytes ``[begin, end)`` that storage may not
         have yet, as ``(offset, bytes)`` pieces to lay over a storage read in order; returns once
-        every flush that started before this call and overlaps the range is done (its bytes are
-        then on storage)."""
+        every flush or write-through registered before this call that overlaps the range is done
+        (its bytes are then on storage). The buffered pieces are newer than those: bytes leave a
+        buffer and are registered as a flush in one step, and a write over another handle's
+        buffered bytes flushes them first, so pieces of different handles never overlap."""
         pieces: list[tuple[int, memoryview]] = []
-        waits: list[asyncio.Task[None]] = []
-        for h in list(self.handles):
-            if h.writable and not h.settled:
-                async with h._lock:  # no flush is between leaving the buffer and starting
-                    pieces += h._buffered(begin, end)
-                    waits += [t for t, (b, e) in h._flushes.items() if b < end and begin < e]
+        for h in self.handles:
+            if h._buf_len or h._scatter_len:
+                pieces += h._buffered(begin, end)
+        waits = [t for t, (b, e) in self.flushes.items() if b < end and begin < e]
         if waits:
             await asyncio.wait(waits)
         return pieces
@@ -236,7 +248,10 @@ class OpenFile:
         self._scatter: dict[int, list[list]] = {}  # type: ignore[type-arg]
         self._scatter_len = 0
         self._scatter_span = (0, 0)
+        # this handle's part of state.flushes (what flush_buffer waits for), and the write-throughs
+        # among them whose caller still waits to hear how they ended
         self._flushes: dict[asyncio.Task[None], tuple[int, int]] = {}
+        self._awaited: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(max(1, max_flushes))
         self._seen_error_seq = state.error_seq  # errors from before this open are not its own
         self._write_error: BaseException | None = None  # this handle's, not yet raised by a write
@@ -282,6 +297,12 @@ class OpenFile:
                 else:
                     await self._start_flush()
                 self._buf_offset = offset
+            if len(self.state.handles) > 1:
+                # what other handles buffer here is older: it goes first, and what they buffer
+                # never overlaps what this one does (looked at again after each wait, until none)
+                while await self._flush_earlier(offset, offset + n, others=True):
+                    if not self._buf_len:  # the run left meanwhile (another writer flushed it)
+                        self._buf_offset = offset
             self._parts.append(data)
             self._buf_len += n
             # A completed chunk leaves at once (sequential writers keep storage busy chunk by
@@ -299,21 +320,66 @@ class OpenFile:
         self.dirty = True
 
     async def write_through(self, offset: int, data: bytes | bytearray | memoryview) -> int:
-        """Write ``data`` at ``offset`` now, bypassing the buffer (ordered after earlier writes that
-        overlap it); returns its length once storage has it."""
+        """Write ``data`` at ``offset`` now, bypassing the buffer; returns its length once storage
+        has it. It reaches storage after every earlier write of the file it overlaps (bytes any
+        handle buffers there are flushed first) and before every later one. A caller cancelled
+        meanwhile leaves the write to finish (``data`` must then stay as it is until the file's
+        next fsync); an error of it is then reported as a flush error."""
         if not self.writable:
             raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for writing")
         n = memoryview(data).nbytes
         if n == 0:
             return 0
-        await self._wait_overlapping(offset, offset + n)
-        if (
-            self._buf_len and self._buf_offset < offset + n and offset < self._buf_offset + self._buf_len
-        ) or (self._scatter_len and self._scatter_span[0] < offset + n and offset < self._scatter_span[1]):
-            await self.flush_buffer()
-        await self._write_now(offset, [data])
-        self._wrote(offset + n)
+        if self._write_error is not None:
+            e, self._write_error = self._write_error, None
+            raise e
+        end = offset + n
+        await self._flush_earlier(offset, end, others=False)
+        before = self._overlapping(offset, end)
+        task = self._register(offset, end, self._through_task(offset, end, data, before))
+        self._awaited.add(task)
+        try:
+            await asyncio.wait((task,))
+        except BaseException:
+            self._awaited.discard(task)
+            if task.done() and (task.cancelled() or task.exception() is not None):
+                self._flush_failed(task)  # it ended as the caller was cancelled: nobody heard
+            raise
+        self._awaited.discard(task)
+        task.result()
         return n
+
+    async def _through_task(
+        self, offset: int, end: int, data: bytes | bytearray | memoryview, before: list[asyncio.Task[None]]
+    ) -> None:
+        if before:
+            await asyncio.wait(before)
+        await self._write_now(offset, [data])
+        self._wrote(end)  # here, not in the caller: the bytes count even if it was cancelled
+
+    def _holds(self, begin: int, end: int) -> tuple[bool, bool]:
+        """Whether the scattered buffer's span, and the buffer's run, overlap ``[begin, end)``."""
+        return (
+            bool(self._scatter_len) and self._scatter_span[0] < end and begin < self._scatter_span[1],
+            bool(self._buf_len) and self._buf_offset < end and begin < self._buf_offset + self._buf_len,
+        )
+
+    async def _flush_earlier(self, begin: int, end: int, *, others: bool) -> bool:
+        """Start flushing what the file's handles (only the other ones with ``others``) buffer over
+        ``[begin, end)``: bytes written before the write of that range now being made, which must
+        reach storage before it does and never lie over it in a read. Returns whether there were
+        any (if not, it returned without waiting)."""
+        found = False
+        for h in list(self.state.handles):
+            if others and h is self:
+                continue
+            if h._holds(begin, end)[0]:
+                found = True
+                await h._start_scatter_flush()  # older than the run, which it may lie under
+            if h._holds(begin, end)[1]:
+                found = True
+                await h._start_flush()
+        return found
 
     async def _start_flush(self) -> None:
         if not self._buf_len:
@@ -328,17 +394,52 @@ class OpenFile:
         await self._start(offset, end, self._write_now(offset, parts))
 
     async def _start(self, begin: int, end: int, write: Coroutine[Any, Any, None]) -> None:
-        """Run ``write`` (of file bytes ``[begin, end)``) as a background flush, once the flushes
-        it overlaps are done and a slot is free."""
-        try:
-            await self._wait_overlapping(begin, end)
-            await self._slots.acquire()
-        except BaseException:
-            write.close()
-            raise
-        task = asyncio.get_running_loop().create_task(self._flush_task(write))
-        self._flushes[task] = (begin, end)
+        """Run ``write`` (of file bytes ``[begin, end)``, just taken out of a buffer) as a
+        background flush, registered at once: it starts once the writes registered before it that
+        it overlaps are done and one of this handle's slots is free. Returns when it has its slot
+        (a writer waits for one before it buffers more); a caller cancelled before that leaves the
+        flush waiting, as the bytes it writes were acknowledged already."""
+        before = self._overlapping(begin, end)
+        if not before and not self._slots.locked():
+            await self._slots.acquire()  # one is free: this returns at once
+            self._register(begin, end, self._flush_task(write, before, None))
+            return
+        ready = asyncio.get_running_loop().create_future()
+        self._register(begin, end, self._flush_task(write, before, ready))
+        await ready  # cancelling the caller cancels only this future, not the flush
+
+    def _overlapping(self, begin: int, end: int) -> list[asyncio.Task[None]]:
+        return [t for t, (b, e) in self.state.flushes.items() if b < end and begin < e]
+
+    def _register(self, begin: int, end: int, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._flushes[task] = self.state.flushes[task] = (begin, end)
         task.add_done_callback(self._flush_done)
+        return task
+
+    async def _flush_task(
+        self,
+        write: Coroutine[Any, Any, None],
+        before: list[asyncio.Task[None]],
+        ready: asyncio.Future[None] | None,
+    ) -> None:
+        """Wait for the writes ``before`` and a slot, unless the caller took one (``ready`` None),
+        then run ``write`` and give the slot back."""
+        try:
+            if ready is not None:
+                try:
+                    if before:
+                        await asyncio.wait(before)
+                    await self._slots.acquire()
+                finally:
+                    if not ready.done():  # else its caller was cancelled
+                        ready.set_result(None)
+            try:
+                await write
+            finally:
+                self._slots.release()
+        finally:
+            write.close()  # not started if cancelled while waiting: no "never awaited" warning
 
     def _scatter_run(self) -> None:
         """Move the buffer's run into the scattered buffer, over what that holds already."""
@@ -381,11 +482,7 @@ class OpenFile:
         chunks, (begin, end), n = self._scatter, self._scatter_span, self._scatter_len
         self._scatter = {}
         self._scatter_len = 0
-        try:
-            await self._start(begin, end, self._write_scattered(chunks, n))
-        except BaseException:
-            self._budget.used -= n
-            raise
+        await self._start(begin, end, self._write_scattered(chunks, n))
 
     async def _write_scattered(self, chunks: dict[int, list[list]], n: int) -> None:  # type: ignore[type-arg]
         """One storage write per chunk of the scattered buffer (``n`` bytes), with all its ranges;
@@ -413,30 +510,26 @@ class OpenFile:
             if isinstance(r, BaseException):
                 raise r
 
-    async def _wait_overlapping(self, begin: int, end: int) -> None:
-        while self._flushes:
-            overlapping = [t for t, (b, e) in self._flushes.items() if b < end and begin < e]
-            if not overlapping:
-                return
-            await asyncio.wait(overlapping)
-
-    async def _flush_task(self, write: Coroutine[Any, Any, None]) -> None:
-        try:
-            await write
-        finally:
-            self._slots.release()
-
     def _flush_done(self, task: asyncio.Task[None]) -> None:
-        self._flushes.pop(task, None)
-        if task.cancelled():
+        del self._flushes[task]
+        del self.state.flushes[task]
+        if task in self._awaited:  # a write-through whose caller hears of its end itself
             return
-        e = task.exception()
-        if e is not None:
-            log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
-            self._failed = True
-            if self._write_error is None:
-                self._write_error = e
-            self.state.record_error(e)
+        if task.cancelled() or task.exception() is not None:
+            self._flush_failed(task)
+
+    def _flush_failed(self, task: asyncio.Task[None]) -> None:
+        """Record the error of a flush that failed, or was cancelled before its bytes reached
+        storage."""
+        if task.cancelled():
+            e: BaseException = FS3Error(StatusCode.CANCELLED, "a flush was cancelled before it was written")
+        else:
+            e = task.exception()  # type: ignore[assignment]
+        log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
+        self._failed = True
+        if self._write_error is None:
+            self._write_error = e
+        self.state.record_error(e)
 
     async def _write_now(self, offset: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write the contiguous ``parts`` at ``offset``: one storage write per chunk they touch, all
@@ -486,8 +579,9 @@ class OpenFile:
             raise state.error
 
     async def flush_buffer(self, *, report: bool = True) -> None:
-        """Write out the buffer and wait until every flush of this handle is done. With ``report``
-        (fsync, close), raise a flush error of the file this handle has not reported yet."""
+        """Write out the buffer and wait until every flush and write-through of this handle is
+        done. With ``report`` (fsync, close), raise a flush error of the file this handle has not
+        reported yet."""
         async with self._lock:
             await self._start_scatter_flush()  # older than the run, which it may lie under
             await self._start_flush()

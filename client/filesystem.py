@@ -194,7 +194,14 @@ class File:
         """Write at the current position (at the end with O_APPEND) and advance it."""
         self._check()
         if self.flags & os.O_APPEND:
-            self.pos = self.handle.state.size
+            state = self.handle.state
+            # the length is the offset, and counts this write only once handle.write returns:
+            # other tasks and handles appending meanwhile wait, or they would take the same offset
+            async with state.appending:
+                pos = state.size
+                n = await self.handle.write(pos, data)
+            self.pos = pos + n
+            return n
         n = await self.handle.write(self.pos, data)
         self.pos += n
         return n
@@ -204,7 +211,8 @@ class File:
     ) -> int:
         """Write many ``(offset, data)`` pieces concurrently (a checkpoint's shards), each straight to
         storage, at most ``concurrency`` at a time; returns the bytes written. Pieces must not
-        overlap one another."""
+        overlap one another. If a piece fails, the first error is raised once every piece has
+        ended (written or failed)."""
         self._check()
         sem = asyncio.Semaphore(concurrency)
 
@@ -212,7 +220,12 @@ class File:
             async with sem:
                 return await self.handle.write_through(offset, data)
 
-        return sum(await asyncio.gather(*(one(o, d) for o, d in pieces)))
+        written = 0
+        for r in await asyncio.gather(*(one(o, d) for o, d in pieces), return_exceptions=True):
+            if isinstance(r, BaseException):
+                raise r
+            written += r
+        return written
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
