@@ -202,9 +202,19 @@ class File:
                 n = await self.handle.write(pos, data)
             self.pos = pos + n
             return n
-        n = await self.handle.write(self.pos, data)
-        self.pos += n
-        return n
+        # The position moves before the write waits (a full buffer waits for a flush slot), as a
+        # shared descriptor's does, so that tasks writing through one File take ranges one after
+        # another rather than the same one; it moves back if nothing moved it meanwhile and the
+        # write failed.
+        pos = self.pos
+        end = pos + memoryview(data).nbytes
+        self.pos = end
+        try:
+            return await self.handle.write(pos, data)
+        except BaseException:
+            if self.pos == end:
+                self.pos = pos
+            raise
 
     async def write_parallel(
         self, pieces: Iterable[tuple[int, bytes | bytearray | memoryview]], concurrency: int = 16

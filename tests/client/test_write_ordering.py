@@ -182,6 +182,28 @@ async def test_appends_from_several_tasks_each_get_a_range_of_their_own(
     assert sorted(r[:1] for r in records) == [b"a"] * 6 + [b"b"] * 6
 
 
+async def test_writes_of_several_tasks_through_one_file_each_get_a_range_of_their_own(
+    fs: FileSystem, other: FileSystem
+) -> None:
+    """Tasks sharing one File (its position, like a shared descriptor's): no record lands over
+    another, though each write waits for the flush slot."""
+    f = await fs.open("/shared-position", "w")
+    rec = 64 << 10
+
+    async def writer(tag: bytes) -> None:
+        for _ in range(6):
+            assert await f.write(tag * rec) == rec
+
+    await asyncio.gather(writer(b"a"), writer(b"b"))
+    assert f.tell() == 12 * rec
+    await f.close()
+    data = await other.read_file("/shared-position")
+    assert len(data) == 12 * rec
+    records = [data[i : i + rec] for i in range(0, len(data), rec)]
+    assert all(r == r[:1] * rec for r in records)
+    assert sorted(r[:1] for r in records) == [b"a"] * 6 + [b"b"] * 6
+
+
 # -- several handles of one file ------------------------------------------------------------------
 
 
