@@ -86,7 +86,13 @@ class KvConfig:
         doc="lmdb: longest wait for acknowledged callers to rejoin the next commit batch (0 = overlap batches)",
         check=_non_negative,
     )
-    map_size: int = opt(1 << 34, doc="lmdb: maximum size of the environment in bytes", check=_positive)
+    map_size: int = opt(
+        256 << 30,
+        doc="lmdb: largest size of the store in bytes (address space only: the file grows with the "
+        "data; a file's metadata takes about 0.3 KiB, so the default holds several hundred million "
+        "files); a full store fails every write",
+        check=_positive,
+    )
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ Engines and their settings (unknown settings raise ``TypeError``):
     In-process, for unit tests. No settings.
 ``"lmdb"``
     The embedded default; ``path`` (a directory, created if missing) is required. Several processes
-    on one host may open the same ``path`` at once. ``map_size`` (bytes, default 16 GiB; address
+    on one host may open the same ``path`` at once. ``map_size`` (bytes, default 256 GiB; address
     space only, the file grows with the data) bounds the store's size. ``group_commit_interval_ms``
     bounds how long a committed batch waits for its fsync; the engine's flush thread starts that
     fsync at once, so the bound always holds and no commit waits for a timer (batching needs no

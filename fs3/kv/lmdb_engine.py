@@ -56,7 +56,7 @@ from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
 log = logging.getLogger(__name__)
 
 
-DEFAULT_MAP_SIZE = 16 << 30
+DEFAULT_MAP_SIZE = 256 << 30
 DEFAULT_MAX_READERS = 1024
 #: how often the committer clears the reader slots of dead processes (see the module docstring)
 READER_CHECK_S = 10.0
