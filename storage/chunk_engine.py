@@ -125,6 +125,8 @@ _NOT_FULL_FRACTION = 1 / 8
 # call out, so it cannot deadlock with the service's per-chunk lock that spans the chain).
 _LOCK_STRIPES = 1024
 _SCAN_BATCH = 1024
+# layered versions folded at open per metadata transaction (each one durable sync)
+_FOLD_BATCH = 256
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,11 +214,9 @@ class ChunkEngine:
                     log.warning("target %s", note)
                 self.recovery: RecoveryReport
                 self.recovery, self._next_file_id = recover(self._store, self._files)
-                for chunk_id in self.recovery.layered:
-                    # a crash between a commit and its fold: finish the fold
-                    meta = self._store.get(chunk_id)
-                    if meta is not None and meta.committed is not None and meta.committed.layered:
-                        self._fold(meta)
+                # committed small overwrites, and a crash between a commit and its fold: fold them
+                for start in range(0, len(self.recovery.layered), _FOLD_BATCH):
+                    self._fold(self.recovery.layered[start : start + _FOLD_BATCH])
             except BaseException:
                 self._store.close()
                 raise
@@ -925,19 +925,38 @@ class ChunkEngine:
             self._files.write_ranges(chunk_id, v.file_id, regions)
         return replace(v, overlay_file_id=0, overlay_first=0, overlay_end=0, overlay_runs=())
 
-    def _fold(self, meta: ChunkMeta) -> ChunkMeta:
-        """Fold the committed layered version and record it plain (when the engine opens). One
-        that cannot be folded (a corrupt overlay, a lost data file, which recovery reports among
-        its missing files) stays as it is: its reads fail their checksums until the chain sends
-        the whole chunk again, and the rest of the target opens."""
-        assert meta.committed is not None
-        try:
-            plain = self._fold_data(meta.chunk_id, meta.committed)
-        except FS3Error as exc:
-            # leave it layered: reads of those blocks keep failing their checksums, as they should
-            log.error("cannot fold overlay chunk=%s error=%s", meta.chunk_id.hex(), exc)
-            return meta
-        return self._install(meta, replace(meta, committed=plain))
+    def _fold(self, chunk_ids: Sequence[bytes]) -> None:
+        """Fold the committed layered versions of ``chunk_ids`` and record them plain, all in one
+        metadata transaction (when the engine opens, before anything else can touch the chunks).
+
+        Each data file is synced as it is folded (see ``_fold_data``), so all of them are durable
+        before the transaction that records their versions plain, and each overlay file is deleted
+        only once that transaction is durable: a crash at any point leaves every chunk layered or
+        plain, as with one transaction per chunk, for one sync of the metadata per batch instead.
+
+        One that cannot be folded (a corrupt overlay, a lost data file, which recovery reports
+        among its missing files) stays as it is: its reads fail their checksums until the chain
+        sends the whole chunk again, and the rest of the target opens."""
+        folded: list[tuple[ChunkMeta, ChunkMeta]] = []
+        for chunk_id in chunk_ids:
+            meta = self._store.get(chunk_id)
+            if meta is None or meta.committed is None or not meta.committed.layered:
+                continue
+            try:
+                plain = self._fold_data(chunk_id, meta.committed)
+            except FS3Error as exc:
+                # leave it layered: reads of those blocks keep failing their checksums, as they should
+                log.error("cannot fold overlay chunk=%s error=%s", chunk_id.hex(), exc)
+                continue
+            folded.append((meta, replace(meta, committed=plain)))
+        errors = self._store.swap_many([(old.chunk_id, old, new) for old, new in folded])
+        for (old, new), error in zip(folded, errors, strict=True):
+            if error is None:
+                self._drop_files(new.chunk_id, old, new)
+        # as a failed swap of one chunk would have (it cannot happen: nothing else runs yet)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
 
     def _install(self, old: ChunkMeta | None, new: ChunkMeta) -> ChunkMeta:
         """Record ``new`` in place of ``old``; if that fails, remove the files only ``new`` uses."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,8 +174,26 @@ class ChunkMetaStore:
         if change.error is not None:
             raise change.error
 
+    def swap_many(
+        self, changes: Sequence[tuple[bytes, ChunkMeta | None, ChunkMeta | None]]
+    ) -> list[BaseException | None]:
+        """Apply several ``(chunk id, old, new)`` swaps in one write transaction (one durable sync,
+        when the store syncs) and return each one's error (None: recorded), which is ABORTED where
+        the stored metadata was no longer its ``old``, as :meth:`swap` raises; the others commit.
+        If the transaction fails, raises its error and records none of them.
+
+        For a caller with many changes to different chunks at hand at once (the engine's fold at
+        open), so it need not queue them one by one: the changes do not join :meth:`swap`'s
+        groups, whose transactions LMDB orders with this one. The caller bounds their number.
+        """
+        group = [_Change(chunk_id, old, new) for chunk_id, old, new in changes]
+        if group:
+            self._commit_group(group)
+        return [c.error for c in group]
+
     def commit_stats(self) -> CommitStats:
-        """Changes recorded by :meth:`swap` since the store was opened, and transactions used."""
+        """Changes recorded by :meth:`swap` and :meth:`swap_many` since the store was opened, and
+        transactions used."""
         with self._group_lock:
             return CommitStats(
                 self._changes, self._transactions, len(self._queue), self._committing, self._commit_seconds
