@@ -79,6 +79,7 @@ from pathlib import Path
 import lmdb
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.kv.lmdb_engine import errno_of
 
 from .chunk_files import (
     ChunkFiles,
@@ -709,7 +710,7 @@ class ChunkEngine:
 
     def _error(self, what: str, exc: OSError | lmdb.Error) -> FS3Error:
         """The error a call that met ``exc`` fails with; only a disk error takes the target offline."""
-        code = _errno_of(exc)
+        code = errno_of(exc)
         if code in _TRANSIENT_ERRNOS or isinstance(exc, lmdb.ReadersFullError | lmdb.MemoryError):
             log.warning(
                 "target call failed, target stays online path=%s op=%s error=%r", self.path, what, exc
@@ -985,17 +986,6 @@ class ChunkEngine:
                 self._files.unlink(chunk_id, file_id)
             elif new_files[file_id] < length:
                 self._files.truncate(chunk_id, file_id, new_files[file_id])
-
-
-def _errno_of(exc: OSError | lmdb.Error) -> int | None:
-    """The errno behind an OSError or an LMDB error (LMDB passes the system's through as its code;
-    where that is missing, only the text tells a full disk)."""
-    if isinstance(exc, OSError):
-        return exc.errno
-    code = getattr(exc, "code", None)
-    if isinstance(code, int) and code > 0:
-        return code
-    return next((e for e in (errno.ENOSPC, errno.EDQUOT) if os.strerror(e) in str(exc)), None)
 
 
 @contextlib.contextmanager

@@ -67,6 +67,17 @@ MAX_BATCH_BYTES = 64 << 20
 Batch = list[tuple[CommitRequest, asyncio.Future[None]]]
 
 
+def errno_of(exc: OSError | lmdb.Error) -> int | None:
+    """The errno behind an OSError or an LMDB error (LMDB passes the system's through as its code;
+    where that is missing, only the text tells a full disk)."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and code > 0:
+        return code
+    return next((e for e in (errno.ENOSPC, errno.EDQUOT) if os.strerror(e) in str(exc)), None)
+
+
 class _Rejoin:
     """Signals that the event loops of a batch's callers have run them after their acknowledgement.
 
@@ -239,7 +250,7 @@ class _Committer:
             size = self._env.info()["map_size"]
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})")
         except lmdb.DiskError as e:
-            if any(os.strerror(n) in str(e) for n in (errno.ENOSPC, errno.EDQUOT)):
+            if errno_of(e) in (errno.ENOSPC, errno.EDQUOT):
                 return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed, the disk is full: {e}")
             # LMDB's own fsync of the batch's pages, or a write, failed: the disk is not to be
             # trusted with the batches before it either (see the module docstring)
