@@ -412,12 +412,7 @@ class Namespace:
             return meta_pb2.CreateRsp(inode=inodes.public(ino), session_id=sid, created=created)
 
         rsp = await self._mutate(idem, meta_pb2.CreateRsp, fn)
-        if ran:
-            await self._finish_trims(owed)
-        elif not rsp.created:
-            # A retry answered from the first attempt's record: that attempt may have died (or
-            # failed on storage) before trimming what it owed.
-            await self.finish_owed_trim(rsp.inode.id)
+        await self._trims_after(ran, owed, None if rsp.created else rsp.inode)
         return rsp
 
     # Shared with sessions and attrs (defined here so create can use them).
@@ -518,6 +513,16 @@ class Namespace:
                 inodes.store(tr, ino)
 
         await self.db.run(done)
+
+    async def _trims_after(self, ran: bool, owed: list[OwedTrim], inode: meta_pb2.Inode | None) -> None:
+        """After a mutation that may owe trims: finish ``owed`` when its transaction ran; when a
+        retry was answered from the first attempt's record instead (``ran`` false), finish what
+        that attempt may have left owed on file ``inode`` (it may have died, or failed on
+        storage, before trimming)."""
+        if ran:
+            await self._finish_trims(owed)
+        elif inode is not None and inode.type == FILE:
+            await self.finish_owed_trim(inode.id)
 
     async def finish_owed_trim(self, inode_id: int) -> None:
         """Finish the trim a truncate of ``inode_id`` left owed, if any."""

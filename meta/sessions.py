@@ -87,12 +87,7 @@ class SessionOps(Namespace):
             return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 
         rsp = await self._mutate(idem, meta_pb2.OpenRsp, fn)
-        if ran:
-            await self._finish_trims(owed)
-        elif rsp.inode.type == FILE:
-            # A retry answered from the first attempt's record: that attempt may have died (or
-            # failed on storage) before trimming what it owed.
-            await self.finish_owed_trim(rsp.inode.id)
+        await self._trims_after(ran, owed, rsp.inode)
         return rsp.inode, rsp.session_id
 
     async def sync(
