@@ -73,6 +73,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -128,6 +129,9 @@ _LOCK_STRIPES = 1024
 _SCAN_BATCH = 1024
 # layered versions folded at open per metadata transaction (each one durable sync)
 _FOLD_BATCH = 256
+# threads folding at open: each fold ends with its data file's sync, and syncs of different files
+# overlap on the device (serially, a few hundred layered chunks took ~0.3 ms each here)
+_FOLD_THREADS = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -930,26 +934,30 @@ class ChunkEngine:
         """Fold the committed layered versions of ``chunk_ids`` and record them plain, all in one
         metadata transaction (when the engine opens, before anything else can touch the chunks).
 
-        Each data file is synced as it is folded (see ``_fold_data``), so all of them are durable
-        before the transaction that records their versions plain, and each overlay file is deleted
-        only once that transaction is durable: a crash at any point leaves every chunk layered or
+        The chunks fold on several threads at once. Each data file is synced as it is folded (see
+        ``_fold_data``), so all of them are durable before the transaction that records their
+        versions plain, and each overlay file is deleted only once that transaction is durable: a crash at any point leaves every chunk layered or
         plain, as with one transaction per chunk, for one sync of the metadata per batch instead.
 
         One that cannot be folded (a corrupt overlay, a lost data file, which recovery reports
         among its missing files) stays as it is: its reads fail their checksums until the chain
         sends the whole chunk again, and the rest of the target opens."""
-        folded: list[tuple[ChunkMeta, ChunkMeta]] = []
-        for chunk_id in chunk_ids:
-            meta = self._store.get(chunk_id)
-            if meta is None or meta.committed is None or not meta.committed.layered:
-                continue
+        metas = [self._store.get(chunk_id) for chunk_id in chunk_ids]
+        todo = [m for m in metas if m is not None and m.committed is not None and m.committed.layered]
+
+        def fold(meta: ChunkMeta) -> tuple[ChunkMeta, ChunkMeta] | None:
+            assert meta.committed is not None
             try:
-                plain = self._fold_data(chunk_id, meta.committed)
+                plain = self._fold_data(meta.chunk_id, meta.committed)
             except FS3Error as exc:
                 # leave it layered: reads of those blocks keep failing their checksums, as they should
-                log.error("cannot fold overlay chunk=%s error=%s", chunk_id.hex(), exc)
-                continue
-            folded.append((meta, replace(meta, committed=plain)))
+                log.error("cannot fold overlay chunk=%s error=%s", meta.chunk_id.hex(), exc)
+                return None
+            return meta, replace(meta, committed=plain)
+
+        # different chunks, and nothing else runs yet: their folds (and syncs) may overlap
+        with ThreadPoolExecutor(min(_FOLD_THREADS, max(1, len(todo))), thread_name_prefix="fold") as pool:
+            folded = [pair for pair in pool.map(fold, todo) if pair is not None]
         errors = self._store.swap_many([(old.chunk_id, old, new) for old, new in folded])
         for (old, new), error in zip(folded, errors, strict=True):
             if error is None:

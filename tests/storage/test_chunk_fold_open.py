@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
 
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
+from fs3.storage.chunk_files import ChunkFiles
 from fs3.storage.chunk_meta import ChunkMeta, block_size, crc32c
 
 pytestmark = pytest.mark.timeout(120)
@@ -90,5 +92,31 @@ def test_a_chunk_that_cannot_be_folded_stays_layered(tmp_path: Path) -> None:
         for chunk_id, data in want.items():
             if chunk_id in (corrupt, lost):
                 continue
+            assert not eng.get_meta(chunk_id).committed.layered
+            assert eng.read(chunk_id).data == data
+
+
+def test_folds_at_open_overlap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each fold ends with a sync of its data file; opening runs them side by side instead of one
+    after another (the first folds wait for a second one to start: serially the open would fail)."""
+    want, _ = layered_target(tmp_path)
+    meeting = threading.Barrier(4, timeout=20)
+    plain_write = ChunkFiles.write_ranges
+    met: list[int] = []
+    lock = threading.Lock()
+
+    def write_ranges(self: ChunkFiles, *args: object, **kwargs: object) -> None:
+        with lock:
+            first = len(met) < 4
+            if first:
+                met.append(threading.get_ident())
+        if first:
+            meeting.wait()
+        plain_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkFiles, "write_ranges", write_ranges)
+    with ChunkEngine(tmp_path, EngineOptions(sync=True)) as eng:
+        assert len(set(met)) == 4
+        for chunk_id, data in want.items():
             assert not eng.get_meta(chunk_id).committed.layered
             assert eng.read(chunk_id).data == data
