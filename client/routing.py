@@ -210,7 +210,7 @@ class RoutingCache:
             timeout_s=timeout_s,
         )
         self.last_refresh = time.monotonic()
-        if reply.HasField("info") and reply.info.version != self.routing.version:
+        if reply.HasField("info") and reply.info.version > self.routing.version:
             self._install(Routing(reply.info))
         return self.routing
 

@@ -4,6 +4,7 @@ session keeper and the routing cache."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
@@ -186,6 +187,38 @@ async def test_routing_cache_refreshes_early_and_notifies(admin: Admin) -> None:
             await cache.wait_for(lambda r: 99 in r.nodes, 0.3)
         assert e.value.code == StatusCode.DEADLINE_EXCEEDED
     finally:
+        await cache.stop()
+
+
+async def test_routing_cache_never_goes_back_to_an_older_version(admin: Admin) -> None:
+    """Two polls in flight at once (the refresh loop's and a caller's own refresh) whose answers
+    arrive out of order: the cache keeps the newer routing."""
+    cache = RoutingCache(admin.client, refresh_interval_s=30.0)
+    await cache.start()
+    try:
+        real_call = admin.client.call
+        release = asyncio.Event()
+        held: list[int] = []
+
+        async def call(method: str, req, **kw):  # type: ignore[no-untyped-def]
+            reply = await real_call(method, req, **kw)
+            if method == "GetRoutingInfo" and not held:
+                held.append(reply.info.version)
+                await release.wait()  # the first poll's answer arrives last
+            return reply
+
+        cache.client = SimpleNamespace(call=call)
+        await admin.client.register_node(10, common_pb2.NODE_STORAGE)
+        slow = asyncio.create_task(cache.refresh())
+        await wait_until(lambda: held, 5)
+        await admin.client.register_node(11, common_pb2.NODE_STORAGE)
+        newer = await cache.refresh()
+        assert newer.version > held[0] and {10, 11} <= set(newer.nodes)
+        release.set()
+        assert (await slow).version == newer.version
+        assert cache.version == newer.version and 11 in cache.routing.nodes
+    finally:
+        release.set()
         await cache.stop()
 
 
