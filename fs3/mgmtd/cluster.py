@@ -177,6 +177,8 @@ class Cluster:
         self.lock = asyncio.Lock()  # held by every operation that writes (see serialized)
         self._snapshot: mgmtd_pb2.RoutingInfo | None = None
         self._routing_pending = False
+        # routing writes under way: a heartbeat answered meanwhile names the version they publish
+        self._routing_writes = 0
         self.changed = asyncio.Event()  # set when the chain updater should run now
 
     # ---- loading and writing -------------------------------------------------------------------
@@ -245,7 +247,13 @@ class Cluster:
                 tr.set(schema.ROUTING_VERSION_KEY, schema.encode_u64(new_version))
             return apply
 
-        apply = await self._run(txn)
+        if routing:
+            self._routing_writes += 1
+        try:
+            apply = await self._run(txn)
+        finally:
+            if routing:
+                self._routing_writes -= 1
         if apply is not None:
             apply()
         if routing:
@@ -502,8 +510,13 @@ class Cluster:
                     if req.hostname:
                         updated.hostname = req.hostname
                     await self._put_node(updated)
+        # While a routing write is under way (it may take this node's targets out, decided before
+        # this heartbeat came), the reply names the version it publishes: the node's lease then
+        # counts this heartbeat only once it acts on that routing (storage.target_map.Lease), not
+        # while it still serves from the routing before it.
         reply = mgmtd_pb2.HeartbeatReply(
-            routing_version=self.rec.routing_version, heartbeat_timeout_s=self.timing.heartbeat_timeout_s
+            routing_version=self.rec.routing_version + (1 if self._routing_writes else 0),
+            heartbeat_timeout_s=self.timing.heartbeat_timeout_s,
         )
         cfg = self.rec.configs.get(node.type)
         if cfg is not None and cfg.version > req.config_version:

@@ -4,6 +4,7 @@ paused, lease not trusted for a while) during which nobody could reach it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +14,7 @@ from fs3.mgmtd.admin import Admin
 from fs3.mgmtd.cluster import Cluster, Timing
 from fs3.mgmtd.election import Election
 from fs3.proto import common_pb2, mgmtd_pb2
+from fs3.storage.target_map import Lease
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,10 +39,12 @@ class Env:
         self.wall = wall
         self.seq = dict.fromkeys(NODES, 0)
 
-    async def beat(self, *nodes: int) -> None:
+    async def beat(self, *nodes: int) -> mgmtd_pb2.HeartbeatReply | None:
+        """Heartbeats of ``nodes``; the last one's reply."""
+        reply = None
         for nid in nodes:
             self.seq[nid] += 1
-            await self.cluster.heartbeat(
+            reply = await self.cluster.heartbeat(
                 mgmtd_pb2.HeartbeatRequest(
                     node_id=nid,
                     type=common_pb2.NODE_STORAGE,
@@ -53,6 +57,7 @@ class Env:
                     ],
                 )
             )
+        return reply
 
     async def run(self, seconds: float, *, beating: tuple[int, ...] = NODES, step: float = 1.0) -> None:
         """``seconds`` of normal operation: the listed nodes heartbeat and the primary does its
@@ -176,3 +181,44 @@ async def test_sessions_survive_a_stall_and_the_list_is_partial_after_it(env: En
     # client 8 died during the stall; 7 extends again. One timeout later the list is complete.
     listen_for_sessions(env, SESSION_TIMEOUT_S, extending=("7",))
     assert not c.sessions_partial and list(c.sessions) == ["7"]
+
+
+async def test_a_heartbeat_answered_during_the_chain_write_that_takes_its_node_out_holds_its_lease(
+    env: Env,
+) -> None:
+    """Node 12 is declared failed and the chain write that takes its target out is under way when
+    a late heartbeat of it arrives. The reply must name the routing that write publishes: counted
+    against the routing the node still acts on (its target SERVING there), it would let the node
+    serve reads for most of another timeout after the chain without it was published."""
+    lease = Lease()
+    lease.routing_applied(env.cluster.rec.routing_version)
+    await env.run(HEARTBEAT_TIMEOUT_S - 1, beating=(10, 11))  # node 12 silent, not failed yet
+    assert env.status()[12] == ACTIVE
+    db = env.cluster.db
+    run, gate = db.run, asyncio.Event()
+
+    async def slow_run(fn, **kw):  # type: ignore[no-untyped-def]
+        if not kw.get("read_only"):
+            await gate.wait()  # the chain write takes a while (a busy store)
+        return await run(fn, **kw)
+
+    db.run = slow_run
+    try:
+        env.mono.t += 1.5
+        tick = asyncio.create_task(env.cluster.tick())
+        await asyncio.sleep(0.01)
+        assert env.status()[12] == FAILED  # and the write that takes target 112 out is under way
+        lease.sending()
+        reply = await env.beat(12)
+        assert reply is not None
+        lease.confirmed(reply.heartbeat_timeout_s, reply.routing_version)
+        gate.set()
+        assert await tick == [1]
+    finally:
+        db.run = run
+    assert env.chain().targets[-1].target_id == 112
+    assert env.chain().targets[-1].public_state == common_pb2.OFFLINE
+    assert reply.routing_version == env.cluster.rec.routing_version
+    assert not lease.ok()  # acting on the routing before, the node is not leased by that reply
+    lease.routing_applied(reply.routing_version)
+    assert lease.ok()  # once it acts on the new routing, it is
