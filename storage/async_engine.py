@@ -140,6 +140,19 @@ class AsyncChunkEngine:
             checksum=checksum,
         )
 
+    async def mark_lost(
+        self, chunk_id: bytes, *, chunk_size: int, chain_ver: int, version: int, length: int, crc: int
+    ) -> ChunkMeta:
+        return await self._run(
+            self.engine.mark_lost,
+            chunk_id,
+            chunk_size=chunk_size,
+            chain_ver=chain_ver,
+            version=version,
+            length=length,
+            crc=crc,
+        )
+
     async def commit(
         self, chunk_id: bytes, version: int, *, chain_ver: int | None = None
     ) -> ChunkMeta | None:

@@ -275,10 +275,17 @@ def client_op(io: storage_pb2.UpdateIO, payload: memoryview | None) -> Op:
     raise FS3Error(StatusCode.INVALID_ARGUMENT, f"clients may not send update type {io.type}")
 
 
-def forwarded_op(io: storage_pb2.UpdateIO, payload: memoryview | None, syncing: bool) -> Op:
+def forwarded_op(
+    io: storage_pb2.UpdateIO, payload: memoryview | None, syncing: bool, lost: bool = False
+) -> Op:
     if io.type == storage_pb2.UPDATE_REMOVE:
         return Op(io.type, io.chunk_size or 0)
     check_chunk_size(io.chunk_size)
+    if lost:
+        # a resync's record of a version no replica can read: its length and CRC32C, no bytes
+        if io.type != storage_pb2.UPDATE_REPLACE or not 0 < io.length <= io.chunk_size:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"a lost chunk of {io.length} bytes, type {io.type}")
+        return Op(io.type, io.chunk_size, 0, io.length, None, io.crc32c)
     if io.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
         data = payload_slice(io, payload)
         extents = write_extents(io) if io.type == storage_pb2.UPDATE_WRITE else ()

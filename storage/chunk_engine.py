@@ -428,6 +428,12 @@ class ChunkEngine:
             base = meta.committed if meta else None
             if (
                 base is not None
+                and base.lost
+                and not (len(extents) <= 1 and offset == 0 and len(data) >= base.length)
+            ):
+                raise _lost(chunk_id, base)
+            if (
+                base is not None
                 and base.layered
                 and meta is not None
                 and meta.pending is None
@@ -495,6 +501,8 @@ class ChunkEngine:
             check_size_class(chunk_id, meta, chunk_size)
             new_ver = next_version(chunk_id, meta, version)
             base = meta.committed if meta else None
+            if base is not None and base.lost and length > 0:
+                raise _lost(chunk_id, base)
             content = self._content(chunk_id, base, 0, length)
             content.extend(bytes(length - len(content)))
             new = self._write_version(chunk_id, content, new_ver, chain_ver, chunk_size)
@@ -552,6 +560,25 @@ class ChunkEngine:
             if commit:
                 return self._install(meta, ChunkMeta(chunk_id, chunk_size, new, None))
             return self._install(meta, ChunkMeta(chunk_id, chunk_size, committed, new))
+
+    def mark_lost(
+        self, chunk_id: bytes, *, chunk_size: int, chain_ver: int, version: int, length: int, crc: int
+    ) -> ChunkMeta:
+        """Record committed version ``version`` (of ``length`` bytes, CRC32C ``crc``) as lost: the
+        chain committed it and no replica can read it any more (resync, in place of a
+        :meth:`replace` with ``commit=True``). Whatever the chunk held before is dropped, so reads
+        fail with STORAGE_CHECKSUM_MISMATCH instead of returning older bytes or a hole, and so do
+        updates, until one writes the whole content (see ChunkVersion)."""
+        check_chunk_id(chunk_id)
+        check_chunk_size(chunk_size)
+        check_fits(chunk_id, length, chunk_size)
+        if version < 1 or length < 1:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad lost version {version} length {length}")
+        with self._io("mark_lost"), self._chunk_lock(chunk_id):
+            meta = self._get(chunk_id)
+            check_size_class(chunk_id, meta, chunk_size)
+            gone = ChunkVersion(version, chain_ver, length, crc, 0, block=block_size(chunk_size), lost=True)
+            return self._install(meta, ChunkMeta(chunk_id, chunk_size, gone, None))
 
     def commit(self, chunk_id: bytes, version: int, *, chain_ver: int | None = None) -> ChunkMeta | None:
         """Make pending ``version`` the committed one (stamping ``chain_ver`` if given).
@@ -994,6 +1021,14 @@ class ChunkEngine:
                 self._files.unlink(chunk_id, file_id)
             elif new_files[file_id] < length:
                 self._files.truncate(chunk_id, file_id, new_files[file_id])
+
+
+def _lost(chunk_id: bytes, v: ChunkVersion) -> FS3Error:
+    return FS3Error(
+        StatusCode.STORAGE_CHECKSUM_MISMATCH,
+        f"chunk {chunk_id.hex()} version {v.version} was lost (no replica could read it): only a write"
+        " of its whole content replaces it",
+    )
 
 
 @contextlib.contextmanager

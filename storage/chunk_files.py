@@ -243,6 +243,11 @@ class CorruptVersion(Exception):
     """A version's bytes on disk do not match its metadata (or a commit removed them meanwhile)."""
 
 
+def _check_not_lost(v: ChunkVersion) -> None:
+    if v.lost:
+        raise CorruptVersion("lost: no replica could read this version when the chain resynced this target")
+
+
 class ChunkFiles:
     """The data files of one target. Thread-safe: every call opens its own descriptor."""
 
@@ -519,12 +524,13 @@ class ChunkFiles:
     ) -> bytes | memoryview:
         """Bytes ``[offset, end)`` of version ``v``, each block read checked against its CRC32C.
 
-        Raises CorruptVersion if the file is missing, short, or fails a checksum; with ``nowait``
-        as for :meth:`read`, WouldBlock (before any byte is checked). With ``lease`` the bytes may
-        be a view of a lent buffer (see the module docstring).
+        Raises CorruptVersion if the file is missing, short, or fails a checksum, or the version
+        was lost; with ``nowait`` as for :meth:`read`, WouldBlock (before any byte is checked).
+        With ``lease`` the bytes may be a view of a lent buffer (see the module docstring).
         """
         if end <= offset:
             return b""
+        _check_not_lost(v)
         start, stop = _span(v, offset, end)
         try:
             raw = self._read_span(chunk_id, v, start, stop, nowait, lease)
@@ -602,7 +608,8 @@ class ChunkFiles:
         it cannot be one: O_DIRECT is off (or refused now), or a piece to read exceeds
         ``max_bytes``; with ``uncached_only``, also where the version is shorter than DIRECT_MIN
         (its file was written through the page cache). Raises CorruptVersion if a file is
-        missing."""
+        missing or the version was lost."""
+        _check_not_lost(v)
         if not self.direct or (uncached_only and v.length < DIRECT_MIN):
             return None
         start, stop = _span(v, offset, end)

@@ -42,10 +42,10 @@ FINE_MAX_CHUNK = 4 * MiB
 #: inode id + chunk index); LMDB keys may not exceed 511 bytes, and nobody needs more than this.
 MAX_CHUNK_ID_LEN = 64
 #: 2 added layered versions (flag bit 1 and an overlay record); 3 added FINE_BLOCK versions (flag
-#: bit 2); 4 added layered versions of several block runs (flag bit 3 and a run list). Each format
-#: reads as the next.
-FORMAT_VERSION = 4
-READABLE_FORMATS = (1, 2, 3, 4)
+#: bit 2); 4 added layered versions of several block runs (flag bit 3 and a run list); 5 added lost
+#: versions (flag bit 4). Each format reads as the next.
+FORMAT_VERSION = 5
+READABLE_FORMATS = (1, 2, 3, 4, 5)
 
 
 #: ``crc32c(data, value=0)``: CRC32C (Castagnoli) of ``data``, continuing from ``value`` (the CRC
@@ -121,6 +121,11 @@ class ChunkVersion:
     and apart; ``overlay_first`` and ``overlay_end`` are then the first's first and the last's end),
     which the overlay file holds back to back. ``block`` is its checksum block (CHECKSUM_BLOCK or
     FINE_BLOCK).
+
+    A lost version (``lost``) is one the chain committed and then could not read on any replica
+    when it resynced a target: that target records its number, length and CRC32C without any data
+    (no file, no block checksums), so that its reads fail as the unreadable copies do instead of
+    serving an older version or a hole; only a write of the whole content replaces it.
     """
 
     version: int
@@ -135,6 +140,7 @@ class ChunkVersion:
     overlay_end: int = 0
     block: int = CHECKSUM_BLOCK
     overlay_runs: tuple[tuple[int, int], ...] = ()
+    lost: bool = False
 
     def block_crc(self, index: int) -> int:
         return struct.unpack_from("<I", self.block_crcs, 4 * index)[0]
@@ -216,7 +222,7 @@ class ChunkMeta:
         """
         sizes: dict[int, int] = {}
         for v in (self.committed, self.pending):
-            if v is not None and not v.removal:
+            if v is not None and not v.removal and not v.lost:
                 sizes[v.file_id] = max(sizes.get(v.file_id, 0), v.length)
                 if v.layered:
                     sizes[v.overlay_file_id] = v.overlay_size()
@@ -232,8 +238,9 @@ class ChunkMeta:
 # version := version u64, chain_ver u32, length u32, crc u32, file_id u64, kind u8, block crcs,
 #            [overlay file_id u64, first block u32, end block u32]   (format 2, kind bit 1)
 #            [run count u32, (first block u32, end block u32) * count]   (format 4, kind bit 3)
-# kind: bit 0 a removal, bit 1 layered, bit 2 FINE_BLOCK checksums, bit 3 several overlay runs
-# (format 1 has only bit 0, format 2 bits 0 and 1, format 3 bits 0 to 2)
+# kind: bit 0 a removal, bit 1 layered, bit 2 FINE_BLOCK checksums, bit 3 several overlay runs,
+# bit 4 lost (no block crcs then) (format 1 has only bit 0, format 2 bits 0 and 1, format 3 bits 0
+# to 2, format 4 bits 0 to 3)
 _HEADER = struct.Struct("<BBB")
 _VERSION = struct.Struct("<QIIIQB")
 _OVERLAY = struct.Struct("<QII")
@@ -244,6 +251,7 @@ _REMOVAL = 1
 _LAYERED = 2
 _FINE = 4
 _RUNS = 8
+_LOST = 16
 
 
 def encode_meta(meta: ChunkMeta) -> bytes:
@@ -254,6 +262,8 @@ def encode_meta(meta: ChunkMeta) -> bytes:
             kind = (_REMOVAL if v.removal else 0) | (_LAYERED if v.layered else 0)
             if v.overlay_runs:
                 kind |= _RUNS
+            if v.lost:
+                kind |= _LOST
             if v.block == FINE_BLOCK:
                 kind |= _FINE
             elif v.block != CHECKSUM_BLOCK:
@@ -281,8 +291,9 @@ def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
         version, chain_ver, length, crc, file_id, kind = _VERSION.unpack_from(value, pos)
         pos += _VERSION.size
         removal = bool(kind & _REMOVAL)
+        lost = bool(kind & _LOST)
         block = FINE_BLOCK if kind & _FINE else CHECKSUM_BLOCK
-        n = 0 if removal else 4 * block_count(length, block)
+        n = 0 if removal or lost else 4 * block_count(length, block)
         crcs = bytes(value[pos : pos + n])
         pos += n
         overlay = (0, 0, 0)
@@ -296,7 +307,7 @@ def decode_meta(chunk_id: bytes, value: bytes | memoryview) -> ChunkMeta:
                 pos += _COUNT.size + 8 * count
                 runs = tuple(zip(flat[::2], flat[1::2], strict=True))
         versions.append(
-            ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay, block, runs)
+            ChunkVersion(version, chain_ver, length, crc, file_id, crcs, removal, *overlay, block, runs, lost)
         )
     return ChunkMeta(chunk_id, 1 << size_log2, versions[0], versions[1])
 

@@ -223,7 +223,9 @@ class Replicator:
             )
         await self.check_chain_version(t, key.chain_id, key.chain_version, who="predecessor")
         self.targets.check_replica(t)
-        op = forwarded_op(io, payload, req.syncing)
+        if req.lost and not (req.syncing and req.commit):
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "only a resync copy of a chunk may say it was lost")
+        op = forwarded_op(io, payload, req.syncing, req.lost)
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
         cid = chunk_id(key.inode_id, key.chunk_index)
@@ -244,6 +246,16 @@ class Replicator:
                 if op.type == storage_pb2.UPDATE_REMOVE:
                     await eng.remove_range(cid, cid + b"\0")
                     return io_result(None, key.chain_version)
+                if req.lost:
+                    meta = await eng.mark_lost(
+                        cid,
+                        chunk_size=op.chunk_size,
+                        chain_ver=key.chain_version,
+                        version=io.update_version,
+                        length=op.length,
+                        crc=op.crc,
+                    )
+                    return io_result(meta, key.chain_version)
                 assert op.data is not None
                 meta = await eng.replace(
                     cid,

@@ -26,12 +26,13 @@ the data again.
 A chunk whose committed version this target cannot read (a lost or corrupt data file) is read
 from another SERVING replica of the chain instead (each holds every committed version), checked
 against this target's metadata (version, length, CRC32C), repaired here, and sent. Where no
-replica has a good copy, the chain has lost that version: the sync goes on without it, logs it
-as an error (with the chunk's id), counts it in ``fs3_storage_sync_lost_chunks``, and finishes,
-rather than keep every other chunk of the chain one replica short for ever. The successor keeps
-what it had of that chunk (an older version, or nothing), no worse than the unreadable copy here
-but not the lost version either: the chunk needs the operator, or a write of its whole content,
-which every replica takes without reading what it had.
+replica has a good copy, the chain has lost that version: the sync logs it as an error (with the
+chunk's id), counts it in ``fs3_storage_sync_lost_chunks``, sends the successor the version's
+record marked lost (number, length, CRC32C, no bytes), and finishes, rather than keep every other
+chunk of the chain one replica short for ever. The successor drops what it had of that chunk (an
+older version, or nothing, which it would otherwise serve as the chunk's content, silently) and
+fails its reads as the unreadable copies here do, until a write of the whole content, which
+every replica takes without reading what it had, replaces it (see ``ChunkVersion.lost``).
 """
 
 from __future__ import annotations
@@ -302,27 +303,32 @@ class ResyncWorker:
             copy = await self._fetch_copy(t, cid, meta)
             if copy is not None:
                 fetched = (meta, copy)
-            elif await t.engine.get_meta(cid) == meta:
-                log.error(
-                    "resync leaves out a chunk no replica can read: the chain has lost its committed "
-                    "version chain_id=%d target_id=%d successor=%d chunk=%s version=%d length=%d",
-                    t.chain_id,
-                    t.target_id,
-                    succ_id,
-                    cid.hex(),
-                    meta.committed_ver,
-                    meta.committed.length,
-                )
-                self.m_lost.labels(label).inc()
-                return "lost"
+                continue
+            async with rep.locks.hold(t.target_id, cid):
+                if await t.engine.get_meta(cid) == meta:
+                    log.error(
+                        "resync records a chunk no replica can read as lost on the successor: the "
+                        "chain has lost its committed version chain_id=%d target_id=%d successor=%d "
+                        "chunk=%s version=%d length=%d",
+                        t.chain_id,
+                        t.target_id,
+                        succ_id,
+                        cid.hex(),
+                        meta.committed_ver,
+                        meta.committed.length,
+                    )
+                    await self._send(t, succ_id, cid, meta, None, label)
+                    self.m_lost.labels(label).inc()
+                    return "lost"
             # else an update changed the chunk meanwhile: look at it again
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept changing during its resync")
 
     async def _send(
-        self, t: LocalTarget, succ_id: int, cid: bytes, meta: ChunkMeta | None, data: bytes, label: str
+        self, t: LocalTarget, succ_id: int, cid: bytes, meta: ChunkMeta | None, data: bytes | None, label: str
     ) -> None:
         """Send the successor ``data``, the committed version ``meta`` names, installed as committed
-        at once; or the chunk's removal where ``meta`` is None. The chunk's lock is held."""
+        at once; or the chunk's removal where ``meta`` is None; or, where ``data`` is None, that
+        version's record as lost. The chunk's lock is held."""
         rep = self.replicator
         chain = self.targets.chain(t.chain_id)
         req = storage_pb2.UpdateReq(target_id=succ_id, syncing=True, commit=True)
@@ -338,10 +344,14 @@ class ResyncWorker:
             io.type = storage_pb2.UPDATE_REPLACE
             io.chunk_size = meta.chunk_size
             io.update_version = meta.committed_ver
-            io.length = len(data)
             io.crc32c = meta.committed.crc
-            payload = data
-            self.m_bytes.labels(label).inc(len(data))
+            if data is None:
+                req.lost = True
+                io.length = meta.committed.length
+            else:
+                io.length = len(data)
+                payload = data
+                self.m_bytes.labels(label).inc(len(data))
         await rep.rpc.call(
             node_address(self.targets.routing, succ_id, backend=True),
             STORAGE_SERVICE["Update"],
@@ -440,4 +450,5 @@ def _same(mine: ChunkMeta, theirs: storage_pb2.ChunkMeta) -> bool:
         and theirs.length == mine.committed.length
         and theirs.crc32c == mine.committed.crc
         and theirs.chunk_size == mine.chunk_size
+        and theirs.lost == mine.committed.lost
     )

@@ -340,6 +340,7 @@ class StorageService:
                 crc32c=m.crc,
                 chunk_size=m.chunk_size,
                 chunk_id=m.chunk_id,
+                lost=m.committed is not None and m.committed.lost,
             )
             c.key.chain_id = t.chain_id
             c.key.inode_id, c.key.chunk_index = split_chunk_id(m.chunk_id)

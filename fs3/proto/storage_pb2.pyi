@@ -127,7 +127,7 @@ class WriteReq(_message.Message):
     def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ...) -> None: ...
 
 class UpdateReq(_message.Message):
-    __slots__ = ("tag", "io", "syncing", "commit_chain_version", "commit", "target_id", "settle")
+    __slots__ = ("tag", "io", "syncing", "commit_chain_version", "commit", "target_id", "settle", "lost")
     TAG_FIELD_NUMBER: _ClassVar[int]
     IO_FIELD_NUMBER: _ClassVar[int]
     SYNCING_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class UpdateReq(_message.Message):
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     SETTLE_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     tag: UpdateTag
     io: UpdateIO
     syncing: bool
@@ -142,7 +143,8 @@ class UpdateReq(_message.Message):
     commit: bool
     target_id: int
     settle: bool
-    def __init__(self, tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., syncing: _Optional[bool] = ..., commit_chain_version: _Optional[int] = ..., commit: _Optional[bool] = ..., target_id: _Optional[int] = ..., settle: _Optional[bool] = ...) -> None: ...
+    lost: bool
+    def __init__(self, tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., syncing: _Optional[bool] = ..., commit_chain_version: _Optional[int] = ..., commit: _Optional[bool] = ..., target_id: _Optional[int] = ..., settle: _Optional[bool] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class IOResult(_message.Message):
     __slots__ = ("length", "committed_version", "update_version", "crc32c", "commit_chain_version")
@@ -349,7 +351,7 @@ class SpaceInfoRsp(_message.Message):
     def __init__(self, targets: _Optional[_Iterable[_Union[TargetSpace, _Mapping]]] = ...) -> None: ...
 
 class ChunkMeta(_message.Message):
-    __slots__ = ("key", "committed_version", "pending_version", "chain_version", "length", "crc32c", "chunk_size", "chunk_id")
+    __slots__ = ("key", "committed_version", "pending_version", "chain_version", "length", "crc32c", "chunk_size", "chunk_id", "lost")
     KEY_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +360,7 @@ class ChunkMeta(_message.Message):
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     key: ChunkKey
     committed_version: int
     pending_version: int
@@ -366,7 +369,8 @@ class ChunkMeta(_message.Message):
     crc32c: int
     chunk_size: int
     chunk_id: bytes
-    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., committed_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., chain_version: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_id: _Optional[bytes] = ...) -> None: ...
+    lost: bool
+    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., committed_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., chain_version: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_id: _Optional[bytes] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class DumpChunkMetaReq(_message.Message):
     __slots__ = ("target_id", "inode_id", "after", "limit")

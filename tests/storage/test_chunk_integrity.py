@@ -17,7 +17,7 @@ from mounts import unmount
 from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_files import ChunkFiles
-from fs3.storage.chunk_meta import block_size
+from fs3.storage.chunk_meta import block_size, crc32c
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -187,6 +187,64 @@ def test_aborting_an_append_to_a_chunk_whose_file_is_lost_keeps_the_target_onlin
     with pytest.raises(FS3Error) as err:
         engine.read(cid(1))
     assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+
+
+def test_a_version_recorded_lost_fails_reads_and_partial_updates_until_a_whole_write(tmp_path: Path) -> None:
+    """What a resync records where no replica could read the chain's committed version: the
+    number, length and CRC32C with no bytes. The older version the target held is dropped (not
+    served), reads and updates that need the old bytes fail as a checksum error, the record
+    survives a reopen, and a write of the whole content replaces it."""
+    old = os.urandom(3 * BLOCK)
+    lost = os.urandom(2 * BLOCK + 5)
+    with ChunkEngine(tmp_path) as eng:
+        write(eng, cid(1), 0, old)
+        old_file = data_file(eng, cid(1))
+        meta = eng.mark_lost(
+            cid(1), chunk_size=CS, chain_ver=3, version=7, length=len(lost), crc=crc32c(lost)
+        )
+        assert (meta.committed_ver, meta.length, meta.crc, meta.committed.lost) == (
+            7,
+            len(lost),
+            crc32c(lost),
+            True,
+        )
+        assert meta.pending is None and meta.physical_bytes() == 0
+        assert not old_file.exists()
+    with ChunkEngine(tmp_path) as eng:
+        assert eng.get_meta(cid(1)) == meta and eng.recovery.missing_files == []
+        assert eng.space_info().used == 0
+        for offset, length in ((0, None), (BLOCK, 10), (len(lost) - 1, 1)):
+            with pytest.raises(FS3Error) as err:
+                eng.read(cid(1), offset, length)
+            assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH, (offset, length)
+            assert "lost" in err.value.message
+        assert eng.direct_read_plan(cid(1), 0, BLOCK, meta, CS) is None
+        # anything that keeps some of its bytes: an overwrite (small or large), an append, a truncate
+        for offset, data in (
+            (10, b"x"),
+            (0, bytes(BLOCK)),
+            (len(lost), b"more"),
+            (BLOCK, os.urandom(2 * BLOCK)),
+        ):
+            with pytest.raises(FS3Error) as err:
+                eng.update(cid(1), offset, data, chunk_size=CS, chain_ver=3)
+            assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH, offset
+        with pytest.raises(FS3Error) as err:
+            eng.truncate(cid(1), 10, chunk_size=CS, chain_ver=3)
+        assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+        assert eng.get_meta(cid(1)) == meta and eng.online
+        # the whole content, as a client (or a predecessor) writes it: the chunk is whole again
+        new = os.urandom(len(lost))
+        write(eng, cid(1), 0, new)
+        assert eng.read(cid(1)).data == new
+        assert not eng.get_meta(cid(1)).committed.lost
+        # and a lost chunk can be emptied or removed
+        eng.mark_lost(cid(2), chunk_size=CS, chain_ver=3, version=2, length=9, crc=1)
+        meta = eng.truncate(cid(2), 0, chunk_size=CS, chain_ver=3, commit=True)
+        assert meta.length == 0 and eng.read(cid(2)).data == b""
+        eng.mark_lost(cid(3), chunk_size=CS, chain_ver=3, version=2, length=9, crc=1)
+        eng.commit(cid(3), eng.remove(cid(3), chain_ver=3).pending_ver)
+        assert eng.get_meta(cid(3)) is None
 
 
 def test_recovery_removes_orphans_and_trims_crashed_appends(tmp_path: Path) -> None:

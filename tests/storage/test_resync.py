@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from chain_workload import CHUNK, verify
+from chain_workload import CHUNK, PinnedClient, verify
 from cluster import Cluster
 from prometheus_client import CollectorRegistry
 
@@ -232,33 +232,60 @@ async def test_a_chunk_the_predecessor_cannot_read_is_resynced_from_another_repl
         assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}
 
 
-async def test_a_chunk_no_replica_can_read_is_left_out_and_the_resync_finishes(tmp_path) -> None:
+async def test_a_chunk_no_replica_can_read_is_recorded_lost_and_the_resync_finishes(tmp_path) -> None:
+    """Where no replica can read a chunk's committed version, the resync finishes and records that
+    version on the successor as lost: its reads there fail as on the others, instead of serving
+    the older version it held (chunk 2) or a hole (chunk 4, which it did not have)."""
     async with Cluster(tmp_path / "c", storage_nodes=2, replication=2, metrics=True) as c:
         client = await c.storage_client()
+        pinned = await c.storage_client()
+        pinned.__class__ = PinnedClient
         chain_id = c.chain_ids[0]
         model = {i: bytearray(os.urandom(CHUNK // 4)) for i in range(4)}
         for i, data in model.items():
             await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
         head, tail = (t.target_id for t in (await c.routing()).chain(chain_id).targets)
+        pinned.pin = tail
         c.kill_storage(c.node_of_target(tail).index)
         await c.wait_chains(lambda ch: len(ch.serving) == 1, what="the tail to go")
-        model[2] = bytearray(os.urandom(CHUNK // 2))
-        await client.write(chain_id, INODE, 2, 0, bytes(model[2]), CHUNK)
-        await client.write(chain_id, INODE, 4, 0, os.urandom(CHUNK // 2), CHUNK)
-        lose_chunk_file(c, head, 4)  # the only copy of chunk 4
+        lost = {i: os.urandom(CHUNK // 2) for i in (2, 4)}
+        for i, data in lost.items():
+            await client.write(chain_id, INODE, i, 0, data, CHUNK)
+            lose_chunk_file(c, head, i)  # the only copy of this version
+        del model[2]
         await c.restart_storage(c.node_of_target(tail).index)
         await c.wait_all_serving(90)
         text = await c.scrape(c.node_of_target(head).index)
-        assert metric(text, "fs3_storage_sync_lost_chunks_total", tail) == 1, text
-        lost_id = chunk_id(INODE, 4).hex()
-        assert any("resync leaves out a chunk" in p.log() and lost_id in p.log() for p in c.procs), c.logs()
-        # every other chunk reached the tail; chunk 4 did not (it had none)
+        assert metric(text, "fs3_storage_sync_lost_chunks_total", tail) == 2, text
+        for i in lost:  # the tail (pinned) served its older chunk 2 and a hole for chunk 4
+            for reader in (pinned, client):
+                with pytest.raises(FS3Error) as err:
+                    got = await reader.read(chain_id, INODE, i, 0, CHUNK)
+                    pytest.fail(f"chunk {i} read {len(got)} bytes, {'older' if got else 'a hole'}")
+                assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH, (i, err.value)
         tail_metas = {m.key.chunk_index: m for m in await client.dump_chunk_meta(tail, INODE)}
-        assert sorted(tail_metas) == sorted(model)
+        assert sorted(tail_metas) == [0, 1, 2, 3, 4]
         for i, data in model.items():
-            assert (tail_metas[i].length, tail_metas[i].crc32c) == (len(data), crc32c(data)), i
-        # the next whole write of the chunk makes it whole again on both
-        model[4] = bytearray(os.urandom(CHUNK // 2))
-        await client.write(chain_id, INODE, 4, 0, bytes(model[4]), CHUNK)
+            assert (tail_metas[i].length, tail_metas[i].crc32c, tail_metas[i].lost) == (
+                len(data),
+                crc32c(data),
+                False,
+            )
+        for i, data in lost.items():
+            m = tail_metas[i]
+            assert (m.length, m.crc32c, m.lost, m.pending_version) == (len(data), crc32c(data), True, 0), i
+            with pytest.raises(FS3Error) as err:  # a write that keeps some of the lost bytes
+                await client.write(chain_id, INODE, i, 10, b"patch", CHUNK)
+            assert err.value.code is StatusCode.STORAGE_CHECKSUM_MISMATCH
+        for i, data in model.items():
+            assert await pinned.read(chain_id, INODE, i, 0, CHUNK) == bytes(data)
+        assert any(
+            "resync records a chunk no replica can read" in p.log() and chunk_id(INODE, 4).hex() in p.log()
+            for p in c.procs
+        ), c.logs()
+        # the next whole write of a lost chunk makes it whole again on both
+        for i in lost:
+            model[i] = bytearray(os.urandom(CHUNK // 2))
+            await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
         await verify(c, client, chain_id, INODE, model)
         assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}
