@@ -121,6 +121,11 @@ class MetaDaemon:
         assert self.db is not None
         # one transport (cfg.transport: auto, tcp or rdma) for serving and for calls to storage
         transport = make_transport(cfg.transport, cfg.rdma, metrics_sink=TransportMetrics(self.registry))
+        if self.secret is None:
+            log.warning(
+                "no cluster_secret_file: peers authenticate with the built-in development secret,"
+                " which anyone can read in fs3's source; set one outside tests"
+            )
         if cfg.mgmtd_addresses:
             self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
             self.routing = RoutingCache(self.mgmtd, refresh_interval_s=2.0)

@@ -118,6 +118,11 @@ class StorageDaemon:
         self.targets = TargetMap(cfg.node_id, local, on_change=self._state_changed, lease_ok=self.lease.ok)
 
         secret = self.secret or DEV_SECRET
+        if self.secret is None:
+            log.warning(
+                "no cluster_secret_file: peers authenticate with the built-in development secret,"
+                " which anyone can read in fs3's source; set one outside tests"
+            )
         # one transport (cfg.transport: auto, tcp or rdma) for chain forwarding, resync and serving
         transport = make_transport(cfg.transport, cfg.rdma, metrics_sink=TransportMetrics(self.registry))
         self.rpc = RpcClient(

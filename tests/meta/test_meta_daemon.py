@@ -133,6 +133,17 @@ def procs(tmp_path: Path):
         p.cleanup()
 
 
+async def test_a_daemon_without_a_cluster_secret_says_so(
+    caplog: pytest.LogCaptureFixture, cluster: Cluster
+) -> None:
+    """The fixture's daemon has no cluster_secret_file: it runs on the development secret, which
+    anyone can read in the source, and its log says so."""
+    assert any(
+        r.levelname == "WARNING" and "no cluster_secret_file" in r.getMessage()
+        for r in caplog.get_records("setup")
+    ), caplog.text
+
+
 def test_unknown_config_key_exits_with_one_line(procs: MetaProcesses, tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("listen_port = 0\nbogus_key = 1\n")
