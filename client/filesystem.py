@@ -24,8 +24,10 @@ What a caller may rely on:
 - Opening a file for writing opens a write session; :meth:`File.fsync` and :meth:`File.close`
   report the length written, so meta settles the file's length. Writes are buffered per open file
   (``write_buffer_bytes``) and flushed in the background; errors surface at the next write, fsync
-  or close. Within one FileSystem, reads see every write made through it (read-your-writes), and
-  :meth:`FileSystem.stat` reports the length open writers have written.
+  or close. A close whose caller is cancelled still ends, in the background, once the handle's
+  flushes are done (:meth:`FileSystem.close` waits for it). Within one FileSystem, reads see
+  every write made through it (read-your-writes), and :meth:`FileSystem.stat` reports the length
+  open writers have written.
 - Other clients see a file's data and length after its writer closed or fsynced it (close-to-open).
   An open file's length is meta's as of the last stat, or of the last read that reached past it
   (:meth:`File.pread` looks again then), extended by this FileSystem's unreported writes: a reader
@@ -36,6 +38,7 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import posixpath
 import socket
@@ -58,6 +61,8 @@ from fs3.net.auth import read_secret
 from fs3.net.transport_select import make_transport
 from fs3.proto import common_pb2, mgmtd_pb2
 from fs3.proto import meta_pb2 as m
+
+log = logging.getLogger(__name__)
 
 _TYPE_BITS = {
     m.INODE_FILE: stat_mod.S_IFREG,
@@ -313,6 +318,8 @@ class FileSystem:
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
         self._session: ClientSessionKeeper | None = None
+        # closes whose caller was cancelled, finishing in the background (see _close)
+        self._closing: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def connect(
@@ -398,7 +405,10 @@ class FileSystem:
                 self.meta._current %= len(found)
 
     async def close(self) -> None:
-        """Close every connection (open files are not flushed: close them first)."""
+        """Close every connection (open files are not flushed: close them first). File closes
+        that were cancelled and go on in the background end first."""
+        while self._closing:
+            await asyncio.wait(list(self._closing))
         if self._session is not None:
             await self._session.stop()
         await self.routing.stop()
@@ -524,31 +534,63 @@ class FileSystem:
 
     async def _close(self, h: OpenFile) -> m.Inode | None:
         """Flush a handle, end its session (reporting the written length); meta's inode after. A
-        flush error of the file this handle has not reported yet is raised after the session ends."""
+        flush error of the file this handle has not reported yet is raised after the session ends.
+        A caller cancelled while the flushes are pending leaves the close to finish in the
+        background: the session outlives the flushes, or a file unlinked meanwhile would be
+        collected before they land and their chunks would stay on storage for good."""
         error: Exception | None = None
-        ino = None
         try:
             await h.flush_buffer(report=h.writable)  # a reader's close reports no write error
+        except asyncio.CancelledError:
+            self._close_later(h)
+            raise
         except Exception as e:
             error = e
-        finally:
-            # The handle's length counts for the file until meta's reply, which counts it, is
-            # installed: an O_APPEND write on another handle must land after it.
-            try:
-                if h.session_id:
-                    wrote = h.writable and h.dirty
-                    length = h.take_length()[0] if wrote else h.written_length
-                    ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
-                    h.state.install(ino)
-                    if wrote:
-                        h.length_reported()
-            finally:
-                h.state.handles.discard(h)
-                if not h.state.handles and self._states.get(h.inode_id) is h.state:
-                    del self._states[h.inode_id]
+        ino = await self._end_session(h)
         if error is not None:
             raise error
         return ino
+
+    async def _end_session(self, h: OpenFile) -> m.Inode | None:
+        """End a flushed handle's session, reporting its written length, and forget the handle."""
+        # The handle's length counts for the file until meta's reply, which counts it, is
+        # installed: an O_APPEND write on another handle must land after it.
+        try:
+            if h.session_id:
+                wrote = h.writable and h.dirty
+                length = h.take_length()[0] if wrote else h.written_length
+                ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+                h.state.install(ino)
+                if wrote:
+                    h.length_reported()
+                return ino
+            return None
+        finally:
+            h.state.handles.discard(h)
+            if not h.state.handles and self._states.get(h.inode_id) is h.state:
+                del self._states[h.inode_id]
+
+    def _close_later(self, h: OpenFile) -> None:
+        """Finish closing ``h`` in a task of its own, kept until it ends (:meth:`close` waits for it)."""
+        task = asyncio.get_running_loop().create_task(self._close_in_background(h))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_in_background(self, h: OpenFile) -> None:
+        """The rest of a close whose caller was cancelled: the handle stays open (its buffered bytes
+        and length count for the file) until its flushes are done, then its session ends. Errors
+        are logged; nobody is left to raise them to. Cancelled, it leaves the session open."""
+        error: Exception | None = None
+        try:
+            await h.flush_buffer(report=h.writable)
+        except Exception as e:
+            error = e
+        try:
+            await self._end_session(h)
+        except Exception as e:
+            error = error or e
+        if error is not None:
+            log.warning("closing inode=%#x in the background failed error=%s", h.inode_id, error)
 
     async def _drain_before_truncate(self, inode_id: int | None, parent: int = 0, name: bytes = b"") -> None:
         """Before an open with O_TRUNC: this client's buffered writes to the file go to storage
