@@ -7,7 +7,9 @@ of the stored length and that report (length only shrinks through truncate). A r
 ``wrote`` set asks storage instead (query last chunk on each of the file's chains). Sessions of clients
 that vanish are pruned: by client id (PruneSession), or by the collector once a session has not been
 touched for ``session_timeout_s`` and its client holds no live session with mgmtd (the client's
-mgmtd ``ClientSession.client_id`` is the decimal form of its meta client id).
+mgmtd ``ClientSession.client_id`` is the decimal form of its meta client id). Pruning a write
+session settles the file's length from storage first, as a close reporting no length would: the
+client is gone, and its acknowledged bytes are on storage.
 
 The kernel leaves clearing setuid/setgid on a write to the file system (libfuse's
 FUSE_CAP_HANDLE_KILLPRIV). Meta sees a write only when its session settles, so that is when the
@@ -17,8 +19,10 @@ another client may see the written bytes with the bits still set.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+from collections.abc import Callable
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Transaction, prefix_end
@@ -32,6 +36,8 @@ log = logging.getLogger(__name__)
 
 #: storage queries one settlement makes before giving up on a file truncated again and again
 _SETTLE_ATTEMPTS = 8
+#: write sessions one prune settles at once (each asks storage for its file's length)
+_PRUNE_CONCURRENCY = 16
 
 
 class _AskStorage(Exception):
@@ -150,12 +156,7 @@ class SessionOps(Namespace):
                     length = queried[0] if queried[0] is not None else written
                 else:
                     length = written
-                if length > ino.size:
-                    ino.size = length
-                if not session.fsetid:
-                    ino.mode = kill_suid_sgid(ino.mode)
-                ino.mtime_ns = mtime_ns or now
-                ino.ctime_ns = now
+                _record_write(ino, session, length, mtime_ns or now, now)
                 inodes.store(tr, ino)
             session.truncate_version = ino.truncate_version
             if close:
@@ -192,7 +193,9 @@ class SessionOps(Namespace):
         batch: int = 256,
     ) -> int:
         """Remove the sessions of ``client_id`` (0: any client) not touched since ``older_than_ns``
-        (0: whatever their age), except those of ``keep_clients``; returns how many."""
+        (0: whatever their age), except those of ``keep_clients``; returns how many. A write
+        session's file gets its length settled first; one whose length storage cannot give now
+        stays for a later prune (see :meth:`_prune_write_session`)."""
 
         def doomed(s: meta_pb2.FileSession) -> bool:
             return (
@@ -201,7 +204,7 @@ class SessionOps(Namespace):
                 and s.client_id not in keep_clients
             )
 
-        pruned = 0
+        pruned = kept = 0
         begin = schema.INOS
         end = prefix_end(schema.INOS)
         while True:
@@ -210,10 +213,12 @@ class SessionOps(Namespace):
                 return [tuple(kv) for kv in await tr.snapshot.get_range(begin, end, batch)]
 
             rows = await self.db.run(scan, read_only=True)
-            keys = [k for k, v in rows if doomed(meta_pb2.FileSession.FromString(v))]
-            if keys:
+            sessions = [meta_pb2.FileSession.FromString(v) for _, v in rows]
+            reads = [k for (k, _), s in zip(rows, sessions, strict=True) if not s.write and doomed(s)]
+            writes = [s for s in sessions if s.write and doomed(s)]
+            if reads:
 
-                async def drop(tr: Transaction, keys: list[bytes] = keys) -> int:
+                async def drop(tr: Transaction, keys: list[bytes] = reads) -> int:
                     n = 0
                     for key in keys:
                         raw = await tr.get(key)  # a sync may have touched it since the scan
@@ -223,9 +228,104 @@ class SessionOps(Namespace):
                     return n
 
                 pruned += await self.db.run(drop)
+            for at in range(0, len(writes), _PRUNE_CONCURRENCY):
+                group = writes[at : at + _PRUNE_CONCURRENCY]
+                for s, outcome in zip(
+                    group,
+                    await asyncio.gather(
+                        *(self._prune_write_session(s.inode_id, s.session_id, doomed) for s in group),
+                        return_exceptions=True,
+                    ),
+                    strict=True,
+                ):
+                    if isinstance(outcome, FS3Error):
+                        # Kept for the next round (see _prune_write_session).
+                        kept += 1
+                        log.warning(
+                            "write session kept: its file's length cannot be settled now "
+                            "inode=%d session=%d client_id=%d error=%s",
+                            s.inode_id,
+                            s.session_id,
+                            s.client_id,
+                            outcome,
+                        )
+                    elif isinstance(outcome, BaseException):
+                        raise outcome
+                    elif outcome:
+                        pruned += 1
             if len(rows) < batch:
                 break
             begin = rows[-1][0] + b"\0"
-        if pruned:
-            log.info("pruned sessions count=%d client_id=%d", pruned, client_id)
+        if pruned or kept:
+            log.info("pruned sessions count=%d kept=%d client_id=%d", pruned, kept, client_id)
         return pruned
+
+    async def _prune_write_session(
+        self, inode_id: int, session_id: int, doomed: Callable[[meta_pb2.FileSession], bool]
+    ) -> bool:
+        """End write session ``session_id`` of ``inode_id`` if it is still ``doomed``, settling the
+        file's length first as a close that reports no length does (the client that held it is
+        gone, and with it the length it would have reported): from storage, asked outside the
+        transaction and used only if no truncate came in between. Returns whether it was ended.
+
+        Its bytes are on storage (acknowledged) whether or not the client lived to close, so the
+        length must cover them: else they stay unreadable, and a later truncate-up shows them where
+        zeros belong. We cannot know whether the client wrote at all, so, as that close, the
+        settlement counts as a write (mtime and ctime now, setuid/setgid cleared unless root
+        opened it): an mtime bumped for nothing is better than an overwrite that leaves none, and
+        a client must not keep a file's setuid bit by dying after writing to it.
+
+        When storage cannot be asked (an FS3Error, raised), the session stays for the next round
+        rather than going with a length that may be short: once gone, nothing would settle the
+        length again (a later close or fsync settles only from what its own session reports).
+        A session kept so does no harm meanwhile: it keeps no one out, and the length it guards
+        is wrong only until storage answers. It cannot live for ever over a file that goes
+        away: once the file is unlinked (nlink 0) its length no longer matters, the session goes
+        without asking storage, and the collector removes the file as before."""
+        queried: tuple[int | None, int] | None = None  # (length on storage, truncate_version then)
+
+        async def fn(tr: Transaction) -> bool:
+            skey = schema.session_key(inode_id, session_id)
+            raw = await tr.get(skey)  # a sync may have touched it since the scan, or a close ended it
+            if raw is None:
+                return False
+            session = meta_pb2.FileSession.FromString(raw)
+            if not doomed(session):
+                return False
+            raw_ino = await tr.get(schema.inode_key(inode_id))
+            if raw_ino is not None:
+                ino = meta_pb2.Inode.FromString(raw_ino)
+                if ino.nlink > 0:
+                    # A trim still owed would cut what storage reports past the truncate: the
+                    # query must come after it (see the retry loop below).
+                    if ino.trim_version or queried is None or queried[1] != ino.truncate_version:
+                        raise _AskStorage(ino.layout, ino.truncate_version)
+                    if queried[0] is not None:  # None: no storage (a meta-only deployment)
+                        now = inodes.now_ns()
+                        _record_write(ino, session, queried[0], now, now)
+                        inodes.store(tr, ino)
+            tr.clear(skey)
+            return True
+
+        for _ in range(_SETTLE_ATTEMPTS):
+            try:
+                return await self.db.run(fn)
+            except _AskStorage as ask:
+                await self.finish_owed_trim(inode_id)
+                queried = (await self.chunks.file_length(ask.layout, inode_id), ask.truncate_version)
+        raise FS3Error(
+            StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
+        )
+
+
+def _record_write(
+    ino: meta_pb2.Inode, session: meta_pb2.FileSession, length: int, mtime_ns: int, now: int
+) -> None:
+    """Record in ``ino`` what ``session`` wrote, up to ``length``: the length only grows (it
+    shrinks only through truncate), and the write clears setuid/setgid unless root opened it."""
+    if length > ino.size:
+        ino.size = length
+    if not session.fsetid:
+        ino.mode = kill_suid_sgid(ino.mode)
+    ino.mtime_ns = mtime_ns
+    ino.ctime_ns = now
