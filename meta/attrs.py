@@ -19,6 +19,7 @@ from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, OwedTrim
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
+    S_ISVTX,
     W_OK,
     Credentials,
     check,
@@ -91,13 +92,19 @@ class AttrOps(Namespace):
             if fields & F.SETATTR_MODE:
                 check_owner(ino, cred, "change the mode")
                 mode = request.mode & 0o7777
-                if not cred.is_root and not cred.in_group(ino.gid) and ino.type != DIRECTORY:
+                # Linux's setattr_prepare, directories included: a directory's setgid bit hands
+                # its group to everything made in it, a group the caller was never given.
+                if not cred.is_root and not cred.in_group(ino.gid):
                     mode &= ~S_ISGID
                 ino.mode = mode
             explicit = fields & (F.SETATTR_ATIME | F.SETATTR_MTIME | F.SETATTR_CTIME)
-            to_now = fields & (F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW)
-            if explicit:
-                check_owner(ino, cred, "set explicit times")
+            both_now = F.SETATTR_ATIME_NOW | F.SETATTR_MTIME_NOW
+            to_now = fields & both_now
+            # As Linux's vfs_utimes: only both times to now (utimes(NULL), touch) is a "touch" a
+            # writer may do; one to now and the other omitted sets a time selectively, which is
+            # the owner's, like an explicit time.
+            if explicit or to_now not in (0, both_now):
+                check_owner(ino, cred, "set times other than both to now")
             elif to_now and cred.uid not in (0, ino.uid):
                 check(ino, cred, W_OK)
             if fields & F.SETATTR_ATIME_NOW:
@@ -138,6 +145,10 @@ class AttrOps(Namespace):
     async def getxattr(self, cred: Credentials, inode_id: int, name: bytes) -> bytes:
         _check_xattr_name(name)
         ino = await self.db.run(lambda tr: inodes.load(tr.snapshot, inode_id), read_only=True)
+        if ino.type not in (FILE, DIRECTORY):
+            # Linux's xattr_permission: there are none to read (setxattr refuses them), whatever
+            # the mode says
+            raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {name[:64]!r} on inode {inode_id}")
         check(ino, cred, R_OK)
         for x in ino.xattrs:
             if x.name == name:
@@ -177,6 +188,10 @@ class AttrOps(Namespace):
                 raise FS3Error(
                     StatusCode.META_NOT_PERMITTED, "user xattrs exist on files and directories only"
                 )
+            # Linux's xattr_permission: a sticky directory is shared (/tmp), so write permission on
+            # it is no licence to label it; only its owner or root may.
+            if ino.type == DIRECTORY and ino.mode & S_ISVTX:
+                check_owner(ino, cred, "change user xattrs of a sticky directory")
             check(ino, cred, W_OK)
             idx = next((i for i, x in enumerate(ino.xattrs) if x.name == name), None)
             if idx is None and flags & XATTR_REPLACE:

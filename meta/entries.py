@@ -13,7 +13,19 @@ from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace
-from fs3.meta.permissions import R_OK, W_OK, X_OK, Credentials, check, check_name, check_sticky
+from fs3.meta.permissions import (
+    R_OK,
+    S_ISGID,
+    S_ISUID,
+    S_IXGRP,
+    W_OK,
+    X_OK,
+    Credentials,
+    allowed,
+    check,
+    check_name,
+    check_sticky,
+)
 from fs3.proto import meta_pb2
 
 RENAME_NOREPLACE = 1
@@ -84,6 +96,23 @@ async def check_subtree(tr: Transaction, top: meta_pb2.Inode, cred: Credentials)
                 todo.append(child)
 
 
+def check_hardlink_source(ino: meta_pb2.Inode, cred: Credentials) -> None:
+    """Linux's may_linkat with fs.protected_hardlinks=1 (the default of every distribution): a
+    caller other than the owner or root may link only a regular file that is neither setuid nor
+    executable setgid and that it may read and write, else EPERM. Otherwise anyone could pin
+    another's file under a name of their choosing: keep a vulnerable setuid program alive after
+    its owner replaced it, or plant a name in a shared directory (/tmp) that a privileged program
+    then writes through."""
+    if cred.is_root or cred.uid == ino.uid:
+        return
+    setgid_exec = ino.mode & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP
+    if ino.type != FILE or ino.mode & S_ISUID or setgid_exec or not allowed(ino, cred, R_OK | W_OK):
+        raise FS3Error(
+            StatusCode.META_NOT_PERMITTED,
+            f"uid {cred.uid} may not hard-link inode {ino.id}: not its own, nor a plain file it may read and write",
+        )
+
+
 async def _entry(tr: Transaction, parent: int, name: bytes) -> tuple[bytes, meta_pb2.Inode]:
     key = schema.dentry_key(parent, name)
     raw = await tr.get(key)
@@ -114,6 +143,7 @@ class EntryOps(Namespace):
                 raise FS3Error(
                     StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists in directory {new_parent}"
                 )
+            check_hardlink_source(ino, cred)
             check(p, cred, W_OK | X_OK)
             now = inodes.now_ns()
             ino.nlink += 1

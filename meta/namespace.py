@@ -29,6 +29,7 @@ from fs3.meta.permissions import (
     PATH_MAX,
     R_OK,
     S_ISGID,
+    S_IXGRP,
     W_OK,
     X_OK,
     Credentials,
@@ -277,8 +278,13 @@ class Namespace:
         check(p, cred, W_OK | X_OK)
         now = inodes.now_ns()
         gid = p.gid if p.mode & S_ISGID else cred.gid
-        if itype == DIRECTORY and p.mode & S_ISGID:
-            mode |= S_ISGID
+        if p.mode & S_ISGID:
+            if itype == DIRECTORY:
+                mode |= S_ISGID
+            elif mode & S_IXGRP and not cred.is_root and not cred.in_group(gid):
+                # Linux's mode_strip_sgid: the inherited group is not the caller's, and an
+                # executable setgid file would run with a group the caller was never given.
+                mode &= ~S_ISGID
         ino = inodes.new_inode(inode_id, itype, mode, cred.uid, gid, now, **fields)
         if itype == FILE:
             ino.layout.CopyFrom(self.layouts.file_layout(p.layout))
@@ -302,8 +308,10 @@ class Namespace:
         inode_id = await self.ids.allocate()
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
+            # As Linux's vfs_mkdir: of the special bits only the sticky bit is the caller's to
+            # ask for; setgid comes from the parent alone, and setuid means nothing on a directory.
             _, ino = await self._new_entry(
-                tr, cred, parent, name, DIRECTORY, mode & 0o7777 & ~umask, inode_id
+                tr, cred, parent, name, DIRECTORY, mode & 0o1777 & ~umask, inode_id
             )
             return meta_pb2.InodeRsp(inode=inodes.public(ino))
 
