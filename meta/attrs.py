@@ -15,7 +15,7 @@ from fs3.kv import Transaction
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.layout import check_layout_params
-from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, OwedTrim
+from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, Trimmed
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
@@ -50,10 +50,9 @@ class AttrOps(Namespace):
     async def setattr(self, cred: Credentials, inode_id: int, request: meta_pb2.SetattrReq) -> meta_pb2.Inode:
         """Apply the fields of ``request`` named in ``request.fields`` (see SetattrField)."""
         fields = request.fields
-        owed: list[OwedTrim] = []
+        trimmed: Trimmed = {}
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
-            owed.clear()
             ino = await inodes.complete(tr, await inodes.load(tr, inode_id))
             now = inodes.now_ns()
             # As Linux's chown_ok/chgrp_ok: even a chown to the current ids is the owner's (it
@@ -84,11 +83,9 @@ class AttrOps(Namespace):
                 if not await self._has_write_session(tr, inode_id, request.session_id):
                     check(ino, cred, W_OK)
                 # Chunks past the new end may exist even when the settled size says otherwise
-                # (writes not yet reported), so a shrink or a truncate to the same size trims them.
-                # A trim an earlier truncate left owed is finished first by any resize (a growing
-                # one would otherwise show the bytes it removed instead of zeros).
-                self._truncate_in_txn(tr, cred, ino, request.size, trim=request.size <= ino.size)
-                self._note_owed_trim(ino, owed)
+                # (writes not yet reported), so a shrink or a truncate to the same size trims them
+                # (first: see _truncate_in_txn).
+                self._truncate_in_txn(tr, cred, ino, request.size, trimmed, trim=request.size <= ino.size)
             if fields & F.SETATTR_MODE:
                 check_owner(ino, cred, "change the mode")
                 mode = request.mode & 0o7777
@@ -119,9 +116,7 @@ class AttrOps(Namespace):
             self._store_attrs(tr, ino)
             return inodes.public(ino)
 
-        ino = await self.db.run(fn)
-        await self._finish_trims(owed)
-        return ino
+        return await self._trimming_first(trimmed, lambda: self.db.run(fn))
 
     async def _has_write_session(self, tr: Transaction, inode_id: int, session_id: int) -> bool:
         if not session_id:

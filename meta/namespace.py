@@ -49,8 +49,11 @@ _ids = random.SystemRandom()
 
 M = TypeVar("M", bound=Message)
 Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not retried
-# A trim of a file's chunks that a truncate owes: (inode id, layout, truncate_version, length).
-OwedTrim = tuple[int, meta_pb2.Layout, int, int]
+# Files whose chunks past a length one call trimmed on storage, before its transaction may
+# commit a truncate to that length: inode id -> the length trimmed to.
+Trimmed = dict[int, int]
+# transactions of one call that may ask for a trim first (each trims one more file, or again)
+_TRIM_ATTEMPTS = 8
 
 DIRECTORY = meta_pb2.INODE_DIRECTORY
 FILE = meta_pb2.INODE_FILE
@@ -62,6 +65,17 @@ MAX_SYMLINK_FOLLOWS = 40
 READDIR_DEFAULT = 256
 READDIR_MAX = 4096
 YIELD_EVERY = 256  # entries handled between returns to the event loop (about a millisecond)
+
+
+class _TrimFirst(Exception):
+    """Raised in a transaction (which then writes nothing) that would commit a truncate of file
+    ``inode_id`` to ``length`` before its chunks past that are gone from storage."""
+
+    def __init__(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
+        super().__init__(inode_id, length)
+        self.inode_id = inode_id
+        self.layout = layout
+        self.length = length
 
 
 class Namespace:
@@ -79,8 +93,8 @@ class Namespace:
         self.layouts = layouts or ChainAllocator(lambda _id: None)
         self.chunks: ChunkStore = chunks or NoStorage()
         self.ids = ids or InodeIdAllocator(db)
-        # trims of storage under way in this process, by (inode id, truncate_version)
-        self._trimming: dict[tuple[int, int], asyncio.Future[None]] = {}
+        # trims of storage under way in this process, by inode id
+        self._trimming: dict[int, asyncio.Future[None]] = {}
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -386,13 +400,9 @@ class Namespace:
         check_name(name)
         inode_id = await self.ids.allocate()
         session_id = _ids.getrandbits(63) + 1 if session else 0
-        owed: list[OwedTrim] = []
-        ran = False
+        trimmed: Trimmed = {}
 
         async def fn(tr: Transaction) -> meta_pb2.CreateRsp:
-            nonlocal ran
-            ran = True
-            owed.clear()
             p = await inodes.load_dir(tr, parent)
             check(p, cred, X_OK)
             key = schema.dentry_key(parent, name)
@@ -409,8 +419,9 @@ class Namespace:
                 check(ino, cred, access_of_flags(flags))
                 created = False
                 if flags & O_TRUNC and ino.type == FILE:
-                    self._truncate_in_txn(tr, cred, ino, 0, trim=True)
-                self._note_owed_trim(ino, owed)
+                    self._truncate_in_txn(tr, cred, ino, 0, trimmed, trim=True)
+                else:
+                    self._settle_owed_trim(tr, ino, trimmed)
             if session_id and ino.type == FILE:
                 write = bool(flags & 3) or created
                 self._open_session(tr, cred, ino, session_id, client_id, write=write)
@@ -419,9 +430,7 @@ class Namespace:
                 sid = 0
             return meta_pb2.CreateRsp(inode=inodes.public(ino), session_id=sid, created=created)
 
-        rsp = await self._mutate(idem, meta_pb2.CreateRsp, fn)
-        await self._trims_after(ran, owed, None if rsp.created else rsp.inode)
-        return rsp
+        return await self._trimming_first(trimmed, lambda: self._mutate(idem, meta_pb2.CreateRsp, fn))
 
     # Shared with sessions and attrs (defined here so create can use them).
 
@@ -450,96 +459,100 @@ class Namespace:
         tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
 
     def _truncate_in_txn(
-        self, tr: Transaction, cred: Credentials, ino: meta_pb2.Inode, size: int, *, trim: bool
+        self,
+        tr: Transaction,
+        cred: Credentials,
+        ino: meta_pb2.Inode,
+        size: int,
+        trimmed: Trimmed,
+        *,
+        trim: bool,
     ) -> None:
         """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC); as on Linux a caller
         other than root clears setuid/setgid (see :func:`kill_suid_sgid`). With ``trim`` the
-        chunks past ``size`` must go: that is recorded in the inode, in this transaction, and
-        stays owed until :meth:`_finish_trims` has trimmed them (the caller does so after the
-        commit; whoever next opens or resizes the file does it if the caller could not)."""
+        chunks past ``size`` must be gone from storage before this commits: unless this call has
+        trimmed them (``trimmed``), this raises :class:`_TrimFirst` and the caller's
+        :meth:`_trimming_first` trims and runs the transaction again.
+
+        Trimming first, not after the commit: a trim left for later (meta killed, storage down)
+        would, once made, cut what writers with sessions opened before the truncate wrote after
+        it, fsynced bytes included. Trimmed first, a failed trim fails the truncate with nothing
+        committed (the chunks it did remove read as zeros up to the old length), and nothing is
+        trimmed later. Writes that land between the trim and the commit count as after the
+        truncate: their session's next report finds the truncate and asks storage for the length."""
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
+        if trim:
+            self._need_trimmed(ino, min(size, ino.trim_length) if ino.trim_version else size, trimmed)
+        else:
+            self._settle_owed_trim(tr, ino, trimmed)
         now = inodes.now_ns()
         # every truncate, even one to the length meta has: a writer may not have reported what it
         # wrote past it yet, and its report must not bring the removed bytes' length back
         ino.truncate_version += 1
-        if trim:
-            # An older trim still owed cut shorter: its bytes must not come back either.
-            ino.trim_length = min(size, ino.trim_length) if ino.trim_version else size
-            ino.trim_version = ino.truncate_version
+        ino.trim_version = ino.trim_length = 0
         ino.size = size
         ino.mtime_ns = ino.ctime_ns = now
         if not cred.is_root:
             ino.mode = kill_suid_sgid(ino.mode)
         inodes.store(tr, ino)
 
-    @staticmethod
-    def _note_owed_trim(ino: meta_pb2.Inode, owed: list[OwedTrim]) -> None:
-        """Add the trim ``ino`` owes (if any) to ``owed``, for after the commit (before
-        :func:`inodes.public` clears it from the reply)."""
+    def _settle_owed_trim(self, tr: Transaction, ino: meta_pb2.Inode, trimmed: Trimmed) -> None:
+        """A trim an older build's truncate left owed in the inode (``trim_version``; this build
+        never leaves one) is made before the file is opened or resized, and cleared."""
         if ino.trim_version:
+            self._need_trimmed(ino, ino.trim_length, trimmed)
+            ino.trim_version = ino.trim_length = 0
+            inodes.store(tr, ino)
+
+    @staticmethod
+    def _need_trimmed(ino: meta_pb2.Inode, length: int, trimmed: Trimmed) -> None:
+        done = trimmed.get(ino.id)
+        if done is None or done > length:
             layout = meta_pb2.Layout()
             layout.CopyFrom(ino.layout)
-            owed.append((ino.id, layout, ino.trim_version, ino.trim_length))
+            raise _TrimFirst(ino.id, layout, length)
 
-    async def _finish_trims(self, owed: list[OwedTrim]) -> None:
-        """Trim the chunks each truncate in ``owed`` removed, then mark it done unless a newer
-        truncate owes one of its own (whose caller, or the file's next opener, finishes it).
-        A storage error propagates and the trim stays owed.
+    async def _trimming_first(self, trimmed: Trimmed, run: Callable[[], Awaitable[M]]) -> M:
+        """``run()`` a transaction whose truncates need their files trimmed first (see
+        :meth:`_truncate_in_txn`): each time it asks for a trim, make it (noting it in ``trimmed``,
+        which the transaction reads) and run it again. A storage error propagates, and nothing
+        was committed."""
+        for _ in range(_TRIM_ATTEMPTS):
+            try:
+                return await run()
+            except _TrimFirst as t:
+                await self._trim(t.inode_id, t.layout, t.length)
+                trimmed[t.inode_id] = t.length
+        raise FS3Error(StatusCode.ABORTED, "the files to truncate kept changing")
 
-        A trim this process has under way already (the first attempt of a request whose client
-        timed out and retried, say) is waited for, not started again beside it: the retry must
-        not return, and the client write again, while the first attempt's trim may still reach
-        storage and cut the new bytes. The trim goes on if its caller is cancelled."""
-        for inode_id, layout, version, length in owed:
-            key = (inode_id, version)
-            task = self._trimming.get(key)
-            if task is None:
-                task = asyncio.ensure_future(self._trim(inode_id, layout, version, length))
-                self._trimming[key] = task
-                task.add_done_callback(lambda t, key=key: self._trim_done(key, t))
-            await asyncio.shield(task)
+    async def _trim(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
+        """Cut file ``inode_id``'s chunks on storage to ``length``.
 
-    def _trim_done(self, key: tuple[int, int], task: asyncio.Future[None]) -> None:
-        if self._trimming.get(key) is task:
-            del self._trimming[key]
+        Trims of one file in this process take turns, and each goes on if its caller is
+        cancelled: a request whose client timed out and retried must not commit (and its client
+        write again) while its first attempt's trim may still reach storage and cut the new
+        bytes; the retry waits for it, then trims itself."""
+        while (earlier := self._trimming.get(inode_id)) is not None:
+            await asyncio.wait([earlier])
+        task = asyncio.ensure_future(self.chunks.truncate(layout, inode_id, length))
+        self._trimming[inode_id] = task
+        task.add_done_callback(lambda t: self._trim_done(inode_id, t))
+        await asyncio.shield(task)
+
+    def _trim_done(self, inode_id: int, task: asyncio.Future[None]) -> None:
+        if self._trimming.get(inode_id) is task:
+            del self._trimming[inode_id]
         if not task.cancelled():
-            # Marked retrieved: whoever waited for it got it; with none left (a cancelled caller)
-            # the trim stays owed and is tried again by the next caller, open or resize.
-            task.exception()
-
-    async def _trim(self, inode_id: int, layout: meta_pb2.Layout, version: int, length: int) -> None:
-        await self.chunks.truncate(layout, inode_id, length)
-
-        async def done(tr: Transaction) -> None:
-            raw = await tr.get(schema.inode_key(inode_id))
-            if raw is None:
-                return
-            ino = meta_pb2.Inode.FromString(raw)
-            if ino.trim_version == version:
-                ino.trim_version = ino.trim_length = 0
-                inodes.store(tr, ino)
-
-        await self.db.run(done)
-
-    async def _trims_after(self, ran: bool, owed: list[OwedTrim], inode: meta_pb2.Inode | None) -> None:
-        """After a mutation that may owe trims: finish ``owed`` when its transaction ran; when a
-        retry was answered from the first attempt's record instead (``ran`` false), finish what
-        that attempt may have left owed on file ``inode`` (it may have died, or failed on
-        storage, before trimming)."""
-        if ran:
-            await self._finish_trims(owed)
-        elif inode is not None and inode.type == FILE:
-            await self.finish_owed_trim(inode.id)
+            task.exception()  # retrieved: a caller that was cancelled meanwhile did not
 
     async def finish_owed_trim(self, inode_id: int) -> None:
-        """Finish the trim a truncate of ``inode_id`` left owed, if any."""
+        """Make and clear the trim an older build's truncate of ``inode_id`` left owed, if any."""
+        trimmed: Trimmed = {}
 
-        async def look(tr: Transaction) -> list[OwedTrim]:
-            owed: list[OwedTrim] = []
-            raw = await tr.snapshot.get(schema.inode_key(inode_id))
+        async def fn(tr: Transaction) -> None:
+            raw = await tr.get(schema.inode_key(inode_id))
             if raw is not None:
-                self._note_owed_trim(meta_pb2.Inode.FromString(raw), owed)
-            return owed
+                self._settle_owed_trim(tr, meta_pb2.Inode.FromString(raw), trimmed)
 
-        await self._finish_trims(await self.db.run(look, read_only=True))
+        await self._trimming_first(trimmed, lambda: self.db.run(fn))

@@ -27,7 +27,7 @@ from fs_cluster import FsCluster  # noqa: E402
 
 from fs3.errors import FS3Error, StatusCode  # noqa: E402
 from fs3.meta.permissions import ROOT  # noqa: E402
-from fs3.meta.schema import ROOT_ID  # noqa: E402
+from fs3.meta.schema import ROOT_ID, inode_key  # noqa: E402
 from fs3.meta.store import MetaStore  # noqa: E402
 from fs3.proto import meta_pb2 as m  # noqa: E402
 
@@ -178,16 +178,34 @@ async def test_a_truncate_during_the_storage_query_wins(store: MetaStore) -> Non
     assert await store.sessions_of(f) == []
 
 
-async def test_an_owed_trim_goes_before_the_storage_query(store: MetaStore) -> None:
+async def test_a_truncate_whose_trim_fails_commits_nothing(store: MetaStore) -> None:
     storage = FakeStorage()
     f, _ = await _abandoned(store, storage, 300_000, synced=100_000)
     storage.down = True
-    with pytest.raises(FS3Error):  # the truncate is recorded, its trim is owed
+    with pytest.raises(FS3Error):  # the trim comes first, and fails: nothing is recorded
         await store.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=10))
+    assert (await store.stat(f)).size == 100_000
     storage.down = False
+    assert await store.prune_sessions(client_id=7) == 1
+    assert (await store.stat(f)).size == storage.length == 300_000
+
+
+async def test_a_trim_an_older_build_left_owed_goes_before_the_storage_query(store: MetaStore) -> None:
+    storage = FakeStorage()
+    f, _ = await _abandoned(store, storage, 300_000, synced=100_000)
+
+    async def older_builds_truncate(tr) -> None:  # committed the length, trim still owed
+        ino = m.Inode.FromString(await tr.get(inode_key(f)))
+        ino.truncate_version += 1
+        ino.size, ino.trim_version, ino.trim_length = 10, ino.truncate_version, 10
+        tr.set(inode_key(f), ino.SerializeToString())
+
+    await store.db.run(older_builds_truncate)
     assert await store.prune_sessions(client_id=7) == 1
     assert storage.length == 10
     assert (await store.stat(f)).size == 10
+    raw = await store.db.run(lambda tr: tr.get(inode_key(f)), read_only=True)
+    assert m.Inode.FromString(raw).trim_version == 0
 
 
 async def test_an_unlinked_files_session_goes_without_asking_storage(store: MetaStore) -> None:

@@ -141,12 +141,12 @@ async def test_new_files_avoid_a_chain_low_on_space(tmp_path) -> None:
                 await meta.close()
 
 
-async def test_a_trim_a_truncate_could_not_make_is_made_by_its_retry_and_by_the_next_open(tmp_path) -> None:
-    """A truncate commits the new length, then trims the chunks past it on storage. When that
-    trim fails (storage down) and meta dies before it could try again, the trim stays owed in the
-    inode: the retry of the request (answered from the first attempt's record) makes it, and so
-    does the file's next open or resize -- a file grown again reads zeros, not the bytes the
-    truncate removed."""
+async def test_a_truncate_whose_trim_fails_commits_nothing_and_leaves_nothing_to_trim_later(tmp_path) -> None:
+    """A truncate trims the chunks past the new length on storage before it commits. When that
+    trim fails (storage down) and meta dies, nothing was committed: the retry of the request
+    trims and commits; a writer whose session predates the truncate writes and fsyncs after it,
+    and no trim made later cuts those bytes (one owed since the truncate did, and the file's
+    next open made it); a file cut and grown again reads zeros past the cut."""
     async with Cluster(tmp_path, storage_nodes=2, chains=1, replication=2) as c:
         extra = f"default_stripe = 1\ndefault_chunk_size = {CHUNK}"
         address = await start_meta(c, extra=extra)
@@ -161,21 +161,20 @@ async def test_a_trim_a_truncate_could_not_make_is_made_by_its_retry_and_by_the_
             return last.last_chunk_index * CHUNK + last.last_chunk_length if last.found else 0
 
         try:
-            for name in (b"retried", b"reopened", b"regrown"):
+            for name in (b"retried", b"written", b"regrown"):
                 r = await meta.create(ROOT_ID, name, 0o644, flags=os.O_WRONLY, session=True)
                 ids[name] = r.inode.id
                 await storage.write_range(lambda _i: 1, r.inode.id, 0, data, CHUNK)
                 assert (await meta.close_file(r.inode.id, r.session_id, len(data), True)).size == len(data)
+            writer = await meta.open(ids[b"written"], os.O_WRONLY)  # open across the truncate
             for i in range(2):
                 c.kill_storage(i)
             retried = meta_pb2.OpenReq(inode_id=ids[b"retried"], flags=os.O_WRONLY | os.O_TRUNC)
             retried.hdr.request_id = 4242
-            # (the client retries it itself once its first call times out: before the trim was
-            # owed, that retry was answered "done" from the record)
             with pytest.raises(FS3Error):
                 await impatient.call("Open", retried)
             with pytest.raises(FS3Error):
-                await impatient.open(ids[b"reopened"], os.O_WRONLY | os.O_TRUNC)
+                await impatient.open(ids[b"written"], os.O_WRONLY | os.O_TRUNC)
             with pytest.raises(FS3Error):
                 await impatient.setattr(ids[b"regrown"], size=10)
             proc = next(p for p in c.procs if p.name == "meta-100" and p.alive())
@@ -189,18 +188,24 @@ async def test_a_trim_a_truncate_could_not_make_is_made_by_its_retry_and_by_the_
             address = await start_meta(c, extra=extra)
             meta.addresses = impatient.addresses = [address]
             impatient.timeout_s = 30
-            # the lengths were committed; the chunks are all still there
-            assert [(await meta.stat(ids[n])).size for n in ids] == [0, 0, 10]
+            # nothing was committed, nor trimmed
+            assert [(await meta.stat(ids[n])).size for n in ids] == [len(data)] * 3
             assert [await on_storage(n) for n in ids] == [len(data)] * 3
 
             rsp = await impatient.call("Open", retried)  # the retry, after the client's timeout
             assert rsp.inode.size == 0 and await on_storage(b"retried") == 0
             await meta.close_file(ids[b"retried"], rsp.session_id)
 
-            o = await meta.open(ids[b"reopened"], os.O_WRONLY)  # another opener, to write
-            assert await on_storage(b"reopened") == 0
-            await meta.close_file(ids[b"reopened"], o.session_id)
+            new = os.urandom(CHUNK)  # the older session writes over the start, and fsyncs
+            await storage.write_range(lambda _i: 1, ids[b"written"], 0, new, CHUNK)
+            assert (await meta.sync(ids[b"written"], writer.session_id, CHUNK, True)).size == len(data)
+            await meta.close_file(ids[b"written"], writer.session_id)
+            o = await meta.open(ids[b"written"], os.O_RDONLY)  # the next opener trims nothing
+            await meta.close_file(ids[b"written"], o.session_id)
+            back = await storage.read_range(lambda _i: 1, ids[b"written"], 0, len(data), CHUNK)
+            assert back == new + data[CHUNK:]
 
+            assert (await meta.setattr(ids[b"regrown"], size=10)).size == 10
             assert (await meta.setattr(ids[b"regrown"], size=2 * CHUNK)).size == 2 * CHUNK
             back = await storage.read_range(lambda _i: 1, ids[b"regrown"], 0, 2 * CHUNK, CHUNK)
             assert back == data[:10] + bytes(2 * CHUNK - 10)
