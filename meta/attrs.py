@@ -15,7 +15,7 @@ from fs3.kv import Transaction
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.layout import check_layout_params
-from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, Trimmed
+from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, Trims
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
@@ -50,7 +50,7 @@ class AttrOps(Namespace):
     async def setattr(self, cred: Credentials, inode_id: int, request: meta_pb2.SetattrReq) -> meta_pb2.Inode:
         """Apply the fields of ``request`` named in ``request.fields`` (see SetattrField)."""
         fields = request.fields
-        trimmed: Trimmed = {}
+        trims = Trims()
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
             ino = await inodes.complete(tr, await inodes.load(tr, inode_id))
@@ -85,7 +85,7 @@ class AttrOps(Namespace):
                 # Chunks past the new end may exist even when the settled size says otherwise
                 # (writes not yet reported), so a shrink or a truncate to the same size trims them
                 # (first: see _truncate_in_txn).
-                self._truncate_in_txn(tr, cred, ino, request.size, trimmed, trim=request.size <= ino.size)
+                self._truncate_in_txn(tr, cred, ino, request.size, trims, trim=request.size <= ino.size)
             if fields & F.SETATTR_MODE:
                 check_owner(ino, cred, "change the mode")
                 mode = request.mode & 0o7777
@@ -116,7 +116,7 @@ class AttrOps(Namespace):
             self._store_attrs(tr, ino)
             return inodes.public(ino)
 
-        return await self._trimming_first(trimmed, lambda: self.db.run(fn))
+        return await self._trimming_first(trims, lambda: self.db.run(trims.txn(fn)))
 
     async def _has_write_session(self, tr: Transaction, inode_id: int, session_id: int) -> bool:
         if not session_id:

@@ -49,9 +49,6 @@ _ids = random.SystemRandom()
 
 M = TypeVar("M", bound=Message)
 Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not retried
-# Files whose chunks past a length one call trimmed on storage, before its transaction may
-# commit a truncate to that length: inode id -> the length trimmed to.
-Trimmed = dict[int, int]
 # transactions of one call that may ask for a trim first (each trims one more file, or again)
 _TRIM_ATTEMPTS = 8
 
@@ -68,14 +65,39 @@ YIELD_EVERY = 256  # entries handled between returns to the event loop (about a 
 
 
 class _TrimFirst(Exception):
-    """Raised in a transaction (which then writes nothing) that would commit a truncate of file
-    ``inode_id`` to ``length`` before its chunks past that are gone from storage."""
+    """Raised at the end of a transaction (which then commits nothing) whose truncates need
+    files trimmed on storage first (:attr:`Trims.missing`)."""
 
-    def __init__(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
-        super().__init__(inode_id, length)
-        self.inode_id = inode_id
-        self.layout = layout
-        self.length = length
+
+class Trims:
+    """The storage trims one call's truncates need before its transaction may commit (see
+    :meth:`Namespace._truncate_in_txn`): those the call made (inode id -> the length trimmed to)
+    and those the last run of its transaction found missing."""
+
+    def __init__(self) -> None:
+        self.done: dict[int, int] = {}
+        self.missing: list[tuple[int, meta_pb2.Layout, int]] = []
+
+    def need(self, ino: meta_pb2.Inode, length: int) -> None:
+        done = self.done.get(ino.id)
+        if done is None or done > length:
+            layout = meta_pb2.Layout()
+            layout.CopyFrom(ino.layout)
+            self.missing.append((ino.id, layout, length))
+
+    def txn(self, fn: Callable[[Transaction], Awaitable[M]]) -> Callable[[Transaction], Awaitable[M]]:
+        """``fn`` as a transaction that commits only if it needs no trim still to be made: the
+        whole of ``fn`` runs first, so a trim is made only for a call that would succeed (a
+        setattr refused for its mode after its size was checked trims nothing)."""
+
+        async def run(tr: Transaction) -> M:
+            self.missing.clear()
+            rsp = await fn(tr)
+            if self.missing:
+                raise _TrimFirst
+            return rsp
+
+        return run
 
 
 class Namespace:
@@ -400,7 +422,7 @@ class Namespace:
         check_name(name)
         inode_id = await self.ids.allocate()
         session_id = _ids.getrandbits(63) + 1 if session else 0
-        trimmed: Trimmed = {}
+        trims = Trims()
 
         async def fn(tr: Transaction) -> meta_pb2.CreateRsp:
             p = await inodes.load_dir(tr, parent)
@@ -419,9 +441,9 @@ class Namespace:
                 check(ino, cred, access_of_flags(flags))
                 created = False
                 if flags & O_TRUNC and ino.type == FILE:
-                    self._truncate_in_txn(tr, cred, ino, 0, trimmed, trim=True)
+                    self._truncate_in_txn(tr, cred, ino, 0, trims, trim=True)
                 else:
-                    self._settle_owed_trim(tr, ino, trimmed)
+                    self._settle_owed_trim(tr, ino, trims)
             if session_id and ino.type == FILE:
                 write = bool(flags & 3) or created
                 self._open_session(tr, cred, ino, session_id, client_id, write=write)
@@ -430,7 +452,9 @@ class Namespace:
                 sid = 0
             return meta_pb2.CreateRsp(inode=inodes.public(ino), session_id=sid, created=created)
 
-        return await self._trimming_first(trimmed, lambda: self._mutate(idem, meta_pb2.CreateRsp, fn))
+        return await self._trimming_first(
+            trims, lambda: self._mutate(idem, meta_pb2.CreateRsp, trims.txn(fn))
+        )
 
     # Shared with sessions and attrs (defined here so create can use them).
 
@@ -464,15 +488,15 @@ class Namespace:
         cred: Credentials,
         ino: meta_pb2.Inode,
         size: int,
-        trimmed: Trimmed,
+        trims: Trims,
         *,
         trim: bool,
     ) -> None:
         """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC); as on Linux a caller
         other than root clears setuid/setgid (see :func:`kill_suid_sgid`). With ``trim`` the
         chunks past ``size`` must be gone from storage before this commits: unless this call has
-        trimmed them (``trimmed``), this raises :class:`_TrimFirst` and the caller's
-        :meth:`_trimming_first` trims and runs the transaction again.
+        trimmed them, ``trims`` notes them missing, its transaction (:meth:`Trims.txn`) commits
+        nothing, and :meth:`_trimming_first` trims and runs it again.
 
         Trimming first, not after the commit: a trim left for later (meta killed, storage down)
         would, once made, cut what writers with sessions opened before the truncate wrote after
@@ -483,9 +507,9 @@ class Namespace:
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
         if trim:
-            self._need_trimmed(ino, min(size, ino.trim_length) if ino.trim_version else size, trimmed)
+            trims.need(ino, min(size, ino.trim_length) if ino.trim_version else size)
         else:
-            self._settle_owed_trim(tr, ino, trimmed)
+            self._settle_owed_trim(tr, ino, trims)
         now = inodes.now_ns()
         # every truncate, even one to the length meta has: a writer may not have reported what it
         # wrote past it yet, and its report must not bring the removed bytes' length back
@@ -497,33 +521,25 @@ class Namespace:
             ino.mode = kill_suid_sgid(ino.mode)
         inodes.store(tr, ino)
 
-    def _settle_owed_trim(self, tr: Transaction, ino: meta_pb2.Inode, trimmed: Trimmed) -> None:
+    def _settle_owed_trim(self, tr: Transaction, ino: meta_pb2.Inode, trims: Trims) -> None:
         """A trim an older build's truncate left owed in the inode (``trim_version``; this build
         never leaves one) is made before the file is opened or resized, and cleared."""
         if ino.trim_version:
-            self._need_trimmed(ino, ino.trim_length, trimmed)
+            trims.need(ino, ino.trim_length)
             ino.trim_version = ino.trim_length = 0
             inodes.store(tr, ino)
 
-    @staticmethod
-    def _need_trimmed(ino: meta_pb2.Inode, length: int, trimmed: Trimmed) -> None:
-        done = trimmed.get(ino.id)
-        if done is None or done > length:
-            layout = meta_pb2.Layout()
-            layout.CopyFrom(ino.layout)
-            raise _TrimFirst(ino.id, layout, length)
-
-    async def _trimming_first(self, trimmed: Trimmed, run: Callable[[], Awaitable[M]]) -> M:
-        """``run()`` a transaction whose truncates need their files trimmed first (see
-        :meth:`_truncate_in_txn`): each time it asks for a trim, make it (noting it in ``trimmed``,
-        which the transaction reads) and run it again. A storage error propagates, and nothing
-        was committed."""
+    async def _trimming_first(self, trims: Trims, run: Callable[[], Awaitable[M]]) -> M:
+        """``run()`` a transaction (made with ``trims.txn``) whose truncates need their files
+        trimmed first (see :meth:`_truncate_in_txn`): each time it finds trims missing, make them
+        and run it again. A storage error propagates, and nothing was committed."""
         for _ in range(_TRIM_ATTEMPTS):
             try:
                 return await run()
-            except _TrimFirst as t:
-                await self._trim(t.inode_id, t.layout, t.length)
-                trimmed[t.inode_id] = t.length
+            except _TrimFirst:
+                for inode_id, layout, length in list(trims.missing):
+                    await self._trim(inode_id, layout, length)
+                    trims.done[inode_id] = length
         raise FS3Error(StatusCode.ABORTED, "the files to truncate kept changing")
 
     async def _trim(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
@@ -548,11 +564,11 @@ class Namespace:
 
     async def finish_owed_trim(self, inode_id: int) -> None:
         """Make and clear the trim an older build's truncate of ``inode_id`` left owed, if any."""
-        trimmed: Trimmed = {}
+        trims = Trims()
 
         async def fn(tr: Transaction) -> None:
             raw = await tr.get(schema.inode_key(inode_id))
             if raw is not None:
-                self._settle_owed_trim(tr, meta_pb2.Inode.FromString(raw), trimmed)
+                self._settle_owed_trim(tr, meta_pb2.Inode.FromString(raw), trims)
 
-        await self._trimming_first(trimmed, lambda: self.db.run(fn))
+        await self._trimming_first(trims, lambda: self.db.run(trims.txn(fn)))

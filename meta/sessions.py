@@ -28,7 +28,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
-from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace, Trimmed
+from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace, Trims
 from fs3.meta.permissions import Credentials, access_of_flags, check, kill_suid_sgid
 from fs3.proto import meta_pb2
 
@@ -65,7 +65,7 @@ class SessionOps(Namespace):
         (and which would keep an unlinked file's chunks for the client's lifetime)."""
         want = access_of_flags(flags)
         session_id = _ids.getrandbits(63) + 1
-        trimmed: Trimmed = {}
+        trims = Trims()
 
         async def fn(tr: Transaction) -> meta_pb2.OpenRsp:
             ino = await inodes.load(tr, inode_id)
@@ -82,13 +82,13 @@ class SessionOps(Namespace):
                 # once the sessions it saw are gone. Handles opened before the unlink live on.
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if flags & O_TRUNC:
-                self._truncate_in_txn(tr, cred, ino, 0, trimmed, trim=True)
+                self._truncate_in_txn(tr, cred, ino, 0, trims, trim=True)
             else:
-                self._settle_owed_trim(tr, ino, trimmed)
+                self._settle_owed_trim(tr, ino, trims)
             self._open_session(tr, cred, ino, session_id, client_id, write=bool(flags & 3))
             return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 
-        rsp = await self._trimming_first(trimmed, lambda: self._mutate(idem, meta_pb2.OpenRsp, fn))
+        rsp = await self._trimming_first(trims, lambda: self._mutate(idem, meta_pb2.OpenRsp, trims.txn(fn)))
         return rsp.inode, rsp.session_id
 
     async def sync(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from meta_tree import BOB
 
+from fs3.errors import FS3Error, StatusCode
 from fs3.kv import prefix_end
 from fs3.meta import schema
 from fs3.meta.layout import DEFAULT_CHUNK_SIZE
@@ -88,6 +90,26 @@ async def test_close_queries_storage_and_truncate_trims(chunked: MetaStore, fake
     _, sid = await s.open(ROOT, f, 1 | 0o1000)
     assert fake.chunks[f] == {} and (await s.stat(f)).size == 0
     await s.close(f, sid)
+
+
+async def test_a_truncate_refused_for_another_field_trims_nothing(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """The trim comes before the commit, but only for a request that would succeed as a whole: a
+    writer who is not the owner asking for a new size and a new mode is refused (EPERM, for the
+    mode) and the file's bytes stay on storage."""
+    s = chunked
+    r = await s.create(ROOT, ROOT_ID, b"f", 0o666, session=True)
+    f = r.inode.id
+    fake.write(f, 0, 2 * DEFAULT_CHUNK_SIZE)
+    await s.close(f, r.session_id, 0, True)
+    with pytest.raises(FS3Error) as e:
+        await s.setattr(BOB, f, m.SetattrReq(fields=m.SETATTR_SIZE | m.SETATTR_MODE, size=0, mode=0o600))
+    assert e.value.code == StatusCode.META_NOT_PERMITTED
+    assert fake.chunks[f] == {0: DEFAULT_CHUNK_SIZE, 1: DEFAULT_CHUNK_SIZE}
+    assert (await s.stat(f)).size == 2 * DEFAULT_CHUNK_SIZE
+    assert (await s.setattr(BOB, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=10))).size == 10
+    assert fake.chunks[f] == {0: 10}
 
 
 async def test_a_writer_report_made_across_a_truncate_does_not_bring_the_length_back(
