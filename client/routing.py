@@ -40,6 +40,8 @@ class ChainView:
     chain_id: int
     version: int
     targets: tuple[mgmtd_pb2.ChainTarget, ...]
+    # SERVING targets on their way out (mgmtd_pb2.DrainingTarget): written to, not read from
+    draining: frozenset[int] = frozenset()
 
     @property
     def head(self) -> mgmtd_pb2.ChainTarget | None:
@@ -50,8 +52,14 @@ class ChainView:
 
     @property
     def serving(self) -> list[int]:
-        """Target ids that may serve reads, in chain order."""
+        """SERVING target ids, in chain order: the last one is the tail, which says what the
+        chain has committed (CRAQ)."""
         return [t.target_id for t in self.targets if t.public_state == common_pb2.SERVING]
+
+    @property
+    def readable(self) -> list[int]:
+        """Target ids that may serve reads, in chain order: SERVING and not draining."""
+        return [t for t in self.serving if t not in self.draining]
 
     def successor(self, target_id: int) -> mgmtd_pb2.ChainTarget | None:
         """The next target a write is forwarded to (SERVING or SYNCING), or None at the tail."""
@@ -80,14 +88,17 @@ class Routing:
         self.nodes: dict[int, mgmtd_pb2.NodeInfo] = {n.node_id: n for n in info.nodes}
         self.targets: dict[int, mgmtd_pb2.TargetInfo] = {t.target_id: t for t in info.targets}
         self.chains: dict[int, ChainView] = {
-            c.chain_id: ChainView(c.chain_id, c.version, tuple(c.targets)) for c in info.chains
+            c.chain_id: ChainView(
+                c.chain_id, c.version, tuple(c.targets), frozenset(d.target_id for d in c.draining)
+            )
+            for c in info.chains
         }
         self.chain_tables: dict[tuple[int, int], mgmtd_pb2.ChainTable] = {
             (t.table_id, t.version): t for t in info.chain_tables
         }
         # Derived per read on the client's hot path, and fixed for a snapshot: computed once each.
         self.addresses: dict[tuple[int, bool], tuple[str, int]] = {}  # see storage_client.node_address
-        self._serving = {c.chain_id: c.serving for c in self.chains.values()}
+        self._readable = {c.chain_id: c.readable for c in self.chains.values()}
         # Chains with a target low on space (new files' layouts avoid them, see fs3.meta.layout).
         low = {t.target_id for t in info.targets if t.low_space}
         self.low_space_chains: frozenset[int] = frozenset(
@@ -106,12 +117,12 @@ class Routing:
                 StatusCode.MGMTD_UNKNOWN_CHAIN, f"chain {chain_id} is not in routing info"
             ) from None
 
-    def serving(self, chain_id: int) -> list[int]:
-        """:attr:`ChainView.serving` of a chain (computed once per snapshot; do not modify it)."""
+    def readable(self, chain_id: int) -> list[int]:
+        """:attr:`ChainView.readable` of a chain (computed once per snapshot; do not modify it)."""
         try:
-            return self._serving[chain_id]
+            return self._readable[chain_id]
         except KeyError:
-            return self.chain(chain_id).serving
+            return self.chain(chain_id).readable
 
     def target(self, target_id: int) -> mgmtd_pb2.TargetInfo:
         try:

@@ -541,7 +541,7 @@ class StorageClient:
                         # replica serves the read; only when every one fails it is it an error.
                         bad = corrupt.setdefault(i, set())
                         bad.add(target)
-                        if set(routing.serving(ios[i].chain_id)) <= bad:
+                        if set(routing.readable(ios[i].chain_id)) <= bad:
                             raise e
                     elif not _retryable(e):
                         raise e
@@ -557,9 +557,9 @@ class StorageClient:
             backoff = min(backoff * 2, self.retry.max_s)
 
     def _pick_reader(self, routing: Routing, chain_id: int, exclude: set[int]) -> int:
-        chain_serving = routing.serving(chain_id)
-        serving = [t for t in chain_serving if t not in exclude] if exclude else chain_serving
-        serving = serving or chain_serving
+        readable = routing.readable(chain_id)
+        serving = [t for t in readable if t not in exclude] if exclude else readable
+        serving = serving or readable
         if not serving:
             raise FS3Error(StatusCode.STORAGE_TARGET_NOT_SERVING, f"chain {chain_id} has no serving target")
 

@@ -876,7 +876,7 @@ class Replicator:
         """The committed version of a chunk at the chain's last SERVING target, after settling a
         pending version that no update in flight carries."""
         async with self.locks.hold(t.target_id, cid):
-            self.targets.check_readable(t)  # again: it may have left its place while waiting
+            self.targets.check_readable(t, tail=True)  # again: it may have left its place meanwhile
             meta = await t.engine.get_meta(cid)
             if meta is not None and meta.pending is not None:
                 meta = await self._settle_locked(t, cid, chain_id, meta, True)
@@ -885,7 +885,7 @@ class Replicator:
     async def query_committed(self, req: storage_pb2.QueryCommittedReq) -> storage_pb2.QueryCommittedRsp:
         key = req.key
         t = self.targets.of_chain(key.chain_id)
-        self.targets.check_readable(t)
+        self.targets.check_readable(t, tail=True)
         chain = self.targets.chain(key.chain_id)
         if not chain.serving or chain.serving[-1] != t.target_id:
             raise FS3Error(

@@ -59,6 +59,8 @@ class LocalTarget:
     synced_version: int = 0
     used_bytes: int = 0
     low_space: bool = False
+    # SERVING, but on its way out of its chain (mgmtd_pb2.DrainingTarget): serves no reads
+    draining: bool = False
 
     @property
     def state_name(self) -> str:
@@ -101,6 +103,7 @@ class TargetMap:
             chain = routing.chains.get(t.chain_id) if t.chain_id else None
             t.chain_version = chain.version if chain else 0
             t.public_state = chain.state_of(t.target_id) if chain else common_pb2.PUBLIC_STATE_INVALID
+            t.draining = chain is not None and t.target_id in chain.draining
             if t.chain_id:
                 if t.chain_id in by_chain:
                     log.error("two targets of one chain on this node chain_id=%d", t.chain_id)
@@ -222,8 +225,15 @@ class TargetMap:
             )
         return t
 
-    def check_readable(self, t: LocalTarget) -> None:
-        """Reads: the target must be SERVING, up to date, and this node not cut off from mgmtd."""
+    def check_readable(self, t: LocalTarget, *, tail: bool = False) -> None:
+        """Reads: the target must be SERVING, up to date, not draining, and this node not cut off
+        from mgmtd. ``tail``: a question the chain's tail answers (which version is committed),
+        which a draining tail still does: it is still where the chain commits first."""
+        if t.draining and not tail:
+            raise FS3Error(
+                StatusCode.STORAGE_TARGET_NOT_SERVING,
+                f"target {t.target_id} is leaving its chain (draining): it serves no reads",
+            )
         if t.failed:
             raise FS3Error(StatusCode.STORAGE_TARGET_OFFLINE, f"target {t.target_id} is offline (disk error)")
         if t.public_state != common_pb2.SERVING or t.local_state != UPTODATE:

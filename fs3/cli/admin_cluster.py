@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -52,6 +53,12 @@ def chain_roles(chain: mgmtd_pb2.ChainInfo) -> dict[int, str]:
         else:
             roles[tid] = "MIDDLE"
     return roles
+
+
+def _chain_state(chain: mgmtd_pb2.ChainInfo, t: mgmtd_pb2.ChainTarget) -> str:
+    """A target's public state in its chain, ",draining" added while it drains."""
+    draining = any(d.target_id == t.target_id for d in chain.draining)
+    return _state(t.public_state) + (",draining" if draining else "")
 
 
 def _read_text(path: str) -> str:
@@ -187,7 +194,7 @@ async def list_chains(conn: Connection, args: argparse.Namespace) -> Result:
                 "version": c.version,
                 "status": "OK" if serving == len(c.targets) else ("DEGRADED" if serving else "UNAVAILABLE"),
                 "targets": [
-                    {"target_id": t.target_id, "state": _state(t.public_state), "role": roles[t.target_id]}
+                    {"target_id": t.target_id, "state": _chain_state(c, t), "role": roles[t.target_id]}
                     for t in c.targets
                 ],
                 "preferred_order": list(c.preferred_order),
@@ -255,14 +262,31 @@ async def list_clients(conn: Connection, args: argparse.Namespace) -> Result:
 def _chain_result(chain: mgmtd_pb2.ChainInfo, what: str) -> Result:
     roles = chain_roles(chain)
     targets = [
-        {"target_id": t.target_id, "state": _state(t.public_state), "role": roles[t.target_id]}
+        {"target_id": t.target_id, "state": _chain_state(chain, t), "role": roles[t.target_id]}
         for t in chain.targets
     ]
     shown = " -> ".join(f"{t['target_id']}({t['state']})" for t in targets)
+    if chain.draining:
+        what += " once the draining targets' daemons stop reading (not yet)"
     return Result(
         value={"chain_id": chain.chain_id, "version": chain.version, "targets": targets},
         message=f"{what}; chain {chain.chain_id} version {chain.version}: {shown}",
     )
+
+
+# A SERVING target an operation takes out drains first (mgmtd_pb2.DrainingTarget): its daemon
+# acts on the new routing within a heartbeat or two, and mgmtd waits a heartbeat timeout at most.
+_DRAIN_WAIT_S = 60.0
+
+
+async def _drained(conn: Connection, chain: mgmtd_pb2.ChainInfo) -> mgmtd_pb2.ChainInfo:
+    """``chain`` once mgmtd has made the change its draining targets wait for (or as it is after
+    ``_DRAIN_WAIT_S``)."""
+    deadline = time.monotonic() + _DRAIN_WAIT_S
+    while chain.draining and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        chain = next(c for c in await conn.mgmtd_client().list_chains() if c.chain_id == chain.chain_id)
+    return chain
 
 
 def _offline_args(p: argparse.ArgumentParser) -> None:
@@ -277,7 +301,7 @@ def _offline_args(p: argparse.ArgumentParser) -> None:
 
 @command("offline-target", "take a target out of service (it moves to the end of its chain)", _offline_args)
 async def offline_target(conn: Connection, args: argparse.Namespace) -> Result:
-    chain = await conn.mgmtd_client().offline_target(args.target_id, args.force)
+    chain = await _drained(conn, await conn.mgmtd_client().offline_target(args.target_id, args.force))
     return _chain_result(chain, f"target {args.target_id} offline")
 
 
@@ -330,7 +354,7 @@ def _update_chain_args(p: argparse.ArgumentParser) -> None:
 @command("update-chain", "add a target to a chain or remove one from it", _update_chain_args)
 async def update_chain(conn: Connection, args: argparse.Namespace) -> Result:
     mode = mgmtd_pb2.CHAIN_UPDATE_ADD if args.mode == "add" else mgmtd_pb2.CHAIN_UPDATE_REMOVE
-    chain = await conn.mgmtd_client().update_chain(args.chain_id, args.target_id, mode)
+    chain = await _drained(conn, await conn.mgmtd_client().update_chain(args.chain_id, args.target_id, mode))
     return _chain_result(
         chain, f"target {args.target_id} {'added to' if args.mode == 'add' else 'removed from'} chain"
     )
@@ -368,7 +392,7 @@ async def set_preferred_order(conn: Connection, args: argparse.Namespace) -> Res
     "rotate-as-preferred-order", "reorder a chain's SERVING targets as its preferred order", _chain_id_arg
 )
 async def rotate_as_preferred_order(conn: Connection, args: argparse.Namespace) -> Result:
-    chain = await conn.mgmtd_client().rotate_as_preferred_order(args.chain_id)
+    chain = await _drained(conn, await conn.mgmtd_client().rotate_as_preferred_order(args.chain_id))
     return _chain_result(chain, "rotated to the preferred order")
 
 

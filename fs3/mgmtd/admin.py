@@ -251,10 +251,48 @@ class Admin:
         old = self._chain(chain_id)
         if new_targets == chain_targets(old):
             return old
-        c = make_chain(chain_id, old.version + 1, new_targets, old.preferred_order)
+        c = make_chain(chain_id, old.version + 1, new_targets, old.preferred_order, old.draining)
         await self._put_chains([c])
         log.info("chain changed by admin chain_id=%d version=%d", chain_id, c.version)
         return c
+
+    async def _take_out(
+        self, chain_id: int, new_targets: list[ChainTarget], *, remove: bool = False, force: bool = False
+    ) -> mgmtd_pb2.ChainInfo:
+        """Make ``new_targets`` (an admin operation's chain) the chain; but where it takes SERVING
+        targets out of the data path, and their nodes may still be alive, only mark them draining
+        (see mgmtd_pb2.DrainingTarget): the chain updater makes the change once their daemons act
+        on that (:meth:`Cluster._take_out_drained`). ``remove``: the operation removes them (else
+        they go OFFLINE; ``force``: even as the chain's last server). A chain where nothing else would serve is changed at once (a forced
+        offline of its last server: nothing else serves reads, and writes stop anyway)."""
+        old = self._chain(chain_id)
+        before = chain_targets(old)
+        still = {t.target_id for t in new_targets if t.state == PublicState.SERVING}
+        leaving = [t.target_id for t in before if t.state == PublicState.SERVING and t.target_id not in still]
+        if not leaving or not still or not all(self._maybe_alive(tid) for tid in leaving):
+            return await self._change_chain(chain_id, new_targets)
+        draining = {d.target_id for d in old.draining}
+        if set(leaving) <= draining:
+            return old  # asked again: already under way
+        c = mgmtd_pb2.ChainInfo()
+        c.CopyFrom(old)
+        c.version = old.version + 1
+        now = self.c._mono()
+        for tid in leaving:
+            if tid not in draining:
+                c.draining.add(target_id=tid, remove=remove, since_version=c.version, force=force)
+                self.c.draining_since[(chain_id, tid)] = now
+        await self._put_chains([c])
+        log.info("chain targets draining chain_id=%d version=%d targets=%s", chain_id, c.version, leaving)
+        return c
+
+    def _maybe_alive(self, target_id: int) -> bool:
+        """Whether the target's daemon may still serve reads: its node has not failed."""
+        node = self.c.node_rt.get(self._target(target_id).node_id)
+        return node is not None and node.status not in (
+            mgmtd_pb2.NODE_STATUS_FAILED,
+            mgmtd_pb2.NODE_STATUS_DISABLED,
+        )
 
     @serialized
     async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:
@@ -273,18 +311,12 @@ class Admin:
                 )
             new = chain_state.add_target(chain_targets(chain), target_id)
         elif mode == mgmtd_pb2.CHAIN_UPDATE_REMOVE:
+            # (make_chain keeps the preferred order to the chain's members)
             new = chain_state.remove_target(chain_targets(chain), target_id)
+            return await self._take_out(chain_id, new, remove=True)
         else:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown chain update mode {mode}")
-        c = await self._change_chain(chain_id, new)
-        if mode == mgmtd_pb2.CHAIN_UPDATE_REMOVE and c.preferred_order:
-            c2 = mgmtd_pb2.ChainInfo()
-            c2.CopyFrom(c)
-            del c2.preferred_order[:]
-            c2.preferred_order.extend(t for t in c.preferred_order if t != target_id)
-            await self._put_chains([c2])
-            c = c2
-        return c
+        return await self._change_chain(chain_id, new)
 
     @serialized
     async def offline_target(self, target_id: int, force: bool) -> mgmtd_pb2.ChainInfo:
@@ -294,8 +326,8 @@ class Admin:
         if not chain_id:
             raise FS3Error(StatusCode.FAILED_PRECONDITION, f"target {target_id} is in no chain")
         chain = self._chain(chain_id)
-        return await self._change_chain(
-            chain_id, chain_state.offline_target(chain_targets(chain), target_id, force=force)
+        return await self._take_out(
+            chain_id, chain_state.offline_target(chain_targets(chain), target_id, force=force), force=force
         )
 
     @serialized
@@ -322,7 +354,7 @@ class Admin:
     async def rotate_as_preferred(self, chain_id: int) -> mgmtd_pb2.ChainInfo:
         self._require_init()
         chain = self._chain(chain_id)
-        return await self._change_chain(
+        return await self._take_out(
             chain_id, chain_state.rotate_to_preferred(chain_targets(chain), list(chain.preferred_order))
         )
 

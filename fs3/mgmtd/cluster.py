@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database, Transaction
-from fs3.mgmtd import schema
+from fs3.mgmtd import chain_state, schema
 from fs3.mgmtd.chain_state import ChainTarget, LocalState, PublicState, next_chain
 from fs3.mgmtd.election import Election
 from fs3.proto import common_pb2, mgmtd_pb2
@@ -77,6 +77,7 @@ class TargetRuntime:
     local_state: LocalState | None = None  # None: not heard of since this primary took over
     used_bytes: int = 0
     low_space: bool = False
+    chain_version: int = 0  # of its chain, as its daemon last said it acts on
 
 
 @dataclass(slots=True)
@@ -110,13 +111,23 @@ def chain_targets(chain: mgmtd_pb2.ChainInfo) -> list[ChainTarget]:
 
 
 def make_chain(
-    chain_id: int, version: int, targets: Iterable[ChainTarget], preferred=()
+    chain_id: int,
+    version: int,
+    targets: Iterable[ChainTarget],
+    preferred: Iterable[int] = (),
+    draining: Iterable[mgmtd_pb2.DrainingTarget] = (),
 ) -> mgmtd_pb2.ChainInfo:
+    """A chain record. Of ``draining`` (and ``preferred``) only the targets still SERVING (still
+    in the chain) are kept."""
+    targets = list(targets)
+    serving = {t.target_id for t in targets if t.state == PublicState.SERVING}
+    members = {t.target_id for t in targets}
     return mgmtd_pb2.ChainInfo(
         chain_id=chain_id,
         version=version,
         targets=[mgmtd_pb2.ChainTarget(target_id=t.target_id, public_state=int(t.state)) for t in targets],
-        preferred_order=list(preferred),
+        preferred_order=[t for t in preferred if t in members],
+        draining=[d for d in draining if d.target_id in serving],
     )
 
 
@@ -180,6 +191,8 @@ class Cluster:
         # routing writes under way: a heartbeat answered meanwhile names the version they publish
         self._routing_writes = 0
         self.changed = asyncio.Event()  # set when the chain updater should run now
+        # (chain id, target id) -> monotonic time this primary first saw it draining
+        self.draining_since: dict[tuple[int, int], float] = {}
 
     # ---- loading and writing -------------------------------------------------------------------
 
@@ -209,6 +222,10 @@ class Cluster:
             if node is not None and node.disabled:
                 self.target_rt[tid].local_state = LocalState.OFFLINE
         self.reindex()
+        # a draining target waits (at most) a heartbeat timeout from now: see _drained
+        self.draining_since = {
+            (c.chain_id, d.target_id): now for c in self.rec.chains.values() for d in c.draining
+        }
         self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
         self.listening_since = now
         self.sessions_complete_at = now + self.timing.client_session_timeout_s
@@ -476,6 +493,10 @@ class Cluster:
                         # the current one; that it is alive is all this report says.
                         new_state = LocalState.ONLINE
                     trt.used_bytes = th.used_bytes
+                    if th.chain_version != trt.chain_version:
+                        trt.chain_version = th.chain_version
+                        if chain_id and any(d.target_id == tid for d in self.rec.chains[chain_id].draining):
+                            self.changed.set()  # it may have drained: take it out now
                     if trt.low_space != th.low_space:
                         log.log(
                             logging.WARNING if th.low_space else logging.INFO,
@@ -640,9 +661,9 @@ class Cluster:
             if unknown and self.bootstrapping:
                 continue  # judge a chain only once every target of it has been heard of
             before = chain_targets(chain)
-            after = next_chain(before, local)
-            if after != before:
-                new_chains[cid] = make_chain(cid, chain.version + 1, after, chain.preferred_order)
+            after, draining = self._take_out_drained(chain, next_chain(before, local))
+            if after != before or draining != list(chain.draining):
+                new_chains[cid] = make_chain(cid, chain.version + 1, after, chain.preferred_order, draining)
         if not new_chains and not self._routing_pending:
             return []
 
@@ -661,11 +682,66 @@ class Cluster:
                         _render(c),
                     )
                     self.rec.chains[c.chain_id] = c
+                self.reindex()  # a drained target may have been removed
 
             return apply
 
         await self.write(fn)
         return sorted(new_chains)
+
+    def _take_out_drained(
+        self, chain: mgmtd_pb2.ChainInfo, targets: list[ChainTarget]
+    ) -> tuple[list[ChainTarget], list[mgmtd_pb2.DrainingTarget]]:
+        """Make the admin operations waiting on ``chain``'s draining targets whose nodes are done
+        (see :meth:`_drained`); ``targets`` is the chain after this round's state changes. Returns
+        the chain after them and the draining targets left."""
+        now = self._mono()
+        left: list[mgmtd_pb2.DrainingTarget] = []
+        for d in chain.draining:
+            state = next((t.state for t in targets if t.target_id == d.target_id), None)
+            if state == PublicState.SERVING and not self._drained(chain.chain_id, d, now):
+                left.append(d)
+                continue
+            self.draining_since.pop((chain.chain_id, d.target_id), None)
+            if state is None or (state == PublicState.OFFLINE and not d.remove):
+                continue  # out of the data path already (it failed), as the operation wanted
+            try:
+                if d.remove:
+                    targets = chain_state.remove_target(targets, d.target_id)
+                else:
+                    targets = chain_state.offline_target(targets, d.target_id, force=d.force)
+            except FS3Error as e:
+                # the chain changed meanwhile (it is now the last server, say): it stays, and serves
+                log.warning(
+                    "drained target stays in its chain chain_id=%d target_id=%d: %s",
+                    chain.chain_id,
+                    d.target_id,
+                    e,
+                )
+                continue
+            log.info(
+                "drained target %s chain_id=%d target_id=%d",
+                "removed" if d.remove else "offline",
+                chain.chain_id,
+                d.target_id,
+            )
+        return targets, left
+
+    def _drained(self, chain_id: int, d: mgmtd_pb2.DrainingTarget, now: float) -> bool:
+        """Whether draining target ``d`` may leave the data path: its daemon acts on a chain
+        version that has it draining (so it serves no reads), or its node has failed (its reads
+        stopped when its lease ran out), or a heartbeat timeout has passed since this primary
+        first saw it draining (whatever the daemon heard meanwhile, heartbeat replies have named
+        newer routing, which it counts only once it acts on it: its lease has run out)."""
+        target = self.rec.targets.get(d.target_id)
+        node = self.node_rt.get(target.node_id) if target is not None else None
+        if node is None or node.status in (mgmtd_pb2.NODE_STATUS_FAILED, mgmtd_pb2.NODE_STATUS_DISABLED):
+            return True
+        trt = self.target_rt.get(d.target_id)
+        if trt is not None and trt.chain_version >= d.since_version:
+            return True
+        since = self.draining_since.setdefault((chain_id, d.target_id), now)
+        return now - since >= self.timing.heartbeat_timeout_s
 
     async def tick(self) -> list[int]:
         """The primary's periodic work: failure detection, session expiry, chain updates."""

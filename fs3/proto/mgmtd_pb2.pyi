@@ -80,17 +80,31 @@ class ChainTarget(_message.Message):
     public_state: _common_pb2.PublicTargetState
     def __init__(self, target_id: _Optional[int] = ..., public_state: _Optional[_Union[_common_pb2.PublicTargetState, str]] = ...) -> None: ...
 
+class DrainingTarget(_message.Message):
+    __slots__ = ("target_id", "remove", "since_version", "force")
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    target_id: int
+    remove: bool
+    since_version: int
+    force: bool
+    def __init__(self, target_id: _Optional[int] = ..., remove: _Optional[bool] = ..., since_version: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
+
 class ChainInfo(_message.Message):
-    __slots__ = ("chain_id", "version", "targets", "preferred_order")
+    __slots__ = ("chain_id", "version", "targets", "preferred_order", "draining")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     PREFERRED_ORDER_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     version: int
     targets: _containers.RepeatedCompositeFieldContainer[ChainTarget]
     preferred_order: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, chain_id: _Optional[int] = ..., version: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., preferred_order: _Optional[_Iterable[int]] = ...) -> None: ...
+    draining: _containers.RepeatedCompositeFieldContainer[DrainingTarget]
+    def __init__(self, chain_id: _Optional[int] = ..., version: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[ChainTarget, _Mapping]]] = ..., preferred_order: _Optional[_Iterable[int]] = ..., draining: _Optional[_Iterable[_Union[DrainingTarget, _Mapping]]] = ...) -> None: ...
 
 class ChainTable(_message.Message):
     __slots__ = ("table_id", "version", "chain_ids", "description")

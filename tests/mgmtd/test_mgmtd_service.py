@@ -565,6 +565,16 @@ async def test_admin_chain_operations(admin: Admin) -> None:
     await c.remove_target(113)
     assert 113 not in [t.target_id for t in await c.list_targets()]
     chain = await c.offline_target(110)
+    # a SERVING target of a live node drains first: still written to, no longer read from, until
+    # its daemon says it acts on that chain version (this fake one reports any version)
+    assert [(t.target_id, t.public_state) for t in chain.targets] == [
+        (110, SERVING),
+        (111, SERVING),
+        (112, SERVING),
+    ]
+    assert [(d.target_id, d.remove, d.since_version) for d in chain.draining] == [(110, False, chain.version)]
+    await wait_until(lambda: _chain_of(c, 1, lambda ch: not ch.draining), 5, "the drain")
+    chain = next(ch for ch in await c.list_chains() if ch.chain_id == 1)
     assert [(t.target_id, t.public_state) for t in chain.targets] == [
         (111, SERVING),
         (112, SERVING),
@@ -577,6 +587,13 @@ async def test_admin_chain_operations(admin: Admin) -> None:
     listed = await c.list_targets(chain_id=1)
     assert [t.target_id for t in listed] == [111, 112, 110]
     assert all(t.chain_id == 1 and t.used_bytes == 123 for t in listed)
+
+
+def _chain_of(c: MgmtdClient, chain_id: int, pred):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return any(ch.chain_id == chain_id and pred(ch) for ch in await c.list_chains())
+
+    return check
 
 
 async def test_client_sessions(admin: Admin) -> None:

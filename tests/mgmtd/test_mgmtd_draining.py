@@ -1,0 +1,194 @@
+"""Admin operations that take a SERVING target out of its chain (offline-target, update-chain
+remove, rotate to the preferred order) drain it first: the chain version that says so keeps it in
+the data path (written to) but out of reads, and the chain updater makes the change once the
+target's daemon acts on that version, its node has failed, or a heartbeat timeout has passed.
+Taken out at once, a daemon still on the older routing served reads of data its chain no longer
+wrote to it. The primary's Cluster on a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import open_database
+from fs3.mgmtd.admin import Admin
+from fs3.mgmtd.cluster import Cluster, Timing
+from fs3.mgmtd.election import Election
+from fs3.proto import common_pb2, mgmtd_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+TIMEOUT_S = 10.0
+NODES = (10, 11, 12)
+SERVING, OFFLINE = common_pb2.SERVING, common_pb2.OFFLINE
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Env:
+    def __init__(self, db, election: Election) -> None:  # type: ignore[no-untyped-def]
+        self.db = db
+        self.election = election
+        self.mono = Clock()
+        self.seq = dict.fromkeys(NODES, 0)
+        # the chain version each node's daemon acts on (what its heartbeats report)
+        self.acting = dict.fromkeys(NODES, 0)
+
+    async def open(self) -> None:
+        self.cluster = Cluster(
+            self.db, self.election, Timing(heartbeat_timeout_s=TIMEOUT_S), monotonic=self.mono
+        )
+        await self.cluster.load()
+        self.admin = Admin(self.cluster)
+
+    async def beat(self, *nodes: int) -> None:
+        for nid in nodes:
+            self.seq[nid] += 1
+            await self.cluster.heartbeat(
+                mgmtd_pb2.HeartbeatRequest(
+                    node_id=nid,
+                    type=common_pb2.NODE_STORAGE,
+                    incarnation=1,
+                    sequence=self.seq[nid],
+                    targets=[
+                        mgmtd_pb2.TargetHeartbeat(
+                            target_id=nid + 100,
+                            local_state=common_pb2.UPTODATE,
+                            chain_version=self.acting[nid],
+                        )
+                    ],
+                )
+            )
+
+    async def run(self, seconds: float, beating: tuple[int, ...] = NODES) -> None:
+        end = self.mono.t + seconds
+        while self.mono.t < end:
+            self.mono.t += 1.0
+            await self.beat(*beating)
+            await self.cluster.tick()
+
+    def catch_up(self, *nodes: int) -> None:
+        """The daemons of ``nodes`` act on the current chain version."""
+        for nid in nodes:
+            self.acting[nid] = self.chain().version
+
+    def chain(self) -> mgmtd_pb2.ChainInfo:
+        return self.cluster.rec.chains[1]
+
+    def states(self) -> list[tuple[int, int]]:
+        return [(t.target_id, t.public_state) for t in self.chain().targets]
+
+    def draining(self) -> list[int]:
+        return [d.target_id for d in self.chain().draining]
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[Env]:
+    db = await open_database("mem")
+    election = Election(db, 1, "127.0.0.1:1", 3600.0)
+    assert (await election.tick())[0]
+    e = Env(db, election)
+    await e.open()
+    await e.admin.init_cluster(mgmtd_pb2.InitClusterRequest(cluster_id="drain"))
+    for nid in NODES:
+        await e.cluster.register_node(
+            mgmtd_pb2.RegisterNodeRequest(node_id=nid, type=common_pb2.NODE_STORAGE)
+        )
+    await e.admin.create_targets([mgmtd_pb2.TargetSpec(target_id=nid + 100, node_id=nid) for nid in NODES])
+    await e.admin.upload_chains(
+        [mgmtd_pb2.ChainSpec(chain_id=1, target_ids=[nid + 100 for nid in NODES])], False
+    )
+    e.catch_up(*NODES)
+    await e.run(2 * TIMEOUT_S)
+    assert e.states() == [(110, SERVING), (111, SERVING), (112, SERVING)]
+    e.catch_up(*NODES)
+    try:
+        yield e
+    finally:
+        await db.close()
+
+
+async def test_an_offlined_target_drains_until_its_daemon_acts_on_that(env: Env) -> None:
+    chain = await env.admin.offline_target(112, False)
+    assert chain.version == env.chain().version and env.draining() == [112]
+    assert env.states() == [(110, SERVING), (111, SERVING), (112, SERVING)]  # still written to
+    assert (await env.admin.offline_target(112, False)).version == chain.version  # already under way
+    await env.run(TIMEOUT_S / 2)  # its daemon still acts on the version before
+    assert env.draining() == [112] and env.chain().version == chain.version
+    env.catch_up(12)
+    await env.run(1)
+    assert env.states() == [(110, SERVING), (111, SERVING), (112, OFFLINE)]
+    assert env.draining() == [] and env.chain().version == chain.version + 1
+
+
+async def test_a_drain_ends_after_a_heartbeat_timeout_whatever_the_daemon_says(env: Env) -> None:
+    """A daemon that goes on heartbeating without acting on the new routing has its lease held
+    back (the replies name a newer routing): after a heartbeat timeout it serves no reads."""
+    await env.admin.offline_target(111, False)
+    await env.run(TIMEOUT_S - 2)
+    assert env.draining() == [111]
+    await env.run(3)
+    assert [t for t, _ in env.states()] == [110, 112, 111] and env.draining() == []
+    assert env.states()[2][1] != SERVING  # out of the data path (its live daemon is resynced next)
+
+
+async def test_a_draining_target_whose_node_fails_just_goes(env: Env) -> None:
+    await env.admin.offline_target(110, False)
+    await env.run(TIMEOUT_S + 2, beating=(11, 12))
+    assert env.states() == [(111, SERVING), (112, SERVING), (110, OFFLINE)] and env.draining() == []
+
+
+async def test_a_removed_target_drains_then_leaves_the_chain(env: Env) -> None:
+    await env.admin.set_preferred_order(1, [110, 111, 112])
+    chain = await env.admin.update_chain(1, 111, mgmtd_pb2.CHAIN_UPDATE_REMOVE)
+    assert [d.remove for d in chain.draining] == [True] and len(chain.targets) == 3
+    env.catch_up(11)
+    await env.run(1)
+    assert env.states() == [(110, SERVING), (112, SERVING)] and env.draining() == []
+    assert list(env.chain().preferred_order) == [110, 112]
+    assert 111 not in env.cluster.target_chain
+    await env.admin.remove_target(111)  # in no chain now
+
+
+async def test_targets_out_of_the_read_path_or_of_failed_nodes_change_at_once(env: Env) -> None:
+    await env.run(TIMEOUT_S + 2, beating=(10, 11))  # node 12 fails: 112 OFFLINE
+    env.catch_up(10, 11)
+    assert env.states()[-1] == (112, OFFLINE)
+    chain = await env.admin.update_chain(1, 112, mgmtd_pb2.CHAIN_UPDATE_REMOVE)
+    assert [t.target_id for t in chain.targets] == [110, 111] and not chain.draining
+    # a forced offline of the last SERVING target: nothing else serves reads
+    await env.admin.offline_target(110, False)
+    env.catch_up(10)
+    await env.run(1, beating=(10, 11))
+    assert env.states() == [(111, SERVING), (110, OFFLINE)]
+    with pytest.raises(FS3Error) as e:
+        await env.admin.offline_target(111, False)
+    assert e.value.code == StatusCode.FAILED_PRECONDITION
+    chain = await env.admin.offline_target(111, True)
+    assert not chain.draining and chain.targets[-1].target_id == 111
+
+
+async def test_a_drain_that_would_take_the_last_server_is_given_up(env: Env) -> None:
+    await env.run(4, beating=(12,))  # 110 and 111 fall silent, and fail while 112 drains
+    await env.admin.offline_target(112, False)
+    assert env.draining() == [112]
+    await env.run(TIMEOUT_S, beating=(12,))
+    assert env.states()[0] == (112, SERVING) and env.draining() == []  # it stays, and serves
+
+
+async def test_a_new_primary_goes_on_draining(env: Env) -> None:
+    chain = await env.admin.offline_target(110, False)
+    await env.open()  # another primary takes over (same store)
+    assert env.draining() == [110] and env.chain().version == chain.version
+    await env.run(TIMEOUT_S - 1)  # the drain waits from when it took over
+    assert env.draining() == [110]
+    await env.run(2)
+    assert [t for t, _ in env.states()] == [111, 112, 110] and env.draining() == []
