@@ -479,6 +479,7 @@ class Namespace:
             # Writes go straight to storage; meta learns of them when the session settles and
             # knows the opener, not the writer, so the opener's privilege stands for its writes.
             fsetid=cred.is_root,
+            uid=cred.uid,
         )
         tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
 

@@ -254,7 +254,9 @@ class MetaService:
             raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may prune another client's sessions")
         if not req.client_id:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
-        return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id))
+        # A client id is only the caller's word: anyone but root prunes only what its uid opened.
+        uid = None if cred.is_root else cred.uid
+        return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id, uid=uid))
 
 
 # Started inline in the receive path (see fs3.net.service.inline): reads that usually finish

@@ -186,9 +186,11 @@ class SessionOps(Namespace):
         older_than_ns: int = 0,
         keep_clients: frozenset[int] = frozenset(),
         batch: int = 256,
+        uid: int | None = None,
     ) -> int:
         """Remove the sessions of ``client_id`` (0: any client) not touched since ``older_than_ns``
-        (0: whatever their age), except those of ``keep_clients``; returns how many. A write
+        (0: whatever their age), except those of ``keep_clients`` (and, with ``uid``, those
+        another uid opened); returns how many. A write
         session's file gets its length settled first; one whose length storage cannot give now
         stays for a later prune (see :meth:`_prune_write_session`)."""
 
@@ -197,6 +199,7 @@ class SessionOps(Namespace):
                 (not client_id or s.client_id == client_id)
                 and (not older_than_ns or s.touched_ns < older_than_ns)
                 and s.client_id not in keep_clients
+                and (uid is None or s.uid == uid)
             )
 
         pruned = kept = 0

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import AsyncIterator
 
 import pytest
@@ -90,6 +91,19 @@ async def test_every_method(client: MetaClient) -> None:
     st = await c.statfs()
     assert st.name_max == 255 and st.inodes >= 1
     await expect(errno.ENOENT, c.stat(d.id * 1000 + 1))
+
+
+async def test_a_client_other_than_root_prunes_only_sessions_its_uid_opened(client: MetaClient) -> None:
+    """A client id is the caller's word: claiming a victim's, a user prunes nothing of the victim's."""
+    c = client
+    alice, bob = _as(c, 1000), _as(c, 1001)
+    bob.client_id = alice.client_id  # bob names alice's client
+    f = (await c.create(ROOT_ID, b"shared", 0o666)).inode
+    mine = await alice.open(f.id, os.O_WRONLY)
+    assert await bob.prune_sessions(alice.client_id) == 0
+    assert (await alice.sync(f.id, mine.session_id, 5, True)).size == 5  # alice's session lives
+    assert await alice.prune_sessions(alice.client_id) == 1
+    await expect(errno.EBADF, alice.close_file(f.id, mine.session_id))
 
 
 def _as(c: MetaClient, uid: int) -> MetaClient:
