@@ -315,7 +315,9 @@ class MetaClient:
                     req.fields |= bit
         if fields:
             raise TypeError(f"unknown setattr fields {sorted(fields)}")
-        return (await self.call("Setattr", req)).inode
+        # with a request id: a first attempt that timed out here and is applied late by its server
+        # (after this retry and newer changes) finds the retry's record and changes nothing
+        return (await self.call("Setattr", req, request_id=True)).inode
 
     async def setxattr(self, inode_id: int, name: bytes, value: bytes, flags: int = 0) -> None:
         req = m.SetxattrReq(inode_id=inode_id, name=name, value=value, flags=flags)
@@ -330,7 +332,7 @@ class MetaClient:
         req = m.SetLayoutReq(
             inode_id=inode_id, chain_table_id=chain_table_id, chunk_size=chunk_size, stripe_count=stripe_count
         )
-        return (await self.call("SetLayout", req)).inode
+        return (await self.call("SetLayout", req, request_id=True)).inode
 
     # ---- open files ----------------------------------------------------------------------------
 

@@ -47,8 +47,12 @@ def _check_xattr_name(name: bytes) -> None:
 
 
 class AttrOps(Namespace):
-    async def setattr(self, cred: Credentials, inode_id: int, request: meta_pb2.SetattrReq) -> meta_pb2.Inode:
-        """Apply the fields of ``request`` named in ``request.fields`` (see SetattrField)."""
+    async def setattr(
+        self, cred: Credentials, inode_id: int, request: meta_pb2.SetattrReq, idem: Idem = None
+    ) -> meta_pb2.Inode:
+        """Apply the fields of ``request`` named in ``request.fields`` (see SetattrField). With a
+        request id, once: a retry (or a first attempt applied after its retry) returns the first
+        result."""
         fields = request.fields
         trims = Trims()
 
@@ -116,7 +120,7 @@ class AttrOps(Namespace):
             self._store_attrs(tr, ino)
             return inodes.public(ino)
 
-        return await self._trimming_first(trims, lambda: self.db.run(trims.txn(fn)))
+        return await self._trimming_first(trims, lambda: self._mutate(idem, meta_pb2.Inode, trims.txn(fn)))
 
     async def _has_write_session(self, tr: Transaction, inode_id: int, session_id: int) -> bool:
         if not session_id:
@@ -216,9 +220,16 @@ class AttrOps(Namespace):
     # ---- layouts and statfs --------------------------------------------------------------------
 
     async def set_layout(
-        self, cred: Credentials, inode_id: int, chain_table_id: int = 0, chunk_size: int = 0, stripe: int = 0
+        self,
+        cred: Credentials,
+        inode_id: int,
+        chain_table_id: int = 0,
+        chunk_size: int = 0,
+        stripe: int = 0,
+        idem: Idem = None,
     ) -> meta_pb2.Inode:
-        """Set a directory's default layout for new children (zero keeps a field)."""
+        """Set a directory's default layout for new children (zero keeps a field); once per
+        request id."""
         check_layout_params(chunk_size, stripe)
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
@@ -233,7 +244,7 @@ class AttrOps(Namespace):
             inodes.store(tr, d)
             return inodes.public(await inodes.complete(tr.snapshot, d))
 
-        return await self.db.run(fn)
+        return await self._mutate(idem, meta_pb2.Inode, fn)
 
     async def statfs(self, capacity: int, used: int, available: int | None = None) -> meta_pb2.StatFsRsp:
         """Space from the caller (storage's figures; ``available``, what writes may still use,

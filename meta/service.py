@@ -201,7 +201,7 @@ class MetaService:
 
     async def Setattr(self, req: m.SetattrReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        return m.InodeRsp(inode=await self.store.setattr(cred, req.inode_id, req))
+        return m.InodeRsp(inode=await self.store.setattr(cred, req.inode_id, req, self._idem(req)))
 
     async def Setxattr(self, req: m.SetxattrReq, _p: Any, _c: CallContext) -> m.EmptyRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
@@ -221,6 +221,7 @@ class MetaService:
             req.chain_table_id,
             req.chunk_size,
             req.stripe_count,
+            self._idem(req),
         )
         return m.InodeRsp(inode=ino)
 

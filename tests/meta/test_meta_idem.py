@@ -107,3 +107,21 @@ async def test_a_retried_truncating_open_waits_for_the_first_attempt_s_trim(tmp_
     finally:
         await store.stop()
         await db.close()
+
+
+async def test_a_setattr_applied_after_its_retry_and_a_newer_change_changes_nothing(store: MetaStore) -> None:
+    """chmod 600 timed out on one meta server and was retried on another; chmod 644 followed. The
+    first attempt, applied late by its stalled server, finds its retry's record: the mode stays 644
+    (before request ids on Setattr, it went back to 600), and so for a truncate and a layout."""
+    f = (await store.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+    d = (await store.mkdir(ROOT, ROOT_ID, b"d", 0o755)).id
+    first = m.SetattrReq(fields=m.SETATTR_MODE, mode=0o600)
+    assert (await store.setattr(ROOT, f, first, (5, 1))).mode & 0o777 == 0o600  # the retry
+    await store.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_MODE, mode=0o644), (5, 2))
+    late = await store.setattr(ROOT, f, first, (5, 1))
+    assert late.mode & 0o777 == 0o600  # the first answer, again
+    assert (await store.stat(f)).mode & 0o777 == 0o644
+    await store.set_layout(ROOT, d, chunk_size=1 << 20, idem=(5, 3))
+    await store.set_layout(ROOT, d, chunk_size=4 << 20, idem=(5, 4))
+    await store.set_layout(ROOT, d, chunk_size=1 << 20, idem=(5, 3))
+    assert (await store.stat(d)).layout.chunk_size == 4 << 20
