@@ -381,23 +381,33 @@ class StorageClient:
         )
 
     async def truncate_chunks(
-        self, chain_id: int, inode_id: int, chunk_size: int, length: int
+        self, chain_id: int, inode_id: int, chunk_size: int, length: int, *, timeout_s: float | None = None
     ) -> storage_pb2.TruncateChunksRsp:
         """Make the file's chunks on one chain fit a file of ``length`` bytes: chunks wholly beyond
         it are removed, and the chunk holding the new end, if this chain has it, is cut (or
-        zero-extended) to end there. A chunk the chain does not hold is not created."""
+        zero-extended) to end there. A chunk the chain does not hold is not created.
+
+        ``timeout_s``: retries stop then, and each call carries what is left as its deadline, which
+        the head honours: it changes no chunk once that has passed (a truncate whose caller gave
+        up must not land after what came next)."""
         req = storage_pb2.TruncateChunksReq(
             user=self.user, chain_id=chain_id, inode_id=inode_id, chunk_size=chunk_size, length=length
         )
+        end = None if timeout_s is None else time.monotonic() + timeout_s
 
         async def attempt(routing: Routing) -> storage_pb2.TruncateChunksRsp:
             address, req.chain_version = self._head(routing, chain_id)
-            rsp, _ = await self.rpc.call(
-                address, STORAGE_SERVICE["TruncateChunks"], req, timeout=self.retry.rpc_timeout_s
-            )
+            timeout = self.retry.rpc_timeout_s
+            if end is not None:
+                timeout = min(timeout, end - time.monotonic())
+                if timeout <= 0:
+                    raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "truncate: the caller's deadline passed")
+            rsp, _ = await self.rpc.call(address, STORAGE_SERVICE["TruncateChunks"], req, timeout=timeout)
             return rsp
 
-        return await self._with_retry(f"truncate chain={chain_id} inode={inode_id:#x}", attempt, chain_id)
+        return await self._with_retry(
+            f"truncate chain={chain_id} inode={inode_id:#x}", attempt, chain_id, total_s=timeout_s
+        )
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -763,11 +773,17 @@ class StorageClient:
             routing.chain(cid)
 
     async def _with_retry(  # type: ignore[no-untyped-def]
-        self, what: str, attempt: Callable[[Routing], object], chain_id: int | None = None
+        self,
+        what: str,
+        attempt: Callable[[Routing], object],
+        chain_id: int | None = None,
+        total_s: float | None = None,
     ):
         if chain_id is not None:
             await self._known_chains({chain_id})
-        deadline = time.monotonic() + self.retry.total_s
+        deadline = time.monotonic() + min(
+            self.retry.total_s, total_s if total_s is not None else self.retry.total_s
+        )
         backoff = self.retry.initial_s
         tries = 0
         while True:

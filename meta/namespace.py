@@ -12,6 +12,7 @@ attributes in :mod:`fs3.meta.attrs`; open files in :mod:`fs3.meta.sessions`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -62,6 +63,27 @@ MAX_SYMLINK_FOLLOWS = 40
 READDIR_DEFAULT = 256
 READDIR_MAX = 4096
 YIELD_EVERY = 256  # entries handled between returns to the event loop (about a millisecond)
+
+
+# The deadline (event loop time) of the RPC call this task serves, set by the meta service: work
+# its caller has given up on is not started (see _time_left). The client retries a timed-out call,
+# on another meta server too; a first attempt that went on here, late, would commit or trim storage
+# after its retry and after what the client did next.
+CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "fs3_meta_call_deadline", default=None
+)
+
+
+def _time_left(what: str) -> float | None:
+    """Seconds left before the served call's deadline (None: no deadline); DEADLINE_EXCEEDED if
+    none are, naming ``what`` is not done."""
+    deadline = CALL_DEADLINE.get()
+    if deadline is None:
+        return None
+    left = deadline - asyncio.get_running_loop().time()
+    if left <= 0:
+        raise FS3Error(StatusCode.DEADLINE_EXCEEDED, f"the caller gave up before {what}: not done")
+    return left
 
 
 class _TrimFirst(Exception):
@@ -122,6 +144,7 @@ class Namespace:
 
     async def _mutate(self, idem: Idem, rsp_cls: type[M], fn: Callable[[Transaction], Awaitable[M]]) -> M:
         """Run ``fn`` in a transaction; with a request id, once only (see the module docstring)."""
+        _time_left("its transaction")
         if idem is None or not idem[1]:
             return await self.db.run(fn)
         key = schema.idem_key(*idem)
@@ -552,7 +575,15 @@ class Namespace:
         bytes; the retry waits for it, then trims itself."""
         while (earlier := self._trimming.get(inode_id)) is not None:
             await asyncio.wait([earlier])
-        task = asyncio.ensure_future(self.chunks.truncate(layout, inode_id, length))
+        # within the caller's deadline, storage included (a trim landing after it could cut what
+        # the client wrote after retrying elsewhere)
+        left = _time_left("trimming storage")
+        trim = (
+            self.chunks.truncate(layout, inode_id, length)
+            if left is None
+            else self.chunks.truncate(layout, inode_id, length, timeout_s=left)
+        )
+        task = asyncio.ensure_future(trim)
         self._trimming[inode_id] = task
         task.add_done_callback(lambda t: self._trim_done(inode_id, t))
         await asyncio.shield(task)

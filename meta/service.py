@@ -17,6 +17,7 @@ from fs3 import metrics
 from fs3.client.meta_client import META_SERVICE
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import Authenticator
+from fs3.meta.namespace import CALL_DEADLINE
 from fs3.meta.permissions import Credentials
 from fs3.meta.store import MetaStore
 from fs3.net import CallContext, RpcServer
@@ -345,6 +346,7 @@ def _measured(handler: Any, name: str, stats: RequestMetrics) -> Any:
     clock = time.perf_counter
 
     async def measured(req: Any, payload: Any, ctx: CallContext) -> Any:
+        CALL_DEADLINE.set(ctx.deadline)
         start = clock()
         try:
             rsp = await handler(req, payload, ctx)
@@ -369,6 +371,7 @@ def _plain(handler: Any) -> Any:
     """A function wrapping a bound method, so that it can carry the inline mark."""
 
     async def call(req: Any, payload: Any, ctx: CallContext) -> Any:
+        CALL_DEADLINE.set(ctx.deadline)
         return await handler(req, payload, ctx)
 
     return call

@@ -25,8 +25,11 @@ class ChunkStore(Protocol):
         None when storage cannot tell."""
         ...
 
-    async def truncate(self, layout: meta_pb2.Layout, inode_id: int, length: int) -> None:
-        """Remove the chunks past ``length`` and shorten the one containing it."""
+    async def truncate(
+        self, layout: meta_pb2.Layout, inode_id: int, length: int, *, timeout_s: float | None = None
+    ) -> None:
+        """Remove the chunks past ``length`` and shorten the one containing it; with ``timeout_s``,
+        nothing of it is done after that many seconds (DEADLINE_EXCEEDED)."""
         ...
 
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
@@ -45,7 +48,9 @@ class NoStorage:
     async def file_length(self, layout: meta_pb2.Layout, inode_id: int) -> int | None:
         return None
 
-    async def truncate(self, layout: meta_pb2.Layout, inode_id: int, length: int) -> None:
+    async def truncate(
+        self, layout: meta_pb2.Layout, inode_id: int, length: int, *, timeout_s: float | None = None
+    ) -> None:
         return None
 
     async def remove(self, layout: meta_pb2.Layout, inode_id: int) -> None:
@@ -73,10 +78,15 @@ class StorageChunks:
                 length = max(length, last_index * chunk + last_length)
         return length
 
-    async def truncate(self, layout: meta_pb2.Layout, inode_id: int, length: int) -> None:
+    async def truncate(
+        self, layout: meta_pb2.Layout, inode_id: int, length: int, *, timeout_s: float | None = None
+    ) -> None:
         chunk = layout.chunk_size or DEFAULT_CHUNK_SIZE
         await asyncio.gather(
-            *(self.client.truncate_chunks(chain, inode_id, chunk, length) for chain in layout.chains)
+            *(
+                self.client.truncate_chunks(chain, inode_id, chunk, length, timeout_s=timeout_s)
+                for chain in layout.chains
+            )
         )
 
     async def space(self) -> tuple[int, int, int]:

@@ -904,11 +904,14 @@ class Replicator:
         metas = await t.engine.dump_metadata(*file_range(req.inode_id, req.begin_index, req.end_index))
         return await self._remove_all(t, req.chain_id, metas)
 
-    async def _remove_all(self, t: LocalTarget, chain_id: int, metas: list[ChunkMeta]) -> int:
+    async def _remove_all(
+        self, t: LocalTarget, chain_id: int, metas: list[ChunkMeta], deadline: float | None = None
+    ) -> int:
         sem = asyncio.Semaphore(16)
 
         async def one(meta: ChunkMeta) -> int:
             async with sem, self.locks.hold(t.target_id, meta.chunk_id):
+                _check_deadline(deadline)
                 r = await self._update_locked(
                     t, meta.chunk_id, chain_id, Op(storage_pb2.UPDATE_REMOVE, meta.chunk_size), None
                 )
@@ -916,19 +919,25 @@ class Replicator:
 
         return sum(await asyncio.gather(*(one(m) for m in metas)))
 
-    async def truncate_chunks(self, req: storage_pb2.TruncateChunksReq) -> storage_pb2.TruncateChunksRsp:
-        """Fit a file's chunks on this chain to a new length, at the head."""
+    async def truncate_chunks(
+        self, req: storage_pb2.TruncateChunksReq, deadline: float | None = None
+    ) -> storage_pb2.TruncateChunksRsp:
+        """Fit a file's chunks on this chain to a new length, at the head. No chunk is changed once
+        the caller's ``deadline`` (event loop time) has passed: meta truncates storage before it
+        commits, and a truncate whose caller gave up (and retried, maybe through another meta
+        server, then wrote) must not land after that."""
         check_chunk_size(req.chunk_size)
         t = await self.local_target(req.chain_id, req.chain_version, who="client")
         self.targets.check_head(t, self.targets.chain(req.chain_id))
         last_index, rest = divmod(req.length, req.chunk_size)
         first_gone = last_index + 1 if rest else last_index
         metas = await t.engine.dump_metadata(*file_range(req.inode_id, first_gone))
-        removed = await self._remove_all(t, req.chain_id, metas)
+        removed = await self._remove_all(t, req.chain_id, metas, deadline)
         truncated = False
         if rest:
             cid = chunk_id(req.inode_id, last_index)
             async with self.locks.hold(t.target_id, cid):
+                _check_deadline(deadline)
                 meta = await t.engine.get_meta(cid)
                 if meta is not None and meta.chunk_size != req.chunk_size:
                     raise FS3Error(
@@ -952,6 +961,11 @@ class Replicator:
                         )
                     truncated = True
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed: nothing more changed")
 
 
 def _check_room(t: LocalTarget, op: Op) -> None:

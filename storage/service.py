@@ -246,7 +246,7 @@ class StorageService:
     async def truncate_chunks(
         self, request: storage_pb2.TruncateChunksReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.TruncateChunksRsp:
-        return await self._timed("TruncateChunks", self.rep.truncate_chunks(request))
+        return await self._timed("TruncateChunks", self.rep.truncate_chunks(request, ctx.deadline))
 
     # -- membership -------------------------------------------------------------------------------
 

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from fs3.errors import FS3Error
+from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database
 from fs3.meta.idempotency import CLOCK_SKEW_S, expire_idem
+from fs3.meta.namespace import CALL_DEADLINE
 from fs3.meta.permissions import ROOT
 from fs3.meta.schema import ROOT_ID
 from fs3.meta.storage_io import NoStorage
@@ -76,9 +77,13 @@ class _GatedTruncates(NoStorage):
         self.gate = asyncio.Event()
         self.started = asyncio.Event()
         self.truncates: list[tuple[int, int]] = []
+        self.timeouts: list[float | None] = []
 
-    async def truncate(self, layout: m.Layout, inode_id: int, length: int) -> None:
+    async def truncate(
+        self, layout: m.Layout, inode_id: int, length: int, *, timeout_s: float | None = None
+    ) -> None:
         self.truncates.append((inode_id, length))
+        self.timeouts.append(timeout_s)
         self.started.set()
         await self.gate.wait()
 
@@ -125,3 +130,45 @@ async def test_a_setattr_applied_after_its_retry_and_a_newer_change_changes_noth
     await store.set_layout(ROOT, d, chunk_size=4 << 20, idem=(5, 4))
     await store.set_layout(ROOT, d, chunk_size=1 << 20, idem=(5, 3))
     assert (await store.stat(d)).layout.chunk_size == 4 << 20
+
+
+async def test_a_truncate_whose_caller_gave_up_before_its_trim_trims_and_commits_nothing(tmp_path) -> None:
+    """A truncate that waited (behind another's trim of the file, here) past its caller's deadline
+    neither trims nor commits: its caller has retried, maybe on another meta server, and may have
+    written since. In time, its trim carries what is left of the deadline to storage."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=1 << 28)
+    chunks = _GatedTruncates()
+    store = MetaStore(db, chunks=chunks)
+    await store.start(background=False)
+    loop = asyncio.get_running_loop()
+    try:
+        f = (await store.create(ROOT, ROOT_ID, b"f", 0o644)).inode
+        await store.setattr(ROOT, f.id, m.SetattrReq(fields=m.SETATTR_SIZE, size=100))
+        chunks.truncates.clear()
+        earlier = asyncio.ensure_future(store.open(ROOT, f.id, os.O_WRONLY | os.O_TRUNC, idem=(5, 1)))
+        await asyncio.wait_for(chunks.started.wait(), 5)
+        token = CALL_DEADLINE.set(loop.time() + 0.2)  # the next call's deadline (its task copies it)
+        try:
+            late = asyncio.ensure_future(
+                store.setattr(ROOT, f.id, m.SetattrReq(fields=m.SETATTR_SIZE, size=0), (5, 2))
+            )
+        finally:
+            CALL_DEADLINE.reset(token)
+        await asyncio.sleep(0.4)
+        chunks.gate.set()
+        await earlier
+        with pytest.raises(FS3Error) as e:
+            await late
+        assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+        assert chunks.truncates == [(f.id, 0)] and (await store.stat(f.id)).size == 0
+        token = CALL_DEADLINE.set(loop.time() + 5)
+        try:  # the retry, in time: trimmed within what is left of its deadline, and committed
+            assert (
+                await store.setattr(ROOT, f.id, m.SetattrReq(fields=m.SETATTR_SIZE, size=0), (5, 2))
+            ).size == 0
+        finally:
+            CALL_DEADLINE.reset(token)
+        assert chunks.truncates == [(f.id, 0), (f.id, 0)] and 0 < chunks.timeouts[-1] <= 5
+    finally:
+        await store.stop()
+        await db.close()

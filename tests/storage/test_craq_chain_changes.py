@@ -368,3 +368,32 @@ async def test_a_truncate_removes_chunks_past_it_that_exist_only_as_pending(daem
     assert rsp.removed == 1
     assert d.engine.get_meta(past) is None
     assert d.engine.get_meta(CID).committed.length == 1000
+
+
+async def test_a_truncate_whose_caller_gave_up_while_it_waited_changes_nothing(daemon) -> None:
+    """Meta truncates storage before it commits; a truncate that waited at the head (behind a
+    chunk's lock, here) past its caller's deadline is not made: its caller has retried, maybe
+    through another meta server, and may have written since."""
+    d = await daemon(1, [(1, SERVING), (2, SERVING)])
+    eng = d.target.engine
+    await eng.update(CID, 0, b"A" * 1000, chunk_size=CHUNK, chain_ver=1)
+    await eng.commit(CID, 1)
+    past = chunk_id(INODE, 1)
+    await eng.update(past, 0, b"B" * 500, chunk_size=CHUNK, chain_ver=1)
+    await eng.commit(past, 1)
+    loop = asyncio.get_running_loop()
+    hold = d.rep.locks.hold(d.target.target_id, past)
+    await hold.__aenter__()
+    try:
+        late = asyncio.ensure_future(d.rep.truncate_chunks(truncate_req(10), loop.time() + 0.2))
+        await asyncio.sleep(0.4)
+    finally:
+        await hold.__aexit__(None, None, None)
+    with pytest.raises(FS3Error) as err:
+        await late
+    assert err.value.code is StatusCode.DEADLINE_EXCEEDED
+    assert d.engine.get_meta(past).committed.length == 500
+    assert d.engine.get_meta(CID).committed.length == 1000
+    assert d.chain.updates == []  # nothing went down the chain either
+    rsp = await d.rep.truncate_chunks(truncate_req(10), loop.time() + 5)  # in time: made
+    assert rsp.removed == 1 and rsp.truncated and d.engine.get_meta(CID).committed.length == 10
