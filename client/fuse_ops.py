@@ -274,14 +274,17 @@ class Fs3Operations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = inode.id
         a.generation = inode.generation
-        a.entry_timeout = self.config.entry_timeout_s
+        # a file's name is looked up again each time it is used (see file_entry_timeout_s): the
+        # kernel's cached size would otherwise outlive another client's close by up to a timeout
+        file = inode.type == m.INODE_FILE
+        a.entry_timeout = self.config.file_entry_timeout_s if file else self.config.entry_timeout_s
         a.attr_timeout = self.config.attr_timeout_s
         a.st_mode = mode_of(inode)
         a.st_nlink = inode.nlink
         a.st_uid = inode.uid
         a.st_gid = inode.gid
         a.st_rdev = inode.rdev
-        size = self._size(inode, since) if inode.type == m.INODE_FILE else inode.size
+        size = self._size(inode, since) if file else inode.size
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512

@@ -297,6 +297,14 @@ class ClientConfig:
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)
     entry_timeout_s: float = opt(1.0, doc="kernel directory entry cache timeout", check=_positive)
+    file_entry_timeout_s: float = opt(
+        0.0,
+        doc="kernel directory entry cache timeout of regular files: 0 makes the kernel look a file's"
+        " name up again each time a path names it (an open, a stat), so that a file another client"
+        " wrote and closed opens with its new length and O_APPEND lands after its end, and a name"
+        " replaced meanwhile opens the new file (NFS's close-to-open); one meta lookup per open",
+        check=_non_negative,
+    )
     write_buffer_bytes: int = opt(4 << 20, doc="per-open-file write buffer", check=_positive)
     write_scatter_bytes: int = opt(
         64 << 20,

@@ -398,6 +398,38 @@ async def test_two_mounts_see_each_others_files(env: Env) -> None:
         assert other.unmount() == 0
 
 
+async def test_two_mounts_open_what_the_other_closed_at_once(env: Env) -> None:
+    """Close-to-open across mounts with nothing slept: a file the other mount looked at a moment
+    ago and then wrote and closed opens with its new length, appends alternating between the mounts
+    all stay, and a name the other mount replaced opens the new file. (With the kernel caching a
+    file's name for the attribute timeout, each mount appended at the size it had cached, over
+    the other's lines, the reader saw 0 bytes, and the replaced name failed with ENOENT.)"""
+    other = await env.cluster.mount(env.mnt.parent / "mnt3", name="mount3")
+    try:
+        a, b = env.mnt, other.path
+        (a / "grown").write_bytes(b"")
+        assert (b / "grown").stat().st_size == 0  # b looks: it caches the file at 0 bytes
+        (a / "grown").write_bytes(b"x" * 7000)
+        assert (b / "grown").read_bytes() == b"x" * 7000
+        want = b""
+        for i in range(10):
+            line = f"line {i} from {'ab'[i % 2]}\n".encode()
+            fd = os.open((a, b)[i % 2] / "log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+            want += line
+        assert (a / "log").read_bytes() == (b / "log").read_bytes() == want
+        (b / "replaced").write_bytes(b"old")
+        assert (b / "replaced").read_bytes() == b"old"
+        (a / "replaced.tmp").write_bytes(b"new contents")
+        os.rename(a / "replaced.tmp", a / "replaced")
+        assert (b / "replaced").read_bytes() == b"new contents"
+    finally:
+        assert other.unmount() == 0
+
+
 @pytest.mark.parametrize(("seed", "direct_io"), [(1, False), (2, False), (3, True)])
 async def test_fsx_random_operations_match_a_model(env: Env, seed: int, direct_io: bool) -> None:
     """fsx-style (tests/fuse/fsx.py): 1,200 random writes, runs of small writes, reads,
