@@ -86,6 +86,24 @@ def endpoint(port: int = 9000) -> common_pb2.Endpoint:
     return common_pb2.Endpoint(host="127.0.0.1", port=port, transport="tcp")
 
 
+def storage_heartbeat(
+    node_id: int, sequence: int, chain_version: int = 1 << 40
+) -> mgmtd_pb2.HeartbeatRequest:
+    """A heartbeat of storage node ``node_id`` with its one target ``node_id + 100`` UPTODATE,
+    acting on ``chain_version`` of its chain (by default any)."""
+    return mgmtd_pb2.HeartbeatRequest(
+        node_id=node_id,
+        type=common_pb2.NODE_STORAGE,
+        incarnation=1,
+        sequence=sequence,
+        targets=[
+            mgmtd_pb2.TargetHeartbeat(
+                target_id=node_id + 100, local_state=common_pb2.UPTODATE, chain_version=chain_version
+            )
+        ],
+    )
+
+
 class StorageNode:
     """A fake storage daemon: registers, and heartbeats with increasing sequence numbers."""
 

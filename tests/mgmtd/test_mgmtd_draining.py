@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from mgmtd_harness import storage_heartbeat
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database
@@ -52,21 +53,7 @@ class Env:
     async def beat(self, *nodes: int) -> None:
         for nid in nodes:
             self.seq[nid] += 1
-            await self.cluster.heartbeat(
-                mgmtd_pb2.HeartbeatRequest(
-                    node_id=nid,
-                    type=common_pb2.NODE_STORAGE,
-                    incarnation=1,
-                    sequence=self.seq[nid],
-                    targets=[
-                        mgmtd_pb2.TargetHeartbeat(
-                            target_id=nid + 100,
-                            local_state=common_pb2.UPTODATE,
-                            chain_version=self.acting[nid],
-                        )
-                    ],
-                )
-            )
+            await self.cluster.heartbeat(storage_heartbeat(nid, self.seq[nid], self.acting[nid]))
 
     async def run(self, seconds: float, beating: tuple[int, ...] = NODES) -> None:
         end = self.mono.t + seconds

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from mgmtd_harness import storage_heartbeat
 
 from fs3.kv import open_database
 from fs3.mgmtd.admin import Admin
@@ -44,19 +45,7 @@ class Env:
         reply = None
         for nid in nodes:
             self.seq[nid] += 1
-            reply = await self.cluster.heartbeat(
-                mgmtd_pb2.HeartbeatRequest(
-                    node_id=nid,
-                    type=common_pb2.NODE_STORAGE,
-                    incarnation=1,
-                    sequence=self.seq[nid],
-                    targets=[
-                        mgmtd_pb2.TargetHeartbeat(
-                            target_id=nid + 100, local_state=common_pb2.UPTODATE, chain_version=1 << 40
-                        )
-                    ],
-                )
-            )
+            reply = await self.cluster.heartbeat(storage_heartbeat(nid, self.seq[nid]))
         return reply
 
     async def run(self, seconds: float, *, beating: tuple[int, ...] = NODES, step: float = 1.0) -> None:
