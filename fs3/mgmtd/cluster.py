@@ -414,6 +414,10 @@ class Cluster:
                 StatusCode.MGMTD_UNKNOWN_NODE, f"node {req.node_id} is not registered (register it first)"
             )
         if node.disabled:
+            # refused; but what its daemon acts on may end the drain of its targets
+            for th in req.targets:
+                if th.target_id in self.node_targets.get(req.node_id, ()):
+                    self._note_acting(th.target_id, th.chain_version)
             raise FS3Error(StatusCode.MGMTD_NODE_DISABLED, f"node {req.node_id} is disabled")
         if req.type != node.type:
             raise FS3Error(
@@ -493,10 +497,7 @@ class Cluster:
                         # the current one; that it is alive is all this report says.
                         new_state = LocalState.ONLINE
                     trt.used_bytes = th.used_bytes
-                    if th.chain_version != trt.chain_version:
-                        trt.chain_version = th.chain_version
-                        if chain_id and any(d.target_id == tid for d in self.rec.chains[chain_id].draining):
-                            self.changed.set()  # it may have drained: take it out now
+                    self._note_acting(tid, th.chain_version)
                     if trt.low_space != th.low_space:
                         log.log(
                             logging.WARNING if th.low_space else logging.INFO,
@@ -546,21 +547,74 @@ class Cluster:
 
     @serialized
     async def set_node_enabled(self, node_id: int, enabled: bool) -> None:
+        """Enable or disable a node. A disabled node's heartbeats are refused and its targets go
+        OFFLINE; those SERVING in a chain that has another SERVING target drain first (as an admin
+        offline-target does, see :meth:`_take_out_drained`): taken out at once, its daemon, still
+        on the older routing and its lease, served reads of data its chains no longer wrote to it."""
         node = self._node(node_id)
         if node.disabled == (not enabled):
             return
         updated = mgmtd_pb2.NodeInfo()
         updated.CopyFrom(node)
         updated.disabled = not enabled
-        await self._put_node(updated)
         rt = self.node_rt.setdefault(node_id, NodeRuntime())
+        alive = rt.status not in (mgmtd_pb2.NODE_STATUS_FAILED, mgmtd_pb2.NODE_STATUS_DISABLED)
+        chains = self._drain_targets(node_id) if not enabled and alive else []
+
+        async def fn(tr: Transaction) -> Apply:
+            tr.set(schema.node_key(node_id), schema.stored_node(updated))
+            for c in chains:
+                tr.set(schema.chain_key(c.chain_id), c.SerializeToString())
+
+            def apply() -> None:
+                self.rec.nodes[node_id] = updated
+                now = self._mono()
+                for c in chains:
+                    self.rec.chains[c.chain_id] = c
+                    for d in c.draining:
+                        self.draining_since.setdefault((c.chain_id, d.target_id), now)
+
+            return apply
+
+        await self.write(fn)
         if enabled:
             rt.status, rt.last_heartbeat = mgmtd_pb2.NODE_STATUS_REGISTERED, self._mono()
         else:
             rt.status = mgmtd_pb2.NODE_STATUS_DISABLED
-            self._node_down(node_id)
+            draining = {d.target_id for c in chains for d in c.draining}
+            for tid in self.node_targets.get(node_id, ()):
+                if tid not in draining:  # those go OFFLINE when drained
+                    self.target_rt.setdefault(tid, TargetRuntime()).local_state = LocalState.OFFLINE
         self._runtime_changed()
         log.info("node %s node_id=%d", "enabled" if enabled else "disabled", node_id)
+
+    def _drain_targets(self, node_id: int) -> list[mgmtd_pb2.ChainInfo]:
+        """The chains where the node's SERVING targets drain (each chain's next version), those
+        of chains with another SERVING target to read from."""
+        out = []
+        for tid in self.node_targets.get(node_id, ()):
+            chain = self.rec.chains.get(self.target_chain.get(tid, 0))
+            if chain is None or any(d.target_id == tid for d in chain.draining):
+                continue
+            serving = [t.target_id for t in chain.targets if t.public_state == common_pb2.SERVING]
+            if tid not in serving or len(serving) < 2:
+                continue
+            c = mgmtd_pb2.ChainInfo()
+            c.CopyFrom(chain)
+            c.version = chain.version + 1
+            c.draining.add(target_id=tid, since_version=c.version)
+            out.append(c)
+        return out
+
+    def _note_acting(self, target_id: int, chain_version: int) -> None:
+        """The target's daemon says it acts on ``chain_version`` of its chain."""
+        trt = self.target_rt.setdefault(target_id, TargetRuntime())
+        if chain_version == trt.chain_version:
+            return
+        trt.chain_version = chain_version
+        chain = self.rec.chains.get(self.target_chain.get(target_id, 0))
+        if chain is not None and any(d.target_id == target_id for d in chain.draining):
+            self.changed.set()  # it may have drained: take it out now
 
     @serialized
     async def unregister_node(self, node_id: int) -> None:
@@ -719,6 +773,11 @@ class Cluster:
                     e,
                 )
                 continue
+            target = self.rec.targets.get(d.target_id)
+            node = self.node_rt.get(target.node_id) if target is not None else None
+            if node is not None and node.status == mgmtd_pb2.NODE_STATUS_DISABLED:
+                # a disabled node's reports are refused: its target stays OFFLINE
+                self.target_rt.setdefault(d.target_id, TargetRuntime()).local_state = LocalState.OFFLINE
             log.info(
                 "drained target %s chain_id=%d target_id=%d",
                 "removed" if d.remove else "offline",
@@ -735,7 +794,7 @@ class Cluster:
         newer routing, which it counts only once it acts on it: its lease has run out)."""
         target = self.rec.targets.get(d.target_id)
         node = self.node_rt.get(target.node_id) if target is not None else None
-        if node is None or node.status in (mgmtd_pb2.NODE_STATUS_FAILED, mgmtd_pb2.NODE_STATUS_DISABLED):
+        if node is None or node.status == mgmtd_pb2.NODE_STATUS_FAILED:
             return True
         trt = self.target_rt.get(d.target_id)
         if trt is not None and trt.chain_version >= d.since_version:

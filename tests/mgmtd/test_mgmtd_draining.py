@@ -179,3 +179,33 @@ async def test_a_new_primary_goes_on_draining(env: Env) -> None:
     assert env.draining() == [110]
     await env.run(2)
     assert [t for t, _ in env.states()] == [111, 112, 110] and env.draining() == []
+
+
+async def test_a_disabled_nodes_serving_targets_drain_too(env: Env) -> None:
+    """Disabling a node takes its targets out; a SERVING one drains first. The node's heartbeats
+    are refused, but what its daemon says it acts on still ends the drain; then the target stays
+    OFFLINE (nothing of a disabled node is heard)."""
+    await env.cluster.set_node_enabled(11, False)
+    assert env.draining() == [111] and env.states()[1] == (111, SERVING)
+    with pytest.raises(FS3Error) as e:
+        await env.beat(11)
+    assert e.value.code == StatusCode.MGMTD_NODE_DISABLED
+    await env.run(2, beating=(10, 12))
+    assert env.draining() == [111]
+    env.catch_up(11)
+    with pytest.raises(FS3Error):
+        await env.beat(11)  # refused, and heard as the daemon acting on the draining version
+    await env.run(1, beating=(10, 12))
+    assert env.states() == [(110, SERVING), (112, SERVING), (111, OFFLINE)] and env.draining() == []
+    await env.run(2 * TIMEOUT_S, beating=(10, 12))
+    assert env.states()[-1] == (111, OFFLINE)
+    await env.cluster.set_node_enabled(11, True)
+    await env.run(3)
+    assert env.states()[-1][0] == 111 and env.states()[-1][1] != OFFLINE  # back: it resyncs
+
+
+async def test_a_disabled_nodes_drain_ends_after_a_heartbeat_timeout(env: Env) -> None:
+    await env.cluster.set_node_enabled(10, False)
+    assert env.draining() == [110]
+    await env.run(TIMEOUT_S + 1, beating=(11, 12))
+    assert env.states() == [(111, SERVING), (112, SERVING), (110, OFFLINE)] and env.draining() == []
