@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import json
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cluster import free_port
-from ops_helpers import Spawner, fs3, wait_for
+from ops_helpers import FS3, REPO, Spawner, fs3, wait_for
 
 from fs3.cli import admin
 from fs3.cli.admin_placement import read_chain_table, read_chains, read_targets
@@ -157,6 +158,21 @@ def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
     after = fs3("admin", "list-chain-tables", *flags, "--json")
     assert before.returncode == after.returncode == 0, before.stderr + after.stderr
     assert json.loads(before.stdout) == json.loads(after.stdout)
+
+
+def test_output_to_a_reader_that_went_away_ends_quietly(mgmtd: Mgmtd) -> None:
+    """`fs3 admin list-chains | head -1` with more output than head reads: exit status 141 (as a
+    tool SIGPIPE ended) and no traceback."""
+    proc = subprocess.Popen(
+        [*FS3, "admin", "--mgmtd", mgmtd.address, "--token-file", str(mgmtd.token), "list-nodes"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err
 
 
 def test_no_credentials_says_how_to_give_them(mgmtd: Mgmtd) -> None:
