@@ -109,7 +109,8 @@ def check_hardlink_source(ino: meta_pb2.Inode, cred: Credentials) -> None:
     if ino.type != FILE or ino.mode & S_ISUID or setgid_exec or not allowed(ino, cred, R_OK | W_OK):
         raise FS3Error(
             StatusCode.META_NOT_PERMITTED,
-            f"uid {cred.uid} may not hard-link inode {ino.id}: not its own, nor a plain file it may read and write",
+            f"uid {cred.uid} may not hard-link inode {ino.id}: not its own, nor a plain file it may"
+            " read and write",
         )
 
 

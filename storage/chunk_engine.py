@@ -963,8 +963,9 @@ class ChunkEngine:
 
         The chunks fold on several threads at once. Each data file is synced as it is folded (see
         ``_fold_data``), so all of them are durable before the transaction that records their
-        versions plain, and each overlay file is deleted only once that transaction is durable: a crash at any point leaves every chunk layered or
-        plain, as with one transaction per chunk, for one sync of the metadata per batch instead.
+        versions plain, and each overlay file is deleted only once that transaction is durable: a
+        crash at any point leaves every chunk layered or plain, as with one transaction per chunk,
+        for one sync of the metadata per batch instead.
 
         One that cannot be folded (a corrupt overlay, a lost data file, which recovery reports
         among its missing files) stays as it is: its reads fail their checksums until the chain

@@ -263,8 +263,9 @@ class Admin:
         targets out of the data path, and their nodes may still be alive, only mark them draining
         (see mgmtd_pb2.DrainingTarget): the chain updater makes the change once their daemons act
         on that (:meth:`Cluster._take_out_drained`). ``remove``: the operation removes them (else
-        they go OFFLINE; ``force``: even as the chain's last server). A chain where nothing else would serve is changed at once (a forced
-        offline of its last server: nothing else serves reads, and writes stop anyway)."""
+        they go OFFLINE; ``force``: even as the chain's last server). A chain where nothing else
+        would serve is changed at once (a forced offline of its last server: nothing else serves
+        reads, and writes stop anyway)."""
         old = self._chain(chain_id)
         before = chain_targets(old)
         still = {t.target_id for t in new_targets if t.state == PublicState.SERVING}
