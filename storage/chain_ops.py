@@ -229,10 +229,17 @@ def parallel_version(meta: ChunkMeta | None, op: Op, version: int | None) -> int
     return expected
 
 
-def check_same(chain_id: int, cid: bytes, version: int, mine: int, successor: int) -> None:
+def check_same(
+    chain_id: int, cid: bytes, version: int, mine: int, successor: int, *, syncing: bool = False
+) -> None:
+    """Log a successor that answered a forward with this version committed but other bytes.
+    A SYNCING successor may: it can hold a stale copy under the same number (the chunk was
+    removed and written again while it was away), which its resync replaces before it serves."""
     if mine != successor:
-        log.error(
-            "replica diverged chain_id=%d chunk=%s version=%d crc=%08x successor_crc=%08x",
+        log.log(
+            logging.INFO if syncing else logging.ERROR,
+            "replica diverged%s chain_id=%d chunk=%s version=%d crc=%08x successor_crc=%08x",
+            " (a syncing successor's stale copy; its resync replaces it)" if syncing else "",
             chain_id,
             cid.hex(),
             version,

@@ -414,7 +414,9 @@ class Replicator:
         assert kind == "pending" and new is not None, kind
         pending = new.pending
         if forwarded is not None and pending is not None and forwarded.committed_version == version:
-            check_same(chain_id, cid, version, pending.crc, forwarded.crc32c)
+            succ = self.targets.chain(chain_id).successor(t.target_id)
+            syncing = succ is not None and succ.public_state == common_pb2.SYNCING
+            check_same(chain_id, cid, version, pending.crc, forwarded.crc32c, syncing=syncing)
         meta = await t.engine.commit(cid, version, chain_ver=self.targets.chain(chain_id).version)
         return io_result(meta, chain_ver)
 
@@ -593,7 +595,7 @@ class Replicator:
                 continue
             if meta is not None and op.type != storage_pb2.UPDATE_REMOVE and rsp.committed_version == version:
                 if meta.pending is not None and meta.pending.version == version:
-                    check_same(chain_id, cid, version, meta.pending.crc, rsp.crc32c)
+                    check_same(chain_id, cid, version, meta.pending.crc, rsp.crc32c, syncing=syncing)
             return rsp
 
     # -- reads ------------------------------------------------------------------------------------
