@@ -270,7 +270,11 @@ class Admin:
         before = chain_targets(old)
         still = {t.target_id for t in new_targets if t.state == PublicState.SERVING}
         leaving = [t.target_id for t in before if t.state == PublicState.SERVING and t.target_id not in still]
-        if not leaving or not still or not all(self._maybe_alive(tid) for tid in leaving):
+        if (
+            not leaving
+            or not still
+            or not any(self.c.may_serve(self._target(tid).node_id) for tid in leaving)
+        ):
             return await self._change_chain(chain_id, new_targets)
         draining = {d.target_id for d in old.draining}
         if set(leaving) <= draining:
@@ -286,14 +290,6 @@ class Admin:
         await self._put_chains([c])
         log.info("chain targets draining chain_id=%d version=%d targets=%s", chain_id, c.version, leaving)
         return c
-
-    def _maybe_alive(self, target_id: int) -> bool:
-        """Whether the target's daemon may still serve reads: its node has not failed."""
-        node = self.c.node_rt.get(self._target(target_id).node_id)
-        return node is not None and node.status not in (
-            mgmtd_pb2.NODE_STATUS_FAILED,
-            mgmtd_pb2.NODE_STATUS_DISABLED,
-        )
 
     @serialized
     async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:

@@ -558,8 +558,7 @@ class Cluster:
         updated.CopyFrom(node)
         updated.disabled = not enabled
         rt = self.node_rt.setdefault(node_id, NodeRuntime())
-        alive = rt.status not in (mgmtd_pb2.NODE_STATUS_FAILED, mgmtd_pb2.NODE_STATUS_DISABLED)
-        chains = self._drain_targets(node_id) if not enabled and alive else []
+        chains = self._drain_targets(node_id) if not enabled and self.may_serve(node_id) else []
 
         async def fn(tr: Transaction) -> Apply:
             tr.set(schema.node_key(node_id), schema.stored_node(updated))
@@ -587,6 +586,23 @@ class Cluster:
                     self.target_rt.setdefault(tid, TargetRuntime()).local_state = LocalState.OFFLINE
         self._runtime_changed()
         log.info("node %s node_id=%d", "enabled" if enabled else "disabled", node_id)
+
+    def may_serve(self, node_id: int) -> bool:
+        """Whether the node's daemon may hold a read lease now: it is ACTIVE, or (only registered
+        with this primary) a primary before this one heard from it, which is possible while this
+        one bootstraps (a lease lasts less than the heartbeat timeout) after taking over from
+        another (a lease epoch past the first)."""
+        rt = self.node_rt.get(node_id)
+        if rt is None:
+            return False
+        return rt.status == mgmtd_pb2.NODE_STATUS_ACTIVE or (
+            rt.status == mgmtd_pb2.NODE_STATUS_REGISTERED and self._heard_before()
+        )
+
+    def _heard_before(self) -> bool:
+        """Whether nodes this primary has not heard from may still act on a lease of an earlier
+        primary's."""
+        return self.bootstrapping and self.election.epoch > 1
 
     def _drain_targets(self, node_id: int) -> list[mgmtd_pb2.ChainInfo]:
         """The chains where the node's SERVING targets drain (each chain's next version), those
@@ -788,14 +804,16 @@ class Cluster:
 
     def _drained(self, chain_id: int, d: mgmtd_pb2.DrainingTarget, now: float) -> bool:
         """Whether draining target ``d`` may leave the data path: its daemon acts on a chain
-        version that has it draining (so it serves no reads), or its node has failed (its reads
-        stopped when its lease ran out), or a heartbeat timeout has passed since this primary
+        version that has it draining (so it serves no reads), or its node has failed or was never
+        heard from (no lease to serve reads with, see :meth:`may_serve`), or a heartbeat timeout has passed since this primary
         first saw it draining (whatever the daemon heard meanwhile, heartbeat replies have named
         newer routing, which it counts only once it acts on it: its lease has run out)."""
         target = self.rec.targets.get(d.target_id)
         node = self.node_rt.get(target.node_id) if target is not None else None
         if node is None or node.status == mgmtd_pb2.NODE_STATUS_FAILED:
             return True
+        if node.status == mgmtd_pb2.NODE_STATUS_REGISTERED and not self._heard_before():
+            return True  # not heard from by this primary past its grace: it holds no lease (may_serve)
         trt = self.target_rt.get(d.target_id)
         if trt is not None and trt.chain_version >= d.since_version:
             return True

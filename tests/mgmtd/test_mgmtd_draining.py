@@ -209,3 +209,21 @@ async def test_a_disabled_nodes_drain_ends_after_a_heartbeat_timeout(env: Env) -
     assert env.draining() == [110]
     await env.run(TIMEOUT_S + 1, beating=(11, 12))
     assert env.states() == [(111, SERVING), (112, SERVING), (110, OFFLINE)] and env.draining() == []
+
+
+async def test_only_a_node_that_may_hold_a_lease_drains(env: Env) -> None:
+    """Right after a primary starts, nodes it has not heard from are only registered. On the
+    first primary ever none of them can hold a read lease: their targets go at once. After a
+    takeover (a lease epoch past the first), one may hold an earlier primary's lease until this
+    primary's grace ends: its targets drain."""
+    await env.open()  # a primary starts over the same store (same lease epoch: the first)
+    assert env.cluster.bootstrapping and not any(env.cluster.may_serve(n) for n in NODES)
+    chain = await env.admin.offline_target(110, False)
+    assert not chain.draining and chain.targets[-1].target_id == 110
+    await env.election.release()  # another mgmtd takes over
+    env.election = Election(env.db, 2, "127.0.0.1:2", 3600.0)
+    assert (await env.election.tick())[0] and env.election.epoch == 2
+    await env.open()
+    assert all(env.cluster.may_serve(n) for n in NODES)
+    chain = await env.admin.offline_target(111, False)
+    assert [d.target_id for d in chain.draining] == [111]
