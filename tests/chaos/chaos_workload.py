@@ -1,0 +1,602 @@
+"""A chaos workload: native clients write, overwrite, append, truncate, rename and unlink files while
+random daemons (one or two storage daemons, meta, mgmtd) are killed with SIGKILL and restarted; then
+every acknowledged byte is checked.
+
+Every byte written is part of a self-describing 512-byte *sector* (writer, write id, sector index,
+generation, and a payload derived from those), so any sector read back can be judged on its own: it
+is either zero (a hole) or a valid sector of the file's writer at its own position. A torn, foreign,
+misplaced or corrupt sector is a violation even while the outcome of an operation is unknown.
+
+Each writer keeps a model of the *acknowledged* state of its files only: content is recorded after
+``fsync`` or ``close`` returns, a truncate, rename or unlink after it returns. When an operation fails
+(a daemon died under it) its outcome is ambiguous, so the writer checks what is there for garbage and
+then rewrites or removes the file until that succeeds, which makes the model definitive again.
+
+:func:`run_workload` returns the problems found; an empty list means:
+
+- every read during the run returned only zero or valid sectors of the right writer and position;
+- every acknowledged read-back during the run, and every file at the end, holds exactly the modelled
+  bytes and size; deleted files are gone;
+- no operation failed with an errno other than EIO/ETIMEDOUT, and none hung;
+- at the end every chain's replicas hold the same chunks (length and checksum), none pending or
+  lost, and no chunk belongs to an inode that no longer exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import itertools
+import logging
+import os
+import random
+import re
+import signal
+import struct
+import time
+from collections import Counter
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from cluster import Proc, wait_until
+from fs_cluster import FsCluster
+
+from fs3.client.filesystem import FileSystem
+from fs3.errors import FS3Error, StatusCode, to_errno
+
+log = logging.getLogger(__name__)
+
+SECTOR = 512
+MAGIC = b"CHAO"
+_HEADER = struct.Struct("<4sIQQQ")  # magic, writer, write id, sector index, generation: 32 bytes
+_EXPECTED_ERRNOS = {errno.EIO, errno.ETIMEDOUT}  # what a caller may see while daemons die
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class WorkloadConfig:
+    """Shape of one run. ``cycles`` kill/restart cycles take about 5 s each."""
+
+    seed: int
+    cycles: int
+    writers: int = 6
+    clients: int = 2  # writers share these native clients round-robin
+    readers: int = 2
+    files_per_writer: int = 5
+    max_sectors: int = 600  # largest sequentially written file, in sectors
+    max_gap_s: float = 5.0  # longest pause between cycles
+    max_down_s: float = 5.0  # longest time a killed daemon stays down
+    readback_probability: float = 0.2
+    hang_s: float = 150.0  # an operation taking longer than this is a hang
+    settle_s: float = 300.0  # time for the cluster to serve every chain again at the end
+    chunk_settle_s: float = 60.0  # time for resync and chunk GC to finish at the end
+
+
+# -- sectors --------------------------------------------------------------------------------------
+
+
+def sector(writer: int, write_id: int, index: int, generation: int) -> bytes:
+    """The sector ``writer`` writes at sector ``index`` in write ``write_id``."""
+    header = _HEADER.pack(MAGIC, writer, write_id, index, generation)
+    payload = hashlib.blake2b(header, digest_size=64).digest() * 8
+    return header + payload[: SECTOR - len(header)]
+
+
+def sectors(writer: int, write_id: int, offset: int, count: int, generation: int) -> bytes:
+    """``count`` consecutive sectors starting at byte ``offset`` (a multiple of SECTOR)."""
+    first = offset // SECTOR
+    return b"".join(sector(writer, write_id, first + i, generation) for i in range(count))
+
+
+def bad_sectors(writer: int, data: bytes) -> list[str]:
+    """Every sector of ``data`` that is neither zero nor a valid sector of ``writer`` at its place."""
+    bad = []
+    for pos in range(0, len(data), SECTOR):
+        s = data[pos : pos + SECTOR]
+        if s.count(0) == len(s):
+            continue
+        if len(s) < SECTOR or s[:4] != MAGIC:
+            bad.append(f"@{pos}: garbage {s[:32].hex()}")
+            continue
+        _, w, write_id, index, generation = _HEADER.unpack(s[: _HEADER.size])
+        if w != writer:
+            bad.append(f"@{pos}: foreign sector of writer {w} (write {write_id}, index {index})")
+        elif index != pos // SECTOR:
+            bad.append(f"@{pos}: sector of index {index} at the wrong position")
+        elif s != sector(w, write_id, index, generation):
+            bad.append(f"@{pos}: corrupt payload")
+    return bad
+
+
+def first_difference(a: bytes, b: bytes) -> int | None:
+    """The first offset where ``a`` and ``b`` differ (the shorter one's end if one is a prefix)."""
+    if a == b:
+        return None
+    return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+
+
+# -- findings -------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Findings:
+    """What the workload saw while running; ``problems`` is what makes a run fail."""
+
+    hang_s: float
+    ops: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # expected errors, by op and code
+    problems: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # the kills, to reproduce a failure
+    max_latency_s: float = 0.0
+
+    def problem(self, text: str) -> None:
+        log.error("violation %s", text)
+        self.problems.append(text)
+
+    def error(self, what: str, exc: BaseException) -> None:
+        """Count an operation's failure; an errno other than EIO/ETIMEDOUT is a problem."""
+        if isinstance(exc, FS3Error):
+            code = StatusCode(exc.code).name if exc.code in StatusCode._value2member_map_ else exc.code
+            en = to_errno(exc.code)
+            self.errors[f"{what}:{code}/{errno.errorcode.get(en, en)}"] += 1
+            if en not in _EXPECTED_ERRNOS:
+                self.problem(f"{what}: unexpected {code} ({errno.errorcode.get(en, en)}): {exc}")
+        elif isinstance(exc, TimeoutError):
+            self.errors[f"{what}:hang"] += 1  # already reported by timed()
+        else:
+            self.problem(f"{what}: unexpected {type(exc).__name__}: {exc}")
+
+    async def timed(self, what: str, op: Awaitable[T]) -> T:
+        """Await ``op``; one that takes longer than ``hang_s`` is a problem (and raises TimeoutError)."""
+        start = time.monotonic()
+        try:
+            return await asyncio.wait_for(op, self.hang_s)
+        except TimeoutError:
+            self.problem(f"hang: {what} took more than {self.hang_s}s")
+            raise
+        finally:
+            self.max_latency_s = max(self.max_latency_s, time.monotonic() - start)
+
+
+# -- writers and readers --------------------------------------------------------------------------
+
+
+class Writer:
+    """One writer task over its own directory ``/w<n>``, keeping the model of acknowledged content."""
+
+    def __init__(
+        self,
+        index: int,
+        fs: FileSystem,
+        rng: random.Random,
+        config: WorkloadConfig,
+        write_ids: Iterator[int],
+        findings: Findings,
+    ) -> None:
+        self.index = index
+        self.fs = fs
+        self.rng = rng
+        self.config = config
+        self.write_ids = write_ids
+        self.findings = findings
+        self.dir = f"/w{index}"
+        self.names = [f"f{k}" for k in range(config.files_per_writer)]
+        self.model: dict[str, bytearray] = {}  # name -> acknowledged content
+        self.generation = 0
+
+    def path(self, name: str) -> str:
+        return f"{self.dir}/{name}"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.fs.mkdir(self.dir)
+        while not stop.is_set():
+            kind, names = self._choose()
+            what = f"w{self.index} {kind} {names}"
+            try:
+                await self.findings.timed(what, getattr(self, "_" + kind)(*names))
+                self.findings.ops[kind] += 1
+                if self.rng.random() < self.config.readback_probability:
+                    await self.readback([n for n in names if n in self.model])
+            except Exception as e:
+                log.info("op failed what=%r error=%r", what, str(e)[:200])
+                self.findings.error(kind, e)
+                await self.recover(names)
+
+    def _choose(self) -> tuple[str, list[str]]:
+        rng = self.rng
+        existing = [n for n in self.names if n in self.model]
+        r = rng.random()
+        if not existing or r < 0.25:
+            return "seqwrite", [rng.choice(self.names)]
+        if r < 0.50:
+            return "overwrite", [rng.choice(existing)]
+        if r < 0.65:
+            return "append", [rng.choice(existing)]
+        if r < 0.77:
+            return "truncate", [rng.choice(existing)]
+        if r < 0.90:
+            a = rng.choice(existing)
+            return "rename", [a, rng.choice([n for n in self.names if n != a])]
+        return "unlink", [rng.choice(existing)]
+
+    @contextlib.asynccontextmanager
+    async def _open(self, name: str, mode: str):  # type: ignore[no-untyped-def]
+        """Open; close on success (the close is an acknowledgement), best-effort close on failure."""
+        f = await self.fs.open(self.path(name), mode)
+        try:
+            yield f
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(f.close(), 90)
+            raise
+        await f.close()
+
+    async def _seqwrite(self, name: str) -> None:
+        """O_TRUNC create, then sequential writes with occasional fsyncs."""
+        write_id, self.generation = next(self.write_ids), self.generation + 1
+        content = bytearray()
+        async with self._open(name, "w") as f:
+            self.model[name] = bytearray()  # the truncating open returned
+            total = self.rng.randint(1, self.config.max_sectors)
+            pos = 0
+            while pos < total:
+                n = min(total - pos, self.rng.randint(1, 80))
+                data = sectors(self.index, write_id, pos * SECTOR, n, self.generation)
+                await f.write(data)
+                content += data
+                pos += n
+                if self.rng.random() < 0.1:
+                    await f.fsync()
+                    self.model[name] = bytearray(content)
+            if self.rng.random() < 0.5:
+                await f.fsync()
+                self.model[name] = bytearray(content)
+        self.model[name] = content
+
+    async def _overwrite(self, name: str) -> None:
+        """Rounds of random pwrites (also past the end, leaving holes), each round fsynced."""
+        write_id = next(self.write_ids)
+        content = bytearray(self.model[name])
+        async with self._open(name, "r+") as f:
+            for _ in range(self.rng.randint(1, 4)):
+                self.generation += 1
+                for _ in range(self.rng.randint(1, 8)):
+                    size_sectors = (len(content) + SECTOR - 1) // SECTOR
+                    off = self.rng.randrange(0, size_sectors + 16) * SECTOR
+                    data = sectors(self.index, write_id, off, self.rng.randint(1, 64), self.generation)
+                    await f.pwrite(data, off)
+                    if len(content) < off:
+                        content.extend(bytes(off - len(content)))
+                    content[off : off + len(data)] = data
+                await f.fsync()
+                self.model[name] = bytearray(content)
+        self.model[name] = content
+
+    async def _append(self, name: str) -> None:
+        """O_APPEND writes, sometimes fsynced."""
+        write_id, self.generation = next(self.write_ids), self.generation + 1
+        content = bytearray(self.model[name])
+        if len(content) % SECTOR:
+            return
+        async with self._open(name, "a") as f:
+            for _ in range(self.rng.randint(1, 6)):
+                data = sectors(self.index, write_id, len(content), self.rng.randint(1, 40), self.generation)
+                await f.write(data)
+                content += data
+            if self.rng.random() < 0.5:
+                await f.fsync()
+                self.model[name] = bytearray(content)
+        self.model[name] = content
+
+    async def _truncate(self, name: str) -> None:
+        """Shrink or extend (with zeros), by path or through an open file."""
+        content = self.model[name]
+        new = self.rng.randint(0, len(content) // SECTOR + 8) * SECTOR
+        if self.rng.random() < 0.5:
+            await self.fs.truncate(self.path(name), new)
+        else:
+            async with self._open(name, "r+") as f:
+                await f.truncate(new)
+        if new <= len(content):
+            del content[new:]
+        else:
+            content.extend(bytes(new - len(content)))
+
+    async def _rename(self, a: str, b: str) -> None:
+        """Rename, replacing ``b`` if it exists."""
+        await self.fs.rename(self.path(a), self.path(b))
+        self.model[b] = self.model.pop(a)
+
+    async def _unlink(self, name: str) -> None:
+        await self.fs.unlink(self.path(name))
+        del self.model[name]
+
+    async def recover(self, names: list[str]) -> None:
+        """After a failed operation: check what each of ``names`` holds for garbage, then rewrite or
+        remove it until that succeeds, so that the model is definitive again."""
+        timed = self.findings.timed
+        for name in names:
+            deadline = time.monotonic() + 2 * self.config.hang_s
+            while True:
+                try:
+                    if not await timed(f"w{self.index} recover exists", self.fs.exists(self.path(name))):
+                        self.model.pop(name, None)
+                        break
+                    with contextlib.suppress(FS3Error):
+                        data = await timed(f"w{self.index} recover read", self.fs.read_file(self.path(name)))
+                        if bad := bad_sectors(self.index, data):
+                            self.findings.problem(
+                                f"{self.path(name)} after a failed operation (len {len(data)}): {bad[:5]}"
+                            )
+                    if self.rng.random() < 0.3:
+                        await timed(f"w{self.index} recover unlink", self.fs.unlink(self.path(name)))
+                        self.model.pop(name, None)
+                    else:
+                        await timed(f"w{self.index} recover seqwrite", self._seqwrite(name))
+                    break
+                except Exception as e:
+                    self.findings.error("recover", e)
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"could not recover {self.path(name)}: {e!r}") from e
+                    await asyncio.sleep(0.5 + self.rng.random())
+
+    async def readback(self, names: list[str]) -> None:
+        """Read files whose state is acknowledged; they must match the model exactly."""
+        for name in names:
+            try:
+                data = await self.findings.timed(
+                    f"w{self.index} readback {name}", self.fs.read_file(self.path(name))
+                )
+            except Exception as e:
+                self.findings.error("readback", e)
+                continue
+            want = bytes(self.model[name])
+            if data != want:
+                self.findings.problem(
+                    f"{self.path(name)}: acknowledged read-back mismatch, len {len(data)} (want "
+                    f"{len(want)}), first difference at {first_difference(data, want)}, "
+                    f"bad sectors {bad_sectors(self.index, data)[:3]}"
+                )
+            self.findings.ops["readback"] += 1
+
+
+async def read_randomly(
+    fs: FileSystem, writers: int, stop: asyncio.Event, rng: random.Random, findings: Findings
+) -> None:
+    """Read random files of random writers while they change; every sector must be zero or valid."""
+    while not stop.is_set():
+        w = rng.randrange(writers)
+        try:
+            names = await findings.timed("reader listdir", fs.listdir(f"/w{w}"))
+            if names:
+                path = f"/w{w}/{rng.choice(names)}"
+                data = await findings.timed(f"reader read {path}", fs.read_file(path))
+                if bad := bad_sectors(w, data):
+                    findings.problem(f"reader: {path} (len {len(data)}): {bad[:4]}")
+                findings.ops["reader"] += 1
+        except FS3Error as e:
+            if e.code != StatusCode.NOT_FOUND:  # the writer renamed or removed it meanwhile
+                findings.error("reader", e)
+        except Exception as e:
+            findings.error("reader", e)
+        await asyncio.sleep(0.02)
+
+
+# -- daemon kills ---------------------------------------------------------------------------------
+
+
+class DaemonKiller:
+    """Kills random daemons with SIGKILL and restarts them on the same address after a random delay."""
+
+    def __init__(self, fc: FsCluster, rng: random.Random, config: WorkloadConfig, findings: Findings):
+        self.fc = fc
+        self.cluster = fc.cluster
+        self.rng = rng
+        self.config = config
+        self.findings = findings
+
+    def _victims(self, cycle: int) -> list[tuple[str, int]]:
+        """One or two storage daemons, meta, or mgmtd; the first four cycles go through these kinds
+        in turn, so that even a short run kills each kind once."""
+        r = (0.0, 0.6, 0.8, 0.9)[cycle] if cycle < 4 else self.rng.random()
+        if r < 0.55:
+            return [("storage", self.rng.randrange(len(self.cluster.nodes)))]
+        if r < 0.75:
+            return [("storage", i) for i in self.rng.sample(range(len(self.cluster.nodes)), 2)]
+        if r < 0.85:
+            return [("meta", 0)]
+        return [("mgmtd", 0)]
+
+    def _proc(self, kind: str, index: int) -> Proc:
+        proc = {
+            "storage": lambda: self.cluster.nodes[index].proc,
+            "meta": lambda: self.fc.meta_procs[index],
+            "mgmtd": lambda: self.cluster.mgmtd_proc,
+        }[kind]()
+        assert proc is not None and proc.popen is not None
+        return proc
+
+    def _kill(self, proc: Proc) -> None:
+        assert proc.popen is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait(timeout=10)
+
+    async def _restart(self, kind: str, index: int) -> None:
+        c = self.cluster
+        if kind == "storage":
+            c.start_storage(index)
+            await c._wait_port(c.nodes[index], 30)
+        elif kind == "meta":
+            self.fc.start_meta(index)
+            await c._read_port(c.tmp / f"meta-{index}.port", self.fc.meta_procs[index], 30)
+        else:
+            await self._restart_mgmtd()
+
+    async def _restart_mgmtd(self) -> None:
+        """mgmtd must come back on its old port, which clients and daemons know it by."""
+        c = self.cluster
+        assert c.mgmtd_proc is not None
+        port = int(c.mgmtd_address.rsplit(":", 1)[1])
+        cfg = c.tmp / "mgmtd.toml"
+        cfg.write_text(re.sub(r"^listen_port = \d+$", f"listen_port = {port}", cfg.read_text(), flags=re.M))
+        port_file = c.tmp / "mgmtd.port"
+        port_file.unlink(missing_ok=True)
+        for _ in range(20):  # the old port may not be free again at once
+            c._launch(c.mgmtd_proc)
+            try:
+                await c._read_port(port_file, c.mgmtd_proc, 30)
+                return
+            except RuntimeError as e:
+                log.info("mgmtd restart failed, retrying error=%r", str(e)[-300:])
+                await asyncio.sleep(1)
+        raise AssertionError("mgmtd could not be restarted on its port")
+
+    async def run(self) -> None:
+        for cycle in range(self.config.cycles):
+            victims = self._victims(cycle)
+            down_s = self.rng.uniform(0, self.config.max_down_s)
+            for kind, index in victims:
+                self._kill(self._proc(kind, index))
+            event = f"cycle {cycle}: killed {victims}, restarting after {down_s:.2f}s"
+            log.info(event)
+            self.findings.events.append(event)
+            await asyncio.sleep(down_s)
+            for kind, index in victims:
+                await self._restart(kind, index)
+            if self.rng.random() < 0.3:
+                with contextlib.suppress(AssertionError):  # not required, only a chance to settle
+                    await self.cluster.wait_all_serving(120)
+            await asyncio.sleep(self.rng.uniform(0.2, self.config.max_gap_s))
+
+
+# -- final verification ---------------------------------------------------------------------------
+
+
+async def settle(fc: FsCluster, timeout_s: float) -> None:
+    """Wait until mgmtd knows every storage daemon's current process and every chain serves."""
+    admin = fc.cluster.admin
+    assert admin is not None
+    for node in fc.cluster.nodes:
+        assert node.proc is not None and node.proc.popen is not None
+        pid = node.proc.popen.pid
+
+        async def heard(node_id: int = node.node_id, pid: int = pid) -> bool:
+            return any(n.node_id == node_id and n.pid == pid for n in await admin.list_nodes())
+
+        await wait_until(heard, 60, f"mgmtd to hear from storage {node.node_id}")
+    await fc.cluster.wait_all_serving(timeout_s)
+
+
+async def verify_files(fs: FileSystem, writers: list[Writer]) -> tuple[list[str], set[int]]:
+    """Every writer's directory holds exactly its modelled files with exactly the modelled bytes.
+    Returns the problems and the inode ids of the live files."""
+    problems: list[str] = []
+    inodes: set[int] = set()
+    for w in writers:
+        names = sorted(await fs.listdir(w.dir))
+        if names != sorted(w.model):
+            problems.append(f"{w.dir} lists {names}, acknowledged state is {sorted(w.model)}")
+        for name, content in w.model.items():
+            try:
+                st = await fs.stat(w.path(name))
+                inodes.add(st.st_ino)
+                data = await fs.read_file(w.path(name))
+            except Exception as e:
+                problems.append(f"{w.path(name)}: cannot read an acknowledged file: {e!r}")
+                continue
+            if st.st_size != len(content):
+                problems.append(f"{w.path(name)}: size {st.st_size}, acknowledged size {len(content)}")
+            if data != content:
+                problems.append(
+                    f"{w.path(name)} (inode {st.st_ino:#x}): content differs from the acknowledged "
+                    f"content: len {len(data)} (want {len(content)}), first difference at "
+                    f"{first_difference(data, content)}, bad sectors {bad_sectors(w.index, data)[:4]}"
+                )
+    return problems, inodes
+
+
+async def chunk_problems(fs: FileSystem, chain_targets: dict[int, list[int]], live: set[int]) -> list[str]:
+    """Every chain's replicas hold the same chunks with the same length and checksum, none pending
+    or lost, and none of an inode that is not live (a leftover of a deleted or truncated file)."""
+    problems: list[str] = []
+    for chain_id, targets in chain_targets.items():
+        dumps = {}
+        for tid in targets:
+            metas = await fs.storage.dump_chunk_meta(tid, 0)
+            dumps[tid] = {(m.key.inode_id, m.key.chunk_index): m for m in metas}
+        head = dumps[targets[0]]
+        for tid, chunks in dumps.items():
+            if unsettled := [k for k, m in chunks.items() if m.pending_version != 0 or m.lost]:
+                problems.append(f"chain {chain_id} target {tid}: pending or lost chunks {unsettled[:5]}")
+            mine = {k: (m.length, m.crc32c) for k, m in chunks.items()}
+            theirs = {k: (m.length, m.crc32c) for k, m in head.items()}
+            if mine != theirs:
+                diff = sorted(set(mine.items()) ^ set(theirs.items()))[:6]
+                problems.append(f"chain {chain_id}: replica {tid} differs from {targets[0]}: {diff}")
+        if leftovers := sorted({k[0] for k in head if k[0] not in live}):
+            problems.append(f"chain {chain_id}: chunks of deleted inodes {[hex(i) for i in leftovers[:10]]}")
+    return problems
+
+
+async def verify(fc: FsCluster, writers: list[Writer], config: WorkloadConfig) -> list[str]:
+    """The final checks, through a fresh client. Chunk checks are retried until ``chunk_settle_s``
+    passes, since resync and garbage collection finish in the background after the chains serve."""
+    fs = await fc.connect()
+    problems, live = await verify_files(fs, writers)
+    deadline = time.monotonic() + config.chunk_settle_s
+    while chunks := await chunk_problems(fs, fc.cluster.chain_targets, live):
+        if time.monotonic() > deadline:
+            return problems + chunks
+        await asyncio.sleep(1)
+    return problems
+
+
+async def run_workload(tmp: Path, config: WorkloadConfig) -> Findings:
+    """Start a cluster under ``tmp``, run the workload through ``config.cycles`` kill/restart cycles,
+    verify, and stop everything. The returned findings' ``problems`` is empty on success."""
+    rng = random.Random(config.seed)
+    findings = Findings(config.hang_s)
+    fc = FsCluster(tmp, chains=3, stripe=3, chunk_size=64 * 1024)
+    try:
+        await fc.start()
+        clients = [await fc.connect() for _ in range(config.clients)]
+        write_ids = itertools.count(1)
+        writers = [
+            Writer(i, clients[i % len(clients)], random.Random(rng.random()), config, write_ids, findings)
+            for i in range(config.writers)
+        ]
+        stop = asyncio.Event()
+        reader_fs = await fc.connect()
+        workers = [asyncio.create_task(w.run(stop)) for w in writers] + [
+            asyncio.create_task(
+                read_randomly(reader_fs, config.writers, stop, random.Random(rng.random()), findings)
+            )
+            for _ in range(config.readers)
+        ]
+        killer = asyncio.create_task(DaemonKiller(fc, random.Random(rng.random()), config, findings).run())
+        try:
+            # a worker must not end before the kills do; if one does, its exception ends the run
+            done, _ = await asyncio.wait([killer, *workers], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()
+            if killer not in done:
+                raise AssertionError("a workload task ended before the kills did")
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*workers), 2 * config.hang_s)
+        finally:
+            for t in [killer, *workers]:
+                t.cancel()
+            await asyncio.gather(killer, *workers, return_exceptions=True)
+        log.info("workload done ops=%s errors=%s", dict(findings.ops), dict(findings.errors))
+        await settle(fc, config.settle_s)
+        findings.problems += await verify(fc, writers, config)
+        log.info("verified max_latency_s=%.1f problems=%d", findings.max_latency_s, len(findings.problems))
+    finally:
+        await fc.stop()
+    return findings
