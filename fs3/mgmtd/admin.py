@@ -19,7 +19,15 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Transaction
 from fs3.mgmtd import chain_state, schema, users
 from fs3.mgmtd.chain_state import ChainTarget, PublicState
-from fs3.mgmtd.cluster import Apply, Cluster, TargetRuntime, chain_targets, make_chain, serialized
+from fs3.mgmtd.cluster import (
+    Apply,
+    Cluster,
+    TargetRuntime,
+    chain_targets,
+    draining_chain,
+    make_chain,
+    serialized,
+)
 from fs3.proto import common_pb2, mgmtd_pb2
 
 log = logging.getLogger(__name__)
@@ -276,17 +284,12 @@ class Admin:
             or not any(self.c.may_serve(self._target(tid).node_id) for tid in leaving)
         ):
             return await self._change_chain(chain_id, new_targets)
-        draining = {d.target_id for d in old.draining}
-        if set(leaving) <= draining:
+        if set(leaving) <= {d.target_id for d in old.draining}:
             return old  # asked again: already under way
-        c = mgmtd_pb2.ChainInfo()
-        c.CopyFrom(old)
-        c.version = old.version + 1
+        c = draining_chain(old, leaving, remove=remove, force=force)
         now = self.c._mono()
-        for tid in leaving:
-            if tid not in draining:
-                c.draining.add(target_id=tid, remove=remove, since_version=c.version, force=force)
-                self.c.draining_since[(chain_id, tid)] = now
+        for d in c.draining:
+            self.c.draining_since.setdefault((chain_id, d.target_id), now)
         await self._put_chains([c])
         log.info("chain targets draining chain_id=%d version=%d targets=%s", chain_id, c.version, leaving)
         return c

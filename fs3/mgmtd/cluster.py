@@ -110,6 +110,21 @@ def chain_targets(chain: mgmtd_pb2.ChainInfo) -> list[ChainTarget]:
     return [ChainTarget(t.target_id, PublicState(t.public_state)) for t in chain.targets]
 
 
+def draining_chain(
+    chain: mgmtd_pb2.ChainInfo, target_ids: Iterable[int], *, remove: bool = False, force: bool = False
+) -> mgmtd_pb2.ChainInfo:
+    """``chain``'s next version, with ``target_ids`` draining (those not draining already; see
+    mgmtd_pb2.DrainingTarget)."""
+    c = mgmtd_pb2.ChainInfo()
+    c.CopyFrom(chain)
+    c.version = chain.version + 1
+    already = {d.target_id for d in chain.draining}
+    for tid in target_ids:
+        if tid not in already:
+            c.draining.add(target_id=tid, remove=remove, since_version=c.version, force=force)
+    return c
+
+
 def make_chain(
     chain_id: int,
     version: int,
@@ -580,9 +595,8 @@ class Cluster:
             rt.status, rt.last_heartbeat = mgmtd_pb2.NODE_STATUS_REGISTERED, self._mono()
         else:
             rt.status = mgmtd_pb2.NODE_STATUS_DISABLED
-            draining = {d.target_id for c in chains for d in c.draining}
             for tid in self.node_targets.get(node_id, ()):
-                if tid not in draining:  # those go OFFLINE when drained
+                if not self._draining(tid):  # those go OFFLINE when drained
                     self.target_rt.setdefault(tid, TargetRuntime()).local_state = LocalState.OFFLINE
         self._runtime_changed()
         log.info("node %s node_id=%d", "enabled" if enabled else "disabled", node_id)
@@ -610,17 +624,17 @@ class Cluster:
         out = []
         for tid in self.node_targets.get(node_id, ()):
             chain = self.rec.chains.get(self.target_chain.get(tid, 0))
-            if chain is None or any(d.target_id == tid for d in chain.draining):
+            if chain is None or self._draining(tid):
                 continue
             serving = [t.target_id for t in chain.targets if t.public_state == common_pb2.SERVING]
-            if tid not in serving or len(serving) < 2:
-                continue
-            c = mgmtd_pb2.ChainInfo()
-            c.CopyFrom(chain)
-            c.version = chain.version + 1
-            c.draining.add(target_id=tid, since_version=c.version)
-            out.append(c)
+            if tid in serving and len(serving) >= 2:
+                out.append(draining_chain(chain, [tid]))
         return out
+
+    def _draining(self, target_id: int) -> bool:
+        """Whether the target drains in its chain."""
+        chain = self.rec.chains.get(self.target_chain.get(target_id, 0))
+        return chain is not None and any(d.target_id == target_id for d in chain.draining)
 
     def _note_acting(self, target_id: int, chain_version: int) -> None:
         """The target's daemon says it acts on ``chain_version`` of its chain."""
@@ -628,8 +642,7 @@ class Cluster:
         if chain_version == trt.chain_version:
             return
         trt.chain_version = chain_version
-        chain = self.rec.chains.get(self.target_chain.get(target_id, 0))
-        if chain is not None and any(d.target_id == target_id for d in chain.draining):
+        if self._draining(target_id):
             self.changed.set()  # it may have drained: take it out now
 
     @serialized
@@ -810,10 +823,10 @@ class Cluster:
         newer routing, which it counts only once it acts on it: its lease has run out)."""
         target = self.rec.targets.get(d.target_id)
         node = self.node_rt.get(target.node_id) if target is not None else None
-        if node is None or node.status == mgmtd_pb2.NODE_STATUS_FAILED:
-            return True
-        if node.status == mgmtd_pb2.NODE_STATUS_REGISTERED and not self._heard_before():
-            return True  # not heard from by this primary past its grace: it holds no lease (may_serve)
+        if node is None or (
+            node.status != mgmtd_pb2.NODE_STATUS_DISABLED and not self.may_serve(target.node_id)
+        ):
+            return True  # it holds no lease (a disabled node's may: it waits for its report or the timeout)
         trt = self.target_rt.get(d.target_id)
         if trt is not None and trt.chain_version >= d.since_version:
             return True
