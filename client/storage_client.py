@@ -781,9 +781,8 @@ class StorageClient:
     ):
         if chain_id is not None:
             await self._known_chains({chain_id})
-        deadline = time.monotonic() + min(
-            self.retry.total_s, total_s if total_s is not None else self.retry.total_s
-        )
+        budget = self.retry.total_s if total_s is None else min(total_s, self.retry.total_s)
+        deadline = time.monotonic() + budget
         backoff = self.retry.initial_s
         tries = 0
         while True:
