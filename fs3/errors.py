@@ -98,6 +98,8 @@ class StatusCode(enum.IntEnum):
     STORAGE_CHUNK_VERSION_MISMATCH = 510
     # a write refused before any replica kept it: a target keeps its free space (keep_free)
     STORAGE_SPACE_KEPT = 511
+    # a user connection's read or write without a valid capability (fs3.capability) for the file
+    STORAGE_CAPABILITY = 512
 
 
 # The one table from status code to errno. Anything not listed maps to EIO.
@@ -150,6 +152,7 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.META_TOO_BIG: _errno.E2BIG,
     StatusCode.STORAGE_NO_SPACE: _errno.ENOSPC,
     StatusCode.STORAGE_SPACE_KEPT: _errno.ENOSPC,
+    StatusCode.STORAGE_CAPABILITY: _errno.EACCES,
     StatusCode.STORAGE_CHUNK_TOO_LARGE: _errno.EFBIG,
 }
 

@@ -10,12 +10,12 @@ and single-user local clusters).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.permissions import Credentials
+from fs3.net.auth import TokenCache
 from fs3.proto import common_pb2, mgmtd_pb2
 
 MAX_GROUPS = 64
@@ -89,46 +89,21 @@ class TokenAuthenticator:
         negative_ttl_s: float = 5.0,
         max_entries: int = 10_000,
     ) -> None:
-        self._verify = verify
-        self.ttl_s = ttl_s
-        self.negative_ttl_s = negative_ttl_s
+        self.tokens = TokenCache(verify, ttl_s=ttl_s, negative_ttl_s=negative_ttl_s, max_entries=max_entries)
         self.max_entries = max_entries
-        self._cache: dict[str, tuple[float, mgmtd_pb2.User | FS3Error]] = {}
         self._from_header = _HeaderCredentials(max_entries)
         # A non-root token's Credentials, by the User message the token cache holds (replaced, and
         # so looked up afresh, whenever the token is verified again).
         self._of_user: dict[int, tuple[mgmtd_pb2.User, Credentials]] = {}
 
     async def user_of(self, token: str) -> mgmtd_pb2.User:
-        if not token:
-            raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
-        now = time.monotonic()
-        hit = self._cache.get(token)
-        if hit is None or hit[0] < now:
-            try:
-                result: mgmtd_pb2.User | FS3Error = await self._verify(token)
-                expires = now + self.ttl_s
-            except FS3Error as e:
-                if e.code != StatusCode.UNAUTHENTICATED:
-                    raise  # mgmtd unreachable: say so, and do not cache
-                result = e
-                expires = now + self.negative_ttl_s
-            if len(self._cache) >= self.max_entries:
-                self._cache.clear()
-            self._cache[token] = hit = (expires, result)
-        value = hit[1]
-        if isinstance(value, FS3Error):
-            raise FS3Error(value.code, value.message)
-        return value
+        return await self.tokens.user_of(token)
 
     def known(self, user: common_pb2.UserInfo) -> Credentials | None:
         # Only a live positive cache entry whose Credentials are made already: anything else (an
         # unknown or expired token, a refusal, a first use) goes through credentials().
-        hit = self._cache.get(user.token)
-        if hit is None or hit[0] < time.monotonic():
-            return None
-        owner = hit[1]
-        if isinstance(owner, FS3Error):
+        owner = self.tokens.cached(user.token)
+        if owner is None:
             return None
         if owner.root:
             return self._from_header.get(user)

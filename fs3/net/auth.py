@@ -23,7 +23,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from fs3.errors import FS3Error, StatusCode
 
@@ -98,3 +101,53 @@ def verify(expected: bytes, received: bytes) -> bool:
 def mgmtd_credential(secret: bytes) -> str:
     """What a service presents to mgmtd for the cluster secret (see the module docstring)."""
     return hmac.new(secret, _LABEL_MGMTD, hashlib.sha256).hexdigest()
+
+
+class TokenCache:
+    """Who a user token belongs to, asked of ``verify`` (``MgmtdClient.verify_token``) and kept
+    for ``ttl_s`` (a refusal for ``negative_ttl_s``), so that a token costs a dict lookup after its
+    first use. An unreachable mgmtd is not cached."""
+
+    def __init__(
+        self,
+        verify: Callable[[str], Awaitable[Any]],
+        *,
+        ttl_s: float = 60.0,
+        negative_ttl_s: float = 5.0,
+        max_entries: int = 10_000,
+    ) -> None:
+        self._verify = verify
+        self.ttl_s = ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self.max_entries = max_entries
+        self._cache: dict[str, tuple[float, Any]] = {}
+
+    def cached(self, token: str) -> Any:
+        """The user of ``token`` if known and fresh, else None (refusals included)."""
+        hit = self._cache.get(token)
+        if hit is None or hit[0] < time.monotonic() or isinstance(hit[1], FS3Error):
+            return None
+        return hit[1]
+
+    async def user_of(self, token: str) -> Any:
+        """The ``mgmtd_pb2.User`` ``token`` belongs to; FS3Error UNAUTHENTICATED if none."""
+        if not token:
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
+        now = time.monotonic()
+        hit = self._cache.get(token)
+        if hit is None or hit[0] < now:
+            try:
+                result: Any = await self._verify(token)
+                expires = now + self.ttl_s
+            except FS3Error as e:
+                if e.code != StatusCode.UNAUTHENTICATED:
+                    raise  # mgmtd unreachable: say so, and do not cache
+                result = e
+                expires = now + self.negative_ttl_s
+            if len(self._cache) >= self.max_entries:
+                self._cache.clear()
+            self._cache[token] = hit = (expires, result)
+        value = hit[1]
+        if isinstance(value, FS3Error):
+            raise FS3Error(value.code, value.message)
+        return value

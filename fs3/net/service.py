@@ -95,7 +95,10 @@ class CallContext:
     """What a handler knows about the call it serves.
 
     ``peer`` is the caller's address, ``identity`` the name it authenticated as, ``deadline`` the
-    time (``loop.time()`` clock) after which the caller no longer waits, or None.
+    time (``loop.time()`` clock) after which the caller no longer waits, or None. ``user`` is None
+    for a peer that proved the cluster secret (a cluster member: a service, a trusted mount), and
+    for a *user connection* (a client that authenticated with a user token, ``token``) the
+    ``mgmtd_pb2.User`` the token belongs to: its calls may act only as that user.
     """
 
     peer: str
@@ -103,6 +106,8 @@ class CallContext:
     request_id: int
     method: Method
     deadline: float | None
+    user: Any = None
+    token: str = ""
 
     def remaining(self, now: float) -> float | None:
         """Seconds left before the caller's deadline, given ``now`` = ``loop.time()``."""

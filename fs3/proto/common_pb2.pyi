@@ -79,6 +79,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_CHUNK_TOO_LARGE: _ClassVar[StatusCode]
     STORAGE_CHUNK_VERSION_MISMATCH: _ClassVar[StatusCode]
     STORAGE_SPACE_KEPT: _ClassVar[StatusCode]
+    STORAGE_CAPABILITY: _ClassVar[StatusCode]
 
 class NodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -173,6 +174,7 @@ STORAGE_ROUTING_STALE: StatusCode
 STORAGE_CHUNK_TOO_LARGE: StatusCode
 STORAGE_CHUNK_VERSION_MISMATCH: StatusCode
 STORAGE_SPACE_KEPT: StatusCode
+STORAGE_CAPABILITY: StatusCode
 NODE_TYPE_UNSPECIFIED: NodeType
 NODE_MGMTD: NodeType
 NODE_META: NodeType

@@ -37,6 +37,7 @@ class MetaMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_META_FALLOCATE: _ClassVar[MetaMethod]
     METHOD_META_LOOKUP_PATH: _ClassVar[MetaMethod]
     METHOD_META_SET_LAYOUT: _ClassVar[MetaMethod]
+    METHOD_META_CAPABILITY: _ClassVar[MetaMethod]
 
 class InodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -88,6 +89,7 @@ METHOD_META_REMOVEXATTR: MetaMethod
 METHOD_META_FALLOCATE: MetaMethod
 METHOD_META_LOOKUP_PATH: MetaMethod
 METHOD_META_SET_LAYOUT: MetaMethod
+METHOD_META_CAPABILITY: MetaMethod
 INODE_TYPE_UNSPECIFIED: InodeType
 INODE_FILE: InodeType
 INODE_DIRECTORY: InodeType
@@ -300,14 +302,16 @@ class CreateReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., flags: _Optional[int] = ..., umask: _Optional[int] = ..., open_session: _Optional[bool] = ...) -> None: ...
 
 class CreateRsp(_message.Message):
-    __slots__ = ("inode", "session_id", "created")
+    __slots__ = ("inode", "session_id", "created", "capability")
     INODE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     session_id: int
     created: bool
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ..., created: _Optional[bool] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ..., created: _Optional[bool] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class MkdirReq(_message.Message):
     __slots__ = ("hdr", "parent", "name", "mode", "umask")
@@ -480,12 +484,14 @@ class OpenReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
 
 class OpenRsp(_message.Message):
-    __slots__ = ("inode", "session_id")
+    __slots__ = ("inode", "session_id", "capability")
     INODE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     session_id: int
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class CloseReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "mtime")
@@ -654,3 +660,19 @@ class IdemRecord(_message.Message):
     created_ns: int
     response: bytes
     def __init__(self, created_ns: _Optional[int] = ..., response: _Optional[bytes] = ...) -> None: ...
+
+class CapabilityReq(_message.Message):
+    __slots__ = ("hdr", "inode_id", "rights")
+    HDR_FIELD_NUMBER: _ClassVar[int]
+    INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RIGHTS_FIELD_NUMBER: _ClassVar[int]
+    hdr: MetaRequestHeader
+    inode_id: int
+    rights: int
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., rights: _Optional[int] = ...) -> None: ...
+
+class CapabilityRsp(_message.Message):
+    __slots__ = ("capability",)
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    capability: bytes
+    def __init__(self, capability: _Optional[bytes] = ...) -> None: ...

@@ -24,37 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66s3/proto/rpc.proto\x12\x07\x66s3.rpc\"?\n\x0b\x43lientHello\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x10\n\x08identity\x18\x03 \x01(\t\"N\n\x0bServerHello\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\r\n\x05proof\x18\x03 \x01(\x0c\x12\x10\n\x08identity\x18\x04 \x01(\t\"\x1c\n\x0b\x43lientProof\x12\r\n\x05proof\x18\x01 \x01(\x0c\"\x08\n\x06\x41uthOk\"\r\n\x0bPingRequest\"8\n\x0cPingResponse\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\x16\n\x0eserver_time_ns\x18\x02 \x01(\x04\"\x1b\n\x0b\x45\x63hoRequest\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x1c\n\x0c\x45\x63hoResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\r\n\x0bSinkRequest\" \n\x0cSinkResponse\x12\x10\n\x08received\x18\x01 \x01(\x04\"\x1f\n\rSourceRequest\x12\x0e\n\x06length\x18\x01 \x01(\x04\"\x10\n\x0eSourceResponse*F\n\tServiceId\x12\x12\n\x0eSERVICE_SYSTEM\x10\x00\x12\x10\n\x0cSERVICE_META\x10\x01\x12\x13\n\x0fSERVICE_STORAGE\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66s3/proto/rpc.proto\x12\x07\x66s3.rpc\"N\n\x0b\x43lientHello\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\x10\n\x08identity\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\t\"N\n\x0bServerHello\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\r\n\x05nonce\x18\x02 \x01(\x0c\x12\r\n\x05proof\x18\x03 \x01(\x0c\x12\x10\n\x08identity\x18\x04 \x01(\t\"\x1c\n\x0b\x43lientProof\x12\r\n\x05proof\x18\x01 \x01(\x0c\"\x08\n\x06\x41uthOk\"\r\n\x0bPingRequest\"8\n\x0cPingResponse\x12\x10\n\x08identity\x18\x01 \x01(\t\x12\x16\n\x0eserver_time_ns\x18\x02 \x01(\x04\"\x1b\n\x0b\x45\x63hoRequest\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x1c\n\x0c\x45\x63hoResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\r\n\x0bSinkRequest\" \n\x0cSinkResponse\x12\x10\n\x08received\x18\x01 \x01(\x04\"\x1f\n\rSourceRequest\x12\x0e\n\x06length\x18\x01 \x01(\x04\"\x10\n\x0eSourceResponse*F\n\tServiceId\x12\x12\n\x0eSERVICE_SYSTEM\x10\x00\x12\x10\n\x0cSERVICE_META\x10\x01\x12\x13\n\x0fSERVICE_STORAGE\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fs3.proto.rpc_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICEID']._serialized_start=449
-  _globals['_SERVICEID']._serialized_end=519
+  _globals['_SERVICEID']._serialized_start=464
+  _globals['_SERVICEID']._serialized_end=534
   _globals['_CLIENTHELLO']._serialized_start=32
-  _globals['_CLIENTHELLO']._serialized_end=95
-  _globals['_SERVERHELLO']._serialized_start=97
-  _globals['_SERVERHELLO']._serialized_end=175
-  _globals['_CLIENTPROOF']._serialized_start=177
-  _globals['_CLIENTPROOF']._serialized_end=205
-  _globals['_AUTHOK']._serialized_start=207
-  _globals['_AUTHOK']._serialized_end=215
-  _globals['_PINGREQUEST']._serialized_start=217
-  _globals['_PINGREQUEST']._serialized_end=230
-  _globals['_PINGRESPONSE']._serialized_start=232
-  _globals['_PINGRESPONSE']._serialized_end=288
-  _globals['_ECHOREQUEST']._serialized_start=290
-  _globals['_ECHOREQUEST']._serialized_end=317
-  _globals['_ECHORESPONSE']._serialized_start=319
-  _globals['_ECHORESPONSE']._serialized_end=347
-  _globals['_SINKREQUEST']._serialized_start=349
-  _globals['_SINKREQUEST']._serialized_end=362
-  _globals['_SINKRESPONSE']._serialized_start=364
-  _globals['_SINKRESPONSE']._serialized_end=396
-  _globals['_SOURCEREQUEST']._serialized_start=398
-  _globals['_SOURCEREQUEST']._serialized_end=429
-  _globals['_SOURCERESPONSE']._serialized_start=431
-  _globals['_SOURCERESPONSE']._serialized_end=447
+  _globals['_CLIENTHELLO']._serialized_end=110
+  _globals['_SERVERHELLO']._serialized_start=112
+  _globals['_SERVERHELLO']._serialized_end=190
+  _globals['_CLIENTPROOF']._serialized_start=192
+  _globals['_CLIENTPROOF']._serialized_end=220
+  _globals['_AUTHOK']._serialized_start=222
+  _globals['_AUTHOK']._serialized_end=230
+  _globals['_PINGREQUEST']._serialized_start=232
+  _globals['_PINGREQUEST']._serialized_end=245
+  _globals['_PINGRESPONSE']._serialized_start=247
+  _globals['_PINGRESPONSE']._serialized_end=303
+  _globals['_ECHOREQUEST']._serialized_start=305
+  _globals['_ECHOREQUEST']._serialized_end=332
+  _globals['_ECHORESPONSE']._serialized_start=334
+  _globals['_ECHORESPONSE']._serialized_end=362
+  _globals['_SINKREQUEST']._serialized_start=364
+  _globals['_SINKREQUEST']._serialized_end=377
+  _globals['_SINKRESPONSE']._serialized_start=379
+  _globals['_SINKRESPONSE']._serialized_end=411
+  _globals['_SOURCEREQUEST']._serialized_start=413
+  _globals['_SOURCEREQUEST']._serialized_end=444
+  _globals['_SOURCERESPONSE']._serialized_start=446
+  _globals['_SOURCERESPONSE']._serialized_end=462
 # @@protoc_insertion_point(module_scope)

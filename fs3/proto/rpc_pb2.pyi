@@ -15,14 +15,16 @@ SERVICE_META: ServiceId
 SERVICE_STORAGE: ServiceId
 
 class ClientHello(_message.Message):
-    __slots__ = ("version", "nonce", "identity")
+    __slots__ = ("version", "nonce", "identity", "token")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: bytes
     identity: str
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[bytes] = ..., identity: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[bytes] = ..., identity: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class ServerHello(_message.Message):
     __slots__ = ("version", "nonce", "proof", "identity")

@@ -117,14 +117,16 @@ class UpdateIO(_message.Message):
     def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., type: _Optional[_Union[UpdateType, str]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., crc32c: _Optional[int] = ..., update_version: _Optional[int] = ..., payload_offset: _Optional[int] = ..., rdma: _Optional[_Union[RdmaBuf, _Mapping]] = ..., extents: _Optional[_Iterable[_Union[Extent, _Mapping]]] = ...) -> None: ...
 
 class WriteReq(_message.Message):
-    __slots__ = ("user", "tag", "io")
+    __slots__ = ("user", "tag", "io", "capability")
     USER_FIELD_NUMBER: _ClassVar[int]
     TAG_FIELD_NUMBER: _ClassVar[int]
     IO_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     user: _common_pb2.UserInfo
     tag: UpdateTag
     io: UpdateIO
-    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., tag: _Optional[_Union[UpdateTag, _Mapping]] = ..., io: _Optional[_Union[UpdateIO, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class UpdateReq(_message.Message):
     __slots__ = ("tag", "io", "syncing", "commit_chain_version", "commit", "target_id", "settle", "lost")
@@ -161,16 +163,18 @@ class IOResult(_message.Message):
     def __init__(self, length: _Optional[int] = ..., committed_version: _Optional[int] = ..., update_version: _Optional[int] = ..., crc32c: _Optional[int] = ..., commit_chain_version: _Optional[int] = ...) -> None: ...
 
 class ReadIO(_message.Message):
-    __slots__ = ("key", "offset", "length", "rdma")
+    __slots__ = ("key", "offset", "length", "rdma", "capability")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     RDMA_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     key: ChunkKey
     offset: int
     length: int
     rdma: RdmaBuf
-    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., rdma: _Optional[_Union[RdmaBuf, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., rdma: _Optional[_Union[RdmaBuf, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class BatchReadReq(_message.Message):
     __slots__ = ("user", "ios", "verify_checksum")
