@@ -11,6 +11,13 @@ Both sides prove the secret over the other side's fresh nonce, so neither a reco
 a reflected proof (the role label differs) is accepted, and the secret never crosses the wire. The
 identity the client claims is bound into both proofs; it is what handlers see as the caller.
 
+A client that is not trusted with the secret (a user's program on a shared machine) opens a *user
+connection* instead: its ClientHello carries its user token, which the server verifies with mgmtd
+(:class:`TokenCache`; a server without a verifier refuses it) and answers AUTH_OK at once. Such a
+client cannot tell the server from an impostor, and its token crosses the wire in clear, as user
+tokens do towards mgmtd and meta; its calls act only as the token's user (meta), and storage serves
+it only the files meta gave it a capability for (:mod:`fs3.capability`).
+
 mgmtd speaks gRPC, without TLS, where a call carries what proves it in its metadata: services send
 :func:`mgmtd_credential`, a key derived from the secret, not the secret itself. Whoever can read
 mgmtd's traffic can present that credential to mgmtd (so run mgmtd on a network you trust, as
@@ -33,6 +40,7 @@ from fs3.errors import FS3Error, StatusCode
 HANDSHAKE_VERSION = 1
 NONCE_BYTES = 32
 MAX_IDENTITY_BYTES = 255
+MAX_TOKEN_CHARS = 1024
 
 # Method ids of handshake frames (service id 0, Flag.HANDSHAKE).
 CLIENT_HELLO = 1

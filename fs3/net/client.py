@@ -86,13 +86,23 @@ class _ClientSession(FrameReceiver):
 
     # ---- handshake ----------------------------------------------------------------------------
 
-    async def handshake(self, secret: bytes, identity: str, budget_s: float) -> None:
-        """Authenticate both ways (raises FS3Error RPC_AUTH_FAILED, or RPC_CONNECT_FAILED on timeout)."""
+    async def handshake(self, secret: bytes | None, identity: str, budget_s: float, token: str = "") -> None:
+        """Authenticate both ways (raises FS3Error RPC_AUTH_FAILED, or RPC_CONNECT_FAILED on timeout);
+        with ``token`` (and no secret), open a user connection: the server checks the token."""
         try:
             async with asyncio.timeout(budget_s):
                 nonce = auth.new_nonce()
-                hello = rpc_pb2.ClientHello(version=auth.HANDSHAKE_VERSION, nonce=nonce, identity=identity)
+                hello = rpc_pb2.ClientHello(
+                    version=auth.HANDSHAKE_VERSION, nonce=nonce, identity=identity, token=token
+                )
                 step, msg = await self._handshake_step(auth.CLIENT_HELLO, hello.SerializeToString())
+                if token:
+                    if step != auth.AUTH_OK:
+                        raise FS3Error(StatusCode.RPC_AUTH_FAILED, f"unexpected handshake step {step}")
+                    self.conn.peer_authenticated()
+                    self.ready = True
+                    return
+                assert secret is not None
                 if step != auth.SERVER_HELLO:
                     raise FS3Error(StatusCode.RPC_AUTH_FAILED, f"unexpected handshake step {step}")
                 try:
@@ -394,15 +404,17 @@ class RpcClient:
     """Calls fs3 RPC services on any number of peers.
 
     ``secret`` is the cluster secret; ``identity`` is who this client says it is (servers log it and
-    pass it to handlers). ``connections_per_peer`` > 1 spreads calls over several connections;
+    pass it to handlers). A client not trusted with the secret passes None and its user ``token``:
+    its connections are user connections (see :mod:`fs3.net.auth`). ``connections_per_peer`` > 1 spreads calls over several connections;
     ``payload_crc`` adds a CRC32C of every request payload, checked by the server. A client
     belongs to the event loop it is first used on.
     """
 
     def __init__(
         self,
-        secret: bytes,
+        secret: bytes | None,
         *,
+        token: str = "",
         identity: str = "client",
         transport: Transport | None = None,
         limits: RpcLimits = DEFAULT_LIMITS,
@@ -414,7 +426,10 @@ class RpcClient:
     ) -> None:
         if connections_per_peer < 1:
             raise ValueError("connections_per_peer must be at least 1")
-        self._secret = auth.check_secret(secret)
+        if (secret is None) == (not token):
+            raise ValueError("an RpcClient needs either the cluster secret or a user token")
+        self._secret = None if secret is None else auth.check_secret(secret)
+        self.token = token
         self.identity = identity
         self.transport = transport or TcpTransport()
         self.limits = limits
@@ -584,7 +599,7 @@ class RpcClient:
                 address, make, limits=self.limits, connect_timeout=self.connect_timeout
             )
             assert session is not None
-            await session.handshake(self._secret, self.identity, self.connect_timeout)
+            await session.handshake(self._secret, self.identity, self.connect_timeout, self.token)
             if self._closed:
                 session.conn.abort()
                 raise FS3Error(StatusCode.CANCELLED, "client is closed")

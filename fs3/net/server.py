@@ -24,7 +24,7 @@ import dataclasses
 import inspect
 import logging
 import types
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -109,11 +109,14 @@ class _ServerSession(FrameReceiver):
         "conn",
         "loop",
         "identity",
+        "user",
+        "token",
         "ready",
         "_step",
         "_client_nonce",
         "_server_nonce",
         "_handshake_timer",
+        "_verifying",
         "_tasks",
         "_task_key",
         "_handlers",
@@ -130,6 +133,10 @@ class _ServerSession(FrameReceiver):
         self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.identity = ""
+        # a user connection's user (mgmtd_pb2.User) and token; None and "" for a cluster member
+        self.user: Any = None
+        self.token = ""
+        self._verifying: asyncio.Task[None] | None = None
         self.ready = False
         self._step = auth.CLIENT_HELLO
         self._client_nonce = b""
@@ -202,6 +209,9 @@ class _ServerSession(FrameReceiver):
             self._send_error(0, error.code, error.message)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._verifying is not None:
+            self._verifying.cancel()
+            self._verifying = None
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
@@ -230,9 +240,12 @@ class _ServerSession(FrameReceiver):
                 ):
                     self._refuse("malformed client hello")
                     return
+                self.identity = hello.identity
+                if hello.token:
+                    self._user_hello(hello.token)
+                    return
                 self._client_nonce = hello.nonce
                 self._server_nonce = auth.new_nonce()
-                self.identity = hello.identity
                 proof = auth.server_proof(
                     server._secret, self._client_nonce, self._server_nonce, self.identity
                 )
@@ -252,17 +265,56 @@ class _ServerSession(FrameReceiver):
                 if not auth.verify(expected, proof):
                     self._refuse("wrong cluster secret")
                     return
-                self.ready = True
-                self._step = 0
-                self.conn.limits = server.limits
-                if self._handshake_timer is not None:
-                    self._handshake_timer.cancel()
-                    self._handshake_timer = None
-                self.conn.peer_authenticated()  # RDMA: remote access may open now, not before
-                self.conn.send_frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b"")
-                log.debug("authenticated peer=%s identity=%s", self.conn.peer, self.identity)
+                self._authenticated()
         except DecodeError:
             self._refuse(f"unparsable handshake step {step}")
+
+    def _authenticated(self) -> None:
+        self.ready = True
+        self._step = 0
+        self.conn.limits = self.server.limits
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self.conn.peer_authenticated()  # RDMA: remote access may open now, not before
+        self.conn.send_frame(F_HANDSHAKE, 0, 0, auth.AUTH_OK, b"")
+        log.debug("authenticated peer=%s identity=%s", self.conn.peer, self.identity)
+
+    def _user_hello(self, token: str) -> None:
+        """A client authenticating with a user token: ask who it belongs to (the handshake timer
+        still runs), then answer AUTH_OK or refuse."""
+        verify = self.server.verify_user
+        if verify is None:
+            self._refuse("user token offered to a server that accepts cluster members only")
+            return
+        if len(token) > auth.MAX_TOKEN_CHARS:
+            self._refuse("user token too long")
+            return
+        self._step = -2  # any handshake frame before the answer is a protocol violation
+
+        async def check() -> None:
+            try:
+                user = await verify(token)
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                self._verifying = None
+                self._refuse(f"user token refused: {e.message}")
+                return
+            except Exception as e:  # a bug in the verifier: refuse, and say so
+                self._verifying = None
+                log.exception("verifying a user token failed peer=%s", self.conn.peer)
+                self._refuse(f"user token not verified: {type(e).__name__}")
+                return
+            self._verifying = None
+            if self.conn.is_closing or self._step != -2:
+                return
+            self.user = user
+            self.token = token
+            self.identity = f"{self.identity} (uid {user.uid})"
+            self._authenticated()
+
+        self._verifying = self.loop.create_task(check())
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None
@@ -334,7 +386,7 @@ class _ServerSession(FrameReceiver):
             self._release(payload)
             return
         deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
-        ctx = CallContext(self.conn.peer, self.identity, request_id, method, deadline)
+        ctx = CallContext(self.conn.peer, self.identity, request_id, method, deadline, self.user, self.token)
         try:
             coro = handler(request, payload, ctx)
         except Exception as exc:  # a handler that is not a coroutine function after all
@@ -550,6 +602,9 @@ class RpcServer:
 
     ``secret`` is the cluster secret (≥ 16 bytes); ``identity`` names this server in handshakes and
     logs; ``payload_crc`` makes replies carry a CRC32C of their payload (checked by the receiver).
+    ``verify_user`` (``async (token) -> mgmtd_pb2.User``, raising FS3Error for a bad token) admits
+    *user connections*, clients that offer a user token instead of proving the secret; handlers see
+    their user in ``CallContext.user``. Without it, such clients are refused.
     The system service (:mod:`fs3.net.system`: Ping, Echo, Sink, Source) is always registered.
     """
 
@@ -562,8 +617,10 @@ class RpcServer:
         limits: RpcLimits = DEFAULT_LIMITS,
         pool: BufferPool | None = None,
         payload_crc: bool = False,
+        verify_user: Callable[[str], Awaitable[Any]] | None = None,
     ) -> None:
         self._secret = auth.check_secret(secret)
+        self.verify_user = verify_user
         self.identity = identity
         self.transport = transport or TcpTransport()
         self.limits = limits

@@ -1,0 +1,152 @@
+"""User connections: a client without the cluster secret authenticates with a user token, which the
+server verifies (its ``verify_user``); handlers see the token's user. Bad tokens, servers that take
+cluster members only, and protocol violations while the token is checked are refused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import rpcwire
+from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
+from rpcwire import SECRET
+
+from fs3.errors import FS3Error, StatusCode
+from fs3.net import RpcClient, RpcServer, auth
+from fs3.net.frame import F_ERROR, F_HANDSHAKE, F_REQUEST
+from fs3.net.system import PING
+from fs3.proto import mgmtd_pb2, rpc_pb2
+
+pytestmark = pytest.mark.timeout(60)
+
+BLOCK = TEST_SERVICE["Block"]
+USERS = {"tok-alice": mgmtd_pb2.User(uid=1001, name="alice", gid=100)}
+
+
+class Verifier:
+    """What mgmtd answers, as meta and storage ask it (fs3.net.auth.TokenCache): the user a token
+    belongs to, or UNAUTHENTICATED."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, token: str) -> mgmtd_pb2.User:
+        self.asked.append(token)
+        if self.gate is not None:
+            await self.gate.wait()
+        user = USERS.get(token)
+        if user is None:
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "unknown token")
+        return user
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RpcServer]:
+    verifier = Verifier()
+    server = RpcServer(SECRET, identity="user-server", limits=TEST_LIMITS, verify_user=verifier)
+    server.handlers = ServiceUnderTest()  # type: ignore[attr-defined]
+    server.verifier = verifier  # type: ignore[attr-defined]
+    server.add_service(TEST_SERVICE, server.handlers)  # type: ignore[attr-defined]
+    await server.start(("127.0.0.1", 0))
+    try:
+        yield server
+    finally:
+        server.handlers.gate.set()  # type: ignore[attr-defined]
+        await server.stop()
+
+
+async def _served_context(server: RpcServer, client: RpcClient) -> object:
+    server.handlers.gate.set()  # type: ignore[attr-defined]
+    await client.call(server.address, BLOCK, rpc_pb2.EchoRequest(data=b"x"))
+    return server.handlers.contexts[-1]  # type: ignore[attr-defined]
+
+
+async def test_a_user_connection_acts_as_its_tokens_user(server: RpcServer) -> None:
+    async with RpcClient(None, token="tok-alice", identity="alice-job", limits=TEST_LIMITS) as client:
+        ctx = await _served_context(server, client)
+    assert ctx.user.uid == 1001 and ctx.user.name == "alice"  # type: ignore[attr-defined]
+    assert ctx.token == "tok-alice"  # type: ignore[attr-defined]
+    assert "alice-job" in ctx.identity and "1001" in ctx.identity  # type: ignore[attr-defined]
+    # a cluster member on the same server: no user
+    async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as client:
+        ctx = await _served_context(server, client)
+    assert ctx.user is None and ctx.token == ""  # type: ignore[attr-defined]
+
+
+async def test_a_bad_token_is_refused(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
+    async with RpcClient(None, token="tok-mallory", limits=TEST_LIMITS) as client:
+        with pytest.raises(FS3Error) as e:
+            await client.call(server.address, PING, rpc_pb2.PingRequest())
+    assert e.value.code == StatusCode.RPC_AUTH_FAILED
+    assert "tok-mallory" in server.verifier.asked  # type: ignore[attr-defined]
+    assert any("user token refused: unknown token" in r.getMessage() for r in caplog.records)
+    await poll(lambda: server.connection_count == 0, what="the refused connection to close")
+
+
+async def test_a_server_without_a_verifier_takes_cluster_members_only(
+    rpc_server: RpcServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
+        with pytest.raises(FS3Error) as e:
+            await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+    assert e.value.code == StatusCode.RPC_AUTH_FAILED
+    assert any("accepts cluster members only" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("eager", ["request", "second hello"])
+async def test_nothing_is_served_while_the_token_is_checked(
+    server: RpcServer, eager: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A client that sends a request, or another hello (another token), before the server answered
+    # its token is refused, and nothing is served, however the check then ends.
+    server.verifier.gate = asyncio.Event()  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+
+    def attempt() -> tuple[int, int, bytes]:
+        with rpcwire.connect(server.address) as sock:
+            hello = rpc_pb2.ClientHello(
+                version=1, nonce=auth.new_nonce(), identity="eager", token="tok-nobody"
+            )
+            sock.sendall(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.CLIENT_HELLO, hello.SerializeToString()))
+            if eager == "request":
+                sock.sendall(rpcwire.frame(F_REQUEST, 1, 0, BLOCK.id, b""))
+            else:
+                hello.token = "tok-alice"
+                sock.sendall(rpcwire.frame(F_HANDSHAKE, 0, 0, auth.CLIENT_HELLO, hello.SerializeToString()))
+            hdr, message, _ = rpcwire.read_frame(sock)
+            return hdr[0], rpcwire.read_status(message).code, rpcwire.wait_closed(sock)
+
+    flags, code, rest = await loop.run_in_executor(None, attempt)
+    assert flags & F_HANDSHAKE and flags & F_ERROR and code == StatusCode.RPC_AUTH_FAILED and rest == b""
+    server.verifier.gate.set()  # type: ignore[attr-defined]
+    await poll(lambda: server.connection_count == 0, what="the refused connection to close")
+    assert server.handlers.contexts == []  # type: ignore[attr-defined]
+    assert server.verifier.asked == ["tok-nobody"]  # type: ignore[attr-defined]
+    expected = "frame before authentication" if eager == "request" else "handshake step 1 where -2"
+    assert any(expected in r.getMessage() for r in caplog.records)
+
+
+async def test_a_token_check_that_never_ends_times_the_handshake_out(server: RpcServer) -> None:
+    server.verifier.gate = asyncio.Event()  # type: ignore[attr-defined]  # never opened
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS, connect_timeout=0.5) as client:
+        with pytest.raises(FS3Error) as e:
+            await client.call(server.address, PING, rpc_pb2.PingRequest())
+    assert e.value.code in (StatusCode.RPC_CONNECT_FAILED, StatusCode.RPC_AUTH_FAILED)
+    await poll(lambda: server.connection_count == 0, what="the connection to close")
+
+
+async def test_an_overlong_token_is_refused_unasked(server: RpcServer) -> None:
+    async with RpcClient(None, token="t" * (auth.MAX_TOKEN_CHARS + 1), limits=TEST_LIMITS) as client:
+        with pytest.raises(FS3Error) as e:
+            await client.call(server.address, PING, rpc_pb2.PingRequest())
+    assert e.value.code == StatusCode.RPC_AUTH_FAILED
+    assert server.verifier.asked == []  # type: ignore[attr-defined]
+
+
+def test_a_client_needs_exactly_one_of_secret_and_token() -> None:
+    with pytest.raises(ValueError, match="either the cluster secret or a user token"):
+        RpcClient(None)
+    with pytest.raises(ValueError, match="either the cluster secret or a user token"):
+        RpcClient(SECRET, token="tok-alice")
