@@ -841,7 +841,10 @@ class Cluster:
 
     # ---- client sessions -----------------------------------------------------------------------
 
-    def extend_session(self, s: mgmtd_pb2.ClientSession) -> None:
+    def extend_session(self, s: mgmtd_pb2.ClientSession, owner: int | None = None) -> None:
+        """Start or extend client session ``s``; ``owner``, a user's uid (None for a cluster
+        member or a root user), may extend only a session of its own: another's would keep that client's files
+        open at meta after it went, and take the session's uid."""
         if not s.client_id or len(s.client_id) > 128:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "client_id must be 1..128 characters")
         if len(s.description) > 1024 or len(s.hostname) > 255:
@@ -849,6 +852,10 @@ class Cluster:
         self._note_listening(self._mono())
         now = self.wall()
         old = self.sessions.get(s.client_id)
+        if owner is not None and old is not None and old.uid != owner:
+            raise FS3Error(
+                StatusCode.PERMISSION_DENIED, f"client session {s.client_id} belongs to uid {old.uid}"
+            )
         new = mgmtd_pb2.ClientSession()
         new.CopyFrom(s)
         new.started_at = old.started_at if old is not None else now

@@ -195,9 +195,11 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         cluster = self.server.cluster_or_raise()
         session = mgmtd_pb2.ClientSession()
         session.CopyFrom(request.session)
+        owner = None
         if caller.user is not None and not caller.service:
             session.uid = caller.user.uid  # a user speaks for itself only
-        cluster.extend_session(session)
+            owner = None if caller.user.root else caller.user.uid
+        cluster.extend_session(session, owner)
         reply = mgmtd_pb2.ExtendClientSessionReply(
             routing_version=cluster.rec.routing_version,
             session_timeout_s=cluster.timing.client_session_timeout_s,

@@ -609,6 +609,21 @@ async def test_client_sessions(admin: Admin) -> None:
     await wait_until(_no_sessions(c), 5, "session expiry")
 
 
+async def test_a_user_extends_only_its_own_client_sessions(admin: Admin) -> None:
+    alice = admin.env.client(token=await admin.client.add_user(1000, "alice"))
+    bob = admin.env.client(token=await admin.client.add_user(1001, "bob"))
+    await alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-1", uid=0))  # uid: what the token says
+    await alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-1"))
+    e = await expect(
+        StatusCode.PERMISSION_DENIED, bob.extend_session(mgmtd_pb2.ClientSession(client_id="a-1"))
+    )
+    assert "belongs to uid 1000" in e.message
+    sessions = {x.client_id: x for x in await admin.client.list_client_sessions()}
+    assert sessions["a-1"].uid == 1000
+    # a root token (as a mount's) or the cluster secret extends any, as before
+    await admin.client.extend_session(mgmtd_pb2.ClientSession(client_id="a-1", uid=1000))
+
+
 async def list_sessions(c: MgmtdClient) -> mgmtd_pb2.ListClientSessionsReply:
     return await c.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
 
