@@ -290,7 +290,14 @@ class _ServerSession(FrameReceiver):
         if len(token) > auth.MAX_TOKEN_CHARS:
             self._refuse("user token too long")
             return
+        server = self.server
+        if server._user_checks >= server.max_user_checks:
+            # each check may cost mgmtd a call (a new token, or one refused over a few seconds
+            # ago): a flood of made-up tokens waits on the handshake timeout, not on mgmtd
+            self._refuse("too many user tokens being checked")
+            return
         self._step = -2  # any handshake frame before the answer is a protocol violation
+        server._user_checks += 1
 
         async def check() -> None:
             try:
@@ -314,7 +321,11 @@ class _ServerSession(FrameReceiver):
             self.identity = f"{self.identity} (uid {user.uid})"
             self._authenticated()
 
+        def checked(_task: asyncio.Task[None]) -> None:
+            server._user_checks -= 1
+
         self._verifying = self.loop.create_task(check())
+        self._verifying.add_done_callback(checked)
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None
@@ -621,6 +632,9 @@ class RpcServer:
     ) -> None:
         self._secret = auth.check_secret(secret)
         self.verify_user = verify_user
+        # user tokens being checked at once, and the most (more handshakes are refused)
+        self._user_checks = 0
+        self.max_user_checks = 64
         self.identity = identity
         self.transport = transport or TcpTransport()
         self.limits = limits

@@ -150,3 +150,27 @@ def test_a_client_needs_exactly_one_of_secret_and_token() -> None:
         RpcClient(None)
     with pytest.raises(ValueError, match="either the cluster secret or a user token"):
         RpcClient(SECRET, token="tok-alice")
+
+
+async def test_a_flood_of_tokens_is_checked_a_bounded_number_at_a_time(
+    server: RpcServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each check may cost mgmtd a call: a server checks at most max_user_checks at once and refuses
+    # the handshakes beyond, and counts each check it ends, however it ends.
+    server.max_user_checks = 2
+    server.verifier.gate = asyncio.Event()  # type: ignore[attr-defined]
+    clients = [RpcClient(None, token=f"tok-{i}", limits=TEST_LIMITS, connect_timeout=5) for i in range(3)]
+    calls = [asyncio.ensure_future(c.call(server.address, PING, rpc_pb2.PingRequest())) for c in clients]
+    await poll(lambda: len(server.verifier.asked) == 2, what="two tokens being checked")  # type: ignore[attr-defined]
+    await poll(lambda: any(c.done() for c in calls), what="the third handshake refused")
+    assert any("too many user tokens being checked" in r.getMessage() for r in caplog.records)
+    server.verifier.gate.set()  # type: ignore[attr-defined]
+    for call in calls:
+        with pytest.raises(FS3Error):
+            await call  # unknown tokens, or refused
+    for c in clients:
+        await c.close()
+    assert len(server.verifier.asked) == 2  # type: ignore[attr-defined]  # the third never asked
+    await poll(lambda: server._user_checks == 0, what="the checks counted out")
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
+        await client.call(server.address, PING, rpc_pb2.PingRequest())
