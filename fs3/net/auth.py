@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -159,3 +160,13 @@ class TokenCache:
         if isinstance(value, FS3Error):
             raise FS3Error(value.code, value.message)
         return value
+
+
+def user_scoped_id(uid: int, value: int) -> int:
+    """An id a user connection sent (a client id, a request id), made its user's: derived from the
+    uid, and apart from the ids cluster members draw (below 2**63). Retries are recognized by such
+    ids; were a user's taken as sent, whoever learnt another client's could have that client's
+    next requests answered from a cache of results instead of served (storage's update tags), or
+    read the results recorded for it (meta's idempotency records)."""
+    digest = hashlib.blake2b(struct.pack("<IQ", uid, value), digest_size=8, person=b"fs3-user-id").digest()
+    return int.from_bytes(digest, "little") | 1 << 63
