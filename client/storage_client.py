@@ -44,6 +44,8 @@ from typing import Any, NamedTuple
 
 import crc32c as _crc32c
 
+from fs3 import capability
+from fs3.capability import CapabilityCache
 from fs3.client.routing import Routing, RoutingCache
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, ServiceDef
@@ -249,6 +251,13 @@ class StorageClient:
     ``rpc`` an :class:`fs3.net.RpcClient` holding the cluster secret (one per process, shared with
     other clients; the caller closes it). ``client_id`` identifies this client's updates for
     exactly-once retries (random by default). ``user`` is sent with every request.
+
+    A client that is not a cluster member (``rpc`` opens user connections with its token) passes
+    ``capabilities``, where it keeps the capabilities meta issued it (:mod:`fs3.capability`):
+    each write and read then carries its file's, and one that storage refuses (expired by
+    storage's clock, say) is dropped and the call made once more with a fresh one from meta; a
+    second refusal is the caller's (STORAGE_CAPABILITY, EACCES). Such a client can only write
+    data and read: every other call here is for cluster members.
     """
 
     def __init__(
@@ -261,9 +270,11 @@ class StorageClient:
         user: common_pb2.UserInfo | None = None,
         verify_read_checksum: bool = True,
         coalesce_turns: int = 0,
+        capabilities: CapabilityCache | None = None,
     ) -> None:
         self.routing = routing
         self.rpc = rpc
+        self.capabilities = capabilities
         self.client_id = client_id or secrets.randbits(63) | 1
         self.retry = retry or RetryPolicy()
         self.user = user or common_pb2.UserInfo()
@@ -340,20 +351,35 @@ class StorageClient:
             req.io.key.chain_id = chain_id
             req.io.key.inode_id = inode_id
             req.io.key.chunk_index = chunk_index
+            caps = self.capabilities
+            renewed = False
 
             async def attempt(routing: Routing) -> IOResult:
+                nonlocal renewed
                 chain = routing.chain(chain_id)
                 head = chain.head
                 if head is None:
                     raise FS3Error(StatusCode.STORAGE_TARGET_NOT_SERVING, f"chain {chain_id} has no head")
                 req.io.key.chain_version = chain.version
-                rsp, _ = await self.rpc.call(
-                    node_address(routing, head.target_id),
-                    STORAGE_SERVICE["Write"],
-                    req,
-                    payload=payload,
-                    timeout=self.retry.rpc_timeout_s,
-                )
+                if caps is not None:
+                    req.capability = caps.now(inode_id, capability.WRITE) or await caps.get(
+                        inode_id, capability.WRITE
+                    )
+                try:
+                    rsp, _ = await self.rpc.call(
+                        node_address(routing, head.target_id),
+                        STORAGE_SERVICE["Write"],
+                        req,
+                        payload=payload,
+                        timeout=self.retry.rpc_timeout_s,
+                    )
+                except FS3Error as e:
+                    if e.code != StatusCode.STORAGE_CAPABILITY or caps is None or renewed:
+                        raise
+                    # refused before anything was done: once more, with a fresh one from meta
+                    renewed = True
+                    caps.drop(inode_id, req.capability)
+                    return await attempt(routing)
                 return IOResult.from_pb(rsp)
 
             return await self._with_retry(
@@ -513,6 +539,16 @@ class StorageClient:
             if io.offset < 0 or io.length < 0 or io.offset + io.length > MAX_IO_BYTES:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad read range {io.offset}+{io.length}")
         await self._known_chains({io.chain_id for io in ios})
+        caps = self.capabilities
+        held: dict[int, bytes] | None = None  # a user connection's capability of each file read
+        renewed: set[int] = set()  # files whose capability storage refused once
+        if caps is not None:
+            held = {}
+            for io in ios:
+                if io.inode_id not in held:
+                    held[io.inode_id] = caps.now(io.inode_id, capability.READ) or await caps.get(
+                        io.inode_id, capability.READ
+                    )
         results: list[bytes | int | None] = [None] * len(ios)
         failed: dict[int, set[int]] = {}  # request index -> targets that failed it
         corrupt: dict[int, set[int]] = {}  # request index -> targets whose copy failed its CRC
@@ -538,14 +574,20 @@ class StorageClient:
                     continue
                 groups.setdefault(address, []).append((i, target))
             outcomes = await asyncio.gather(
-                *(self._read_group(routing, a, g, ios, results, sinks) for a, g in groups.items())
+                *(self._read_group(routing, a, g, ios, results, sinks, held) for a, g in groups.items())
             )
             if done is not None:
                 for i in todo:
                     if results[i] is not None:
                         done(i, results[i])
+            refused: set[int] = set()
             for errors in outcomes:
                 for i, target, e in errors:
+                    if e.code == StatusCode.STORAGE_CAPABILITY and held is not None:
+                        if ios[i].inode_id in renewed:
+                            raise e
+                        refused.add(ios[i].inode_id)
+                        continue
                     if e.code == StatusCode.STORAGE_CHECKSUM_MISMATCH:
                         # That replica's copy is damaged (or the reply was, on the way): another
                         # replica serves the read; only when every one fails it is it an error.
@@ -557,6 +599,15 @@ class StorageClient:
                         raise e
                     last, retry = e, True
                     failed.setdefault(i, set()).add(target)
+            if refused:
+                # refused before anything was read: once more, with fresh ones from meta
+                assert caps is not None and held is not None
+                for inode_id in refused:
+                    caps.drop(inode_id, held[inode_id])
+                    held[inode_id] = await caps.get(inode_id, capability.READ)
+                renewed |= refused
+                if not retry:
+                    continue
             if not retry and all(r is not None for r in results):
                 return results  # type: ignore[return-value]
             self.routing.refresh_soon()
@@ -590,6 +641,7 @@ class StorageClient:
         ios: Sequence[ReadRequest],
         results: list[bytes | int | None],
         sinks: list[memoryview] | None,
+        caps: dict[int, bytes] | None,
     ) -> list[tuple[int, int, FS3Error]]:
         req = storage_pb2.BatchReadReq(user=self.user)
         for i, _ in group:
@@ -599,6 +651,8 @@ class StorageClient:
             r.key.chain_version = routing.chain(io.chain_id).version
             r.key.inode_id = io.inode_id
             r.key.chunk_index = io.chunk_index
+            if caps is not None:
+                r.capability = caps[io.inode_id]
         self._inflight[address] = self._inflight.get(address, 0) + len(group)
         # The reply lands in a pooled buffer: a fresh one per call would be zeroed (and page-faulted
         # in) by the allocator first, which costs more than the copy out below.

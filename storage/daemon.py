@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from fs3 import metrics
 from fs3.background import Periodic
+from fs3.capability import CapabilityVerifier
 from fs3.client.meta_client import DEV_SECRET
 from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import Routing, RoutingCache
@@ -28,6 +29,7 @@ from fs3.client.storage_client import STORAGE_SERVICE
 from fs3.config import StorageConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
+from fs3.net.auth import TokenCache
 from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
@@ -141,8 +143,15 @@ class StorageDaemon:
             aio=self.aio,
         )
         self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
-        service = StorageService(replicator, self.registry)
-        self.server = RpcServer(secret, identity=f"storage-{cfg.node_id}", transport=transport)
+        service = StorageService(replicator, self.registry, capabilities=CapabilityVerifier(secret))
+        # Clients that hold no cluster secret connect with their user token (checked with mgmtd) and
+        # read and write what meta's capabilities let them; the backend listener is for the chain.
+        self.server = RpcServer(
+            secret,
+            identity=f"storage-{cfg.node_id}",
+            transport=transport,
+            verify_user=TokenCache(self.mgmtd.verify_token).user_of,
+        )
         self.server.add_service(STORAGE_SERVICE, service)
         self.port = await _listen(self.server, cfg.listen_host, cfg.listen_port)
         endpoints = [common_pb2.Endpoint(host=_advertised(cfg.listen_host), port=self.port, transport="tcp")]

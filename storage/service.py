@@ -11,15 +11,17 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from fs3 import metrics
+from fs3 import capability, metrics
+from fs3.capability import CapabilityVerifier
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import CallContext, inline
+from fs3.net.auth import user_scoped_id
 from fs3.proto import common_pb2, storage_pb2
 
 from .chain_ops import file_range, split_chunk_id
@@ -41,10 +43,22 @@ DUMP_PAGE = 1024  # chunk metadata per reply: building a page stays well under a
 
 
 class StorageService:
-    """Handlers of STORAGE_SERVICE (``fs3.client.storage_client``) for one daemon."""
+    """Handlers of STORAGE_SERVICE (``fs3.client.storage_client``) for one daemon.
 
-    def __init__(self, replicator: Replicator, registry: CollectorRegistry | None = None) -> None:
+    Calls of cluster members (``ctx.user`` None) are served as they come. A user connection
+    (:mod:`fs3.capability`) may only write data (Write of type WRITE) and read (BatchRead), each
+    chunk with a capability of its file that ``capabilities`` verifies; every other method is
+    refused (PERMISSION_DENIED), as is every call when there is no ``capabilities``."""
+
+    def __init__(
+        self,
+        replicator: Replicator,
+        registry: CollectorRegistry | None = None,
+        *,
+        capabilities: CapabilityVerifier | None = None,
+    ) -> None:
         self.rep = replicator
+        self.capabilities = capabilities
         self.targets = replicator.targets
         reg = registry or metrics.registry()
         self.m_ops = metrics.counter(
@@ -88,6 +102,65 @@ class StorageService:
             latency = self._latency[method] = self.m_latency.labels(method)
         latency.observe(time.perf_counter() - start)
 
+    def _refused(self, method: str, e: FS3Error) -> FS3Error:
+        self._done(method, time.perf_counter(), int(e.code))
+        return e
+
+    def _members_only(self, method: str) -> FS3Error:
+        """The error for a user connection's call of a method only cluster members may call."""
+        return self._refused(
+            method, FS3Error(StatusCode.PERMISSION_DENIED, f"storage {method} is for cluster members only")
+        )
+
+    def _verifier(self, method: str) -> CapabilityVerifier:
+        if self.capabilities is None:
+            raise self._refused(
+                method,
+                FS3Error(StatusCode.PERMISSION_DENIED, "this storage service takes no user connections"),
+            )
+        return self.capabilities
+
+    def _check_user_write(self, request: storage_pb2.WriteReq, user: Any) -> None:
+        """A user connection writes data into chunks of a file it holds a WRITE capability of;
+        truncating and removing chunks is meta's. Its tag is made its user's (:func:`fs3.net.auth.user_scoped_id`)."""
+        if request.io.type != storage_pb2.UPDATE_WRITE:
+            raise self._refused(
+                "Write",
+                FS3Error(
+                    StatusCode.PERMISSION_DENIED,
+                    "only cluster members truncate or remove chunks (meta does, for a file's truncate "
+                    "and removal)",
+                ),
+            )
+        verifier = self._verifier("Write")
+        try:
+            verifier.check(
+                request.capability,
+                request.io.key.inode_id,
+                capability.WRITE,
+                request.io.key.chain_id,
+                request.io.chunk_size,
+            )
+        except FS3Error as e:
+            raise self._refused("Write", e) from None
+        if request.tag.client_id:
+            request.tag.client_id = user_scoped_id(user.uid, request.tag.client_id)
+
+    def _check_user_reads(
+        self, ios: Sequence[storage_pb2.ReadIO], outcomes: list[tuple[bytes, int, int] | BaseException | None]
+    ) -> int:
+        """Refuse each read of a user connection whose capability does not grant reading its
+        chunk's file (its outcome becomes the error); returns how many were refused."""
+        verifier = self._verifier("BatchRead")
+        refused = 0
+        for i, io in enumerate(ios):
+            try:
+                verifier.check(io.capability, io.key.inode_id, capability.READ, io.key.chain_id)
+            except FS3Error as e:
+                outcomes[i] = e
+                refused += 1
+        return refused
+
     async def _timed(self, method: str, coro):  # type: ignore[no-untyped-def]
         start = time.perf_counter()
         try:
@@ -106,6 +179,8 @@ class StorageService:
     async def write(
         self, request: storage_pb2.WriteReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.IOResult:
+        if ctx.user is not None:
+            self._check_user_write(request, ctx.user)
         r = await self._timed("Write", self.rep.client_update(request, payload))
         if request.io.type == storage_pb2.UPDATE_WRITE:
             self._write_bytes.inc(request.io.length)
@@ -114,6 +189,8 @@ class StorageService:
     async def update(
         self, request: storage_pb2.UpdateReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.IOResult:
+        if ctx.user is not None:
+            raise self._members_only("Update")
         return await self._timed("Update", self.rep.chain_update(request, payload))
 
     @inline  # a small read of a chunk with no update in flight never waits (craq.INLINE_READ_BYTES)
@@ -128,16 +205,20 @@ class StorageService:
             raise FS3Error(
                 StatusCode.INVALID_ARGUMENT, f"batch asks for {total} bytes, more than {MAX_BATCH_READ_BYTES}"
             )
+        outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * len(request.ios)
+        # a user connection's reads without a capability for their file fail, each on its own
+        refused = self._check_user_reads(request.ios, outcomes) if ctx.user is not None else 0
         # Small reads of chunks with no update in flight are served at once (this handler runs
         # inline, so a batch of them costs no task and no trip to the I/O threads), up to a budget
         # that keeps the event loop from stalling on a large batch; the rest go the long way.
         # Cold reads that native AIO can serve come back as plans, submitted together below.
-        outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * len(request.ios)
         slow: list[int] = []
         planned: list[tuple[int, AioPlan]] = []
         budget = INLINE_BATCH_READ_BYTES
         lone = len(request.ios) == 1
         for i, io in enumerate(request.ios):
+            if refused and outcomes[i] is not None:
+                continue
             if io.length <= budget:
                 try:
                     o = self.rep.read_now(io, lone=lone)
@@ -151,7 +232,7 @@ class StorageService:
                     budget -= io.length
                     continue
             slow.append(i)
-        inline = len(outcomes) - len(slow) - len(planned)
+        inline = len(outcomes) - len(slow) - len(planned) - refused
         if inline:
             self._inline_reads.inc(inline)
         if slow or planned:
@@ -208,6 +289,8 @@ class StorageService:
     async def query_committed(
         self, request: storage_pb2.QueryCommittedReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.QueryCommittedRsp:
+        if ctx.user is not None:
+            raise self._members_only("QueryCommitted")
         return await self._timed("QueryCommitted", self.rep.query_committed(request))
 
     # -- file-level operations --------------------------------------------------------------------
@@ -215,6 +298,9 @@ class StorageService:
     async def query_last_chunk(
         self, request: storage_pb2.QueryLastChunkReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.QueryLastChunkRsp:
+        if ctx.user is not None:
+            raise self._members_only("QueryLastChunk")
+
         async def run() -> storage_pb2.QueryLastChunkRsp:
             t = self.targets.of_chain(request.chain_id)
             self.targets.check_readable(t)
@@ -235,6 +321,8 @@ class StorageService:
     async def remove_chunks(
         self, request: storage_pb2.RemoveChunksReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.RemoveChunksRsp:
+        if ctx.user is not None:
+            raise self._members_only("RemoveChunks")
         if request.end_index and request.end_index < request.begin_index:
             raise FS3Error(
                 StatusCode.INVALID_ARGUMENT,
@@ -246,6 +334,8 @@ class StorageService:
     async def truncate_chunks(
         self, request: storage_pb2.TruncateChunksReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.TruncateChunksRsp:
+        if ctx.user is not None:
+            raise self._members_only("TruncateChunks")
         return await self._timed("TruncateChunks", self.rep.truncate_chunks(request, ctx.deadline))
 
     # -- membership -------------------------------------------------------------------------------
@@ -253,6 +343,8 @@ class StorageService:
     async def sync_start(
         self, request: storage_pb2.SyncStartReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.SyncStartRsp:
+        if ctx.user is not None:
+            raise self._members_only("SyncStart")
         t = self.targets.target(request.target_id)
         await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
         if t.chain_id != request.chain_id or t.public_state != common_pb2.SYNCING or t.local_state != ONLINE:
@@ -280,6 +372,8 @@ class StorageService:
         that began before the chain changed (this target went OFFLINE and came back SYNCING, say)
         or before this daemon restarted compared chunk lists that miss the writes committed
         without this target meanwhile, and vouches for nothing."""
+        if ctx.user is not None:
+            raise self._members_only("SyncDone")
         t = self.targets.target(request.target_id)
         await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
         if t.public_state != common_pb2.SYNCING or t.local_state == 3:
@@ -300,6 +394,8 @@ class StorageService:
     async def space_info(
         self, request: storage_pb2.SpaceInfoReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.SpaceInfoRsp:
+        if ctx.user is not None:
+            raise self._members_only("SpaceInfo")
         ids = list(request.target_ids) or list(self.targets.targets)
         rsp = storage_pb2.SpaceInfoRsp()
         for tid in ids:
@@ -319,6 +415,8 @@ class StorageService:
     async def dump_chunk_meta(
         self, request: storage_pb2.DumpChunkMetaReq, payload: memoryview | None, ctx: CallContext
     ) -> storage_pb2.DumpChunkMetaRsp:
+        if ctx.user is not None:
+            raise self._members_only("DumpChunkMeta")
         t = self.targets.target(request.target_id)
         limit = min(request.limit or DUMP_PAGE, DUMP_PAGE)
         begin, end = file_range(request.inode_id) if request.inode_id else (b"", None)

@@ -158,7 +158,7 @@ def sync_req(cls, version: int):  # type: ignore[no-untyped-def]
 
 async def test_sync_done_needs_the_sync_start_of_its_chain_version(successor) -> None:
     service, t = successor
-    ctx = SimpleNamespace(peer="predecessor")
+    ctx = SimpleNamespace(peer="predecessor", user=None)  # a cluster member
     # no SyncStart since this daemon started: a sync begun before a restart vouches for nothing
     with pytest.raises(FS3Error) as err:
         await service.sync_done(sync_req(storage_pb2.SyncDoneReq, 1), None, ctx)
