@@ -33,6 +33,10 @@ What a caller may rely on:
   (:meth:`File.pread` looks again then), extended by this FileSystem's unreported writes: a reader
   that keeps its file open follows other clients' appends and truncates.
 - Errors raise :class:`fs3.errors.FS3Error`; ``e.errno`` is the POSIX errno.
+- With ``ClientConfig.user_auth`` the client holds no cluster secret: its connections authenticate
+  with the user token in ``token_file``, meta acts for it only as the token's user, and storage
+  serves it the files meta lets it open, through capabilities (:mod:`fs3.capability`) that its
+  opens bring and that it renews with meta as they run out (EACCES once access is lost).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fs3.capability import CapabilityCache
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
 from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient
@@ -145,6 +150,26 @@ def _split(path: str | bytes) -> tuple[bytes, bytes]:
 def read_token(path: str) -> str:
     """The user token in ``path`` ('' when ``path`` is '')."""
     return Path(path).read_text().strip() if path else ""
+
+
+def _token_of(config: ClientConfig) -> str:
+    """The token in ``config.token_file``; CONFIG_INVALID when it cannot be read."""
+    try:
+        return read_token(config.token_file)
+    except OSError as e:
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID, f"cannot read token_file {config.token_file}: {e.strerror}"
+        ) from None
+
+
+async def _default_user(mgmtd: MgmtdClient, token: str) -> common_pb2.UserInfo:
+    """Who a FileSystem acts as unless told: this process's uid, gid and groups, or, on user
+    connections with a non-root ``token``, the token's user (meta acts as that one anyway)."""
+    if token:
+        owner = await mgmtd.verify_token(token)
+        if not owner.root:
+            return common_pb2.UserInfo(uid=owner.uid, gid=owner.gid, groups=owner.groups)
+    return common_pb2.UserInfo(uid=os.getuid(), gid=os.getgid(), groups=os.getgroups())
 
 
 class File:
@@ -331,22 +356,32 @@ class FileSystem:
     ) -> FileSystem:
         """Connect to the cluster ``config`` names (a ClientConfig, a TOML path, or None for the
         defaults and ``FS3_*`` overrides). ``user`` defaults to this process's uid, gid and groups
-        with the token in ``token_file``."""
+        with the token in ``token_file``; with ``config.user_auth`` (connections authenticated by
+        that token, not the cluster secret) a non-root token's user instead."""
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)
-        secret = read_secret(config.cluster_secret_file) or DEV_SECRET
-        if user is None:
-            token = read_token(config.token_file)
-            user = common_pb2.UserInfo(uid=os.getuid(), gid=os.getgid(), groups=os.getgroups(), token=token)
-        rpc = RpcClient(
-            secret,
-            identity=f"client-{os.getpid()}",
-            connections_per_peer=2,
-            transport=make_transport(config.transport, config.rdma),
-        )
-        mgmtd = MgmtdClient(config.mgmtd_addresses, cluster_secret=secret, timeout_s=timeout_s)
+        token = _token_of(config) if config.user_auth or user is None else ""
+        transport = make_transport(config.transport, config.rdma)
+        identity = f"client-{os.getpid()}"
+        if config.user_auth:
+            # Not trusted with the cluster secret: every connection proves the user token instead.
+            if not token:
+                raise FS3Error(
+                    StatusCode.CONFIG_INVALID,
+                    "user_auth = true needs token_file to name a file holding a user token"
+                    + (f" ({config.token_file} is empty)" if config.token_file else ""),
+                )
+            rpc = RpcClient(None, token=token, identity=identity, connections_per_peer=2, transport=transport)
+            mgmtd = MgmtdClient(config.mgmtd_addresses, token=token, timeout_s=timeout_s)
+        else:
+            secret = read_secret(config.cluster_secret_file) or DEV_SECRET
+            rpc = RpcClient(secret, identity=identity, connections_per_peer=2, transport=transport)
+            mgmtd = MgmtdClient(config.mgmtd_addresses, cluster_secret=secret, timeout_s=timeout_s)
         routing = RoutingCache(mgmtd, refresh_interval_s=2.0)
         try:
+            if user is None:
+                user = await _default_user(mgmtd, token if config.user_auth else "")
+                user.token = token
             await routing.start(first_timeout_s=timeout_s)
             addresses = list(config.meta_addresses)
             if not addresses:
@@ -362,6 +397,9 @@ class FileSystem:
                 timeout_s=config.rpc_timeout_s * max(len(addresses), 1),
                 rpc_timeout_s=config.rpc_timeout_s,
             )
+            # On user connections storage serves only files meta gave a capability for: those
+            # opens and creates bring go into the cache, the others are asked of meta when needed.
+            meta.capabilities = CapabilityCache(meta.capability) if config.user_auth else None
             storage = StorageClient(
                 routing,
                 rpc,
@@ -371,6 +409,7 @@ class FileSystem:
                 ),
                 user=user,
                 coalesce_turns=config.read_coalesce_turns,
+                capabilities=meta.capabilities,
             )
         except BaseException:
             await routing.stop()

@@ -33,6 +33,7 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from fs3.capability import CapabilityCache
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, ServiceDef
 from fs3.net.transport import Address, parse_address
@@ -88,6 +89,7 @@ META_SERVICE = ServiceDef(
         m.METHOD_META_REMOVEXATTR: ("Removexattr", m.RemovexattrReq, m.EmptyRsp),
         m.METHOD_META_LOOKUP_PATH: ("LookupPath", m.LookupPathReq, m.InodeRsp),
         m.METHOD_META_SET_LAYOUT: ("SetLayout", m.SetLayoutReq, m.InodeRsp),
+        m.METHOD_META_CAPABILITY: ("Capability", m.CapabilityReq, m.CapabilityRsp),
     },
 )
 
@@ -109,7 +111,9 @@ class MetaClient:
     """A client of the meta service, acting as ``user`` (see the module docstring).
 
     ``rpc`` may be shared with other clients (storage) of the same process; otherwise one is made
-    from ``secret`` and closed by :meth:`close`.
+    from ``secret`` and closed by :meth:`close`. Over a user connection (an ``rpc`` opened with a
+    user token), opens and creates bring capabilities (:mod:`fs3.capability`): they go into
+    ``capabilities``, the cache the process's storage client takes them from, when one is given.
     """
 
     def __init__(
@@ -122,9 +126,11 @@ class MetaClient:
         rpc: RpcClient | None = None,
         timeout_s: float = 30.0,
         rpc_timeout_s: float = 10.0,
+        capabilities: CapabilityCache | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one meta address is needed")
+        self.capabilities = capabilities
         self.addresses = list(dict.fromkeys(addresses))
         self._own_rpc = rpc is None
         self.rpc = rpc or RpcClient(secret or DEV_SECRET, identity="meta-client")
@@ -261,7 +267,10 @@ class MetaClient:
         session: bool = False,
     ) -> m.CreateRsp:
         req = m.CreateReq(parent=parent, name=name, mode=mode, flags=flags, umask=umask, open_session=session)
-        return await self.call("Create", req, request_id=True)
+        rsp = await self.call("Create", req, request_id=True)
+        if rsp.capability and self.capabilities is not None:
+            self.capabilities.put(rsp.inode.id, rsp.capability)
+        return rsp
 
     async def mkdir(self, parent: int, name: bytes, mode: int = 0o755, umask: int = 0) -> m.Inode:
         req = m.MkdirReq(parent=parent, name=name, mode=mode, umask=umask)
@@ -337,7 +346,18 @@ class MetaClient:
     # ---- open files ----------------------------------------------------------------------------
 
     async def open(self, inode_id: int, flags: int = 0) -> m.OpenRsp:
-        return await self.call("Open", m.OpenReq(inode_id=inode_id, flags=flags), request_id=True)
+        rsp = await self.call("Open", m.OpenReq(inode_id=inode_id, flags=flags), request_id=True)
+        if rsp.capability and self.capabilities is not None:
+            self.capabilities.put(rsp.inode.id, rsp.capability)
+        return rsp
+
+    async def capability(self, inode_id: int, rights: int) -> bytes:
+        """A new capability for file ``inode_id`` with ``rights`` (``fs3.capability.READ``,
+        ``WRITE``), which meta grants after checking, as an open would, that this client's user
+        may access it so now (EACCES otherwise). For clients on a user connection; the renewal
+        function of a :class:`fs3.capability.CapabilityCache`."""
+        req = m.CapabilityReq(inode_id=inode_id, rights=rights)
+        return (await self.call("Capability", req)).capability
 
     async def sync(
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False

@@ -202,7 +202,9 @@ class MetaConfig:
     )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     authenticate: bool = opt(
-        True, doc="verify each request's user token with mgmtd (false: trust the uid/gid sent)"
+        True,
+        doc="verify each request's user token with mgmtd (false: trust the uid/gid sent, and refuse"
+        " clients on user connections, see the client's user_auth)",
     )
     default_chain_table: int = opt(1, doc="chain table of new files unless a directory says otherwise")
     default_chunk_size: int = opt(
@@ -211,6 +213,13 @@ class MetaConfig:
     default_stripe: int = opt(1, doc="chains per new file unless a directory says otherwise", check=_positive)
     idem_ttl_s: float = opt(
         1800.0, doc="how long a non-idempotent request's result is kept for retries", check=_positive
+    )
+    capability_ttl_s: float = opt(
+        600.0,
+        doc="how long a capability meta issues at open (to clients on user connections, see the client's"
+        " user_auth) lets storage serve the file; a client renews it, and loses access it lost"
+        " (chmod, chown) at the latest this long after, plus the minute of clock skew storage allows",
+        check=lambda v: None if v >= 1 else "must be at least 1 (seconds)",
     )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
@@ -293,6 +302,12 @@ class ClientConfig:
     mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
     cluster_id: str = opt("fs3", doc="cluster name")
     token_file: str = opt("", doc="file holding this client's user token")
+    user_auth: bool = opt(
+        False,
+        doc="authenticate connections with the user token in token_file instead of the cluster secret:"
+        " for clients not trusted with the secret; meta then acts only as the token's user and storage"
+        " needs the capability meta issues at open (cluster_secret_file is not read)",
+    )
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)

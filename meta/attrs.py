@@ -139,6 +139,21 @@ class AttrOps(Namespace):
         else:
             inodes.store(tr, ino)
 
+    # ---- access ----------------------------------------------------------------------------------
+
+    async def check_file_access(self, cred: Credentials, inode_id: int, want: int) -> meta_pb2.Inode:
+        """The regular file ``inode_id``, if ``cred`` may access it for ``want`` (R_OK, W_OK) now,
+        as an open would check it; PERMISSION_DENIED (EACCES) if not, META_IS_DIRECTORY or
+        INVALID_ARGUMENT for anything but a regular file. A file unlinked since is still checked
+        (its open handles live on)."""
+        ino = await self.db.run(lambda tr: inodes.load(tr.snapshot, inode_id), read_only=True)
+        if ino.type == DIRECTORY:
+            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
+        if ino.type != FILE:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a regular file")
+        check(ino, cred, want)
+        return ino
+
     # ---- extended attributes -----------------------------------------------------------------
 
     async def getxattr(self, cred: Credentials, inode_id: int, name: bytes) -> bytes:

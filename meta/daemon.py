@@ -9,6 +9,7 @@ import socket
 from prometheus_client import CollectorRegistry
 
 from fs3 import metrics
+from fs3.capability import CapabilityIssuer
 from fs3.client.meta_client import DEV_SECRET
 from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import RoutingCache
@@ -157,10 +158,20 @@ class MetaDaemon:
             live_clients=self._live_clients if self.mgmtd is not None else None,
         )
         await self.store.start()
+        # Clients on user connections (a user token, not the cluster secret) only where tokens are
+        # verified: a trusting meta would let them act as anyone.
         self.server = RpcServer(
-            self.secret or DEV_SECRET, identity=f"meta-{cfg.node_id}", transport=transport
+            self.secret or DEV_SECRET,
+            identity=f"meta-{cfg.node_id}",
+            transport=transport,
+            verify_user=auth.user_of if isinstance(auth, TokenAuthenticator) else None,
         )
-        MetaService(self.store, auth, statfs=self.store.chunks.space).register(self.server, self.registry)
+        MetaService(
+            self.store,
+            auth,
+            statfs=self.store.chunks.space,
+            capabilities=CapabilityIssuer(self.secret or DEV_SECRET, ttl_s=cfg.capability_ttl_s),
+        ).register(self.server, self.registry)
         metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
         if cfg.metrics_port:
             self.metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host, self.registry)

@@ -2,7 +2,8 @@
 
 The daemon is stateless: any number of them may serve one store. With ``mgmtd_addresses`` set it
 registers and heartbeats as a meta node, takes chain tables for new files' layouts from mgmtd's
-routing info, and (with ``authenticate``) verifies users' tokens with mgmtd; with
+routing info, and (with ``authenticate``) verifies users' tokens with mgmtd and serves clients on
+user connections (a token instead of the cluster secret: see :mod:`fs3.meta.service`); with
 ``mgmtd_addresses = []`` it runs alone (no layouts with chains, and ``authenticate`` must be off).
 
 Exits 0 after a clean shutdown on SIGTERM or SIGINT, and non-zero with one line on standard error

@@ -1,5 +1,11 @@
 """The meta service over fs3 RPC: decodes requests, authenticates the caller, calls the
 :class:`fs3.meta.store.MetaStore` and encodes the reply. Errors travel as the FS3Error's status code.
+
+A call on a *user connection* (a client that authenticated with its user token instead of the
+cluster secret: ``CallContext.user``) acts only as that token's user: its header's identity is
+replaced before any handler reads it (:func:`_bind`), and its opens and creates of regular files
+come with a capability (:mod:`fs3.capability`) for the rights the open checked, which storage asks of
+such a client's reads and writes; ``Capability`` issues a new one after checking again.
 """
 
 from __future__ import annotations
@@ -13,14 +19,16 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from fs3 import metrics
+from fs3 import capability, metrics
+from fs3.capability import CapabilityIssuer
 from fs3.client.meta_client import META_SERVICE
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import Authenticator
-from fs3.meta.namespace import CALL_DEADLINE
-from fs3.meta.permissions import Credentials
+from fs3.meta.namespace import CALL_DEADLINE, FILE
+from fs3.meta.permissions import R_OK, W_OK, Credentials, access_of_flags, check
 from fs3.meta.store import MetaStore
 from fs3.net import CallContext, RpcServer
+from fs3.net.auth import user_scoped_id
 from fs3.net.service import inline
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
@@ -39,11 +47,14 @@ class MetaService:
         auth: Authenticator,
         *,
         statfs: Callable[[], Awaitable[tuple[int, int, int]]] | None = None,
+        capabilities: CapabilityIssuer | None = None,
     ) -> None:
-        """``statfs`` returns storage's (capacity, used, available) bytes."""
+        """``statfs`` returns storage's (capacity, used, available) bytes; ``capabilities`` seals
+        the capabilities user connections get (none without it)."""
         self.store = store
         self.auth = auth
         self._statfs = statfs
+        self.capabilities = capabilities
         # The caller's credentials without a coroutine when the authenticator has them at hand (the
         # usual case: a known header identity or a cached token); None sends us to _credentials.
         self._known: Callable[[Any], Credentials | None] = getattr(auth, "known", _unknown)
@@ -52,9 +63,7 @@ class MetaService:
         """Serve every method on ``server``, counting requests and latencies into ``registry``."""
         handlers = {m.name: getattr(self, m.name) for m in META_SERVICE}
         if registry is None:
-            server.add_service(
-                META_SERVICE, {n: inline(_plain(h)) if n in INLINE else h for n, h in handlers.items()}
-            )
+            server.add_service(META_SERVICE, {n: _plain(h, n) for n, h in handlers.items()})
             return
         stats = RequestMetrics(list(handlers), registry)
         server.add_service(META_SERVICE, {n: _measured(h, n, stats) for n, h in handlers.items()})
@@ -128,9 +137,9 @@ class MetaService:
 
     # ---- namespace changes ---------------------------------------------------------------------
 
-    async def Create(self, req: m.CreateReq, _p: Any, _c: CallContext) -> m.CreateRsp:
+    async def Create(self, req: m.CreateReq, _p: Any, ctx: CallContext) -> m.CreateRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        return await self.store.create(
+        rsp = await self.store.create(
             cred,
             req.parent,
             req.name,
@@ -141,6 +150,10 @@ class MetaService:
             client_id=req.hdr.client_id,
             idem=self._idem(req),
         )
+        if ctx.user is not None:
+            # not part of the recorded reply (see _grant): a replay gets a fresh one, checked again
+            rsp.capability = self._grant(cred, rsp.inode, req.flags, rsp.created)
+        return rsp
 
     async def Mkdir(self, req: m.MkdirReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
@@ -228,10 +241,41 @@ class MetaService:
 
     # ---- open files ----------------------------------------------------------------------------
 
-    async def Open(self, req: m.OpenReq, _p: Any, _c: CallContext) -> m.OpenRsp:
+    async def Open(self, req: m.OpenReq, _p: Any, ctx: CallContext) -> m.OpenRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
         ino, sid = await self.store.open(cred, req.inode_id, req.flags, req.hdr.client_id, self._idem(req))
-        return m.OpenRsp(inode=ino, session_id=sid)
+        if ctx.user is None:
+            return m.OpenRsp(inode=ino, session_id=sid)
+        return m.OpenRsp(inode=ino, session_id=sid, capability=self._grant(cred, ino, req.flags, False))
+
+    async def Capability(self, req: m.CapabilityReq, _p: Any, _c: CallContext) -> m.CapabilityRsp:
+        """A new capability for a file the caller may access with ``rights`` now, checked as an
+        open would (for a user connection whose capability expired or was refused)."""
+        cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
+        rights = req.rights
+        if not rights or rights & ~capability.RIGHTS:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad capability rights {rights}")
+        if self.capabilities is None:
+            raise FS3Error(StatusCode.FAILED_PRECONDITION, "this meta server issues no capabilities")
+        want = (R_OK if rights & capability.READ else 0) | (W_OK if rights & capability.WRITE else 0)
+        ino = await self.store.check_file_access(cred, req.inode_id, want)
+        return m.CapabilityRsp(capability=self.capabilities.issue(ino.id, rights, ino.layout))
+
+    def _grant(self, cred: Credentials, ino: m.Inode, flags: int, created: bool) -> bytes:
+        """The capability a user connection's open (``flags``) of ``ino`` brings: the rights the
+        open checked, for a regular file; none otherwise.
+
+        The reply may be a recorded one (a retried request id), and a request id is only the
+        caller's word: the permission is checked again against the inode it names, for this
+        caller (a pure check of the inode at hand), except for the file this caller created,
+        which POSIX lets its creator open as asked whatever its mode."""
+        if ino.type != FILE or self.capabilities is None:
+            return b""
+        want = access_of_flags(flags)
+        if not (created and ino.uid == cred.uid):
+            check(ino, cred, want)
+        rights = (capability.READ if want & R_OK else 0) | (capability.WRITE if want & W_OK else 0)
+        return self.capabilities.issue(ino.id, rights, ino.layout)
 
     async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         if self._known(req.hdr.user) is None:
@@ -288,6 +332,7 @@ INLINE = frozenset(
         "Rename",
         "Setxattr",
         "Removexattr",
+        "Capability",
     }
 )
 
@@ -346,6 +391,8 @@ def _measured(handler: Any, name: str, stats: RequestMetrics) -> Any:
     clock = time.perf_counter
 
     async def measured(req: Any, payload: Any, ctx: CallContext) -> Any:
+        if ctx.user is not None:
+            _bind(req, ctx)
         CALL_DEADLINE.set(ctx.deadline)
         start = clock()
         try:
@@ -367,14 +414,38 @@ def _unknown(_user: Any) -> None:
     return None
 
 
-def _plain(handler: Any) -> Any:
-    """A function wrapping a bound method, so that it can carry the inline mark."""
+def _plain(handler: Any, name: str) -> Any:
+    """``handler`` as the server calls it without metrics (inline if ``name`` is in INLINE)."""
 
     async def call(req: Any, payload: Any, ctx: CallContext) -> Any:
+        if ctx.user is not None:
+            _bind(req, ctx)
         CALL_DEADLINE.set(ctx.deadline)
         return await handler(req, payload, ctx)
 
-    return call
+    return inline(call) if name in INLINE else call
+
+
+def _bind(req: Any, ctx: CallContext) -> None:
+    """Make a user connection's request act as its token's user, whatever its header says: every
+    handler goes through this (see :meth:`MetaService.register`) before it reads ``req.hdr.user``.
+    A non-root user's own uid, gid and groups replace the header's; a root user's token (a mount
+    acting for the users of its host) may name any, as a header token of it may. Either way the
+    header carries the connection's token, which the authenticator checks as for any request (so
+    a token revoked since the connection opened stops working here too). A non-root user's request
+    id is made its own (:func:`fs3.net.auth.user_scoped_id`): a retry is answered with the result
+    recorded under its client and request id, which another user must not be able to name."""
+    user = ctx.user
+    hdr = req.hdr
+    hdr_user = hdr.user
+    if not user.root:
+        if hdr.request_id:
+            hdr.request_id = user_scoped_id(user.uid, hdr.request_id)
+        hdr_user.uid = user.uid
+        hdr_user.gid = user.gid
+        del hdr_user.groups[:]
+        hdr_user.groups.extend(user.groups)
+    hdr_user.token = ctx.token
 
 
 def user_info(uid: int, gid: int, groups: tuple[int, ...] = (), token: str = "") -> common_pb2.UserInfo:

@@ -1,0 +1,240 @@
+"""User connections end to end: a native client not trusted with the cluster secret
+(``ClientConfig.user_auth``) authenticates with its user token, meta acts for it only as that
+token's user, and storage serves it only the files meta issued it a capability for. Real daemons on
+127.0.0.1; meta verifies tokens (``authenticate = true``)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from cluster import wait_until
+from fs_cluster import FsCluster
+
+from fs3 import capability
+from fs3.capability import CapabilityIssuer
+from fs3.client.file import chain_of
+from fs3.client.filesystem import FileSystem
+from fs3.client.storage_client import StorageClient
+from fs3.config import ClientConfig, MetaConfig, load_config
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
+
+pytestmark = pytest.mark.timeout(180)
+
+ALICE, BOB = 1000, 1001
+
+
+@dataclass
+class Users:
+    c: FsCluster
+    admin: FileSystem  # a cluster member (the secret) with the admin's root token
+    tokens: dict[str, Path]
+
+    async def connect(self, name: str) -> FileSystem:
+        """A FileSystem on user connections with ``name``'s token, without the cluster secret."""
+        return await self.c.connect(
+            name=f"client-{name}", user_auth=True, token_file=str(self.tokens[name]), cluster_secret_file=""
+        )
+
+
+async def _users(c: FsCluster) -> Users:
+    """alice and bob, each with a home directory of their own (0755)."""
+    assert c.cluster.admin is not None
+    tokens = {"admin": c.tmp / "admin.token"}
+    tokens["admin"].write_text(c.cluster.admin_token + "\n")
+    for uid, name in ((ALICE, "alice"), (BOB, "bob")):
+        tokens[name] = c.tmp / f"{name}.token"
+        tokens[name].write_text(await c.cluster.admin.add_user(uid, name, gid=uid) + "\n")
+    admin = await c.connect(name="client-admin", token_file=str(tokens["admin"]))
+    for uid, name in ((ALICE, "alice"), (BOB, "bob")):
+        await admin.mkdir(f"/{name}", 0o755)
+        await admin.chown(f"/{name}", uid, uid)
+    return Users(c, admin, tokens)
+
+
+@pytest.fixture
+async def users(tmp_path: Path) -> AsyncIterator[Users]:
+    async with FsCluster(tmp_path, meta_extra={"authenticate": True}) as c:
+        yield await _users(c)
+
+
+async def expect(errno_: int, aw) -> FS3Error:
+    with pytest.raises(FS3Error) as e:
+        await aw
+    assert e.value.errno == errno_, e.value
+    return e.value
+
+
+def assert_names_layout(cap: bytes, ino: m.Inode) -> None:
+    """``cap`` is for the file ``ino`` and holds for its chains and chunk size, as meta has them."""
+    grant = capability.parse(cap)
+    assert grant.inode_id == ino.id and ino.layout.chains
+    assert (grant.chains, grant.chunk_size) == (set(ino.layout.chains), ino.layout.chunk_size)
+
+
+async def test_a_user_works_on_its_own_files_as_itself(users: Users) -> None:
+    alice = await users.connect("alice")
+    assert (alice.meta.user.uid, alice.meta.user.gid) == (
+        ALICE,
+        ALICE,
+    )  # the token's user, not this process's
+    data = os.urandom(2_500_000)  # three chunks
+    await alice.write_file("/alice/a.bin", data, perm=0o600)
+    # the create brought a capability for the file's layout
+    ino = (await alice.stat("/alice/a.bin")).inode
+    created = alice.meta.capabilities.now(ino.id, capability.WRITE)
+    assert created is not None and capability.parse(created).rights & capability.WRITE
+    assert_names_layout(created, ino)
+    assert await alice.read_file("/alice/a.bin") == data
+    async with await alice.open("/alice/a.bin", "a") as f:
+        await f.write(b"tail")
+    async with await alice.open("/alice/a.bin", "r+") as f:
+        # the open brought its capability: no call to meta before the first read
+        cap = alice.meta.capabilities.now(f.inode_id, capability.RIGHTS)
+        assert cap is not None
+        assert_names_layout(cap, (await alice.stat("/alice/a.bin")).inode)
+        assert await f.pread(4, len(data)) == b"tail"
+        await f.pwrite(b"HEAD", 0)
+    await alice.truncate("/alice/a.bin", 1_200_000)
+    await alice.rename("/alice/a.bin", "/alice/b.bin")
+    assert await alice.listdir("/alice") == ["b.bin"]
+    st = await alice.stat("/alice/b.bin")
+    assert (st.st_uid, st.st_gid, st.st_size) == (ALICE, ALICE, 1_200_000)
+    assert await alice.read_file("/alice/b.bin") == b"HEAD" + data[4:1_200_000]
+    # a read by path, without an open: the capability comes from meta
+    assert await alice.read_batch([("/alice/b.bin", 1_000_000, 10)]) == [data[1_000_000:1_000_010]]
+    # her capabilities hold for her files' layouts only: storage refuses a new chunk of another
+    # size (the capability at hand, and the one meta renews it with), which meta's truncates and
+    # removals, going by the file's chunk size, would never find
+    layout = ino.layout
+    far = 1000  # a chunk index past the file's end
+    chain = chain_of(layout, far)
+    e = await expect(
+        errno.EACCES, alice.storage.write(chain, ino.id, far, 0, b"x" * 10, layout.chunk_size * 2)
+    )
+    assert e.code == StatusCode.STORAGE_CAPABILITY
+    assert await users.admin.storage.read(chain, ino.id, far, 0, 10) == b""
+    assert await alice.read_file("/alice/b.bin") == b"HEAD" + data[4:1_200_000]
+    # alice is alice whatever her headers say: the root directory is root's
+    alice.meta.user = common_pb2.UserInfo(uid=0, gid=0)
+    await expect(errno.EACCES, alice.mkdir("/mine"))
+    await alice.write_file("/alice/c.bin", b"c")
+    assert (await users.admin.stat("/alice/c.bin")).st_uid == ALICE
+    # nor is she an admin at mgmtd
+    await expect(errno.EACCES, alice.mgmtd.list_nodes())
+    await expect(errno.EACCES, alice.mgmtd.add_user(2000, "mallory"))
+
+
+async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(users: Users) -> None:
+    alice, bob = await users.connect("alice"), await users.connect("bob")
+    data = os.urandom(300_000)
+    await alice.write_file("/alice/secret", data, perm=0o600)
+    ino = (await alice.stat("/alice/secret")).inode
+    chain = chain_of(ino.layout, 0)
+    chunk_size = ino.layout.chunk_size
+    await expect(errno.EACCES, bob.open("/alice/secret"))
+    await expect(errno.EACCES, bob.open("/alice/secret", "r+"))
+    # by inode id, straight to storage: meta gives his client no capability for it
+    await expect(errno.EACCES, bob.storage.read(chain, ino.id, 0, 0, 100))
+    await expect(errno.EACCES, bob.storage.write(chain, ino.id, 0, 0, b"x" * 100, chunk_size))
+    # nor does it help to say he is alice
+    bob.meta.user = common_pb2.UserInfo(uid=ALICE, gid=ALICE)
+    bob.storage.user = common_pb2.UserInfo(uid=ALICE, gid=ALICE)
+    await expect(errno.EACCES, bob.open("/alice/secret"))
+    await expect(errno.EACCES, bob.meta.capability(ino.id, capability.READ))
+    await expect(errno.EACCES, bob.storage.read(chain, ino.id, 0, 0, 100))
+    # and without a capability at all, storage refuses his connection's reads and writes
+    bare = StorageClient(bob.routing, bob.rpc, user=bob.storage.user)
+    e = await expect(errno.EACCES, bare.read(chain, ino.id, 0, 0, 100))
+    assert e.code == StatusCode.STORAGE_CAPABILITY
+    e = await expect(errno.EACCES, bare.write(chain, ino.id, 0, 0, b"x" * 100, chunk_size))
+    assert e.code == StatusCode.STORAGE_CAPABILITY
+    assert await alice.read_file("/alice/secret") == data
+    # what alice lets others read, bob reads, and only that
+    await alice.chmod("/alice/secret", 0o644)
+    assert await bob.read_file("/alice/secret") == data
+    await expect(errno.EACCES, bob.open("/alice/secret", "r+"))
+
+
+async def test_meta_without_authentication_refuses_user_connections(tmp_path: Path) -> None:
+    async with FsCluster(tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1) as c:
+        assert c.cluster.admin is not None
+        token = c.tmp / "alice.token"
+        token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
+        alice = await c.connect(user_auth=True, token_file=str(token), cluster_secret_file="")
+        e = await expect(errno.EACCES, alice.stat("/"))
+        assert e.code == StatusCode.RPC_AUTH_FAILED
+        # what trusts the header takes cluster members only
+        member = await c.connect()
+        assert (await member.stat("/")).st_uid == 0
+
+
+async def test_an_expired_or_refused_capability_is_renewed_until_access_is_lost(tmp_path: Path) -> None:
+    # capabilities for 1 s (meta's daemon), which this client renews after half of it, by its own
+    # clock (storage still accepts them CLOCK_SKEW_S past their expiry)
+    meta_extra = {"authenticate": True, "capability_ttl_s": 1.0}
+    async with FsCluster(
+        tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra=meta_extra
+    ) as c:
+        users = await _users(c)
+        alice = await users.connect("alice")
+        caps = alice.meta.capabilities
+        data = os.urandom(100_000)
+        await alice.write_file("/alice/f", data, perm=0o600)
+        f = await alice.open("/alice/f", "r+")
+        first = caps.now(f.inode_id, capability.RIGHTS)
+        assert first is not None
+        ino = (await alice.stat("/alice/f")).inode
+        assert capability.parse(first).ttl_s == 1
+
+        async def expired() -> bool:
+            return caps.now(f.inode_id, capability.READ) is None
+
+        await wait_until(expired, 5, "the capability to expire")
+        assert await f.pread(10, 0) == data[:10]
+        renewed = caps.now(f.inode_id, capability.READ)
+        assert renewed is not None and renewed != first
+        assert_names_layout(renewed, ino)
+        # one that storage refuses (sealed with another secret, good for an hour) is replaced
+        forged = CapabilityIssuer(b"not-the-cluster-secret-at-all!!!", ttl_s=3600).issue(
+            f.inode_id, capability.RIGHTS, ino.layout
+        )
+        caps.put(f.inode_id, forged)
+        assert await f.pread(10, 10) == data[10:20]
+        await f.pwrite(b"new", 0)
+        await f.fsync()
+        assert caps.now(f.inode_id, capability.RIGHTS) != forged
+        # once alice may not read it any more, meta issues her none, and storage serves her no more
+        await alice.chmod("/alice/f", 0)
+        await wait_until(expired, 5, "the capability to expire")
+        await expect(errno.EACCES, f.pread(10, 20))
+        await expect(errno.EACCES, alice.open("/alice/f"))
+        await alice.chmod("/alice/f", 0o600)
+        assert await f.pread(10, 0) == b"new" + data[3:10]
+        await f.close()
+
+
+async def test_user_auth_needs_a_token(tmp_path: Path) -> None:
+    for config in (
+        ClientConfig(user_auth=True),
+        ClientConfig(user_auth=True, token_file=str(tmp_path / "none")),
+    ):
+        e = await expect(errno.EINVAL, FileSystem.connect(config, timeout_s=1))
+        assert e.code == StatusCode.CONFIG_INVALID and "token" in e.message
+    (tmp_path / "empty").write_text("\n")
+    e = await expect(
+        errno.EINVAL, FileSystem.connect(ClientConfig(user_auth=True, token_file=str(tmp_path / "empty")))
+    )
+    assert e.code == StatusCode.CONFIG_INVALID and "empty" in e.message
+    cfg = tmp_path / "meta.toml"
+    cfg.write_text("capability_ttl_s = 0\n")
+    with pytest.raises(FS3Error) as err:
+        load_config(MetaConfig, cfg)
+    assert err.value.code == StatusCode.CONFIG_INVALID and "capability_ttl_s" in err.value.message
+    assert load_config(MetaConfig, None, environ={}).capability_ttl_s == 600.0

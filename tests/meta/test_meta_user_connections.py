@@ -1,0 +1,286 @@
+"""The meta service's side of user connections (clients that authenticate with a user token rather
+than the cluster secret): every call acts as the token's user whatever its header says, opens and
+creates of regular files bring a capability with the rights the open checked, and ``Capability``
+issues a new one only to a caller who may access the file now. Against an in-process server (mem
+engine), with and without request metrics (two ways into the handlers)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fs3 import capability
+from fs3.capability import CapabilityIssuer, CapabilityVerifier
+from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
+from fs3.errors import FS3Error, StatusCode
+from fs3.kv import open_database
+from fs3.meta.auth import TokenAuthenticator
+from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
+from fs3.meta.service import MetaService
+from fs3.meta.store import MetaStore
+from fs3.net import RpcClient, RpcServer
+from fs3.proto import common_pb2, mgmtd_pb2
+from fs3.proto import meta_pb2 as m
+
+pytestmark = pytest.mark.timeout(60)
+
+CHAINS = (101, 102, 103, 104, 105)  # the chain table new files take their chains from
+CHUNK = 256 << 10  # meta's default chunk size here
+
+USERS = {
+    "tok-root": mgmtd_pb2.User(uid=0, name="root", gid=0, admin=True, root=True),
+    "tok-alice": mgmtd_pb2.User(uid=1001, name="alice", gid=100, groups=[7]),
+    "tok-bob": mgmtd_pb2.User(uid=1002, name="bob", gid=100),
+}
+
+
+async def verify(token: str) -> mgmtd_pb2.User:
+    user = USERS.get(token)
+    if user is None:
+        raise FS3Error(StatusCode.UNAUTHENTICATED, "unknown token")
+    return user
+
+
+@dataclass
+class Meta:
+    address: str
+    member: MetaClient  # a cluster member (the secret) acting as root with the root token
+    rpcs: list[RpcClient]
+    clients: list[MetaClient]
+
+    def user(
+        self,
+        token: str,
+        uid: int = 0,
+        gid: int = 0,
+        client_id: int | None = None,
+        header_token: str | None = None,
+    ) -> MetaClient:
+        """A client on a user connection of ``token`` whose headers say ``uid``/``gid`` and
+        ``header_token`` (``token`` by default)."""
+        rpc = RpcClient(None, token=token, identity="user-job")
+        self.rpcs.append(rpc)
+        c = MetaClient(
+            [self.address],
+            rpc=rpc,
+            user=common_pb2.UserInfo(uid=uid, gid=gid, token=token if header_token is None else header_token),
+            client_id=client_id,
+            timeout_s=5,
+        )
+        self.clients.append(c)
+        return c
+
+
+@pytest.fixture(params=["plain", "measured"])
+async def meta(request: pytest.FixtureRequest) -> AsyncIterator[Meta]:
+    db = await open_database("mem")
+    layouts = ChainAllocator(
+        static_tables([ChainTable(1, 1, CHAINS)]), default_chunk_size=CHUNK, default_stripe=2
+    )
+    store = MetaStore(db, layouts=layouts)
+    await store.start(background=False)
+    auth = TokenAuthenticator(verify)
+    server = RpcServer(DEV_SECRET, verify_user=auth.user_of)
+    registry = CollectorRegistry() if request.param == "measured" else None
+    MetaService(store, auth, capabilities=CapabilityIssuer(DEV_SECRET)).register(server, registry)
+    host, port = await server.start(("127.0.0.1", 0))
+    address = f"{host}:{port}"
+    member = MetaClient([address], user=common_pb2.UserInfo(uid=0, gid=0, token="tok-root"), timeout_s=5)
+    env = Meta(address, member, [], [])
+    try:
+        yield env
+    finally:
+        for c in [member, *env.clients]:
+            await c.close()
+        for rpc in env.rpcs:
+            await rpc.close()
+        await server.stop()
+        await store.stop()
+        await db.close()
+
+
+async def expect(errno_: int, aw) -> FS3Error:
+    with pytest.raises(FS3Error) as e:
+        await aw
+    assert e.value.errno == errno_, e.value
+    return e.value
+
+
+def rights_of(cap: bytes, ino: m.Inode) -> int:
+    """The rights of ``cap``, which must name the file ``ino`` and its layout (its chains and chunk
+    size), after checking it as storage does on each of the file's chains."""
+    grant = capability.parse(cap)
+    layout = ino.layout
+    assert grant.inode_id == ino.id
+    assert layout.chains and set(layout.chains) <= set(CHAINS)
+    assert (grant.chains, grant.chunk_size) == (set(layout.chains), layout.chunk_size)
+    verifier = CapabilityVerifier(DEV_SECRET)
+    for chain_id in layout.chains:
+        if grant.rights & capability.READ:
+            verifier.check(cap, ino.id, capability.READ, chain_id)
+        if grant.rights & capability.WRITE:
+            verifier.check(cap, ino.id, capability.WRITE, chain_id, layout.chunk_size)
+    return grant.rights
+
+
+def granted(rsp: m.OpenRsp | m.CreateRsp) -> int:
+    """The rights of an open's or create's capability, which names the file in the reply."""
+    return rights_of(rsp.capability, rsp.inode)
+
+
+async def test_a_user_connection_acts_as_its_tokens_user_whatever_its_header_says(meta: Meta) -> None:
+    # the header says root, with no token; the connection's token is alice's
+    alice = meta.user("tok-alice", uid=0, gid=0, header_token="")
+    await expect(errno.EACCES, alice.mkdir(ROOT_ID, b"by-alice"))  # the root is root's, 0755
+    private = await meta.member.mkdir(ROOT_ID, b"private", 0o700)
+    await expect(errno.EACCES, alice.lookup(private.id, b"x"))  # an inline handler
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    f = (await alice.create(home.id, b"f", 0o600, flags=os.O_RDWR, session=True)).inode
+    d = await alice.mkdir(home.id, b"d", 0o755)
+    assert (f.uid, f.gid) == (d.uid, d.gid) == (1001, 100)
+    # a header that names alice with bob's token acts as bob
+    bob = meta.user("tok-bob", uid=1001, gid=100)
+    await expect(errno.EACCES, bob.open(f.id, os.O_RDONLY))
+    await expect(errno.EPERM, bob.setattr(f.id, mode=0o666))
+    # sessions are the token user's: with alice's client id and uid in his headers, bob prunes
+    # none of hers
+    posing = meta.user("tok-bob", uid=1001, gid=100, client_id=alice.client_id)
+    assert await posing.prune_sessions(alice.client_id) == 0
+    assert await alice.prune_sessions(alice.client_id) == 1
+
+
+async def test_a_root_tokens_user_connection_acts_as_the_user_its_header_names(meta: Meta) -> None:
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    as_carol = meta.user("tok-root", uid=1500, gid=1500)
+    f = (await as_carol.create(home.id, b"f", 0o600, session=True)).inode
+    assert (f.uid, f.gid) == (1500, 1500)
+    await expect(errno.EACCES, as_carol.mkdir(ROOT_ID, b"x"))
+    assert (await meta.user("tok-root").mkdir(ROOT_ID, b"x")).uid == 0
+
+
+async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) -> None:
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice = meta.user("tok-alice")
+    created = await alice.create(home.id, b"f", 0o644, flags=os.O_WRONLY, session=True)
+    f = created.inode
+    assert granted(created) == capability.WRITE
+    for flags, rights in (
+        (os.O_RDONLY, capability.READ),
+        (os.O_WRONLY, capability.WRITE),
+        (os.O_RDWR, capability.RIGHTS),
+        (os.O_RDONLY | os.O_TRUNC, capability.RIGHTS),
+    ):
+        assert granted(await alice.open(f.id, flags)) == rights
+        again = await alice.create(home.id, b"f", 0o644, flags=flags, session=True)
+        assert not again.created and granted(again) == rights
+    # bob may read what is 0644, and only that
+    bob = meta.user("tok-bob")
+    assert granted(await bob.open(f.id, os.O_RDONLY)) == capability.READ
+    await expect(errno.EACCES, bob.open(f.id, os.O_RDWR))
+    # no capability for what has no chunks, nor for a cluster member
+    d = await alice.mkdir(home.id, b"d")
+    assert (await alice.open(d.id, os.O_RDONLY)).capability == b""
+    assert (await meta.member.open(f.id, os.O_RDWR)).capability == b""
+    assert (await meta.member.create(home.id, b"g", 0o644, flags=os.O_RDWR, session=True)).capability == b""
+
+
+async def test_a_created_file_brings_what_its_creator_asked_whatever_its_mode(meta: Meta) -> None:
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice = meta.user("tok-alice")
+    r = await alice.create(home.id, b"ro", 0o444, flags=os.O_RDWR, session=True)
+    assert r.created and granted(r) == capability.RIGHTS
+
+
+async def test_capability_checks_the_callers_access_now(meta: Meta) -> None:
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice, bob = meta.user("tok-alice"), meta.user("tok-bob", uid=1001, gid=100)  # bob says he is alice
+    f = (await alice.create(home.id, b"f", 0o600, session=True)).inode
+    assert rights_of(await alice.capability(f.id, capability.READ), f) == capability.READ
+    assert rights_of(await alice.capability(f.id, capability.RIGHTS), f) == capability.RIGHTS
+    await expect(errno.EACCES, bob.capability(f.id, capability.READ))
+    await alice.setattr(f.id, mode=0o640)  # bob's group may read
+    assert rights_of(await bob.capability(f.id, capability.READ), f) == capability.READ
+    await expect(errno.EACCES, bob.capability(f.id, capability.WRITE))
+    await alice.setattr(f.id, mode=0)
+    await expect(errno.EACCES, alice.capability(f.id, capability.READ))
+    await expect(errno.EISDIR, alice.capability(home.id, capability.READ))
+    await expect(errno.EINVAL, alice.capability(f.id, 0))
+    await expect(errno.EINVAL, alice.capability(f.id, 4))
+    await expect(errno.ENOENT, alice.capability(f.id + 1000, capability.READ))
+
+
+async def test_capabilities_name_the_files_layout(meta: Meta) -> None:
+    """What storage holds a capability's chunks to: the chains and chunk size of the file's layout
+    as meta has it (a directory's own layout included), whichever call issued it."""
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice = meta.user("tok-alice")
+    d = await alice.mkdir(home.id, b"big", 0o755)
+    await alice.set_layout(d.id, chunk_size=4 << 20, stripe_count=4)
+    for parent, chunk_size, stripe in ((home.id, CHUNK, 2), (d.id, 4 << 20, 4)):
+        created = await alice.create(parent, b"f", 0o644, flags=os.O_RDWR, session=True)
+        f = created.inode
+        assert (f.layout.chunk_size, len(f.layout.chains)) == (chunk_size, stripe)
+        assert f.layout == (await meta.member.stat(f.id)).layout
+        assert granted(created) == capability.RIGHTS
+        assert granted(await alice.open(f.id, os.O_RDONLY)) == capability.READ
+        assert rights_of(await alice.capability(f.id, capability.WRITE), f) == capability.WRITE
+        grant = capability.parse(created.capability)
+        verifier = CapabilityVerifier(DEV_SECRET)
+        for chain_id in set(CHAINS) - set(f.layout.chains):
+            with pytest.raises(FS3Error) as e:
+                verifier.check(created.capability, f.id, capability.READ, chain_id)
+            assert e.value.code == StatusCode.STORAGE_CAPABILITY
+        other_size = chunk_size * 2
+        with pytest.raises(FS3Error) as e:
+            verifier.check(created.capability, f.id, capability.WRITE, f.layout.chains[0], other_size)
+        assert e.value.code == StatusCode.STORAGE_CAPABILITY and grant.chunk_size == chunk_size
+
+
+async def test_a_users_retry_gets_its_first_reply_and_another_users_replay_a_reply_of_its_own(
+    meta: Meta,
+) -> None:
+    """Idempotency records are kept by (client id, request id), and a user connection's request id
+    is its user's: alice's retries get her first reply, and bob naming her client and request ids
+    makes a request of his own, answered as such, never with what was recorded for her."""
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice = meta.user("tok-alice")
+    bob = meta.user("tok-bob", client_id=alice.client_id)
+    req = m.CreateReq(parent=home.id, name=b"f", mode=0o666, flags=os.O_RDWR, open_session=True)
+    first = await alice.call("Create", req, request_id=True)
+    assert first.created and first.session_id and granted(first) == capability.RIGHTS
+    # alice's retry (the same request id): the first reply (its session, no second one), with a
+    # capability again
+    again = await alice.call("Create", req)
+    assert again.created and (again.inode.id, again.session_id) == (first.inode.id, first.session_id)
+    assert granted(again) == capability.RIGHTS
+    # bob with her client and request ids: his own create of what exists now, his own session
+    theirs = await bob.call("Create", req)
+    assert not theirs.created and theirs.inode.id == first.inode.id
+    assert theirs.session_id not in (0, first.session_id)
+    assert granted(theirs) == capability.RIGHTS  # 0666: his own open may write
+    # ... which his retry gets again
+    assert (await bob.call("Create", req)).session_id == theirs.session_id
+    assert (await alice.call("Create", req)).session_id == first.session_id
+
+    # the same for opens
+    f = first.inode
+    open_req = m.OpenReq(inode_id=f.id, flags=os.O_RDONLY)
+    opened = await alice.call("Open", open_req, request_id=True)
+    assert opened.session_id not in (0, first.session_id)
+    assert (await alice.call("Open", open_req)).session_id == opened.session_id
+    replayed = await bob.call("Open", open_req)
+    assert replayed.session_id not in (0, opened.session_id, theirs.session_id)
+    assert granted(replayed) == capability.READ
+    assert (await bob.call("Open", open_req)).session_id == replayed.session_id
+
+    # and what bob may not open himself, a replay of alice's create does not open for him
+    private = m.CreateReq(parent=home.id, name=b"p", mode=0o600, flags=os.O_RDWR, open_session=True)
+    mine = await alice.call("Create", private, request_id=True)
+    assert mine.created and granted(mine) == capability.RIGHTS
+    await expect(errno.EACCES, bob.call("Create", private))
+    assert (await alice.call("Create", private)).session_id == mine.session_id
