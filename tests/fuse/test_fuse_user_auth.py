@@ -1,0 +1,66 @@
+"""A mount without the cluster secret (``user_auth = true``): a user mounts fs3 with its own token,
+and whoever uses the mount acts as that user at meta; storage serves it through the capabilities
+its opens bring."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cluster import free_port
+from fs_cluster import FsCluster
+
+pytestmark = pytest.mark.timeout(180)
+
+ALICE = 1000
+
+
+def _pread(path: Path, length: int, offset: int) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return os.pread(f.fileno(), length, offset)
+
+
+def _capability_calls(metrics_port: int) -> float:
+    """How many Capability calls meta served (renewals: capabilities not brought by an open)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("fs3_meta_requests_total{") and 'method="Capability"' in line
+    )
+
+
+async def test_a_mount_on_a_users_token_acts_as_that_user(tmp_path: Path) -> None:
+    metrics_port = free_port()
+    meta_extra = {"authenticate": True, "metrics_port": metrics_port}
+    async with FsCluster(
+        tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra=meta_extra
+    ) as c:
+        assert c.cluster.admin is not None
+        admin_token, token = tmp_path / "admin.token", tmp_path / "alice.token"
+        admin_token.write_text(c.cluster.admin_token)
+        token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
+        admin = await c.connect(name="client-admin", token_file=str(admin_token))
+        await admin.mkdir("/alice", 0o755)
+        await admin.chown("/alice", ALICE, ALICE)
+        mnt = await c.mount(tmp_path / "mnt", user_auth=True, token_file=str(token), cluster_secret_file="")
+
+        # root on this host writes through the mount: the file is alice's, its bytes on storage
+        data = os.urandom(3 << 20)
+        path = mnt.path / "alice" / "f"
+        await asyncio.to_thread(path.write_bytes, data)
+        assert os.stat(path).st_uid == ALICE
+        assert await admin.read_file("/alice/f") == data
+        assert await asyncio.to_thread(_pread, path, 1 << 20, 1 << 20) == data[1 << 20 : 2 << 20]
+        # and meta refuses what alice may not do, whoever the kernel says asks
+        with pytest.raises(PermissionError):
+            await asyncio.to_thread((mnt.path / "rootfile").write_bytes, b"x")
+        await admin.write_file("/private", b"root only", perm=0o600)
+        with pytest.raises(PermissionError):
+            await asyncio.to_thread((mnt.path / "private").read_bytes)
+        # every read and write went with the capability its open brought: none was asked for again
+        assert _capability_calls(metrics_port) == 0
