@@ -46,6 +46,7 @@ from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import ChainView, Routing, RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import MgmtdConfig, StorageConfig
+from fs3.errors import FS3Error
 from fs3.net import RpcClient
 from fs3.proto import common_pb2, mgmtd_pb2
 
@@ -79,6 +80,14 @@ DEPLOYED_STORAGE_TIMING = _defaults(
     StorageConfig, ("heartbeat_interval_s", "routing_refresh_interval_s", "resync_interval_s")
 )
 DEPLOYED_MGMTD_TIMING = _defaults(MgmtdConfig, ("heartbeat_timeout_s", "chain_update_interval_s"))
+
+
+async def expect_errno(errno_: int, aw: Awaitable[object]) -> FS3Error:
+    """Await ``aw``, which must fail with an FS3Error of POSIX errno ``errno_``; returns the error."""
+    with pytest.raises(FS3Error) as e:
+        await aw
+    assert e.value.errno == errno_, e.value
+    return e.value
 
 
 async def wait_until(

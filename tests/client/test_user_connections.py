@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cluster import wait_until
+from cluster import expect_errno, wait_until
 from fs_cluster import FsCluster
 
 from fs3 import capability
@@ -64,13 +64,6 @@ async def users(tmp_path: Path) -> AsyncIterator[Users]:
         yield await _users(c)
 
 
-async def expect(errno_: int, aw) -> FS3Error:
-    with pytest.raises(FS3Error) as e:
-        await aw
-    assert e.value.errno == errno_, e.value
-    return e.value
-
-
 def assert_names_layout(cap: bytes, ino: m.Inode) -> None:
     """``cap`` is for the file ``ino`` and holds for its chains and chunk size, as meta has them."""
     grant = capability.parse(cap)
@@ -115,7 +108,7 @@ async def test_a_user_works_on_its_own_files_as_itself(users: Users) -> None:
     layout = ino.layout
     far = 1000  # a chunk index past the file's end
     chain = chain_of(layout, far)
-    e = await expect(
+    e = await expect_errno(
         errno.EACCES, alice.storage.write(chain, ino.id, far, 0, b"x" * 10, layout.chunk_size * 2)
     )
     assert e.code == StatusCode.STORAGE_CAPABILITY
@@ -123,12 +116,12 @@ async def test_a_user_works_on_its_own_files_as_itself(users: Users) -> None:
     assert await alice.read_file("/alice/b.bin") == b"HEAD" + data[4:1_200_000]
     # alice is alice whatever her headers say: the root directory is root's
     alice.meta.user = common_pb2.UserInfo(uid=0, gid=0)
-    await expect(errno.EACCES, alice.mkdir("/mine"))
+    await expect_errno(errno.EACCES, alice.mkdir("/mine"))
     await alice.write_file("/alice/c.bin", b"c")
     assert (await users.admin.stat("/alice/c.bin")).st_uid == ALICE
     # nor is she an admin at mgmtd
-    await expect(errno.EACCES, alice.mgmtd.list_nodes())
-    await expect(errno.EACCES, alice.mgmtd.add_user(2000, "mallory"))
+    await expect_errno(errno.EACCES, alice.mgmtd.list_nodes())
+    await expect_errno(errno.EACCES, alice.mgmtd.add_user(2000, "mallory"))
 
 
 async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(users: Users) -> None:
@@ -138,28 +131,28 @@ async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(u
     ino = (await alice.stat("/alice/secret")).inode
     chain = chain_of(ino.layout, 0)
     chunk_size = ino.layout.chunk_size
-    await expect(errno.EACCES, bob.open("/alice/secret"))
-    await expect(errno.EACCES, bob.open("/alice/secret", "r+"))
+    await expect_errno(errno.EACCES, bob.open("/alice/secret"))
+    await expect_errno(errno.EACCES, bob.open("/alice/secret", "r+"))
     # by inode id, straight to storage: meta gives his client no capability for it
-    await expect(errno.EACCES, bob.storage.read(chain, ino.id, 0, 0, 100))
-    await expect(errno.EACCES, bob.storage.write(chain, ino.id, 0, 0, b"x" * 100, chunk_size))
+    await expect_errno(errno.EACCES, bob.storage.read(chain, ino.id, 0, 0, 100))
+    await expect_errno(errno.EACCES, bob.storage.write(chain, ino.id, 0, 0, b"x" * 100, chunk_size))
     # nor does it help to say he is alice
     bob.meta.user = common_pb2.UserInfo(uid=ALICE, gid=ALICE)
     bob.storage.user = common_pb2.UserInfo(uid=ALICE, gid=ALICE)
-    await expect(errno.EACCES, bob.open("/alice/secret"))
-    await expect(errno.EACCES, bob.meta.capability(ino.id, capability.READ))
-    await expect(errno.EACCES, bob.storage.read(chain, ino.id, 0, 0, 100))
+    await expect_errno(errno.EACCES, bob.open("/alice/secret"))
+    await expect_errno(errno.EACCES, bob.meta.capability(ino.id, capability.READ))
+    await expect_errno(errno.EACCES, bob.storage.read(chain, ino.id, 0, 0, 100))
     # and without a capability at all, storage refuses his connection's reads and writes
     bare = StorageClient(bob.routing, bob.rpc, user=bob.storage.user)
-    e = await expect(errno.EACCES, bare.read(chain, ino.id, 0, 0, 100))
+    e = await expect_errno(errno.EACCES, bare.read(chain, ino.id, 0, 0, 100))
     assert e.code == StatusCode.STORAGE_CAPABILITY
-    e = await expect(errno.EACCES, bare.write(chain, ino.id, 0, 0, b"x" * 100, chunk_size))
+    e = await expect_errno(errno.EACCES, bare.write(chain, ino.id, 0, 0, b"x" * 100, chunk_size))
     assert e.code == StatusCode.STORAGE_CAPABILITY
     assert await alice.read_file("/alice/secret") == data
     # what alice lets others read, bob reads, and only that
     await alice.chmod("/alice/secret", 0o644)
     assert await bob.read_file("/alice/secret") == data
-    await expect(errno.EACCES, bob.open("/alice/secret", "r+"))
+    await expect_errno(errno.EACCES, bob.open("/alice/secret", "r+"))
 
 
 async def test_meta_without_authentication_refuses_user_connections(tmp_path: Path) -> None:
@@ -168,7 +161,7 @@ async def test_meta_without_authentication_refuses_user_connections(tmp_path: Pa
         token = c.tmp / "alice.token"
         token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
         alice = await c.connect(user_auth=True, token_file=str(token), cluster_secret_file="")
-        e = await expect(errno.EACCES, alice.stat("/"))
+        e = await expect_errno(errno.EACCES, alice.stat("/"))
         assert e.code == StatusCode.RPC_AUTH_FAILED
         # what trusts the header takes cluster members only
         member = await c.connect()
@@ -213,8 +206,8 @@ async def test_an_expired_or_refused_capability_is_renewed_until_access_is_lost(
         # once alice may not read it any more, meta issues her none, and storage serves her no more
         await alice.chmod("/alice/f", 0)
         await wait_until(expired, 5, "the capability to expire")
-        await expect(errno.EACCES, f.pread(10, 20))
-        await expect(errno.EACCES, alice.open("/alice/f"))
+        await expect_errno(errno.EACCES, f.pread(10, 20))
+        await expect_errno(errno.EACCES, alice.open("/alice/f"))
         await alice.chmod("/alice/f", 0o600)
         assert await f.pread(10, 0) == b"new" + data[3:10]
         await f.close()
@@ -225,10 +218,10 @@ async def test_user_auth_needs_a_token(tmp_path: Path) -> None:
         ClientConfig(user_auth=True),
         ClientConfig(user_auth=True, token_file=str(tmp_path / "none")),
     ):
-        e = await expect(errno.EINVAL, FileSystem.connect(config, timeout_s=1))
+        e = await expect_errno(errno.EINVAL, FileSystem.connect(config, timeout_s=1))
         assert e.code == StatusCode.CONFIG_INVALID and "token" in e.message
     (tmp_path / "empty").write_text("\n")
-    e = await expect(
+    e = await expect_errno(
         errno.EINVAL, FileSystem.connect(ClientConfig(user_auth=True, token_file=str(tmp_path / "empty")))
     )
     assert e.code == StatusCode.CONFIG_INVALID and "empty" in e.message

@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 
 import pytest
+from cluster import expect_errno
 
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
 from fs3.errors import FS3Error
@@ -41,12 +42,6 @@ async def client() -> AsyncIterator[MetaClient]:
         await db.close()
 
 
-async def expect(errno_: int, aw) -> None:
-    with pytest.raises(FS3Error) as e:
-        await aw
-    assert e.value.errno == errno_, e.value
-
-
 async def test_every_method(client: MetaClient) -> None:
     c = client
     d = await c.mkdir(ROOT_ID, b"d", 0o755)
@@ -60,16 +55,16 @@ async def test_every_method(client: MetaClient) -> None:
     o = await c.open(f.id, 0)
     assert o.session_id and o.inode.size == 200
     assert await c.prune_sessions(c.client_id) == 1
-    await expect(errno.EBADF, c.close_file(f.id, o.session_id))
+    await expect_errno(errno.EBADF, c.close_file(f.id, o.session_id))
     assert (await c.setattr(f.id, mode=0o644, mtime_ns=None)).mode == 0o644
     t = await c.setattr(f.id, atime_ns=5, mtime_ns=7, size=10)
     assert (t.atime_ns, t.mtime_ns, t.size) == (5, 7, 10)
-    await expect(errno.EPERM, _as(c, 1000).setattr(f.id, uid=5))
+    await expect_errno(errno.EPERM, _as(c, 1000).setattr(f.id, uid=5))
     await c.setxattr(f.id, b"user.k", b"v")
     assert await c.getxattr(f.id, b"user.k") == b"v"
     assert await c.listxattr(f.id) == [b"user.k"]
     await c.removexattr(f.id, b"user.k")
-    await expect(errno.ENODATA, c.getxattr(f.id, b"user.k"))
+    await expect_errno(errno.ENODATA, c.getxattr(f.id, b"user.k"))
     s = await c.symlink(d.id, b"s", b"f")
     assert await c.readlink(s.id) == b"f"
     assert (await c.lookup_path(b"/d/s")).id == f.id
@@ -77,7 +72,7 @@ async def test_every_method(client: MetaClient) -> None:
     assert n.type == m.INODE_FIFO
     assert (await c.link(f.id, ROOT_ID, b"hard")).nlink == 2
     await c.rename(ROOT_ID, b"hard", d.id, b"hard2")
-    await expect(errno.EEXIST, c.rename(d.id, b"hard2", d.id, b"f", flags=1))
+    await expect_errno(errno.EEXIST, c.rename(d.id, b"hard2", d.id, b"f", flags=1))
     names = [e.name async for e in c.listdir(d.id, page=2)]
     assert names == [b"f", b"hard2", b"p", b"s"]
     page = await c.readdir(d.id, limit=2, with_inodes=True)
@@ -85,12 +80,12 @@ async def test_every_method(client: MetaClient) -> None:
     stats = await c.batch_stat([f.id, 424242])
     assert stats[0].id == f.id and isinstance(stats[1], FS3Error) and stats[1].errno == errno.ENOENT
     await c.unlink(d.id, b"hard2")
-    await expect(errno.ENOTEMPTY, c.rmdir(ROOT_ID, b"d"))
+    await expect_errno(errno.ENOTEMPTY, c.rmdir(ROOT_ID, b"d"))
     await c.rmdir(ROOT_ID, b"d", recursive=True)
-    await expect(errno.ENOENT, c.lookup(ROOT_ID, b"d"))
+    await expect_errno(errno.ENOENT, c.lookup(ROOT_ID, b"d"))
     st = await c.statfs()
     assert st.name_max == 255 and st.inodes >= 1
-    await expect(errno.ENOENT, c.stat(d.id * 1000 + 1))
+    await expect_errno(errno.ENOENT, c.stat(d.id * 1000 + 1))
 
 
 async def test_a_client_other_than_root_prunes_only_sessions_its_uid_opened(client: MetaClient) -> None:
@@ -103,7 +98,7 @@ async def test_a_client_other_than_root_prunes_only_sessions_its_uid_opened(clie
     assert await bob.prune_sessions(alice.client_id) == 0
     assert (await alice.sync(f.id, mine.session_id, 5, True)).size == 5  # alice's session lives
     assert await alice.prune_sessions(alice.client_id) == 1
-    await expect(errno.EBADF, alice.close_file(f.id, mine.session_id))
+    await expect_errno(errno.EBADF, alice.close_file(f.id, mine.session_id))
 
 
 def _as(c: MetaClient, uid: int) -> MetaClient:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from cluster import expect_errno
 from prometheus_client import CollectorRegistry
 
 from fs3 import capability
@@ -104,13 +105,6 @@ async def meta(request: pytest.FixtureRequest) -> AsyncIterator[Meta]:
         await db.close()
 
 
-async def expect(errno_: int, aw) -> FS3Error:
-    with pytest.raises(FS3Error) as e:
-        await aw
-    assert e.value.errno == errno_, e.value
-    return e.value
-
-
 def rights_of(cap: bytes, ino: m.Inode) -> int:
     """The rights of ``cap``, which must name the file ``ino`` and its layout (its chains and chunk
     size), after checking it as storage does on each of the file's chains."""
@@ -136,17 +130,17 @@ def granted(rsp: m.OpenRsp | m.CreateRsp) -> int:
 async def test_a_user_connection_acts_as_its_tokens_user_whatever_its_header_says(meta: Meta) -> None:
     # the header says root, with no token; the connection's token is alice's
     alice = meta.user("tok-alice", uid=0, gid=0, header_token="")
-    await expect(errno.EACCES, alice.mkdir(ROOT_ID, b"by-alice"))  # the root is root's, 0755
+    await expect_errno(errno.EACCES, alice.mkdir(ROOT_ID, b"by-alice"))  # the root is root's, 0755
     private = await meta.member.mkdir(ROOT_ID, b"private", 0o700)
-    await expect(errno.EACCES, alice.lookup(private.id, b"x"))  # an inline handler
+    await expect_errno(errno.EACCES, alice.lookup(private.id, b"x"))  # an inline handler
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     f = (await alice.create(home.id, b"f", 0o600, flags=os.O_RDWR, session=True)).inode
     d = await alice.mkdir(home.id, b"d", 0o755)
     assert (f.uid, f.gid) == (d.uid, d.gid) == (1001, 100)
     # a header that names alice with bob's token acts as bob
     bob = meta.user("tok-bob", uid=1001, gid=100)
-    await expect(errno.EACCES, bob.open(f.id, os.O_RDONLY))
-    await expect(errno.EPERM, bob.setattr(f.id, mode=0o666))
+    await expect_errno(errno.EACCES, bob.open(f.id, os.O_RDONLY))
+    await expect_errno(errno.EPERM, bob.setattr(f.id, mode=0o666))
     # sessions are the token user's: with alice's client id and uid in his headers, bob prunes
     # none of hers
     posing = meta.user("tok-bob", uid=1001, gid=100, client_id=alice.client_id)
@@ -159,7 +153,7 @@ async def test_a_root_tokens_user_connection_acts_as_the_user_its_header_names(m
     as_carol = meta.user("tok-root", uid=1500, gid=1500)
     f = (await as_carol.create(home.id, b"f", 0o600, session=True)).inode
     assert (f.uid, f.gid) == (1500, 1500)
-    await expect(errno.EACCES, as_carol.mkdir(ROOT_ID, b"x"))
+    await expect_errno(errno.EACCES, as_carol.mkdir(ROOT_ID, b"x"))
     assert (await meta.user("tok-root").mkdir(ROOT_ID, b"x")).uid == 0
 
 
@@ -181,7 +175,7 @@ async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) 
     # bob may read what is 0644, and only that
     bob = meta.user("tok-bob")
     assert granted(await bob.open(f.id, os.O_RDONLY)) == capability.READ
-    await expect(errno.EACCES, bob.open(f.id, os.O_RDWR))
+    await expect_errno(errno.EACCES, bob.open(f.id, os.O_RDWR))
     # no capability for what has no chunks, nor for a cluster member
     d = await alice.mkdir(home.id, b"d")
     assert (await alice.open(d.id, os.O_RDONLY)).capability == b""
@@ -202,16 +196,16 @@ async def test_capability_checks_the_callers_access_now(meta: Meta) -> None:
     f = (await alice.create(home.id, b"f", 0o600, session=True)).inode
     assert rights_of(await alice.capability(f.id, capability.READ), f) == capability.READ
     assert rights_of(await alice.capability(f.id, capability.RIGHTS), f) == capability.RIGHTS
-    await expect(errno.EACCES, bob.capability(f.id, capability.READ))
+    await expect_errno(errno.EACCES, bob.capability(f.id, capability.READ))
     await alice.setattr(f.id, mode=0o640)  # bob's group may read
     assert rights_of(await bob.capability(f.id, capability.READ), f) == capability.READ
-    await expect(errno.EACCES, bob.capability(f.id, capability.WRITE))
+    await expect_errno(errno.EACCES, bob.capability(f.id, capability.WRITE))
     await alice.setattr(f.id, mode=0)
-    await expect(errno.EACCES, alice.capability(f.id, capability.READ))
-    await expect(errno.EISDIR, alice.capability(home.id, capability.READ))
-    await expect(errno.EINVAL, alice.capability(f.id, 0))
-    await expect(errno.EINVAL, alice.capability(f.id, 4))
-    await expect(errno.ENOENT, alice.capability(f.id + 1000, capability.READ))
+    await expect_errno(errno.EACCES, alice.capability(f.id, capability.READ))
+    await expect_errno(errno.EISDIR, alice.capability(home.id, capability.READ))
+    await expect_errno(errno.EINVAL, alice.capability(f.id, 0))
+    await expect_errno(errno.EINVAL, alice.capability(f.id, 4))
+    await expect_errno(errno.ENOENT, alice.capability(f.id + 1000, capability.READ))
 
 
 async def test_capabilities_name_the_files_layout(meta: Meta) -> None:
@@ -282,5 +276,5 @@ async def test_a_users_retry_gets_its_first_reply_and_another_users_replay_a_rep
     private = m.CreateReq(parent=home.id, name=b"p", mode=0o600, flags=os.O_RDWR, open_session=True)
     mine = await alice.call("Create", private, request_id=True)
     assert mine.created and granted(mine) == capability.RIGHTS
-    await expect(errno.EACCES, bob.call("Create", private))
+    await expect_errno(errno.EACCES, bob.call("Create", private))
     assert (await alice.call("Create", private)).session_id == mine.session_id
