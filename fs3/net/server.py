@@ -117,6 +117,7 @@ class _ServerSession(FrameReceiver):
         "_server_nonce",
         "_handshake_timer",
         "_verifying",
+        "_recheck_at",
         "_tasks",
         "_task_key",
         "_handlers",
@@ -137,6 +138,7 @@ class _ServerSession(FrameReceiver):
         self.user: Any = None
         self.token = ""
         self._verifying: asyncio.Task[None] | None = None
+        self._recheck_at = 0.0  # when a user connection's token is next asked about (loop time)
         self.ready = False
         self._step = auth.CLIENT_HELLO
         self._client_nonce = b""
@@ -319,6 +321,7 @@ class _ServerSession(FrameReceiver):
             self.user = user
             self.token = token
             self.identity = f"{self.identity} (uid {user.uid})"
+            self._recheck_at = self.loop.time() + server.user_recheck_s
             self._authenticated()
 
         def checked(_task: asyncio.Task[None]) -> None:
@@ -326,6 +329,39 @@ class _ServerSession(FrameReceiver):
 
         self._verifying = self.loop.create_task(check())
         self._verifying.add_done_callback(checked)
+
+    def _recheck_user(self) -> None:
+        """Ask again whom a user connection's token belongs to (it may have been revoked or have
+        expired since the handshake), and close the connection if it belongs to nobody now. The
+        call that brought us here is served meanwhile; an unreachable mgmtd changes nothing."""
+        verify = self.server.verify_user
+        self._recheck_at = self.loop.time() + self.server.user_recheck_s
+        if self._verifying is not None or verify is None:
+            return
+
+        async def recheck() -> None:
+            try:
+                await verify(self.token)
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                if e.code == StatusCode.UNAUTHENTICATED and not self.conn.is_closing:
+                    log.warning(
+                        "closing user connection peer=%s identity=%s reason=%r",
+                        self.conn.peer,
+                        self.identity,
+                        e.message,
+                    )
+                    self._send_error(
+                        0, StatusCode.RPC_AUTH_FAILED, f"user token no longer valid: {e.message}"
+                    )
+                    self.conn.close()
+            except Exception:  # a bug in the verifier: keep serving, and say so
+                log.exception("checking a user token again failed peer=%s", self.conn.peer)
+            finally:
+                self._verifying = None
+
+        self._verifying = self.loop.create_task(recheck())
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None
@@ -359,6 +395,8 @@ class _ServerSession(FrameReceiver):
         message: memoryview | bytes,
         payload: memoryview | None,
     ) -> None:
+        if self.user is not None and self.loop.time() >= self._recheck_at:
+            self._recheck_user()
         entry = self._handlers.get((service_id << 16) | method_id)
         if entry is None:
             if service_id in self.server._services:
@@ -615,7 +653,9 @@ class RpcServer:
     logs; ``payload_crc`` makes replies carry a CRC32C of their payload (checked by the receiver).
     ``verify_user`` (``async (token) -> mgmtd_pb2.User``, raising FS3Error for a bad token) admits
     *user connections*, clients that offer a user token instead of proving the secret; handlers see
-    their user in ``CallContext.user``. Without it, such clients are refused.
+    their user in ``CallContext.user``; the token is checked again every ``user_recheck_s`` while
+    the connection is used, and the connection closed once it is refused. Without it, such
+    clients are refused.
     The system service (:mod:`fs3.net.system`: Ping, Echo, Sink, Source) is always registered.
     """
 
@@ -635,6 +675,9 @@ class RpcServer:
         # user tokens being checked at once, and the most (more handshakes are refused)
         self._user_checks = 0
         self.max_user_checks = 64
+        # how often a user connection's token is checked again while it is used (verify_user's
+        # own cache may answer for a while longer): a revoked token loses its open connections
+        self.user_recheck_s = 30.0
         self.identity = identity
         self.transport = transport or TcpTransport()
         self.limits = limits

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import rpcwire
+from cluster import wait_until
 from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
 from rpcwire import SECRET
 
@@ -174,3 +175,35 @@ async def test_a_flood_of_tokens_is_checked_a_bounded_number_at_a_time(
     await poll(lambda: server._user_checks == 0, what="the checks counted out")
     async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
         await client.call(server.address, PING, rpc_pb2.PingRequest())
+
+
+async def test_a_connection_whose_token_is_revoked_is_closed(
+    server: RpcServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The token is asked about again every user_recheck_s while the connection is used: once it
+    # belongs to nobody, the connection closes and a new one is refused.
+    server.user_recheck_s = 0.2
+    monkeypatch.setitem(USERS, "tok-bob", mgmtd_pb2.User(uid=1002, name="bob", gid=100))
+    async with RpcClient(None, token="tok-bob", limits=TEST_LIMITS) as client:
+        await client.call(server.address, PING, rpc_pb2.PingRequest())
+        del USERS["tok-bob"]  # revoked
+        await asyncio.sleep(0.3)
+
+        async def refused() -> bool:
+            try:
+                await client.call(server.address, PING, rpc_pb2.PingRequest())
+            except FS3Error as e:
+                return e.code in (StatusCode.RPC_AUTH_FAILED, StatusCode.RPC_CONNECTION_CLOSED)
+            return False
+
+        await wait_until(refused, 5.0, "the revoked token's connection to be closed")
+        with pytest.raises(FS3Error) as e:
+            await client.call(server.address, PING, rpc_pb2.PingRequest())
+        assert e.value.code == StatusCode.RPC_AUTH_FAILED  # a new connection is refused
+    assert any("closing user connection" in r.getMessage() for r in caplog.records)
+    # a token still valid keeps its connection however long it is used
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
+        for _ in range(4):
+            await client.call(server.address, PING, rpc_pb2.PingRequest())
+            await asyncio.sleep(0.15)
+        assert server.connection_count == 1
