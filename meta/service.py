@@ -152,7 +152,7 @@ class MetaService:
         )
         if ctx.user is not None:
             # not part of the recorded reply (see _grant): a replay gets a fresh one, checked again
-            rsp.capability = self._grant(cred, rsp.inode, req.flags, rsp.created)
+            rsp.capability = await self._grant(cred, rsp.inode, req.flags, rsp.created)
         return rsp
 
     async def Mkdir(self, req: m.MkdirReq, _p: Any, _c: CallContext) -> m.InodeRsp:
@@ -246,7 +246,7 @@ class MetaService:
         ino, sid = await self.store.open(cred, req.inode_id, req.flags, req.hdr.client_id, self._idem(req))
         if ctx.user is None:
             return m.OpenRsp(inode=ino, session_id=sid)
-        return m.OpenRsp(inode=ino, session_id=sid, capability=self._grant(cred, ino, req.flags, False))
+        return m.OpenRsp(inode=ino, session_id=sid, capability=await self._grant(cred, ino, req.flags, False))
 
     async def Capability(self, req: m.CapabilityReq, _p: Any, _c: CallContext) -> m.CapabilityRsp:
         """A new capability for a file the caller may access with ``rights`` now, checked as an
@@ -261,17 +261,18 @@ class MetaService:
         ino = await self.store.check_file_access(cred, req.inode_id, want)
         return m.CapabilityRsp(capability=self.capabilities.issue(ino.id, rights, ino.layout))
 
-    def _grant(self, cred: Credentials, ino: m.Inode, flags: int, created: bool) -> bytes:
-        """The capability a user connection's open (``flags``) of ``ino`` brings: the rights the
-        open checked, for a regular file; none otherwise.
+    async def _grant(self, cred: Credentials, opened: m.Inode, flags: int, created: bool) -> bytes:
+        """The capability a user connection's open (``flags``) of ``opened`` brings: the rights
+        the open checked, for a regular file; none otherwise.
 
-        The reply may be a recorded one (a retried request id), and a request id is only the
-        caller's word: the permission is checked again against the inode it names, for this
-        caller (a pure check of the inode at hand), except for the file this caller created,
-        which POSIX lets its creator open as asked whatever its mode."""
-        if ino.type != FILE or self.capabilities is None:
+        The reply may be a recorded one (a retried request id, up to ``idem_ttl_s`` old), so the
+        file is loaded again and the permission checked on it as it is now, for this caller
+        (gone: NOT_FOUND); a file the caller created, and still owns, may be opened as asked
+        whatever its mode (POSIX lets its creator; an owner could chmod it anyway)."""
+        if opened.type != FILE or self.capabilities is None:
             return b""
         want = access_of_flags(flags)
+        ino = await self.store.check_file_access(cred, opened.id, 0)
         if not (created and ino.uid == cred.uid):
             check(ino, cred, want)
         rights = (capability.READ if want & R_OK else 0) | (capability.WRITE if want & W_OK else 0)

@@ -53,6 +53,7 @@ class Meta:
     member: MetaClient  # a cluster member (the secret) acting as root with the root token
     rpcs: list[RpcClient]
     clients: list[MetaClient]
+    store: MetaStore
 
     def user(
         self,
@@ -92,7 +93,7 @@ async def meta(request: pytest.FixtureRequest) -> AsyncIterator[Meta]:
     host, port = await server.start(("127.0.0.1", 0))
     address = f"{host}:{port}"
     member = MetaClient([address], user=common_pb2.UserInfo(uid=0, gid=0, token="tok-root"), timeout_s=5)
-    env = Meta(address, member, [], [])
+    env = Meta(address, member, [], [], store)
     try:
         yield env
     finally:
@@ -278,3 +279,30 @@ async def test_a_users_retry_gets_its_first_reply_and_another_users_replay_a_rep
     assert mine.created and granted(mine) == capability.RIGHTS
     await expect_errno(errno.EACCES, bob.call("Create", private))
     assert (await alice.call("Create", private)).session_id == mine.session_id
+
+
+async def test_a_retried_open_or_create_brings_only_what_the_file_allows_now(meta: Meta) -> None:
+    """A retry is answered with the recorded reply (up to idem_ttl_s old), but its capability is
+    checked on the file as it is now: access lost since (a chmod, a chown away from the creator)
+    is not regained by sending an old request again, nor is a file collected since."""
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice, bob = meta.user("tok-alice"), meta.user("tok-bob")
+    shared = (await bob.create(home.id, b"shared", 0o666, flags=os.O_RDWR)).inode
+    open_req = m.OpenReq(inode_id=shared.id, flags=os.O_RDWR)
+    assert granted(await alice.call("Open", open_req, request_id=True)) == capability.RIGHTS
+    await bob.setattr(shared.id, mode=0o600)
+    await expect_errno(errno.EACCES, alice.call("Open", open_req))  # the same request id
+    await expect_errno(errno.EACCES, alice.capability(shared.id, capability.WRITE))
+
+    create_req = m.CreateReq(parent=home.id, name=b"mine", mode=0o644, flags=os.O_RDWR)
+    made = await alice.call("Create", create_req, request_id=True)
+    assert made.created and granted(made) == capability.RIGHTS
+    await meta.member.setattr(made.inode.id, mode=0o600, uid=1002, gid=100)  # root gives it to bob
+    await expect_errno(errno.EACCES, alice.call("Create", create_req))
+
+    gone_req = m.CreateReq(parent=home.id, name=b"gone", mode=0o644)
+    gone = await alice.call("Create", gone_req, request_id=True)
+    assert gone.created and granted(gone) == capability.READ
+    await alice.unlink(home.id, b"gone")
+    await meta.store.collector.collect_once()  # not held open: collected
+    await expect_errno(errno.ENOENT, alice.call("Create", gone_req))
