@@ -115,7 +115,9 @@ def mgmtd_credential(secret: bytes) -> str:
 class TokenCache:
     """Who a user token belongs to, asked of ``verify`` (``MgmtdClient.verify_token``) and kept
     for ``ttl_s`` (a refusal for ``negative_ttl_s``), so that a token costs a dict lookup after its
-    first use. An unreachable mgmtd is not cached."""
+    first use. An unreachable mgmtd is not cached. Refusals are kept apart from accepted tokens,
+    each up to ``max_entries`` with the oldest going first, so that made-up tokens (which anyone
+    who reaches a server may send) never push out the users' own."""
 
     def __init__(
         self,
@@ -129,12 +131,13 @@ class TokenCache:
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
         self.max_entries = max_entries
-        self._cache: dict[str, tuple[float, Any]] = {}
+        self._users: dict[str, tuple[float, Any]] = {}  # token -> (expires, its User)
+        self._refused: dict[str, tuple[float, FS3Error]] = {}
 
     def cached(self, token: str) -> Any:
         """The user of ``token`` if known and fresh, else None (refusals included)."""
-        hit = self._cache.get(token)
-        if hit is None or hit[0] < time.monotonic() or isinstance(hit[1], FS3Error):
+        hit = self._users.get(token)
+        if hit is None or hit[0] < time.monotonic():
             return None
         return hit[1]
 
@@ -143,23 +146,33 @@ class TokenCache:
         if not token:
             raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
         now = time.monotonic()
-        hit = self._cache.get(token)
-        if hit is None or hit[0] < now:
+        hit = self._users.get(token)
+        if hit is not None and hit[0] >= now:
+            return hit[1]
+        refused = self._refused.get(token)
+        if refused is None or refused[0] < now:
             try:
-                result: Any = await self._verify(token)
-                expires = now + self.ttl_s
+                user = await self._verify(token)
             except FS3Error as e:
                 if e.code != StatusCode.UNAUTHENTICATED:
                     raise  # mgmtd unreachable: say so, and do not cache
-                result = e
-                expires = now + self.negative_ttl_s
-            if len(self._cache) >= self.max_entries:
-                self._cache.clear()
-            self._cache[token] = hit = (expires, result)
-        value = hit[1]
-        if isinstance(value, FS3Error):
-            raise FS3Error(value.code, value.message)
-        return value
+                self._users.pop(token, None)
+                refused = (now + self.negative_ttl_s, e)
+                _keep(self._refused, token, refused, self.max_entries)
+            else:
+                self._refused.pop(token, None)
+                _keep(self._users, token, (now + self.ttl_s, user), self.max_entries)
+                return user
+        error = refused[1]
+        raise FS3Error(error.code, error.message)
+
+
+def _keep(cache: dict[str, Any], key: str, value: Any, max_entries: int) -> None:
+    """``cache[key] = value`` as its newest entry, the oldest going when it holds ``max_entries``."""
+    cache.pop(key, None)
+    while len(cache) >= max_entries:
+        del cache[next(iter(cache))]
+    cache[key] = value
 
 
 def user_scoped_id(uid: int, value: int) -> int:

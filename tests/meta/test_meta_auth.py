@@ -7,6 +7,7 @@ import pytest
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import TokenAuthenticator, TrustingAuthenticator
+from fs3.net.auth import TokenCache
 from fs3.proto import common_pb2, mgmtd_pb2
 
 pytestmark = pytest.mark.timeout(30)
@@ -73,3 +74,32 @@ async def test_trusting_authenticator_limits_groups() -> None:
     with pytest.raises(FS3Error) as e:
         await auth.credentials(info(5, 6, "", tuple(range(100))))
     assert e.value.code == StatusCode.INVALID_ARGUMENT
+
+
+async def test_made_up_tokens_never_push_out_the_users_own() -> None:
+    # Anyone who reaches a meta or storage server may send tokens (a user connection's handshake):
+    # refusals are kept apart, the oldest going first, and a user's token stays cached.
+    v = Verifier()
+    cache = TokenCache(v, ttl_s=60, negative_ttl_s=60, max_entries=8)
+    assert (await cache.user_of("alice-token")).uid == 1000
+    for i in range(100):
+        with pytest.raises(FS3Error):
+            await cache.user_of(f"made-up-{i}")
+    assert v.calls == 101
+    assert (await cache.user_of("alice-token")).uid == 1000 and v.calls == 101  # still cached
+    with pytest.raises(FS3Error):
+        await cache.user_of("made-up-99")  # among the newest refusals: not asked again
+    assert v.calls == 101
+    with pytest.raises(FS3Error):
+        await cache.user_of("made-up-0")  # the oldest went: asked again
+    assert v.calls == 102
+    # the users' own entries, too, are bounded, the oldest going first
+    for i in range(8):
+        USERS[f"user-{i}"] = mgmtd_pb2.User(uid=2000 + i)
+    try:
+        for i in range(8):
+            await cache.user_of(f"user-{i}")
+        assert cache.cached("user-7") is not None and cache.cached("alice-token") is None
+    finally:
+        for i in range(8):
+            del USERS[f"user-{i}"]
