@@ -141,18 +141,46 @@ class AttrOps(Namespace):
 
     # ---- access ----------------------------------------------------------------------------------
 
-    async def check_file_access(self, cred: Credentials, inode_id: int, want: int) -> meta_pb2.Inode:
+    async def check_file_access(
+        self,
+        cred: Credentials,
+        inode_id: int,
+        want: int,
+        *,
+        creator: bool = False,
+        write_until_ns: int = 0,
+    ) -> meta_pb2.Inode:
         """The regular file ``inode_id``, if ``cred`` may access it for ``want`` (R_OK, W_OK) now,
         as an open would check it; PERMISSION_DENIED (EACCES) if not, META_IS_DIRECTORY or
-        INVALID_ARGUMENT for anything but a regular file. A file unlinked since is still checked
-        (its open handles live on)."""
-        ino = await self.db.run(lambda tr: inodes.load(tr.snapshot, inode_id), read_only=True)
-        if ino.type == DIRECTORY:
-            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
-        if ino.type != FILE:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a regular file")
-        check(ino, cred, want)
-        return ino
+        INVALID_ARGUMENT for anything but a regular file, NOT_FOUND once it is collected. A file
+        unlinked since is still checked (its open handles live on). With ``creator`` (the caller
+        created it) its owner may access it whatever its mode, as POSIX lets a creator open it.
+
+        With ``write_until_ns`` (a write capability of the file is being issued, good until then)
+        the file records it (``Inode.write_caps_until_ns``, twice as far ahead, so that renewals
+        need no write): chunks written with such a capability after the file is collected are
+        removed by the collector's second pass after that time."""
+
+        def checked(ino: meta_pb2.Inode) -> meta_pb2.Inode:
+            if ino.type == DIRECTORY:
+                raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
+            if ino.type != FILE:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a regular file")
+            if not (creator and ino.uid == cred.uid):
+                check(ino, cred, want)
+            return ino
+
+        if not write_until_ns:
+            return checked(await self.db.run(lambda tr: inodes.load(tr.snapshot, inode_id), read_only=True))
+
+        async def mark(tr: Transaction) -> meta_pb2.Inode:
+            ino = checked(await inodes.load(tr, inode_id))
+            if ino.write_caps_until_ns < write_until_ns:
+                ino.write_caps_until_ns = 2 * write_until_ns - inodes.now_ns()
+                inodes.store(tr, ino)
+            return ino
+
+        return await self.db.run(mark)
 
     # ---- extended attributes -----------------------------------------------------------------
 

@@ -6,6 +6,11 @@ that drops the last link, so nothing is leaked. The collector only ever removes 
 with no links and no sessions, and it deletes the inode and the entry in a transaction that checks
 both again, so nothing is removed while reachable. Any number of meta processes may collect at once:
 chunk removal is idempotent and the final transaction is conflict-checked.
+
+A file meta issued a write capability for (to a user connection, fs3/capability.py) is collected
+the same way, but its GC entry stays, naming its layout, until that capability can no longer be
+used (``Inode.write_caps_until_ns`` and storage's clock skew allowance): then its chunks are removed
+once more, as storage would take writes with it without knowing the file is gone.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from fs3.background import Periodic
+from fs3.capability import CLOCK_SKEW_S
 from fs3.errors import FS3Error
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
@@ -91,6 +97,9 @@ class Collector:
             files: list[int] = []
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
+                if entry.sweep_after_ns:
+                    done += await self._sweep(entry)
+                    continue
                 if entry.type != DIRECTORY:
                     files.append(entry.inode_id)
                     continue
@@ -142,18 +151,30 @@ class Collector:
 
         async def finish(tr: Transaction) -> list[int]:
             removed = []
+            now = inodes.now_ns()
             for inode_id in stale:
                 tr.clear(schema.gc_key(inode_id))
             for inode_id in ready:
                 raw = await tr.get(schema.inode_key(inode_id))
                 if raw is not None:
+                    ino = meta_pb2.Inode.FromString(raw)
                     sprefix = schema.session_prefix(inode_id)
-                    if meta_pb2.Inode.FromString(raw).nlink > 0 or await tr.get_range(
-                        sprefix, prefix_end(sprefix), 1
-                    ):
+                    if ino.nlink > 0 or await tr.get_range(sprefix, prefix_end(sprefix), 1):
                         continue
                     tr.clear(schema.inode_key(inode_id))
                     tr.add_int(schema.INODE_COUNT_KEY, -1)
+                    sweep_after = ino.write_caps_until_ns + int(CLOCK_SKEW_S * 1e9)
+                    if ino.write_caps_until_ns and sweep_after > now:
+                        # A write capability of it may still be used (a user connection's, which
+                        # storage checks without knowing the file is gone): its chunks are removed
+                        # once more after that, or they would stay for good.
+                        sweep = meta_pb2.GcEntry(
+                            inode_id=inode_id, type=ino.type, queued_ns=now, sweep_after_ns=sweep_after
+                        )
+                        sweep.layout.CopyFrom(ino.layout)
+                        tr.set(schema.gc_key(inode_id), sweep.SerializeToString())
+                        removed.append(inode_id)
+                        continue
                 tr.clear(schema.gc_key(inode_id))
                 removed.append(inode_id)
             return removed
@@ -165,6 +186,27 @@ class Collector:
         for inode_id in removed:
             log.debug("gc removed file inode=%d", inode_id)
         return len(stale) + len(removed)
+
+    async def _sweep(self, entry: meta_pb2.GcEntry) -> int:
+        """The second removal of a collected file's chunks (see :meth:`_collect_files`), once no
+        write capability of it can be used any more; 1 when done, 0 when not due yet or failed."""
+        if entry.sweep_after_ns > inodes.now_ns():
+            return 0
+        try:
+            await self.ns.chunks.remove(entry.layout, entry.inode_id)
+        except FS3Error as e:
+            log.warning("gc sweep failed inode=%d error=%s", entry.inode_id, e)
+            return 0
+        key = schema.gc_key(entry.inode_id)
+
+        async def finish(tr: Transaction) -> None:
+            raw = await tr.get(key)
+            if raw is not None and meta_pb2.GcEntry.FromString(raw).sweep_after_ns == entry.sweep_after_ns:
+                tr.clear(key)
+
+        await self.ns.db.run(finish)
+        log.debug("gc swept file inode=%d", entry.inode_id)
+        return 1
 
     async def _collect_dir(self, dir_id: int) -> int:
         """Detach a batch of the directory's entries (subdirectories become GC entries of their

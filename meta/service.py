@@ -25,7 +25,7 @@ from fs3.client.meta_client import META_SERVICE
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import Authenticator
 from fs3.meta.namespace import CALL_DEADLINE, FILE
-from fs3.meta.permissions import R_OK, W_OK, Credentials, access_of_flags, check
+from fs3.meta.permissions import R_OK, W_OK, Credentials, access_of_flags
 from fs3.meta.store import MetaStore
 from fs3.net import CallContext, RpcServer
 from fs3.net.auth import user_scoped_id
@@ -258,8 +258,17 @@ class MetaService:
         if self.capabilities is None:
             raise FS3Error(StatusCode.FAILED_PRECONDITION, "this meta server issues no capabilities")
         want = (R_OK if rights & capability.READ else 0) | (W_OK if rights & capability.WRITE else 0)
-        ino = await self.store.check_file_access(cred, req.inode_id, want)
+        ino = await self.store.check_file_access(
+            cred, req.inode_id, want, write_until_ns=self._write_until_ns(rights)
+        )
         return m.CapabilityRsp(capability=self.capabilities.issue(ino.id, rights, ino.layout))
+
+    def _write_until_ns(self, rights: int) -> int:
+        """Until when a capability of ``rights`` issued now may write (storage accepts it up to
+        its expiry, a whole second after now + ttl at most); 0 for a read-only one."""
+        if not rights & capability.WRITE or self.capabilities is None:
+            return 0
+        return int((time.time() + self.capabilities.ttl_s + 1) * 1e9)
 
     async def _grant(self, cred: Credentials, opened: m.Inode, flags: int, created: bool) -> bytes:
         """The capability a user connection's open (``flags``) of ``opened`` brings: the rights
@@ -272,10 +281,10 @@ class MetaService:
         if opened.type != FILE or self.capabilities is None:
             return b""
         want = access_of_flags(flags)
-        ino = await self.store.check_file_access(cred, opened.id, 0)
-        if not (created and ino.uid == cred.uid):
-            check(ino, cred, want)
         rights = (capability.READ if want & R_OK else 0) | (capability.WRITE if want & W_OK else 0)
+        ino = await self.store.check_file_access(
+            cred, opened.id, want, creator=created, write_until_ns=self._write_until_ns(rights)
+        )
         return self.capabilities.issue(ino.id, rights, ino.layout)
 
     async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:

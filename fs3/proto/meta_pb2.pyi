@@ -146,7 +146,7 @@ class Xattr(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length")
+    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length", "write_caps_until_ns")
     ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class Inode(_message.Message):
     TRUNCATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRIM_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRIM_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WRITE_CAPS_UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: InodeType
     mode: int
@@ -185,7 +186,8 @@ class Inode(_message.Message):
     truncate_version: int
     trim_version: int
     trim_length: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ...) -> None: ...
+    write_caps_until_ns: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ..., write_caps_until_ns: _Optional[int] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("parent", "name", "inode_id", "type")
@@ -644,14 +646,18 @@ class FileSession(_message.Message):
     def __init__(self, inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., client_id: _Optional[int] = ..., write: _Optional[bool] = ..., opened_ns: _Optional[int] = ..., touched_ns: _Optional[int] = ..., truncate_version: _Optional[int] = ..., stale_below: _Optional[int] = ..., fsetid: _Optional[bool] = ..., uid: _Optional[int] = ...) -> None: ...
 
 class GcEntry(_message.Message):
-    __slots__ = ("inode_id", "type", "queued_ns")
+    __slots__ = ("inode_id", "type", "queued_ns", "sweep_after_ns", "layout")
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_NS_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_AFTER_NS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     inode_id: int
     type: InodeType
     queued_ns: int
-    def __init__(self, inode_id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., queued_ns: _Optional[int] = ...) -> None: ...
+    sweep_after_ns: int
+    layout: Layout
+    def __init__(self, inode_id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., queued_ns: _Optional[int] = ..., sweep_after_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
 
 class IdemRecord(_message.Message):
     __slots__ = ("created_ns", "response")

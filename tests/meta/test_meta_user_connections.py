@@ -19,10 +19,13 @@ from fs3 import capability
 from fs3.capability import CapabilityIssuer, CapabilityVerifier
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv import open_database
+from fs3.kv import open_database, prefix_end
+from fs3.meta import schema
 from fs3.meta.auth import TokenAuthenticator
+from fs3.meta.inode import now_ns as inode_now
 from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
 from fs3.meta.service import MetaService
+from fs3.meta.storage_io import NoStorage
 from fs3.meta.store import MetaStore
 from fs3.net import RpcClient, RpcServer
 from fs3.proto import common_pb2, mgmtd_pb2
@@ -306,3 +309,63 @@ async def test_a_retried_open_or_create_brings_only_what_the_file_allows_now(met
     await alice.unlink(home.id, b"gone")
     await meta.store.collector.collect_once()  # not held open: collected
     await expect_errno(errno.ENOENT, alice.call("Create", gone_req))
+
+
+class RecordingStorage(NoStorage):
+    """Storage that notes which files' chunks meta removes."""
+
+    def __init__(self) -> None:
+        self.removed: list[tuple[int, tuple[int, ...]]] = []
+
+    async def remove(self, layout: m.Layout, inode_id: int) -> None:
+        self.removed.append((inode_id, tuple(layout.chains)))
+
+
+async def gc_entries(meta: Meta) -> dict[int, m.GcEntry]:
+    rows = await meta.store.db.run(
+        lambda tr: tr.snapshot.get_range(schema.GCQU, prefix_end(schema.GCQU), 100), read_only=True
+    )
+    return {e.inode_id: e for e in (m.GcEntry.FromString(v) for _k, v in rows)}
+
+
+async def test_a_file_written_through_a_capability_is_swept_again_once_none_can_be_used(
+    meta: Meta, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storage takes a write capability until it expires without knowing whether its file still
+    exists: chunks written with one after the file was collected would stay for good. A file a
+    write capability was issued for is collected as any other, then its chunks are removed once
+    more after the last such capability lapsed; files without one (a cluster member's, or only
+    read) get no second pass."""
+    storage = RecordingStorage()
+    meta.store.chunks = storage
+    home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    alice = meta.user("tok-alice")
+    written = await alice.create(home.id, b"w", 0o644, flags=os.O_RDWR)
+    assert granted(written) == capability.RIGHTS
+    assert (await alice.stat(written.inode.id)).write_caps_until_ns == 0  # meta's own, not in replies
+    members = (await meta.member.create(home.id, b"m", 0o644, flags=os.O_RDWR)).inode
+    read = (await meta.member.create(home.id, b"r", 0o644)).inode
+    opened = await alice.open(read.id, os.O_RDONLY)
+    assert granted(opened) == capability.READ
+    await alice.close_file(read.id, opened.session_id)
+    for name in (b"w", b"m", b"r"):
+        await meta.member.unlink(home.id, name)
+    await meta.store.collector.collect_once()
+    chains = {written.inode.id: tuple(written.inode.layout.chains), members.id: tuple(members.layout.chains)}
+    chains[read.id] = tuple(read.layout.chains)
+    assert sorted(storage.removed) == sorted(chains.items())
+    for inode_id in chains:
+        await expect_errno(errno.ENOENT, meta.member.stat(inode_id))
+    pending = await gc_entries(meta)
+    assert list(pending) == [written.inode.id]  # the others are done
+    sweep_after = pending[written.inode.id].sweep_after_ns
+    assert sweep_after > inode_now() + int(CapabilityIssuer(DEV_SECRET).ttl_s * 1e9)
+
+    storage.removed.clear()
+    await meta.store.collector.collect_once()  # not due yet
+    assert storage.removed == [] and list(await gc_entries(meta)) == [written.inode.id]
+    later = sweep_after + 1
+    monkeypatch.setattr("fs3.meta.inode.now_ns", lambda: later)
+    await meta.store.collector.collect_once()
+    assert storage.removed == [(written.inode.id, chains[written.inode.id])]
+    assert await gc_entries(meta) == {}
