@@ -106,16 +106,21 @@ class ResultCache:
     """Results of recent client updates by (client id, channel), for exactly-once retries. The
     head stores what it answered; every other replica what it committed of a forwarded client
     update (the tag travels with it), so a retry that finds a new head after the old one died is
-    recognised there too."""
+    recognised there too.
+
+    Users' tags (a user connection's client ids, made its user's: ``fs3.net.auth.user_scoped_id``,
+    the top bit set) are kept apart, each kind up to ``capacity`` entries, so that a user sending
+    updates with ever new tags pushes out only users' records, never cluster members'."""
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[tuple[int, int], tuple[int, int, storage_pb2.IOResult]] = OrderedDict()
+        self._users: OrderedDict[tuple[int, int], tuple[int, int, storage_pb2.IOResult]] = OrderedDict()
 
     def lookup(self, tag: storage_pb2.UpdateTag) -> storage_pb2.IOResult | None:
         if not tag.client_id:
             return None
-        entry = self._entries.get((tag.client_id, tag.channel))
+        entry = (self._users if tag.client_id >> 63 else self._entries).get((tag.client_id, tag.channel))
         if entry is None:
             return None
         seq, rid, result = entry
@@ -133,13 +138,14 @@ class ResultCache:
         if not tag.client_id:
             return
         key = (tag.client_id, tag.channel)
-        known = self._entries.get(key)
+        entries = self._users if tag.client_id >> 63 else self._entries
+        known = entries.get(key)
         if known is not None and known[0] > tag.seqnum:
             return  # a forward arriving after the channel's next update was stored here
-        self._entries[key] = (tag.seqnum, tag.request_id, result)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        entries[key] = (tag.seqnum, tag.request_id, result)
+        entries.move_to_end(key)
+        while len(entries) > self.capacity:
+            entries.popitem(last=False)
 
 
 def apply_op(

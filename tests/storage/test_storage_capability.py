@@ -22,7 +22,9 @@ from fs3.client.storage_client import (
 )
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
+from fs3.net.auth import user_scoped_id
 from fs3.proto import meta_pb2, storage_pb2
+from fs3.storage.chain_ops import ResultCache
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -373,3 +375,19 @@ async def test_the_storage_client_renews_a_refused_capability_once(tmp_path):
             await routing.stop()
             await rpc.close()
             await mgmtd.close()
+
+
+def test_users_update_tags_never_push_out_cluster_members_retry_records() -> None:
+    # A head answers a retried update from its records of recent results, by tag. A user may send
+    # updates under ever new tags of its own (user_scoped_id): they push out users' records only.
+    cache = ResultCache(capacity=4)
+    member = storage_pb2.UpdateTag(client_id=12345, request_id=1, channel=1, seqnum=1)
+    cache.store(member, storage_pb2.IOResult(length=7))
+    user_tags = [
+        storage_pb2.UpdateTag(client_id=user_scoped_id(1000, i), request_id=1, channel=1, seqnum=1)
+        for i in range(100)
+    ]
+    for tag in user_tags:
+        cache.store(tag, storage_pb2.IOResult(length=1))
+    assert cache.lookup(member) == storage_pb2.IOResult(length=7)
+    assert cache.lookup(user_tags[-1]) is not None and cache.lookup(user_tags[0]) is None
