@@ -135,6 +135,7 @@ class Collector:
 
         stale: list[int] = []  # entries of linked inodes (never written so): just dropped
         ready: list[int] = []
+        removing: dict[int, int] = {}  # inode id -> when its chunks' removal began (ns)
         for inode_id, ino, open_ in await db.run(look, read_only=True):
             if ino is not None:
                 if ino.nlink > 0:
@@ -142,6 +143,7 @@ class Collector:
                     continue
                 if open_:
                     continue  # still open somewhere: the last close comes first
+                removing[inode_id] = inodes.now_ns()
                 try:
                     await self.ns.chunks.remove(ino.layout, inode_id)
                 except FS3Error as e:
@@ -151,32 +153,40 @@ class Collector:
 
         async def finish(tr: Transaction) -> list[int]:
             removed = []
-            now = inodes.now_ns()
             for inode_id in stale:
                 tr.clear(schema.gc_key(inode_id))
             for inode_id in ready:
                 raw = await tr.get(schema.inode_key(inode_id))
-                if raw is not None:
-                    ino = meta_pb2.Inode.FromString(raw)
-                    sprefix = schema.session_prefix(inode_id)
-                    if ino.nlink > 0 or await tr.get_range(sprefix, prefix_end(sprefix), 1):
-                        continue
-                    tr.clear(schema.inode_key(inode_id))
-                    tr.add_int(schema.INODE_COUNT_KEY, -1)
-                    sweep_after = ino.write_caps_until_ns + int(CLOCK_SKEW_S * 1e9)
-                    if ino.write_caps_until_ns and sweep_after > now:
-                        # A write capability of it may still be used (a user connection's, which
-                        # storage checks without knowing the file is gone): its chunks are removed
-                        # once more after that, or they would stay for good.
-                        sweep = meta_pb2.GcEntry(
-                            inode_id=inode_id, type=ino.type, queued_ns=now, sweep_after_ns=sweep_after
-                        )
-                        sweep.layout.CopyFrom(ino.layout)
-                        tr.set(schema.gc_key(inode_id), sweep.SerializeToString())
+                if raw is None:
+                    # Collected meanwhile (another collector; or this transaction, committed once
+                    # already and run again): its entry may be the second pass's now, which stays.
+                    entry = await tr.get(schema.gc_key(inode_id))
+                    if entry is not None and not meta_pb2.GcEntry.FromString(entry).sweep_after_ns:
+                        tr.clear(schema.gc_key(inode_id))
                         removed.append(inode_id)
-                        continue
-                tr.clear(schema.gc_key(inode_id))
+                    continue
+                ino = meta_pb2.Inode.FromString(raw)
+                sprefix = schema.session_prefix(inode_id)
+                if ino.nlink > 0 or await tr.get_range(sprefix, prefix_end(sprefix), 1):
+                    continue
+                tr.clear(schema.inode_key(inode_id))
+                tr.add_int(schema.INODE_COUNT_KEY, -1)
                 removed.append(inode_id)
+                sweep_after = ino.write_caps_until_ns + int(CLOCK_SKEW_S * 1e9)
+                if ino.write_caps_until_ns and sweep_after > removing.get(inode_id, 0):
+                    # A write capability of it may be used after its chunks' removal began (a
+                    # user connection's, which storage checks without knowing the file is gone):
+                    # its chunks are removed once more after that, or they would stay for good.
+                    sweep = meta_pb2.GcEntry(
+                        inode_id=inode_id,
+                        type=ino.type,
+                        queued_ns=inodes.now_ns(),
+                        sweep_after_ns=sweep_after,
+                    )
+                    sweep.layout.CopyFrom(ino.layout)
+                    tr.set(schema.gc_key(inode_id), sweep.SerializeToString())
+                else:
+                    tr.clear(schema.gc_key(inode_id))
             return removed
 
         if not stale and not ready:

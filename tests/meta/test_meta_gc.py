@@ -3,21 +3,28 @@ chunk: a random workload proves no chunk is left behind and none is removed whil
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import time
 
 import pytest
 from meta_tree import BOB
 
+from fs3.capability import CLOCK_SKEW_S
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import prefix_end
 from fs3.meta import schema
+from fs3.meta.gc import Collector
 from fs3.meta.layout import DEFAULT_CHUNK_SIZE
-from fs3.meta.permissions import ROOT
+from fs3.meta.permissions import ROOT, W_OK, Credentials
 from fs3.meta.schema import ROOT_ID
 from fs3.meta.store import MetaStore
 from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(90)
+
+ALICE = Credentials(1001, 100)
 
 
 class FakeChunks:
@@ -262,3 +269,77 @@ async def _forget_subtree(s: MetaStore, dirs: list[int], names: dict, top: int) 
     for key in [k for k in names if k[0] in gone]:
         del names[key]
     dirs[:] = [d for d in dirs if d not in gone]
+
+
+async def _gc_entries(s: MetaStore) -> dict[int, m.GcEntry]:
+    rows = await s.db.run(
+        lambda tr: tr.snapshot.get_range(schema.GCQU, prefix_end(schema.GCQU), 100), read_only=True
+    )
+    return {e.inode_id: e for e in (m.GcEntry.FromString(v) for _k, v in rows)}
+
+
+async def _home(s: MetaStore) -> int:
+    return (await s.mkdir(ROOT, ROOT_ID, b"home", 0o777)).id
+
+
+async def _written_through_a_capability(s: MetaStore, home: int, name: bytes, until_ns: int) -> int:
+    """A file of alice's that a write capability (good until ``until_ns``) was issued for, unlinked."""
+    ino = (await s.create(ALICE, home, name, 0o644, os.O_RDWR)).inode
+    await s.check_file_access(ALICE, ino.id, W_OK, write_until_ns=until_ns)
+    await s.unlink(ALICE, home, name)
+    return ino.id
+
+
+async def test_a_second_collector_leaves_the_second_pass_to_come(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """Two meta processes collect at once: one scanned the queue before the other collected a file
+    whose chunks need a second removal (a write capability of it may still be used); its finish
+    must leave that entry (it once cleared it, and the second removal never came)."""
+    home = await _home(chunked)
+    x = await _written_through_a_capability(chunked, home, b"x", time.time_ns() + 600 * 10**9)
+    other = Collector(chunked, 5.0)
+    scanned, go = asyncio.Event(), asyncio.Event()
+    collect_files = other._collect_files
+
+    async def paused(ids: list[int]) -> int:
+        scanned.set()
+        await go.wait()
+        return await collect_files(ids)
+
+    other._collect_files = paused  # type: ignore[method-assign]
+    late = asyncio.create_task(other.collect_once())
+    await scanned.wait()
+    assert await chunked.collector.collect_once() == 1
+    assert (await _gc_entries(chunked))[x].sweep_after_ns
+    go.set()
+    assert await late == 0
+    assert (await _gc_entries(chunked))[x].sweep_after_ns
+    assert fake.removals == [x]
+
+
+async def test_the_second_pass_is_judged_from_when_the_first_removal_began(
+    chunked: MetaStore, fake: FakeChunks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capability usable after a file's chunks began to be removed needs the second pass, even
+    when it lapses before the collector's transaction ends (another file's removal took a while)."""
+    home = await _home(chunked)
+    clock = [time.time_ns()]
+    monkeypatch.setattr("fs3.meta.inode.now_ns", lambda: clock[0])
+    skew = int(CLOCK_SKEW_S * 1e9)
+    # recorded as usable until 1 s from now (check_file_access records twice as far ahead)
+    until = clock[0] + 10**9 - skew
+    x = await _written_through_a_capability(chunked, home, b"x", (until + clock[0]) // 2)
+    y = (await chunked.create(ALICE, home, b"y", 0o644, os.O_RDWR)).inode.id
+    await chunked.unlink(ALICE, home, b"y")
+    remove = fake.remove
+
+    async def slow(layout: m.Layout, inode_id: int) -> None:
+        await remove(layout, inode_id)
+        if inode_id == y:
+            clock[0] += 2 * 10**9  # a slow removal after x's began
+
+    fake.remove = slow  # type: ignore[method-assign]
+    await chunked.collector.collect_once()
+    assert fake.removals == [x, y]
+    assert list(await _gc_entries(chunked)) == [x]
