@@ -337,6 +337,9 @@ async def gc_list(conn: Connection, args: argparse.Namespace) -> Result:
                 "type": TYPE_NAMES.get(e.type, str(e.type)),
                 "queued": _ts(e.queued_ns) if e.queued_ns else "",
                 "waiting_s": round((now - e.queued_ns) / 1e9, 1) if e.queued_ns else "",
+                # collected; its chunks are removed once more then (a write capability of it lapsed)
+                "second_pass": _ts(e.sweep_after_ns) if e.sweep_after_ns else "",
             }
         )
-    return Result(rows, ["inode", "type", "queued", "waiting_s"], message="" if rows else "GC queue is empty")
+    columns = ["inode", "type", "queued", "waiting_s", "second_pass"]
+    return Result(rows, columns, message="" if rows else "GC queue is empty")
