@@ -361,7 +361,14 @@ class FileSystem:
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)
         token = _token_of(config) if config.user_auth or user is None else ""
-        transport = make_transport(config.transport, config.rdma)
+        if config.user_auth and config.transport == "rdma":
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                "user_auth clients connect over TCP only (servers refuse user connections over RDMA, "
+                "whose memory keys are valid NIC-wide): set transport = tcp or auto",
+            )
+        # user connections go over TCP (see above); members take what the config says
+        transport = make_transport("tcp" if config.user_auth else config.transport, config.rdma)
         identity = f"client-{os.getpid()}"
         if config.user_auth:
             # Not trusted with the cluster secret: every connection proves the user token instead.

@@ -306,7 +306,8 @@ class ClientConfig:
         False,
         doc="authenticate connections with the user token in token_file instead of the cluster secret:"
         " for clients not trusted with the secret; meta then acts only as the token's user and storage"
-        " needs the capability meta issues at open (cluster_secret_file is not read)",
+        " needs the capability meta issues at open (cluster_secret_file is not read; connections go over"
+        " TCP, as servers take no user connections over RDMA)",
     )
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)

@@ -292,6 +292,10 @@ class _ServerSession(FrameReceiver):
         if len(token) > auth.MAX_TOKEN_CHARS:
             self._refuse("user token too long")
             return
+        if self.conn.exposes_memory:
+            # a user could reach other connections' in-flight exposures by guessing their keys
+            self._refuse("user connections are taken over TCP only (RDMA keys are valid NIC-wide)")
+            return
         server = self.server
         if server._user_checks >= server.max_user_checks:
             # each check may cost mgmtd a call (a new token, or one refused over a few seconds

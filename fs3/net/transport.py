@@ -113,6 +113,9 @@ class Connection(abc.ABC):
     """One established, bidirectional frame stream."""
 
     peer: str  # "host:port" of the other side, for logs
+    # Whether a peer that authenticated may reach memory of ours by key (RDMA: the key of a live
+    # exposure works from any queue pair of the NIC): a server takes no user connections over it.
+    exposes_memory: bool = False
     # What this connection accepts; the receiver may replace it at any time (the server keeps it
     # tight until the peer has authenticated) and the next frame header is checked against it.
     limits: RpcLimits

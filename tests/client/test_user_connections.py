@@ -225,6 +225,10 @@ async def test_user_auth_needs_a_token(tmp_path: Path) -> None:
         errno.EINVAL, FileSystem.connect(ClientConfig(user_auth=True, token_file=str(tmp_path / "empty")))
     )
     assert e.code == StatusCode.CONFIG_INVALID and "empty" in e.message
+    (tmp_path / "token").write_text("fs3u.0.x\n")
+    rdma = ClientConfig(user_auth=True, token_file=str(tmp_path / "token"), transport="rdma")
+    e = await expect_errno(errno.EINVAL, FileSystem.connect(rdma, timeout_s=1))
+    assert e.code == StatusCode.CONFIG_INVALID and "TCP only" in e.message
     cfg = tmp_path / "meta.toml"
     cfg.write_text("capability_ttl_s = 0\n")
     with pytest.raises(FS3Error) as err:

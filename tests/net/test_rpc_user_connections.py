@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import rpcwire
 from cluster import wait_until
-from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, poll
+from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, make_transports, poll
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
@@ -207,3 +207,21 @@ async def test_a_connection_whose_token_is_revoked_is_closed(
             await client.call(server.address, PING, rpc_pb2.PingRequest())
             await asyncio.sleep(0.15)
         assert server.connection_count == 1
+
+
+async def test_user_connections_are_refused_over_rdma(caplog: pytest.LogCaptureFixture) -> None:
+    # On RDMA the key of a live exposure works from any queue pair of the NIC whose peer has
+    # authenticated: a user could reach other connections' memory by guessing keys.
+    server_transport, client_transport = make_transports("rdma-fake")
+    server = RpcServer(SECRET, limits=TEST_LIMITS, transport=server_transport, verify_user=Verifier())
+    await server.start(("127.0.0.1", 0))
+    try:
+        async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS, transport=client_transport) as c:
+            with pytest.raises(FS3Error) as e:
+                await c.call(server.address, PING, rpc_pb2.PingRequest())
+        assert e.value.code == StatusCode.RPC_AUTH_FAILED
+        assert any("TCP only" in r.getMessage() for r in caplog.records)
+        async with RpcClient(SECRET, limits=TEST_LIMITS, transport=client_transport) as c:
+            await c.call(server.address, PING, rpc_pb2.PingRequest())  # members are served
+    finally:
+        await server.stop()

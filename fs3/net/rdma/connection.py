@@ -190,6 +190,8 @@ class _OutFrame:
 class RdmaConnection(Connection):
     """An established RC connection carrying fs3 RPC frames. Built by :class:`RdmaTransport`."""
 
+    exposes_memory = True  # see the module docstring: a live exposure's key works NIC-wide
+
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
