@@ -297,6 +297,11 @@ class _ServerSession(FrameReceiver):
             self._refuse("user connections are taken over TCP only (RDMA keys are valid NIC-wide)")
             return
         server = self.server
+        host = self.conn.peer.rpartition(":")[0]
+        if server._refused_too_often(host, token):
+            # a peer trying made-up tokens: it costs mgmtd nothing more for a while
+            self._refuse("too many refused user tokens from this host; try again later")
+            return
         if server._user_checks >= server.max_user_checks:
             # each check may cost mgmtd a call (a new token, or one refused over a few seconds
             # ago): a flood of made-up tokens waits on the handshake timeout, not on mgmtd
@@ -312,6 +317,8 @@ class _ServerSession(FrameReceiver):
                 raise
             except FS3Error as e:
                 self._verifying = None
+                if e.code == StatusCode.UNAUTHENTICATED:
+                    server._note_refusal(host)
                 self._refuse(f"user token refused: {e.message}")
                 return
             except Exception as e:  # a bug in the verifier: refuse, and say so
@@ -324,6 +331,7 @@ class _ServerSession(FrameReceiver):
                 return
             self.user = user
             self.token = token
+            server._note_accepted(token)
             self.identity = f"{self.identity} (uid {user.uid})"
             self._recheck_at = self.loop.time() + server.user_recheck_s
             self._authenticated()
@@ -682,6 +690,13 @@ class RpcServer:
         # how often a user connection's token is checked again while it is used (verify_user's
         # own cache may answer for a while longer): a revoked token loses its open connections
         self.user_recheck_s = 30.0
+        # A host whose peers had this many tokens refused within the window gets its further
+        # unknown tokens refused unasked until the window passes (tokens this server accepted
+        # lately still get in: a user sharing that host is not locked out).
+        self.max_user_refusals = 20
+        self.user_refusal_window_s = 10.0
+        self._refusals: dict[str, list[float]] = {}  # host -> loop times of recent refusals
+        self._accepted: dict[str, float] = {}  # token -> until when it skips the limit (loop time)
         self.identity = identity
         self.transport = transport or TcpTransport()
         self.limits = limits
@@ -693,6 +708,28 @@ class RpcServer:
         self._listener: Listener | None = None
         self._stopping = False
         self.add_service(SYSTEM_SERVICE, SystemService(identity, limits))
+
+    def _refused_too_often(self, host: str, token: str) -> bool:
+        now = asyncio.get_running_loop().time()
+        if self._accepted.get(token, 0.0) > now:
+            return False
+        times = self._refusals.get(host)
+        if not times:
+            return False
+        times[:] = [t for t in times if t > now - self.user_refusal_window_s]
+        return len(times) >= self.max_user_refusals
+
+    def _note_refusal(self, host: str) -> None:
+        if len(self._refusals) >= 10_000:
+            self._refusals.clear()
+        times = self._refusals.setdefault(host, [])
+        times.append(asyncio.get_running_loop().time())
+        del times[: -self.max_user_refusals]
+
+    def _note_accepted(self, token: str) -> None:
+        if len(self._accepted) >= 10_000:
+            self._accepted.clear()
+        self._accepted[token] = asyncio.get_running_loop().time() + 600.0
 
     def add_service(self, service: ServiceDef, handlers: Mapping[str, Handler] | object) -> None:
         """Register handlers for every method of ``service``.

@@ -225,3 +225,26 @@ async def test_user_connections_are_refused_over_rdma(caplog: pytest.LogCaptureF
             await c.call(server.address, PING, rpc_pb2.PingRequest())  # members are served
     finally:
         await server.stop()
+
+
+async def test_a_host_trying_made_up_tokens_is_refused_unasked_for_a_while(server: RpcServer) -> None:
+    # Each unknown token costs mgmtd a call: after max_user_refusals refusals within the window a
+    # host's further unknown tokens are refused without asking; a token this server accepted lately
+    # still gets in (a user sharing that host is not locked out), and the window passes.
+    server.max_user_refusals = 2
+    server.user_refusal_window_s = 0.5
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as c:
+        await c.call(server.address, PING, rpc_pb2.PingRequest())  # accepted once
+    for i in range(4):
+        async with RpcClient(None, token=f"tok-guess-{i}", limits=TEST_LIMITS) as c:
+            with pytest.raises(FS3Error) as e:
+                await c.call(server.address, PING, rpc_pb2.PingRequest())
+        assert e.value.code == StatusCode.RPC_AUTH_FAILED
+    assert server.verifier.asked == ["tok-alice", "tok-guess-0", "tok-guess-1"]  # type: ignore[attr-defined]
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as c:
+        await c.call(server.address, PING, rpc_pb2.PingRequest())
+    await asyncio.sleep(0.6)
+    async with RpcClient(None, token="tok-guess-9", limits=TEST_LIMITS) as c:
+        with pytest.raises(FS3Error):
+            await c.call(server.address, PING, rpc_pb2.PingRequest())
+    assert server.verifier.asked[-1] == "tok-guess-9"  # type: ignore[attr-defined]  # asked again
