@@ -10,11 +10,10 @@ import pytest
 import uvloop
 from rpc_fixtures import (
     TEST_LIMITS,
-    TEST_SERVICE,
     TRANSPORTS,
-    ServiceUnderTest,
     ThreadedServer,
     make_transports,
+    serve_test_service,
 )
 from rpcwire import SECRET
 
@@ -42,15 +41,8 @@ def transports(request: pytest.FixtureRequest) -> Iterator[tuple[Transport, Tran
 
 @pytest.fixture
 async def rpc_server(transports: tuple[Transport, Transport]) -> AsyncIterator[RpcServer]:
-    server = RpcServer(SECRET, identity="test-server", limits=TEST_LIMITS, transport=transports[0])
-    server.handlers = ServiceUnderTest()  # type: ignore[attr-defined]
-    server.add_service(TEST_SERVICE, server.handlers)  # type: ignore[attr-defined]
-    await server.start(("127.0.0.1", 0))
-    try:
+    async with serve_test_service(identity="test-server", transport=transports[0]) as server:
         yield server
-    finally:
-        server.handlers.gate.set()  # type: ignore[attr-defined]
-        await server.stop()
 
 
 @pytest.fixture

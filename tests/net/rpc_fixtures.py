@@ -7,10 +7,11 @@ conftest modules pytest has loaded first when several test folders are collected
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,21 @@ def make_transports(name: str) -> tuple[Transport, Transport]:
     if not inventory.usable:
         pytest.skip(f"no usable RDMA device: {inventory.reason()}")
     return tuple(RdmaTransport(RdmaConfig(), inventory=inventory, limits=TEST_LIMITS) for _ in range(2))  # type: ignore[return-value]
+
+
+@contextlib.asynccontextmanager
+async def serve_test_service(**server_args: Any) -> AsyncIterator[RpcServer]:
+    """An RpcServer (the tests' secret and limits, ``server_args`` besides) serving TEST_SERVICE with
+    a :class:`ServiceUnderTest` (``server.handlers``) on a free loopback port; stopped on exit."""
+    server = RpcServer(SECRET, limits=TEST_LIMITS, **server_args)
+    server.handlers = ServiceUnderTest()  # type: ignore[attr-defined]
+    server.add_service(TEST_SERVICE, server.handlers)  # type: ignore[attr-defined]
+    await server.start(("127.0.0.1", 0))
+    try:
+        yield server
+    finally:
+        server.handlers.gate.set()  # type: ignore[attr-defined]
+        await server.stop()
 
 
 async def poll(condition: Callable[[], bool], within: float = 5.0, what: str = "condition") -> None:

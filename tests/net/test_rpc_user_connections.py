@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import rpcwire
 from cluster import wait_until
-from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, ServiceUnderTest, make_transports, poll
+from rpc_fixtures import TEST_LIMITS, TEST_SERVICE, make_transports, poll, serve_test_service
 from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
@@ -46,16 +46,9 @@ class Verifier:
 @pytest.fixture
 async def server() -> AsyncIterator[RpcServer]:
     verifier = Verifier()
-    server = RpcServer(SECRET, identity="user-server", limits=TEST_LIMITS, verify_user=verifier)
-    server.handlers = ServiceUnderTest()  # type: ignore[attr-defined]
-    server.verifier = verifier  # type: ignore[attr-defined]
-    server.add_service(TEST_SERVICE, server.handlers)  # type: ignore[attr-defined]
-    await server.start(("127.0.0.1", 0))
-    try:
+    async with serve_test_service(identity="user-server", verify_user=verifier) as server:
+        server.verifier = verifier  # type: ignore[attr-defined]
         yield server
-    finally:
-        server.handlers.gate.set()  # type: ignore[attr-defined]
-        await server.stop()
 
 
 async def _served_context(server: RpcServer, client: RpcClient) -> object:
