@@ -257,18 +257,21 @@ class MetaService:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad capability rights {rights}")
         if self.capabilities is None:
             raise FS3Error(StatusCode.FAILED_PRECONDITION, "this meta server issues no capabilities")
-        want = (R_OK if rights & capability.READ else 0) | (W_OK if rights & capability.WRITE else 0)
-        ino = await self.store.check_file_access(
-            cred, req.inode_id, want, write_until_ns=self._write_until_ns(rights)
-        )
-        return m.CapabilityRsp(capability=self.capabilities.issue(ino.id, rights, ino.layout))
+        return m.CapabilityRsp(capability=await self._issue(self.capabilities, cred, req.inode_id, rights))
 
-    def _write_until_ns(self, rights: int) -> int:
-        """Until when a capability of ``rights`` issued now may write (storage accepts it up to
-        its expiry, a whole second after now + ttl at most); 0 for a read-only one."""
-        if not rights & capability.WRITE or self.capabilities is None:
-            return 0
-        return int((time.time() + self.capabilities.ttl_s + 1) * 1e9)
+    async def _issue(
+        self, issuer: CapabilityIssuer, cred: Credentials, inode_id: int, rights: int, creator: bool = False
+    ) -> bytes:
+        """A capability of ``rights`` on the regular file ``inode_id``, after checking as an open
+        would that ``cred`` may access it so now (``creator``: see check_file_access). A write
+        capability is recorded in the file first (until it lapses: a whole second after now +
+        ttl at most), for the collector's second pass."""
+        want = (R_OK if rights & capability.READ else 0) | (W_OK if rights & capability.WRITE else 0)
+        write_until_ns = int((time.time() + issuer.ttl_s + 1) * 1e9) if rights & capability.WRITE else 0
+        ino = await self.store.check_file_access(
+            cred, inode_id, want, creator=creator, write_until_ns=write_until_ns
+        )
+        return issuer.issue(ino.id, rights, ino.layout)
 
     async def _grant(self, cred: Credentials, opened: m.Inode, flags: int, created: bool) -> bytes:
         """The capability a user connection's open (``flags``) of ``opened`` brings: the rights
@@ -282,10 +285,7 @@ class MetaService:
             return b""
         want = access_of_flags(flags)
         rights = (capability.READ if want & R_OK else 0) | (capability.WRITE if want & W_OK else 0)
-        ino = await self.store.check_file_access(
-            cred, opened.id, want, creator=created, write_until_ns=self._write_until_ns(rights)
-        )
-        return self.capabilities.issue(ino.id, rights, ino.layout)
+        return await self._issue(self.capabilities, cred, opened.id, rights, created)
 
     async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         if self._known(req.hdr.user) is None:
