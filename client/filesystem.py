@@ -55,7 +55,7 @@ from typing import Any
 
 from fs3.capability import CapabilityCache
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
-from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
+from fs3.client.meta_client import DEV_SECRET, ROOT_ID, InodeHandles, MetaClient
 from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
@@ -407,6 +407,8 @@ class FileSystem:
             # On user connections storage serves only files meta gave a capability for: those
             # opens and creates bring go into the cache, the others are asked of meta when needed.
             meta.capabilities = CapabilityCache(meta.capability) if config.user_auth else None
+            # a non-root user's requests name inodes by id only with the handles meta gave it
+            meta.handles = InodeHandles() if config.user_auth else None
             storage = StorageClient(
                 routing,
                 rpc,

@@ -252,6 +252,7 @@ class Fs3Operations(pyfuse3.Operations):
                 timeout_s=base.timeout_s,
                 rpc_timeout_s=base.rpc_timeout_s,
                 capabilities=base.capabilities,  # a user_auth mount's opens feed its storage client
+                handles=base.handles,  # and its lookups the handles its token's user names inodes with
             )
             client.addresses = base.addresses  # one list, so meta servers found later count for all
             if len(self._metas) > 1024:

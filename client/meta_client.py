@@ -93,6 +93,67 @@ META_SERVICE = ServiceDef(
     },
 )
 
+# The fields of each method's request that name inodes by id: a non-root user connection's request
+# carries a handle for each (fs3.meta.handles).
+INODE_ID_FIELDS: dict[str, tuple[str, ...]] = {
+    meth.name: tuple(
+        f.name
+        for f in meth.request.DESCRIPTOR.fields
+        if f.name in ("inode_id", "inode_ids", "parent", "old_parent", "new_parent")
+    )
+    for meth in META_SERVICE
+}
+
+# The fields of each method's reply that hold inodes (one or a list), which bring their handles.
+RETURNED_INODES: dict[str, tuple[str, ...]] = {
+    meth.name: tuple(f.name for f in meth.response.DESCRIPTOR.fields if f.message_type is m.Inode.DESCRIPTOR)
+    for meth in META_SERVICE
+}
+
+
+class InodeHandles:
+    """The handles meta gave a non-root user connection (``Inode.handle``, see
+    :mod:`fs3.meta.handles`), by inode id: what its requests that name inodes by id must carry.
+
+    At most ``limit`` are kept; the one used longest ago goes first. A request naming an inode
+    whose handle went (or never came) is refused by meta with EACCES, and the inode must be looked
+    up by name again."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        self.limit = limit
+        self._handles: dict[int, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def get(self, inode_id: int) -> bytes | None:
+        handles = self._handles
+        handle = handles.pop(inode_id, None)
+        if handle is not None:
+            handles[inode_id] = handle  # now the most recently used
+        return handle
+
+    def learn(self, inodes: Sequence[m.Inode] | Any) -> None:
+        handles = self._handles
+        for ino in inodes:
+            if ino.handle:
+                handles.pop(ino.id, None)
+                handles[ino.id] = ino.handle
+        while len(handles) > self.limit:
+            del handles[next(iter(handles))]
+
+    def attach(self, method: str, request: Message) -> None:
+        """Put the handles of the inodes ``request`` names by id into its header."""
+        into = request.hdr.handles  # type: ignore[attr-defined]
+        for name in INODE_ID_FIELDS[method]:
+            value = getattr(request, name)
+            for inode_id in (value,) if isinstance(value, int) else value:
+                if inode_id != ROOT_ID:
+                    handle = self.get(inode_id)
+                    if handle is not None:
+                        into[inode_id] = handle
+
+
 # Calls that are safe to send to another server after a failure without a request id. (UNAVAILABLE
 # includes a meta server's graceful stop cutting a call short; CANCELLED is our RpcClient closed.)
 _FAILOVER = frozenset(
@@ -127,10 +188,12 @@ class MetaClient:
         timeout_s: float = 30.0,
         rpc_timeout_s: float = 10.0,
         capabilities: CapabilityCache | None = None,
+        handles: InodeHandles | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one meta address is needed")
         self.capabilities = capabilities
+        self.handles = handles
         self.addresses = list(dict.fromkeys(addresses))
         self._own_rpc = rpc is None
         self.rpc = rpc or RpcClient(secret or DEV_SECRET, identity="meta-client")
@@ -170,6 +233,9 @@ class MetaClient:
         hdr.client_id = self.client_id
         if request_id:
             hdr.request_id = self._next_request_id()
+        handles = self.handles
+        if handles is not None:
+            handles.attach(method, request)
         meth = self._methods[method]
         deadline = time.monotonic() + self.timeout_s
         timeout = min(self.rpc_timeout_s, self.timeout_s)  # the first try has the whole budget
@@ -182,6 +248,10 @@ class MetaClient:
                 parsed = _parsed[address] = parse_address(address)
             try:
                 rsp, _ = await self.rpc.call(parsed, meth, request, timeout=max(timeout, 0.001))
+                if handles is not None:
+                    for name in RETURNED_INODES[method]:
+                        value = getattr(rsp, name)
+                        handles.learn((value,) if isinstance(value, m.Inode) else value)
                 return rsp
             except FS3Error as e:
                 if e.code not in _FAILOVER:

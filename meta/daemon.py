@@ -18,6 +18,7 @@ from fs3.config import MetaConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Database, open_database
 from fs3.meta.auth import Authenticator, TokenAuthenticator, TrustingAuthenticator
+from fs3.meta.handles import HandleSealer
 from fs3.meta.layout import ChainAllocator, ChainTable
 from fs3.meta.service import MetaService
 from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
@@ -171,6 +172,7 @@ class MetaDaemon:
             auth,
             statfs=self.store.chunks.space,
             capabilities=CapabilityIssuer(self.secret or DEV_SECRET, ttl_s=cfg.capability_ttl_s),
+            handles=HandleSealer(self.secret or DEV_SECRET),
         ).register(self.server, self.registry)
         metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
         if cfg.metrics_port:

@@ -5,12 +5,15 @@ A call on a *user connection* (a client that authenticated with its user token i
 cluster secret: ``CallContext.user``) acts only as that token's user: its header's identity is
 replaced before any handler reads it (:func:`_bind`), and its opens and creates of regular files
 come with a capability (:mod:`fs3.capability`) for the rights the open checked, which storage asks of
-such a client's reads and writes; ``Capability`` issues a new one after checking again.
+such a client's reads and writes; ``Capability`` issues a new one after checking again. A non-root
+user's requests name inodes by id only with the handles (:mod:`fs3.meta.handles`) meta returned
+with them, so that ids do not bypass the search permission of the directories above.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,9 +26,11 @@ from fs3 import capability, metrics
 from fs3.capability import CapabilityIssuer
 from fs3.client.meta_client import META_SERVICE
 from fs3.errors import FS3Error, StatusCode
+from fs3.meta import permissions
 from fs3.meta.auth import Authenticator
+from fs3.meta.handles import HandleSealer
 from fs3.meta.namespace import CALL_DEADLINE, FILE
-from fs3.meta.permissions import R_OK, W_OK, Credentials, access_of_flags
+from fs3.meta.permissions import R_OK, W_OK, X_OK, Credentials, access_of_flags
 from fs3.meta.store import MetaStore
 from fs3.net import CallContext, RpcServer
 from fs3.net.auth import user_scoped_id
@@ -48,13 +53,16 @@ class MetaService:
         *,
         statfs: Callable[[], Awaitable[tuple[int, int, int]]] | None = None,
         capabilities: CapabilityIssuer | None = None,
+        handles: HandleSealer | None = None,
     ) -> None:
         """``statfs`` returns storage's (capacity, used, available) bytes; ``capabilities`` seals
-        the capabilities user connections get (none without it)."""
+        the capabilities user connections get (none without it); ``handles`` the inode handles
+        non-root user connections need (without it they can name no inode by id but the root)."""
         self.store = store
         self.auth = auth
         self._statfs = statfs
         self.capabilities = capabilities
+        self.handles = handles
         # The caller's credentials without a coroutine when the authenticator has them at hand (the
         # usual case: a known header identity or a cached token); None sends us to _credentials.
         self._known: Callable[[Any], Credentials | None] = getattr(auth, "known", _unknown)
@@ -62,11 +70,12 @@ class MetaService:
     def register(self, server: RpcServer, registry: CollectorRegistry | None = None) -> None:
         """Serve every method on ``server``, counting requests and latencies into ``registry``."""
         handlers = {m.name: getattr(self, m.name) for m in META_SERVICE}
+        handles = self.handles or _NO_HANDLES
         if registry is None:
-            server.add_service(META_SERVICE, {n: _plain(h, n) for n, h in handlers.items()})
+            server.add_service(META_SERVICE, {n: _plain(h, n, handles) for n, h in handlers.items()})
             return
         stats = RequestMetrics(list(handlers), registry)
-        server.add_service(META_SERVICE, {n: _measured(h, n, stats) for n, h in handlers.items()})
+        server.add_service(META_SERVICE, {n: _measured(h, n, stats, handles) for n, h in handlers.items()})
 
     async def _credentials(self, user: Any) -> Credentials:
         return await self.auth.credentials(user)
@@ -120,12 +129,19 @@ class MetaService:
             await self._credentials(req.hdr.user)
         return m.ReadlinkRsp(target=await self.store.readlink(req.inode_id))
 
-    async def Readdir(self, req: m.ReaddirReq, _p: Any, _c: CallContext) -> m.ReaddirRsp:
+    async def Readdir(self, req: m.ReaddirReq, _p: Any, ctx: CallContext) -> m.ReaddirRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
         entries, found, more = await self.store.readdir(
             cred, req.inode_id, req.after, req.limit, req.with_inodes
         )
-        return m.ReaddirRsp(entries=entries, inodes=found, more=more)
+        rsp = m.ReaddirRsp(entries=entries, inodes=found, more=more)
+        user = ctx.user
+        if found and user is not None and not user.root and self.handles is not None:
+            # listing needs read permission, reaching the entries search permission (as a stat of
+            # one by name would): only a caller who may search the directory gets their handles
+            if permissions.allowed(await self.store.stat(req.inode_id), cred, X_OK):
+                self.handles.seal_inodes(user.uid, rsp.inodes)
+        return rsp
 
     async def Getxattr(self, req: m.GetxattrReq, _p: Any, _c: CallContext) -> m.GetxattrRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
@@ -393,20 +409,26 @@ class RequestMetrics:
         yield latency
 
 
-def _measured(handler: Any, name: str, stats: RequestMetrics) -> Any:
+def _measured(handler: Any, name: str, stats: RequestMetrics, handles: HandleSealer) -> Any:
     st = stats.methods[name]
     counts = st.counts
     bounds = stats.bounds
     error = stats.error
     clock = time.perf_counter
+    seal = name != "Readdir"  # which seals only what the caller may reach (see Readdir)
 
     async def measured(req: Any, payload: Any, ctx: CallContext) -> Any:
-        if ctx.user is not None:
+        user = ctx.user
+        if user is not None:
             _bind(req, ctx)
+            if not user.root:
+                handles.check(user.uid, name, req)
         CALL_DEADLINE.set(ctx.deadline)
         start = clock()
         try:
             rsp = await handler(req, payload, ctx)
+            if user is not None and not user.root and seal:
+                handles.seal_reply(user.uid, name, rsp)
         except FS3Error as e:
             error(name, e.code.name)
             raise
@@ -424,21 +446,35 @@ def _unknown(_user: Any) -> None:
     return None
 
 
-def _plain(handler: Any, name: str) -> Any:
+def _plain(handler: Any, name: str, handles: HandleSealer) -> Any:
     """``handler`` as the server calls it without metrics (inline if ``name`` is in INLINE)."""
+    seal = name != "Readdir"
 
     async def call(req: Any, payload: Any, ctx: CallContext) -> Any:
-        if ctx.user is not None:
+        user = ctx.user
+        if user is not None:
             _bind(req, ctx)
+            if not user.root:
+                handles.check(user.uid, name, req)
         CALL_DEADLINE.set(ctx.deadline)
-        return await handler(req, payload, ctx)
+        rsp = await handler(req, payload, ctx)
+        if user is not None and not user.root and seal:
+            handles.seal_reply(user.uid, name, rsp)
+        return rsp
 
     return inline(call) if name in INLINE else call
+
+
+# What a MetaService without a HandleSealer checks handles with: a key nobody has, so no inode but
+# the root may be named by id on a non-root user connection.
+_NO_HANDLES = HandleSealer(secrets.token_bytes(32))
 
 
 def _bind(req: Any, ctx: CallContext) -> None:
     """Make a user connection's request act as its token's user, whatever its header says: every
     handler goes through this (see :meth:`MetaService.register`) before it reads ``req.hdr.user``.
+    A non-root user's request must also bring its handles (:mod:`fs3.meta.handles`) for the inodes
+    it names by id, and gets them with the inodes it is answered.
     A non-root user's own uid, gid and groups replace the header's; a root user's token (a mount
     acting for the users of its host) may name any, as a header token of it may. Either way the
     header carries the connection's token, which the authenticator checks as for any request (so

@@ -146,7 +146,7 @@ class Xattr(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length", "write_caps_until_ns")
+    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length", "write_caps_until_ns", "handle")
     ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class Inode(_message.Message):
     TRIM_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRIM_LENGTH_FIELD_NUMBER: _ClassVar[int]
     WRITE_CAPS_UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: InodeType
     mode: int
@@ -187,7 +188,8 @@ class Inode(_message.Message):
     trim_version: int
     trim_length: int
     write_caps_until_ns: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ..., write_caps_until_ns: _Optional[int] = ...) -> None: ...
+    handle: bytes
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ..., write_caps_until_ns: _Optional[int] = ..., handle: _Optional[bytes] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("parent", "name", "inode_id", "type")
@@ -202,14 +204,23 @@ class DirEntry(_message.Message):
     def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode_id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ...) -> None: ...
 
 class MetaRequestHeader(_message.Message):
-    __slots__ = ("user", "client_id", "request_id")
+    __slots__ = ("user", "client_id", "request_id", "handles")
+    class HandlesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
     USER_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
     user: _common_pb2.UserInfo
     client_id: int
     request_id: int
-    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., client_id: _Optional[int] = ..., request_id: _Optional[int] = ...) -> None: ...
+    handles: _containers.ScalarMap[int, bytes]
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., client_id: _Optional[int] = ..., request_id: _Optional[int] = ..., handles: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class StatFsReq(_message.Message):
     __slots__ = ("hdr",)

@@ -19,6 +19,7 @@ from fs3 import capability
 from fs3.capability import CapabilityIssuer
 from fs3.client.file import chain_of
 from fs3.client.filesystem import FileSystem
+from fs3.client.meta_client import InodeHandles
 from fs3.client.storage_client import StorageClient
 from fs3.config import ClientConfig, MetaConfig, load_config
 from fs3.errors import FS3Error, StatusCode
@@ -153,6 +154,39 @@ async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(u
     await alice.chmod("/alice/secret", 0o644)
     assert await bob.read_file("/alice/secret") == data
     await expect_errno(errno.EACCES, bob.open("/alice/secret", "r+"))
+
+
+async def test_another_user_cannot_reach_a_file_by_id_past_a_private_directory(users: Users) -> None:
+    """A 0644 file inside alice's 0700 directory: bob cannot reach it by path, nor by its inode id
+    (meta asks his requests for the handle it gives only with inodes he may reach), so meta gives
+    him no capability and storage no bytes."""
+    alice, bob = await users.connect("alice"), await users.connect("bob")
+    data = os.urandom(100_000)
+    await alice.write_file("/alice/inner", data, perm=0o644)
+    await alice.chmod("/alice", 0o700)
+    ino = (await alice.stat("/alice/inner")).inode
+    await expect_errno(errno.EACCES, bob.read_file("/alice/inner"))
+    for call in (bob.meta.stat(ino.id), bob.meta.open(ino.id, os.O_RDONLY), bob.meta.capability(ino.id, 1)):
+        await expect_errno(errno.EACCES, call)
+    await expect_errno(errno.EACCES, bob.storage.read(chain_of(ino.layout, 0), ino.id, 0, 0, 100))
+    # once alice opens the directory, bob gets there by name (and so gets the handle)
+    await alice.chmod("/alice", 0o755)
+    assert await bob.read_file("/alice/inner") == data
+    assert (await bob.meta.stat(ino.id)).size == len(data)
+
+
+def test_inode_handles_keep_the_most_recently_used() -> None:
+    handles = InodeHandles(limit=2)
+    handles.learn([m.Inode(id=i, handle=bytes([i]) * 16) for i in (5, 6)])
+    assert handles.get(5) == bytes([5]) * 16  # 5 is now the more recently used
+    handles.learn([m.Inode(id=7, handle=b"7" * 16), m.Inode(id=8)])  # 8 brought none
+    assert (handles.get(6), handles.get(5), handles.get(8), len(handles)) == (None, bytes([5]) * 16, None, 2)
+    req = m.RenameReq(old_parent=5, new_parent=1, old_name=b"a", new_name=b"b")
+    handles.attach("Rename", req)
+    assert dict(req.hdr.handles) == {5: bytes([5]) * 16}  # none for the root, nor for what it lacks
+    req = m.BatchStatReq(inode_ids=[7, 6])
+    handles.attach("BatchStat", req)
+    assert dict(req.hdr.handles) == {7: b"7" * 16}
 
 
 async def test_meta_without_authentication_refuses_user_connections(tmp_path: Path) -> None:

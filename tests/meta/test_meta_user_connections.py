@@ -17,11 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from fs3 import capability
 from fs3.capability import CapabilityIssuer, CapabilityVerifier
-from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient
+from fs3.client.meta_client import DEV_SECRET, ROOT_ID, InodeHandles, MetaClient
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database, prefix_end
 from fs3.meta import schema
 from fs3.meta.auth import TokenAuthenticator
+from fs3.meta.handles import HandleSealer
 from fs3.meta.inode import now_ns as inode_now
 from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
 from fs3.meta.service import MetaService
@@ -76,6 +77,7 @@ class Meta:
             user=common_pb2.UserInfo(uid=uid, gid=gid, token=token if header_token is None else header_token),
             client_id=client_id,
             timeout_s=5,
+            handles=InodeHandles(),
         )
         self.clients.append(c)
         return c
@@ -92,7 +94,9 @@ async def meta(request: pytest.FixtureRequest) -> AsyncIterator[Meta]:
     auth = TokenAuthenticator(verify)
     server = RpcServer(DEV_SECRET, verify_user=auth.user_of)
     registry = CollectorRegistry() if request.param == "measured" else None
-    MetaService(store, auth, capabilities=CapabilityIssuer(DEV_SECRET)).register(server, registry)
+    MetaService(
+        store, auth, capabilities=CapabilityIssuer(DEV_SECRET), handles=HandleSealer(DEV_SECRET)
+    ).register(server, registry)
     host, port = await server.start(("127.0.0.1", 0))
     address = f"{host}:{port}"
     member = MetaClient([address], user=common_pb2.UserInfo(uid=0, gid=0, token="tok-root"), timeout_s=5)
@@ -107,6 +111,12 @@ async def meta(request: pytest.FixtureRequest) -> AsyncIterator[Meta]:
         await server.stop()
         await store.stop()
         await db.close()
+
+
+async def reach(client: MetaClient, *paths: bytes) -> None:
+    """Look ``paths`` up as ``client``'s user, which brings it their handles."""
+    for path in paths:
+        await client.lookup_path(path)
 
 
 def rights_of(cap: bytes, ino: m.Inode) -> int:
@@ -136,13 +146,15 @@ async def test_a_user_connection_acts_as_its_tokens_user_whatever_its_header_say
     alice = meta.user("tok-alice", uid=0, gid=0, header_token="")
     await expect_errno(errno.EACCES, alice.mkdir(ROOT_ID, b"by-alice"))  # the root is root's, 0755
     private = await meta.member.mkdir(ROOT_ID, b"private", 0o700)
-    await expect_errno(errno.EACCES, alice.lookup(private.id, b"x"))  # an inline handler
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
+    await reach(alice, b"/private", b"/home")
+    await expect_errno(errno.EACCES, alice.lookup(private.id, b"x"))  # an inline handler
     f = (await alice.create(home.id, b"f", 0o600, flags=os.O_RDWR, session=True)).inode
     d = await alice.mkdir(home.id, b"d", 0o755)
     assert (f.uid, f.gid) == (d.uid, d.gid) == (1001, 100)
     # a header that names alice with bob's token acts as bob
     bob = meta.user("tok-bob", uid=1001, gid=100)
+    await reach(bob, b"/home/f")
     await expect_errno(errno.EACCES, bob.open(f.id, os.O_RDONLY))
     await expect_errno(errno.EPERM, bob.setattr(f.id, mode=0o666))
     # sessions are the token user's: with alice's client id and uid in his headers, bob prunes
@@ -161,9 +173,80 @@ async def test_a_root_tokens_user_connection_acts_as_the_user_its_header_names(m
     assert (await meta.user("tok-root").mkdir(ROOT_ID, b"x")).uid == 0
 
 
+async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta: Meta) -> None:
+    """Ids are dense: without handles, bob could reach files inside alice's 0700 directory by id
+    (a stat, an open, which would bring a capability to read them from storage), bypassing the
+    search permission of the directories above them. A handle comes only with an inode meta
+    returned to that user, and is that user's alone."""
+    top = await meta.member.mkdir(ROOT_ID, b"alice", 0o700)
+    await meta.member.setattr(top.id, uid=1001, gid=100)
+    alice, bob = meta.user("tok-alice"), meta.user("tok-bob")
+    await reach(alice, b"/alice")
+    pub = (await alice.create(top.id, b"pub", 0o644)).inode
+    sub = await alice.mkdir(top.id, b"sub", 0o755)
+    link = await alice.symlink(top.id, b"ln", b"pub")
+    await alice.setxattr(pub.id, b"user.k", b"v")
+    assert pub.handle == HandleSealer(DEV_SECRET).seal(1001, pub.id)  # any meta of the cluster's
+    # alice, who may reach them by name, may use their ids
+    assert (await alice.stat(pub.id)).id == pub.id
+    assert (await alice.open(pub.id, os.O_RDONLY)).capability
+    assert await alice.getxattr(pub.id, b"user.k") == b"v"
+    assert await alice.readlink(link.id) == b"pub"
+
+    # bob may not reach them by name, nor by id (each kind of request that names inodes by id)
+    await expect_errno(errno.EACCES, bob.lookup_path(b"/alice/pub"))
+    for call in (
+        bob.stat(pub.id),
+        bob.batch_stat([ROOT_ID, pub.id]),
+        bob.open(pub.id, os.O_RDONLY),
+        bob.capability(pub.id, capability.READ),
+        bob.getxattr(pub.id, b"user.k"),
+        bob.listxattr(pub.id),
+        bob.readlink(link.id),
+        bob.lookup(sub.id, b"x"),
+        bob.readdir(sub.id),
+        bob.create(sub.id, b"x", 0o644),
+        bob.link(pub.id, ROOT_ID, b"stolen"),
+        bob.rename(sub.id, b"a", ROOT_ID, b"b"),
+        bob.setattr(pub.id, atime_ns=None),
+    ):
+        await expect_errno(errno.EACCES, call)
+    # ... not with a handle of alice's, nor a made-up one
+    for handle in (pub.handle, bytes(16), b""):
+        req = m.StatReq(inode_id=pub.id)
+        req.hdr.handles[pub.id] = handle
+        await expect_errno(errno.EACCES, bob.call("Stat", req))
+    assert (await bob.batch_stat([ROOT_ID]))[0].id == ROOT_ID  # the root needs none
+    # what bob may reach by name he may use by id: /alice itself, found in a listing of the root
+    rsp = await bob.readdir(ROOT_ID, with_inodes=True)
+    assert [i.id for i in rsp.inodes if i.handle] == [top.id]
+    assert (await bob.stat(top.id)).id == top.id
+    await expect_errno(errno.EACCES, bob.readdir(top.id))  # 0700: its own mode still applies
+    # a listing bob may read but not search (r without x) brings no handles: he could not stat
+    # the entries by name either
+    await alice.setattr(top.id, mode=0o744)
+    rsp = await bob.readdir(top.id, with_inodes=True)
+    assert sorted(e.name for e in rsp.entries) == [b"ln", b"pub", b"sub"]
+    assert [i.handle for i in rsp.inodes] == [b""] * 3
+    await expect_errno(errno.EACCES, bob.stat(pub.id))
+    # once he may search it, a lookup brings the handle, which keeps working (as an NFS handle
+    # does) after the directory is closed again; the file's own mode still applies
+    await alice.setattr(top.id, mode=0o755)
+    await reach(bob, b"/alice/pub")
+    await alice.setattr(top.id, mode=0o700)
+    assert (await bob.stat(pub.id)).id == pub.id
+    await alice.setattr(pub.id, mode=0o600)
+    await expect_errno(errno.EACCES, bob.open(pub.id, os.O_RDONLY))
+
+    # a root token's connection and cluster members name any inode by id
+    for client in (meta.user("tok-root", uid=1002, gid=100), meta.member):
+        assert (await client.stat(pub.id)).handle == b""
+
+
 async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) -> None:
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice = meta.user("tok-alice")
+    await reach(alice, b"/home")
     created = await alice.create(home.id, b"f", 0o644, flags=os.O_WRONLY, session=True)
     f = created.inode
     assert granted(created) == capability.WRITE
@@ -178,6 +261,7 @@ async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) 
         assert not again.created and granted(again) == rights
     # bob may read what is 0644, and only that
     bob = meta.user("tok-bob")
+    await reach(bob, b"/home/f")
     assert granted(await bob.open(f.id, os.O_RDONLY)) == capability.READ
     await expect_errno(errno.EACCES, bob.open(f.id, os.O_RDWR))
     # no capability for what has no chunks, nor for a cluster member
@@ -190,6 +274,7 @@ async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) 
 async def test_a_created_file_brings_what_its_creator_asked_whatever_its_mode(meta: Meta) -> None:
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice = meta.user("tok-alice")
+    await reach(alice, b"/home")
     r = await alice.create(home.id, b"ro", 0o444, flags=os.O_RDWR, session=True)
     assert r.created and granted(r) == capability.RIGHTS
 
@@ -197,7 +282,9 @@ async def test_a_created_file_brings_what_its_creator_asked_whatever_its_mode(me
 async def test_capability_checks_the_callers_access_now(meta: Meta) -> None:
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice, bob = meta.user("tok-alice"), meta.user("tok-bob", uid=1001, gid=100)  # bob says he is alice
+    await reach(alice, b"/home")
     f = (await alice.create(home.id, b"f", 0o600, session=True)).inode
+    await reach(bob, b"/home/f")
     assert rights_of(await alice.capability(f.id, capability.READ), f) == capability.READ
     assert rights_of(await alice.capability(f.id, capability.RIGHTS), f) == capability.RIGHTS
     await expect_errno(errno.EACCES, bob.capability(f.id, capability.READ))
@@ -209,7 +296,11 @@ async def test_capability_checks_the_callers_access_now(meta: Meta) -> None:
     await expect_errno(errno.EISDIR, alice.capability(home.id, capability.READ))
     await expect_errno(errno.EINVAL, alice.capability(f.id, 0))
     await expect_errno(errno.EINVAL, alice.capability(f.id, 4))
-    await expect_errno(errno.ENOENT, alice.capability(f.id + 1000, capability.READ))
+    await expect_errno(errno.EACCES, alice.capability(f.id + 1000, capability.READ))  # no handle
+    g = (await alice.create(home.id, b"g", 0o600)).inode
+    await alice.unlink(home.id, b"g")
+    await meta.store.collector.collect_once()  # gone (not held open), though she has its handle
+    await expect_errno(errno.ENOENT, alice.capability(g.id, capability.READ))
 
 
 async def test_capabilities_name_the_files_layout(meta: Meta) -> None:
@@ -217,6 +308,7 @@ async def test_capabilities_name_the_files_layout(meta: Meta) -> None:
     as meta has it (a directory's own layout included), whichever call issued it."""
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice = meta.user("tok-alice")
+    await reach(alice, b"/home")
     d = await alice.mkdir(home.id, b"big", 0o755)
     await alice.set_layout(d.id, chunk_size=4 << 20, stripe_count=4)
     for parent, chunk_size, stripe in ((home.id, CHUNK, 2), (d.id, 4 << 20, 4)):
@@ -248,6 +340,8 @@ async def test_a_users_retry_gets_its_first_reply_and_another_users_replay_a_rep
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice = meta.user("tok-alice")
     bob = meta.user("tok-bob", client_id=alice.client_id)
+    await reach(alice, b"/home")
+    await reach(bob, b"/home")
     req = m.CreateReq(parent=home.id, name=b"f", mode=0o666, flags=os.O_RDWR, open_session=True)
     first = await alice.call("Create", req, request_id=True)
     assert first.created and first.session_id and granted(first) == capability.RIGHTS
@@ -290,7 +384,10 @@ async def test_a_retried_open_or_create_brings_only_what_the_file_allows_now(met
     is not regained by sending an old request again, nor is a file collected since."""
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice, bob = meta.user("tok-alice"), meta.user("tok-bob")
+    await reach(alice, b"/home")
+    await reach(bob, b"/home")
     shared = (await bob.create(home.id, b"shared", 0o666, flags=os.O_RDWR)).inode
+    await reach(alice, b"/home/shared")
     open_req = m.OpenReq(inode_id=shared.id, flags=os.O_RDWR)
     assert granted(await alice.call("Open", open_req, request_id=True)) == capability.RIGHTS
     await bob.setattr(shared.id, mode=0o600)
@@ -340,11 +437,13 @@ async def test_a_file_written_through_a_capability_is_swept_again_once_none_can_
     meta.store.chunks = storage
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice = meta.user("tok-alice")
+    await reach(alice, b"/home")
     written = await alice.create(home.id, b"w", 0o644, flags=os.O_RDWR)
     assert granted(written) == capability.RIGHTS
     assert (await alice.stat(written.inode.id)).write_caps_until_ns == 0  # meta's own, not in replies
     members = (await meta.member.create(home.id, b"m", 0o644, flags=os.O_RDWR)).inode
     read = (await meta.member.create(home.id, b"r", 0o644)).inode
+    await reach(alice, b"/home/r")
     opened = await alice.open(read.id, os.O_RDONLY)
     assert granted(opened) == capability.READ
     await alice.close_file(read.id, opened.session_id)
