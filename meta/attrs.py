@@ -147,14 +147,15 @@ class AttrOps(Namespace):
         inode_id: int,
         want: int,
         *,
-        creator: bool = False,
+        owner_override: bool = False,
         write_until_ns: int = 0,
     ) -> meta_pb2.Inode:
         """The regular file ``inode_id``, if ``cred`` may access it for ``want`` (R_OK, W_OK) now,
         as an open would check it; PERMISSION_DENIED (EACCES) if not, META_IS_DIRECTORY or
         INVALID_ARGUMENT for anything but a regular file, NOT_FOUND once it is collected. A file
-        unlinked since is still checked (its open handles live on). With ``creator`` (the caller
-        created it) its owner may access it whatever its mode, as POSIX lets a creator open it.
+        unlinked since is still checked (its open handles live on). With ``owner_override`` its
+        owner may access it whatever its mode: as POSIX lets a creator open it so, and as an owner
+        may chmod it anyway (a renewal of an open's capability must not fail where the open held).
 
         With ``write_until_ns`` (a write capability of the file is being issued, good until then)
         the file records it (``Inode.write_caps_until_ns``, twice as far ahead, so that renewals
@@ -166,7 +167,7 @@ class AttrOps(Namespace):
                 raise FS3Error(StatusCode.META_IS_DIRECTORY, f"inode {inode_id} is a directory")
             if ino.type != FILE:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a regular file")
-            if not (creator and ino.uid == cred.uid):
+            if not (owner_override and ino.uid == cred.uid):
                 check(ino, cred, want)
             return ino
 

@@ -266,26 +266,35 @@ class MetaService:
 
     async def Capability(self, req: m.CapabilityReq, _p: Any, _c: CallContext) -> m.CapabilityRsp:
         """A new capability for a file the caller may access with ``rights`` now, checked as an
-        open would (for a user connection whose capability expired or was refused)."""
+        open would (for a user connection whose capability expired or was refused), except that
+        the file's owner gets one whatever its mode: the owner could chmod it anyway, and an open
+        POSIX allowed whatever the mode (its creator's of a 0444 file for writing) must keep
+        working once its first capability lapses."""
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
         rights = req.rights
         if not rights or rights & ~capability.RIGHTS:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad capability rights {rights}")
         if self.capabilities is None:
             raise FS3Error(StatusCode.FAILED_PRECONDITION, "this meta server issues no capabilities")
-        return m.CapabilityRsp(capability=await self._issue(self.capabilities, cred, req.inode_id, rights))
+        cap = await self._issue(self.capabilities, cred, req.inode_id, rights, owner_override=True)
+        return m.CapabilityRsp(capability=cap)
 
     async def _issue(
-        self, issuer: CapabilityIssuer, cred: Credentials, inode_id: int, rights: int, creator: bool = False
+        self,
+        issuer: CapabilityIssuer,
+        cred: Credentials,
+        inode_id: int,
+        rights: int,
+        owner_override: bool = False,
     ) -> bytes:
         """A capability of ``rights`` on the regular file ``inode_id``, after checking as an open
-        would that ``cred`` may access it so now (``creator``: see check_file_access). A write
+        would that ``cred`` may access it so now (``owner_override``: see check_file_access). A write
         capability is recorded in the file first (until it lapses: a whole second after now +
         ttl at most), for the collector's second pass."""
         want = (R_OK if rights & capability.READ else 0) | (W_OK if rights & capability.WRITE else 0)
         write_until_ns = int((time.time() + issuer.ttl_s + 1) * 1e9) if rights & capability.WRITE else 0
         ino = await self.store.check_file_access(
-            cred, inode_id, want, creator=creator, write_until_ns=write_until_ns
+            cred, inode_id, want, owner_override=owner_override, write_until_ns=write_until_ns
         )
         return issuer.issue(ino.id, rights, ino.layout)
 
@@ -301,7 +310,7 @@ class MetaService:
             return b""
         want = access_of_flags(flags)
         rights = (capability.READ if want & R_OK else 0) | (capability.WRITE if want & W_OK else 0)
-        return await self._issue(self.capabilities, cred, opened.id, rights, created)
+        return await self._issue(self.capabilities, cred, opened.id, rights, owner_override=created)
 
     async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         if self._known(req.hdr.user) is None:

@@ -237,14 +237,26 @@ async def test_an_expired_or_refused_capability_is_renewed_until_access_is_lost(
         await f.pwrite(b"new", 0)
         await f.fsync()
         assert caps.now(f.inode_id, capability.RIGHTS) != forged
-        # once alice may not read it any more, meta issues her none, and storage serves her no more
-        await alice.chmod("/alice/f", 0)
+        # once alice may not read it any more (root gave it to bob; its mode is 0600), meta issues
+        # her none, and storage serves her no more
+        await users.admin.chown("/alice/f", BOB, BOB)
         await wait_until(expired, 5, "the capability to expire")
         await expect_errno(errno.EACCES, f.pread(10, 20))
         await expect_errno(errno.EACCES, alice.open("/alice/f"))
-        await alice.chmod("/alice/f", 0o600)
+        await users.admin.chown("/alice/f", ALICE, ALICE)
         assert await f.pread(10, 0) == b"new" + data[3:10]
         await f.close()
+
+        # a file she creates 0444 and opens for writing (as git writes its objects): POSIX lets
+        # that open write whatever the mode, and so do its capabilities after the first one
+        ro = await alice.open_flags("/alice/ro", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o444)
+        await ro.pwrite(b"first", 0)
+        await ro.fsync()
+        await wait_until(lambda: caps.now(ro.inode_id, capability.WRITE) is None, 5, "it to expire")
+        await ro.pwrite(b"-second", 5)
+        await ro.close()
+        assert await alice.read_file("/alice/ro") == b"first-second"
+        await expect_errno(errno.EACCES, alice.open("/alice/ro", "r+"))  # a new open checks the mode
 
 
 async def test_user_auth_needs_a_token(tmp_path: Path) -> None:

@@ -291,8 +291,15 @@ async def test_capability_checks_the_callers_access_now(meta: Meta) -> None:
     await alice.setattr(f.id, mode=0o640)  # bob's group may read
     assert rights_of(await bob.capability(f.id, capability.READ), f) == capability.READ
     await expect_errno(errno.EACCES, bob.capability(f.id, capability.WRITE))
+    # the owner gets one whatever the mode (she could chmod it anyway; an open POSIX let her make
+    # whatever the mode, a creator's of a 0444 file for writing, must outlive its first one)
     await alice.setattr(f.id, mode=0)
+    assert rights_of(await alice.capability(f.id, capability.RIGHTS), f) == capability.RIGHTS
+    await expect_errno(errno.EACCES, alice.open(f.id, os.O_RDONLY))  # an open checks the mode
+    await meta.member.setattr(f.id, uid=1002)  # root gives it to bob: no longer hers
     await expect_errno(errno.EACCES, alice.capability(f.id, capability.READ))
+    assert rights_of(await bob.capability(f.id, capability.RIGHTS), f) == capability.RIGHTS
+    await meta.member.setattr(f.id, uid=1001)
     await expect_errno(errno.EISDIR, alice.capability(home.id, capability.READ))
     await expect_errno(errno.EINVAL, alice.capability(f.id, 0))
     await expect_errno(errno.EINVAL, alice.capability(f.id, 4))
