@@ -408,7 +408,7 @@ class FileSystem:
             # opens and creates bring go into the cache, the others are asked of meta when needed.
             meta.capabilities = CapabilityCache(meta.capability) if config.user_auth else None
             # a non-root user's requests name inodes by id only with the handles meta gave it
-            meta.handles = InodeHandles() if config.user_auth else None
+            meta.handles = InodeHandles(config.inode_handles) if config.user_auth else None
             storage = StorageClient(
                 routing,
                 rpc,
@@ -489,6 +489,8 @@ class FileSystem:
         st = self._states.get(inode.id)
         if st is None:
             st = self._states[inode.id] = InodeState(inode)
+            if self.meta.handles is not None:
+                self.meta.handles.pin(inode.id)  # its closes, syncs and renewals name it by id
         else:
             st.refresh(inode, since)
         return st
@@ -617,6 +619,8 @@ class FileSystem:
             h.state.handles.discard(h)
             if not h.state.handles and self._states.get(h.inode_id) is h.state:
                 del self._states[h.inode_id]
+                if self.meta.handles is not None:
+                    self.meta.handles.unpin(h.inode_id)
 
     def _close_later(self, h: OpenFile) -> None:
         """Finish closing ``h`` in a task of its own, kept until it ends (:meth:`close` waits for it)."""

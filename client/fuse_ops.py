@@ -1,8 +1,9 @@
 """The FUSE operations of ``fs3 mount``: each pyfuse3 request translated to the native client
 (:mod:`fs3.client.filesystem`) and back. Imported only by :mod:`fs3.client.mount`.
 
-- FUSE inode numbers are fs3 inode ids (the root is 1 in both), so nothing is remembered per
-  lookup and ``forget`` has nothing to do.
+- FUSE inode numbers are fs3 inode ids (the root is 1 in both). Only a mount on a non-root
+  user's token counts lookups: it keeps the handle of each inode the kernel holds (meta asks for
+  it whenever a request names the inode by id, :mod:`fs3.meta.handles`) until ``forget``.
 - Every request acts as the caller: uid, gid and supplementary groups of the calling process go to
   meta with the mount's token (a root token acts for any local user). The kernel checks permissions
   too (``default_permissions``), from attributes cached for ``attr_timeout_s``.
@@ -295,6 +296,15 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_ctime_ns = inode.ctime_ns
         return a
 
+    def _entry(self, inode: m.Inode, since: int) -> pyfuse3.EntryAttributes:
+        """The attributes of ``inode`` for a reply that gives the kernel an entry (a lookup, a
+        create...), which counts as a lookup until the kernel's ``forget``: a user_auth mount keeps
+        the inode's handle until then."""
+        handles = self.fs.meta.handles
+        if handles is not None:
+            handles.pin(inode.id)
+        return self.attrs(inode, since)
+
     def _new_fh(self) -> int:
         fh = self._next_fh
         self._next_fh += 1
@@ -316,10 +326,13 @@ class Fs3Operations(pyfuse3.Operations):
                 a.entry_timeout = self.config.negative_timeout_s
                 return a
             raise
-        return self.attrs(inode, since)
+        return self._entry(inode, since)
 
     async def forget(self, inode_list: Any) -> None:
-        return None
+        handles = self.fs.meta.handles
+        if handles is not None:
+            for inode, nlookup in inode_list:
+                handles.unpin(inode, nlookup)
 
     @_translate
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
@@ -406,14 +419,14 @@ class Fs3Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self.attrs(await self.meta(ctx).mknod(parent_inode, name, mode, rdev), since)
+        return self._entry(await self.meta(ctx).mknod(parent_inode, name, mode, rdev), since)
 
     @_translate
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self.attrs(await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777), since)
+        return self._entry(await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777), since)
 
     @_translate
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -428,7 +441,7 @@ class Fs3Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self.attrs(await self.meta(ctx).symlink(parent_inode, name, target), since)
+        return self._entry(await self.meta(ctx).symlink(parent_inode, name, target), since)
 
     @_translate
     async def rename(
@@ -447,7 +460,7 @@ class Fs3Operations(pyfuse3.Operations):
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self.attrs(await self.meta(ctx).link(inode, new_parent_inode, new_name), since)
+        return self._entry(await self.meta(ctx).link(inode, new_parent_inode, new_name), since)
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -487,7 +500,7 @@ class Fs3Operations(pyfuse3.Operations):
             handle.state.truncated(0)
         if flags & os.O_TRUNC or rsp.created:
             self._seen.pop(rsp.inode.id, None)
-        return self._file_info(handle, flags), self.attrs(rsp.inode, since)
+        return self._file_info(handle, flags), self._entry(rsp.inode, since)
 
     @_translate
     async def read(self, fh: int, off: int, size: int) -> memoryview | bytes:
@@ -569,10 +582,13 @@ class Fs3Operations(pyfuse3.Operations):
             after = d.names[start_id - _DOTS - 1]
         since = stamp()
         rsp = await d.meta.readdir(d.inode, after, d.page, with_inodes=True)
+        handles = self.fs.meta.handles
         last = max(start_id, _DOTS)
         for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
             off = d.offset_of(e.name)
-            if not pyfuse3.readdir_reply(token, e.name, self.attrs(ino, since), off):
+            if not pyfuse3.readdir_reply(token, e.name, self._entry(ino, since), off):
+                if handles is not None:
+                    handles.unpin(ino.id)  # not sent: the kernel counts no lookup of it
                 d.page = n + 1  # about what the kernel's buffer holds: ask meta for no more
                 d.filled = True
                 return

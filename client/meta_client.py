@@ -93,6 +93,9 @@ META_SERVICE = ServiceDef(
     },
 )
 
+# The most inodes one BatchStat may ask for.
+MAX_BATCH_STAT = 4096
+
 # The fields of each method's request that name inodes by id: a non-root user connection's request
 # carries a handle for each (fs3.meta.handles).
 INODE_ID_FIELDS: dict[str, tuple[str, ...]] = {
@@ -115,18 +118,24 @@ class InodeHandles:
     """The handles meta gave a non-root user connection (``Inode.handle``, see
     :mod:`fs3.meta.handles`), by inode id: what its requests that name inodes by id must carry.
 
-    At most ``limit`` are kept; the one used longest ago goes first. A request naming an inode
-    whose handle went (or never came) is refused by meta with EACCES, and the inode must be looked
-    up by name again."""
+    Handles of inodes in use are *pinned* (:meth:`pin`: a file open here, an inode the kernel
+    holds for a mount) and kept until unpinned as often; of the others at most ``limit`` are
+    kept, and the one used longest ago goes first. A request naming an inode whose handle went
+    (or never came) is refused by meta with EACCES, and the inode must be looked up by name
+    again."""
 
     def __init__(self, limit: int = 1 << 20) -> None:
         self.limit = limit
-        self._handles: dict[int, bytes] = {}
+        self._handles: dict[int, bytes] = {}  # not pinned, the least recently used first
+        self._pinned: dict[int, list[Any]] = {}  # inode id -> [handle, pins]
 
     def __len__(self) -> int:
-        return len(self._handles)
+        return len(self._handles) + len(self._pinned)
 
     def get(self, inode_id: int) -> bytes | None:
+        pinned = self._pinned.get(inode_id)
+        if pinned is not None:
+            return pinned[0]  # type: ignore[no-any-return]
         handles = self._handles
         handle = handles.pop(inode_id, None)
         if handle is not None:
@@ -136,9 +145,33 @@ class InodeHandles:
     def learn(self, inodes: Sequence[m.Inode] | Any) -> None:
         handles = self._handles
         for ino in inodes:
-            if ino.handle:
+            if ino.handle and ino.id not in self._pinned:
                 handles.pop(ino.id, None)
                 handles[ino.id] = ino.handle
+        self._evict()
+
+    def pin(self, inode_id: int, n: int = 1) -> None:
+        """Keep ``inode_id``'s handle (if one is known) until :meth:`unpin` took as many pins."""
+        pinned = self._pinned.get(inode_id)
+        if pinned is not None:
+            pinned[1] += n
+            return
+        handle = self._handles.pop(inode_id, None)
+        if handle is not None:
+            self._pinned[inode_id] = [handle, n]
+
+    def unpin(self, inode_id: int, n: int = 1) -> None:
+        pinned = self._pinned.get(inode_id)
+        if pinned is None:
+            return
+        pinned[1] -= n
+        if pinned[1] <= 0:
+            del self._pinned[inode_id]
+            self._handles[inode_id] = pinned[0]
+            self._evict()
+
+    def _evict(self) -> None:
+        handles = self._handles
         while len(handles) > self.limit:
             del handles[next(iter(handles))]
 

@@ -309,6 +309,13 @@ class ClientConfig:
         " needs the capability meta issues at open (cluster_secret_file is not read; connections go over"
         " TCP, as servers take no user connections over RDMA)",
     )
+    inode_handles: int = opt(
+        1 << 20,
+        doc="user_auth with a non-root token: how many inode handles (what meta asks of such a client's"
+        " requests that name an inode by id) to keep beyond those of open files and, for a mount,"
+        " inodes the kernel holds; about 120 bytes each",
+        check=_positive,
+    )
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)

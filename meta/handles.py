@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from fs3.client.meta_client import INODE_ID_FIELDS, RETURNED_INODES, ROOT_ID
+from fs3.client.meta_client import INODE_ID_FIELDS, MAX_BATCH_STAT, RETURNED_INODES, ROOT_ID
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import meta_pb2 as m
 
@@ -47,11 +47,17 @@ class HandleSealer:
 
     def check(self, uid: int, method: str, req: Any) -> None:
         """Raise PERMISSION_DENIED unless ``req``, a request of ``method``, carries ``uid``'s handle
-        for every inode it names by id."""
+        for every inode it names by id (INVALID_ARGUMENT for more than a BatchStat may name)."""
         handles = req.hdr.handles
         for name in INODE_ID_FIELDS[method]:
             value = getattr(req, name)
-            for inode_id in (value,) if isinstance(value, int) else value:
+            if isinstance(value, int):
+                ids: Iterable[int] = (value,)
+            elif len(value) > MAX_BATCH_STAT:  # before a hash per id
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH_STAT} inodes per request")
+            else:
+                ids = set(value)
+            for inode_id in ids:
                 if inode_id == ROOT_ID or not inode_id:
                     continue  # the root is everyone's; 0 names nothing (the handler refuses it)
                 handle = handles.get(inode_id)
@@ -67,8 +73,14 @@ class HandleSealer:
             if ino.id:  # a batch stat's failed entries are empty
                 ino.handle = self.seal(uid, ino.id)
 
-    def seal_reply(self, uid: int, method: str, rsp: Any) -> None:
-        """Put ``uid``'s handle into every inode of ``rsp``, a reply of ``method``."""
+    def seal_reply(self, uid: int, method: str, req: Any, rsp: Any) -> None:
+        """Put ``uid``'s handle into every inode of ``rsp``, the reply to ``req`` of ``method``;
+        except a listing's (Readdir seals those it may, see MetaService.Readdir) and the parent
+        a lookup of ".." found: that the caller may search a directory does not mean it could
+        reach the directory's parent by name (it may have been moved under a private one since
+        the caller got the directory's handle)."""
+        if method == "Readdir" or (method == "Lookup" and req.name == b".."):
+            return
         for name in RETURNED_INODES[method]:
             value = getattr(rsp, name)
             if isinstance(value, m.Inode):

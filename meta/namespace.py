@@ -16,7 +16,7 @@ import contextvars
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from google.protobuf.message import Message
 
@@ -35,6 +35,7 @@ from fs3.meta.permissions import (
     X_OK,
     Credentials,
     access_of_flags,
+    allowed,
     check,
     check_name,
     kill_suid_sgid,
@@ -84,6 +85,15 @@ def _time_left(what: str) -> float | None:
     if left <= 0:
         raise FS3Error(StatusCode.DEADLINE_EXCEEDED, f"the caller gave up before {what}: not done")
     return left
+
+
+class ReaddirPage(NamedTuple):
+    """A page of a directory listing (:meth:`Namespace.readdir_page`)."""
+
+    entries: list[meta_pb2.DirEntry]
+    inodes: list[meta_pb2.Inode]  # parallel to entries, when asked for
+    more: bool
+    searchable: bool  # whether the caller may search the directory
 
 
 class _TrimFirst(Exception):
@@ -275,9 +285,22 @@ class Namespace:
         with_inodes: bool = False,
     ) -> tuple[list[meta_pb2.DirEntry], list[meta_pb2.Inode], bool]:
         """A page of entries in name order after ``after``; returns (entries, inodes, more)."""
+        page = await self.readdir_page(cred, inode_id, after, limit, with_inodes)
+        return page.entries, page.inodes, page.more
+
+    async def readdir_page(
+        self,
+        cred: Credentials,
+        inode_id: int,
+        after: bytes = b"",
+        limit: int = 0,
+        with_inodes: bool = False,
+    ) -> ReaddirPage:
+        """:meth:`readdir`, and whether ``cred`` may search the directory (as the same snapshot
+        has it): without that, a caller could not reach the entries' inodes by name."""
         limit = min(limit or READDIR_DEFAULT, READDIR_MAX)
 
-        async def fn(tr: Transaction) -> tuple[list[meta_pb2.DirEntry], list[meta_pb2.Inode], bool]:
+        async def fn(tr: Transaction) -> ReaddirPage:
             rv = tr.snapshot
             d = await inodes.load_dir(rv, inode_id)
             check(d, cred, R_OK)
@@ -296,7 +319,7 @@ class Namespace:
                 entries.append(e)
                 if with_inodes:
                     found.append(inodes.public(await inodes.load_full(rv, e.inode_id)))
-            return entries, found, more
+            return ReaddirPage(entries, found, more, allowed(d, cred, X_OK))
 
         return await self.db.run(fn, read_only=True)
 

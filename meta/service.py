@@ -24,13 +24,12 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 
 from fs3 import capability, metrics
 from fs3.capability import CapabilityIssuer
-from fs3.client.meta_client import META_SERVICE
+from fs3.client.meta_client import MAX_BATCH_STAT, META_SERVICE
 from fs3.errors import FS3Error, StatusCode
-from fs3.meta import permissions
 from fs3.meta.auth import Authenticator
 from fs3.meta.handles import HandleSealer
 from fs3.meta.namespace import CALL_DEADLINE, FILE
-from fs3.meta.permissions import R_OK, W_OK, X_OK, Credentials, access_of_flags
+from fs3.meta.permissions import R_OK, W_OK, Credentials, access_of_flags
 from fs3.meta.store import MetaStore
 from fs3.net import CallContext, RpcServer
 from fs3.net.auth import user_scoped_id
@@ -39,8 +38,6 @@ from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
 log = logging.getLogger(__name__)
-
-MAX_BATCH_STAT = 4096
 
 
 class MetaService:
@@ -62,7 +59,7 @@ class MetaService:
         self.auth = auth
         self._statfs = statfs
         self.capabilities = capabilities
-        self.handles = handles
+        self.handles = handles or _NO_HANDLES
         # The caller's credentials without a coroutine when the authenticator has them at hand (the
         # usual case: a known header identity or a cached token); None sends us to _credentials.
         self._known: Callable[[Any], Credentials | None] = getattr(auth, "known", _unknown)
@@ -70,7 +67,7 @@ class MetaService:
     def register(self, server: RpcServer, registry: CollectorRegistry | None = None) -> None:
         """Serve every method on ``server``, counting requests and latencies into ``registry``."""
         handlers = {m.name: getattr(self, m.name) for m in META_SERVICE}
-        handles = self.handles or _NO_HANDLES
+        handles = self.handles
         if registry is None:
             server.add_service(META_SERVICE, {n: _plain(h, n, handles) for n, h in handlers.items()})
             return
@@ -103,7 +100,7 @@ class MetaService:
     async def BatchStat(self, req: m.BatchStatReq, _p: Any, _c: CallContext) -> m.BatchStatRsp:
         if self._known(req.hdr.user) is None:
             await self._credentials(req.hdr.user)
-        if len(req.inode_ids) > MAX_BATCH_STAT:
+        if len(req.inode_ids) > MAX_BATCH_STAT:  # also refused before a user's handles are checked
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"at most {MAX_BATCH_STAT} inodes per batch")
         rsp = m.BatchStatRsp()
         for r in await self.store.batch_stat(list(req.inode_ids)):
@@ -131,16 +128,20 @@ class MetaService:
 
     async def Readdir(self, req: m.ReaddirReq, _p: Any, ctx: CallContext) -> m.ReaddirRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        entries, found, more = await self.store.readdir(
-            cred, req.inode_id, req.after, req.limit, req.with_inodes
-        )
-        rsp = m.ReaddirRsp(entries=entries, inodes=found, more=more)
+        page = await self.store.readdir_page(cred, req.inode_id, req.after, req.limit, req.with_inodes)
         user = ctx.user
-        if found and user is not None and not user.root and self.handles is not None:
-            # listing needs read permission, reaching the entries search permission (as a stat of
-            # one by name would): only a caller who may search the directory gets their handles
-            if permissions.allowed(await self.store.stat(req.inode_id), cred, X_OK):
-                self.handles.seal_inodes(user.uid, rsp.inodes)
+        if not page.inodes or user is None or user.root:
+            return m.ReaddirRsp(entries=page.entries, inodes=page.inodes, more=page.more)
+        # A non-root user connection: listing takes read permission, reaching the entries' inodes
+        # search permission too (as a stat of one by name would). Only a caller who may search
+        # the directory gets their handles, and attributes; others get each one's id and type, as
+        # a local directory's listing gives them. (A mount's kernel checks search permission
+        # itself, and shares the attributes between its users: cluster members get them all.)
+        if not page.searchable:
+            found = [m.Inode(id=ino.id, type=ino.type) for ino in page.inodes]
+            return m.ReaddirRsp(entries=page.entries, inodes=found, more=page.more)
+        rsp = m.ReaddirRsp(entries=page.entries, inodes=page.inodes, more=page.more)
+        self.handles.seal_inodes(user.uid, rsp.inodes)
         return rsp
 
     async def Getxattr(self, req: m.GetxattrReq, _p: Any, _c: CallContext) -> m.GetxattrRsp:
@@ -424,7 +425,6 @@ def _measured(handler: Any, name: str, stats: RequestMetrics, handles: HandleSea
     bounds = stats.bounds
     error = stats.error
     clock = time.perf_counter
-    seal = name != "Readdir"  # which seals only what the caller may reach (see Readdir)
 
     async def measured(req: Any, payload: Any, ctx: CallContext) -> Any:
         user = ctx.user
@@ -436,8 +436,8 @@ def _measured(handler: Any, name: str, stats: RequestMetrics, handles: HandleSea
         start = clock()
         try:
             rsp = await handler(req, payload, ctx)
-            if user is not None and not user.root and seal:
-                handles.seal_reply(user.uid, name, rsp)
+            if user is not None and not user.root:
+                handles.seal_reply(user.uid, name, req, rsp)
         except FS3Error as e:
             error(name, e.code.name)
             raise
@@ -457,7 +457,6 @@ def _unknown(_user: Any) -> None:
 
 def _plain(handler: Any, name: str, handles: HandleSealer) -> Any:
     """``handler`` as the server calls it without metrics (inline if ``name`` is in INLINE)."""
-    seal = name != "Readdir"
 
     async def call(req: Any, payload: Any, ctx: CallContext) -> Any:
         user = ctx.user
@@ -467,8 +466,8 @@ def _plain(handler: Any, name: str, handles: HandleSealer) -> Any:
                 handles.check(user.uid, name, req)
         CALL_DEADLINE.set(ctx.deadline)
         rsp = await handler(req, payload, ctx)
-        if user is not None and not user.root and seal:
-            handles.seal_reply(user.uid, name, rsp)
+        if user is not None and not user.root:
+            handles.seal_reply(user.uid, name, req, rsp)
         return rsp
 
     return inline(call) if name in INLINE else call

@@ -187,6 +187,44 @@ def test_inode_handles_keep_the_most_recently_used() -> None:
     req = m.BatchStatReq(inode_ids=[7, 6])
     handles.attach("BatchStat", req)
     assert dict(req.hdr.handles) == {7: b"7" * 16}
+    # pinned handles stay whatever else comes, until unpinned as often
+    handles.pin(7, 2)
+    handles.pin(99)  # no handle known: nothing to keep
+    handles.learn([m.Inode(id=i, handle=bytes([i]) * 16) for i in range(10, 20)])
+    assert handles.get(7) == b"7" * 16 and handles.get(99) is None and len(handles) == 3
+    handles.unpin(7)
+    handles.learn([m.Inode(id=30, handle=b"x" * 16)])
+    assert handles.get(7) == b"7" * 16
+    handles.unpin(7)  # now an ordinary one, the most recently used
+    handles.learn([m.Inode(id=i, handle=bytes([i]) * 16) for i in (31, 32)])
+    assert handles.get(7) is None and len(handles) == 2
+    handles.unpin(7)  # not pinned any more: nothing happens
+
+
+async def test_a_users_open_files_keep_their_handles_however_many_others_it_meets(tmp_path: Path) -> None:
+    """A client keeps ``inode_handles`` handles beyond those of its open files: stats of many
+    other files must not make the close (or the writes) of an open one fail."""
+    async with FsCluster(
+        tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra={"authenticate": True}
+    ) as c:
+        users = await _users(c)
+        alice = await c.connect(
+            name="client-alice",
+            user_auth=True,
+            token_file=str(users.tokens["alice"]),
+            cluster_secret_file="",
+            inode_handles=4,
+        )
+        f = await alice.open("/alice/open", "w")
+        await f.write(b"a" * 5000)
+        for n in range(20):
+            await alice.write_file(f"/alice/other{n}", b"o")
+            await alice.stat(f"/alice/other{n}")
+        assert len(alice.meta.handles) <= 4 + 1
+        await f.write(b"b" * 5000)
+        await f.close()
+        assert (await users.admin.stat("/alice/open")).st_size == 10_000
+        assert await alice.read_file("/alice/open") == b"a" * 5000 + b"b" * 5000
 
 
 async def test_meta_without_authentication_refuses_user_connections(tmp_path: Path) -> None:

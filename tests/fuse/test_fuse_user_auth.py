@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import urllib.request
 from pathlib import Path
 
@@ -64,3 +65,50 @@ async def test_a_mount_on_a_users_token_acts_as_that_user(tmp_path: Path) -> Non
             await asyncio.to_thread((mnt.path / "private").read_bytes)
         # every read and write went with the capability its open brought: none was asked for again
         assert _capability_calls(metrics_port) == 0
+
+
+async def test_a_users_mount_keeps_the_handles_of_what_the_kernel_holds(tmp_path: Path) -> None:
+    """Meta asks a non-root user's requests for a handle of each inode they name by id; the mount
+    keeps the handles of inodes the kernel holds (looked up and not yet forgotten: an open
+    directory, an open file) however many others it meets beyond ``inode_handles``."""
+    async with FsCluster(
+        tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra={"authenticate": True}
+    ) as c:
+        assert c.cluster.admin is not None
+        admin_token, token = tmp_path / "admin.token", tmp_path / "alice.token"
+        admin_token.write_text(c.cluster.admin_token)
+        token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
+        admin = await c.connect(name="client-admin", token_file=str(admin_token))
+        await admin.mkdir("/alice", 0o755)
+        await admin.chown("/alice", ALICE, ALICE)
+        mnt = await c.mount(
+            tmp_path / "mnt", user_auth=True, token_file=str(token), cluster_secret_file="", inode_handles=20
+        )
+
+        def work() -> tuple[list[str], bytes]:
+            held, many = mnt.path / "alice" / "held", mnt.path / "alice" / "many"
+            held.mkdir()
+            many.mkdir()
+            (held / "a").write_bytes(b"a")
+            fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with open(held / "out", "wb") as out:
+                    out.write(b"x" * 5000)
+                    out.flush()
+                    for n in range(100):  # 100 inodes met, far more than 20
+                        (many / f"f{n}").write_bytes(b"m")
+                    assert sum(p.stat().st_size for p in many.iterdir()) == 100
+                    drop = Path("/proc/sys/vm/drop_caches")
+                    if os.access(drop, os.W_OK):
+                        drop.write_text("2\n")  # the kernel forgets what it does not hold
+                    assert len(os.listdir(many)) == 100  # looked up again
+                    time.sleep(1.2)  # past attr_timeout_s: the kernel asks for attributes again
+                    assert os.fstat(fd).st_uid == ALICE
+                    out.write(b"y" * 5000)
+                return sorted(os.listdir(fd)), (held / "out").read_bytes()
+            finally:
+                os.close(fd)
+
+        names, data = await asyncio.to_thread(work)
+        assert names == ["a", "out"] and data == b"x" * 5000 + b"y" * 5000
+        assert (await admin.stat("/alice/held/out")).st_size == 10_000

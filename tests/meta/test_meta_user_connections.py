@@ -227,7 +227,10 @@ async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta
     await alice.setattr(top.id, mode=0o744)
     rsp = await bob.readdir(top.id, with_inodes=True)
     assert sorted(e.name for e in rsp.entries) == [b"ln", b"pub", b"sub"]
-    assert [i.handle for i in rsp.inodes] == [b""] * 3
+    # ... nor attributes: the ids and types a local directory's listing gives
+    assert [(i.id, i.type, i.handle, i.mode, i.uid, i.size) for i in rsp.inodes] == [
+        (e.inode_id, e.type, b"", 0, 0, 0) for e in rsp.entries
+    ]
     await expect_errno(errno.EACCES, bob.stat(pub.id))
     # once he may search it, a lookup brings the handle, which keeps working (as an NFS handle
     # does) after the directory is closed again; the file's own mode still applies
@@ -237,6 +240,16 @@ async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta
     assert (await bob.stat(pub.id)).id == pub.id
     await alice.setattr(pub.id, mode=0o600)
     await expect_errno(errno.EACCES, bob.open(pub.id, os.O_RDONLY))
+
+    # a directory's ".." brings no handle: bob may search /alice/sub (he got its handle while he
+    # could reach it) but not, now, its parent
+    await alice.setattr(top.id, mode=0o755)
+    await reach(bob, b"/alice/sub")
+    await alice.setattr(top.id, mode=0o700)
+    up = await bob.lookup(sub.id, b"..")
+    assert (up.id, up.handle) == (top.id, b"")
+    # more ids than a BatchStat may name are refused before any handle is checked
+    await expect_errno(errno.EINVAL, bob.batch_stat(list(range(10_000, 14_097))))
 
     # a root token's connection and cluster members name any inode by id
     for client in (meta.user("tok-root", uid=1002, gid=100), meta.member):
