@@ -354,6 +354,8 @@ class StorageClient:
             caps = self.capabilities
             renewed = False
 
+            # Not recursive (a closure naming itself is a reference cycle, which would keep the
+            # payload until a full collection of the cyclic GC: in a mount, gigabytes).
             async def attempt(routing: Routing) -> IOResult:
                 nonlocal renewed
                 chain = routing.chain(chain_id)
@@ -361,26 +363,27 @@ class StorageClient:
                 if head is None:
                     raise FS3Error(StatusCode.STORAGE_TARGET_NOT_SERVING, f"chain {chain_id} has no head")
                 req.io.key.chain_version = chain.version
-                if caps is not None:
-                    req.capability = caps.now(inode_id, capability.WRITE) or await caps.get(
-                        inode_id, capability.WRITE
-                    )
-                try:
-                    rsp, _ = await self.rpc.call(
-                        node_address(routing, head.target_id),
-                        STORAGE_SERVICE["Write"],
-                        req,
-                        payload=payload,
-                        timeout=self.retry.rpc_timeout_s,
-                    )
-                except FS3Error as e:
-                    if e.code != StatusCode.STORAGE_CAPABILITY or caps is None or renewed:
-                        raise
-                    # refused before anything was done: once more, with a fresh one from meta
-                    renewed = True
-                    caps.drop(inode_id, req.capability)
-                    return await attempt(routing)
-                return IOResult.from_pb(rsp)
+                while True:
+                    if caps is not None:
+                        req.capability = caps.now(inode_id, capability.WRITE) or await caps.get(
+                            inode_id, capability.WRITE
+                        )
+                    try:
+                        rsp, _ = await self.rpc.call(
+                            node_address(routing, head.target_id),
+                            STORAGE_SERVICE["Write"],
+                            req,
+                            payload=payload,
+                            timeout=self.retry.rpc_timeout_s,
+                        )
+                    except FS3Error as e:
+                        if e.code != StatusCode.STORAGE_CAPABILITY or caps is None or renewed:
+                            raise
+                        # refused before anything was done: once more, with a fresh one from meta
+                        renewed = True
+                        caps.drop(inode_id, req.capability)
+                        continue
+                    return IOResult.from_pb(rsp)
 
             return await self._with_retry(
                 f"update chain={chain_id} inode={inode_id:#x}/{chunk_index}", attempt, chain_id
