@@ -14,6 +14,8 @@ import pytest
 from cluster import free_port
 from fs_cluster import FsCluster
 
+from fs3.client.filesystem import FileSystem
+
 pytestmark = pytest.mark.timeout(180)
 
 ALICE = 1000
@@ -35,19 +37,25 @@ def _capability_calls(metrics_port: int) -> float:
     )
 
 
+async def _alice(c: FsCluster, tmp: Path) -> tuple[FileSystem, Path]:
+    """The admin's client (a cluster member) and the token file of alice, who owns /alice."""
+    assert c.cluster.admin is not None
+    admin_token, token = tmp / "admin.token", tmp / "alice.token"
+    admin_token.write_text(c.cluster.admin_token)
+    token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
+    admin = await c.connect(name="client-admin", token_file=str(admin_token))
+    await admin.mkdir("/alice", 0o755)
+    await admin.chown("/alice", ALICE, ALICE)
+    return admin, token
+
+
 async def test_a_mount_on_a_users_token_acts_as_that_user(tmp_path: Path) -> None:
     metrics_port = free_port()
     meta_extra = {"authenticate": True, "metrics_port": metrics_port}
     async with FsCluster(
         tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra=meta_extra
     ) as c:
-        assert c.cluster.admin is not None
-        admin_token, token = tmp_path / "admin.token", tmp_path / "alice.token"
-        admin_token.write_text(c.cluster.admin_token)
-        token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
-        admin = await c.connect(name="client-admin", token_file=str(admin_token))
-        await admin.mkdir("/alice", 0o755)
-        await admin.chown("/alice", ALICE, ALICE)
+        admin, token = await _alice(c, tmp_path)
         mnt = await c.mount(tmp_path / "mnt", user_auth=True, token_file=str(token), cluster_secret_file="")
 
         # root on this host writes through the mount: the file is alice's, its bytes on storage
@@ -74,13 +82,7 @@ async def test_a_users_mount_keeps_the_handles_of_what_the_kernel_holds(tmp_path
     async with FsCluster(
         tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra={"authenticate": True}
     ) as c:
-        assert c.cluster.admin is not None
-        admin_token, token = tmp_path / "admin.token", tmp_path / "alice.token"
-        admin_token.write_text(c.cluster.admin_token)
-        token.write_text(await c.cluster.admin.add_user(ALICE, "alice", gid=ALICE))
-        admin = await c.connect(name="client-admin", token_file=str(admin_token))
-        await admin.mkdir("/alice", 0o755)
-        await admin.chown("/alice", ALICE, ALICE)
+        admin, token = await _alice(c, tmp_path)
         mnt = await c.mount(
             tmp_path / "mnt", user_auth=True, token_file=str(token), cluster_secret_file="", inode_handles=20
         )
