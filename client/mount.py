@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fs3.background import Periodic
 from fs3.cli.fuse_mounts import fuse_connections, mount_device
 from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error
@@ -58,6 +60,27 @@ def _parser() -> argparse.ArgumentParser:
         help="override log.level",
     )
     return p
+
+
+def memory_trimmer(interval_s: float) -> Periodic | None:
+    """Started: every ``interval_s``, glibc's ``malloc_trim(0)`` on a thread. A burst of random
+    writes leaves the heap holding the gathered buffers it freed (~340 MB after 4 files of 4 KiB
+    random writes), which glibc keeps mapped; the trim gives them back (to ~70 MB). None where
+    there is no glibc or ``interval_s`` is 0."""
+    if not interval_s:
+        return None
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    malloc_trim.argtypes = [ctypes.c_size_t]
+
+    async def step() -> None:
+        await asyncio.to_thread(malloc_trim, 0)
+
+    trimmer = Periodic("fs3-mount-trim", step, interval_s)
+    trimmer.start()
+    return trimmer
 
 
 def tune_mount(mountpoint: str, read_ahead_kb: int) -> None:
@@ -134,6 +157,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         loop.add_signal_handler(sig, stop)
     log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
     settle_gc()
+    trim = memory_trimmer(cfg.memory_trim_interval_s)
     ready()
     status = 0
     try:
@@ -142,6 +166,8 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
+        if trim is not None:
+            await trim.stop()
         try:
             await ops.close_all()
         except Exception:

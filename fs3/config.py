@@ -354,6 +354,12 @@ class ClientConfig:
         doc="the mount's kernel readahead (bdi read_ahead_kb; 0 = leave the kernel's)",
         check=lambda v: None if v >= 0 else "must be >= 0",
     )
+    memory_trim_interval_s: float = opt(
+        10.0,
+        doc="how often the mount gives the memory it freed back to the system (glibc's malloc_trim;"
+        " write buffers of a burst of random writes stay mapped otherwise); 0 = never",
+        check=lambda v: None if v >= 0 else "must be >= 0",
+    )
     direct_io: bool = opt(
         False,
         doc="bypass the kernel page cache for every open file (such files cannot be mapped "

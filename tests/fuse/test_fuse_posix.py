@@ -692,6 +692,26 @@ def test_two_gib_file(env: Env) -> None:
     src.unlink()
 
 
+async def test_memory_a_burst_of_random_writes_took_goes_back_to_the_system(env: Env) -> None:
+    """Random writes are gathered per open file (up to write_scatter_bytes) and freed at close;
+    glibc keeps such freed memory mapped unless trimmed: the mount trims it every
+    memory_trim_interval_s (10 s by default)."""
+    d = env.mnt / "burst"
+    d.mkdir()
+    pid = env.mount.proc.pid
+    before = _rss_bytes(pid)
+    fio = (
+        f"fio --directory={d} --name=b --size=96m --bs=4k --ioengine=psync --rw=randwrite --numjobs=2"
+        " --number_ios=12000 --randseed=3 --end_fsync=1"
+    )
+    await asyncio.to_thread(sh, fio, d, timeout=100)
+    grown = _rss_bytes(pid) - before
+    await asyncio.to_thread(sh, f"rm -r {d}", env.local)
+    await wait_until(
+        lambda: _rss_bytes(pid) < before + (32 << 20), 30, f"the mount to give back {grown >> 20} MiB"
+    )
+
+
 def test_mkdir_modes_and_dirs_listing(env: Env) -> None:
     d = env.mnt / "listing"
     d.mkdir(mode=0o750)
