@@ -231,16 +231,19 @@ class Cluster:
             )
             for nid, n in self.rec.nodes.items()
         }
-        self.target_rt = {tid: TargetRuntime() for tid in self.rec.targets}
-        for tid, t in self.rec.targets.items():
-            node = self.rec.nodes.get(t.node_id)
-            if node is not None and node.disabled:
-                self.target_rt[tid].local_state = LocalState.OFFLINE
-        self.reindex()
         # a draining target waits (at most) a heartbeat timeout from now: see _drained
         self.draining_since = {
             (c.chain_id, d.target_id): now for c in self.rec.chains.values() for d in c.draining
         }
+        draining = {tid for _, tid in self.draining_since}
+        self.target_rt = {tid: TargetRuntime() for tid in self.rec.targets}
+        for tid, t in self.rec.targets.items():
+            node = self.rec.nodes.get(t.node_id)
+            # a disabled node's targets are OFFLINE, but one still draining only once drained (as
+            # set_node_enabled left it): OFFLINE now would end the drain at once
+            if node is not None and node.disabled and tid not in draining:
+                self.target_rt[tid].local_state = LocalState.OFFLINE
+        self.reindex()
         self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
         self.listening_since = now
         self.sessions_complete_at = now + self.timing.client_session_timeout_s

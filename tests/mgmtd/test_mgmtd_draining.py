@@ -227,3 +227,20 @@ async def test_only_a_node_that_may_hold_a_lease_drains(env: Env) -> None:
     assert all(env.cluster.may_serve(n) for n in NODES)
     chain = await env.admin.offline_target(111, False)
     assert [d.target_id for d in chain.draining] == [111]
+
+
+async def test_a_disabled_nodes_drain_goes_on_after_a_takeover(env: Env) -> None:
+    """A primary that takes over while a disabled node's target drains keeps it draining (SERVING
+    in the data path, out of reads) until its daemon acts on that version or a heartbeat timeout
+    passes, as the previous primary would have: taken out at once, a daemon still on the older
+    routing and an earlier primary's lease could serve reads its chain no longer writes to it."""
+    await env.cluster.set_node_enabled(11, False)
+    assert env.draining() == [111]
+    await env.election.release()  # another mgmtd takes over
+    env.election = Election(env.db, 2, "127.0.0.1:2", 3600.0)
+    assert (await env.election.tick())[0]
+    await env.open()
+    await env.run(2, beating=(10, 12))
+    assert env.draining() == [111] and env.states()[1] == (111, SERVING)
+    await env.run(TIMEOUT_S, beating=(10, 12))
+    assert env.states() == [(110, SERVING), (112, SERVING), (111, OFFLINE)] and env.draining() == []
