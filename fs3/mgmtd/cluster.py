@@ -239,10 +239,14 @@ class Cluster:
         self.target_rt = {tid: TargetRuntime() for tid in self.rec.targets}
         for tid, t in self.rec.targets.items():
             node = self.rec.nodes.get(t.node_id)
-            # a disabled node's targets are OFFLINE, but one still draining only once drained (as
-            # set_node_enabled left it): OFFLINE now would end the drain at once
-            if node is not None and node.disabled and tid not in draining:
-                self.target_rt[tid].local_state = LocalState.OFFLINE
+            if node is not None and node.disabled:
+                # A disabled node's targets are OFFLINE; one still draining only once drained, as
+                # set_node_enabled left it (OFFLINE now would end the drain at once). Until then
+                # it counts as up to date, as there: nothing of a disabled node is heard, and an
+                # unknown state would hold its chain back until bootstrapping ends.
+                self.target_rt[tid].local_state = (
+                    LocalState.UPTODATE if tid in draining else LocalState.OFFLINE
+                )
         self.reindex()
         self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
         self.listening_since = now

@@ -244,3 +244,30 @@ async def test_a_disabled_nodes_drain_goes_on_after_a_takeover(env: Env) -> None
     assert env.draining() == [111] and env.states()[1] == (111, SERVING)
     await env.run(TIMEOUT_S, beating=(10, 12))
     assert env.states() == [(110, SERVING), (112, SERVING), (111, OFFLINE)] and env.draining() == []
+
+
+async def test_a_chain_with_a_disabled_nodes_draining_target_changes_while_the_new_primary_starts(
+    env: Env,
+) -> None:
+    """Right after a takeover the new primary changes no chain with a target it knows nothing of
+    (until a heartbeat timeout has passed); a disabled node's draining target must not count as
+    such (nothing of that node is heard): another target's failure, and the end of the drain once
+    the daemon acts on that version, are acted on at once."""
+    await env.cluster.set_node_enabled(11, False)
+    await env.election.release()  # another mgmtd takes over
+    env.election = Election(env.db, 2, "127.0.0.1:2", 3600.0)
+    assert (await env.election.tick())[0]
+    await env.open()
+    assert env.cluster.bootstrapping
+    await env.run(2, beating=(10, 12))
+    failed = storage_heartbeat(12, env.seq[12] + 1)
+    env.seq[12] += 1
+    failed.targets[0].local_state = common_pb2.LOCAL_OFFLINE
+    await env.cluster.heartbeat(failed)  # 112's disk failed
+    await env.cluster.tick()
+    assert env.cluster.bootstrapping and dict(env.states())[112] == OFFLINE
+    env.catch_up(11)  # 11's daemon acts on the draining version (its heartbeats are refused)
+    with pytest.raises(FS3Error):
+        await env.beat(11)
+    await env.cluster.tick()
+    assert env.cluster.bootstrapping and env.draining() == [] and dict(env.states())[111] == OFFLINE
