@@ -664,13 +664,13 @@ def test_mount_without_a_cluster_fails_with_a_reason(env: Env, tmp_path: Path) -
     assert not is_mounted(tmp_path / "m")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
 def _rss_bytes(pid: int | None) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_two_gib_file(env: Env) -> None:
     block = os.urandom(64 << 20)
     src = env.local / "block"
