@@ -62,11 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def memory_trimmer(interval_s: float) -> Periodic | None:
-    """Started: every ``interval_s``, glibc's ``malloc_trim(0)`` on a thread. A burst of random
-    writes leaves the heap holding the gathered buffers it freed (~340 MB after 4 files of 4 KiB
-    random writes), which glibc keeps mapped; the trim gives them back (to ~70 MB). None where
-    there is no glibc or ``interval_s`` is 0."""
+def memory_trimmer(interval_s: float, activity: Callable[[], int]) -> Periodic | None:
+    """Started: glibc's ``malloc_trim(0)`` on a thread once the mount has been idle for
+    ``interval_s`` after serving I/O (``activity``, a count of bytes read and written, did not move
+    for one interval but did since the last trim). A burst of random writes leaves the heap holding
+    the gathered buffers it freed (~340 MB after 4 files of 4 KiB random writes), which glibc keeps
+    mapped; the trim gives them back (to ~70 MB). Only when idle: it holds each arena's lock while
+    it walks it (tens of ms on a big heap), which the event loop's allocations would wait for. None
+    where there is no glibc or ``interval_s`` is 0."""
     if not interval_s:
         return None
     try:
@@ -74,8 +77,15 @@ def memory_trimmer(interval_s: float) -> Periodic | None:
     except (OSError, AttributeError):
         return None
     malloc_trim.argtypes = [ctypes.c_size_t]
+    last = trimmed_at = activity()
 
     async def step() -> None:
+        nonlocal last, trimmed_at
+        now = activity()
+        busy, last = now != last, now
+        if busy or now == trimmed_at:
+            return  # serving I/O, or nothing served since the last trim
+        trimmed_at = now
         await asyncio.to_thread(malloc_trim, 0)
 
     trimmer = Periodic("fs3-mount-trim", step, interval_s)
@@ -157,7 +167,9 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         loop.add_signal_handler(sig, stop)
     log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
     settle_gc()
-    trim = memory_trimmer(cfg.memory_trim_interval_s)
+    trim = memory_trimmer(
+        cfg.memory_trim_interval_s, lambda: ops.metrics.read_bytes + ops.metrics.write_bytes
+    )
     ready()
     status = 0
     try:
@@ -166,8 +178,6 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
-        if trim is not None:
-            await trim.stop()
         try:
             await ops.close_all()
         except Exception:
@@ -178,6 +188,8 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         await fs.close()
         if metrics_server is not None:
             metrics_server.close()
+        if trim is not None:
+            await trim.stop()  # last: a cancellation raised here must not skip the unmount
     log.info("unmounted mountpoint=%s", mountpoint)
     return status
 

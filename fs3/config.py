@@ -356,9 +356,10 @@ class ClientConfig:
     )
     memory_trim_interval_s: float = opt(
         10.0,
-        doc="how often the mount gives the memory it freed back to the system (glibc's malloc_trim;"
-        " write buffers of a burst of random writes stay mapped otherwise); 0 = never",
-        check=lambda v: None if v >= 0 else "must be >= 0",
+        doc="the mount gives the memory it freed back to the system (glibc's malloc_trim; write buffers"
+        " of a burst of random writes stay mapped otherwise) once it has been idle this long after"
+        " reads or writes; 0 = never",
+        check=lambda v: None if v == 0 or v >= 1 else "must be 0 (never) or at least 1 (seconds)",
     )
     direct_io: bool = opt(
         False,
