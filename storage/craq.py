@@ -423,16 +423,26 @@ class Replicator:
     async def _local_outcome(self, t: LocalTarget, cid: bytes, stored: asyncio.Future) -> tuple:  # type: ignore[type-arg]
         """The result of the local half of a parallel update; if it failed, the target goes
         offline (see :meth:`_update_parallel`) and the error is raised."""
-        try:
-            return await asyncio.shield(stored)
-        except asyncio.CancelledError:
-            if not stored.done():
-                raise
-            error: BaseException = FS3Error(StatusCode.CANCELLED, "local write cancelled")
-        except Exception as e:
-            error = e
+        # Its outcome is looked at, not raised here: raised through this frame (and the callers'),
+        # which hold ``stored``, the error it holds would take them into its traceback, a reference
+        # cycle keeping the update's bytes until the cyclic GC ran (seldom: fs3.daemon.settle_gc).
+        if not stored.done():
+            await asyncio.wait((stored,))  # a cancelled caller leaves the local write running
+        if stored.cancelled():
+            error: BaseException | None = FS3Error(StatusCode.CANCELLED, "local write cancelled")
+        else:
+            error = stored.exception()
+            if error is None:
+                return stored.result()  # type: ignore[no-any-return]
+        raise self._local_failure(t, cid, error)
+
+    def _local_failure(self, t: LocalTarget, cid: bytes, error: BaseException) -> FS3Error:
+        """What a failed local half of a parallel update raises, always a new error (see
+        :meth:`_local_outcome`). The target goes offline unless every replica refuses the update
+        alike."""
         if isinstance(error, FS3Error) and error.code in REFUSED_EVERYWHERE:
-            raise error  # the successors refuse the same bytes the same way: none of them took it
+            # the successors refuse the same bytes the same way: none of them took it
+            return FS3Error(error.code, error.message)
         if not isinstance(error, FS3Error):
             log.error(
                 "parallel update failed here target_id=%d chunk=%s", t.target_id, cid.hex(), exc_info=error
@@ -445,7 +455,7 @@ class Replicator:
                 f"could not store chunk {cid.hex()}, which its successor may hold: {error.message}",
             ),
         )
-        raise error
+        return FS3Error(error.code, error.message)
 
     async def _drop_refused(self, t: LocalTarget, cid: bytes, version: int, error: FS3Error) -> None:
         """After a successor refused pending ``version`` to keep its free space: drop it here too.

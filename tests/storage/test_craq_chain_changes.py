@@ -12,7 +12,9 @@ faked (the RPCs they would get are recorded) and routing applied by hand at the 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -410,3 +412,28 @@ def test_a_syncing_successors_stale_copy_is_no_divergence_alarm(caplog: pytest.L
     check_same(1, CID, 3, 0x1111, 0x2222)
     check_same(1, CID, 3, 0x1111, 0x1111)
     assert [r.levelno for r in caplog.records] == [logging.INFO, logging.ERROR]
+
+
+class Payload(bytearray):
+    """An update's bytes that can be watched with a weak reference."""
+
+
+async def test_a_refused_update_keeps_no_bytes_in_a_reference_cycle(daemon) -> None:
+    """A write the local store refuses (here a wrong checksum, refused by every replica alike)
+    fails; nothing of it may keep its bytes in a reference cycle, which a daemon's seldom cyclic
+    collections (fs3.daemon.settle_gc) would leave in memory."""
+    d = await daemon(1, ALL_SERVING)
+    gc.collect()
+    gc.disable()
+    try:
+        data = Payload(b"q" * 4096)
+        watch = weakref.ref(data)
+        req = client_write(bytes(data))
+        req.io.crc32c ^= 1
+        with pytest.raises(FS3Error) as refused:
+            await d.rep.client_update(req, memoryview(data))
+        assert refused.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
+        del data, refused
+        assert watch() is None, "a refused update's bytes are still referenced"
+    finally:
+        gc.enable()
