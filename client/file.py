@@ -195,6 +195,20 @@ class InodeState:
             h.truncated(size)
 
 
+def _drop_tracebacks(error: BaseException) -> None:
+    """Drop the tracebacks of ``error`` and of the exceptions it chains to. A flush error is kept
+    until the file's handles report it, and its traceback's frames hold the flush's bytes (the
+    parts and chunk views of ``_write_now``, the other chunks' results): a writer that went on
+    elsewhere, or a file left open, kept every failed buffer. Where it was raised is logged."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if id(e) not in seen:
+            seen.add(id(e))
+            e.__traceback__ = None
+            todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+
+
 @dataclass(slots=True)
 class ScatterBudget:
     """What the scattered buffers of all of one client's open files may hold together, counting
@@ -525,6 +539,7 @@ class OpenFile:
             e: BaseException = FS3Error(StatusCode.CANCELLED, "a flush was cancelled before it was written")
         else:
             e = task.exception()  # type: ignore[assignment]
+            _drop_tracebacks(e)
         log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
         self._failed = True
         if self._write_error is None:

@@ -505,6 +505,9 @@ class RpcClient:
             return await fut
         except BaseException:
             session.abandon(rid, fut)
+            # the error's traceback holds this frame, which would hold the future holding the
+            # error: a reference cycle keeping the payload until a cyclic collection
+            del fut
             raise
 
     async def _wait_for_room(self, session: _ClientSession, budget_s: float) -> float:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -138,3 +140,24 @@ def _mount_checks(mnt: Path) -> None:
         os.fsync(fd3)
     os.close(reader)
     os.close(fd3)
+
+
+async def test_a_recorded_flush_error_does_not_keep_the_bytes_that_failed(fs: FileSystem) -> None:
+    """The error a failed background flush leaves for the handles' next fsync or close keeps no
+    reference to the flush's bytes (through its traceback's frames): a writer that goes on to
+    write elsewhere, or a file left open, would otherwise hold every failed buffer."""
+    f = await fs.open("/held", "w")
+    payload = os.urandom(3 << 20)  # three whole chunks: flushed at once, in parallel
+    base = sys.getrefcount(payload)
+    gc.disable()  # what reference counting frees, not what a later collection might
+    try:
+        await f.write(payload)
+        while f.handle._flushes:
+            await asyncio.wait(list(f.handle._flushes))
+        assert f.handle._write_error is not None  # recorded, not reported yet
+        assert sys.getrefcount(payload) == base
+    finally:
+        gc.enable()
+    with pytest.raises(FS3Error) as e:
+        await f.close()
+    assert enospc(e)

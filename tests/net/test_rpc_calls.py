@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import array
 import asyncio
+import gc
 import hashlib
 import os
+import sys
 
 import pytest
 import rpcwire
@@ -287,6 +289,34 @@ async def test_error_codes_propagate(rpc_server: RpcServer, rpc_client: RpcClien
     with pytest.raises(FS3Error) as e:
         await rpc_client.call(rpc_server.address, fail, common_pb2.Status(code=9999, message="new"))
     assert e.value.code == StatusCode.UNKNOWN and "9999" in e.value.message
+
+
+async def test_a_failed_calls_error_holds_no_cycle_keeping_its_payload(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    """The error a call raises takes the call's frame into its traceback; that frame must not
+    hold the future holding the error, a cycle that kept the payload (a retried 1 MiB write's)
+    until the cyclic collector happened to run."""
+    payload = os.urandom(1 << 20)
+    base = sys.getrefcount(payload)
+    gc.collect()
+    gc.disable()
+    try:
+        try:
+            await rpc_client.call(
+                rpc_server.address,
+                TEST_SERVICE["Fail"],
+                common_pb2.Status(code=StatusCode.NOT_FOUND),
+                payload=payload,
+            )
+        except FS3Error as e:
+            assert e.code == StatusCode.NOT_FOUND
+        else:
+            pytest.fail("the call did not fail")
+        await asyncio.sleep(0)  # the reply's future wakes its waiters in a callback of the loop
+        assert sys.getrefcount(payload) == base
+    finally:
+        gc.enable()
 
 
 async def test_handlers_run_in_tasks_by_default(rpc_server: RpcServer, rpc_client: RpcClient) -> None:
