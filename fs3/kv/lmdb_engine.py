@@ -155,7 +155,12 @@ class _Committer:
             self._queue.append((req, fut))
             if self._idle:
                 self._cond.notify()
-        await fut
+        try:
+            await fut
+        finally:
+            # a failure's traceback holds this frame, which must not hold the future holding the
+            # failure: a reference cycle keeping the request's writes (on every conflict)
+            del fut
 
     @property
     def failure(self) -> FS3Error | None:
@@ -201,24 +206,28 @@ class _Committer:
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
-            if self._failed is not None:
-                _deliver(batch, self._failed)
-                continue
-            if time.monotonic() >= self._reader_check_at:
-                self._check_readers()
-            error = self._commit(batch)
-            if error is None:
-                self._committed(batch)
-            elif len(batch) == 1:
-                _deliver(batch, error)
-            else:
-                # Fail only the transactions that fail on their own (e.g. the one too big to fit).
-                for item in batch:
-                    error = self._failed or self._commit([item])
-                    if error is None:
-                        self._committed([item])
-                    else:
-                        _deliver([item], error)
+            self._run_batch(batch)
+            del batch  # not kept while the thread waits for the next (its requests hold their writes)
+
+    def _run_batch(self, batch: Batch) -> None:
+        if self._failed is not None:
+            _deliver(batch, self._failed)
+            return
+        if time.monotonic() >= self._reader_check_at:
+            self._check_readers()
+        error = self._commit(batch)
+        if error is None:
+            self._committed(batch)
+        elif len(batch) == 1:
+            _deliver(batch, error)
+        else:
+            # Fail only the transactions that fail on their own (e.g. the one too big to fit).
+            for item in batch:
+                error = self._failed or self._commit([item])
+                if error is None:
+                    self._committed([item])
+                else:
+                    _deliver([item], error)
 
     def _commit(
         self, batch: list[tuple[CommitRequest, asyncio.Future[None]]], *, retried: bool = False

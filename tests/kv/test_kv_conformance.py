@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 
 import pytest
 
@@ -226,6 +228,36 @@ async def test_read_write_conflict(db: Database) -> None:
     await t1.commit()
     await expect_code(StatusCode.KV_CONFLICT, t2.commit())
     assert await read(db, b"acct") == b"150"
+
+
+async def test_a_conflicting_transaction_is_freed_by_reference_counting(db: Database) -> None:
+    """What a conflicting commit wrote is gone once the caller drops it: the conflict's traceback
+    holds no cycle (through the commit's future) that would keep it until a cyclic collection."""
+    await put(db, {b"acct": b"100"})
+    value = b"v" * 100_000
+    base = sys.getrefcount(value)
+    gc.collect()
+    gc.disable()
+    try:
+        t1, t2 = db.create_transaction(), db.create_transaction()
+        assert await t1.get(b"acct") == await t2.get(b"acct") == b"100"
+        t1.set(b"acct", b"150")
+        t2.set(b"acct", value)
+        await t1.commit()
+        try:  # not pytest.raises, whose ExceptionInfo in a frame of the traceback is a cycle itself
+            await t2.commit()
+        except FS3Error as e:
+            assert e.code == StatusCode.KV_CONFLICT
+        else:
+            pytest.fail("no conflict")
+        del t1, t2
+        for _ in range(500):  # the engine's threads let go of the batch just after answering it
+            if sys.getrefcount(value) == base:
+                break
+            await asyncio.sleep(0.01)
+        assert sys.getrefcount(value) == base
+    finally:
+        gc.enable()
 
 
 async def test_phantom_insert_into_read_range_conflicts(db: Database) -> None:
