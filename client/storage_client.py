@@ -491,7 +491,10 @@ class StorageClient:
         self._waiting.append((io, sink, fut))
         if len(self._waiting) == 1:
             asyncio.get_running_loop().call_soon(self._coalesce, 1)
-        return await fut
+        try:
+            return await fut
+        finally:
+            del fut  # an error's traceback holds this frame: no cycle through the future to the sink
 
     def _coalesce(self, turn: int) -> None:
         if turn < self.coalesce_turns:

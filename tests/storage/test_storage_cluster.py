@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import random
+import sys
 
 import pytest
 from cluster import Cluster
@@ -209,6 +212,23 @@ async def test_coalesced_reads_each_get_their_own_bytes_or_error(tmp_path):
         )
         assert got[0] == data[:10] and got[2] == data[2 * chunk + 7 : 2 * chunk + 17]
         assert isinstance(got[1], FS3Error) and got[1].code == StatusCode.MGMTD_UNKNOWN_CHAIN
+        del got
+
+        # and the failed read's error, once dropped, keeps no reference to its buffer (no cycle
+        # through the future it waited on)
+        async def failing(buf: bytearray) -> None:
+            with contextlib.suppress(FS3Error):
+                await client.read_into(ReadRequest(999, 5, 1, 5, 10), memoryview(buf))
+
+        buf = bytearray(10)
+        base = sys.getrefcount(buf)
+        gc.collect()
+        gc.disable()
+        try:
+            await asyncio.gather(one(0, 0, 10), failing(buf), one(2, 7, 10))
+            assert sys.getrefcount(buf) == base
+        finally:
+            gc.enable()
 
 
 async def test_bad_input_gets_clear_errors(tmp_path):
