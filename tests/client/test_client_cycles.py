@@ -6,50 +6,17 @@ Real daemons on 127.0.0.1; the collector is off while the client works, then ask
 from __future__ import annotations
 
 import errno
-import gc
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from cluster import expect_errno
+from cycles import buffers, cycles_kept
 from fs_cluster import FsCluster
 
 from fs3.client.filesystem import FileSystem
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@contextmanager
-def cycles_kept() -> Iterator[list[object]]:
-    """Within: the cyclic collector is off. After: the list holds what a collection found only it
-    could free (the objects of unreachable cycles)."""
-    gc.collect()
-    found: list[object] = []
-    gc.disable()
-    try:
-        yield found
-    finally:
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            gc.collect()
-            found.extend(gc.garbage)
-        finally:
-            gc.garbage.clear()
-            gc.set_debug(0)
-            gc.enable()
-
-
-def buffers(objects: list[object]) -> list[str]:
-    """The buffers of 4 KiB or more among ``objects``."""
-    found = []
-    for o in objects:
-        if isinstance(o, (bytes, bytearray)) and len(o) >= 4096:
-            found.append(f"{type(o).__name__} of {len(o)} bytes")
-        elif isinstance(o, memoryview) and o.nbytes >= 4096:
-            found.append(f"memoryview of {o.nbytes} bytes")
-    return found
 
 
 async def work(fs: FileSystem) -> None:

@@ -15,127 +15,42 @@ import asyncio
 import gc
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from replica_harness import (
+    ALL_SERVING,
+    CHUNK,
+    CID,
+    INODE,
+    OFFLINE,
+    SERVING,
+    SYNCING,
+    Daemon,
+    client_write,
+    forwarded,
+    replica_daemons,
+    routing,
+)
 
-from fs3.client.routing import Routing
-from fs3.client.storage_client import crc32c
 from fs3.errors import FS3Error, StatusCode
-from fs3.proto import common_pb2, mgmtd_pb2, storage_pb2
-from fs3.storage.async_engine import AsyncChunkEngine
+from fs3.proto import storage_pb2
 from fs3.storage.chain_ops import check_same, chunk_id
-from fs3.storage.chunk_engine import ChunkEngine
-from fs3.storage.craq import Replicator
-from fs3.storage.target_map import ONLINE, UPTODATE, LocalTarget, TargetMap
 
 pytestmark = pytest.mark.timeout(60)
 
-SERVING, SYNCING, OFFLINE = common_pb2.SERVING, common_pb2.SYNCING, common_pb2.OFFLINE
-CHUNK = 1 << 20
-INODE = 7
-CID = chunk_id(INODE, 0)
-
 # What the chain looks like in each test, by target id and public state, head first.
-ALL_SERVING = [(1, SERVING), (2, SERVING), (3, SERVING)]
 MIDDLE_OUT = [(1, SERVING), (3, SERVING), (2, OFFLINE)]
 MIDDLE_BACK = [(1, SERVING), (3, SERVING), (2, SYNCING)]
 HEAD_OUT = [(2, SERVING), (3, SERVING), (1, OFFLINE)]
 HEAD_BACK = [(2, SERVING), (3, SERVING), (1, SYNCING)]
 
 
-def routing(version: int, order: list[tuple[int, int]]) -> Routing:
-    """Chain 1 at ``version`` with ``order``'s targets (target n on node n)."""
-    info = mgmtd_pb2.RoutingInfo(version=version)
-    chain = info.chains.add(chain_id=1, version=version)
-    for tid, state in order:
-        chain.targets.add(target_id=tid, public_state=state)
-        info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=state)
-        node = info.nodes.add(node_id=tid, type=common_pb2.NODE_STORAGE)
-        node.endpoints.add(host="127.0.0.1", port=9000 + tid, transport="tcp")
-    return Routing(info)
-
-
-class FakeChain:
-    """The RPC client of the daemon under test, answering as the rest of the chain: every Update
-    succeeds (as if the successor committed it) unless ``on_update`` raises. ``on_update`` runs
-    first, with the request, while the update is in flight."""
-
-    def __init__(self) -> None:
-        self.updates: list[storage_pb2.UpdateReq] = []
-        self.on_update: Callable[[storage_pb2.UpdateReq], Awaitable[None]] | None = None
-
-    async def call(self, address, method, req, *, payload=None, **_):  # type: ignore[no-untyped-def]
-        assert method.name == "Update", method.name
-        self.updates.append(req)
-        if self.on_update is not None:
-            await self.on_update(req)
-        crc = crc32c(bytes(payload)) if req.io.type == storage_pb2.UPDATE_REPLACE else 0
-        return storage_pb2.IOResult(committed_version=req.io.update_version, crc32c=crc), None
-
-
-class Daemon(SimpleNamespace):
-    rep: Replicator
-    targets: TargetMap
-    target: LocalTarget
-    engine: ChunkEngine
-    chain: FakeChain
-
-
 @pytest.fixture
 async def daemon(tmp_path: Path):
-    """A factory: ``await daemon(target_id, order)`` is one daemon holding that target of chain 1,
-    at version 1 with ``order``'s targets, its local state the one routing implies."""
-    executor = ThreadPoolExecutor(4)
-    engines: list[AsyncChunkEngine] = []
-
-    async def make(target_id: int, order: list[tuple[int, int]]) -> Daemon:
-        engine = AsyncChunkEngine(ChunkEngine(tmp_path / f"t{target_id}"), executor)
-        engines.append(engine)
-        t = LocalTarget(target_id, tmp_path / f"t{target_id}", engine)
-        targets = TargetMap(target_id, [t])
-        targets.apply_routing(routing(1, order))
-        t.local_state = UPTODATE if t.public_state == SERVING else ONLINE
-        chain = FakeChain()
-        rep = Replicator(
-            targets,
-            SimpleNamespace(refresh_soon=lambda: None),  # type: ignore[arg-type]
-            chain,  # type: ignore[arg-type]
-            executor,
-            forward_timeout_s=5.0,
-        )
-        return Daemon(rep=rep, targets=targets, target=t, engine=engine.engine, chain=chain)
-
-    try:
+    """See replica_harness.replica_daemons."""
+    async with replica_daemons(tmp_path) as make:
         yield make
-    finally:
-        for engine in engines:
-            await engine.close()
-        executor.shutdown()
-
-
-def forwarded(data: bytes, offset: int = 0, *, target_id: int = 2, **flags):  # type: ignore[no-untyped-def]
-    """An UpdateReq as the predecessor forwards (at chain version 1) a write of ``data`` at
-    ``offset`` of chunk CID, as its version 1; with ``commit``, a resync copy of it."""
-    req = storage_pb2.UpdateReq(target_id=target_id, **flags)
-    io = req.io
-    io.key.chain_id, io.key.chain_version, io.key.inode_id, io.key.chunk_index = 1, 1, INODE, 0
-    io.type = storage_pb2.UPDATE_REPLACE if flags.get("commit") else storage_pb2.UPDATE_WRITE
-    io.offset, io.length, io.chunk_size, io.crc32c = offset, len(data), CHUNK, crc32c(data)
-    io.update_version = 1
-    return req
-
-
-def client_write(data: bytes, offset: int = 0) -> storage_pb2.WriteReq:
-    req = storage_pb2.WriteReq()
-    io = req.io
-    io.key.chain_id, io.key.chain_version, io.key.inode_id, io.key.chunk_index = 1, 1, INODE, 0
-    io.type = storage_pb2.UPDATE_WRITE
-    io.offset, io.length, io.chunk_size, io.crc32c = offset, len(data), CHUNK, crc32c(data)
-    return req
 
 
 async def wait_for_lock_waiter(d: Daemon) -> None:
