@@ -151,6 +151,9 @@ class ChunkMetaStore:
             try:
                 self._commit_group(group)
             except BaseException as exc:
+                # its traceback holds this frame (``group``): a reference cycle, kept until a
+                # cyclic collection, with the callers' frames (and their bytes) raised through
+                exc.with_traceback(None)
                 for c in group:
                     c.error = exc
             finally:
@@ -171,8 +174,10 @@ class ChunkMetaStore:
             if change.done:
                 break
             lead = True
-        if change.error is not None:
-            raise change.error
+        error, change.error = change.error, None  # not held by this frame once raised through it
+        if error is not None:
+            group = []
+            raise error
 
     def swap_many(
         self, changes: Sequence[tuple[bytes, ChunkMeta | None, ChunkMeta | None]]

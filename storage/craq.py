@@ -541,7 +541,12 @@ class Replicator:
             elif full or syncing or op.type == storage_pb2.UPDATE_REPLACE:
                 if whole is None:
                     if local is not None:
-                        await asyncio.shield(local)
+                        # looked at, not awaited (see _local_outcome): its error raised here would
+                        # take these frames, which hold it, into its traceback, a reference cycle
+                        await asyncio.wait((local,))  # a cancelled caller leaves it running
+                        if local.cancelled() or local.exception() is not None:
+                            # the caller raises the local write's own error (_local_outcome)
+                            raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()}: the local write failed")
                     r = await t.engine.read(cid, 0, None, version=version)
                     whole = (r.data, r.chunk_crc)
                 io.type = storage_pb2.UPDATE_REPLACE
@@ -655,8 +660,8 @@ class Replicator:
             if applying is not None:
                 # a parallel update is storing a version the tail may have committed already:
                 # once it is stored here (pending), the usual rule below serves the right one
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(applying)
+                # (waited for, not awaited: its error is not this read's, nor kept in its frames)
+                await asyncio.wait((applying,))
             outcome = await self._run(
                 functools.partial(read_or_meta, lease=True), eng, cid, rio.offset, rio.length
             )
@@ -698,7 +703,7 @@ class Replicator:
                 try:
                     plan = self._direct_plan(rio)
                 except Exception as e:  # noqa: BLE001 - reported as read() would report it
-                    outcomes[i] = e
+                    outcomes[i] = read_error(e)
                     continue
             if plan is None:
                 rest.append((i, rio))
@@ -973,6 +978,16 @@ class Replicator:
                         )
                     truncated = True
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
+
+
+def read_error(e: Exception) -> FS3Error:
+    """What a list of read outcomes keeps of a read's error: without its traceback, whose frames
+    include the one holding the list (a reference cycle keeping every read's bytes until a cyclic
+    collection); an error other than an FS3Error is logged here, with its traceback, as INTERNAL."""
+    if isinstance(e, FS3Error):
+        return e.with_traceback(None)
+    log.error("read failed", exc_info=e)
+    return FS3Error(StatusCode.INTERNAL, repr(e))
 
 
 def _check_deadline(deadline: float | None) -> None:

@@ -27,7 +27,7 @@ from fs3.proto import common_pb2, storage_pb2
 from .chain_ops import file_range, split_chunk_id
 from .chunk_files import lent_buffer, release_read
 from .chunk_meta import ChunkMeta
-from .craq import AioPlan, Replicator
+from .craq import AioPlan, Replicator, read_error
 from .target_map import ONLINE, UPTODATE, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class StorageService:
             try:
                 verifier.check(io.capability, io.key.inode_id, capability.READ, io.key.chain_id)
             except FS3Error as e:
-                outcomes[i] = e
+                outcomes[i] = e.with_traceback(None)  # see craq.read_error
                 refused += 1
         return refused
 
@@ -223,7 +223,7 @@ class StorageService:
                 try:
                     o = self.rep.read_now(io, lone=lone)
                 except Exception as e:  # noqa: BLE001 - reported per read below, as gather would
-                    o = e
+                    o = read_error(e)
                 if isinstance(o, AioPlan):
                     planned.append((i, o))
                     continue

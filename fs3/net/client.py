@@ -581,6 +581,10 @@ class RpcClient:
                     f"client closed while connecting to {address[0]}:{address[1]}",
                 ) from None
             raise
+        finally:
+            # a failure's traceback holds this frame, which must not hold the future holding the
+            # failure: a cycle keeping the caller's frames (a forward's payload) per failed connect
+            del fut
 
     def _start_open(self, address: Address, peer: _PeerPool, slot: int) -> asyncio.Future[_ClientSession]:
         fut = asyncio.ensure_future(self._open(address, peer, slot))

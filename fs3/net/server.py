@@ -90,6 +90,8 @@ def _resume(coro: Any, pending: Any) -> Generator[Any, Any, Any]:
         try:
             value = yield pending
         except BaseException as exc:  # noqa: B036 - relayed into the handler, like await does
+            # this frame is in the error's traceback: it must not hold the future holding the error
+            pending = None
             try:
                 pending = coro.throw(exc)
             except StopIteration as stop:
