@@ -46,7 +46,10 @@ class InodeIdAllocator:
             refill = self._refill
             if refill is None:
                 refill = self._refill = asyncio.ensure_future(self._fill())
-            await asyncio.shield(refill)
+            try:
+                await asyncio.shield(refill)
+            finally:
+                del refill  # a failure's traceback holds this frame: no cycle through the task
         return ids.popleft()
 
     async def _fill(self) -> None:

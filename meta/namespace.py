@@ -229,7 +229,7 @@ class Namespace:
                 try:
                     out.append(inodes.public(await inodes.load_full(tr.snapshot, i)))
                 except FS3Error as e:
-                    out.append(e)
+                    out.append(e.with_traceback(None))  # kept in ``out``, held by this frame
             return out
 
         return await self.db.run(fn, read_only=True)
@@ -609,7 +609,10 @@ class Namespace:
         task = asyncio.ensure_future(trim)
         self._trimming[inode_id] = task
         task.add_done_callback(lambda t: self._trim_done(inode_id, t))
-        await asyncio.shield(task)
+        try:
+            await asyncio.shield(task)
+        finally:
+            del task  # a failure's traceback holds this frame: no cycle through the task holding it
 
     def _trim_done(self, inode_id: int, task: asyncio.Future[None]) -> None:
         if self._trimming.get(inode_id) is task:

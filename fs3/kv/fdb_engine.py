@@ -125,8 +125,6 @@ class FdbTransaction(Transaction):
         self._tr = tr
         self._closed = False
         self._size = 0
-        self._reads = _Reads(self, tr)
-        self._snapshot = _Reads(self, tr.snapshot)
 
     def _usable(self) -> None:
         if self._closed:
@@ -155,15 +153,17 @@ class FdbTransaction(Transaction):
 
     @property
     def snapshot(self) -> ReadView:
-        return self._snapshot
+        # made when asked for, not kept: a reader kept here (it refers to this transaction) would
+        # be a reference cycle keeping every transaction until a cyclic collection
+        return _Reads(self, self._tr.snapshot)
 
     async def get(self, key: bytes) -> bytes | None:
-        return await self._reads.get(key)
+        return await _Reads(self, self._tr).get(key)
 
     async def get_range(
         self, begin: bytes, end: bytes, limit: int = 0, reverse: bool = False
     ) -> list[KeyValue]:
-        return await self._reads.get_range(begin, end, limit, reverse)
+        return await _Reads(self, self._tr).get_range(begin, end, limit, reverse)
 
     def set(self, key: bytes, value: bytes) -> None:
         self._usable()

@@ -262,16 +262,14 @@ class BufferedTransaction(Transaction):
         self._digests: list[RangeDigest] = []
         self._explicit: list[tuple[bytes, bytes]] = []  # add_read_conflict_range, read at commit
         self._size = 0
-        self._snapshot_view: _SnapshotView | None = None
 
     # -- reads -----------------------------------------------------------------------------------
 
     @property
     def snapshot(self) -> ReadView:
-        view = self._snapshot_view
-        if view is None:
-            view = self._snapshot_view = _SnapshotView(self)
-        return view
+        # not kept: a view kept here (it refers to the transaction) is a reference cycle, which
+        # kept every transaction that read a snapshot, writes and all, until a cyclic collection
+        return _SnapshotView(self)
 
     async def get(self, key: bytes) -> bytes | None:
         return self._get(key, True)

@@ -260,6 +260,27 @@ async def test_a_conflicting_transaction_is_freed_by_reference_counting(db: Data
         gc.enable()
 
 
+async def test_a_transaction_that_read_its_snapshot_is_freed_by_reference_counting(db: Database) -> None:
+    """A transaction that read through ``tr.snapshot`` (meta's stats and lookups all do), and what
+    it wrote, are gone once it is dropped: the snapshot view it handed out is no cycle. (Cancelled,
+    not committed: the in-memory engine would keep the value itself.)"""
+    await put(db, {b"k": b"1"})
+    value = b"w" * 100_000
+    base = sys.getrefcount(value)
+    gc.collect()
+    gc.disable()
+    try:
+        tr = db.create_transaction()
+        assert await tr.snapshot.get(b"k") == b"1"
+        assert [kv.key for kv in await tr.snapshot.get_range(b"k", b"l")] == [b"k"]
+        tr.set(b"k2", value)
+        tr.cancel()
+        del tr
+        assert sys.getrefcount(value) == base
+    finally:
+        gc.enable()
+
+
 async def test_phantom_insert_into_read_range_conflicts(db: Database) -> None:
     await put(db, {b"d/a": b"1"})
     t1 = db.create_transaction()
