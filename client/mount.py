@@ -27,11 +27,15 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fs3.background import Periodic
 from fs3.cli.fuse_mounts import fuse_connections, mount_device
 from fs3.config import ClientConfig, load_config
-from fs3.errors import FS3Error
+from fs3.errors import FS3Error, StatusCode
+
+if TYPE_CHECKING:
+    from fs3.client.filesystem import FileSystem
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +126,35 @@ def tune_mount(mountpoint: str, read_ahead_kb: int) -> None:
             log.warning("cannot set %s=%s error=%s", path, value, e.strerror)
 
 
+async def check_member_token(fs: FileSystem, token: str, *, serves_others: bool) -> None:
+    """Refuse to mount with a token that would leave the mount unusable. A mount that holds the
+    cluster secret sends each caller's own uid with the mount's token, and meta acts on a non-root
+    token only for its own uid: with such a token, a mount serving every local user (allow_other,
+    as root mounts do) would fail every other uid's requests, root's and the token user's own
+    included (EACCES for all, and nothing logged), as would a mount run by another uid."""
+    try:
+        user = await fs.mgmtd.verify_token(token)
+    except FS3Error as e:
+        raise FS3Error(e.code, f"the token in token_file is refused by mgmtd: {e.message}") from None
+    if user.root:
+        return
+    who = f"uid {user.uid} ({user.name})"
+    if serves_others:
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID,
+            f"the token in token_file acts only for {who}, but this mount serves every local user "
+            "(allow_other): meta would refuse every other uid. Give the mount a root token "
+            "('fs3 admin user-add UID NAME --root --token-out FILE'), or set user_auth = true for "
+            "a mount of that user's own",
+        )
+    if user.uid != os.getuid():
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID,
+            f"the token in token_file acts only for {who}, not for uid {os.getuid()}, which runs "
+            "this mount: meta would refuse its requests",
+        )
+
+
 async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
     """Mount and serve until unmounted or signalled; returns the exit status."""
     import pyfuse3
@@ -140,15 +173,16 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         from fs3.metrics import serve as serve_metrics
 
         metrics_server = serve_metrics(cfg.metrics_port)
-    fs = await FileSystem.connect(cfg, timeout_s=cfg.rpc_timeout_s)
-    ops = Fs3Operations(
-        fs, cfg, read_token(cfg.token_file), on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb)
-    )
     opts = set(pyfuse3.default_options) | {"fsname=fs3", "subtype=fs3", "noatime"}
     if os.getuid() == 0:
         opts.add("allow_other")  # the mount serves every local user; permissions are checked
     opts.update(o for o in options if o)
+    fs = await FileSystem.connect(cfg, timeout_s=cfg.rpc_timeout_s)
     try:
+        token = read_token(cfg.token_file)
+        if token and not cfg.user_auth:
+            await check_member_token(fs, token, serves_others="allow_other" in opts)
+        ops = Fs3Operations(fs, cfg, token, on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb))
         pyfuse3.init(ops, mountpoint, opts)
     except BaseException:
         await fs.close()

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 from cluster import free_port
-from fs_cluster import FsCluster
+from fs_cluster import FsCluster, force_unmount
 
 from fs3.client.filesystem import FileSystem
 
@@ -114,3 +116,33 @@ async def test_a_users_mount_keeps_the_handles_of_what_the_kernel_holds(tmp_path
         names, data = await asyncio.to_thread(work)
         assert names == ["a", "out"] and data == b"x" * 5000 + b"y" * 5000
         assert (await admin.stat("/alice/held/out")).st_size == 10_000
+
+
+async def test_a_member_mount_on_a_non_root_token_is_refused_at_start(tmp_path: Path) -> None:
+    """A mount that holds the cluster secret sends each caller's uid with its token, and meta acts
+    on a non-root token only for its own uid: such a mount (the deploy guide once said to make one)
+    came up and then gave every user EACCES, root and the token's user alike, logging nothing. It
+    is refused at start, saying why; with a root token the mount works."""
+    async with FsCluster(
+        tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra={"authenticate": True}
+    ) as c:
+        admin, token = await _alice(c, tmp_path)
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        argv = [sys.executable, "-m", "fs3.cli.main", "mount", str(mnt), "--foreground", "--config"]
+        cfg = c.client_config("member", token_file=str(token))
+        try:
+            r = await asyncio.to_thread(
+                subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
+            )
+        finally:
+            force_unmount(mnt)  # should it have come up (and been killed by the timeout)
+        assert r.returncode == 1, r.stderr
+        assert "acts only for uid 1000 (alice)" in r.stderr and "--root" in r.stderr, r.stderr
+
+        host_token = tmp_path / "host.token"
+        assert c.cluster.admin is not None
+        host_token.write_text(await c.cluster.admin.add_user(990, "mount-host", root=True))
+        m = await c.mount(mnt, token_file=str(host_token))
+        await asyncio.to_thread((m.path / "alice" / "by-root").write_bytes, b"r")
+        assert (await admin.stat("/alice/by-root")).st_size == 1
