@@ -149,6 +149,49 @@ class OpenDir:
         return off
 
 
+# What a request may end in as a file system's answer to its caller (no such name, not permitted,
+# not empty, ...): logged at DEBUG only. Every other error (a timeout, a server or a disk failing,
+# a refused token or capability, a full disk) is the operator's to know of: a WARNING, at most one
+# per request type and error every WARN_EVERY_S (with the count of those left out meanwhile).
+_CALLERS_OUTCOMES = frozenset(
+    {
+        StatusCode.NOT_FOUND,
+        StatusCode.ALREADY_EXISTS,
+        StatusCode.PERMISSION_DENIED,
+        StatusCode.INVALID_ARGUMENT,
+        StatusCode.CANCELLED,
+        *(c for c in StatusCode if 300 <= c < 400),  # META_*: POSIX outcomes
+    }
+)
+# and these, the most frequent by far, not even at DEBUG
+_ROUTINE = frozenset({StatusCode.NOT_FOUND, StatusCode.ALREADY_EXISTS, StatusCode.META_NO_XATTR})
+WARN_EVERY_S = 10.0
+
+
+class _ErrorLog:
+    """Rate-limited warnings of failed requests, per (request type, error code)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._next: dict[tuple[str, int], float] = {}
+        self._skipped: dict[tuple[str, int], int] = {}
+
+    def failed(self, name: str, e: FS3Error) -> None:
+        if e.code in _CALLERS_OUTCOMES:
+            if e.code not in _ROUTINE:
+                log.debug("%s failed error=%s", name, e)
+            return
+        key = (name, int(e.code))
+        now = self._clock()
+        if now < self._next.get(key, 0.0):
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return
+        self._next[key] = now + WARN_EVERY_S
+        skipped = self._skipped.pop(key, 0)
+        more = f" ({skipped} more {name} requests failed so since the last such line)" if skipped else ""
+        log.warning("%s failed error=%s%s", name, e, more)
+
+
 def _translate(fn: F) -> F:
     """Raise FUSEError(errno) for FS3Error (and log unexpected exceptions as EIO); count the request."""
     name = fn.__name__
@@ -159,8 +202,7 @@ def _translate(fn: F) -> F:
         try:
             return await fn(self, *args, **kw)
         except FS3Error as e:
-            if e.code not in (StatusCode.NOT_FOUND, StatusCode.ALREADY_EXISTS, StatusCode.META_NO_XATTR):
-                log.debug("%s failed error=%s", name, e)
+            self.errors.failed(name, e)
             code = to_errno(e.code)
             self.metrics.error(name, code)
             raise pyfuse3.FUSEError(code) from None
@@ -201,6 +243,7 @@ class Fs3Operations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.metrics = FuseMetrics(metrics_registry, fs.storage)
+        self.errors = _ErrorLog()
         self.on_init = on_init
         self.fs = fs
         self.config = config

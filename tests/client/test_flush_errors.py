@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import logging
 import os
 import sys
 import time
@@ -22,7 +23,8 @@ import pytest_asyncio
 from fs_cluster import FsCluster
 
 from fs3.client import FileSystem
-from fs3.errors import FS3Error
+from fs3.client.fuse_ops import WARN_EVERY_S, _ErrorLog
+from fs3.errors import FS3Error, StatusCode
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
@@ -107,6 +109,11 @@ async def test_a_mount_reports_it_to_close_and_fsync(cluster: FsCluster, tmp_pat
         await asyncio.to_thread(_mount_checks, m.path)
     finally:
         assert m.unmount() == 0
+    # the operator hears of it (a full disk is no caller's doing), once per request type and error
+    # for a while, not once per failed request
+    warnings = [line for line in m.proc.log().splitlines() if "failed error=STORAGE_SPACE_KEPT" in line]
+    assert warnings and "WARNING" in warnings[0], m.proc.log()[-2000:]
+    assert len(warnings) <= len({line.split(" failed error=")[0].split()[-1] for line in warnings})
 
 
 def _mount_checks(mnt: Path) -> None:
@@ -161,3 +168,29 @@ async def test_a_recorded_flush_error_does_not_keep_the_bytes_that_failed(fs: Fi
     with pytest.raises(FS3Error) as e:
         await f.close()
     assert enospc(e)
+
+
+async def test_the_mounts_error_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    """One WARNING per request type and error every WARN_EVERY_S, then one saying how many were
+    left out; a caller's outcome (EACCES, ENOTEMPTY, ...) is no warning."""
+    now = [100.0]
+    errors = _ErrorLog(clock=lambda: now[0])
+    caplog.set_level(logging.DEBUG, logger="fs3.client.fuse_ops")
+    timeout = FS3Error(StatusCode.DEADLINE_EXCEEDED, "meta did not answer")
+    for _ in range(5):
+        errors.failed("getattr", timeout)
+    errors.failed("lookup", timeout)  # another request type: its own line
+    errors.failed("getattr", FS3Error(StatusCode.PERMISSION_DENIED, "not yours"))
+    errors.failed("lookup", FS3Error(StatusCode.NOT_FOUND, "no such name"))
+    now[0] += WARN_EVERY_S
+    errors.failed("getattr", timeout)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "getattr failed error=DEADLINE_EXCEEDED: meta did not answer",
+        "lookup failed error=DEADLINE_EXCEEDED: meta did not answer",
+        "getattr failed error=DEADLINE_EXCEEDED: meta did not answer (4 more getattr requests failed so "
+        "since the last such line)",
+    ]
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
+        "getattr failed error=PERMISSION_DENIED: not yours"
+    ]
