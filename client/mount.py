@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from fs3.background import Periodic
 from fs3.cli.fuse_mounts import fuse_connections, mount_device
 from fs3.config import ClientConfig, load_config
+from fs3.daemon import log_env_overrides
 from fs3.errors import FS3Error, StatusCode
 
 if TYPE_CHECKING:
@@ -285,6 +286,7 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         sys.stderr.write(f"fs3 mount: cannot open log file {cfg.log.file}: {e.strerror}\n")
         return 2
+    log_env_overrides(ClientConfig)
     ready: Callable[[], None] = lambda: None  # noqa: E731
     if not args.foreground:
         _, ready = _detach()

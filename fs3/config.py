@@ -484,6 +484,15 @@ def _env_overrides(cls: type, environ: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def overriding_variables(cls: type, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``FS3_*`` variables of ``environ`` (default: this process's) that :func:`load_config` of
+    ``cls`` applies over its file, sorted: for a daemon to say where a setting came from."""
+    environ = os.environ if environ is None else environ
+    return sorted(
+        name for name in environ if name.startswith(ENV_PREFIX) and _env_overrides(cls, {name: environ[name]})
+    )
+
+
 def env_list(raw: str) -> list[Any] | Any:
     """A list from an environment variable: a TOML array (``["a:1", "b:2"]``) or, as shells and
     ``fs3 admin`` write it, comma-separated words (``a:1,b:2``)."""

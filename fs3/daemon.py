@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fs3.config import load_config
+from fs3.config import load_config, overriding_variables
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database
 from fs3.net.auth import read_secret
@@ -126,6 +126,14 @@ def apply_overrides(cfg: C, args: argparse.Namespace) -> C:
     return cfg
 
 
+def log_env_overrides(config_class: type) -> None:
+    """Say which settings the environment gave over the config file (the same ``FS3_*`` names
+    serve ``fs3 admin``, so one exported for it would otherwise change a daemon silently)."""
+    names = overriding_variables(config_class)
+    if names:
+        log.warning("config from the environment, over the config file: %s", " ".join(names))
+
+
 def run(
     service: str,
     config_class: type[C],
@@ -154,6 +162,7 @@ def run(
     except OSError as e:
         sys.stderr.write(f"fs3 {service}: cannot open log file {log_cfg.file}: {e.strerror}\n")
         return 2
+    log_env_overrides(config_class)
     try:
         import uvloop
 

@@ -50,6 +50,7 @@ from fs3.cli.local_cluster import (
     LocalCluster,
     LocalError,
     LocalState,
+    config_variables,
     default_dir,
     write_private,
 )
@@ -300,6 +301,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             st.mount = str(Path(args.mount).expanduser().absolute())
             st.save(lc.state_file)
         _say(f"fs3 local: starting the cluster in {lc.root}")
+    ignored = config_variables()
+    if ignored:
+        _say(
+            f"fs3 local: not passing {' '.join(sorted(ignored))} on to the cluster's processes "
+            f"(their settings are in {lc.config_dir})"
+        )
     # --no-mount on an existing cluster: start it without mounting, this time
     mounting = bool(st.mount) and not args.no_mount
     if mounting:

@@ -29,6 +29,7 @@ class Daemon:
     log_file: Path
     env: dict[str, str] | None = None
     popen: subprocess.Popen | None = None
+    drop_env: frozenset[str] = frozenset()  # variables of this process's environment not passed on
 
     def pid(self) -> int | None:
         """The recorded PID if that process is alive and is this daemon; None otherwise."""
@@ -53,7 +54,7 @@ class Daemon:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(self.env or {})},
+                env={**{k: v for k, v in os.environ.items() if k not in self.drop_env}, **(self.env or {})},
                 start_new_session=True,
             )
         tmp = self.pid_file.with_suffix(".tmp")

@@ -36,6 +36,16 @@ class LocalError(Exception):
         self.code = code
 
 
+def config_variables() -> frozenset[str]:
+    """The ``FS3_*`` variables of this environment that would override a setting of a daemon's or
+    the mount's config: not passed on to the processes of a local cluster, whose configs say all
+    (the same names serve ``fs3 admin``: one exported for another cluster's admin commands made the
+    local daemons dial that cluster's mgmtd, or the mount use the admin's token)."""
+    from fs3.config import SERVICE_CONFIGS, overriding_variables
+
+    return frozenset(name for cls in SERVICE_CONFIGS.values() for name in overriding_variables(cls))
+
+
 def default_dir() -> Path:
     env = os.environ.get("FS3_LOCAL_DIR")
     if env:
@@ -230,11 +240,13 @@ class LocalCluster:
             argv = [py, "-m", "fs3.cli.main", "mount", st.mount, "--config", cfg, "--foreground"]
             # marked by this cluster's client config, not the mount point: another fs3 mount of
             # the same path (a production unit, another local cluster) is not ours to stop
-            return Daemon(name, argv, cfg, self.run_dir / "mount.pid", self.log_dir / "mount.log")
+            pid, log = self.run_dir / "mount.pid", self.log_dir / "mount.log"
+            return Daemon(name, argv, cfg, pid, log, drop_env=config_variables())
         module = {"mgmtd": "fs3.mgmtd", "meta": "fs3.meta"}.get(name, "fs3.storage")
         cfg = str(self.config_path(name))
         argv = [py, "-m", module, "--config", cfg, "--port-file", str(self.port_file(name))]
-        return Daemon(name, argv, cfg, self.run_dir / f"{name}.pid", self.log_dir / f"{name}.log")
+        pid, log = self.run_dir / f"{name}.pid", self.log_dir / f"{name}.log"
+        return Daemon(name, argv, cfg, pid, log, drop_env=config_variables())
 
     def service_names(self) -> list[str]:
         """Daemons in start order (stop in reverse)."""

@@ -47,8 +47,12 @@ async def _read(d: Path, name: str) -> bytes:
 
 @pytest.mark.timeout(180)
 def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
-    up = fs3("local", "up", "--dir", str(local_dir), "--no-mount", *SMALL)
+    # settings exported for another cluster's admin commands are not the local daemons' (they
+    # made them dial that mgmtd): not passed on, and said so
+    other = {"FS3_MGMTD_ADDRESSES": "127.0.0.1:1", "FS3_CLUSTER_SECRET_FILE": "/nonexistent"}
+    up = fs3("local", "up", "--dir", str(local_dir), "--no-mount", *SMALL, env=other)
     assert up.returncode == 0, up.stdout + up.stderr
+    assert "not passing FS3_CLUSTER_SECRET_FILE FS3_MGMTD_ADDRESSES on" in up.stdout
     assert "every node heartbeats and every chain is SERVING" in up.stdout
     assert f"admin --local-dir {local_dir} list-chains" in up.stdout
     for private in ("cluster.secret", "admin.token", "user.token"):

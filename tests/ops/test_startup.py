@@ -3,6 +3,7 @@ daemon that runs stops cleanly (exit 0) on SIGTERM."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -43,12 +44,15 @@ def config(tmp: Path, service: str, extra: str = "", *, mgmtd: str = "127.0.0.1:
     return write(tmp / f"{service}.toml", body)
 
 
-def run_daemon(service: str, cfg: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_daemon(
+    service: str, cfg: Path, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", f"fs3.{service}", "--config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -77,8 +81,11 @@ def test_port_in_use(tmp_path: Path, service: str) -> None:
         port = s.getsockname()[1]
         cfg = config(tmp_path, service)
         cfg.write_text(cfg.read_text().replace("listen_port = 0", f"listen_port = {port}"))
-        line = the_line(run_daemon(service, cfg), service)
+        # a setting from the environment is said to be one (the same FS3_* names serve fs3 admin)
+        out = run_daemon(service, cfg, env={"FS3_LOG__LEVEL": "INFO", "FS3_NOT_A_KEY": "1"})
+        line = the_line(out, service)
     assert f"127.0.0.1:{port}" in line and "in use" in line.lower()
+    assert "config from the environment, over the config file: FS3_LOG__LEVEL\n" in out.stderr
 
 
 @pytest.mark.parametrize("service", DAEMONS)
