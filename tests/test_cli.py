@@ -76,7 +76,9 @@ def test_admin_number_lists_are_usage_errors_not_tracebacks() -> None:
     out = fs3("admin", "gen-chains", "--nodes", "3", "--disks", "1", "--targets-per-disk", "1",
               "--replicas", "3", "--node-ids", "a,b,c")  # fmt: skip
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == "fs3 admin gen-chains: --node-ids takes comma-separated numbers, not 'a,b,c'"
+    assert out.stderr.strip() == (
+        "fs3 admin gen-chains: --node-ids takes comma-separated whole numbers, not 'a,b,c'"
+    )
 
 
 def test_mount_with_an_unwritable_log_file_says_so_in_one_line(tmp_path) -> None:

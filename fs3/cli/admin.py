@@ -52,12 +52,27 @@ class UsageError(Exception):
     """Bad arguments found after parsing (exit status 2)."""
 
 
-def int_list(text: str, option: str) -> list[int]:
-    """A comma-separated list of integers from option ``option`` (UsageError if it is not one)."""
+MAX_ID = (1 << 64) - 1  # the widest id field (u64); a narrower one's limit is checked where it is set
+
+
+def natural(text: str) -> int:
+    """An argparse type: a whole number from 0 to MAX_ID (ids, counts, versions are none of them
+    negative; protobuf refused one with a traceback)."""
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        value = int(text)
     except ValueError:
-        raise UsageError(f"{option} takes comma-separated numbers, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value <= MAX_ID:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (0 to {MAX_ID})")
+    return value
+
+
+def int_list(text: str, option: str) -> list[int]:
+    """A comma-separated list of whole numbers from option ``option`` (UsageError if it is not one)."""
+    try:
+        return [natural(x) for x in text.split(",") if x.strip()]
+    except argparse.ArgumentTypeError:
+        raise UsageError(f"{option} takes comma-separated whole numbers, not {text!r}") from None
 
 
 @dataclass
@@ -339,5 +354,8 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
         return EX_FAILED
+    except ValueError as e:  # a number too large for its (u32) field, which protobuf refuses
+        print(f"fs3 admin {cmd.name}: a number too large for its field: {e}", file=sys.stderr)
+        return EX_USAGE
     emit(result, args.json)
     return result.status

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fs3.cli.admin import Connection, Result, UsageError, command, int_list
+from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural
 from fs3.proto import common_pb2, mgmtd_pb2
 
 NODE_TYPES = {
@@ -99,7 +99,7 @@ def _token_result(token: str, args: argparse.Namespace, value: dict[str, Any], w
 def _init_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-id", default="fs3", help="cluster name (default fs3)")
     p.add_argument("--admin-name", default="root", help="name of the first admin user (default root)")
-    p.add_argument("--admin-uid", type=int, default=0, help="uid of the first admin user (default 0)")
+    p.add_argument("--admin-uid", type=natural, default=0, help="uid of the first admin user (default 0)")
     _token_out(p)
 
 
@@ -136,7 +136,7 @@ async def list_nodes(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _chain_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--chain", type=int, default=0, help="only this chain's targets")
+    p.add_argument("--chain", type=natural, default=0, help="only this chain's targets")
 
 
 @command("list-targets", "targets with chain, role, public and local state, node, disk and use", _chain_arg)
@@ -177,8 +177,8 @@ async def list_targets(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _chains_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", type=int, default=0, help="only the chains of this chain table")
-    p.add_argument("--table-version", type=int, default=0, help="that table's version (default newest)")
+    p.add_argument("--table", type=natural, default=0, help="only the chains of this chain table")
+    p.add_argument("--table-version", type=natural, default=0, help="that table's version (default newest)")
 
 
 @command("list-chains", "chains with version and each target's state and role (head first)", _chains_args)
@@ -290,7 +290,7 @@ async def _drained(conn: Connection, chain: mgmtd_pb2.ChainInfo) -> mgmtd_pb2.Ch
 
 
 def _offline_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target_id", type=int)
+    p.add_argument("target_id", type=natural)
     p.add_argument(
         "--force",
         action="store_true",
@@ -306,7 +306,7 @@ async def offline_target(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _register_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("node_id", type=int)
+    p.add_argument("node_id", type=natural)
     p.add_argument("type", choices=("meta", "storage"), help="node type")
 
 
@@ -324,7 +324,7 @@ async def register_node(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _node_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("node_id", type=int)
+    p.add_argument("node_id", type=natural)
 
 
 @command("unregister-node", "forget a node (its targets must be removed first)", _node_arg)
@@ -334,7 +334,7 @@ async def unregister_node(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _target_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target_id", type=int)
+    p.add_argument("target_id", type=natural)
 
 
 @command("remove-target", "delete a target that is in no chain", _target_arg)
@@ -344,8 +344,8 @@ async def remove_target(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _update_chain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("chain_id", type=int)
-    p.add_argument("target_id", type=int)
+    p.add_argument("chain_id", type=natural)
+    p.add_argument("target_id", type=natural)
     p.add_argument(
         "--mode", choices=("add", "remove"), required=True, help="add the target to the chain or remove it"
     )
@@ -361,7 +361,7 @@ async def update_chain(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _chain_id_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("chain_id", type=int)
+    p.add_argument("chain_id", type=natural)
 
 
 @command(
@@ -373,7 +373,7 @@ async def rotate_lastsrv(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _preferred_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("chain_id", type=int)
+    p.add_argument("chain_id", type=natural)
     p.add_argument("target_ids", help="comma-separated target ids, head first")
 
 
@@ -400,9 +400,9 @@ async def rotate_as_preferred_order(conn: Connection, args: argparse.Namespace) 
 
 
 def _user_add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("uid", type=int)
+    p.add_argument("uid", type=natural)
     p.add_argument("name")
-    p.add_argument("--gid", type=int, default=None, help="primary group (default: the uid)")
+    p.add_argument("--gid", type=natural, default=None, help="primary group (default: the uid)")
     p.add_argument("--groups", default="", help="comma-separated supplementary groups")
     p.add_argument("--admin", action="store_true", help="may use the admin API")
     p.add_argument("--root", action="store_true", help="may act as any uid towards meta")
@@ -437,7 +437,7 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _user_token_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("uid", type=int)
+    p.add_argument("uid", type=natural)
     p.add_argument("--ttl", type=float, default=0.0, help="seconds the token is valid (default: no expiry)")
     p.add_argument("--invalidate", action="store_true", help="revoke the user's other tokens")
     _token_out(p)
@@ -450,7 +450,7 @@ async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _uid_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("uid", type=int)
+    p.add_argument("uid", type=natural)
 
 
 @command("user-remove", "delete a user and its tokens", _uid_arg)
@@ -466,7 +466,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("get", "set"), help="get: print the stored config; set: upload FILE")
     p.add_argument("service", choices=sorted(NODE_TYPES), help="which service's config")
     p.add_argument("file", nargs="?", help="set: the TOML file (checked like the service would)")
-    p.add_argument("--version", type=int, default=0, help="get: that version (default newest)")
+    p.add_argument("--version", type=natural, default=0, help="get: that version (default newest)")
     p.add_argument("--desc", default="", help="set: description of the change")
 
 

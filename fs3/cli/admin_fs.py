@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fs3.cli import parse_size
-from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command
+from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command, natural
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
 
@@ -111,7 +111,7 @@ def _stat_args(p: argparse.ArgumentParser) -> None:
     _path_arg(p)
     p.add_argument("--layout", action="store_true", help="also each chunk's chain and that chain's targets")
     p.add_argument(
-        "--max-chunks", type=int, default=64, help="with --layout, at most this many chunks (default 64)"
+        "--max-chunks", type=natural, default=64, help="with --layout, at most this many chunks (default 64)"
     )
 
 
@@ -123,9 +123,11 @@ def _set_layout_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="chunk size of files created in it later: a power of two from 64K to 64M",
     )
-    p.add_argument("--stripe", type=int, default=0, help="chains each file created in it later spreads over")
     p.add_argument(
-        "--chain-table", type=int, default=0, help="chain table those files take their chains from"
+        "--stripe", type=natural, default=0, help="chains each file created in it later spreads over"
+    )
+    p.add_argument(
+        "--chain-table", type=natural, default=0, help="chain table those files take their chains from"
     )
 
 
@@ -300,7 +302,7 @@ def _gc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-path", help="the lmdb store of meta (default: the local cluster's)")
     p.add_argument("--engine", default="lmdb", choices=("lmdb", "fdb"), help="store engine (default lmdb)")
     p.add_argument("--cluster-file", default="", help="fdb: cluster file")
-    p.add_argument("--limit", type=int, default=1000, help="at most this many entries (default 1000)")
+    p.add_argument("--limit", type=natural, default=1000, help="at most this many entries (default 1000)")
 
 
 @command(

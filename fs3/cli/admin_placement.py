@@ -16,7 +16,7 @@ import csv
 from collections.abc import Iterator
 from pathlib import Path
 
-from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command, int_list
+from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command, int_list, natural
 
 TARGETS_FILE = "targets.csv"
 CHAINS_FILE = "chains.csv"
@@ -105,12 +105,12 @@ def write_placement(placement, out_dir: Path) -> dict[str, str]:  # type: ignore
 
 
 def _gen_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, required=True, help="storage nodes")
-    p.add_argument("--disks", type=int, required=True, help="disks per node")
-    p.add_argument("--targets-per-disk", type=int, required=True, help="targets on each disk")
-    p.add_argument("--replicas", type=int, required=True, help="targets per chain (replication factor)")
+    p.add_argument("--nodes", type=natural, required=True, help="storage nodes")
+    p.add_argument("--disks", type=natural, required=True, help="disks per node")
+    p.add_argument("--targets-per-disk", type=natural, required=True, help="targets on each disk")
+    p.add_argument("--replicas", type=natural, required=True, help="targets per chain (replication factor)")
     p.add_argument("--node-ids", help="comma-separated node ids (default 10001, 10002, ...)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the search (same seed, same output)")
+    p.add_argument("--seed", type=natural, default=0, help="seed of the search (same seed, same output)")
     p.add_argument("--out", default=".", help="directory for the three files (default: here)")
 
 
@@ -155,9 +155,9 @@ async def gen_chains(conn: Connection, args: argparse.Namespace) -> Result:
 
 def _create_targets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", help=f"a {TARGETS_FILE} (target_id,node_id,disk_index per line)")
-    p.add_argument("--target-id", type=int, help="one target: its id")
-    p.add_argument("--node-id", type=int, help="one target: its storage node")
-    p.add_argument("--disk-index", type=int, default=0, help="one target: its disk slot (default 0)")
+    p.add_argument("--target-id", type=natural, help="one target: its id")
+    p.add_argument("--node-id", type=natural, help="one target: its storage node")
+    p.add_argument("--disk-index", type=natural, default=0, help="one target: its disk slot (default 0)")
 
 
 @command(
@@ -203,7 +203,7 @@ async def upload_chains(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _upload_table_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("table_id", type=int, help="chain table id")
+    p.add_argument("table_id", type=natural, help="chain table id")
     p.add_argument("file", help=f"a {CHAIN_TABLE_FILE} (one chain id per line, in table order)")
     p.add_argument("--desc", default="", help="description")
 

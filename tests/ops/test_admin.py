@@ -97,6 +97,29 @@ def test_usage_and_unreachable_exit_statuses(tmp_path: Path) -> None:
     assert len(dead.stderr.strip().splitlines()) == 1 and "127.0.0.1" in dead.stderr
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["user-add", "-5", "neg"],
+        ["user-add", "4294967296", "huge"],  # past a u32 field: refused before anything is asked
+        ["user-add", "5", "five", "--groups", "1,-2"],
+        ["register-node", "-1", "storage"],
+        ["offline-target", "-1"],
+        ["list-chains", "--table", "-1"],
+        ["rotate-lastsrv", "x"],
+        ["config", "get", "meta", "--version", "-1"],
+    ],
+)
+def test_numbers_out_of_range_are_usage_errors(argv: list[str]) -> None:
+    """One line and exit status 2, not protobuf's ValueError with a traceback."""
+    out = fs3("admin", *argv, "--mgmtd", f"127.0.0.1:{free_port()}", "--timeout", "1")
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]  # after argparse's usage, if it printed it
+    assert last.startswith(f"fs3 admin {argv[0]}: "), out.stderr
+    assert "out of range" in last or "whole number" in last, out.stderr
+
+
 def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     for n in NODES:
         assert mgmtd.admin("register-node", str(n), "storage").returncode == 0
