@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,29 @@ def _token_out(p: argparse.ArgumentParser) -> None:
     )
 
 
+@contextlib.contextmanager
+def _token_out_ready(path: str | None) -> Iterator[None]:
+    """Around a change that issues a token: --token-out is made sure of first (created, 0600, if it
+    does not exist; an existing one is left as it is until the token arrives), so that no token is
+    issued to be lost (a user created, a cluster initialized, and nowhere to write their token).
+    A file created here goes again if the change fails."""
+    if not path:
+        yield
+        return
+    existed = os.path.lexists(path)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError as e:
+        raise UsageError(f"cannot write --token-out {path}: {e.strerror}") from None
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
+
+
 def _token_result(token: str, args: argparse.Namespace, value: dict[str, Any], what: str) -> Result:
     if args.token_out:
         _write_secret(args.token_out, token)
@@ -106,7 +132,8 @@ def _init_args(p: argparse.ArgumentParser) -> None:
 @command("init-cluster", "initialize a new cluster and create its first admin user", _init_args)
 async def init_cluster(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client(with_secret=True)
-    token = await client.init_cluster(args.cluster_id, args.admin_name, args.admin_uid)
+    with _token_out_ready(args.token_out):
+        token = await client.init_cluster(args.cluster_id, args.admin_name, args.admin_uid)
     return _token_result(
         token,
         args,
@@ -413,7 +440,8 @@ def _user_add_args(p: argparse.ArgumentParser) -> None:
 async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
     groups = int_list(args.groups, "--groups")
     gid = args.uid if args.gid is None else args.gid
-    token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
+    with _token_out_ready(args.token_out):
+        token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
     return _token_result(
         token, args, {"uid": args.uid, "name": args.name}, f"user {args.name} (uid {args.uid}) added"
     )
@@ -438,15 +466,29 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
 
 def _user_token_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=natural)
-    p.add_argument("--ttl", type=float, default=0.0, help="seconds the token is valid (default: no expiry)")
+    p.add_argument(
+        "--ttl", type=_seconds, default=0.0, help="seconds the token is valid (default: no expiry)"
+    )
     p.add_argument("--invalidate", action="store_true", help="revoke the user's other tokens")
     _token_out(p)
 
 
 @command("user-token", "issue a new token for a user", _user_token_args)
 async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
-    token = await conn.mgmtd_client().issue_token(args.uid, args.ttl, args.invalidate)
+    with _token_out_ready(args.token_out):
+        token = await conn.mgmtd_client().issue_token(args.uid, args.ttl, args.invalidate)
     return _token_result(token, args, {"uid": args.uid}, f"token issued for uid {args.uid}")
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite, non-negative number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number of seconds")
+    return value
 
 
 def _uid_arg(p: argparse.ArgumentParser) -> None:

@@ -221,6 +221,21 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert mgmtd.admin("user-remove", "1000").returncode == 0
     assert 1000 not in {u["uid"] for u in mgmtd.json("user-list")}
 
+    # a token that could not be written is not issued: the user is not created either, and the
+    # same command with a writable path then works
+    nowhere = tmp_path / "missing-dir" / "carol.token"
+    lost = mgmtd.admin("user-add", "3001", "carol", "--token-out", str(nowhere))
+    assert lost.returncode == 2 and f"cannot write --token-out {nowhere}" in lost.stderr, lost.stderr
+    assert 3001 not in {u["uid"] for u in mgmtd.json("user-list")}
+    assert (
+        mgmtd.admin("user-add", "3001", "carol", "--token-out", str(tmp_path / "carol.token")).returncode == 0
+    )
+    # a failed change leaves no token file it created behind
+    again = mgmtd.admin("user-add", "3001", "carol", "--token-out", str(tmp_path / "again.token"))
+    assert again.returncode == 1 and not (tmp_path / "again.token").exists()
+    for ttl in ("nan", "-1", "inf"):
+        assert mgmtd.admin("user-token", "3001", "--ttl", ttl).returncode == 2, ttl
+
 
 def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
     good = tmp_path / "meta.toml"
