@@ -268,6 +268,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             targets_per_node=args.targets_per_node,
             mount="" if args.no_mount else str(Path(args.mount or lc.root / "mnt").expanduser().absolute()),
         )
+        if st.mount and (conflict := lc.mount_conflict(st.mount)):
+            raise LocalError(conflict, EX_USAGE)
         if st.replicas > st.storage_nodes:
             raise LocalError(
                 f"--replicas {st.replicas} needs at least as many storage nodes (--storage-nodes {st.storage_nodes})",
@@ -298,7 +300,18 @@ def cmd_up(args: argparse.Namespace) -> int:
                 EX_USAGE,
             )
         if args.mount and str(Path(args.mount).expanduser().absolute()) != st.mount:
-            st.mount = str(Path(args.mount).expanduser().absolute())
+            new = str(Path(args.mount).expanduser().absolute())
+            if conflict := lc.mount_conflict(new):
+                raise LocalError(conflict, EX_USAGE)
+            running = lc.daemon("mount").pid() if st.mount else None
+            if running is not None:
+                # its PID file would be the new mount's, and the old mount nobody's to stop
+                raise LocalError(
+                    f"the cluster is mounted at {st.mount} (pid {running}); 'fs3 local down --dir "
+                    f"{lc.root}' first to mount it at {new}",
+                    EX_USAGE,
+                )
+            st.mount = new
             st.save(lc.state_file)
         _say(f"fs3 local: starting the cluster in {lc.root}")
     ignored = config_variables()
@@ -577,21 +590,21 @@ def _exclusive(lc: LocalCluster) -> Iterator[None]:
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 local``; returns the exit status."""
     args = _parser().parse_args(argv)
-    if args.action == "up":
-        if not LocalCluster(args.dir).exists():
-            if args.storage_nodes is None:
-                args.storage_nodes = 3
-            if args.replicas is None:
-                args.replicas = min(3, max(args.storage_nodes, 1))
-            if args.targets_per_node is None:
-                args.targets_per_node = 4
-        for flag in ("storage_nodes", "replicas", "targets_per_node"):
-            v = getattr(args, flag)
-            if v is not None and v < 1:
-                print(f"fs3 local: --{flag.replace('_', '-')} must be at least 1", file=sys.stderr)
-                return EX_USAGE
     handler = {"up": cmd_up, "status": cmd_status, "down": cmd_down}[args.action]
     try:
+        if args.action == "up":
+            if not LocalCluster(args.dir).exists():
+                if args.storage_nodes is None:
+                    args.storage_nodes = 3
+                if args.replicas is None:
+                    args.replicas = min(3, max(args.storage_nodes, 1))
+                if args.targets_per_node is None:
+                    args.targets_per_node = 4
+            for flag in ("storage_nodes", "replicas", "targets_per_node"):
+                v = getattr(args, flag)
+                if v is not None and v < 1:
+                    print(f"fs3 local: --{flag.replace('_', '-')} must be at least 1", file=sys.stderr)
+                    return EX_USAGE
         if args.action == "status":
             return handler(args)
         with _exclusive(LocalCluster(args.dir)):

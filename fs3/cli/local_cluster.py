@@ -92,6 +92,23 @@ class LocalState:
         return f"{self.host}:{self.ports['mgmtd']}"
 
 
+# what a cluster directory holds (a mount point may be another directory in it: mnt is the default)
+OWN_ENTRIES = frozenset(
+    {
+        "local.json",
+        ".lock",
+        "cluster.secret",
+        "admin.token",
+        "user.token",
+        "config",
+        "logs",
+        "run",
+        "kv",
+        "storage",
+    }
+)
+
+
 class LocalCluster:
     """The files and daemons of one local cluster directory."""
 
@@ -112,7 +129,22 @@ class LocalCluster:
     # -- files ------------------------------------------------------------------------------------
 
     def exists(self) -> bool:
-        return self.state_file.exists()
+        try:
+            return self.state_file.exists()
+        except OSError as e:  # not ENOENT (exists() says False): EACCES, ENAMETOOLONG, ...
+            raise LocalError(f"cannot use {self.root}: {e.strerror}") from None
+
+    def mount_conflict(self, mount: str) -> str | None:
+        """Why ``mount`` cannot be this cluster's mount point, or None: it may not be the cluster's
+        directory, a directory holding it, or one of the cluster's own files or directories (the
+        daemons would keep their data under the mount they serve, and 'fs3 local' could no longer
+        see the cluster it started)."""
+        m, root = Path(os.path.realpath(mount)), Path(os.path.realpath(self.root))
+        if m == root or m in root.parents:
+            return f"--mount {mount} would hide the cluster's own directory {self.root}"
+        if root in m.parents and m.relative_to(root).parts[0] in OWN_ENTRIES:
+            return f"--mount {mount} is one of the cluster's own files or directories in {self.root}"
+        return None
 
     def load(self) -> LocalState:
         if self.state is None:

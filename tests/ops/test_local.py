@@ -167,6 +167,13 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     assert again.returncode == 0, again.stdout + again.stderr
     assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
 
+    # mounting the running cluster somewhere else is refused: the mount it has stays its own (the
+    # new one's start would have taken its PID file, leaving the old mount nobody's to stop)
+    moved = fs3("local", "up", "--dir", str(local_dir), "--mount", str(tmp_path / "elsewhere"))
+    assert moved.returncode == 2 and f"mounted at {mnt}" in moved.stderr, moved.stdout + moved.stderr
+    assert json.loads((local_dir / "local.json").read_text())["mount"] == str(mnt)
+    assert _procs(local_dir)["mount"] and (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
+
     # another cluster asked to mount at the same path leaves this live mount alone, up and down
     other = tmp_path / "other"
     try:
@@ -243,6 +250,21 @@ def test_unusable_directory_is_one_line(tmp_path: Path) -> None:
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(blocker / "cluster") in lines[0], out.stderr
+
+
+def test_a_mount_point_that_would_hide_the_cluster_is_refused(tmp_path: Path) -> None:
+    """The cluster's directory itself (its data would live under the mount it serves, and 'fs3
+    local' could no longer see it), a directory holding it, or one of its own entries."""
+    d = tmp_path / "c"
+    for mount in (d, tmp_path, d / "config", d / "storage" / "x"):
+        out = fs3("local", "up", "--dir", str(d), "--mount", str(mount))
+        assert out.returncode == 2 and f"--mount {mount}" in out.stderr, out.stdout + out.stderr
+        assert not d.exists()
+    # nor is a directory it cannot use a traceback
+    long = tmp_path / ("x" * 300)
+    out = fs3("local", "up", "--dir", str(long), "--no-mount")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("fs3 local up: cannot use ") and len(out.stderr.splitlines()) == 1
 
 
 def test_status_and_down_without_a_cluster(tmp_path: Path) -> None:
