@@ -55,6 +55,14 @@ async def filesystem(conn: Connection) -> AsyncIterator[Any]:
     )
     try:
         yield routing, meta, storage
+    except FS3Error as e:
+        if e.code != StatusCode.RPC_AUTH_FAILED or conn.secret:
+            raise
+        # the development secret was tried, as for a cluster run without one: this one has its own
+        raise UsageError(
+            "this command reaches meta and storage as a cluster member, with the cluster secret: "
+            "give it with --secret-file, $FS3_CLUSTER_SECRET_FILE or --local-dir"
+        ) from None
     finally:
         await meta.close()
         await routing.stop()

@@ -106,3 +106,14 @@ def test_set_layout_applies_to_files_created_later(small_cluster: Path) -> None:
         lines = out.stderr.strip().splitlines()
         assert words in out.stderr.lower() and (status == 2 or len(lines) == 1), (args, out.stderr)
     assert admin_json(small_cluster, "stat", "/lay")["type"] == "dir"
+
+
+def test_file_commands_without_the_cluster_secret_say_they_need_it(small_cluster: Path) -> None:
+    """They reach meta and storage as cluster members; without the secret they tried the development
+    one, and the refusal read as the server's fault ("does not know the cluster secret")."""
+    state = json.loads((small_cluster / "local.json").read_text())
+    mgmtd = f"{state['host']}:{state['ports']['mgmtd']}"
+    out = fs3("admin", "ls", "/", "--mgmtd", mgmtd, "--token-file", str(small_cluster / "admin.token"))
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("fs3 admin ls: ") and "--secret-file" in last, out.stderr
