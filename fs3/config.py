@@ -224,6 +224,12 @@ class MetaConfig:
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
 
+    def problem(self) -> str | None:
+        """What is wrong across fields (see :func:`load_config`), or None."""
+        if self.authenticate and not self.mgmtd_addresses:
+            return "authenticate = true needs mgmtd_addresses to verify tokens"
+        return None
+
 
 @dataclass(slots=True)
 class StorageConfig:
@@ -293,6 +299,14 @@ class StorageConfig:
     )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
+
+    def problem(self) -> str | None:
+        """What is wrong across fields (see :func:`load_config`), or None."""
+        if len(self.target_ids) != len(self.target_paths):
+            return f"{len(self.target_paths)} target_paths but {len(self.target_ids)} target_ids"
+        if len(set(self.target_ids)) != len(self.target_ids) or any(t <= 0 for t in self.target_ids):
+            return "target_ids must be distinct positive numbers"
+        return None
 
 
 @dataclass(slots=True)
@@ -536,11 +550,18 @@ def load_config(
             raise _config_error(f"config file {p} is not readable") from None
         except tomllib.TOMLDecodeError as e:
             raise _config_error(f"config file {p} is not valid TOML: {e}") from None
-    file_cfg = _build(cls, data, str(path) if path is not None else "defaults")
+    source = str(path) if path is not None else "defaults"
+    cfg = _build(cls, data, source)
     env = _env_overrides(cls, os.environ if environ is None else environ)
-    if not env:
-        return file_cfg
-    return _build(cls, _merge(data, env), f"{path or 'defaults'} with FS3_* environment overrides")
+    if env:
+        source = f"{source} with FS3_* environment overrides"
+        cfg = _build(cls, _merge(data, env), source)
+    # rules across fields: a config that passes here is one the service starts with (the daemons,
+    # config-template --check in a unit's ExecStartPre, and admin config set all ask this)
+    problem = getattr(cfg, "problem", None)
+    if problem is not None and (why := problem()):
+        raise _config_error(f"{source}: {why}")
+    return cfg
 
 
 def to_toml(cfg: Any, *, with_docs: bool = True) -> str:

@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fs3.config import load_config, overriding_variables
 from fs3.errors import FS3Error, StatusCode
@@ -140,17 +140,11 @@ def run(
     argv: list[str],
     args_parser: argparse.ArgumentParser,
     serve: Callable[..., Awaitable[int]],
-    *,
-    check: Callable[[C], Any] | None = None,
 ) -> int:
-    """Run one daemon to completion and return its exit status (see the module docstring).
-
-    ``check(cfg)`` may raise FS3Error(CONFIG_INVALID) for rules that span several fields."""
+    """Run one daemon to completion and return its exit status (see the module docstring)."""
     args = args_parser.parse_args(argv)
     try:
         cfg = apply_overrides(load_config(config_class, args.config), args)
-        if check is not None:
-            check(cfg)
     except FS3Error as e:
         sys.stderr.write(f"fs3 {service}: {e.message}\n")
         return 2

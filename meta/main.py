@@ -18,16 +18,8 @@ import logging
 from fs3 import daemon
 from fs3.config import MetaConfig
 from fs3.daemon import read_secret, settle_gc, wait_for_shutdown, write_port_file
-from fs3.errors import FS3Error, StatusCode
 
 log = logging.getLogger(__name__)
-
-
-def _check(cfg: MetaConfig) -> None:
-    if cfg.authenticate and not cfg.mgmtd_addresses:
-        raise FS3Error(
-            StatusCode.CONFIG_INVALID, "authenticate = true needs mgmtd_addresses to verify tokens"
-        )
 
 
 async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
@@ -49,4 +41,4 @@ async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 meta``; returns the exit status."""
     p = daemon.parser("meta", "Run the fs3 metadata service.")
-    return daemon.run("meta", MetaConfig, argv, p, serve, check=_check)
+    return daemon.run("meta", MetaConfig, argv, p, serve)

@@ -88,13 +88,8 @@ class StorageDaemon:
 
     async def _start(self) -> None:
         cfg = self.cfg
-        if len(cfg.target_ids) != len(cfg.target_paths):
-            raise FS3Error(
-                StatusCode.CONFIG_INVALID,
-                f"{len(cfg.target_paths)} target_paths but {len(cfg.target_ids)} target_ids",
-            )
-        if len(set(cfg.target_ids)) != len(cfg.target_ids) or any(t <= 0 for t in cfg.target_ids):
-            raise FS3Error(StatusCode.CONFIG_INVALID, "target_ids must be distinct positive numbers")
+        if problem := cfg.problem():  # a config made in code, not loaded (load_config asks too)
+            raise FS3Error(StatusCode.CONFIG_INVALID, problem)
         loop = asyncio.get_running_loop()
         local: list[LocalTarget] = []
         for index, (tid, path) in enumerate(zip(cfg.target_ids, cfg.target_paths, strict=True)):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,7 @@ from fs3.config import (
     KvConfig,
     MetaConfig,
     MgmtdConfig,
+    StorageConfig,
     load_config,
     to_toml,
 )
@@ -62,6 +65,32 @@ def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
     assert ei.value.code == StatusCode.CONFIG_INVALID
     assert needle in str(ei.value)
     assert str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "cls, text, needle",
+    [
+        (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1]\n', "2 target_paths but 1 target_ids"),
+        (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1, 1]\n', "distinct positive"),
+        (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [0]\n', "distinct positive"),
+        (MetaConfig, "authenticate = true\nmgmtd_addresses = []\n", "needs mgmtd_addresses"),
+    ],
+)
+def test_rules_across_fields_are_checked_where_a_config_is_loaded(tmp_path, cls, text, needle):
+    """Not only when the daemon starts: `fs3 config-template --check` (a unit's ExecStartPre) said
+    such a storage config was valid, and the unit then restarted a daemon that refused it."""
+    p = write(tmp_path, text)
+    with pytest.raises(FS3Error) as ei:
+        load_config(cls, p, environ={})
+    assert ei.value.code == StatusCode.CONFIG_INVALID and needle in str(ei.value) and str(p) in str(ei.value)
+    service = {StorageConfig: "storage", MetaConfig: "meta"}[cls]
+    out = subprocess.run(
+        [sys.executable, "-m", "fs3.cli.main", "config-template", service, "--check", str(p)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_missing_and_unparsable_files(tmp_path):
