@@ -48,7 +48,7 @@ import posixpath
 import socket
 import stat as stat_mod
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -443,6 +443,13 @@ class FileSystem:
         )
         await fs._session.start(strict=False)
         return fs
+
+    def on_pushed_config(self, callback: Callable[[mgmtd_pb2.ConfigInfo], None]) -> None:
+        """Have ``callback`` hear each newer client config mgmtd pushes (``fs3 admin config set
+        client``), from the next extension of this client's session on (a mount applies its log
+        level; a program using the native API decides for itself)."""
+        if self._session is not None:
+            self._session.on_config = callback
 
     def _routing_changed(self, routing: Any) -> None:
         if self._meta_from_routing:

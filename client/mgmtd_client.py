@@ -502,6 +502,9 @@ class ClientSessionKeeper:
         self.session = session
         self.max_interval_s = interval_s
         self.last_reply: mgmtd_pb2.ExtendClientSessionReply | None = None
+        # hears each newer client config mgmtd pushes (fs3 admin config set client), once set
+        self.on_config: Callable[[mgmtd_pb2.ConfigInfo], None] | None = None
+        self.config_version = 0
         self._loop = Periodic("fs3-client-session", self._extend, interval_s, on_error=self._failed)
 
     async def start(self, *, strict: bool = True) -> None:
@@ -519,7 +522,11 @@ class ClientSessionKeeper:
         await self._loop.stop()
 
     async def _extend(self) -> None:
-        self.last_reply = await self.client.extend_session(self.session)
+        self.last_reply = await self.client.extend_session(self.session, self.config_version)
+        pushed = self.last_reply.config if self.last_reply.HasField("config") else None
+        if pushed is not None and pushed.version > self.config_version and self.on_config is not None:
+            self.config_version = pushed.version
+            self.on_config(pushed)
         timeout = self.last_reply.session_timeout_s
         if timeout > 0:
             self._loop.interval_s = min(self.max_interval_s, timeout / 3)

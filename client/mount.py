@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from fs3.background import Periodic
 from fs3.cli.fuse_mounts import fuse_connections, mount_device
 from fs3.config import ClientConfig, load_config
-from fs3.daemon import log_env_overrides
+from fs3.daemon import apply_pushed_config, hot_log_level, log_env_overrides
 from fs3.errors import FS3Error, StatusCode
 
 if TYPE_CHECKING:
@@ -183,6 +183,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         token = read_token(cfg.token_file)
         if token and not cfg.user_auth:
             await check_member_token(fs, token, serves_others="allow_other" in opts)
+        fs.on_pushed_config(lambda info: apply_pushed_config("client", cfg, info, hot_log_level()))
         ops = Fs3Operations(fs, cfg, token, on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb))
         pyfuse3.init(ops, mountpoint, opts)
     except BaseException:

@@ -564,6 +564,37 @@ def load_config(
     return cfg
 
 
+def pushed_changes(cfg: Any, content: str, source: str) -> dict[str, Any]:
+    """What a config mgmtd pushes (``content``: TOML naming some of the keys of ``cfg``'s class,
+    as ``fs3 admin config set`` stored it) changes in the running ``cfg``: dotted key (``log.level``)
+    to new value, checked as :func:`load_config` checks a file (FS3Error CONFIG_INVALID naming
+    ``source`` otherwise). Keys it names with the running value are no change."""
+    try:
+        data = tomllib.loads(content)
+    except tomllib.TOMLDecodeError as e:
+        raise _config_error(f"{source} is not valid TOML: {e}") from None
+    pushed = _build(type(cfg), data, source)
+    out: dict[str, Any] = {}
+
+    def walk(named: Mapping[str, Any], new: Any, old: Any, prefix: str) -> None:
+        for key, value in named.items():
+            if isinstance(value, Mapping):
+                walk(value, getattr(new, key), getattr(old, key), f"{prefix}{key}.")
+            elif getattr(new, key) != getattr(old, key):
+                out[prefix + key] = getattr(new, key)
+
+    walk(data, pushed, cfg, "")
+    return out
+
+
+def set_dotted(cfg: Any, key: str, value: Any) -> None:
+    """Set ``cfg``'s field ``key`` (``log.level``: a field of a table) to ``value``."""
+    *tables, name = key.split(".")
+    for table in tables:
+        cfg = getattr(cfg, table)
+    setattr(cfg, name, value)
+
+
 def to_toml(cfg: Any, *, with_docs: bool = True) -> str:
     """Render a config dataclass as a TOML document, every option with its documentation."""
     lines: list[str] = []

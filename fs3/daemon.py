@@ -18,14 +18,15 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from fs3.config import load_config, overriding_variables
+from fs3.config import load_config, overriding_variables, pushed_changes, set_dotted
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database
 from fs3.net.auth import read_secret
+from fs3.proto import mgmtd_pb2
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,44 @@ def apply_overrides(cfg: C, args: argparse.Namespace) -> C:
     if cfg.node_id <= 0 or not 0 <= cfg.listen_port <= 65535:  # type: ignore[attr-defined]
         raise FS3Error(StatusCode.CONFIG_INVALID, "node id must be > 0 and port 0..65535")
     return cfg
+
+
+def apply_pushed_config(
+    service: str, cfg: Any, info: mgmtd_pb2.ConfigInfo, hot: Mapping[str, Callable[[Any], None]]
+) -> None:
+    """Apply a config mgmtd pushed (``fs3 admin config set``) to the running ``cfg``: the settings
+    it changes that ``hot`` can change (dotted key to setter) at once, and into ``cfg``; the others
+    are logged as taking effect only from this node's config file, at a restart."""
+    source = f"{service} config version {info.version} from mgmtd"
+    try:
+        changes = pushed_changes(cfg, info.content, source)
+    except FS3Error as e:
+        log.error("%s not applied: %s", source, e.message)
+        return
+    applied, later = [], []
+    for key, value in changes.items():
+        setter = hot.get(key)
+        if setter is None:
+            later.append(key)
+            continue
+        setter(value)
+        set_dotted(cfg, key, value)
+        applied.append(f"{key}={value!r}")
+    if applied:
+        log.warning("%s applied: %s", source, ", ".join(applied))
+    if later:
+        log.warning(
+            "%s: %s not applied while running (set in this node's config file, then restart)",
+            source,
+            ", ".join(later),
+        )
+    if not changes:
+        log.info("%s changes nothing here", source)
+
+
+def hot_log_level() -> dict[str, Callable[[Any], None]]:
+    """The setting every process applies while running: its log level."""
+    return {"log.level": lambda level: logging.getLogger().setLevel(level.upper())}
 
 
 def log_env_overrides(config_class: type) -> None:

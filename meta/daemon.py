@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -15,6 +17,7 @@ from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import StorageClient
 from fs3.config import MetaConfig
+from fs3.daemon import apply_pushed_config, hot_log_level
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Database, open_database
 from fs3.meta.auth import Authenticator, TokenAuthenticator, TrustingAuthenticator
@@ -167,11 +170,12 @@ class MetaDaemon:
             transport=transport,
             verify_user=auth.user_of if isinstance(auth, TokenAuthenticator) else None,
         )
+        self.capabilities = CapabilityIssuer(self.secret or DEV_SECRET, ttl_s=cfg.capability_ttl_s)
         MetaService(
             self.store,
             auth,
             statfs=self.store.chunks.space,
-            capabilities=CapabilityIssuer(self.secret or DEV_SECRET, ttl_s=cfg.capability_ttl_s),
+            capabilities=self.capabilities,
             handles=HandleSealer(self.secret or DEV_SECRET),
         ).register(self.server, self.registry)
         metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
@@ -195,9 +199,20 @@ class MetaDaemon:
                 on_routing_version=lambda v: (
                     self.routing.refresh_soon() if self.routing and v > self.routing.version else None
                 ),
+                on_config=lambda info: apply_pushed_config("meta", self.cfg, info, self._hot_settings()),
             )
             await self.agent.start()
         log.info("meta serving node_id=%d port=%d engine=%s", cfg.node_id, self.port, cfg.kv.engine)
+
+    def _hot_settings(self) -> dict[str, Callable[[Any], None]]:
+        """What a config pushed by mgmtd changes while meta runs (see apply_pushed_config): the
+        log level, and how long capabilities and retry results last. (Not the default_* layout:
+        the root directory took it when the file system was made, and directories pass theirs on.)"""
+        return {
+            **hot_log_level(),
+            "capability_ttl_s": lambda v: setattr(self.capabilities, "ttl_s", int(v)),
+            "idem_ttl_s": lambda v: setattr(self.store, "idem_ttl_s", v),
+        }
 
     async def stop(self) -> None:
         if self.metrics_server is not None:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -27,6 +30,7 @@ from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import Routing, RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE
 from fs3.config import StorageConfig
+from fs3.daemon import apply_pushed_config, hot_log_level
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
 from fs3.net.auth import TokenCache
@@ -86,6 +90,20 @@ class StorageDaemon:
             await self.stop()
             raise
 
+    def _hot_settings(self) -> dict[str, Callable[[Any], None]]:
+        """What a config pushed by mgmtd changes while the daemon runs (see apply_pushed_config):
+        the log level, how long a replica retries a forward, and the space each target keeps free."""
+
+        def keep_free(fraction: float) -> None:
+            for e in self._engines:
+                e.engine.options = dataclasses.replace(e.engine.options, keep_free=fraction)
+
+        return {
+            **hot_log_level(),
+            "forward_timeout_s": lambda v: setattr(self.replicator, "forward_timeout_s", v),
+            "keep_free": keep_free,
+        }
+
     async def _start(self) -> None:
         cfg = self.cfg
         if problem := cfg.problem():  # a config made in code, not loaded (load_config asks too)
@@ -129,7 +147,7 @@ class StorageDaemon:
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         if cfg.aio_reads and cfg.direct_io:
             self.aio = open_aio(loop, depth=cfg.aio_depth)
-        replicator = Replicator(
+        self.replicator = replicator = Replicator(
             self.targets,
             self.routing,
             self.rpc,
@@ -173,6 +191,7 @@ class StorageDaemon:
             interval_s=cfg.heartbeat_interval_s,
             targets=self._heartbeat_reports,
             on_routing_version=self._heartbeat_ok,
+            on_config=lambda info: apply_pushed_config("storage", self.cfg, info, self._hot_settings()),
         )
         await self.agent.start()
         self.resync.start()

@@ -512,7 +512,12 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--desc", default="", help="set: description of the change")
 
 
-@command("config", "get or set the config mgmtd stores and pushes for a service type", _config_args)
+@command(
+    "config",
+    "get or set the config mgmtd stores and pushes for a service type (nodes apply what they can while "
+    "running: log.level; meta capability_ttl_s, idem_ttl_s; storage forward_timeout_s, keep_free)",
+    _config_args,
+)
 async def config(conn: Connection, args: argparse.Namespace) -> Result:
     from fs3.config import SERVICE_CONFIGS, load_config
 
@@ -542,7 +547,15 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
     load_config(SERVICE_CONFIGS[args.service], args.file, environ={})  # refuse what the service would
     content = _read_text(args.file)
     version = await client.set_config(node_type, content, args.desc)
+    if args.service == "mgmtd":
+        applied = "mgmtd applies none of it while running (its own config file says how it runs)"
+    else:
+        applied = (
+            f"{args.service} nodes apply the settings they can change while running at their next "
+            "heartbeat (mounts: session extension) and log which; the rest takes effect from each "
+            "node's own config file at a restart"
+        )
     return Result(
         value={"service": args.service, "version": version},
-        message=f"{args.service} config version {version} stored",
+        message=f"{args.service} config version {version} stored; {applied}",
     )
