@@ -206,11 +206,22 @@ class MetaConfig:
         doc="verify each request's user token with mgmtd (false: trust the uid/gid sent, and refuse"
         " clients on user connections, see the client's user_auth)",
     )
-    default_chain_table: int = opt(1, doc="chain table of new files unless a directory says otherwise")
-    default_chunk_size: int = opt(
-        1 << 20, doc="chunk size of new files (power of two, 64 KiB..64 MiB)", check=_chunk_size
+    # the root directory takes these three when the file system is made, and every new directory
+    # its parent's: afterwards 'fs3 admin set-layout' changes a directory's, not these
+    default_chain_table: int = opt(
+        1, doc="chain table of the root directory's layout when the file system is made (see set-layout)"
     )
-    default_stripe: int = opt(1, doc="chains per new file unless a directory says otherwise", check=_positive)
+    default_chunk_size: int = opt(
+        1 << 20,
+        doc="chunk size (power of two, 64 KiB..64 MiB) of the root directory's layout when the file "
+        "system is made (see set-layout)",
+        check=_chunk_size,
+    )
+    default_stripe: int = opt(
+        1,
+        doc="chains per file of the root directory's layout when the file system is made (see set-layout)",
+        check=_positive,
+    )
     idem_ttl_s: float = opt(
         1800.0, doc="how long a non-idempotent request's result is kept for retries", check=_positive
     )
