@@ -326,10 +326,18 @@ def _offline_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("offline-target", "take a target out of service (it moves to the end of its chain)", _offline_args)
+@command(
+    "offline-target",
+    "take a target out of its chain now (it moves to the end; it comes back, resyncing, while its "
+    "daemon reports it: to keep it out, stop that daemon or disable-node its node)",
+    _offline_args,
+)
 async def offline_target(conn: Connection, args: argparse.Namespace) -> Result:
     chain = await _drained(conn, await conn.mgmtd_client().offline_target(args.target_id, args.force))
-    return _chain_result(chain, f"target {args.target_id} offline")
+    return _chain_result(
+        chain,
+        f"target {args.target_id} taken out of its chain (back, resyncing, while its daemon reports it)",
+    )
 
 
 def _register_args(p: argparse.ArgumentParser) -> None:
@@ -352,6 +360,36 @@ async def register_node(conn: Connection, args: argparse.Namespace) -> Result:
 
 def _node_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("node_id", type=natural)
+
+
+@command(
+    "disable-node",
+    "take a node out of service until enable-node: its SERVING targets drain, then all go OFFLINE, "
+    "and mgmtd refuses its heartbeats (for maintenance, or before replacing its disks)",
+    _node_arg,
+)
+async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
+    client = conn.mgmtd_client()
+    await client.set_node_enabled(args.node_id, False)
+    await asyncio.gather(*(_drained(conn, c) for c in await client.list_chains() if c.draining))
+    return Result(
+        value={"node_id": args.node_id, "enabled": False},
+        message=f"node {args.node_id} disabled: its targets are out of their chains until enable-node",
+    )
+
+
+@command(
+    "enable-node",
+    "put a disabled node back in service: its targets rejoin their chains as their daemon reports "
+    "them, resyncing first",
+    _node_arg,
+)
+async def enable_node(conn: Connection, args: argparse.Namespace) -> Result:
+    await conn.mgmtd_client().set_node_enabled(args.node_id, True)
+    return Result(
+        value={"node_id": args.node_id, "enabled": True},
+        message=f"node {args.node_id} enabled: its targets rejoin their chains (SYNCING, then SERVING)",
+    )
 
 
 @command("unregister-node", "forget a node (its targets must be removed first)", _node_arg)

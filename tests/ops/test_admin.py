@@ -174,6 +174,16 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     rot = mgmtd.admin("rotate-lastsrv", str(chain_id))
     assert rot.returncode in (0, 1) and (rot.returncode == 0 or rot.stderr.count("\n") == 1)
 
+    # a node out of service until enabled again (offline-target lasts only until its daemon reports;
+    # what disabling does to its chains: tests/mgmtd/test_mgmtd_draining.py)
+    def disabled(node: int) -> bool:
+        return next(n["disabled"] for n in mgmtd.json("list-nodes") if n["node_id"] == node)
+
+    assert mgmtd.json("disable-node", str(NODES[1])) == {"node_id": NODES[1], "enabled": False}
+    assert disabled(NODES[1])
+    assert mgmtd.json("enable-node", str(NODES[1]))["enabled"] is True and not disabled(NODES[1])
+    assert mgmtd.admin("disable-node", "424242").returncode == 1
+
 
 def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
     flags = ["--mgmtd", mgmtd.address, "--token-file", str(mgmtd.token)]
