@@ -15,7 +15,7 @@ from typing import Protocol
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.permissions import Credentials
-from fs3.net.auth import TokenCache
+from fs3.net.auth import TOKEN_CACHE_S, TokenCache
 from fs3.proto import common_pb2, mgmtd_pb2
 
 MAX_GROUPS = 64
@@ -85,7 +85,7 @@ class TokenAuthenticator:
         self,
         verify: Callable[[str], Awaitable[mgmtd_pb2.User]],
         *,
-        ttl_s: float = 60.0,
+        ttl_s: float = TOKEN_CACHE_S,
         negative_ttl_s: float = 5.0,
         max_entries: int = 10_000,
     ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural
+from fs3.net.auth import TOKEN_CACHE_S
 from fs3.proto import common_pb2, mgmtd_pb2
 
 NODE_TYPES = {
@@ -515,7 +516,10 @@ def _user_token_args(p: argparse.ArgumentParser) -> None:
 async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
     with _token_out_ready(args.token_out):
         token = await conn.mgmtd_client().issue_token(args.uid, args.ttl, args.invalidate)
-    return _token_result(token, args, {"uid": args.uid}, f"token issued for uid {args.uid}")
+    what = f"token issued for uid {args.uid}"
+    return _token_result(
+        token, args, {"uid": args.uid}, what + (f", the others revoked{_CACHED}" if args.invalidate else "")
+    )
 
 
 def _seconds(text: str) -> float:
@@ -529,6 +533,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+# what a removal or revocation of tokens leaves for a while (fs3.net.auth.TOKEN_CACHE_S)
+_CACHED = (
+    f" (a server that checked one of its tokens in the last {TOKEN_CACHE_S:.0f} s takes it until "
+    "its cache of token checks expires)"
+)
+
+
 def _uid_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=natural)
 
@@ -536,7 +547,7 @@ def _uid_arg(p: argparse.ArgumentParser) -> None:
 @command("user-remove", "delete a user and its tokens", _uid_arg)
 async def user_remove(conn: Connection, args: argparse.Namespace) -> Result:
     await conn.mgmtd_client().remove_user(args.uid)
-    return Result(value={"removed": args.uid}, message=f"user {args.uid} removed")
+    return Result(value={"removed": args.uid}, message=f"user {args.uid} removed{_CACHED}")
 
 
 # -- configs --------------------------------------------------------------------------------------

@@ -112,6 +112,11 @@ def mgmtd_credential(secret: bytes) -> str:
     return hmac.new(secret, _LABEL_MGMTD, hashlib.sha256).hexdigest()
 
 
+#: How long a server keeps a token check: a removed user's or revoked token still works this long
+#: at a server that checked it just before (fs3 admin says so when it removes or revokes).
+TOKEN_CACHE_S = 60.0
+
+
 class TokenCache:
     """Who a user token belongs to, asked of ``verify`` (``MgmtdClient.verify_token``) and kept
     for ``ttl_s`` (a refusal for ``negative_ttl_s``), so that a token costs a dict lookup after its
@@ -123,7 +128,7 @@ class TokenCache:
         self,
         verify: Callable[[str], Awaitable[Any]],
         *,
-        ttl_s: float = 60.0,
+        ttl_s: float = TOKEN_CACHE_S,
         negative_ttl_s: float = 5.0,
         max_entries: int = 10_000,
     ) -> None:

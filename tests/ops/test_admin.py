@@ -228,7 +228,8 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     # alice is no admin: the admin API refuses her token
     denied = fs3("admin", "list-nodes", "--mgmtd", mgmtd.address, "--token-file", str(token_file))
     assert denied.returncode == 1 and "PERMISSION" in denied.stderr.upper()
-    assert mgmtd.admin("user-remove", "1000").returncode == 0
+    removed = mgmtd.admin("user-remove", "1000")
+    assert removed.returncode == 0 and "cache of token checks" in removed.stdout  # not at once
     assert 1000 not in {u["uid"] for u in mgmtd.json("user-list")}
 
     # a token that could not be written is not issued: the user is not created either, and the
