@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fs3.client.storage_client import ReadRequest, StorageClient
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, fresh_error
 from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
@@ -195,20 +195,6 @@ class InodeState:
             h.truncated(size)
 
 
-def _drop_tracebacks(error: BaseException) -> None:
-    """Drop the tracebacks of ``error`` and of the exceptions it chains to. A flush error is kept
-    until the file's handles report it, and its traceback's frames hold the flush's bytes (the
-    parts and chunk views of ``_write_now``, the other chunks' results): a writer that went on
-    elsewhere, or a file left open, kept every failed buffer. Where it was raised is logged."""
-    todo, seen = [error], set()
-    while todo:
-        e = todo.pop()
-        if id(e) not in seen:
-            seen.add(id(e))
-            e.__traceback__ = None
-            todo += [c for c in (e.__cause__, e.__context__) if c is not None]
-
-
 @dataclass(slots=True)
 class ScatterBudget:
     """What the scattered buffers of all of one client's open files may hold together, counting
@@ -301,7 +287,7 @@ class OpenFile:
             return 0
         if self._write_error is not None:
             e, self._write_error = self._write_error, None
-            raise e
+            raise fresh_error(e)
         async with self._lock:
             if not (self._buf_len and offset == self._buf_offset + self._buf_len):
                 if self._buf_len and self._buf_len <= SCATTER_RUN_BYTES and n <= SCATTER_RUN_BYTES:
@@ -346,7 +332,7 @@ class OpenFile:
             return 0
         if self._write_error is not None:
             e, self._write_error = self._write_error, None
-            raise e
+            raise fresh_error(e)
         end = offset + n
         await self._flush_earlier(offset, end, others=False)
         before = self._overlapping(offset, end)
@@ -538,8 +524,16 @@ class OpenFile:
         if task.cancelled():
             e: BaseException = FS3Error(StatusCode.CANCELLED, "a flush was cancelled before it was written")
         else:
-            e = task.exception()  # type: ignore[assignment]
-            _drop_tracebacks(e)
+            error = task.exception()
+            assert error is not None
+            if not isinstance(error, FS3Error):  # a bug: where it was raised is worth the log
+                log.error("background flush failed inode=%#x", self.inode_id, exc_info=error)
+            # Its traceback's frames hold the flush's bytes, and the task keeps it (in cycles
+            # through those frames): dropped. What the handles keep until each has reported it is
+            # a copy, raised afresh each time (fresh_error), so that it never gets a traceback
+            # either (with the bytes of the write that raises it).
+            error.__traceback__ = None
+            e = fresh_error(error)
         log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
         self._failed = True
         if self._write_error is None:
@@ -591,7 +585,7 @@ class OpenFile:
             self._seen_error_seq = state.error_seq
             self._write_error = None  # reported here: the next write need not raise it again
             assert state.error is not None
-            raise state.error
+            raise fresh_error(state.error)
 
     async def flush_buffer(self, *, report: bool = True) -> None:
         """Write out the buffer and wait until every flush and write-through of this handle is

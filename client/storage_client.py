@@ -47,7 +47,7 @@ import crc32c as _crc32c
 from fs3 import capability
 from fs3.capability import CapabilityCache
 from fs3.client.routing import Routing, RoutingCache
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, fresh_error
 from fs3.net import RpcClient, ServiceDef
 from fs3.net.transport import Address
 from fs3.proto import common_pb2, rpc_pb2, storage_pb2
@@ -525,7 +525,9 @@ class StorageClient:
         except Exception as e:
             left = [b for b in batch if not b[2].done()]
             if len(left) == 1:
-                _settle(left[0][2], None, e)
+                # not ``e`` itself: its traceback holds this frame, which holds the batch and so
+                # the future that would hold ``e`` (a cycle keeping the caller's buffer)
+                _settle(left[0][2], None, fresh_error(e))
                 return
             # one read's error must not fail the others: each alone, with its own outcome
             outcomes = await asyncio.gather(

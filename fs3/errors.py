@@ -10,6 +10,7 @@ The numeric values are part of the wire protocol and mirror ``enum StatusCode`` 
 
 from __future__ import annotations
 
+import copy
 import enum
 import errno as _errno
 
@@ -210,6 +211,22 @@ class FS3Error(Exception):
 
     def __reduce__(self):  # keep the code when pickled across processes
         return (type(self), (int(self.code), self.message))
+
+
+def fresh_error(error: BaseException) -> BaseException:
+    """A new exception saying what ``error`` says, with no traceback, cause or context: to raise an
+    error that is kept somewhere (recorded for a later caller, shared by several waiters). Raising
+    the kept one itself would give it the raising frames as its traceback (each raise adds more),
+    and with them whatever they hold, for as long as it is kept; and a frame holding the kept
+    error would be a reference cycle."""
+    try:
+        fresh = copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception class that cannot be remade from its args
+        if not isinstance(error, FS3Error):
+            raise
+        fresh = FS3Error(error.code, error.message)
+    fresh.__traceback__ = fresh.__cause__ = fresh.__context__ = None
+    return fresh
 
 
 # gRPC status codes for the mgmtd stack; the exact fs3 code travels in trailing metadata.

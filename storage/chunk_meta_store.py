@@ -33,6 +33,7 @@ none of them is recorded, and every caller sees it, just as if each had failed a
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import time
@@ -42,10 +43,12 @@ from pathlib import Path
 
 import lmdb
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, fresh_error
 from fs3.kv.lmdb_engine import FileExtender
 
 from .chunk_meta import FORMAT_VERSION, READABLE_FORMATS, ChunkMeta, decode_meta, encode_meta
+
+log = logging.getLogger(__name__)
 
 _STATS = struct.Struct("<QQQ")  # used bytes, chunk count, highest file id ever recorded
 _FORMAT = struct.Struct("<I")
@@ -151,11 +154,10 @@ class ChunkMetaStore:
             try:
                 self._commit_group(group)
             except BaseException as exc:
-                # its traceback holds this frame (``group``): a reference cycle, kept until a
-                # cyclic collection, with the callers' frames (and their bytes) raised through
-                exc.with_traceback(None)
-                for c in group:
-                    c.error = exc
+                log.error("chunk metadata commit of %d changes failed", len(group), exc_info=exc)
+                kept = fresh_error(exc)  # not exc: its traceback holds this frame, and so group
+                for c in group:  # each caller raises its own copy of it (see below)
+                    c.error = kept
             finally:
                 with self._group_lock:
                     for c in group:
@@ -174,10 +176,10 @@ class ChunkMetaStore:
             if change.done:
                 break
             lead = True
-        error, change.error = change.error, None  # not held by this frame once raised through it
-        if error is not None:
-            group = []
-            raise error
+        if change.error is not None:
+            # a copy without the traceback: the error is the whole group's, raised by each of its
+            # callers in its own thread, and one raised through this frame would hold it (a cycle)
+            raise fresh_error(change.error)
 
     def swap_many(
         self, changes: Sequence[tuple[bytes, ChunkMeta | None, ChunkMeta | None]]

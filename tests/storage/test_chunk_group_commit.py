@@ -161,6 +161,9 @@ def test_a_failed_transaction_fails_every_change_in_it(tmp_path: Path) -> None:
             t.join()
         assert results[0] is None  # the leader's change had a transaction of its own
         assert all(isinstance(r, lmdb.MapFullError) for r in results[1:]), results
+        # each caller raised its own copy: one shared error, raised in every caller's thread,
+        # took all their frames into its traceback (and a frame holding it was a cycle)
+        assert len({id(r) for r in results[1:]}) == len(results) - 1
         assert [m.chunk_id for m in store.scan(b"", None, 100)] == [cid(0)]
         assert store.stats().chunk_count == 1
         store.swap(cid(50), None, meta(50))  # the store still works for what fits

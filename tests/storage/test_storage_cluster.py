@@ -225,7 +225,14 @@ async def test_coalesced_reads_each_get_their_own_bytes_or_error(tmp_path):
         gc.collect()
         gc.disable()
         try:
+            # failing among good reads (the batch is retried read by read), and alone in its batch
             await asyncio.gather(one(0, 0, 10), failing(buf), one(2, 7, 10))
+            assert sys.getrefcount(buf) == base
+            await asyncio.gather(one(0, 0, 10), one(2, 7, 10))
+            await asyncio.gather(
+                client.read_into(ReadRequest(c.chain_ids[0], 5, 0, 0, 10), memoryview(bytearray(10))),
+                failing(buf),
+            )
             assert sys.getrefcount(buf) == base
         finally:
             gc.enable()
