@@ -286,19 +286,10 @@ class Fs3Operations(pyfuse3.Operations):
         key = (ctx.uid, ctx.gid, self._groups_of(ctx.pid) if ctx.uid else ())
         client = self._metas.get(key)
         if client is None:
-            base = self.fs.meta
+            # a user_auth mount's opens feed its storage client's capabilities, and its lookups the
+            # handles its token's user names inodes with: both shared (acting_as)
             user = common_pb2.UserInfo(uid=key[0], gid=key[1], groups=key[2], token=self.token)
-            client = MetaClient(
-                base.addresses,
-                rpc=base.rpc,
-                user=user,
-                client_id=base.client_id,
-                timeout_s=base.timeout_s,
-                rpc_timeout_s=base.rpc_timeout_s,
-                capabilities=base.capabilities,  # a user_auth mount's opens feed its storage client
-                handles=base.handles,  # and its lookups the handles its token's user names inodes with
-            )
-            client.addresses = base.addresses  # one list, so meta servers found later count for all
+            client = self.fs.meta.acting_as(user)
             if len(self._metas) > 1024:
                 self._metas.clear()
             self._metas[key] = client

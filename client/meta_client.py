@@ -249,6 +249,23 @@ class MetaClient:
             _last_request_ids[self.client_id] = rid
         return rid
 
+    def acting_as(self, user: common_pb2.UserInfo) -> MetaClient:
+        """A client of the same meta servers, connection, client id, capabilities and handles,
+        whose requests are ``user``'s (a mount's, for each caller). The servers' list is this one's,
+        so that meta servers found later count for both. Nothing of it needs closing."""
+        client = MetaClient(
+            self.addresses,
+            rpc=self.rpc,
+            user=user,
+            client_id=self.client_id,
+            timeout_s=self.timeout_s,
+            rpc_timeout_s=self.rpc_timeout_s,
+            capabilities=self.capabilities,
+            handles=self.handles,
+        )
+        client.addresses = self.addresses
+        return client
+
     async def close(self) -> None:
         if self._own_rpc:
             await self.rpc.close()

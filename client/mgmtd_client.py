@@ -370,6 +370,15 @@ class MgmtdClient:
         return r.version
 
 
+def _hear_config(on_config: Callable[[mgmtd_pb2.ConfigInfo], None], info: mgmtd_pb2.ConfigInfo) -> None:
+    """Hand a pushed config to its listener; whatever that raises is logged here, never failing
+    the heartbeat or session extension that brought it (a daemon's first one is its start)."""
+    try:
+        on_config(info)
+    except Exception:
+        log.exception("applying pushed config version %d failed", info.version)
+
+
 class NodeAgent:
     """Registers a service node with mgmtd and keeps it alive with heartbeats (meta and storage).
 
@@ -452,7 +461,7 @@ class NodeAgent:
         if reply.HasField("config") and reply.config.version > self.config_version:
             self.config_version = reply.config.version
             if self._on_config is not None:
-                self._on_config(reply.config)
+                _hear_config(self._on_config, reply.config)
         if self._on_routing_version is not None:
             self._on_routing_version(reply.routing_version)
         return reply
@@ -526,7 +535,7 @@ class ClientSessionKeeper:
         pushed = self.last_reply.config if self.last_reply.HasField("config") else None
         if pushed is not None and pushed.version > self.config_version and self.on_config is not None:
             self.config_version = pushed.version
-            self.on_config(pushed)
+            _hear_config(self.on_config, pushed)
         timeout = self.last_reply.session_timeout_s
         if timeout > 0:
             self._loop.interval_s = min(self.max_interval_s, timeout / 3)

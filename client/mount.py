@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import ctypes
 import logging
 import os
@@ -128,32 +129,50 @@ def tune_mount(mountpoint: str, read_ahead_kb: int) -> None:
 
 
 async def check_member_token(fs: FileSystem, token: str, *, serves_others: bool) -> None:
-    """Refuse to mount with a token that would leave the mount unusable. A mount that holds the
-    cluster secret sends each caller's own uid with the mount's token, and meta acts on a non-root
-    token only for its own uid: with such a token, a mount serving every local user (allow_other,
-    as root mounts do) would fail every other uid's requests, root's and the token user's own
-    included (EACCES for all, and nothing logged), as would a mount run by another uid."""
+    """Refuse to mount when meta would refuse the mount's requests. A mount that holds the cluster
+    secret sends each caller's own uid with the mount's token; a meta that authenticates acts on a
+    non-root token only for its own uid, and on no request without one: such a mount came up, then
+    failed every request (EACCES for all, root's and the token user's own included, as the
+    mount's own getattr of / runs as uid 0) and logged nothing. So a stat of the root directory is
+    asked first, as the mount will ask for its users: as root when it serves every local user
+    (allow_other, as root mounts do), else as the uid running it; a meta that does not
+    authenticate takes any token, and the mount starts."""
+    from fs3.client.meta_client import ROOT_ID
+    from fs3.proto import common_pb2
+
+    uid, gid = (0, 0) if serves_others else (os.getuid(), os.getgid())
+    try:
+        await fs.meta.acting_as(common_pb2.UserInfo(uid=uid, gid=gid, token=token)).stat(ROOT_ID)
+        return
+    except FS3Error as e:
+        if e.code != StatusCode.UNAUTHENTICATED:
+            raise  # meta unreachable, say: the mount would not work, but its token is not why
+        refusal = e.message
+    if not token:
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID,
+            "meta refuses requests without a user token (it authenticates them): set token_file to "
+            "a file holding a root token ('fs3 admin user-add UID NAME --root --token-out FILE')",
+        )
     try:
         user = await fs.mgmtd.verify_token(token)
     except FS3Error as e:
-        raise FS3Error(e.code, f"the token in token_file is refused by mgmtd: {e.message}") from None
-    if user.root:
-        return
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID, f"the token in token_file is refused: {e.message}"
+        ) from None
     who = f"uid {user.uid} ({user.name})"
     if serves_others:
-        raise FS3Error(
-            StatusCode.CONFIG_INVALID,
+        why = (
             f"the token in token_file acts only for {who}, but this mount serves every local user "
-            "(allow_other): meta would refuse every other uid. Give the mount a root token "
-            "('fs3 admin user-add UID NAME --root --token-out FILE'), or set user_auth = true for "
-            "a mount of that user's own",
+            "(allow_other): meta refuses every other uid"
         )
-    if user.uid != os.getuid():
-        raise FS3Error(
-            StatusCode.CONFIG_INVALID,
-            f"the token in token_file acts only for {who}, not for uid {os.getuid()}, which runs "
-            "this mount: meta would refuse its requests",
-        )
+    else:
+        why = f"the token in token_file acts only for {who}, not for uid {uid}, which runs this mount"
+    raise FS3Error(
+        StatusCode.CONFIG_INVALID,
+        f"{why} ({refusal}). Give the mount a root token ('fs3 admin user-add UID NAME --root "
+        "--token-out FILE'), or set user_auth = true for a mount of that user's own",
+    )
 
 
 async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
@@ -181,9 +200,10 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     fs = await FileSystem.connect(cfg, timeout_s=cfg.rpc_timeout_s)
     try:
         token = read_token(cfg.token_file)
-        if token and not cfg.user_auth:
+        if not cfg.user_auth:
             await check_member_token(fs, token, serves_others="allow_other" in opts)
-        fs.on_pushed_config(lambda info: apply_pushed_config("client", cfg, info, hot_log_level()))
+        file_cfg = copy.deepcopy(cfg)
+        fs.on_pushed_config(lambda info: apply_pushed_config("client", cfg, file_cfg, info, hot_log_level()))
         ops = Fs3Operations(fs, cfg, token, on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb))
         pyfuse3.init(ops, mountpoint, opts)
     except BaseException:

@@ -14,6 +14,7 @@ ignored, since one environment often serves several services.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 import types
@@ -230,7 +231,7 @@ class MetaConfig:
         doc="how long a capability meta issues at open (to clients on user connections, see the client's"
         " user_auth) lets storage serve the file; a client renews it, and loses access it lost"
         " (chmod, chown) at the latest this long after, plus the minute of clock skew storage allows",
-        check=lambda v: None if v >= 1 else "must be at least 1 (seconds)",
+        check=lambda v: None if 1 <= v < 1 << 32 else "must be from 1 to 2^32-1 (seconds)",
     )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
@@ -465,6 +466,8 @@ def _build(cls: type[C], data: Mapping[str, Any], source: str, prefix: str = "")
             kwargs[key] = _build(tp, value, source, f"{dotted}.")
             continue
         value = _coerce(value, tp, f"'{dotted}' in {source}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML has inf and nan
+            raise _config_error(f"'{dotted}' in {source} must be a finite number (got {value!r})")
         check = known[key].metadata.get("check")
         if check is not None and (problem := check(value)):
             raise _config_error(f"'{dotted}' in {source} {problem} (got {value!r})")
@@ -575,27 +578,33 @@ def load_config(
     return cfg
 
 
-def pushed_changes(cfg: Any, content: str, source: str) -> dict[str, Any]:
-    """What a config mgmtd pushes (``content``: TOML naming some of the keys of ``cfg``'s class,
-    as ``fs3 admin config set`` stored it) changes in the running ``cfg``: dotted key (``log.level``)
-    to new value, checked as :func:`load_config` checks a file (FS3Error CONFIG_INVALID naming
-    ``source`` otherwise). Keys it names with the running value are no change."""
+def pushed_settings(cls: type, content: str, source: str) -> dict[str, Any]:
+    """The settings a config mgmtd pushes names (``content``: TOML naming some keys of ``cls``, as
+    ``fs3 admin config set`` stored it), by dotted key (``log.level``), checked as
+    :func:`load_config` checks a file (FS3Error CONFIG_INVALID naming ``source`` otherwise)."""
     try:
         data = tomllib.loads(content)
     except tomllib.TOMLDecodeError as e:
         raise _config_error(f"{source} is not valid TOML: {e}") from None
-    pushed = _build(type(cfg), data, source)
+    pushed = _build(cls, data, source)
     out: dict[str, Any] = {}
 
-    def walk(named: Mapping[str, Any], new: Any, old: Any, prefix: str) -> None:
+    def walk(named: Mapping[str, Any], built: Any, prefix: str) -> None:
         for key, value in named.items():
             if isinstance(value, Mapping):
-                walk(value, getattr(new, key), getattr(old, key), f"{prefix}{key}.")
-            elif getattr(new, key) != getattr(old, key):
-                out[prefix + key] = getattr(new, key)
+                walk(value, getattr(built, key), f"{prefix}{key}.")
+            else:
+                out[prefix + key] = getattr(built, key)
 
-    walk(data, pushed, cfg, "")
+    walk(data, pushed, "")
     return out
+
+
+def get_dotted(cfg: Any, key: str) -> Any:
+    """``cfg``'s field ``key`` (``log.level``: a field of a table)."""
+    for name in key.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
 
 
 def set_dotted(cfg: Any, key: str, value: Any) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fs3.config import load_config, overriding_variables, pushed_changes, set_dotted
+from fs3.config import get_dotted, load_config, overriding_variables, pushed_settings, set_dotted
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database
 from fs3.net.auth import read_secret
@@ -128,26 +128,37 @@ def apply_overrides(cfg: C, args: argparse.Namespace) -> C:
 
 
 def apply_pushed_config(
-    service: str, cfg: Any, info: mgmtd_pb2.ConfigInfo, hot: Mapping[str, Callable[[Any], None]]
+    service: str,
+    cfg: Any,
+    base: Any,
+    info: mgmtd_pb2.ConfigInfo,
+    hot: Mapping[str, Callable[[Any], None]],
 ) -> None:
-    """Apply a config mgmtd pushed (``fs3 admin config set``) to the running ``cfg``: the settings
-    it changes that ``hot`` can change (dotted key to setter) at once, and into ``cfg``; the others
-    are logged as taking effect only from this node's config file, at a restart."""
+    """Apply a config mgmtd pushed (``fs3 admin config set``) to the running ``cfg``: each setting
+    ``hot`` can change while running (dotted key to setter) takes the value the push names, or
+    ``base``'s (the config this process loaded from its file) where the push no longer names it,
+    so that every node runs its file plus the newest push, whatever it heard before; the other
+    settings the push names are logged as taking effect only from the node's file, at a restart.
+    Never raises: a setting that cannot be applied is logged, and the others still are."""
     source = f"{service} config version {info.version} from mgmtd"
     try:
-        changes = pushed_changes(cfg, info.content, source)
+        named = pushed_settings(type(cfg), info.content, source)
     except FS3Error as e:
         log.error("%s not applied: %s", source, e.message)
         return
-    applied, later = [], []
-    for key, value in changes.items():
-        setter = hot.get(key)
-        if setter is None:
-            later.append(key)
+    applied = []
+    for key, setter in hot.items():
+        value = named[key] if key in named else get_dotted(base, key)
+        if value == get_dotted(cfg, key):
             continue
-        setter(value)
+        try:
+            setter(value)
+        except Exception:
+            log.exception("%s: %s=%r could not be applied", source, key, value)
+            continue
         set_dotted(cfg, key, value)
         applied.append(f"{key}={value!r}")
+    later = [key for key, value in named.items() if key not in hot and value != get_dotted(base, key)]
     if applied:
         log.warning("%s applied: %s", source, ", ".join(applied))
     if later:
@@ -156,7 +167,7 @@ def apply_pushed_config(
             source,
             ", ".join(later),
         )
-    if not changes:
+    if not applied and not later:
         log.info("%s changes nothing here", source)
 
 
@@ -169,8 +180,8 @@ def log_env_overrides(config_class: type) -> None:
     """Say which settings the environment gave over the config file (the same ``FS3_*`` names
     serve ``fs3 admin``, so one exported for it would otherwise change a daemon silently)."""
     names = overriding_variables(config_class)
-    if names:
-        log.warning("config from the environment, over the config file: %s", " ".join(names))
+    if names:  # INFO: a unit's environment file sets some on purpose
+        log.info("config from the environment, over the config file: %s", " ".join(names))
 
 
 def run(

@@ -3,6 +3,7 @@ routing cache, collector, metrics). :mod:`fs3.meta.main` runs it; tests may run 
 
 from __future__ import annotations
 
+import copy
 import logging
 import socket
 from collections.abc import Callable
@@ -60,6 +61,7 @@ class MetaDaemon:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.cfg = cfg
+        self.file_cfg = copy.deepcopy(cfg)  # what a pushed config's hot settings go back to
         self.secret = secret
         self.db = db
         self._own_db = db is None
@@ -199,7 +201,9 @@ class MetaDaemon:
                 on_routing_version=lambda v: (
                     self.routing.refresh_soon() if self.routing and v > self.routing.version else None
                 ),
-                on_config=lambda info: apply_pushed_config("meta", self.cfg, info, self._hot_settings()),
+                on_config=lambda info: apply_pushed_config(
+                    "meta", self.cfg, self.file_cfg, info, self._hot_settings()
+                ),
             )
             await self.agent.start()
         log.info("meta serving node_id=%d port=%d engine=%s", cfg.node_id, self.port, cfg.kv.engine)

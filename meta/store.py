@@ -70,9 +70,9 @@ class MetaStore(AttrOps, SessionOps, EntryOps):
             self._expiry = None
 
     async def _expire_loop(self) -> None:
-        interval = min(60.0, max(self.idem_ttl_s / 4, 0.05))
         while True:
-            await asyncio.sleep(interval)
+            # from the TTL of now: a pushed config may change it (meta.daemon's hot settings)
+            await asyncio.sleep(min(60.0, max(self.idem_ttl_s / 4, 0.05)))
             try:
                 await expire_idem(self.db, self.idem_ttl_s)
             except asyncio.CancelledError:

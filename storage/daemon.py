@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -65,6 +66,7 @@ class StorageDaemon:
         self, cfg: StorageConfig, *, secret: bytes | None = None, registry: CollectorRegistry | None = None
     ) -> None:
         self.cfg = cfg
+        self.file_cfg = copy.deepcopy(cfg)  # what a pushed config's hot settings go back to
         self.secret = secret
         self.registry = registry or metrics.registry()
         self.executor = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="chunk-io")
@@ -191,7 +193,9 @@ class StorageDaemon:
             interval_s=cfg.heartbeat_interval_s,
             targets=self._heartbeat_reports,
             on_routing_version=self._heartbeat_ok,
-            on_config=lambda info: apply_pushed_config("storage", self.cfg, info, self._hot_settings()),
+            on_config=lambda info: apply_pushed_config(
+                "storage", self.cfg, self.file_cfg, info, self._hot_settings()
+            ),
         )
         await self.agent.start()
         self.resync.start()

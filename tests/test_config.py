@@ -56,6 +56,9 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("gc_interval_s = -1\n", "must be > 0"),
         ("default_chunk_size = 1000000\n", "must be a power of two"),  # meta refused it only later
         ("default_chunk_size = 32768\n", "'default_chunk_size'"),
+        ("capability_ttl_s = inf\n", "must be a finite number"),  # TOML has inf and nan
+        ("idem_ttl_s = nan\n", "must be a finite number"),
+        ("capability_ttl_s = 5000000000\n", "from 1 to 2^32-1"),  # a capability's field is 32 bits
     ],
 )
 def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):

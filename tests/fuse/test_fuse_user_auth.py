@@ -139,6 +139,15 @@ async def test_a_member_mount_on_a_non_root_token_is_refused_at_start(tmp_path: 
             force_unmount(mnt)  # should it have come up (and been killed by the timeout)
         assert r.returncode == 1, r.stderr
         assert "acts only for uid 1000 (alice)" in r.stderr and "--root" in r.stderr, r.stderr
+        # no token at all: meta (which authenticates) would refuse every request as well
+        cfg = c.client_config("member-without-token", token_file="")
+        try:
+            r = await asyncio.to_thread(
+                subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
+            )
+        finally:
+            force_unmount(mnt)
+        assert r.returncode == 1 and "without a user token" in r.stderr, r.stderr
 
         host_token = tmp_path / "host.token"
         assert c.cluster.admin is not None
@@ -146,3 +155,13 @@ async def test_a_member_mount_on_a_non_root_token_is_refused_at_start(tmp_path: 
         m = await c.mount(mnt, token_file=str(host_token))
         await asyncio.to_thread((m.path / "alice" / "by-root").write_bytes, b"r")
         assert (await admin.stat("/alice/by-root")).st_size == 1
+
+
+async def test_a_member_mount_on_any_token_starts_where_meta_does_not_authenticate(tmp_path: Path) -> None:
+    """A meta with authenticate = false trusts the uid each request names and takes any token: the
+    start-up check asks meta, so such a mount is not refused for its token."""
+    async with FsCluster(tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1) as c:
+        _, token = await _alice(c, tmp_path)
+        m = await c.mount(tmp_path / "mnt", token_file=str(token))
+        await asyncio.to_thread((m.path / "by-root").write_bytes, b"r")
+        assert (await asyncio.to_thread(os.stat, m.path / "by-root")).st_uid == 0

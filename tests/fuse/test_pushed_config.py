@@ -30,7 +30,7 @@ async def test_meta_storage_and_a_mount_apply_what_they_can_of_a_pushed_config(t
         await admin.set_config(
             common_pb2.NODE_META, "capability_ttl_s = 120\nlisten_port = 1\n[log]\nlevel = 'debug'\n"
         )
-        applied = "meta config version 1 from mgmtd applied: capability_ttl_s=120.0, log.level='debug'"
+        applied = "meta config version 1 from mgmtd applied: log.level='debug', capability_ttl_s=120.0"
         await wait_until(lambda: applied in meta.log(), 30, "meta to apply the pushed config")
         assert "meta config version 1 from mgmtd: listen_port not applied while running" in meta.log()
 
@@ -40,8 +40,10 @@ async def test_meta_storage_and_a_mount_apply_what_they_can_of_a_pushed_config(t
         with pytest.raises(FS3Error) as full:  # the space it keeps free now is all there is
             await fs.write_file("/refused", os.urandom(100_000))
         assert full.value.code == StatusCode.STORAGE_SPACE_KEPT
-        await admin.set_config(common_pb2.NODE_STORAGE, "keep_free = 0.0\n")  # a newer version
-        applied = "storage config version 2 from mgmtd applied: keep_free=0.0"
+        # a newer version that no longer names it: back to the node's own file's value (every
+        # node runs its file plus the newest push, whatever it heard before)
+        await admin.set_config(common_pb2.NODE_STORAGE, "forward_timeout_s = 25.0\n")
+        applied = "storage config version 2 from mgmtd applied: forward_timeout_s=25.0, keep_free=0.02"
         await wait_until(lambda: applied in storage.log(), 30, "storage to apply the newer config")
         await fs.write_file("/taken", b"room again")
 
