@@ -67,10 +67,19 @@ def natural(text: str) -> int:
     return value
 
 
-def int_list(text: str, option: str) -> list[int]:
-    """A comma-separated list of whole numbers from option ``option`` (UsageError if it is not one)."""
+def u32(text: str) -> int:
+    """An argparse type: a whole number that fits 32 bits (node, chain and table ids, uids, gids)."""
+    value = natural(text)
+    if value >= 1 << 32:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (0 to {(1 << 32) - 1})")
+    return value
+
+
+def int_list(text: str, option: str, item: Callable[[str], int] = natural) -> list[int]:
+    """A comma-separated list of whole numbers (each read by ``item``) from option ``option``
+    (UsageError if it is not one)."""
     try:
-        return [natural(x) for x in text.split(",") if x.strip()]
+        return [item(x) for x in text.split(",") if x.strip()]
     except argparse.ArgumentTypeError:
         raise UsageError(f"{option} takes comma-separated whole numbers, not {text!r}") from None
 
@@ -354,8 +363,5 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         print(f"fs3 admin {cmd.name}: {e}", file=sys.stderr)
         return EX_FAILED
-    except ValueError as e:  # a number too large for its (u32) field, which protobuf refuses
-        print(f"fs3 admin {cmd.name}: a number too large for its field: {e}", file=sys.stderr)
-        return EX_USAGE
     emit(result, args.json)
     return result.status

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural
+from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
 from fs3.net.auth import TOKEN_CACHE_S
 from fs3.proto import common_pb2, mgmtd_pb2
 
@@ -126,7 +126,7 @@ def _token_result(token: str, args: argparse.Namespace, value: dict[str, Any], w
 def _init_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-id", default="fs3", help="cluster name (default fs3)")
     p.add_argument("--admin-name", default="root", help="name of the first admin user (default root)")
-    p.add_argument("--admin-uid", type=natural, default=0, help="uid of the first admin user (default 0)")
+    p.add_argument("--admin-uid", type=u32, default=0, help="uid of the first admin user (default 0)")
     _token_out(p)
 
 
@@ -164,7 +164,7 @@ async def list_nodes(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _chain_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--chain", type=natural, default=0, help="only this chain's targets")
+    p.add_argument("--chain", type=u32, default=0, help="only this chain's targets")
 
 
 @command("list-targets", "targets with chain, role, public and local state, node, disk and use", _chain_arg)
@@ -205,8 +205,8 @@ async def list_targets(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _chains_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", type=natural, default=0, help="only the chains of this chain table")
-    p.add_argument("--table-version", type=natural, default=0, help="that table's version (default newest)")
+    p.add_argument("--table", type=u32, default=0, help="only the chains of this chain table")
+    p.add_argument("--table-version", type=u32, default=0, help="that table's version (default newest)")
 
 
 @command("list-chains", "chains with version and each target's state and role (head first)", _chains_args)
@@ -342,7 +342,7 @@ async def offline_target(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _register_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("node_id", type=natural)
+    p.add_argument("node_id", type=u32)
     p.add_argument("type", choices=("meta", "storage"), help="node type")
 
 
@@ -360,7 +360,7 @@ async def register_node(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _node_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("node_id", type=natural)
+    p.add_argument("node_id", type=u32)
 
 
 @command(
@@ -372,9 +372,26 @@ def _node_arg(p: argparse.ArgumentParser) -> None:
 async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
     await client.set_node_enabled(args.node_id, False)
-    await asyncio.gather(*(_drained(conn, c) for c in await client.list_chains() if c.draining))
+    mine = {t.target_id for t in await client.list_targets() if t.node_id == args.node_id}
+    # one listing per poll, waiting for this node's targets only (see _drained)
+    deadline = time.monotonic() + _DRAIN_WAIT_S
+    while True:
+        draining = sorted(
+            d.target_id for c in await client.list_chains() for d in c.draining if d.target_id in mine
+        )
+        if not draining or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.2)
+    value = {"node_id": args.node_id, "enabled": False, "draining": draining}
+    if draining:
+        return Result(
+            value=value,
+            message=f"node {args.node_id} disabled, but targets {' '.join(map(str, draining))} still "
+            f"drain after {_DRAIN_WAIT_S:.0f} s (see list-chains)",
+            status=1,
+        )
     return Result(
-        value={"node_id": args.node_id, "enabled": False},
+        value=value,
         message=f"node {args.node_id} disabled: its targets are out of their chains until enable-node",
     )
 
@@ -410,7 +427,7 @@ async def remove_target(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _update_chain_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("chain_id", type=natural)
+    p.add_argument("chain_id", type=u32)
     p.add_argument("target_id", type=natural)
     p.add_argument(
         "--mode", choices=("add", "remove"), required=True, help="add the target to the chain or remove it"
@@ -427,7 +444,7 @@ async def update_chain(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _chain_id_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("chain_id", type=natural)
+    p.add_argument("chain_id", type=u32)
 
 
 @command(
@@ -439,7 +456,7 @@ async def rotate_lastsrv(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _preferred_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("chain_id", type=natural)
+    p.add_argument("chain_id", type=u32)
     p.add_argument("target_ids", help="comma-separated target ids, head first")
 
 
@@ -466,9 +483,9 @@ async def rotate_as_preferred_order(conn: Connection, args: argparse.Namespace) 
 
 
 def _user_add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("uid", type=natural)
+    p.add_argument("uid", type=u32)
     p.add_argument("name")
-    p.add_argument("--gid", type=natural, default=None, help="primary group (default: the uid)")
+    p.add_argument("--gid", type=u32, default=None, help="primary group (default: the uid)")
     p.add_argument("--groups", default="", help="comma-separated supplementary groups")
     p.add_argument("--admin", action="store_true", help="may use the admin API")
     p.add_argument("--root", action="store_true", help="may act as any uid towards meta")
@@ -477,7 +494,7 @@ def _user_add_args(p: argparse.ArgumentParser) -> None:
 
 @command("user-add", "create a user and issue its first token", _user_add_args)
 async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
-    groups = int_list(args.groups, "--groups")
+    groups = int_list(args.groups, "--groups", u32)
     gid = args.uid if args.gid is None else args.gid
     with _token_out_ready(args.token_out):
         token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
@@ -504,7 +521,7 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _user_token_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("uid", type=natural)
+    p.add_argument("uid", type=u32)
     p.add_argument(
         "--ttl", type=_seconds, default=0.0, help="seconds the token is valid (default: no expiry)"
     )
@@ -541,7 +558,7 @@ _CACHED = (
 
 
 def _uid_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("uid", type=natural)
+    p.add_argument("uid", type=u32)
 
 
 @command("user-remove", "delete a user and its tokens", _uid_arg)

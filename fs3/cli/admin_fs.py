@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fs3.cli import parse_size
-from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command, natural
+from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command, natural, u32
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
 
@@ -135,7 +135,7 @@ def _set_layout_args(p: argparse.ArgumentParser) -> None:
         "--stripe", type=natural, default=0, help="chains each file created in it later spreads over"
     )
     p.add_argument(
-        "--chain-table", type=natural, default=0, help="chain table those files take their chains from"
+        "--chain-table", type=u32, default=0, help="chain table those files take their chains from"
     )
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command, int_list, natural
+from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command, int_list, natural, u32
 
 TARGETS_FILE = "targets.csv"
 CHAINS_FILE = "chains.csv"
@@ -25,8 +25,9 @@ TARGETS_HEADER = ["target_id", "node_id", "disk_index"]
 BATCH = 256  # targets per CreateTargets call, so a large cluster shows progress
 
 
-def _rows(path: Path) -> Iterator[tuple[int, list[int]]]:
-    """(line number, integers) for each data line; the header is the first non-comment line."""
+def _rows(path: Path, first: Callable[[str], int] = natural) -> Iterator[tuple[int, list[int]]]:
+    """(line number, whole numbers) for each data line; the header is the first non-comment line.
+    ``first`` reads the first column (a narrower field's type, u32), ``natural`` the others."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -41,9 +42,11 @@ def _rows(path: Path) -> Iterator[tuple[int, list[int]]]:
             continue
         seen_header = True
         try:
-            yield lineno, [int(c) for c in cells if c]
-        except ValueError:
-            raise UsageError(f"{path}:{lineno}: expected integers, got {','.join(cells)!r}") from None
+            yield lineno, [(natural if i else first)(c) for i, c in enumerate(c for c in cells if c)]
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(
+                f"{path}:{lineno}: expected whole numbers, got {','.join(cells)!r}: {e}"
+            ) from None
 
 
 def read_targets(path: Path) -> list[tuple[int, int, int]]:
@@ -51,13 +54,15 @@ def read_targets(path: Path) -> list[tuple[int, int, int]]:
     for lineno, nums in _rows(path):
         if len(nums) != 3:
             raise UsageError(f"{path}:{lineno}: expected target_id,node_id,disk_index")
+        if nums[1] >= 1 << 32 or nums[2] >= 1 << 32:
+            raise UsageError(f"{path}:{lineno}: node_id and disk_index must fit 32 bits")
         out.append((nums[0], nums[1], nums[2]))
     return out
 
 
 def read_chains(path: Path) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
-    for lineno, nums in _rows(path):
+    for lineno, nums in _rows(path, u32):
         if len(nums) < 2:
             raise UsageError(f"{path}:{lineno}: expected chain_id,target_1[,target_2...]")
         if nums[0] in out:
@@ -68,7 +73,7 @@ def read_chains(path: Path) -> dict[int, list[int]]:
 
 def read_chain_table(path: Path) -> list[int]:
     out = []
-    for lineno, nums in _rows(path):
+    for lineno, nums in _rows(path, u32):
         if len(nums) != 1:
             raise UsageError(f"{path}:{lineno}: expected one chain id per line")
         out.append(nums[0])
@@ -123,7 +128,7 @@ def _gen_args(p: argparse.ArgumentParser) -> None:
 async def gen_chains(conn: Connection, args: argparse.Namespace) -> Result:
     from fs3.placement import generate_chains
 
-    node_ids = int_list(args.node_ids, "--node-ids") if args.node_ids else None
+    node_ids = int_list(args.node_ids, "--node-ids", u32) if args.node_ids else None
     try:
         placement = generate_chains(
             args.nodes, args.disks, args.targets_per_disk, args.replicas, node_ids=node_ids, seed=args.seed
@@ -156,8 +161,8 @@ async def gen_chains(conn: Connection, args: argparse.Namespace) -> Result:
 def _create_targets_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file", help=f"a {TARGETS_FILE} (target_id,node_id,disk_index per line)")
     p.add_argument("--target-id", type=natural, help="one target: its id")
-    p.add_argument("--node-id", type=natural, help="one target: its storage node")
-    p.add_argument("--disk-index", type=natural, default=0, help="one target: its disk slot (default 0)")
+    p.add_argument("--node-id", type=u32, help="one target: its storage node")
+    p.add_argument("--disk-index", type=u32, default=0, help="one target: its disk slot (default 0)")
 
 
 @command(
@@ -203,7 +208,7 @@ async def upload_chains(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def _upload_table_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("table_id", type=natural, help="chain table id")
+    p.add_argument("table_id", type=u32, help="chain table id")
     p.add_argument("file", help=f"a {CHAIN_TABLE_FILE} (one chain id per line, in table order)")
     p.add_argument("--desc", default="", help="description")
 

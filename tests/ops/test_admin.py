@@ -120,6 +120,23 @@ def test_numbers_out_of_range_are_usage_errors(argv: list[str]) -> None:
     assert "out of range" in last or "whole number" in last, out.stderr
 
 
+@pytest.mark.parametrize(
+    "reader, text",
+    [
+        (read_chains, "chain_id,targets\n-1,5,6\n"),
+        (read_chains, "chain_id,targets\n4294967296,5,6\n"),  # a chain id is 32 bits
+        (read_targets, "target_id,node_id,disk_index\n5,4294967296,0\n"),
+        (read_chain_table, "chain_id\nx\n"),
+    ],
+)
+def test_placement_files_with_numbers_out_of_range_are_refused(reader, text: str, tmp_path: Path) -> None:
+    path = tmp_path / "plan.csv"
+    path.write_text(text)
+    with pytest.raises(admin.UsageError) as e:
+        reader(path)
+    assert f"{path}:2: " in str(e.value)
+
+
 def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     for n in NODES:
         assert mgmtd.admin("register-node", str(n), "storage").returncode == 0
@@ -179,7 +196,11 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     def disabled(node: int) -> bool:
         return next(n["disabled"] for n in mgmtd.json("list-nodes") if n["node_id"] == node)
 
-    assert mgmtd.json("disable-node", str(NODES[1])) == {"node_id": NODES[1], "enabled": False}
+    assert mgmtd.json("disable-node", str(NODES[1])) == {
+        "node_id": NODES[1],
+        "enabled": False,
+        "draining": [],
+    }
     assert disabled(NODES[1])
     assert mgmtd.json("enable-node", str(NODES[1]))["enabled"] is True and not disabled(NODES[1])
     assert mgmtd.admin("disable-node", "424242").returncode == 1
