@@ -299,11 +299,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"{st.replicas} replicas; {' '.join(differs)} would need 'fs3 local down --purge' first",
                 EX_USAGE,
             )
-        if args.mount and str(Path(args.mount).expanduser().absolute()) != st.mount:
-            new = str(Path(args.mount).expanduser().absolute())
+        new = str(Path(args.mount).expanduser().absolute()) if args.mount else ""
+        if new and os.path.realpath(new) != os.path.realpath(st.mount or "/"):
             if conflict := lc.mount_conflict(new):
                 raise LocalError(conflict, EX_USAGE)
-            running = lc.daemon("mount").pid() if st.mount else None
+            running = lc.daemon("mount").pid() if st.mount and not args.no_mount else None
             if running is not None:
                 # its PID file would be the new mount's, and the old mount nobody's to stop
                 raise LocalError(

@@ -92,23 +92,6 @@ class LocalState:
         return f"{self.host}:{self.ports['mgmtd']}"
 
 
-# what a cluster directory holds (a mount point may be another directory in it: mnt is the default)
-OWN_ENTRIES = frozenset(
-    {
-        "local.json",
-        ".lock",
-        "cluster.secret",
-        "admin.token",
-        "user.token",
-        "config",
-        "logs",
-        "run",
-        "kv",
-        "storage",
-    }
-)
-
-
 class LocalCluster:
     """The files and daemons of one local cluster directory."""
 
@@ -123,6 +106,7 @@ class LocalCluster:
         self.log_dir = self.root / "logs"
         self.run_dir = self.root / "run"
         self.kv_dir = self.root / "kv"
+        self.storage_dir = self.root / "storage"
         self.state: LocalState | None = None
         self.launched: list[Daemon] = []  # what this command started, stopped again if `up` fails
 
@@ -134,6 +118,22 @@ class LocalCluster:
         except OSError as e:  # not ENOENT (exists() says False): EACCES, ENAMETOOLONG, ...
             raise LocalError(f"cannot use {self.root}: {e.strerror}") from None
 
+    def own_entries(self) -> list[Path]:
+        """What the cluster directory holds of its own (a mount point may be another directory in
+        it: ``mnt`` is the default)."""
+        return [
+            self.state_file,
+            self.lock_file,
+            self.secret_file,
+            self.admin_token_file,
+            self.user_token_file,
+            self.config_dir,
+            self.log_dir,
+            self.run_dir,
+            self.kv_dir,
+            self.storage_dir,
+        ]
+
     def mount_conflict(self, mount: str) -> str | None:
         """Why ``mount`` cannot be this cluster's mount point, or None: it may not be the cluster's
         directory, a directory holding it, or one of the cluster's own files or directories (the
@@ -142,7 +142,8 @@ class LocalCluster:
         m, root = Path(os.path.realpath(mount)), Path(os.path.realpath(self.root))
         if m == root or m in root.parents:
             return f"--mount {mount} would hide the cluster's own directory {self.root}"
-        if root in m.parents and m.relative_to(root).parts[0] in OWN_ENTRIES:
+        own = {p.name for p in self.own_entries()}
+        if root in m.parents and m.relative_to(root).parts[0] in own:
             return f"--mount {mount} is one of the cluster's own files or directories in {self.root}"
         return None
 
@@ -154,7 +155,7 @@ class LocalCluster:
         return self.state
 
     def target_dir(self, node_id: int, target_id: int) -> Path:
-        return self.root / "storage" / str(node_id) / f"target-{target_id}"
+        return self.storage_dir / str(node_id) / f"target-{target_id}"
 
     @staticmethod
     def _disk_of(target: Path) -> Path:
