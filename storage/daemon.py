@@ -44,13 +44,15 @@ from .chunk_engine import EngineOptions
 from .craq import Replicator
 from .resync import ResyncWorker
 from .service import StorageService
-from .target_map import Lease, LocalTarget, TargetMap
+from .target_map import OFFLINE, Lease, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
 
 _TARGET_ID_FILE = "target_id"
 #: how long a stop waits for the engine calls already in the I/O threads
 _IO_DRAIN_S = 30.0
+# how long a clean stop waits for mgmtd to take its last heartbeat (see StorageDaemon._leave)
+_LEAVE_S = 5.0
 #: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
 #: used), so meta places new files on other chains and operators see it before writes are refused
 #: (``keep_free``, 2 % by default); the report is withdrawn once more than the second fraction is free.
@@ -216,6 +218,7 @@ class StorageDaemon:
             await self.resync.stop()
         if self.agent is not None:
             await self.agent.stop()
+            await self._leave()
         if self.routing is not None:
             await self.routing.stop()
         if self.server is not None:
@@ -239,6 +242,24 @@ class StorageDaemon:
             with contextlib.suppress(Exception):
                 await e.close()
         self._engines.clear()
+
+    async def _leave(self) -> None:
+        """On a clean stop, tell mgmtd first that this node's targets go offline, in one last
+        heartbeat: it takes them out of their chains at once, and clients' writes go on with the
+        other replicas instead of failing until a heartbeat timeout has passed (the targets come
+        back, resyncing, when the daemon starts again; a resync of a target that missed nothing
+        costs a comparison of chunk metadata). Served no more from here: their local state is
+        OFFLINE before the heartbeat leaves."""
+        assert self.agent is not None
+        if self.targets is None:
+            return
+        for t in self.targets.targets.values():
+            self.targets.set_state(t, OFFLINE, "the daemon is stopping")
+        try:
+            async with asyncio.timeout(_LEAVE_S):
+                await self.agent.beat()
+        except (FS3Error, TimeoutError) as e:  # mgmtd unreachable: it finds out by the timeout
+            log.warning("could not tell mgmtd that this node's targets go offline error=%s", e)
 
     # -- callbacks --------------------------------------------------------------------------------
 

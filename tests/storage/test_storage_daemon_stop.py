@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import signal
 
 import pytest
 from cluster import Cluster, wait_until
@@ -62,3 +63,25 @@ async def test_a_clean_stop_under_writes_lets_the_disk_calls_finish_and_fails_no
                 w.cancel()
             await asyncio.gather(*writers, return_exceptions=True)
         assert engine.failure is None
+
+
+async def test_a_clean_stop_takes_the_nodes_targets_out_of_their_chains_at_once(tmp_path) -> None:
+    """A daemon stopped with SIGTERM says so to mgmtd in a last heartbeat: its chains go on with the
+    other replicas at once, not after a heartbeat timeout (60 s here, so only its word can do it)
+    during which writes to its chains failed; started again, it resyncs and serves."""
+    timing = {"heartbeat_timeout_s": 60.0}
+    async with Cluster(tmp_path / "c", storage_nodes=2, replication=2, mgmtd_extra=timing) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        first, second = os.urandom(CHUNK), os.urandom(CHUNK)
+        await client.write(chain_id, 1, 0, 0, first, CHUNK)
+        leaving = c.nodes[0]
+        c.kill_storage(0, signal.SIGTERM)
+        assert leaving.proc is not None and leaving.proc.popen is not None
+        assert await asyncio.to_thread(leaving.proc.popen.wait, 30) == 0
+        gone = set(leaving.targets)
+        await c.wait_chains(lambda ch: not gone & set(ch.serving), 15, "the stopped node's targets to leave")
+        await asyncio.wait_for(client.write(chain_id, 1, 0, 0, second, CHUNK), 15)
+        c.start_storage(0)
+        await c.wait_all_serving(60)
+        assert await client.read(chain_id, 1, 0, 0, CHUNK) == second
