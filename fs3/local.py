@@ -266,7 +266,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             storage_nodes=args.storage_nodes,
             replicas=args.replicas,
             targets_per_node=args.targets_per_node,
-            mount="" if args.no_mount else str(Path(args.mount or lc.root / "mnt").expanduser().absolute()),
+            mount="" if args.no_mount else os.path.realpath(Path(args.mount or lc.root / "mnt").expanduser()),
         )
         if st.mount and (conflict := lc.mount_conflict(st.mount)):
             raise LocalError(conflict, EX_USAGE)
@@ -299,11 +299,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"{st.replicas} replicas; {' '.join(differs)} would need 'fs3 local down --purge' first",
                 EX_USAGE,
             )
-        new = str(Path(args.mount).expanduser().absolute()) if args.mount else ""
+        new = os.path.realpath(Path(args.mount).expanduser()) if args.mount else ""
         if new and os.path.realpath(new) != os.path.realpath(st.mount or "/"):
             if conflict := lc.mount_conflict(new):
                 raise LocalError(conflict, EX_USAGE)
-            running = lc.daemon("mount").pid() if st.mount and not args.no_mount else None
+            running = lc.daemon("mount").pid() if st.mount else None
             if running is not None:
                 # its PID file would be the new mount's, and the old mount nobody's to stop
                 raise LocalError(

@@ -152,7 +152,10 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
 )
 def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
-    up = fs3("local", "up", "--dir", str(local_dir), "--mount", str(mnt), "--timeout", "30", *SMALL)
+    mnt.mkdir()
+    link = tmp_path / "link"  # named through a symlink: the mount is at what it names (it was
+    link.symlink_to(mnt)  # looked for at the link's path, not found, and left running for ever)
+    up = fs3("local", "up", "--dir", str(local_dir), "--mount", str(link), "--timeout", "30", *SMALL)
     assert up.returncode == 0, up.stdout + up.stderr
     assert is_mounted(str(mnt))
     (mnt / "hello.txt").write_bytes(b"hello through FUSE\n")
@@ -170,6 +173,8 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     # mounting the running cluster somewhere else is refused: the mount it has stays its own (the
     # new one's start would have taken its PID file, leaving the old mount nobody's to stop)
     moved = fs3("local", "up", "--dir", str(local_dir), "--mount", str(tmp_path / "elsewhere"))
+    assert moved.returncode == 2 and f"mounted at {mnt}" in moved.stderr, moved.stdout + moved.stderr
+    moved = fs3("local", "up", "--dir", str(local_dir), "--mount", str(tmp_path / "elsewhere"), "--no-mount")
     assert moved.returncode == 2 and f"mounted at {mnt}" in moved.stderr, moved.stdout + moved.stderr
     assert json.loads((local_dir / "local.json").read_text())["mount"] == str(mnt)
     assert _procs(local_dir)["mount"] and (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
