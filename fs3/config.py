@@ -35,6 +35,12 @@ def _positive(v: Any) -> str | None:
     return None if v > 0 else "must be > 0"
 
 
+def _seconds(v: Any) -> str | None:
+    """A duration: more than 0 and at most 10^9 s (31 years; beyond it a TTL overflows where it
+    becomes nanoseconds)."""
+    return None if 0 < v <= 1e9 else "must be > 0 and at most 1e9 (seconds)"
+
+
 def _non_negative(v: Any) -> str | None:
     return None if v >= 0 else "must be >= 0"
 
@@ -170,16 +176,16 @@ class MgmtdConfig:
     cluster_id: str = opt("fs3", doc="cluster name; every service of one cluster uses the same")
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret ('' = none, tests only)")
     lease_interval_s: float = opt(
-        10.0, doc="primary lease length; a standby takes over after it", check=_positive
+        10.0, doc="primary lease length; a standby takes over after it", check=_seconds
     )
-    heartbeat_timeout_s: float = opt(10.0, doc="a node silent this long is marked failed", check=_positive)
-    chain_update_interval_s: float = opt(1.0, doc="how often chain states are recomputed", check=_positive)
+    heartbeat_timeout_s: float = opt(10.0, doc="a node silent this long is marked failed", check=_seconds)
+    chain_update_interval_s: float = opt(1.0, doc="how often chain states are recomputed", check=_seconds)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     advertise_host: str = opt(
         "", doc="host that nodes and clients use to reach this mgmtd ('' = listen_host)"
     )
     client_session_timeout_s: float = opt(
-        300.0, doc="client sessions not extended for this long expire", check=_positive
+        300.0, doc="client sessions not extended for this long expire", check=_seconds
     )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
@@ -197,9 +203,9 @@ class MetaConfig:
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
-    gc_interval_s: float = opt(5.0, doc="how often the garbage collector runs", check=_positive)
+    gc_interval_s: float = opt(5.0, doc="how often the garbage collector runs", check=_seconds)
     session_timeout_s: float = opt(
-        300.0, doc="write sessions of silent clients expire after this", check=_positive
+        300.0, doc="write sessions of silent clients expire after this", check=_seconds
     )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     authenticate: bool = opt(
@@ -224,7 +230,7 @@ class MetaConfig:
         check=_positive,
     )
     idem_ttl_s: float = opt(
-        1800.0, doc="how long a non-idempotent request's result is kept for retries", check=_positive
+        1800.0, doc="how long a non-idempotent request's result is kept for retries", check=_seconds
     )
     capability_ttl_s: float = opt(
         600.0,
@@ -262,14 +268,14 @@ class StorageConfig:
         doc="the target id of each target_paths entry, in the same order (created in mgmtd beforehand)",
         factory=list,
     )
-    heartbeat_interval_s: float = opt(2.0, doc="heartbeat to mgmtd every this many seconds", check=_positive)
+    heartbeat_interval_s: float = opt(2.0, doc="heartbeat to mgmtd every this many seconds", check=_seconds)
     routing_refresh_interval_s: float = opt(
         1.0,
         doc="poll mgmtd for routing changes every this many seconds (and at once when told)",
-        check=_positive,
+        check=_seconds,
     )
     mgmtd_connect_timeout_s: float = opt(
-        30.0, doc="at startup, give up (exit non-zero) when no mgmtd answered for this long", check=_positive
+        30.0, doc="at startup, give up (exit non-zero) when no mgmtd answered for this long", check=_seconds
     )
     sync_writes: bool = opt(
         True, doc="fsync chunk data and metadata before acknowledging (off: throwaway data)"
@@ -304,10 +310,10 @@ class StorageConfig:
         check=_positive,
     )
     forward_timeout_s: float = opt(
-        30.0, doc="how long a replica retries forwarding an update along the chain", check=_positive
+        30.0, doc="how long a replica retries forwarding an update along the chain", check=_seconds
     )
     resync_interval_s: float = opt(
-        0.5, doc="how often to look for SYNCING successors to resync", check=_positive
+        0.5, doc="how often to look for SYNCING successors to resync", check=_seconds
     )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
@@ -344,8 +350,8 @@ class ClientConfig:
     )
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
-    attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_positive)
-    entry_timeout_s: float = opt(1.0, doc="kernel directory entry cache timeout", check=_positive)
+    attr_timeout_s: float = opt(1.0, doc="kernel attribute cache timeout", check=_seconds)
+    entry_timeout_s: float = opt(1.0, doc="kernel directory entry cache timeout", check=_seconds)
     file_entry_timeout_s: float = opt(
         0.0,
         doc="kernel directory entry cache timeout of regular files: 0 makes the kernel look a file's"
@@ -361,7 +367,7 @@ class ClientConfig:
         "gathered up to this many bytes, then sent as one update per chunk",
         check=_positive,
     )
-    rpc_timeout_s: float = opt(30.0, doc="deadline of each RPC", check=_positive)
+    rpc_timeout_s: float = opt(30.0, doc="deadline of each RPC", check=_seconds)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
     cluster_secret_file: str = opt(

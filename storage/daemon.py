@@ -56,8 +56,10 @@ _LEAVE_S = 5.0
 #: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
 #: used), so meta places new files on other chains and operators see it before writes are refused
 #: (``keep_free``, 2 % by default); the report is withdrawn once more than the second fraction is free.
+#: Both are counted above ``keep_free`` where that is set higher than the default (a pushed config may).
 LOW_SPACE_FRACTION = 0.04
 LOW_SPACE_CLEAR_FRACTION = 0.05
+_DEFAULT_KEEP_FREE = 0.02
 
 
 class StorageDaemon:
@@ -306,9 +308,9 @@ class StorageDaemon:
             t.used_bytes = space.used
             # A little hysteresis: each change republishes routing info (meta steers new files
             # by it), so a target hovering at the line must not flip on every pass.
-            low = space.free < space.capacity * (
-                LOW_SPACE_CLEAR_FRACTION if t.low_space else LOW_SPACE_FRACTION
-            )
+            line = LOW_SPACE_CLEAR_FRACTION if t.low_space else LOW_SPACE_FRACTION
+            line += max(self.cfg.keep_free - _DEFAULT_KEEP_FREE, 0.0)  # writes are refused earlier
+            low = space.free < space.capacity * line
             if low != t.low_space:
                 log.log(
                     logging.WARNING if low else logging.INFO,

@@ -59,6 +59,7 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("capability_ttl_s = inf\n", "must be a finite number"),  # TOML has inf and nan
         ("idem_ttl_s = nan\n", "must be a finite number"),
         ("capability_ttl_s = 5000000000\n", "from 1 to 2^32-1"),  # a capability's field is 32 bits
+        ("idem_ttl_s = 1e300\n", "at most 1e9"),  # overflowed where it becomes nanoseconds
     ],
 )
 def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):

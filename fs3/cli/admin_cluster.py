@@ -363,16 +363,39 @@ def _node_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("node_id", type=u32)
 
 
+def _disable_args(p: argparse.ArgumentParser) -> None:
+    _node_arg(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="even if a chain would be left with no SERVING target (its data unavailable until enable-node)",
+    )
+
+
 @command(
     "disable-node",
     "take a node out of service until enable-node: its SERVING targets drain, then all go OFFLINE, "
     "and mgmtd refuses its heartbeats (for maintenance, or before replacing its disks)",
-    _node_arg,
+    _disable_args,
 )
 async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
-    await client.set_node_enabled(args.node_id, False)
     mine = {t.target_id for t in await client.list_targets() if t.node_id == args.node_id}
+    if not args.force:
+        # as offline-target refuses to take a chain's last SERVING target without --force
+        stranded = [
+            c.chain_id
+            for c in await client.list_chains()
+            if (serving := {t.target_id for t in c.targets if t.public_state == common_pb2.SERVING})
+            and serving <= mine
+        ]
+        if stranded:
+            raise UsageError(
+                f"node {args.node_id} holds the last SERVING target of chains "
+                f"{' '.join(map(str, stranded))}: disabled, their data would be unavailable until "
+                "enable-node (--force to do it anyway)"
+            )
+    await client.set_node_enabled(args.node_id, False)
     # one listing per poll, waiting for this node's targets only (see _drained)
     deadline = time.monotonic() + _DRAIN_WAIT_S
     while True:

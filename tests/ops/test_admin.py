@@ -204,6 +204,16 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert disabled(NODES[1])
     assert mgmtd.json("enable-node", str(NODES[1]))["enabled"] is True and not disabled(NODES[1])
     assert mgmtd.admin("disable-node", "424242").returncode == 1
+    # a node holding a chain's last SERVING target is not disabled without --force (its data would
+    # be unavailable), as offline-target would not take that target
+    last = tids[2]
+    assert mgmtd.admin("update-chain", str(chain_id), str(tids[1]), "--mode", "remove").returncode == 0
+    node = next(n for t, n, _ in targets if t == last)
+    refused = mgmtd.admin("disable-node", str(node))
+    assert refused.returncode == 2 and f"last SERVING target of chains {chain_id}" in refused.stderr
+    assert not disabled(node)
+    assert mgmtd.admin("disable-node", str(node), "--force").returncode == 0 and disabled(node)
+    assert mgmtd.json("enable-node", str(node))["enabled"] is True
 
 
 def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
