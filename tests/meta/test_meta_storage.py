@@ -13,7 +13,7 @@ from meta_cluster import Cluster, meta_client, start_meta, storage_on_tmpfs
 
 from fs3.client.meta_client import ROOT_ID, MetaClient
 from fs3.errors import FS3Error
-from fs3.proto import meta_pb2
+from fs3.proto import common_pb2, meta_pb2
 
 pytestmark = pytest.mark.timeout(150)
 CHUNK = 64 << 10
@@ -137,6 +137,17 @@ async def test_new_files_avoid_a_chain_low_on_space(tmp_path) -> None:
 
                 await until(roomy)
                 assert not (await c.routing()).target(101).low_space
+
+                # a keep_free pushed above its default moves the line up with it: writes are
+                # refused that much earlier, and meta must steer files away before that
+                assert c.admin is not None
+                await c.admin.set_config(common_pb2.NODE_STORAGE, "keep_free = 0.98\n")
+
+                async def all_low() -> bool:
+                    r = await c.routing()
+                    return all(r.target(t).low_space for t in (101, 201))
+
+                await until(all_low)
             finally:
                 await meta.close()
 
