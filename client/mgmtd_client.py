@@ -421,9 +421,21 @@ class NodeAgent:
         )
 
     async def start(self) -> None:
-        """Register and send the first heartbeat (errors raise), then heartbeat in the background."""
+        """Register and send the first heartbeat (errors raise), then heartbeat in the background.
+        A disabled node (``fs3 admin disable-node``) starts all the same, refused until enabled: its
+        daemon is restarted during maintenance, and must be there when the node is enabled again."""
         await self.client.register_node(self.node_id, self.node_type, self.endpoints, self.hostname)
-        await self.beat()
+        try:
+            await self.beat()
+        except FS3Error as e:
+            if e.code != StatusCode.MGMTD_NODE_DISABLED:
+                raise
+            log.warning(
+                "node %d is disabled: it serves nothing until 'fs3 admin enable-node %d'",
+                self.node_id,
+                self.node_id,
+            )
+            self.last_error = e
         self._loop.start()
 
     async def stop(self) -> None:

@@ -261,7 +261,8 @@ class StorageDaemon:
             async with asyncio.timeout(_LEAVE_S):
                 await self.agent.beat()
         except (FS3Error, TimeoutError) as e:  # mgmtd unreachable: it finds out by the timeout
-            log.warning("could not tell mgmtd that this node's targets go offline error=%s", e)
+            if not (isinstance(e, FS3Error) and e.code == StatusCode.MGMTD_NODE_DISABLED):  # out already
+                log.warning("could not tell mgmtd that this node's targets go offline error=%s", e)
 
     # -- callbacks --------------------------------------------------------------------------------
 

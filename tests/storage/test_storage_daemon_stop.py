@@ -85,3 +85,31 @@ async def test_a_clean_stop_takes_the_nodes_targets_out_of_their_chains_at_once(
         c.start_storage(0)
         await c.wait_all_serving(60)
         assert await client.read(chain_id, 1, 0, 0, CHUNK) == second
+
+
+async def test_a_disabled_nodes_daemon_restarts_and_rejoins_when_enabled(tmp_path) -> None:
+    """disable-node, stop the daemon (to replace a disk, say), start it again: it starts, serving
+    nothing while mgmtd refuses its heartbeats (it exited, 'node is disabled'), and its targets
+    rejoin their chains once the node is enabled."""
+    async with Cluster(tmp_path / "c", storage_nodes=2, replication=2) as c:
+        assert c.admin is not None
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        data = os.urandom(CHUNK)
+        await client.write(chain_id, 1, 0, 0, data, CHUNK)
+        node = c.nodes[1]
+        await c.admin.set_node_enabled(node.node_id, False)
+        await c.wait_chains(lambda ch: not set(node.targets) & set(ch.serving), 30, "the node's targets out")
+        c.kill_storage(1, signal.SIGTERM)
+        assert node.proc is not None and node.proc.popen is not None
+        assert await asyncio.to_thread(node.proc.popen.wait, 30) == 0
+        c.start_storage(1)
+        await c._wait_port(node)  # noqa: SLF001 - listening: it started
+        await wait_until(
+            lambda: "is disabled: it serves nothing" in node.proc.log(), 30, "the daemon to say so"
+        )
+        assert node.proc.alive()
+        await client.write(chain_id, 1, 0, 0, data[::-1], CHUNK)  # the chain goes on without it
+        await c.admin.set_node_enabled(node.node_id, True)
+        await c.wait_all_serving(60)
+        assert await client.read(chain_id, 1, 0, 0, CHUNK) == data[::-1]
