@@ -426,7 +426,13 @@ async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
     _node_arg,
 )
 async def enable_node(conn: Connection, args: argparse.Namespace) -> Result:
-    await conn.mgmtd_client().set_node_enabled(args.node_id, True)
+    client = conn.mgmtd_client()
+    was = next((n.disabled for n in await client.list_nodes() if n.node_id == args.node_id), None)
+    await client.set_node_enabled(args.node_id, True)  # an unknown node: mgmtd says so
+    if was is False:
+        return Result(
+            value={"node_id": args.node_id, "enabled": True}, message=f"node {args.node_id} was not disabled"
+        )
     return Result(
         value={"node_id": args.node_id, "enabled": True},
         message=f"node {args.node_id} enabled: its targets rejoin their chains (SYNCING, then SERVING)",

@@ -204,6 +204,8 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert disabled(NODES[1])
     assert mgmtd.json("enable-node", str(NODES[1]))["enabled"] is True and not disabled(NODES[1])
     assert mgmtd.admin("disable-node", "424242").returncode == 1
+    again = mgmtd.admin("enable-node", str(NODES[1]))
+    assert again.returncode == 0 and f"node {NODES[1]} was not disabled" in again.stdout
     # a node holding a chain's last SERVING target is not disabled without --force (its data would
     # be unavailable), as offline-target would not take that target
     last = tids[2]
