@@ -51,8 +51,10 @@ log = logging.getLogger(__name__)
 _TARGET_ID_FILE = "target_id"
 #: how long a stop waits for the engine calls already in the I/O threads
 _IO_DRAIN_S = 30.0
-# how long a clean stop waits for mgmtd to take its last heartbeat (see StorageDaemon._leave)
-_LEAVE_S = 5.0
+# how long a clean stop waits for mgmtd to take its last heartbeat (see StorageDaemon._leave): a
+# live mgmtd answers in milliseconds; one stopping at the same time (a whole host going down) is
+# not waited for longer than this, and finds out by the heartbeat timeout as before
+_LEAVE_S = 1.0
 #: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
 #: used), so meta places new files on other chains and operators see it before writes are refused
 #: (``keep_free``, 2 % by default); the report is withdrawn once more than the second fraction is free.

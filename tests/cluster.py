@@ -212,6 +212,25 @@ class StorageNode:
     config: Path | None = None
 
 
+def _stop_all(procs: list[Proc]) -> None:
+    """SIGTERM each of ``procs``, then SIGKILL what has not exited after a grace of 5 s."""
+    for p in procs:
+        if p.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        if p.popen is None:
+            continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.popen.wait(timeout=max(0.05, deadline - time.monotonic()))
+        if p.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.popen.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=10)
+
+
 @dataclass
 class Cluster:
     """mgmtd plus ``storage_nodes`` storage daemons; see the module docstring."""
@@ -313,21 +332,11 @@ class Cluster:
             with contextlib.suppress(Exception):
                 await self.admin.close()
             self.admin = None
-        for p in self.procs:
-            if p.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
-        deadline = time.monotonic() + 5.0
-        for p in self.procs:
-            if p.popen is None:
-                continue
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=max(0.05, deadline - time.monotonic()))
-            if p.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.popen.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.popen.wait(timeout=10)
+        # storage daemons first, while mgmtd still takes their last heartbeat (a clean stop says
+        # its targets go offline, and waits a little for mgmtd to hear it), then the rest
+        storage = [p for p in self.procs if p.name.startswith("storage-")]
+        for group in (storage, [p for p in self.procs if p not in storage]):
+            _stop_all(group)
 
     # -- processes --------------------------------------------------------------------------------
 
