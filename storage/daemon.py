@@ -61,7 +61,7 @@ _LEAVE_S = 1.0
 #: Both are counted above ``keep_free`` where that is set higher than the default (a pushed config may).
 LOW_SPACE_FRACTION = 0.04
 LOW_SPACE_CLEAR_FRACTION = 0.05
-_DEFAULT_KEEP_FREE = 0.02
+_DEFAULT_KEEP_FREE = StorageConfig().keep_free  # the config's default, not a copy of it
 
 
 class StorageDaemon:
