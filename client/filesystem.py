@@ -60,7 +60,7 @@ from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.net import RpcClient
 from fs3.net.auth import read_secret
 from fs3.net.transport_select import make_transport
@@ -543,7 +543,7 @@ class FileSystem:
         if inode.type == m.INODE_DIRECTORY:
             if session_id:
                 await self.meta.close_file(inode.id, session_id)
-            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{p!r} is a directory")
+            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)} is a directory")
         if flags & os.O_TRUNC:
             st = self._states.get(inode.id)
             if st is not None:

@@ -229,6 +229,24 @@ def fresh_error(error: BaseException) -> BaseException:
     return fresh
 
 
+def quote_name(name: bytes, limit: int = 64) -> str:
+    """A file, path or xattr name as an error message shows it: text in single quotes, not a bytes
+    repr. A byte that is not UTF-8, an unprintable character and a backslash show as backslash
+    escapes (``\\xe9``, ``\\n``, ``\\\\``), so the text names exactly one byte string; a name longer
+    than ``limit`` bytes is cut there and ends in "...".
+    """
+    text = "".join(map(_shown_char, name[:limit].decode("utf-8", errors="surrogateescape")))
+    return f"'{text}...'" if len(name) > limit else f"'{text}'"
+
+
+def _shown_char(c: str) -> str:
+    if c == "\\":
+        return "\\\\"
+    if "\udc80" <= c <= "\udcff":  # a byte surrogateescape could not decode
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+
+
 # gRPC status codes for the mgmtd stack; the exact fs3 code travels in trailing metadata.
 GRPC_METADATA_KEY = "fs3-status"
 

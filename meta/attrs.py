@@ -10,7 +10,7 @@ non-root chmod by someone outside the file's group clears setgid; any change set
 
 from __future__ import annotations
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.kv import Transaction
 from fs3.meta import inode as inodes
 from fs3.meta import schema
@@ -43,7 +43,9 @@ def _check_xattr_name(name: bytes) -> None:
     if len(name) > XATTR_NAME_MAX:
         raise FS3Error(StatusCode.META_XATTR_RANGE, f"xattr name of {len(name)} bytes is too long")
     if not name.startswith(_USER) or len(name) == len(_USER):
-        raise FS3Error(StatusCode.META_NOT_SUPPORTED, f"only user.* xattrs are supported, not {name[:64]!r}")
+        raise FS3Error(
+            StatusCode.META_NOT_SUPPORTED, f"only user.* xattrs are supported, not {quote_name(name)}"
+        )
 
 
 class AttrOps(Namespace):
@@ -191,12 +193,12 @@ class AttrOps(Namespace):
         if ino.type not in (FILE, DIRECTORY):
             # Linux's xattr_permission: there are none to read (setxattr refuses them), whatever
             # the mode says
-            raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {name[:64]!r} on inode {inode_id}")
+            raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {quote_name(name)} on inode {inode_id}")
         check(ino, cred, R_OK)
         for x in ino.xattrs:
             if x.name == name:
                 return x.value
-        raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {name[:64]!r} on inode {inode_id}")
+        raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {quote_name(name)} on inode {inode_id}")
 
     async def listxattr(self, cred: Credentials, inode_id: int) -> list[bytes]:
         """The names of an inode's user xattrs. No permission is needed (as on Linux, where only
@@ -238,9 +240,9 @@ class AttrOps(Namespace):
             check(ino, cred, W_OK)
             idx = next((i for i, x in enumerate(ino.xattrs) if x.name == name), None)
             if idx is None and flags & XATTR_REPLACE:
-                raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {name[:64]!r} on inode {inode_id}")
+                raise FS3Error(StatusCode.META_NO_XATTR, f"no xattr {quote_name(name)} on inode {inode_id}")
             if idx is not None and flags & XATTR_CREATE:
-                raise FS3Error(StatusCode.ALREADY_EXISTS, f"xattr {name[:64]!r} exists")
+                raise FS3Error(StatusCode.ALREADY_EXISTS, f"xattr {quote_name(name)} exists")
             if value is None:
                 del ino.xattrs[idx]
             elif idx is None:

@@ -8,7 +8,7 @@ directory the same way and the collector walks the subtree.
 
 from __future__ import annotations
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
@@ -118,7 +118,7 @@ async def _entry(tr: Transaction, parent: int, name: bytes) -> tuple[bytes, meta
     key = schema.dentry_key(parent, name)
     raw = await tr.get(key)
     if raw is None:
-        raise FS3Error(StatusCode.NOT_FOUND, f"no entry {name[:64]!r} in directory {parent}")
+        raise FS3Error(StatusCode.NOT_FOUND, f"no entry {quote_name(name)} in directory {parent}")
     return key, await inodes.load(tr, meta_pb2.DirEntry.FromString(raw).inode_id)
 
 
@@ -142,7 +142,7 @@ class EntryOps(Namespace):
             key = schema.dentry_key(new_parent, new_name)
             if await tr.get(key) is not None:
                 raise FS3Error(
-                    StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists in directory {new_parent}"
+                    StatusCode.ALREADY_EXISTS, f"{quote_name(new_name)} exists in directory {new_parent}"
                 )
             check_hardlink_source(ino, cred)
             check(p, cred, W_OK | X_OK)
@@ -165,7 +165,7 @@ class EntryOps(Namespace):
             check(p, cred, X_OK)
             key, ino = await _entry(tr, parent, name)
             if ino.type == DIRECTORY:
-                raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{name[:64]!r} is a directory")
+                raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(name)} is a directory")
             check(p, cred, W_OK | X_OK)
             check_sticky(p, ino, cred)
             now = inodes.now_ns()
@@ -188,7 +188,7 @@ class EntryOps(Namespace):
             check(p, cred, X_OK)
             key, d = await _entry(tr, parent, name)
             if d.type != DIRECTORY:
-                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{name[:64]!r} is not a directory")
+                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(name)} is not a directory")
             check(p, cred, W_OK | X_OK)
             check_sticky(p, d, cred)
             now = inodes.now_ns()
@@ -202,7 +202,7 @@ class EntryOps(Namespace):
                 queue_gc(tr, d)
             else:
                 if not await is_empty(tr, d.id):
-                    raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {name[:64]!r} is not empty")
+                    raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {quote_name(name)} is not empty")
                 delete_dir(tr, d, parent)
             inodes.touch_dir(tr, parent, now)
             return _EMPTY
@@ -241,14 +241,16 @@ class EntryOps(Namespace):
             if raw is not None:
                 dst_id = meta_pb2.DirEntry.FromString(raw).inode_id
                 if flags & RENAME_NOREPLACE:  # checked first, as Linux does
-                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{new_name[:64]!r} exists")
+                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{quote_name(new_name)} exists")
                 if dst_id == src.id:
                     return _EMPTY  # two names of one inode: POSIX says do nothing
                 dst = await inodes.load(tr, dst_id)
                 if src.type == DIRECTORY and dst.type != DIRECTORY:
-                    raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{new_name[:64]!r} is not a directory")
+                    raise FS3Error(
+                        StatusCode.META_NOT_DIRECTORY, f"{quote_name(new_name)} is not a directory"
+                    )
                 if src.type != DIRECTORY and dst.type == DIRECTORY:
-                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{new_name[:64]!r} is a directory")
+                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(new_name)} is a directory")
             check(op, cred, W_OK | X_OK)
             if np is not op:
                 check(np, cred, W_OK | X_OK)
@@ -273,7 +275,7 @@ class EntryOps(Namespace):
                         break
                     cur = await inodes.load(tr, cur.parent)
             if dst is not None and dst.type == DIRECTORY and not await is_empty(tr, dst.id):
-                raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {new_name[:64]!r} is not empty")
+                raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {quote_name(new_name)} is not empty")
             now = inodes.now_ns()
             if dst is not None:
                 if dst.type == DIRECTORY:

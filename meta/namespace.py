@@ -20,7 +20,7 @@ from typing import NamedTuple, TypeVar
 
 from google.protobuf.message import Message
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.kv import Database, ReadView, Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
@@ -197,7 +197,7 @@ class Namespace:
         check_name(name)
         raw = await rv.get(schema.dentry_key(parent, name))
         if raw is None:
-            raise FS3Error(StatusCode.NOT_FOUND, f"no entry {name[:64]!r} in directory {parent}")
+            raise FS3Error(StatusCode.NOT_FOUND, f"no entry {quote_name(name)} in directory {parent}")
         return await inodes.load(rv, meta_pb2.DirEntry.FromString(raw).inode_id)
 
     # ---- reads ---------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ class Namespace:
         check(p, cred, X_OK)
         key = schema.dentry_key(parent, name)
         if await tr.get(key) is not None:
-            raise FS3Error(StatusCode.ALREADY_EXISTS, f"{name[:64]!r} exists in directory {parent}")
+            raise FS3Error(StatusCode.ALREADY_EXISTS, f"{quote_name(name)} exists in directory {parent}")
         return p, self._insert(tr, cred, p, key, itype, mode, inode_id, **fields)
 
     def _insert(
@@ -480,10 +480,12 @@ class Namespace:
                 created = True
             else:
                 if flags & O_EXCL:
-                    raise FS3Error(StatusCode.ALREADY_EXISTS, f"{name[:64]!r} exists in directory {parent}")
+                    raise FS3Error(
+                        StatusCode.ALREADY_EXISTS, f"{quote_name(name)} exists in directory {parent}"
+                    )
                 ino = await inodes.load(tr, meta_pb2.DirEntry.FromString(raw).inode_id)
                 if ino.type == DIRECTORY:
-                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{name[:64]!r} is a directory")
+                    raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(name)} is a directory")
                 check(ino, cred, access_of_flags(flags))
                 created = False
                 if flags & O_TRUNC and ino.type == FILE:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.proto import meta_pb2
 
 R_OK, W_OK, X_OK = 4, 2, 1
@@ -100,7 +100,7 @@ def check_name(name: bytes) -> None:
     if len(name) > NAME_MAX:
         raise FS3Error(StatusCode.META_NAME_TOO_LONG, f"name of {len(name)} bytes exceeds {NAME_MAX}")
     if not name or name in (b".", b"..") or b"/" in name or b"\0" in name:
-        raise FS3Error(StatusCode.META_INVALID_NAME, f"invalid name {name[:64]!r}")
+        raise FS3Error(StatusCode.META_INVALID_NAME, f"invalid name {quote_name(name)}")
 
 
 def access_of_flags(flags: int) -> int:

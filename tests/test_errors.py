@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from fs3.errors import ERRNO, FS3Error, StatusCode, grpc_code_name, to_errno
+from fs3.errors import ERRNO, FS3Error, StatusCode, grpc_code_name, quote_name, to_errno
 from fs3.proto import common_pb2
 
 
@@ -86,3 +86,18 @@ def test_grpc_mapping_names_real_grpc_codes():
 
     for code in StatusCode:
         assert hasattr(grpc.StatusCode, grpc_code_name(code))
+
+
+@pytest.mark.parametrize(
+    "name, shown",
+    [
+        (b"x", "'x'"),
+        ("café".encode(), "'café'"),
+        (b"caf\xe9", "'caf\\xe9'"),
+        (b"a\\xe9", "'a\\\\xe9'"),  # a real backslash stays apart from an escaped byte
+        (b"tab\there", "'tab\\there'"),
+        (b"n" * 70, "'" + "n" * 64 + "...'"),
+    ],
+)
+def test_quote_name(name, shown):
+    assert quote_name(name) == shown

@@ -236,3 +236,39 @@ async def test_setxattr_create_existing(tree: Tree) -> None:
     with pytest.raises(FS3Error) as info:
         await s.setxattr(ROOT, tree["/full/f"], b"user.a", b"2", 1)
     assert info.value.errno == errno.EEXIST
+
+
+MESSAGES: list[tuple[str, Case, str]] = [
+    ("lookup-missing", lambda s, t: s.lookup(ROOT, ROOT_ID, b"nope"), "no entry 'nope' in directory 1"),
+    (
+        "lookup-not-utf8",
+        lambda s, t: s.lookup(ROOT, ROOT_ID, b"caf\xe9"),
+        "no entry 'caf\\xe9' in directory 1",
+    ),
+    ("lookup-utf8", lambda s, t: s.lookup(ROOT, ROOT_ID, "café".encode()), "no entry 'café' in directory 1"),
+    ("lookup-newline", lambda s, t: s.lookup(ROOT, ROOT_ID, b"a\nb"), "no entry 'a\\nb' in directory 1"),
+    ("lookup-slash", lambda s, t: s.lookup(ROOT, ROOT_ID, b"a/b"), "invalid name 'a/b'"),
+    ("mkdir-exists", lambda s, t: s.mkdir(ROOT, ROOT_ID, b"pub", 0o755), "'pub' exists in directory 1"),
+    ("unlink-dir", lambda s, t: s.unlink(ROOT, ROOT_ID, b"pub"), "'pub' is a directory"),
+    ("rmdir-not-empty", lambda s, t: s.rmdir(ROOT, ROOT_ID, b"full"), "directory 'full' is not empty"),
+    (
+        "getxattr-missing",
+        lambda s, t: s.getxattr(ROOT, t["/full/f"], b"user.a"),
+        "no xattr 'user.a' on inode",
+    ),
+    (
+        "setxattr-not-user-ns",
+        lambda s, t: s.setxattr(ROOT, t["/full/f"], b"trusted.a", b"v"),
+        "only user.* xattrs are supported, not 'trusted.a'",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", MESSAGES, ids=lambda c: c[0])
+async def test_error_message_shows_names_as_text(tree: Tree, case: tuple[str, Case, str]) -> None:
+    """A name in an error message reads as quoted text (undecodable bytes escaped), never as a
+    Python bytes repr such as b'nope'."""
+    _, op, expected = case
+    with pytest.raises(FS3Error) as info:
+        await op(tree.store, tree)
+    assert info.value.message.startswith(expected), info.value.message
