@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -117,6 +117,28 @@ class StorageDaemon:
         if problem := cfg.problem():  # a config made in code, not loaded (load_config asks too)
             raise FS3Error(StatusCode.CONFIG_INVALID, problem)
         loop = asyncio.get_running_loop()
+        # What is wrong here is said at once, before the wait for mgmtd; nothing is made on disk
+        # until mgmtd has confirmed that every target is this node's.
+        for tid, path in zip(cfg.target_ids, cfg.target_paths, strict=True):
+            await loop.run_in_executor(self.executor, _check_target_dir, Path(path), tid)
+        await _check_can_listen(cfg.listen_host, cfg.listen_port)
+        if cfg.backend_port:
+            await _check_can_listen(cfg.backend_host or cfg.listen_host, cfg.backend_port)
+        secret = self.secret or DEV_SECRET
+        if self.secret is None:
+            log.warning(
+                "no cluster_secret_file: peers authenticate with the built-in development secret,"
+                " which anyone can read in fs3's source; set one outside tests"
+            )
+        # one transport (cfg.transport: auto, tcp or rdma) for chain forwarding, resync and serving
+        transport = make_transport(cfg.transport, cfg.rdma, metrics_sink=TransportMetrics(self.registry))
+        self.rpc = RpcClient(
+            secret, identity=f"storage-{cfg.node_id}", connections_per_peer=2, transport=transport
+        )
+        self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
+        self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
+        await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
+        _check_targets_known(self.routing.routing, cfg.node_id, cfg.target_ids)
         local: list[LocalTarget] = []
         for index, (tid, path) in enumerate(zip(cfg.target_ids, cfg.target_paths, strict=True)):
             p = Path(path)
@@ -139,20 +161,6 @@ class StorageDaemon:
             self._engines.append(engine)
             local.append(LocalTarget(tid, p, engine, disk_index=index))
         self.targets = TargetMap(cfg.node_id, local, on_change=self._state_changed, lease_ok=self.lease.ok)
-
-        secret = self.secret or DEV_SECRET
-        if self.secret is None:
-            log.warning(
-                "no cluster_secret_file: peers authenticate with the built-in development secret,"
-                " which anyone can read in fs3's source; set one outside tests"
-            )
-        # one transport (cfg.transport: auto, tcp or rdma) for chain forwarding, resync and serving
-        transport = make_transport(cfg.transport, cfg.rdma, metrics_sink=TransportMetrics(self.registry))
-        self.rpc = RpcClient(
-            secret, identity=f"storage-{cfg.node_id}", connections_per_peer=2, transport=transport
-        )
-        self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
-        self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         if cfg.aio_reads and cfg.direct_io:
             self.aio = open_aio(loop, depth=cfg.aio_depth)
         self.replicator = replicator = Replicator(
@@ -189,7 +197,6 @@ class StorageDaemon:
             )
 
         self.routing.add_listener(self._routing_changed)
-        await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
         self._routing_changed(self.routing.routing)
         self.agent = NodeAgent(
             self.mgmtd,
@@ -338,12 +345,49 @@ async def _listen(server: RpcServer, host: str, port: int) -> int:
         raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def _claim_target_dir(path: Path, target_id: int) -> None:
-    """Create the target directory if needed and check that it belongs to ``target_id`` (a file
-    in it records the id on first use), so a config that swaps two paths is caught at startup.
+async def _check_can_listen(host: str, port: int) -> None:
+    """Bind ``port`` and let it go at once, so that a port in use is reported before the wait for
+    mgmtd (the servers listen only once the targets are open); the real listen can still fail."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = (
+            await asyncio.get_running_loop().getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        )[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener binds
+            s.bind(address)
+    except OSError as e:
+        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
 
-    Only the target directory itself is created, never its parents: a target's parent is on its
-    disk, and a disk that failed to mount at boot leaves a bare mount point; creating the path
+
+def _check_targets_known(routing: Routing, node_id: int, target_ids: Sequence[int]) -> None:
+    """Refuse a configured target that mgmtd does not know or places on another node, before any
+    target directory is made: mgmtd would refuse the first heartbeat for it all the same, and a
+    refused start must leave the disks as it found them (no directories of a mistyped target id)."""
+    for tid in target_ids:
+        target = routing.targets.get(tid)
+        if target is None:
+            raise FS3Error(
+                StatusCode.MGMTD_UNKNOWN_TARGET,
+                f"target {tid} is not known to mgmtd (create it first: fs3 admin create-targets)",
+            )
+        if target.node_id != node_id:
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"target {tid} belongs to node {target.node_id}, not to this node {node_id}",
+            )
+
+
+def _check_target_dir(path: Path, target_id: int) -> None:
+    """Check, creating nothing, that ``path`` can be target ``target_id``'s directory: its parent
+    exists, and a directory already there belongs to this target (a file in it records the id on
+    first use), so a config that swaps two paths is caught at startup.
+
+    Only the target directory itself is ever created, never its parents: a target's parent is on
+    its disk, and a disk that failed to mount at boot leaves a bare mount point; creating the path
     there would start an empty target on the root file system (resynced in full there, or served
     empty as the last server of its chain)."""
     if not path.parent.is_dir():
@@ -354,7 +398,10 @@ def _claim_target_dir(path: Path, target_id: int) -> None:
             "directory itself)",
         )
     try:
-        path.mkdir(exist_ok=True)
+        if not path.exists():
+            return
+        if not path.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
         marker = path / _TARGET_ID_FILE
         if marker.exists():
             recorded = marker.read_text().strip()
@@ -363,8 +410,20 @@ def _claim_target_dir(path: Path, target_id: int) -> None:
                     StatusCode.CONFIG_INVALID,
                     f"target directory {path} belongs to target {recorded}, not {target_id}",
                 )
-            if not os.access(path, os.W_OK):
-                raise PermissionError(13, "Permission denied")
+        if not os.access(path, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as e:
+        raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"target directory {path}: {e.strerror or e}") from None
+
+
+def _claim_target_dir(path: Path, target_id: int) -> None:
+    """Create the target directory if needed (see :func:`_check_target_dir`, asked again here) and
+    record ``target_id`` in it on first use."""
+    _check_target_dir(path, target_id)
+    try:
+        path.mkdir(exist_ok=True)
+        marker = path / _TARGET_ID_FILE
+        if marker.exists():
             return
         tmp = path / f".{_TARGET_ID_FILE}.tmp"
         tmp.write_text(f"{target_id}\n")

@@ -1,0 +1,58 @@
+"""A storage daemon started with targets that mgmtd does not place on its node refuses to start,
+and leaves its disks as it found them: no directory is made for a target it will not serve."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from cluster import Cluster
+from prometheus_client import CollectorRegistry
+
+from fs3.config import StorageConfig, load_config
+from fs3.errors import FS3Error
+from fs3.proto import common_pb2
+from fs3.storage.daemon import StorageDaemon
+
+pytestmark = pytest.mark.timeout(120)
+
+OTHER_NODE = 10009  # registered with mgmtd, with no targets of its own
+
+
+def _tree(root) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("unknown-target", "target 999 is not known"),
+        ("another-nodes-target", "target 101 belongs to node 10001"),
+    ],
+)
+async def test_a_refused_start_creates_no_target_directory(tmp_path, case: str, expected: str) -> None:
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1) as c:
+        assert c.admin is not None
+        await c.admin.register_node(OTHER_NODE, common_pb2.NODE_STORAGE)
+        node = c.nodes[0]
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        disk = tmp_path / "disk"  # the new targets' disk: mounted, empty
+        disk.mkdir()
+        if case == "unknown-target":
+            # its own target (on a new disk) and one mgmtd never heard of
+            node_id, ids = node.node_id, [*node.targets, 999]
+        else:
+            node_id, ids = OTHER_NODE, list(node.targets)
+        cfg = dataclasses.replace(
+            cfg,
+            node_id=node_id,
+            listen_port=0,
+            metrics_port=0,
+            target_ids=ids,
+            target_paths=[str(disk / f"target-{t}") for t in ids],
+        )
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        with pytest.raises(FS3Error) as info:
+            await daemon.start()  # a failed start stops what it started
+        assert expected in str(info.value)
+        assert _tree(disk) == []
