@@ -176,6 +176,29 @@ class AutoTransport(Transport):
         return await listen_sniffing(address, receiver_factory, limits, None, self.no_rdma_reason)
 
 
+class ConfiguredTcpTransport(TcpTransport):
+    """``transport = "tcp"``: TCP to every peer, each connection counted as chosen by the config
+    (``transport="tcp", reason="configured"``), as ``auto`` counts the TCP connections it opens."""
+
+    def __init__(self, metrics_sink: TransportMetrics) -> None:
+        super().__init__()
+        self.metrics = metrics_sink
+
+    async def connect(
+        self,
+        address: Address,
+        receiver_factory: ReceiverFactory,
+        *,
+        limits: RpcLimits = DEFAULT_LIMITS,
+        connect_timeout: float = 10.0,
+    ) -> Connection:
+        log.debug("transport chosen peer=%s:%d transport=tcp reason=%s", *address, R_CONFIGURED)
+        self.metrics.record("tcp", R_CONFIGURED)
+        return await super().connect(
+            address, receiver_factory, limits=limits, connect_timeout=connect_timeout
+        )
+
+
 def make_transport(
     mode: str,
     config: RdmaConfig | None = None,
@@ -190,10 +213,10 @@ def make_transport(
     cfg = config or RdmaConfig()
     if mode not in MODES:
         raise ValueError(f"transport must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "tcp":
-        return TcpTransport()
-    inv = inventory if inventory is not None else discover(cfg.device_filter, cfg.gid_index, cfg.mtu)
     sink = metrics_sink if metrics_sink is not None else default_metrics()
+    if mode == "tcp":
+        return ConfiguredTcpTransport(sink)
+    inv = inventory if inventory is not None else discover(cfg.device_filter, cfg.gid_index, cfg.mtu)
     if not inv.usable:
         if mode == "rdma":
             raise FS3Error(StatusCode.UNAVAILABLE, f"transport = rdma but {inv.reason()}")
