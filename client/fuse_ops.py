@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import logging
@@ -169,12 +170,19 @@ WARN_EVERY_S = 10.0
 
 
 class _ErrorLog:
-    """Rate-limited warnings of failed requests, per (request type, error code)."""
+    """Rate-limited warnings of failed requests, per (request type, error code).
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    The first failure of a kind is logged at once; those of the next ``every_s`` are counted, and
+    their count comes out with the next line of that kind or, when none follows, in a line of its
+    own at the window's end (a one-shot timer, armed only while a count is waiting) or at
+    :meth:`flush` (unmount), whichever comes first."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, every_s: float = WARN_EVERY_S) -> None:
         self._clock = clock
+        self.every_s = every_s
         self._next: dict[tuple[str, int], float] = {}
-        self._skipped: dict[tuple[str, int], int] = {}
+        self._skipped: dict[tuple[str, int], tuple[int, FS3Error]] = {}  # count, the last error
+        self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
 
     def failed(self, name: str, e: FS3Error) -> None:
         if e.code in _CALLERS_OUTCOMES:
@@ -184,12 +192,35 @@ class _ErrorLog:
         key = (name, int(e.code))
         now = self._clock()
         if now < self._next.get(key, 0.0):
-            self._skipped[key] = self._skipped.get(key, 0) + 1
+            self._skipped[key] = (self._skipped.get(key, (0, e))[0] + 1, e)
+            if key not in self._timers:
+                with contextlib.suppress(RuntimeError):  # no running loop: the next line or flush says it
+                    self._timers[key] = asyncio.get_running_loop().call_later(
+                        self._next[key] - now, self._left_out, key
+                    )
             return
-        self._next[key] = now + WARN_EVERY_S
-        skipped = self._skipped.pop(key, 0)
+        self._next[key] = now + self.every_s
+        if (timer := self._timers.pop(key, None)) is not None:
+            timer.cancel()
+        skipped, _ = self._skipped.pop(key, (0, e))
         more = f" ({skipped} more {name} requests failed so since the last such line)" if skipped else ""
         log.warning("%s failed error=%s%s", name, e, more)
+
+    def _left_out(self, key: tuple[str, int]) -> None:
+        self._timers.pop(key, None)
+        if key in self._skipped:
+            skipped, e = self._skipped.pop(key)
+            log.warning(
+                "%s failed %d more times since the last such line, the last with error=%s", key[0], skipped, e
+            )
+
+    def flush(self) -> None:
+        """Log every count still waiting for its line now (at unmount)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        for key in list(self._skipped):
+            self._left_out(key)
 
 
 def _translate(fn: F) -> F:
@@ -683,7 +714,9 @@ class Fs3Operations(pyfuse3.Operations):
     # -- shutdown ---------------------------------------------------------------------------------
 
     async def close_all(self) -> None:
-        """Flush and close every open file (at unmount; the kernel may not release them all)."""
+        """Flush and close every open file (at unmount; the kernel may not release them all), and
+        log the count of failed requests that no warning has told of yet."""
+        self.errors.flush()
         for fh in list(self._handles):
             handle = self._handles.pop(fh)
             try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from cluster import wait_until
 from fs_cluster import FsCluster
 
 from fs3.client import FileSystem
@@ -202,4 +203,39 @@ async def test_the_mounts_error_warnings_are_rate_limited(caplog: pytest.LogCapt
     ]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
         "getattr failed error=PERMISSION_DENIED: not yours"
+    ]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+async def test_the_count_of_a_last_burst_comes_out_at_the_windows_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Failures left out of the log and followed by none of their kind are still told of: their
+    count comes out when the window ends, with no further failure to carry it."""
+    errors = _ErrorLog(every_s=0.2)
+    caplog.set_level(logging.WARNING, logger="fs3.client.fuse_ops")
+    for i in range(4):
+        errors.failed("read", FS3Error(StatusCode.STORAGE_IO_ERROR, f"disk {i} failed"))
+    await wait_until(lambda: len(_warnings(caplog)) >= 2, 10, "the count of the left-out failures")
+    assert _warnings(caplog) == [
+        "read failed error=STORAGE_IO_ERROR: disk 0 failed",
+        "read failed 3 more times since the last such line, the last with error=STORAGE_IO_ERROR: disk 3 failed",
+    ]
+
+
+async def test_the_count_of_a_last_burst_comes_out_at_unmount(caplog: pytest.LogCaptureFixture) -> None:
+    errors = _ErrorLog(every_s=3600.0)
+    caplog.set_level(logging.WARNING, logger="fs3.client.fuse_ops")
+    timeout = FS3Error(StatusCode.DEADLINE_EXCEEDED, "meta did not answer")
+    for _ in range(3):
+        errors.failed("getattr", timeout)
+    errors.flush()
+    errors.flush()  # said once
+    assert _warnings(caplog) == [
+        "getattr failed error=DEADLINE_EXCEEDED: meta did not answer",
+        "getattr failed 2 more times since the last such line, the last with error=DEADLINE_EXCEEDED: meta did "
+        "not answer",
     ]
