@@ -10,11 +10,14 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
 from fs3.net.auth import TOKEN_CACHE_S
 from fs3.proto import common_pb2, mgmtd_pb2
+
+if TYPE_CHECKING:
+    from fs3.client.mgmtd_client import MgmtdClient
 
 NODE_TYPES = {
     "mgmtd": common_pb2.NODE_MGMTD,
@@ -153,7 +156,7 @@ async def list_nodes(conn: Connection, args: argparse.Namespace) -> Result:
             "hostname": n.hostname,
             "pid": n.pid or "",
             "endpoints": [f"{e.host}:{e.port}" for e in n.endpoints],
-            "heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
+            "heartbeat_age_s": round(n.last_heartbeat_age_s, 1) if n.pid else "",  # none heard: no age
             "disabled": n.disabled,
         }
         for n in sorted(await conn.mgmtd_client().list_nodes(), key=lambda n: n.node_id)
@@ -368,7 +371,8 @@ def _disable_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="even if a chain would be left with no SERVING target (its data unavailable until enable-node)",
+        help="even if a chain would be left with no SERVING target (its data unavailable until "
+        "enable-node), or no meta node active",
     )
 
 
@@ -380,6 +384,15 @@ def _disable_args(p: argparse.ArgumentParser) -> None:
 )
 async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
+    nodes = await client.list_nodes()
+    node = next((n for n in nodes if n.node_id == args.node_id), None)
+    if node is not None and node.type == common_pb2.NODE_META:
+        return await _disable_meta_node(client, node, nodes, args.force)
+    if node is not None and node.type != common_pb2.NODE_STORAGE:
+        raise UsageError(
+            f"node {args.node_id} is a {_node_type(node.type).lower()} node: only storage and meta "
+            "nodes can be disabled"
+        )
     mine = {t.target_id for t in await client.list_targets() if t.node_id == args.node_id}
     if not args.force:
         # as offline-target refuses to take a chain's last SERVING target without --force
@@ -416,6 +429,33 @@ async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
     return Result(
         value=value,
         message=f"node {args.node_id} disabled: its targets are out of their chains until enable-node",
+    )
+
+
+async def _disable_meta_node(
+    client: MgmtdClient, node: mgmtd_pb2.NodeInfo, nodes: list[mgmtd_pb2.NodeInfo], force: bool
+) -> Result:
+    """A meta node holds no targets: disabled, it leaves routing info's active meta nodes (mgmtd
+    refuses its heartbeats), so clients that find meta through routing go to the others."""
+    others = [
+        n.node_id
+        for n in nodes
+        if n.type == common_pb2.NODE_META
+        and n.node_id != node.node_id
+        and n.status == mgmtd_pb2.NODE_STATUS_ACTIVE
+    ]
+    if not others and not force:
+        raise UsageError(
+            f"node {node.node_id} is the only active meta node: disabled, clients that find meta "
+            "through routing would find none until enable-node (--force to do it anyway)"
+        )
+    await client.set_node_enabled(node.node_id, False)
+    return Result(
+        value={"node_id": node.node_id, "enabled": False, "draining": []},
+        message=f"node {node.node_id} disabled (a meta node: it has no targets): mgmtd refuses its "
+        "heartbeats, and clients that find meta through routing "
+        + (f"go to meta nodes {' '.join(map(str, others))}" if others else "find no meta node")
+        + " until enable-node",
     )
 
 

@@ -66,7 +66,8 @@ class Timing:
 @dataclass(slots=True)
 class NodeRuntime:
     status: int = mgmtd_pb2.NODE_STATUS_REGISTERED
-    last_heartbeat: float = 0.0  # monotonic
+    last_heartbeat: float = 0.0  # monotonic; the failure timeout counts from it (see detect_failures)
+    heard_at: float = 0.0  # monotonic, of the last heartbeat accepted (0: none since this primary began)
     incarnation: int = 0
     sequence: int = 0
     pid: int = 0
@@ -330,10 +331,12 @@ class Cluster:
         out.CopyFrom(node)
         rt = self.node_rt.get(node.node_id) or NodeRuntime()
         out.status = rt.status
-        if listing:
+        if listing and rt.heard_at:
+            # of the last heartbeat accepted, whatever the status: a disabled node's are refused,
+            # and its age grows (last_heartbeat is not it: enabling a node or a new primary restarts
+            # its failure timeout there)
             out.pid = rt.pid
-            if rt.status in (mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_FAILED):
-                out.last_heartbeat_age_s = max(0.0, self._mono() - rt.last_heartbeat)
+            out.last_heartbeat_age_s = max(0.0, self._mono() - rt.heard_at)
         return out
 
     def target_info(self, target: mgmtd_pb2.TargetInfo, *, listing: bool) -> mgmtd_pb2.TargetInfo:
@@ -495,7 +498,7 @@ class Cluster:
                 rt.incarnation,
             )
         rt.incarnation, rt.sequence = req.incarnation, req.sequence
-        rt.last_heartbeat = now
+        rt.last_heartbeat = rt.heard_at = now
         rt.pid = req.pid
         changed = False
         if rt.status != mgmtd_pb2.NODE_STATUS_ACTIVE:

@@ -3,6 +3,7 @@ output formats and the exit statuses."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import stat
@@ -17,6 +18,9 @@ from ops_helpers import FS3, REPO, Spawner, fs3, wait_for
 
 from fs3.cli import admin
 from fs3.cli.admin_placement import read_chain_table, read_chains, read_targets
+from fs3.client.mgmtd_client import MgmtdClient
+from fs3.errors import FS3Error
+from fs3.proto import common_pb2, mgmtd_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -216,6 +220,63 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert not disabled(node)
     assert mgmtd.admin("disable-node", str(node), "--force").returncode == 0 and disabled(node)
     assert mgmtd.json("enable-node", str(node))["enabled"] is True
+
+
+def _heartbeat(mgmtd: Mgmtd, node_id: int, node_type: int, sequence: int, pid: int) -> str:
+    """One heartbeat of a node (registered first), as its daemon sends it; the refusal's code, if any."""
+
+    async def beat() -> str:
+        client = MgmtdClient([mgmtd.address], cluster_secret=mgmtd.secret.read_text().strip().encode())
+        try:
+            await client.register_node(node_id, node_type)
+            req = mgmtd_pb2.HeartbeatRequest(
+                node_id=node_id, type=node_type, incarnation=1, sequence=sequence, pid=pid
+            )
+            await client.heartbeat(req)
+            return ""
+        except FS3Error as e:
+            return e.code.name
+        finally:
+            await client.close()
+
+    return asyncio.run(beat())
+
+
+def test_disabling_a_meta_node_says_what_it_does(mgmtd: Mgmtd) -> None:
+    """A meta node has no targets: disable-node says what disabling it does (clients that find meta
+    through routing leave it), and refuses, as for a chain's last SERVING target, to leave no
+    meta node active without --force."""
+    meta = 20001
+    assert _heartbeat(mgmtd, meta, common_pb2.NODE_META, 1, pid=4001) == ""
+    refused = mgmtd.admin("disable-node", str(meta))
+    assert refused.returncode == 2, refused.stderr
+    assert f"node {meta} is the only active meta node" in refused.stderr and "--force" in refused.stderr
+    done = mgmtd.admin("disable-node", str(meta), "--force")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"node {meta} disabled (a meta node: it has no targets): mgmtd refuses its heartbeats, and "
+        "clients that find meta through routing find no meta node until enable-node"
+    )
+    assert _heartbeat(mgmtd, meta, common_pb2.NODE_META, 2, pid=4001) == "MGMTD_NODE_DISABLED"
+    assert mgmtd.admin("enable-node", str(meta)).returncode == 0
+
+
+def test_list_nodes_ages_a_disabled_nodes_last_accepted_heartbeat(mgmtd: Mgmtd) -> None:
+    """A disabled node's heartbeats are refused: list-nodes shows the pid and the growing age of the
+    last one accepted, not a fresh-looking 0.0; a node never heard shows neither."""
+    node, silent = 20002, 20003
+    assert _heartbeat(mgmtd, node, common_pb2.NODE_STORAGE, 1, pid=4002) == ""
+    assert mgmtd.admin("disable-node", str(node)).returncode == 0
+    assert _heartbeat(mgmtd, node, common_pb2.NODE_STORAGE, 2, pid=5002) == "MGMTD_NODE_DISABLED"
+    assert mgmtd.admin("register-node", str(silent), "storage").returncode == 0
+
+    def row(node_id: int) -> dict:
+        return next(n for n in mgmtd.json("list-nodes") if n["node_id"] == node_id)
+
+    wait_for(lambda: row(node)["heartbeat_age_s"] >= 1.0, 30, "the disabled node's heartbeat age to grow")
+    assert row(node)["pid"] == 4002 and row(node)["status"] == "DISABLED"
+    assert (row(silent)["pid"], row(silent)["heartbeat_age_s"]) == ("", "")
+    assert mgmtd.admin("enable-node", str(node)).returncode == 0
 
 
 def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
