@@ -660,11 +660,11 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
     node_type = NODE_TYPES[args.service]
     if args.action == "get":
         info = await client.get_config(node_type, args.version)
-        if info is None:
+        if info is None:  # a version asked for and missing is NOT_FOUND, raised above
             return Result(
                 value={"service": args.service, "version": 0, "content": ""},
-                message=f"no {args.service} config stored",
-                status=1,
+                message=f"no {args.service} config stored in mgmtd: {args.service} nodes run on their "
+                f"own config files ('fs3 admin config set {args.service} FILE' stores one to push)",
             )
         value = {
             "service": args.service,

@@ -356,6 +356,15 @@ def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert mgmtd.admin("config", "set", "meta").returncode == 2
 
 
+def test_config_get_with_nothing_stored_says_so_and_succeeds(mgmtd: Mgmtd) -> None:
+    out = mgmtd.admin("config", "get", "storage")  # no test stores a storage config
+    assert out.returncode == 0, out.stderr
+    assert "no storage config stored" in out.stdout and "own config files" in out.stdout
+    assert mgmtd.json("config", "get", "storage") == {"service": "storage", "version": 0, "content": ""}
+    missing = mgmtd.admin("config", "get", "storage", "--version", "9")  # a version that is not there
+    assert missing.returncode == 1 and "config version 9 does not exist" in missing.stderr
+
+
 @pytest.mark.parametrize(
     ("nodes", "disks", "per_disk", "replicas"), [(5, 2, 6, 3), (6, 1, 5, 3), (4, 3, 3, 2)]
 )
