@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fs3.cli import positive_seconds
 from fs3.cli.daemons import Daemon, stop_all
 from fs3.cli.fuse_mounts import abort, answers, is_mounted, mount_type, unmount
 from fs3.cli.local_cluster import (
@@ -543,7 +544,10 @@ def _parser() -> argparse.ArgumentParser:
             help="the cluster's directory (default: $FS3_LOCAL_DIR or ~/.local/share/fs3/local)",
         )
         sp.add_argument(
-            "--timeout", type=float, default=60.0, help="seconds to wait for each step (default 60)"
+            "--timeout",
+            type=positive_seconds,
+            default=60.0,
+            help="seconds to wait for each step (default 60)",
         )
 
     up = sub.add_parser("up", help="start the cluster (creating it on first use) and mount it")

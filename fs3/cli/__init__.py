@@ -1,10 +1,11 @@
-"""The ``fs3`` command line."""
+"""The ``fs3`` command line, and the argparse types its commands share."""
 
 from __future__ import annotations
 
 import argparse
+import math
 
-__all__ = ["parse_size"]
+__all__ = ["parse_size", "positive_seconds", "seconds"]
 
 
 def parse_size(text: str) -> int:
@@ -16,3 +17,29 @@ def parse_size(text: str) -> int:
     if not digits.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or a number with K, M or G)")
     return int(digits) * units.get(t[-1:], 1)
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite, non-negative number of seconds (0 where 0 means none, as a
+    token's ttl)."""
+    value = _number(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number of seconds")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (how long to wait: 0, a negative or an
+    infinite wait either gave up at once or never did)."""
+    value = _number(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
+    return value

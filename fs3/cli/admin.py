@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fs3.cli import positive_seconds
 from fs3.config import env_list
 from fs3.errors import FS3Error, StatusCode
 
@@ -296,7 +297,9 @@ def _common(p: argparse.ArgumentParser, *, before_command: bool) -> None:
         default=d(None),
         help="use the settings of the 'fs3 local' cluster in DIR",
     )
-    g.add_argument("--timeout", type=float, default=d(15.0), help="seconds to keep retrying (default 15)")
+    g.add_argument(
+        "--timeout", type=positive_seconds, default=d(15.0), help="seconds to keep retrying (default 15)"
+    )
     p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of a table")
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fs3.cli import seconds
 from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
 from fs3.net.auth import TOKEN_CACHE_S
 from fs3.proto import common_pb2, mgmtd_pb2
@@ -591,9 +591,7 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
 
 def _user_token_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=u32)
-    p.add_argument(
-        "--ttl", type=_seconds, default=0.0, help="seconds the token is valid (default: no expiry)"
-    )
+    p.add_argument("--ttl", type=seconds, default=0.0, help="seconds the token is valid (default: no expiry)")
     p.add_argument("--invalidate", action="store_true", help="revoke the user's other tokens")
     _token_out(p)
 
@@ -606,17 +604,6 @@ async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
     return _token_result(
         token, args, {"uid": args.uid}, what + (f", the others revoked{_CACHED}" if args.invalidate else "")
     )
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite, non-negative number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite, non-negative number of seconds")
-    return value
 
 
 # what a removal or revocation of tokens leaves for a while (fs3.net.auth.TOKEN_CACHE_S)

@@ -124,6 +124,15 @@ def test_numbers_out_of_range_are_usage_errors(argv: list[str]) -> None:
     assert "out of range" in last or "whole number" in last, out.stderr
 
 
+@pytest.mark.parametrize("timeout", ["-1", "0", "inf"])
+def test_a_timeout_that_is_no_wait_is_a_usage_error(timeout: str) -> None:
+    out = fs3("admin", "list-nodes", "--mgmtd", f"127.0.0.1:{free_port()}", "--timeout", timeout)
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    why = f"argument --timeout: must be a finite number of seconds above 0, not {timeout}"
+    assert last == f"fs3 admin list-nodes: error: {why}", out.stderr
+
+
 @pytest.mark.parametrize(
     "reader, text",
     [

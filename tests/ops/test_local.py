@@ -294,6 +294,18 @@ def test_bad_shapes_are_usage_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
+def test_a_timeout_that_is_no_wait_is_a_usage_error(local_dir: Path, timeout: str) -> None:
+    """-1, 0, nan and inf were taken: a deadline already past, or never reached (local_dir stops
+    a cluster such an up started)."""
+    for action in (["up", "--no-mount"], ["down"], ["status"]):
+        out = fs3("local", *action, "--dir", str(local_dir), "--timeout", timeout)
+        assert out.returncode == 2, out.stdout + out.stderr
+        why = out.stderr.splitlines()[-1]
+        assert why.startswith(f"fs3 local {action[0]}: error: argument --timeout: ") and timeout in why
+        assert not local_dir.exists()
+
+
 @pytest.mark.timeout(120)
 def test_a_non_root_user_gets_an_admin_token_and_the_root_directory(local_dir: Path, monkeypatch) -> None:
     """What ``make run`` does for a normal user (the daemons here still run as this test's user)."""
