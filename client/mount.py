@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fs3.background import Periodic
-from fs3.cli.fuse_mounts import fuse_connections, mount_device
+from fs3.cli.fuse_mounts import fuse_connections, mount_device, mounted_over
 from fs3.config import ClientConfig, load_config
 from fs3.daemon import apply_pushed_config, hot_log_level, log_env_overrides
 from fs3.errors import FS3Error, StatusCode
@@ -290,6 +290,12 @@ def _detach() -> tuple[bool, Callable[[], None]]:
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 mount``; returns the exit status."""
     args = _parser().parse_args(argv)
+    # from the mount table, before anything starts: a stat of a dead FUSE mount fails (ENOTCONN,
+    # "not a directory" below) and one of a hung mount never returns
+    where = os.path.abspath(args.mountpoint)
+    if taken := mounted_over(where) or mounted_over(os.path.realpath(where)):
+        sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")
+        return 1
     try:
         cfg = load_config(ClientConfig, args.config)
     except FS3Error as e:

@@ -41,7 +41,7 @@ from typing import Any
 
 from fs3.cli import positive_seconds
 from fs3.cli.daemons import Daemon, stop_all
-from fs3.cli.fuse_mounts import abort, answers, is_mounted, mount_type, unmount
+from fs3.cli.fuse_mounts import abort, answers, is_mounted, mount_type, mounted_over, unmount
 from fs3.cli.local_cluster import (
     CHAIN_TABLE,
     EX_FAILED,
@@ -238,8 +238,8 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
         mp.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise LocalError(f"cannot create mount point {mp}: {e.strerror}") from None
-    if is_mounted(str(mp)):
-        raise LocalError(f"{mp} is already a mount point of something else; unmount it or pick --mount")
+    if taken := mounted_over(str(mp)):
+        raise LocalError(f"{taken}, not this cluster's; unmount it or pick --mount")
     pid = d.start()
     lc.launched.append(d)
     deadline = time.monotonic() + timeout_s

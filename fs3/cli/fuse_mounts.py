@@ -78,6 +78,14 @@ def is_mounted(path: str) -> bool:
     return bool(path) and _mountinfo_entry(path) is not None
 
 
+def mounted_over(path: str) -> str | None:
+    """Why ``path`` cannot take a new mount, or None: something is mounted there already (a new
+    mount would be stacked on it, hiding it until unmounted). Read from the mount table, so a
+    dead or hung FUSE mount there is found without touching it."""
+    fstype = mount_type(path) if path else None
+    return None if fstype is None else f"{path} is already a mount point ({fstype or 'unknown type'})"
+
+
 def answers(path: str, timeout_s: float) -> bool:
     """Whether a stat of ``path`` returns within ``timeout_s``; done by a child process, so that a
     FUSE server that never answers leaves a stuck child behind rather than a stuck ``fs3 local``."""

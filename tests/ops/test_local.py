@@ -222,6 +222,18 @@ def test_mount_skipped_says_so_when_fs3_mount_is_missing(local_dir: Path, monkey
     assert "SKIPPED" in local._mount(lc, 5.0) and "not in this build" in local._mount(lc, 5.0)
 
 
+def test_mount_on_another_mount_point_is_refused(local_dir: Path) -> None:
+    import fs3.local as local
+
+    lc = local.LocalCluster(local_dir)
+    lc.state = local.LocalState("127.0.0.1", 1, 1, 1, mount="/proc")
+    with pytest.raises(
+        local.LocalError, match=r"^/proc is already a mount point \(proc\), not this cluster's"
+    ):
+        local._mount(lc, 5.0)
+    assert lc.launched == []
+
+
 def test_up_without_dev_fuse_leaves_no_cluster_behind(local_dir: Path, monkeypatch) -> None:
     """A machine without /dev/fuse: up says to use --no-mount and writes nothing, so that the up
     --no-mount it suggests starts afresh (it used to find the half-made cluster, which still asked
