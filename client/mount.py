@@ -261,30 +261,45 @@ def _run(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable
     return asyncio.run(serve(cfg, mountpoint, options, ready))
 
 
-def _detach() -> tuple[bool, Callable[[], None]]:
-    """Fork: the parent waits for the child's word that the mount is up. Returns (is_parent with
-    its exit already decided, the child's ``ready`` callback)."""
+def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Fork. The parent waits for the child's word and exits with it: 0 once the mount is up, 1
+    once the child has printed why it failed (on the standard error they share until then), and
+    when the child ends without a word (killed, or a traceback), its status with a line that says
+    where to look. The child goes on, with its two words: ``(ready, failed)``."""
     r, w = os.pipe()
     pid = os.fork()
     if pid:
         os.close(w)
         with os.fdopen(r, "rb") as pipe:
-            ok = pipe.read(1) == b"1"
-        if not ok:
-            sys.stderr.write("fs3 mount: the mount did not come up (see the log)\n")
-        os._exit(0 if ok else 1)
+            word = pipe.read(1)
+        if word == b"1":
+            os._exit(0)
+        if word == b"0":
+            os._exit(1)  # the reason is printed already
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # the pipe closed: it has ended
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        where = f" (see the log: {log_file})" if log_file else ""
+        sys.stderr.write(f"fs3 mount: the mount did not come up: its process {how}{where}\n")
+        os._exit(code if code > 0 else 1)
     os.close(r)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
 
-    def ready() -> None:
-        os.write(w, b"1")
-        os.close(w)
-        os.dup2(devnull, 2)  # stderr stays open until the mount is up, for the parent's sake
+    told = False
 
-    return False, ready
+    def tell(word: bytes) -> None:
+        nonlocal told
+        if told:  # a failure after the mount came up: the parent has exited already
+            return
+        told = True
+        sys.stderr.flush()
+        os.write(w, word)
+        os.close(w)
+        os.dup2(devnull, 2)  # stderr stays open until the parent has its word, for its sake
+
+    return lambda: tell(b"1"), lambda: tell(b"0")
 
 
 def main(argv: list[str]) -> int:
@@ -315,8 +330,9 @@ def main(argv: list[str]) -> int:
         return 2
     log_env_overrides(ClientConfig)
     ready: Callable[[], None] = lambda: None  # noqa: E731
+    failed: Callable[[], None] = lambda: None  # noqa: E731
     if not args.foreground:
-        _, ready = _detach()
+        ready, failed = _detach(cfg.log.file)
     options = [o.strip() for o in args.options.split(",")]
     try:
         return _run(cfg, os.path.realpath(args.mountpoint), options, ready)
@@ -325,6 +341,7 @@ def main(argv: list[str]) -> int:
         if cfg.log.file:  # otherwise the log is standard error, where the line below goes anyway
             log.error("mount failed: %s", reason)
         sys.stderr.write(f"fs3 mount: {reason}\n")
+        failed()
         return 1
     except KeyboardInterrupt:
         return 130

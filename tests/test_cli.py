@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,50 @@ def test_mount_on_a_mount_point_is_refused_before_anything_starts(tmp_path, fore
         assert out.stderr.splitlines() == [
             "fs3 mount: /proc is already a mount point (proc); unmount it first or pick another directory"
         ]
+
+
+def test_a_detached_mount_that_fails_says_why_once(tmp_path) -> None:
+    """The reason is printed: no '(see the log)' after it (it was, even with no log file)."""
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 2.0\n')
+    out = fs3("mount", str(tmp_path), "--config", str(cfg))
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1].startswith("fs3 mount: mgmtd 127.0.0.1:1: "), out.stderr
+    assert "did not come up" not in out.stderr and "see the log" not in out.stderr, out.stderr
+
+
+def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -> None:
+    """Nothing said why: the command says how the mount process ended, and where its log is."""
+    import os
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:  # takes connections and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        cfg = tmp_path / "silent.toml"
+        log = tmp_path / "mount.log"
+        cfg.write_text(
+            f'mgmtd_addresses = ["127.0.0.1:{silent.getsockname()[1]}"]\nrpc_timeout_s = 60.0\n'
+            f'[log]\nfile = "{log}"\n'
+        )
+        p = subprocess.Popen(
+            [*FS3, "mount", str(tmp_path), "--config", str(cfg)], stderr=subprocess.PIPE, text=True
+        )
+        try:
+            children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+            deadline = time.monotonic() + 30
+            while not children.read_text().split():  # the detached mount process, once forked
+                assert time.monotonic() < deadline, "fs3 mount did not fork"
+                time.sleep(0.02)
+            os.kill(int(children.read_text().split()[0]), signal.SIGKILL)
+            err = p.communicate(timeout=30)[1]
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert p.returncode == 1
+    assert err.splitlines() == [
+        f"fs3 mount: the mount did not come up: its process was killed by SIGKILL (see the log: {log})"
+    ]
