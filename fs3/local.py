@@ -430,13 +430,29 @@ async def _routing_summary(lc: LocalCluster) -> dict[str, Any]:
     }
 
 
+MOUNT_ANSWER_S = 2.0  # how long status waits for a stat of the mount point
+
+
+def _mount_state(mount: str, pid: int | None) -> str:
+    """What ``status`` says of the cluster's mount point: ``mounted`` (and answering), ``not
+    mounted``, ``stale`` (still in the mount table, but the process serving it is gone: every
+    access fails with "Transport endpoint is not connected"), or ``not answering`` (its process
+    runs, a stat does not return). A stat is tried in a child process: it may hang."""
+    if not is_mounted(mount):
+        return "not mounted"
+    if answers(mount, MOUNT_ANSWER_S):
+        return "mounted"
+    return "not answering" if pid is not None else "stale"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     lc = LocalCluster(args.dir)
     st = lc.load()
     procs = {d.name: d.pid() for d in lc.all_daemons()}
     out: dict[str, Any] = {"dir": str(lc.root), "processes": procs, "mount": st.mount, "mounted": False}
     if st.mount:
-        out["mounted"] = is_mounted(st.mount)
+        out["mount_state"] = _mount_state(st.mount, procs["mount"])
+        out["mounted"] = out["mount_state"] == "mounted"  # and usable
     try:
         out["routing"] = asyncio.run(_routing_summary(lc)) if procs["mgmtd"] else None
     except FS3Error as e:
@@ -453,7 +469,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         where = f", {st.host}:{st.ports[name]}" if name in st.ports else ""
         _say(f"  {name:<14} {f'running, pid {pid}{where}' if pid else 'stopped'}")
     if st.mount:
-        _say(f"  mount point    {st.mount} ({'mounted' if out['mounted'] else 'not mounted'})")
+        state = out["mount_state"]
+        down = f"'fs3 local down --dir {lc.root}'"
+        if state == "stale":
+            state = (
+                "stale: its mount process is gone, so every access fails with 'Transport endpoint is "
+                f"not connected'; remove it with 'fusermount3 -u {st.mount}' or {down}"
+            )
+        elif state == "not answering":
+            state = f"mounted but not answering within {MOUNT_ANSWER_S:.0f} s; {down} aborts it"
+        _say(f"  mount point    {st.mount} ({state})")
     routing = out.get("routing")
     if routing:
         _say(

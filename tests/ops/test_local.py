@@ -166,6 +166,15 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     # the mount process dies: its mount point is left dead; up replaces it with a live mount
     os.kill(json.loads(status.stdout)["processes"]["mount"], signal.SIGKILL)
     wait_for(lambda: not _procs(local_dir)["mount"], 10, "the mount process to die")
+    # status says so (it said "mounted"), and how to clean up
+    stale = fs3("local", "status", "--dir", str(local_dir))
+    assert (
+        f"mount point    {mnt} (stale: its mount process is gone, so every access fails with "
+        f"'Transport endpoint is not connected'; remove it with 'fusermount3 -u {mnt}' or "
+        f"'fs3 local down --dir {local_dir}')"
+    ) in stale.stdout, stale.stdout
+    stale = json.loads(fs3("local", "status", "--dir", str(local_dir), "--json").stdout)
+    assert stale["mount_state"] == "stale" and stale["mounted"] is False
     again = fs3("local", "up", "--dir", str(local_dir), "--timeout", "30")
     assert again.returncode == 0, again.stdout + again.stderr
     assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
