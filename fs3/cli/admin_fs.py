@@ -149,19 +149,35 @@ async def set_layout(conn: Connection, args: argparse.Namespace) -> Result:
         raise UsageError("--stripe and --chain-table must be from 0 to 4294967295, --chunk-size below 2**63")
     if not (args.chunk_size or args.stripe or args.chain_table):
         raise UsageError("name at least one of --chunk-size, --stripe, --chain-table")
-    async with filesystem(conn) as (_routing, meta, _storage):
+    async with filesystem(conn) as (routing, meta, _storage):
         node = await meta.lookup_path(args.path.encode())
         ino = await meta.set_layout(node.id, args.chain_table, args.chunk_size, args.stripe)
-    lay = ino.layout
+        lay = ino.layout
+        try:
+            chains = (
+                len(routing.routing.chain_table(lay.chain_table_id).chain_ids) if lay.chain_table_id else 0
+            )
+        except FS3Error:  # a table mgmtd does not know (yet)
+            chains = 0
     value = {
         "path": args.path,
         "chunk_size": lay.chunk_size,
         "stripe_count": lay.stripe_count,
         "chain_table": lay.chain_table_id,
     }
+    stripe = str(lay.stripe_count or "the default")
+    if chains and lay.stripe_count > chains:
+        # meta keeps the stripe asked for and gives each new file at most every chain of its
+        # table (meta.layout.ChainAllocator): say what files get now
+        value["files_stripe"] = chains
+        stripe = (
+            f"{chains}, not {lay.stripe_count} (chain table {lay.chain_table_id} has {chains} "
+            f"chain{'s' if chains != 1 else ''} and a file takes each at most once; the directory "
+            f"keeps {lay.stripe_count} for when the table grows)"
+        )
     message = (
         f"{args.path}: files created here get chunk size {lay.chunk_size or 'the default'}, "
-        f"stripe {lay.stripe_count or 'the default'}, chain table {lay.chain_table_id or 'the default'}"
+        f"stripe {stripe}, chain table {lay.chain_table_id or 'the default'}"
     )
     return Result(value=value, message=message)
 

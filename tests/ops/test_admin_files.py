@@ -108,6 +108,34 @@ def test_set_layout_applies_to_files_created_later(small_cluster: Path) -> None:
     assert admin_json(small_cluster, "stat", "/lay")["type"] == "dir"
 
 
+def test_set_layout_with_a_stripe_above_the_chain_table_says_what_files_get(small_cluster: Path) -> None:
+    """The cluster has 1 chain: meta keeps the stripe of 100 and gives each new file that 1 chain
+    (it said 'stripe 100')."""
+
+    async def mkdir() -> None:
+        async with await connect(small_cluster) as fs:
+            await fs.mkdir("/wide")
+
+    asyncio.run(mkdir())
+    out = fs3("admin", "set-layout", "/wide", "--stripe", "100", "--local-dir", str(small_cluster))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "files created here get chunk size 1048576, stripe 1, not 100 (chain table 1 has 1 chain and a "
+        "file takes each at most once; the directory keeps 100 for when the table grows), chain table 1"
+    ) in out.stdout, out.stdout
+    shown = admin_json(small_cluster, "set-layout", "/wide", "--stripe", "100")
+    assert (shown["stripe_count"], shown["files_stripe"]) == (100, 1), shown
+
+    async def create() -> None:
+        async with await connect(small_cluster) as fs:
+            await fs.write_file("/wide/f", b"x")
+
+    asyncio.run(create())
+    assert admin_json(small_cluster, "stat", "/wide/f")["layout"]["stripe"] == 1
+    fits = admin_json(small_cluster, "set-layout", "/wide", "--stripe", "1")
+    assert "files_stripe" not in fits
+
+
 def test_file_commands_without_the_cluster_secret_say_they_need_it(small_cluster: Path) -> None:
     """They reach meta and storage as cluster members; without the secret they tried the development
     one, and the refusal read as the server's fault ("does not know the cluster secret")."""
