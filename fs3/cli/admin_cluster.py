@@ -278,12 +278,24 @@ async def list_clients(conn: Connection, args: argparse.Namespace) -> Result:
         }
         for s in reply.sessions
     ]
-    note = (
-        "note: the mgmtd primary took over recently; clients that have not extended their session "
-        "since may be missing"
-        if reply.partial
-        else ""
-    )
+    # Sessions live in the primary's memory only: after it takes over (a start or a failover) or
+    # resumes after a stall, a live client is listed from its next extension on, which comes at
+    # least three times per session timeout (ClientSessionKeeper). 'partial' lasts a whole timeout,
+    # for meta's expiry of write sessions; a live client can be missing only for the first third.
+    note = ""
+    heard, timeout = reply.listening_s, reply.session_timeout_s
+    if reply.partial and not timeout:  # a mgmtd that does not say how long it has listened
+        note = (
+            "note: this mgmtd has listened for client sessions for less than the session timeout (it "
+            "became primary or resumed after a stall since); a live client is listed once it extends "
+            "its session, so one may be missing"
+        )
+    elif reply.partial and heard < timeout / 3:
+        note = (
+            f"note: this mgmtd has listened for client sessions for {heard:.0f} s (it became primary or "
+            f"resumed after a stall then); live clients extend theirs at least every {timeout / 3:.0f} s, "
+            "so one may not be listed yet"
+        )
     return Result(rows, ["client_id", "type", "hostname", "pid", "uid", "description", "age_s"], message=note)
 
 

@@ -319,6 +319,12 @@ class Cluster:
         return self._mono() < self.bootstrapping_until
 
     @property
+    def sessions_heard_s(self) -> float:
+        """How long this primary has listened for session extensions: since it took over, or since
+        it resumed after a gap (when :attr:`sessions_complete_at` was last pushed out)."""
+        return max(0.0, self._mono() - (self.sessions_complete_at - self.timing.client_session_timeout_s))
+
+    @property
     def sessions_partial(self) -> bool:
         """Whether :attr:`sessions` may still miss live clients: this primary has not listened for
         a full client session timeout yet (since it took over, or since it resumed after a gap)."""

@@ -389,7 +389,10 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         c = self.server.cluster_or_raise()
         c.expire_sessions()
         return mgmtd_pb2.ListClientSessionsReply(
-            sessions=[s for _, s in sorted(c.sessions.items())], partial=c.sessions_partial
+            sessions=[s for _, s in sorted(c.sessions.items())],
+            partial=c.sessions_partial,
+            listening_s=c.sessions_heard_s,
+            session_timeout_s=c.timing.client_session_timeout_s,
         )
 
     @rpc(Access.ADMIN)

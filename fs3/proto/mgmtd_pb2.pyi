@@ -357,12 +357,16 @@ class ListClientSessionsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListClientSessionsReply(_message.Message):
-    __slots__ = ("sessions", "partial")
+    __slots__ = ("sessions", "partial", "listening_s", "session_timeout_s")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    LISTENING_S_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[ClientSession]
     partial: bool
-    def __init__(self, sessions: _Optional[_Iterable[_Union[ClientSession, _Mapping]]] = ..., partial: _Optional[bool] = ...) -> None: ...
+    listening_s: float
+    session_timeout_s: float
+    def __init__(self, sessions: _Optional[_Iterable[_Union[ClientSession, _Mapping]]] = ..., partial: _Optional[bool] = ..., listening_s: _Optional[float] = ..., session_timeout_s: _Optional[float] = ...) -> None: ...
 
 class InitClusterRequest(_message.Message):
     __slots__ = ("cluster_id", "admin_name", "admin_uid", "admin_gid")
