@@ -284,20 +284,14 @@ class EntryOps(Namespace):
                     drop_link(tr, dst, now)
             tr.clear(src_key)
             tr.set(dst_key, meta_pb2.DirEntry(inode_id=src.id, type=src.type).SerializeToString())
-            if src.type == DIRECTORY:
-                if moved_dir:
-                    src.parent = new_parent
-                    inodes.store(tr, src)
-                    tr.add_int(schema.dir_links_key(old_parent), -1)
-                    tr.add_int(schema.dir_links_key(new_parent), 1)
-                # ctime lives in the times key; its mtime is read without a conflict range so
-                # that renaming a directory does not conflict with creates inside it
-                raw_times = await tr.snapshot.get(schema.dir_times_key(src.id))
-                mtime = schema.decode_times(raw_times)[0] if raw_times else now
-                tr.set(schema.dir_times_key(src.id), schema.encode_times(mtime, now))
-            else:
-                src.ctime_ns = now
-                inodes.store(tr, src)
+            if src.type == DIRECTORY and moved_dir:
+                src.parent = new_parent
+                tr.add_int(schema.dir_links_key(old_parent), -1)
+                tr.add_int(schema.dir_links_key(new_parent), 1)
+            # a directory's new ctime goes to its inode, not its times key (see inodes.complete):
+            # rewriting that key with the mtime read here could take back a create's newer one
+            src.ctime_ns = now
+            inodes.store(tr, src)
             inodes.touch_dir(tr, old_parent, now)
             if new_parent != old_parent:
                 inodes.touch_dir(tr, new_parent, now)

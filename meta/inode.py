@@ -82,7 +82,10 @@ async def complete(rv: ReadView, ino: meta_pb2.Inode) -> meta_pb2.Inode:
     if ino.type == DIRECTORY:
         raw = await rv.get(schema.dir_times_key(ino.id))
         if raw is not None:
-            ino.mtime_ns, ino.ctime_ns = schema.decode_times(raw)
+            # a rename or an xattr change stamps the inode's own ctime, leaving the times key,
+            # which only entry changes (touch_dir) and explicit times (setattr) write
+            mtime, ctime = schema.decode_times(raw)
+            ino.mtime_ns, ino.ctime_ns = mtime, max(ctime, ino.ctime_ns)
         if ino.nlink:
             ino.nlink = 2 + schema.decode_count(await rv.get(schema.dir_links_key(ino.id)))
     return ino
@@ -108,14 +111,12 @@ def store(tr: Transaction, ino: meta_pb2.Inode) -> None:
 
 
 def touch_dir(tr: Transaction, dir_id: int, now: int) -> None:
-    """Set a directory's mtime and ctime after a change of its entries (a blind write)."""
-    tr.set(schema.dir_times_key(dir_id), schema.encode_times(now, now))
-
-
-def set_dir_ctime(tr: Transaction, ino: meta_pb2.Inode, now: int) -> None:
-    """Set a directory's ctime, keeping its mtime (``ino`` as completed by :func:`complete`)."""
-    tr.set(schema.dir_times_key(ino.id), schema.encode_times(ino.mtime_ns, now))
-    ino.ctime_ns = now
+    """Set a directory's mtime and ctime to ``now`` after a change of its entries: an atomic max,
+    which reads nothing (no conflict between creates in one directory) and leaves the later
+    stamp when two changes commit in the other order than their clocks were read (a set let the
+    directory's mtime go back). Packed ``(mtime, ctime)`` little-endian, the max compares ctime
+    first, which every writer of the key sets to its now."""
+    tr.atomic_max(schema.dir_times_key(dir_id), schema.encode_times(now, now))
 
 
 def new_inode(

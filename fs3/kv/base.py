@@ -8,9 +8,11 @@ FoundationDB:
 * Commits are serializable: a transaction whose non-snapshot reads (keys and ranges) were changed by
   another transaction committed after its snapshot fails to commit with ``KV_CONFLICT``. Reads through
   ``tr.snapshot`` add no conflict ranges.
-* ``set``/``clear``/``clear_range``/``add`` are buffered and take effect atomically at commit.
+* ``set``/``clear``/``clear_range``/``add``/``atomic_max`` are buffered and take effect atomically at commit.
 * ``add`` is FoundationDB's atomic ADD: the operand and the stored value are little-endian unsigned
   integers of the operand's width (a missing key counts as zero); it never conflicts.
+  ``atomic_max`` is its MAX: the larger of the two, read the same way (the operand where nothing
+  is stored), so that concurrent writers of a time stamp leave the latest, whatever their order.
 * Limits are FoundationDB's, enforced on every engine: key ≤ 10,000 bytes, value ≤ 100,000 bytes,
   a transaction's mutations plus conflict ranges ≤ 10,000,000 bytes. Violations raise
   :class:`fs3.errors.FS3Error` with KV_KEY_TOO_LARGE / KV_VALUE_TOO_LARGE / KV_TXN_TOO_LARGE at the
@@ -84,6 +86,10 @@ class Transaction(ReadView):
     @abc.abstractmethod
     def add(self, key: bytes, operand: bytes) -> None:
         """Atomic little-endian add of ``operand`` to the value at ``key`` (see module docstring)."""
+
+    @abc.abstractmethod
+    def atomic_max(self, key: bytes, operand: bytes) -> None:
+        """Atomic little-endian max of ``operand`` and the value at ``key`` (see module docstring)."""
 
     def add_int(self, key: bytes, delta: int, width: int = 8) -> None:
         self.add(key, (delta % (1 << (8 * width))).to_bytes(width, "little"))

@@ -194,6 +194,13 @@ class FdbTransaction(Transaction):
         self._grow(len(key) + len(operand))
         self._tr.add(key, operand)
 
+    def atomic_max(self, key: bytes, operand: bytes) -> None:
+        self._usable()
+        check_write_key(key)
+        check_value(operand)
+        self._grow(len(key) + len(operand))
+        self._tr.max(key, operand)
+
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._usable()
         end = clamp_end(end)

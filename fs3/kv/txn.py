@@ -49,17 +49,18 @@ EXACT_RANGE_ROWS = 10_000
 _ROW_LENGTHS = struct.Struct("<II")
 
 
-class Adds:
-    """Atomic-add operands queued on a key whose stored value this transaction has not seen."""
+class Atomics:
+    """Atomic operations (add, max) queued on a key whose stored value this transaction has not
+    seen: ``(apply, operand)`` pairs, applied in order to the stored value at commit."""
 
-    __slots__ = ("operands",)
+    __slots__ = ("ops",)
 
-    def __init__(self, operands: list[bytes]) -> None:
-        self.operands = operands
+    def __init__(self, ops: list[tuple[Callable[[bytes | None, bytes], bytes], bytes]]) -> None:
+        self.ops = ops
 
 
-# A point operation: a value to set, None to clear, or adds to apply to the stored value.
-PointOp = bytes | None | Adds
+# A point operation: a value to set, None to clear, or atomic operations to apply to the stored value.
+PointOp = bytes | None | Atomics
 
 _MISSING = object()
 
@@ -74,11 +75,22 @@ def apply_add(base: bytes | None, operand: bytes) -> bytes:
     return total.to_bytes(width, "little")
 
 
+def apply_max(base: bytes | None, operand: bytes) -> bytes:
+    """FoundationDB's MAX: the larger of the stored value (truncated or zero-extended to the
+    operand's width) and the operand, both read as little-endian unsigned integers; the operand
+    where nothing is stored."""
+    if base is None:
+        return operand
+    width = len(operand)
+    old = base[:width].ljust(width, b"\0")
+    return max(old, operand, key=lambda v: int.from_bytes(v, "little"))
+
+
 def resolve_point(op: PointOp, base: bytes | None) -> bytes | None:
     """The value a point operation leaves when the stored value is ``base``."""
-    if isinstance(op, Adds):
-        for operand in op.operands:
-            base = apply_add(base, operand)
+    if isinstance(op, Atomics):
+        for fn, operand in op.ops:
+            base = fn(base, operand)
         return base
     return op
 
@@ -187,7 +199,7 @@ def apply(store: Store, req: CommitRequest) -> None:
     for key, op in req.points.items():
         if op is None:
             store.delete(key)
-        elif isinstance(op, Adds):
+        elif isinstance(op, Atomics):
             store.put(key, resolve_point(op, store.get(key)))  # type: ignore[arg-type]
         else:
             store.put(key, op)
@@ -301,7 +313,7 @@ class BufferedTransaction(Transaction):
         if len(key) > MAX_KEY_SIZE:
             check_key(key)
         op = self._points.get(key, _MISSING)
-        if op is not _MISSING and not isinstance(op, Adds):
+        if op is not _MISSING and not isinstance(op, Atomics):
             return op  # type: ignore[return-value]
         if self._clears and self._cleared(key):
             return None
@@ -509,17 +521,23 @@ class BufferedTransaction(Transaction):
         self._put_point(key, None, len(key))
 
     def add(self, key: bytes, operand: bytes) -> None:
+        self._atomic(key, operand, apply_add)
+
+    def atomic_max(self, key: bytes, operand: bytes) -> None:
+        self._atomic(key, operand, apply_max)
+
+    def _atomic(self, key: bytes, operand: bytes, fn: Callable[[bytes | None, bytes], bytes]) -> None:
         self._writable()
         check_write_key(key)
         check_value(operand)
         operand = bytes(operand)
         op = self._points.get(key, _MISSING)
         if op is _MISSING:
-            new: PointOp = apply_add(None, operand) if self._cleared(key) else Adds([operand])
-        elif isinstance(op, Adds):
-            new = Adds([*op.operands, operand])
+            new: PointOp = fn(None, operand) if self._cleared(key) else Atomics([(fn, operand)])
+        elif isinstance(op, Atomics):
+            new = Atomics([*op.ops, (fn, operand)])
         else:
-            new = apply_add(op, operand)  # type: ignore[arg-type]
+            new = fn(op, operand)  # type: ignore[arg-type]
         self._put_point(key, new, len(key) + len(operand))
 
     def clear_range(self, begin: bytes, end: bytes) -> None:

@@ -201,6 +201,50 @@ async def test_atomic_add_does_not_conflict(db: Database) -> None:
     assert int.from_bytes(await read(db, b"ctr"), "little") == 5
 
 
+async def test_atomic_max(db: Database) -> None:
+    def le(n: int, width: int = 8) -> bytes:
+        return n.to_bytes(width, "little")
+
+    async def maxes(tr: Transaction) -> None:
+        tr.atomic_max(b"m", le(5))  # nothing stored: the operand
+        tr.atomic_max(b"m", le(3))
+        tr.set(b"s", le(9))
+        tr.atomic_max(b"s", le(0x100))  # compared as little-endian integers, not bytes
+        tr.set(b"w", b"\x07\x00\x01")
+        tr.atomic_max(b"w", b"\x05\x00")  # the stored value truncated to the operand's width first
+        tr.clear(b"c")
+        tr.atomic_max(b"c", b"\x02")
+
+    await put(db, {b"c": b"\x09"})
+    await db.run(maxes)
+    assert await read(db, b"m") == le(5)
+    assert await read(db, b"s") == le(0x100)
+    assert await read(db, b"w") == b"\x07\x00"
+    assert await read(db, b"c") == b"\x02"
+
+    tr = db.create_transaction()
+    tr.atomic_max(b"m", le(4))
+    tr.atomic_max(b"short", b"\x01")
+    assert await tr.get(b"m") == le(5)  # reads see pending maxes against the stored value
+    tr.atomic_max(b"m", le(8))
+    assert await tr.get(b"m") == le(8)
+    await tr.commit()
+    assert await read(db, b"short") == b"\x01"
+
+
+async def test_atomic_max_keeps_the_largest_whatever_the_commit_order(db: Database) -> None:
+    """Concurrent writers of a time stamp: the one with the earlier stamp commits last, and the
+    later stamp stays (a set would take it back)."""
+    early, late = db.create_transaction(), db.create_transaction()
+    for tr in (early, late):
+        await tr.get(b"other")  # both have their snapshots before either commits
+    late.atomic_max(b"t", (2000).to_bytes(8, "little"))
+    early.atomic_max(b"t", (1000).to_bytes(8, "little"))
+    await late.commit()
+    await early.commit()  # no conflict: maxes read nothing
+    assert int.from_bytes(await read(db, b"t"), "little") == 2000
+
+
 # -- isolation and conflicts ------------------------------------------------------------------------
 
 

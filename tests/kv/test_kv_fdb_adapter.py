@@ -104,6 +104,9 @@ class FakeTransaction:
     def add(self, key: bytes, operand: bytes) -> None:
         self.writes.append(("add", key, operand))
 
+    def max(self, key: bytes, operand: bytes) -> None:
+        self.writes.append(("max", key, operand))
+
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self.writes.append(("conflict", begin, end))
 
@@ -231,3 +234,13 @@ async def test_retryable_errors_rerun_the_transaction(fake: FakeDatabase) -> Non
     await db.run(write)
     assert attempts == 6
     assert fake.commits == 1
+
+
+async def test_atomic_max_is_fdbs_max_mutation(fake: FakeDatabase) -> None:
+    db = fdb_engine.FdbDatabase()
+
+    async def write(tr: Transaction) -> None:
+        tr.atomic_max(b"t", b"\x01\x02")
+
+    await db.run(write)
+    assert fake.last is not None and fake.last.writes == [("max", b"t", b"\x01\x02")]

@@ -31,6 +31,7 @@ write_op = st.one_of(
     # a begin in the system keyspace is refused (tested elsewhere), so ranges start below it
     st.tuples(st.just("clear_range"), st.sampled_from(KEYS), bound),
     st.tuples(st.just("add"), key, st.binary(min_size=1, max_size=3)),
+    st.tuples(st.just("max"), key, st.binary(min_size=1, max_size=3)),
 )
 read_op = st.one_of(
     st.tuples(st.just("get"), key, st.booleans()),
@@ -45,6 +46,14 @@ def model_add(old: bytes | None, operand: bytes) -> bytes:
     return (total % (1 << (8 * width))).to_bytes(width, "little")
 
 
+def model_max(old: bytes | None, operand: bytes) -> bytes:
+    if old is None:
+        return operand
+    width = len(operand)
+    old = old[:width] + bytes(max(0, width - len(old)))
+    return operand if int.from_bytes(operand, "little") > int.from_bytes(old, "little") else old
+
+
 def model_apply(state: dict[bytes, bytes], o: tuple) -> None:
     if o[0] == "set":
         state[o[1]] = o[2]
@@ -55,6 +64,8 @@ def model_apply(state: dict[bytes, bytes], o: tuple) -> None:
             del state[k]
     elif o[0] == "add":
         state[o[1]] = model_add(state.get(o[1]), o[2])
+    elif o[0] == "max":
+        state[o[1]] = model_max(state.get(o[1]), o[2])
 
 
 def model_read(state: dict[bytes, bytes], o: tuple):
@@ -76,6 +87,8 @@ async def engine_do(tr: Transaction, o: tuple):
         tr.clear_range(o[1], o[2])
     elif o[0] == "add":
         tr.add(o[1], o[2])
+    elif o[0] == "max":
+        tr.atomic_max(o[1], o[2])
     elif o[0] == "get":
         view = tr.snapshot if o[2] else tr
         return await view.get(o[1])
@@ -162,7 +175,7 @@ def conflict_keys(ops: list[tuple]) -> list[tuple[bytes, bytes]]:
 def written(ops: list[tuple]) -> list[tuple[bytes, bytes]]:
     out = []
     for o in ops:
-        if o[0] in ("set", "clear", "add"):
+        if o[0] in ("set", "clear", "add", "max"):
             out.append((o[1], o[1] + b"\x00"))
         elif o[0] == "clear_range":
             out.append((o[1], o[2]))
@@ -211,7 +224,9 @@ def test_concurrent_transactions_are_serializable(engine, request, tmp_path) -> 
             return
         # Committed: every non-snapshot read must match a run of t2 after t1 (a read-only t2 is
         # serialised at its snapshot instead, before t1).
-        writes2 = any(o[0] in ("set", "clear", "add") or o[0] == "clear_range" and o[1] < o[2] for o in ops2)
+        writes2 = any(
+            o[0] in ("set", "clear", "add", "max") or o[0] == "clear_range" and o[1] < o[2] for o in ops2
+        )
         replay = dict(after1 if writes2 else state)
         for o, got in zip(ops2, got2, strict=True):
             if o[0] == "get" and not o[2] or o[0] == "range" and not o[5]:

@@ -118,6 +118,37 @@ async def test_directory_link_counts_and_times(tree: Tree) -> None:
     assert (await s.lookup(ROOT, ROOT_ID, b"a2")).parent == ROOT_ID
 
 
+async def test_a_directorys_times_never_go_back(tree: Tree, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changes that commit in another order than their clocks were read (two meta servers, one
+    behind the other; or one server's group commit) leave a directory's latest times; a rename or
+    an xattr change of it moves its ctime on and leaves its mtime."""
+    s = tree.store
+    d = await s.mkdir(ROOT, ROOT_ID, b"t", 0o755)
+    sec = 10**9
+    clock = [d.mtime_ns + 2 * sec]
+    monkeypatch.setattr("fs3.meta.inode.now_ns", lambda: clock[0])
+    await s.create(ROOT, d.id, b"late", 0o644)
+    clock[0] -= sec  # read its clock before the first, committed after it
+    await s.create(ROOT, d.id, b"early", 0o644)
+    await s.mkdir(ROOT, d.id, b"sub", 0o755)
+    st = await s.stat(d.id)
+    assert (st.mtime_ns, st.ctime_ns) == (d.mtime_ns + 2 * sec,) * 2
+    await s.rename(ROOT, ROOT_ID, b"t", ROOT_ID, b"t2")  # a rename with the clock behind
+    st = await s.stat(d.id)
+    assert (st.mtime_ns, st.ctime_ns) == (d.mtime_ns + 2 * sec,) * 2
+    clock[0] = d.mtime_ns + 3 * sec
+    await s.rename(ROOT, ROOT_ID, b"t2", ROOT_ID, b"t3")
+    st = await s.stat(d.id)
+    assert (st.mtime_ns, st.ctime_ns) == (d.mtime_ns + 2 * sec, d.mtime_ns + 3 * sec)
+    clock[0] = d.mtime_ns + 4 * sec
+    await s.setxattr(ROOT, d.id, b"user.k", b"v")
+    st = await s.stat(d.id)
+    assert (st.mtime_ns, st.ctime_ns) == (d.mtime_ns + 2 * sec, d.mtime_ns + 4 * sec)
+    clock[0] = d.mtime_ns + 5 * sec
+    await s.create(ROOT, d.id, b"f", 0o644)  # entries change both again
+    assert (await s.stat(d.id)).mtime_ns == (await s.stat(d.id)).ctime_ns == d.mtime_ns + 5 * sec
+
+
 async def test_hard_links(tree: Tree) -> None:
     s = tree.store
     f = tree["/full/f"]
