@@ -27,8 +27,10 @@ to storage and meta.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 import os
 import struct
 import time
@@ -37,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from fs3.errors import FS3Error, StatusCode
+
+log = logging.getLogger(__name__)
 
 HANDSHAKE_VERSION = 1
 NONCE_BYTES = 32
@@ -115,14 +119,26 @@ def mgmtd_credential(secret: bytes) -> str:
 #: How long a server keeps a token check: a removed user's or revoked token still works this long
 #: at a server that checked it just before (fs3 admin says so when it removes or revokes).
 TOKEN_CACHE_S = 60.0
+#: How long a check that ran out waits for mgmtd before the last answer stands (see TokenCache).
+TOKEN_RECHECK_WAIT_S = 2.0
+#: How long after its last confirmation a token is still taken while mgmtd cannot answer.
+TOKEN_STALE_S = 3600.0
 
 
 class TokenCache:
     """Who a user token belongs to, asked of ``verify`` (``MgmtdClient.verify_token``) and kept
     for ``ttl_s`` (a refusal for ``negative_ttl_s``), so that a token costs a dict lookup after its
-    first use. An unreachable mgmtd is not cached. Refusals are kept apart from accepted tokens,
-    each up to ``max_entries`` with the oldest going first, so that made-up tokens (which anyone
-    who reaches a server may send) never push out the users' own."""
+    first use. Refusals are kept apart from accepted tokens, each up to ``max_entries`` with the
+    oldest going first, so that made-up tokens (which anyone who reaches a server may send) never
+    push out the users' own.
+
+    When an accepted token's ``ttl_s`` has run out, it is checked again; a revocation takes effect
+    then. But a server that is alive keeps serving the users it has verified while mgmtd is away:
+    if mgmtd does not answer within ``recheck_wait_s`` (hung, restarting, unreachable), the last
+    answer stands, for up to ``stale_s`` after it was given, while the check goes on in the
+    background (one per token at a time). Otherwise every request of every user would wait for, and
+    then fail with, mgmtd's timeout once a minute's cache ran out. A token never verified, or last
+    confirmed longer ago than ``stale_s``, needs mgmtd's answer."""
 
     def __init__(
         self,
@@ -131,18 +147,24 @@ class TokenCache:
         ttl_s: float = TOKEN_CACHE_S,
         negative_ttl_s: float = 5.0,
         max_entries: int = 10_000,
+        recheck_wait_s: float = TOKEN_RECHECK_WAIT_S,
+        stale_s: float = TOKEN_STALE_S,
     ) -> None:
         self._verify = verify
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
         self.max_entries = max_entries
-        self._users: dict[str, tuple[float, Any]] = {}  # token -> (expires, its User)
+        self.recheck_wait_s = recheck_wait_s
+        self.stale_s = stale_s
+        self._users: dict[str, tuple[float, Any]] = {}  # token -> (when mgmtd confirmed it, its User)
         self._refused: dict[str, tuple[float, FS3Error]] = {}
+        self._checks: dict[str, asyncio.Task[Any]] = {}  # checks with mgmtd in flight, by token
+        self._unconfirmed: set[str] = set()  # tokens taken on their last answer, mgmtd away
 
     def cached(self, token: str) -> Any:
         """The user of ``token`` if known and fresh, else None (refusals included)."""
         hit = self._users.get(token)
-        if hit is None or hit[0] < time.monotonic():
+        if hit is None or time.monotonic() - hit[0] > self.ttl_s:
             return None
         return hit[1]
 
@@ -152,24 +174,73 @@ class TokenCache:
             raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
         now = time.monotonic()
         hit = self._users.get(token)
-        if hit is not None and hit[0] >= now:
+        if hit is not None and now - hit[0] <= self.ttl_s:
             return hit[1]
         refused = self._refused.get(token)
-        if refused is None or refused[0] < now:
+        if refused is not None and refused[0] >= now:
+            raise FS3Error(refused[1].code, refused[1].message)
+        check = self._checks.get(token)
+        if check is None:
+            check = self._checks[token] = asyncio.ensure_future(self._check(token))
+            check.add_done_callback(_retrieved)
+        stale = hit is not None and now - hit[0] <= self.stale_s
+        if not stale:
+            await asyncio.wait((check,))
+        elif token not in self._unconfirmed:  # known to be away: no wait
+            await asyncio.wait((check,), timeout=self.recheck_wait_s)
+        error: BaseException | None = None
+        if check.done():
+            error = _outcome(check)
+            if error is None:
+                return check.result()
+        if stale and not (isinstance(error, FS3Error) and error.code == StatusCode.UNAUTHENTICATED):
+            assert hit is not None
+            if token not in self._unconfirmed:
+                self._unconfirmed.add(token)
+                log.warning(
+                    "mgmtd did not confirm a token of uid %d (%s): it stands on mgmtd's answer of %.0f s"
+                    " ago until mgmtd answers again",
+                    getattr(hit[1], "uid", -1),
+                    error or f"no answer in {self.recheck_wait_s:g} s",
+                    now - hit[0],
+                )
+            return hit[1]
+        assert error is not None
+        # a copy: the check's own error is shared by every caller that waited for it
+        raise FS3Error(error.code, error.message) if isinstance(error, FS3Error) else error
+
+    async def _check(self, token: str) -> Any:
+        """Ask mgmtd about ``token`` and keep the answer; raises as ``verify`` does."""
+        try:
             try:
                 user = await self._verify(token)
             except FS3Error as e:
-                if e.code != StatusCode.UNAUTHENTICATED:
-                    raise  # mgmtd unreachable: say so, and do not cache
-                self._users.pop(token, None)
-                refused = (now + self.negative_ttl_s, e)
-                _keep(self._refused, token, refused, self.max_entries)
-            else:
-                self._refused.pop(token, None)
-                _keep(self._users, token, (now + self.ttl_s, user), self.max_entries)
-                return user
-        error = refused[1]
-        raise FS3Error(error.code, error.message)
+                if e.code == StatusCode.UNAUTHENTICATED:
+                    self._users.pop(token, None)
+                    self._unconfirmed.discard(token)
+                    _keep(self._refused, token, (time.monotonic() + self.negative_ttl_s, e), self.max_entries)
+                raise  # anything else: mgmtd unreachable; not cached
+            self._refused.pop(token, None)
+            # confirmed when the answer came, not when the check began (a slow check would
+            # shorten the time it is kept)
+            _keep(self._users, token, (time.monotonic(), user), self.max_entries)
+            if token in self._unconfirmed:
+                self._unconfirmed.discard(token)
+                log.info("mgmtd confirmed a token of uid %d again", getattr(user, "uid", -1))
+            return user
+        finally:
+            self._checks.pop(token, None)
+
+
+def _outcome(task: asyncio.Task[Any]) -> BaseException | None:
+    """The error a finished task ended with (None if it returned)."""
+    if task.cancelled():
+        return FS3Error(StatusCode.UNAVAILABLE, "the token check with mgmtd was cancelled")
+    return task.exception()
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    _outcome(task)  # a check nobody waited for to its end must not log "never retrieved"
 
 
 def _keep(cache: dict[str, Any], key: str, value: Any, max_entries: int) -> None:

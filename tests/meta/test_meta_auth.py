@@ -3,6 +3,9 @@ unless its user is root, and mgmtd being unreachable is not mistaken for a bad t
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from fs3.errors import FS3Error, StatusCode
@@ -22,9 +25,14 @@ class Verifier:
     def __init__(self) -> None:
         self.calls = 0
         self.down = False
+        self.hung: asyncio.Event | None = None  # set: mgmtd answers again
+        self.delay = 0.0
 
     async def __call__(self, token: str) -> mgmtd_pb2.User:
         self.calls += 1
+        if self.hung is not None:
+            await self.hung.wait()
+        await asyncio.sleep(self.delay)
         if self.down:
             raise FS3Error(StatusCode.UNAVAILABLE, "mgmtd down")
         if token not in USERS:
@@ -66,6 +74,64 @@ async def test_unreachable_mgmtd_is_not_cached() -> None:
     assert e.value.code == StatusCode.UNAVAILABLE
     v.down = False
     assert (await auth.credentials(info(1000, 1000, "alice-token"))).uid == 1000
+
+
+async def test_a_verified_token_stands_while_mgmtd_cannot_answer() -> None:
+    """mgmtd hung or down when a token's cache entry runs out: the last answer stands (after a
+    short wait, then at once) instead of every request waiting for mgmtd's timeout and failing;
+    the check goes on, one at a time, and mgmtd's next answer counts, a refusal included."""
+    v = Verifier()
+    cache = TokenCache(v, ttl_s=0.5, negative_ttl_s=60, recheck_wait_s=0.3, stale_s=60)
+    assert (await cache.user_of("alice-token")).uid == 1000
+    await asyncio.sleep(0.6)
+    v.hung = asyncio.Event()
+    start = time.monotonic()
+    assert (await cache.user_of("alice-token")).uid == 1000  # after the short wait
+    assert 0.25 < time.monotonic() - start < 5
+    start = time.monotonic()
+    for _ in range(20):
+        assert (await cache.user_of("alice-token")).uid == 1000
+    assert time.monotonic() - start < 0.25  # known to be away: no wait
+    assert v.calls == 2  # one check in flight, not one per request
+    v.down = True
+    v.hung.set()  # the check ends: mgmtd unavailable, the last answer still stands
+    await asyncio.sleep(0.05)
+    assert (await cache.user_of("alice-token")).uid == 1000
+    v.down, v.hung = False, None
+    assert (await cache.user_of("alice-token")).uid == 1000  # at once; its check confirms it
+    await asyncio.sleep(0.02)
+    calls = v.calls
+    assert (await cache.user_of("alice-token")).uid == 1000 and v.calls == calls  # fresh again
+    # a revocation is taken as soon as mgmtd says so
+    del USERS["alice-token"]
+    try:
+        await asyncio.sleep(0.6)
+        with pytest.raises(FS3Error) as e:
+            await cache.user_of("alice-token")
+        assert e.value.code == StatusCode.UNAUTHENTICATED
+    finally:
+        USERS["alice-token"] = mgmtd_pb2.User(uid=1000, gid=1000, groups=[500, 501])
+
+
+async def test_a_token_confirmed_too_long_ago_needs_mgmtd() -> None:
+    v = Verifier()
+    cache = TokenCache(v, ttl_s=0.01, negative_ttl_s=60, recheck_wait_s=0.05, stale_s=0.1)
+    assert (await cache.user_of("alice-token")).uid == 1000
+    await asyncio.sleep(0.15)
+    v.down = True
+    with pytest.raises(FS3Error) as e:
+        await cache.user_of("alice-token")
+    assert e.value.code == StatusCode.UNAVAILABLE
+
+
+async def test_a_token_is_kept_from_mgmtds_answer_not_from_the_question() -> None:
+    v = Verifier()
+    v.delay = 0.3  # a slow mgmtd
+    cache = TokenCache(v, ttl_s=0.4, negative_ttl_s=60)
+    assert (await cache.user_of("alice-token")).uid == 1000
+    await asyncio.sleep(0.2)  # 0.5 s after the question, 0.2 s after the answer
+    assert cache.cached("alice-token") is not None
+    assert (await cache.user_of("alice-token")).uid == 1000 and v.calls == 1
 
 
 async def test_trusting_authenticator_limits_groups() -> None:
