@@ -50,7 +50,7 @@ from fs3.client.routing import Routing, RoutingCache
 from fs3.errors import FS3Error, StatusCode, fresh_error
 from fs3.net import RpcClient, ServiceDef
 from fs3.net.transport import Address
-from fs3.proto import common_pb2, rpc_pb2, storage_pb2
+from fs3.proto import common_pb2, mgmtd_pb2, rpc_pb2, storage_pb2
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,34 @@ def node_address(routing: Routing, target_id: int, *, backend: bool = False) -> 
     return address
 
 
+def failed_storage_nodes(routing: Routing) -> set[int]:
+    return {
+        n.node_id
+        for n in routing.nodes.values()
+        if n.type == common_pb2.NODE_STORAGE and n.status == mgmtd_pb2.NODE_STATUS_FAILED
+    }
+
+
+def drop_failed_nodes(rpc: RpcClient, routing: Routing, failed: set[int]) -> None:
+    """A routing listener: abort ``rpc``'s connections to each storage node mgmtd has declared
+    failed since the last call (``failed``: the nodes failed then, updated here).
+
+    A node that hangs (stopped, swapping, a frozen VM) keeps its connections open and answers
+    nothing: every call in flight to it would wait out its whole deadline (30 s in a mount) even
+    though mgmtd, once the node's heartbeats stop, takes its targets out of their chains within
+    its heartbeat timeout. Dropped, those calls fail as a lost connection does, and their callers
+    retry them on the new routing (another replica, the new head, the next successor)."""
+    now = failed_storage_nodes(routing)
+    for node_id in now - failed:
+        for ep in routing.nodes[node_id].endpoints:
+            if ep.transport in ("", "tcp") and rpc.drop_peer(
+                (ep.host, ep.port), f"storage node {node_id} failed (mgmtd stopped hearing from it)"
+            ):
+                log.info("dropped the connections to a failed storage node node_id=%d", node_id)
+    failed.clear()
+    failed.update(now)
+
+
 class _Channels:
     """Update channels: a write holds one for its lifetime; each new write on a channel takes the
     next sequence number, and its retries repeat it (so the head can tell a retry from a new write)."""
@@ -274,6 +302,8 @@ class StorageClient:
     ) -> None:
         self.routing = routing
         self.rpc = rpc
+        failed = failed_storage_nodes(routing.routing)
+        routing.add_listener(lambda r: drop_failed_nodes(rpc, r, failed))
         self.capabilities = capabilities
         self.client_id = client_id or secrets.randbits(63) | 1
         self.retry = retry or RetryPolicy()

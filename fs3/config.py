@@ -312,6 +312,12 @@ class StorageConfig:
     forward_timeout_s: float = opt(
         30.0, doc="how long a replica retries forwarding an update along the chain", check=_seconds
     )
+    rpc_timeout_s: float = opt(
+        10.0,
+        doc="deadline of each call to another storage daemon (an update forwarded along the chain, a"
+        " resync, a CRAQ version query); a forward that fails is retried within forward_timeout_s",
+        check=_seconds,
+    )
     resync_interval_s: float = opt(
         0.5, doc="how often to look for SYNCING successors to resync", check=_seconds
     )

@@ -29,7 +29,7 @@ from fs3.capability import CapabilityVerifier
 from fs3.client.meta_client import DEV_SECRET
 from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
 from fs3.client.routing import Routing, RoutingCache
-from fs3.client.storage_client import STORAGE_SERVICE
+from fs3.client.storage_client import STORAGE_SERVICE, drop_failed_nodes
 from fs3.config import StorageConfig
 from fs3.daemon import apply_pushed_config, hot_log_level
 from fs3.errors import FS3Error, StatusCode
@@ -81,6 +81,7 @@ class StorageDaemon:
         self.backend_server: RpcServer | None = None
         self.backend_port = 0
         self.rpc: RpcClient | None = None
+        self._failed_nodes: set[int] = set()  # storage nodes mgmtd had declared failed (drop_failed_nodes)
         self.mgmtd: MgmtdClient | None = None
         self.routing: RoutingCache | None = None
         self.agent: NodeAgent | None = None
@@ -169,6 +170,7 @@ class StorageDaemon:
             self.rpc,
             self.executor,
             forward_timeout_s=cfg.forward_timeout_s,
+            rpc_timeout_s=cfg.rpc_timeout_s,
             aio=self.aio,
         )
         self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
@@ -276,8 +278,9 @@ class StorageDaemon:
     # -- callbacks --------------------------------------------------------------------------------
 
     def _routing_changed(self, routing: Routing) -> None:
-        assert self.targets is not None
+        assert self.targets is not None and self.rpc is not None
         self.targets.apply_routing(routing)
+        drop_failed_nodes(self.rpc, routing, self._failed_nodes)
         self.lease.routing_applied(routing.version)
         if self.resync is not None:
             self.resync.poke()

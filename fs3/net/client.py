@@ -627,6 +627,27 @@ class RpcClient:
                 if s is session:
                     peer.slots[i] = None
 
+    def drop_peer(self, address: Address, reason: str) -> int:
+        """Abort the connections to ``address`` now: its calls in flight fail at once with
+        RPC_CONNECTION_CLOSED (``reason`` in the message), which callers retry as for any lost
+        connection, instead of each waiting out its deadline; later calls connect afresh. For a
+        peer known to be gone or hung (see :func:`fs3.client.storage_client.drop_failed_nodes`).
+        Returns the number of connections aborted."""
+        peer = self._peers.get(address)
+        sessions = {s for s in (peer.slots if peer is not None else ()) if s is not None}
+        single = self._single.get(address)
+        if single is not None:
+            sessions.add(single)
+        dropped = 0
+        for s in sessions:
+            if s.closed:
+                continue
+            s.ready = False
+            s._close_reason = FS3Error(StatusCode.RPC_CONNECTION_CLOSED, reason)
+            s.conn.abort()
+            dropped += 1
+        return dropped
+
     async def close(self) -> None:
         """Close every connection; calls in flight fail with RPC_CONNECTION_CLOSED. Requests still
         queued go out first, for up to ``CLOSE_GRACE_S``; a peer not reading them by then (a

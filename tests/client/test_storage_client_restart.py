@@ -40,6 +40,9 @@ class StaticRouting:
     def refresh_soon(self) -> None:
         pass
 
+    def add_listener(self, fn: Any) -> None:
+        pass  # never changes
+
     async def refresh(self) -> Routing:
         return self.routing
 
