@@ -208,30 +208,36 @@ def node_address(routing: Routing, target_id: int, *, backend: bool = False) -> 
     return address
 
 
-def failed_storage_nodes(routing: Routing) -> set[int]:
+# the nodes clients and storage daemons call: meta (namespace) and storage (chunks)
+_SERVING_NODES = (common_pb2.NODE_STORAGE, common_pb2.NODE_META)
+
+
+def failed_nodes(routing: Routing) -> set[int]:
+    """The storage and meta nodes mgmtd has declared failed in ``routing``."""
     return {
         n.node_id
         for n in routing.nodes.values()
-        if n.type == common_pb2.NODE_STORAGE and n.status == mgmtd_pb2.NODE_STATUS_FAILED
+        if n.type in _SERVING_NODES and n.status == mgmtd_pb2.NODE_STATUS_FAILED
     }
 
 
 def drop_failed_nodes(rpc: RpcClient, routing: Routing, failed: set[int]) -> None:
-    """A routing listener: abort ``rpc``'s connections to each storage node mgmtd has declared
-    failed since the last call (``failed``: the nodes failed then, updated here).
+    """A routing listener: abort ``rpc``'s connections to each storage or meta node mgmtd has
+    declared failed since the last call (``failed``: the nodes failed then, updated here).
 
     A node that hangs (stopped, swapping, a frozen VM) keeps its connections open and answers
     nothing: every call in flight to it would wait out its whole deadline (30 s in a mount) even
-    though mgmtd, once the node's heartbeats stop, takes its targets out of their chains within
-    its heartbeat timeout. Dropped, those calls fail as a lost connection does, and their callers
-    retry them on the new routing (another replica, the new head, the next successor)."""
-    now = failed_storage_nodes(routing)
+    though mgmtd, once the node's heartbeats stop, takes a storage node's targets out of their
+    chains, and a meta node out of the active ones, within its heartbeat timeout. Dropped, those
+    calls fail as a lost connection does, and their callers retry them on the new routing
+    (another replica, the new head, the next successor, another meta server)."""
+    now = failed_nodes(routing)
     for node_id in now - failed:
         for ep in routing.nodes[node_id].endpoints:
             if ep.transport in ("", "tcp") and rpc.drop_peer(
-                (ep.host, ep.port), f"storage node {node_id} failed (mgmtd stopped hearing from it)"
+                (ep.host, ep.port), f"node {node_id} failed (mgmtd stopped hearing from it)"
             ):
-                log.info("dropped the connections to a failed storage node node_id=%d", node_id)
+                log.info("dropped the connections to a failed node node_id=%d", node_id)
     failed.clear()
     failed.update(now)
 
@@ -302,7 +308,7 @@ class StorageClient:
     ) -> None:
         self.routing = routing
         self.rpc = rpc
-        failed = failed_storage_nodes(routing.routing)
+        failed = failed_nodes(routing.routing)
         routing.add_listener(lambda r: drop_failed_nodes(rpc, r, failed))
         self.capabilities = capabilities
         self.client_id = client_id or secrets.randbits(63) | 1

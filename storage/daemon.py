@@ -81,7 +81,7 @@ class StorageDaemon:
         self.backend_server: RpcServer | None = None
         self.backend_port = 0
         self.rpc: RpcClient | None = None
-        self._failed_nodes: set[int] = set()  # storage nodes mgmtd had declared failed (drop_failed_nodes)
+        self._failed_nodes: set[int] = set()  # nodes mgmtd had declared failed (drop_failed_nodes)
         self.mgmtd: MgmtdClient | None = None
         self.routing: RoutingCache | None = None
         self.agent: NodeAgent | None = None

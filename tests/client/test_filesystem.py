@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import stat
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -299,6 +300,31 @@ async def test_a_hung_meta_server_is_failed_over_from(tmp_path: Path) -> None:
             assert await fs.read_file("/after") == b"2"
         finally:
             os.kill(popen.pid, signal.SIGCONT)
+
+
+@pytest.mark.timeout(300)
+async def test_calls_to_a_hung_meta_server_fail_over_when_mgmtd_declares_it_failed(tmp_path: Path) -> None:
+    """A call in flight to a meta server that hangs ends when mgmtd declares the server failed
+    (its heartbeats stopped) and goes to the other one, instead of waiting out its deadline."""
+    deadline_s = 90.0
+    async with FsCluster(tmp_path, metas=2, chains=1, stripe=1) as c:
+        hung, healthy = (f"127.0.0.1:{port}" for port in c.meta_ports)
+        fs = await c.connect(meta_addresses=[hung, healthy], rpc_timeout_s=deadline_s)
+        await fs.write_file("/before", b"1")
+        popen = c.meta_procs[0].popen
+        assert popen is not None
+        os.kill(popen.pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            fs.meta._current = 0  # noqa: SLF001  # the next call tries the hung server first
+            await fs.write_file("/after", b"2")  # a create, then a close
+            took = time.monotonic() - start
+        finally:
+            os.kill(popen.pid, signal.SIGCONT)
+        assert took < deadline_s / 2, (
+            f"the create took {took:.1f} s: it waited for its {deadline_s} s deadline"
+        )
+        assert await fs.read_file("/after") == b"2"
 
 
 async def test_sync_facade(cluster: FsCluster) -> None:
