@@ -137,6 +137,10 @@ class AttrOps(Namespace):
             stored = meta_pb2.Inode()
             stored.CopyFrom(ino)
             stored.nlink = 2 if ino.nlink else 0  # the live count is kept in the links key
+            # the times key has it; the inode's own ctime is for renames and xattr changes only
+            # (inodes.complete shows the later), and one kept here could not be replaced by entry
+            # changes were it bad (see inodes.touch_dir)
+            stored.ctime_ns = 0
             inodes.store(tr, stored)
         else:
             inodes.store(tr, ino)

@@ -151,7 +151,7 @@ class EntryOps(Namespace):
             ino.ctime_ns = now
             inodes.store(tr, ino)
             tr.set(key, meta_pb2.DirEntry(inode_id=ino.id, type=ino.type).SerializeToString())
-            inodes.touch_dir(tr, new_parent, now)
+            await inodes.touch_dir(tr, new_parent, now)
             return meta_pb2.InodeRsp(inode=inodes.public(ino))
 
         return (await self._mutate(idem, meta_pb2.InodeRsp, fn)).inode
@@ -171,7 +171,7 @@ class EntryOps(Namespace):
             now = inodes.now_ns()
             tr.clear(key)
             drop_link(tr, ino, now)
-            inodes.touch_dir(tr, parent, now)
+            await inodes.touch_dir(tr, parent, now)
             return _EMPTY
 
         await self._mutate(idem, meta_pb2.EmptyRsp, fn)
@@ -204,7 +204,7 @@ class EntryOps(Namespace):
                 if not await is_empty(tr, d.id):
                     raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {quote_name(name)} is not empty")
                 delete_dir(tr, d, parent)
-            inodes.touch_dir(tr, parent, now)
+            await inodes.touch_dir(tr, parent, now)
             return _EMPTY
 
         await self._mutate(idem, meta_pb2.EmptyRsp, fn)
@@ -292,9 +292,9 @@ class EntryOps(Namespace):
             # rewriting that key with the mtime read here could take back a create's newer one
             src.ctime_ns = now
             inodes.store(tr, src)
-            inodes.touch_dir(tr, old_parent, now)
+            await inodes.touch_dir(tr, old_parent, now)
             if new_parent != old_parent:
-                inodes.touch_dir(tr, new_parent, now)
+                await inodes.touch_dir(tr, new_parent, now)
             return _EMPTY
 
         await self._mutate(idem, meta_pb2.EmptyRsp, fn)

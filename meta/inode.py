@@ -110,13 +110,24 @@ def store(tr: Transaction, ino: meta_pb2.Inode) -> None:
     tr.set(schema.inode_key(ino.id), ino.SerializeToString())
 
 
-def touch_dir(tr: Transaction, dir_id: int, now: int) -> None:
+#: A directory time stamp further ahead of a meta server's clock than this is taken for a bad one
+#: (a clock that jumped ahead, a time set through the raw RPC) and replaced, not kept by the max.
+DIR_TIME_AHEAD_NS = 60 * 10**9
+
+
+async def touch_dir(tr: Transaction, dir_id: int, now: int) -> None:
     """Set a directory's mtime and ctime to ``now`` after a change of its entries: an atomic max,
-    which reads nothing (no conflict between creates in one directory) and leaves the later
-    stamp when two changes commit in the other order than their clocks were read (a set let the
-    directory's mtime go back). Packed ``(mtime, ctime)`` little-endian, the max compares ctime
-    first, which every writer of the key sets to its now."""
-    tr.atomic_max(schema.dir_times_key(dir_id), schema.encode_times(now, now))
+    which reads nothing that conflicts (creates in one directory do not conflict) and leaves the
+    later stamp when two changes commit in the other order than their clocks were read (a set let
+    the directory's mtime go back). Packed ``(mtime, ctime)`` little-endian, the max compares
+    ctime first, which every writer of the key sets to its now. A stored ctime the max would keep
+    for good (negative, which it reads as huge, or more than DIR_TIME_AHEAD_NS ahead) is replaced."""
+    key = schema.dir_times_key(dir_id)
+    raw = await tr.snapshot.get(key)
+    if raw is not None and not 0 <= schema.decode_times(raw)[1] <= now + DIR_TIME_AHEAD_NS:
+        tr.set(key, schema.encode_times(now, now))
+    else:
+        tr.atomic_max(key, schema.encode_times(now, now))
 
 
 def new_inode(

@@ -180,7 +180,7 @@ class Namespace:
             root = inodes.new_inode(schema.ROOT_ID, DIRECTORY, mode, 0, 0, now, parent=schema.ROOT_ID)
             root.layout.CopyFrom(self.layouts.default)
             inodes.store(tr, root)
-            inodes.touch_dir(tr, root.id, now)
+            await inodes.touch_dir(tr, root.id, now)
             tr.add_int(schema.INODE_COUNT_KEY, 1)
             log.info("created the root directory")
 
@@ -342,9 +342,9 @@ class Namespace:
         key = schema.dentry_key(parent, name)
         if await tr.get(key) is not None:
             raise FS3Error(StatusCode.ALREADY_EXISTS, f"{quote_name(name)} exists in directory {parent}")
-        return p, self._insert(tr, cred, p, key, itype, mode, inode_id, **fields)
+        return p, await self._insert(tr, cred, p, key, itype, mode, inode_id, **fields)
 
-    def _insert(
+    async def _insert(
         self,
         tr: Transaction,
         cred: Credentials,
@@ -374,11 +374,11 @@ class Namespace:
             ino.parent = parent
             ino.layout.CopyFrom(p.layout)
             del ino.layout.chains[:]
-            inodes.touch_dir(tr, inode_id, now)
+            await inodes.touch_dir(tr, inode_id, now)
             tr.add_int(schema.dir_links_key(parent), 1)
         inodes.store(tr, ino)
         tr.set(key, meta_pb2.DirEntry(inode_id=inode_id, type=itype).SerializeToString())
-        inodes.touch_dir(tr, parent, now)
+        await inodes.touch_dir(tr, parent, now)
         tr.add_int(schema.INODE_COUNT_KEY, 1)
         return ino
 
@@ -476,7 +476,7 @@ class Namespace:
             key = schema.dentry_key(parent, name)
             raw = await tr.get(key)
             if raw is None:
-                ino = self._insert(tr, cred, p, key, FILE, mode & 0o7777 & ~umask, inode_id)
+                ino = await self._insert(tr, cred, p, key, FILE, mode & 0o7777 & ~umask, inode_id)
                 created = True
             else:
                 if flags & O_EXCL:

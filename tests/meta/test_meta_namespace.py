@@ -147,6 +147,14 @@ async def test_a_directorys_times_never_go_back(tree: Tree, monkeypatch: pytest.
     clock[0] = d.mtime_ns + 5 * sec
     await s.create(ROOT, d.id, b"f", 0o644)  # entries change both again
     assert (await s.stat(d.id)).mtime_ns == (await s.stat(d.id)).ctime_ns == d.mtime_ns + 5 * sec
+    # a stamp the max would keep for good (negative, read as huge unsigned; or far ahead, from a
+    # clock that jumped) is replaced at the next change
+    for bad in (-1, clock[0] + 3600 * sec):
+        await s.setattr(ROOT, d.id, m.SetattrReq(fields=m.SETATTR_CTIME, ctime_ns=bad))
+        clock[0] += sec
+        await s.create(ROOT, d.id, f"g{bad}".encode(), 0o644)
+        st = await s.stat(d.id)
+        assert (st.mtime_ns, st.ctime_ns) == (clock[0], clock[0])
 
 
 async def test_hard_links(tree: Tree) -> None:
