@@ -117,7 +117,8 @@ def mgmtd_credential(secret: bytes) -> str:
 
 
 #: How long a server keeps a token check: a removed user's or revoked token still works this long
-#: at a server that checked it just before (fs3 admin says so when it removes or revokes).
+#: at a server that checked it just before, and up to TOKEN_STALE_S at one that cannot reach mgmtd
+#: (fs3 admin says so when it removes or revokes).
 TOKEN_CACHE_S = 60.0
 #: How long a check that ran out waits for mgmtd before the last answer stands (see TokenCache).
 TOKEN_RECHECK_WAIT_S = 2.0
@@ -179,57 +180,61 @@ class TokenCache:
         refused = self._refused.get(token)
         if refused is not None and refused[0] >= now:
             raise FS3Error(refused[1].code, refused[1].message)
+        if hit is None or now - hit[0] > self.stale_s:
+            # Never verified, or too long ago: mgmtd's answer is needed, waited for here, and
+            # given up with the caller (a connection that closes mid-handshake ends its check, so
+            # the server's bound on checks in flight holds).
+            return await self._check(token)
         check = self._checks.get(token)
         if check is None:
-            check = self._checks[token] = asyncio.ensure_future(self._check(token))
+            # shared by the token's requests meanwhile, one per token (at most one per entry)
+            check = self._checks[token] = asyncio.ensure_future(self._background_check(token))
             check.add_done_callback(_retrieved)
-        stale = hit is not None and now - hit[0] <= self.stale_s
-        if not stale:
-            await asyncio.wait((check,))
-        elif token not in self._unconfirmed:  # known to be away: no wait
+        if token not in self._unconfirmed:  # known to be away: no wait
             await asyncio.wait((check,), timeout=self.recheck_wait_s)
         error: BaseException | None = None
         if check.done():
             error = _outcome(check)
             if error is None:
                 return check.result()
-        if stale and not (isinstance(error, FS3Error) and error.code == StatusCode.UNAUTHENTICATED):
-            assert hit is not None
-            if token not in self._unconfirmed:
-                self._unconfirmed.add(token)
-                log.warning(
-                    "mgmtd did not confirm a token of uid %d (%s): it stands on mgmtd's answer of %.0f s"
-                    " ago until mgmtd answers again",
-                    getattr(hit[1], "uid", -1),
-                    error or f"no answer in {self.recheck_wait_s:g} s",
-                    now - hit[0],
-                )
-            return hit[1]
-        assert error is not None
-        # a copy: the check's own error is shared by every caller that waited for it
-        raise FS3Error(error.code, error.message) if isinstance(error, FS3Error) else error
+            if isinstance(error, FS3Error) and error.code == StatusCode.UNAUTHENTICATED:
+                # a copy: the check's own error is shared by every request that waited for it
+                raise FS3Error(error.code, error.message)
+        if token not in self._unconfirmed:
+            self._unconfirmed.add(token)
+            log.warning(
+                "mgmtd did not confirm a token of uid %d (%s): it stands on mgmtd's answer of %.0f s"
+                " ago until mgmtd answers again",
+                getattr(hit[1], "uid", -1),
+                error or f"no answer in {self.recheck_wait_s:g} s",
+                now - hit[0],
+            )
+        return hit[1]
+
+    async def _background_check(self, token: str) -> Any:
+        try:
+            return await self._check(token)
+        finally:
+            self._checks.pop(token, None)
 
     async def _check(self, token: str) -> Any:
         """Ask mgmtd about ``token`` and keep the answer; raises as ``verify`` does."""
         try:
-            try:
-                user = await self._verify(token)
-            except FS3Error as e:
-                if e.code == StatusCode.UNAUTHENTICATED:
-                    self._users.pop(token, None)
-                    self._unconfirmed.discard(token)
-                    _keep(self._refused, token, (time.monotonic() + self.negative_ttl_s, e), self.max_entries)
-                raise  # anything else: mgmtd unreachable; not cached
-            self._refused.pop(token, None)
-            # confirmed when the answer came, not when the check began (a slow check would
-            # shorten the time it is kept)
-            _keep(self._users, token, (time.monotonic(), user), self.max_entries)
-            if token in self._unconfirmed:
+            user = await self._verify(token)
+        except FS3Error as e:
+            if e.code == StatusCode.UNAUTHENTICATED:
+                self._users.pop(token, None)
                 self._unconfirmed.discard(token)
-                log.info("mgmtd confirmed a token of uid %d again", getattr(user, "uid", -1))
-            return user
-        finally:
-            self._checks.pop(token, None)
+                _keep(self._refused, token, (time.monotonic() + self.negative_ttl_s, e), self.max_entries)
+            raise  # anything else: mgmtd unreachable; not cached
+        self._refused.pop(token, None)
+        # confirmed when the answer came, not when the check began (a slow check would shorten the
+        # time it is kept)
+        _keep(self._users, token, (time.monotonic(), user), self.max_entries)
+        if token in self._unconfirmed:
+            self._unconfirmed.discard(token)
+            log.info("mgmtd confirmed a token of uid %d again", getattr(user, "uid", -1))
+        return user
 
 
 def _outcome(task: asyncio.Task[Any]) -> BaseException | None:

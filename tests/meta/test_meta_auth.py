@@ -26,12 +26,17 @@ class Verifier:
         self.calls = 0
         self.down = False
         self.hung: asyncio.Event | None = None  # set: mgmtd answers again
+        self.cancelled = 0
         self.delay = 0.0
 
     async def __call__(self, token: str) -> mgmtd_pb2.User:
         self.calls += 1
         if self.hung is not None:
-            await self.hung.wait()
+            try:
+                await self.hung.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         await asyncio.sleep(self.delay)
         if self.down:
             raise FS3Error(StatusCode.UNAVAILABLE, "mgmtd down")
@@ -111,6 +116,21 @@ async def test_a_verified_token_stands_while_mgmtd_cannot_answer() -> None:
         assert e.value.code == StatusCode.UNAUTHENTICATED
     finally:
         USERS["alice-token"] = mgmtd_pb2.User(uid=1000, gid=1000, groups=[500, 501])
+
+
+async def test_a_check_of_a_new_token_ends_with_its_caller() -> None:
+    """A token never verified is checked in its caller (a handshake): a peer that hangs up ends
+    the check, so the server's bound on checks in flight at mgmtd holds."""
+    v = Verifier()
+    v.hung = asyncio.Event()
+    cache = TokenCache(v, ttl_s=60, negative_ttl_s=60)
+    callers = [asyncio.ensure_future(cache.user_of(f"made-up-{i}")) for i in range(20)]
+    await asyncio.sleep(0.05)
+    assert v.calls == 20
+    for c in callers:
+        c.cancel()
+    await asyncio.gather(*callers, return_exceptions=True)
+    assert v.cancelled == 20
 
 
 async def test_a_token_confirmed_too_long_ago_needs_mgmtd() -> None:
