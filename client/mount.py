@@ -261,6 +261,13 @@ def _run(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable
     return asyncio.run(serve(cfg, mountpoint, options, ready))
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # one the enum does not name (a realtime signal)
+        return f"signal {number}"
+
+
 def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
     """Fork. The parent waits for the child's word and exits with it: 0 once the mount is up, 1
     once the child has printed why it failed (on the standard error they share until then), and
@@ -277,7 +284,7 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
         if word == b"0":
             os._exit(1)  # the reason is printed already
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # the pipe closed: it has ended
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         where = f" (see the log: {log_file})" if log_file else ""
         sys.stderr.write(f"fs3 mount: the mount did not come up: its process {how}{where}\n")
         os._exit(code if code > 0 else 1)
@@ -305,10 +312,11 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 mount``; returns the exit status."""
     args = _parser().parse_args(argv)
-    # from the mount table, before anything starts: a stat of a dead FUSE mount fails (ENOTCONN,
-    # "not a directory" below) and one of a hung mount never returns
+    # a FUSE mount there already (a dead or hung fs3 mount, most likely), from the mount table,
+    # before anything starts: a stat of a dead FUSE mount fails (ENOTCONN, "not a directory"
+    # below) and one of a hung mount never returns
     where = os.path.abspath(args.mountpoint)
-    if taken := mounted_over(where) or mounted_over(os.path.realpath(where)):
+    if taken := mounted_over(where, fuse_only=True) or mounted_over(os.path.realpath(where), fuse_only=True):
         sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")
         return 1
     try:

@@ -92,21 +92,6 @@ def test_mount_with_an_unwritable_log_file_says_so_in_one_line(tmp_path) -> None
     ]
 
 
-@pytest.mark.parametrize("foreground", [["--foreground"], []])
-def test_mount_on_a_mount_point_is_refused_before_anything_starts(tmp_path, foreground) -> None:
-    """/proc is a mount point everywhere; through a symlink too. A mount was stacked on it (the
-    config points at no cluster, so that without the check it fails at connecting, not mounting)."""
-    cfg = tmp_path / "dead.toml"
-    cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 2.0\n')
-    (tmp_path / "link").symlink_to("/proc")
-    for where in ("/proc", str(tmp_path / "link")):
-        out = fs3("mount", where, "--config", str(cfg), *foreground)
-        assert out.returncode == 1
-        assert out.stderr.splitlines() == [
-            "fs3 mount: /proc is already a mount point (proc); unmount it first or pick another directory"
-        ]
-
-
 def test_a_detached_mount_that_fails_says_why_once(tmp_path) -> None:
     """The reason is printed: no '(see the log)' after it (it was, even with no log file)."""
     cfg = tmp_path / "dead.toml"

@@ -78,12 +78,16 @@ def is_mounted(path: str) -> bool:
     return bool(path) and _mountinfo_entry(path) is not None
 
 
-def mounted_over(path: str) -> str | None:
+def mounted_over(path: str, *, fuse_only: bool = False) -> str | None:
     """Why ``path`` cannot take a new mount, or None: something is mounted there already (a new
-    mount would be stacked on it, hiding it until unmounted). Read from the mount table, so a
-    dead or hung FUSE mount there is found without touching it."""
+    mount would be stacked on it, hiding it until unmounted); with ``fuse_only``, a FUSE file
+    system only (a bind or volume mount point, as containers give, takes a FUSE mount on top by
+    design). Read from the mount table, so a dead or hung FUSE mount there is found without
+    touching it."""
     fstype = mount_type(path) if path else None
-    return None if fstype is None else f"{path} is already a mount point ({fstype or 'unknown type'})"
+    if fstype is None or fuse_only and not fstype.startswith("fuse"):
+        return None
+    return f"{path} is already a mount point ({fstype or 'unknown type'})"
 
 
 def answers(path: str, timeout_s: float) -> bool:

@@ -664,6 +664,40 @@ def test_mount_without_a_cluster_fails_with_a_reason(env: Env, tmp_path: Path) -
     assert not is_mounted(tmp_path / "m")
 
 
+@pytest.mark.parametrize("foreground", [["-f"], []])
+def test_mount_over_a_fuse_mount_is_refused_but_over_a_bind_mount_point_is_not(
+    env: Env, tmp_path: Path, foreground: list[str]
+) -> None:
+    """A FUSE mount there already (a dead or hung fs3 mount, most likely) is refused before
+    anything starts, through a symlink too; a plain mount point, as a container's volume is,
+    takes the mount (here the dead cluster's error comes, not a refusal)."""
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 2.0\n')
+    (tmp_path / "link").symlink_to(env.mnt)
+    mount = [sys.executable, "-m", "fs3.cli.main", "mount"]
+    for where in (env.mnt, tmp_path / "link"):
+        r = subprocess.run(
+            [*mount, str(where), "--config", str(cfg), *foreground], capture_output=True, text=True
+        )
+        assert r.returncode == 1
+        assert r.stderr.splitlines() == [
+            f"fs3 mount: {env.mnt} is already a mount point (fuse.fs3); unmount it first or pick another directory"
+        ]
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    subprocess.run(["mount", "--bind", str(volume), str(volume)], check=True)
+    try:
+        r = subprocess.run(
+            [*mount, str(volume), "--config", str(cfg), *foreground],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith("fs3 mount: mgmtd"), r.stderr
+    finally:
+        subprocess.run(["umount", str(volume)], check=True)
+
+
 def _rss_bytes(pid: int | None) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
