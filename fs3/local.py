@@ -440,9 +440,10 @@ def _mount_state(mount: str, pid: int | None) -> str:
     runs, a stat does not return). A stat is tried in a child process: it may hang."""
     if not is_mounted(mount):
         return "not mounted"
-    if answers(mount, MOUNT_ANSWER_S):
-        return "mounted"
-    return "not answering" if pid is not None else "stale"
+    if pid is None:
+        # no process serves it (a stat may still answer from the kernel's cache for a moment)
+        return "stale"
+    return "mounted" if answers(mount, MOUNT_ANSWER_S) else "not answering"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
