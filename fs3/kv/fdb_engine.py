@@ -165,12 +165,17 @@ class FdbTransaction(Transaction):
     ) -> list[KeyValue]:
         return await _Reads(self, self._tr).get_range(begin, end, limit, reverse)
 
-    def set(self, key: bytes, value: bytes) -> None:
+    def _writing(self, key: bytes, value: bytes) -> Any:
+        """Check a mutation of ``key`` with ``value`` (or operand) and count it against the size
+        limit; the native transaction to apply it to."""
         self._usable()
         check_write_key(key)
         check_value(value)
         self._grow(len(key) + len(value))
-        self._tr.set(key, value)
+        return self._tr
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self._writing(key, value).set(key, value)
 
     def clear(self, key: bytes) -> None:
         self._usable()
@@ -188,18 +193,10 @@ class FdbTransaction(Transaction):
         self._tr.clear_range(begin, end)
 
     def add(self, key: bytes, operand: bytes) -> None:
-        self._usable()
-        check_write_key(key)
-        check_value(operand)
-        self._grow(len(key) + len(operand))
-        self._tr.add(key, operand)
+        self._writing(key, operand).add(key, operand)
 
     def atomic_max(self, key: bytes, operand: bytes) -> None:
-        self._usable()
-        check_write_key(key)
-        check_value(operand)
-        self._grow(len(key) + len(operand))
-        self._tr.max(key, operand)
+        self._writing(key, operand).max(key, operand)
 
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:
         self._usable()
