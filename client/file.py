@@ -51,7 +51,7 @@ import asyncio
 import bisect
 import itertools
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,6 +257,9 @@ class OpenFile:
         self._write_error: BaseException | None = None  # this handle's, not yet raised by a write
         self._failed = False  # a flush failed since the length was last reported
         self._lock = asyncio.Lock()
+        # awaited before every write to storage; raises when the handle may no longer write (the
+        # FileSystem's fence: its client's session expired at mgmtd since this open)
+        self.guard: Callable[[OpenFile], Awaitable[None]] | None = None
 
     def _chain_of(self, chunk_index: int) -> int:
         if not self._stripe:
@@ -494,6 +497,8 @@ class OpenFile:
             self._budget.used -= n
 
     async def _write_chunks(self, chunks: dict[int, list[list]]) -> None:  # type: ignore[type-arg]
+        if self.guard is not None:
+            await self.guard(self)
         size = self.chunk_size
         limit = asyncio.Semaphore(SCATTER_PARALLEL)
 
@@ -543,6 +548,8 @@ class OpenFile:
     async def _write_now(self, offset: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write the contiguous ``parts`` at ``offset``: one storage write per chunk they touch, all
         in parallel. A chunk's data is joined only when it comes from several parts."""
+        if self.guard is not None:
+            await self.guard(self)
         size = self.chunk_size
         writes = []
         index, within = divmod(offset, size)

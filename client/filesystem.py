@@ -42,12 +42,14 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import posixpath
 import socket
 import stat as stat_mod
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -340,6 +342,10 @@ class FileSystem:
         self.meta = meta
         self.storage = storage
         self._states: dict[int, InodeState] = {}
+        # the session epoch each open handle began in; it moves on when mgmtd says the client's
+        # session had expired (_session_lost)
+        self._session_epoch = 0
+        self._opened_in: weakref.WeakKeyDictionary[OpenFile, int] = weakref.WeakKeyDictionary()
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
         self._session: ClientSessionKeeper | None = None
@@ -441,6 +447,7 @@ class FileSystem:
                 started_at=time.time(),
             ),
         )
+        fs._session.on_lost = fs._session_lost
         await fs._session.start(strict=False)
         return fs
 
@@ -514,8 +521,38 @@ class FileSystem:
             scatter_bytes=self.config.write_scatter_bytes,
             budget=self._scatter_budget,
         )
+        h.guard = self._guard
         h.state.handles.add(h)
+        self._opened_in[h] = self._session_epoch
         return h
+
+    def _session_lost(self) -> None:
+        """mgmtd says this client's session had expired (the process was paused, or cut off from
+        mgmtd, longer than the session timeout): meta may have ended the sessions of its open
+        files, settled their lengths and collected the unlinked ones, so the handles opened
+        before may not write to storage any more (their chunks would outlive a collected file,
+        or lie past a settled length). New opens are not affected."""
+        self._session_epoch += 1
+        if self._opened_in:
+            log.warning(
+                "this client's session had expired: %d open handles can no longer write (EIO)",
+                len(self._opened_in),
+            )
+
+    async def _guard(self, h: OpenFile) -> None:
+        """Before ``h`` writes to storage: fail if the session it was opened in expired. A session
+        not extended for longer than its timeout (this process was stopped) is extended first,
+        unless mgmtd is known to be away (meta cannot end sessions without it either)."""
+        keeper = self._session
+        if keeper is not None and keeper.stale() and not keeper.failing:
+            with contextlib.suppress(FS3Error):
+                await keeper.confirm()
+        if self._opened_in.get(h, self._session_epoch) != self._session_epoch:
+            raise FS3Error(
+                StatusCode.UNAVAILABLE,
+                f"inode {h.inode_id}: this client's session with the cluster expired since the file was "
+                "opened (paused or cut off longer than the session timeout); reopen it to write",
+            )
 
     async def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> File:
         """Open (and with "w", "a", "x" create) a file; ``mode`` as Python's :func:`open` takes it."""

@@ -223,11 +223,13 @@ class MgmtdClient:
         return await self.call("GetRoutingInfo", mgmtd_pb2.GetRoutingInfoRequest(known_version=known_version))
 
     async def extend_session(
-        self, session: mgmtd_pb2.ClientSession, config_version: int = 0
+        self, session: mgmtd_pb2.ClientSession, config_version: int = 0, *, renewing: bool = False
     ) -> mgmtd_pb2.ExtendClientSessionReply:
         return await self.call(
             "ExtendClientSession",
-            mgmtd_pb2.ExtendClientSessionRequest(session=session, config_version=config_version),
+            mgmtd_pb2.ExtendClientSessionRequest(
+                session=session, config_version=config_version, renewing=renewing
+            ),
         )
 
     async def verify_token(self, token: str) -> mgmtd_pb2.User:
@@ -526,6 +528,11 @@ class ClientSessionKeeper:
         # hears each newer client config mgmtd pushes (fs3 admin config set client), once set
         self.on_config: Callable[[mgmtd_pb2.ConfigInfo], None] | None = None
         self.config_version = 0
+        # told when mgmtd says this client's session had expired (see FileSystem's fence)
+        self.on_lost: Callable[[], None] | None = None
+        self.sent_at = 0.0  # monotonic: when the last extension that succeeded was sent
+        self.failing = False  # the last extension failed (mgmtd away)
+        self._confirming: asyncio.Future[None] | None = None
         self._loop = Periodic("fs3-client-session", self._extend, interval_s, on_error=self._failed)
 
     async def start(self, *, strict: bool = True) -> None:
@@ -542,8 +549,44 @@ class ClientSessionKeeper:
     async def stop(self) -> None:
         await self._loop.stop()
 
+    def stale(self) -> bool:
+        """Whether mgmtd may have let the session expire: the last extension that succeeded was
+        sent longer than the session timeout ago (this process was paused or cut off since)."""
+        timeout = self.last_reply.session_timeout_s if self.last_reply is not None else 0.0
+        return timeout > 0 and time.monotonic() - self.sent_at > timeout
+
+    async def confirm(self) -> None:
+        """Extend the session now (one extension for every caller meanwhile); raises as the
+        extension does. A session found expired is told to ``on_lost`` before this returns."""
+        if self._confirming is None:
+            self._confirming = asyncio.ensure_future(self._extend())
+            self._confirming.add_done_callback(self._confirmed)
+        await asyncio.shield(self._confirming)
+
+    def _confirmed(self, fut: asyncio.Future[None]) -> None:
+        self._confirming = None
+        if not fut.cancelled() and fut.exception() is not None:
+            self._failed(fut.exception())  # type: ignore[arg-type]
+
     async def _extend(self) -> None:
-        self.last_reply = await self.client.extend_session(self.session, self.config_version)
+        sent = time.monotonic()
+        try:
+            reply = await self.client.extend_session(
+                self.session, self.config_version, renewing=self.last_reply is not None
+            )
+        except BaseException:
+            self.failing = True
+            raise
+        self.last_reply, self.sent_at, self.failing = reply, sent, False
+        if reply.session_lost:
+            log.warning(
+                "client session had expired at mgmtd (this client was paused or cut off longer than "
+                "%.0f s) client_id=%s: meta may have ended its open files' sessions",
+                reply.session_timeout_s,
+                self.session.client_id,
+            )
+            if self.on_lost is not None:
+                self.on_lost()
         pushed = self.last_reply.config if self.last_reply.HasField("config") else None
         if pushed is not None and pushed.version > self.config_version and self.on_config is not None:
             self.config_version = pushed.version

@@ -857,10 +857,14 @@ class Cluster:
 
     # ---- client sessions -----------------------------------------------------------------------
 
-    def extend_session(self, s: mgmtd_pb2.ClientSession, owner: int | None = None) -> None:
+    def extend_session(
+        self, s: mgmtd_pb2.ClientSession, owner: int | None = None, *, renewing: bool = False
+    ) -> bool:
         """Start or extend client session ``s``; ``owner``, a user's uid (None for a cluster
         member or a root user), may extend only a session of its own: another's would keep that client's files
-        open at meta after it went, and take the session's uid."""
+        open at meta after it went, and take the session's uid. Returns whether the session of a
+        ``renewing`` client (one that had it) was gone while this primary's list is complete: it
+        expired, and meta may have ended the client's open-file sessions."""
         if not s.client_id or len(s.client_id) > 128:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "client_id must be 1..128 characters")
         if len(s.description) > 1024 or len(s.hostname) > 255:
@@ -876,9 +880,17 @@ class Cluster:
         new.CopyFrom(s)
         new.started_at = old.started_at if old is not None else now
         new.extended_at = now
-        if old is None:
+        lost = renewing and old is None and not self.sessions_partial
+        if lost:
+            log.warning(
+                "client session expired before this extension client_id=%s host=%s: a new one starts",
+                s.client_id,
+                s.hostname,
+            )
+        elif old is None:
             log.info("client session started client_id=%s host=%s", s.client_id, s.hostname)
         self.sessions[s.client_id] = new
+        return lost
 
 
 def _render(chain: mgmtd_pb2.ChainInfo) -> str:

@@ -199,10 +199,11 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         if caller.user is not None and not caller.service:
             session.uid = caller.user.uid  # a user speaks for itself only
             owner = None if caller.user.root else caller.user.uid
-        cluster.extend_session(session, owner)
+        lost = cluster.extend_session(session, owner, renewing=request.renewing)
         reply = mgmtd_pb2.ExtendClientSessionReply(
             routing_version=cluster.rec.routing_version,
             session_timeout_s=cluster.timing.client_session_timeout_s,
+            session_lost=lost,
         )
         cfg = cluster.rec.configs.get(session.type) if session.type else None
         if cfg is not None and cfg.version > request.config_version:

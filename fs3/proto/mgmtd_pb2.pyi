@@ -335,22 +335,26 @@ class GetRoutingInfoReply(_message.Message):
     def __init__(self, info: _Optional[_Union[RoutingInfo, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ExtendClientSessionRequest(_message.Message):
-    __slots__ = ("session", "config_version")
+    __slots__ = ("session", "config_version", "renewing")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RENEWING_FIELD_NUMBER: _ClassVar[int]
     session: ClientSession
     config_version: int
-    def __init__(self, session: _Optional[_Union[ClientSession, _Mapping]] = ..., config_version: _Optional[int] = ...) -> None: ...
+    renewing: bool
+    def __init__(self, session: _Optional[_Union[ClientSession, _Mapping]] = ..., config_version: _Optional[int] = ..., renewing: _Optional[bool] = ...) -> None: ...
 
 class ExtendClientSessionReply(_message.Message):
-    __slots__ = ("routing_version", "config", "session_timeout_s")
+    __slots__ = ("routing_version", "config", "session_timeout_s", "session_lost")
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SESSION_LOST_FIELD_NUMBER: _ClassVar[int]
     routing_version: int
     config: ConfigInfo
     session_timeout_s: float
-    def __init__(self, routing_version: _Optional[int] = ..., config: _Optional[_Union[ConfigInfo, _Mapping]] = ..., session_timeout_s: _Optional[float] = ...) -> None: ...
+    session_lost: bool
+    def __init__(self, routing_version: _Optional[int] = ..., config: _Optional[_Union[ConfigInfo, _Mapping]] = ..., session_timeout_s: _Optional[float] = ..., session_lost: _Optional[bool] = ...) -> None: ...
 
 class ListClientSessionsRequest(_message.Message):
     __slots__ = ()

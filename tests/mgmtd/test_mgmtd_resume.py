@@ -160,6 +160,18 @@ async def test_sessions_are_partial_until_a_session_timeout_after_taking_over(en
     assert not c.sessions_partial and list(c.sessions) == ["7"]
 
 
+async def test_a_renewing_client_whose_session_expired_is_told_so_but_not_after_a_takeover(env: Env) -> None:
+    c = env.cluster
+    assert c.sessions_partial
+    # just after taking over, an unknown session is no evidence: it is started again
+    assert not c.extend_session(mgmtd_pb2.ClientSession(client_id="7"), renewing=True)
+    listen_for_sessions(env, SESSION_TIMEOUT_S + 120, extending=("8",))
+    assert not c.sessions_partial and list(c.sessions) == ["8"]  # 7 stopped extending: expired
+    assert c.extend_session(mgmtd_pb2.ClientSession(client_id="7"), renewing=True)
+    assert not c.extend_session(mgmtd_pb2.ClientSession(client_id="7"), renewing=True)  # live again
+    assert not c.extend_session(mgmtd_pb2.ClientSession(client_id="9"))  # a new client
+
+
 async def test_sessions_survive_a_stall_and_the_list_is_partial_after_it(env: Env) -> None:
     c = env.cluster
     listen_for_sessions(env, SESSION_TIMEOUT_S, extending=("7", "8"))
