@@ -574,7 +574,7 @@ class ClientSessionKeeper:
             reply = await self.client.extend_session(
                 self.session, self.config_version, renewing=self.last_reply is not None
             )
-        except BaseException:
+        except Exception:  # not a cancellation (a stop): that says nothing of mgmtd
             self.failing = True
             raise
         self.last_reply, self.sent_at, self.failing = reply, sent, False
