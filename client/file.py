@@ -260,6 +260,7 @@ class OpenFile:
         # awaited before every write to storage; raises when the handle may no longer write (the
         # FileSystem's fence: its client's session expired at mgmtd since this open)
         self.guard: Callable[[OpenFile], Awaitable[None]] | None = None
+        self.session_epoch = 0  # the FileSystem's session epoch at this open (see its guard)
 
     def _chain_of(self, chunk_index: int) -> int:
         if not self._stripe:

@@ -49,7 +49,6 @@ import posixpath
 import socket
 import stat as stat_mod
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,10 +341,9 @@ class FileSystem:
         self.meta = meta
         self.storage = storage
         self._states: dict[int, InodeState] = {}
-        # the session epoch each open handle began in; it moves on when mgmtd says the client's
-        # session had expired (_session_lost)
+        # moves on when mgmtd says the client's session had expired (_session_lost); each handle
+        # keeps the one it was opened in (OpenFile.session_epoch)
         self._session_epoch = 0
-        self._opened_in: weakref.WeakKeyDictionary[OpenFile, int] = weakref.WeakKeyDictionary()
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
         self._session: ClientSessionKeeper | None = None
@@ -523,7 +521,7 @@ class FileSystem:
         )
         h.guard = self._guard
         h.state.handles.add(h)
-        self._opened_in[h] = self._session_epoch
+        h.session_epoch = self._session_epoch
         return h
 
     def _session_lost(self) -> None:
@@ -533,10 +531,9 @@ class FileSystem:
         before may not write to storage any more (their chunks would outlive a collected file,
         or lie past a settled length). New opens are not affected."""
         self._session_epoch += 1
-        if self._opened_in:
+        if handles := sum(len(st.handles) for st in self._states.values()):
             log.warning(
-                "this client's session had expired: %d open handles can no longer write (EIO)",
-                len(self._opened_in),
+                "this client's session had expired: %d open handles can no longer write (EIO)", handles
             )
 
     async def _guard(self, h: OpenFile) -> None:
@@ -547,7 +544,7 @@ class FileSystem:
         if keeper is not None and keeper.stale() and not keeper.failing:
             with contextlib.suppress(FS3Error):
                 await keeper.confirm()
-        if self._opened_in.get(h, self._session_epoch) != self._session_epoch:
+        if h.session_epoch != self._session_epoch:
             raise FS3Error(
                 StatusCode.UNAVAILABLE,
                 f"inode {h.inode_id}: this client's session with the cluster expired since the file was "
