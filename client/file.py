@@ -257,10 +257,14 @@ class OpenFile:
         self._write_error: BaseException | None = None  # this handle's, not yet raised by a write
         self._failed = False  # a flush failed since the length was last reported
         self._lock = asyncio.Lock()
-        # awaited before every write to storage; raises when the handle may no longer write (the
-        # FileSystem's fence: its client's session expired at mgmtd since this open)
+        # The FileSystem's fence (its _guard), awaited before each write sent to storage and before
+        # a read returns a hole: raises SESSION_LOST once meta has ended this handle's session
+        # (its client was paused or cut off longer than the session timeout).
         self.guard: Callable[[OpenFile], Awaitable[None]] | None = None
-        self.session_epoch = 0  # the FileSystem's session epoch at this open (see its guard)
+        # session_clock() time when meta last vouched for the session (this open, or a check)
+        self.checked_at = 0.0
+        self.session_lost = False  # meta said it has no such session any more
+        self.checking: asyncio.Future[None] | None = None  # the guard's check with meta, in flight
 
     def _chain_of(self, chunk_index: int) -> int:
         if not self._stripe:
@@ -497,9 +501,12 @@ class OpenFile:
         finally:
             self._budget.used -= n
 
-    async def _write_chunks(self, chunks: dict[int, list[list]]) -> None:  # type: ignore[type-arg]
+    async def _fence(self) -> None:
+        """Given to each storage write, which awaits it before every attempt (see ``guard``)."""
         if self.guard is not None:
             await self.guard(self)
+
+    async def _write_chunks(self, chunks: dict[int, list[list]]) -> None:  # type: ignore[type-arg]
         size = self.chunk_size
         limit = asyncio.Semaphore(SCATTER_PARALLEL)
 
@@ -508,7 +515,14 @@ class OpenFile:
                 data = ranges[0][1] if len(ranges) == 1 else b"".join(r[1] for r in ranges)
                 extents = [(r[0], len(r[1])) for r in ranges] if len(ranges) > 1 else ()
                 await self.storage.write(
-                    self._chain_of(index), self.inode_id, index, ranges[0][0], data, size, extents
+                    self._chain_of(index),
+                    self.inode_id,
+                    index,
+                    ranges[0][0],
+                    data,
+                    size,
+                    extents,
+                    self._fence,
                 )
 
         results = await asyncio.gather(*(one(i, r) for i, r in chunks.items()), return_exceptions=True)
@@ -549,8 +563,6 @@ class OpenFile:
     async def _write_now(self, offset: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         """Write the contiguous ``parts`` at ``offset``: one storage write per chunk they touch, all
         in parallel. A chunk's data is joined only when it comes from several parts."""
-        if self.guard is not None:
-            await self.guard(self)
         size = self.chunk_size
         writes = []
         index, within = divmod(offset, size)
@@ -559,7 +571,11 @@ class OpenFile:
 
         def emit() -> None:
             data = pending[0] if len(pending) == 1 else b"".join(pending)
-            writes.append(self.storage.write(self._chain_of(index), self.inode_id, index, within, data, size))
+            writes.append(
+                self.storage.write(
+                    self._chain_of(index), self.inode_id, index, within, data, size, fence=self._fence
+                )
+            )
 
         for part in parts:
             view = memoryview(part).cast("B")
@@ -684,9 +700,14 @@ class OpenFile:
                 sinks.append(buf[pos : pos + io.length])
                 pos += io.length
             got = await self.storage.batch_read_into(ios, sinks)
+        hole = False
         for io, sink, n in zip(ios, sinks, got, strict=True):
             if n < io.length:
                 sink[n:] = bytes(io.length - n)  # a hole, or past the end of a chunk
+                hole = True
+        if hole and self.guard is not None:
+            # zeros, unless the chunks are gone because meta collected the file meanwhile
+            await self.guard(self)
         for at, data in pieces:
             buf[at - offset : at - offset + len(data)] = data
         return length

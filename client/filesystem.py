@@ -42,7 +42,6 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import posixpath
@@ -57,7 +56,7 @@ from typing import Any
 from fs3.capability import CapabilityCache
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
 from fs3.client.meta_client import DEV_SECRET, ROOT_ID, InodeHandles, MetaClient
-from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient
+from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, session_clock
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
@@ -204,13 +203,13 @@ class File:
         self._check()
         if offset + length > self.handle.state.size:
             # another client may have extended the file since it was opened: look again at the end
-            await self.fs._refresh(self.handle.state)
+            await self.fs._refresh(self.handle)
         return await self.handle.read(offset, length)
 
     async def read(self, length: int = -1) -> bytes:
         """Up to ``length`` bytes (all to the end when negative) from the current position."""
         if length < 0:
-            await self.fs._refresh(self.handle.state)
+            await self.fs._refresh(self.handle)
             length = max(0, self.handle.state.size - self.pos)
         data = await self.pread(length, self.pos)
         self.pos += len(data)
@@ -303,7 +302,7 @@ class File:
     async def stat(self) -> StatResult:
         self._check()
         await self.handle.state.drain()
-        await self.fs._refresh(self.handle.state)
+        await self.fs._refresh(self.handle)
         return StatResult.of(self.handle.state.inode, self.handle.state.size)
 
     async def close(self) -> None:
@@ -341,9 +340,6 @@ class FileSystem:
         self.meta = meta
         self.storage = storage
         self._states: dict[int, InodeState] = {}
-        # moves on when mgmtd says the client's session had expired (_session_lost); each handle
-        # keeps the one it was opened in (OpenFile.session_epoch)
-        self._session_epoch = 0
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
         self._session: ClientSessionKeeper | None = None
@@ -445,7 +441,6 @@ class FileSystem:
                 started_at=time.time(),
             ),
         )
-        fs._session.on_lost = fs._session_lost
         await fs._session.start(strict=False)
         return fs
 
@@ -507,8 +502,9 @@ class FileSystem:
             st.refresh(inode, since)
         return st
 
-    def _handle(self, inode: m.Inode, session_id: int, flags: int, since: int) -> OpenFile:
-        """A new handle of the file meta's open (asked at ``since``) returned ``inode`` for."""
+    def _handle(self, inode: m.Inode, session_id: int, flags: int, since: int, opened_at: float) -> OpenFile:
+        """A new handle of the file meta's open returned ``inode`` for: asked at ``since`` (a
+        :func:`stamp`), sent at ``opened_at`` (a :func:`session_clock` time)."""
         h = OpenFile(
             self.storage,
             self._state(inode, since),
@@ -520,35 +516,54 @@ class FileSystem:
             budget=self._scatter_budget,
         )
         h.guard = self._guard
+        h.checked_at = opened_at
         h.state.handles.add(h)
-        h.session_epoch = self._session_epoch
         return h
 
-    def _session_lost(self) -> None:
-        """mgmtd says this client's session had expired (the process was paused, or cut off from
-        mgmtd, longer than the session timeout): meta may have ended the sessions of its open
-        files, settled their lengths and collected the unlinked ones, so the handles opened
-        before may not write to storage any more (their chunks would outlive a collected file,
-        or lie past a settled length). New opens are not affected."""
-        self._session_epoch += 1
-        if handles := sum(len(st.handles) for st in self._states.values()):
-            log.warning(
-                "this client's session had expired: %d open handles can no longer write (EIO)", handles
-            )
-
     async def _guard(self, h: OpenFile) -> None:
-        """Before ``h`` writes to storage: fail if the session it was opened in expired. A session
-        not extended for longer than its timeout (this process was stopped) is extended first,
-        unless mgmtd is known to be away (meta cannot end sessions without it either)."""
-        keeper = self._session
-        if keeper is not None and keeper.stale() and not keeper.failing:
-            with contextlib.suppress(FS3Error):
-                await keeper.confirm()
-        if h.session_epoch != self._session_epoch:
-            raise FS3Error(
-                StatusCode.UNAVAILABLE,
-                f"inode {h.inode_id}: this client's session with the cluster expired since the file was "
-                "opened (paused or cut off longer than the session timeout); reopen it to write",
+        """Before ``h`` sends a write to storage, or returns a hole it read: raise SESSION_LOST
+        (EIO) if meta has ended its session. Meta ends the open-file sessions of a client that
+        lost its session with mgmtd (paused, suspended, or cut off longer than the session
+        timeout), settles their files' lengths and collects the unlinked ones: a write through the
+        handle then would leave chunks of a collected file on storage for good, or bytes past a
+        settled length that a later truncate-up would show; a hole could be a collected chunk.
+        While mgmtd vouches for the session since the handle was opened (or last checked) nothing
+        is asked; otherwise meta is, once at a time per handle: the check touches the session, so
+        meta keeps it for another session timeout even without mgmtd."""
+        if not h.session_lost:
+            keeper = self._session
+            if keeper is None or not h.session_id or keeper.vouches_for(h.checked_at):
+                return
+            if h.checking is None:
+                h.checking = asyncio.ensure_future(self._check_session(h))
+            await asyncio.shield(h.checking)
+            if not h.session_lost:
+                return
+        raise _session_lost_error(h)
+
+    async def _check_session(self, h: OpenFile) -> None:
+        """Ask meta whether ``h``'s session is still there (touching it, so it stays)."""
+        sent = session_clock()
+        try:
+            # the length it reports settles nothing (wrote=False); after a truncate meta keeps it
+            # as a mark below which later reports are checked against storage, as a clean fsync's
+            await self.meta.sync(h.inode_id, h.session_id, h.written_length, wrote=False)
+        except FS3Error as e:
+            if e.code != StatusCode.META_BAD_HANDLE:
+                raise
+            self._lose_session(h)
+        else:
+            h.checked_at = max(h.checked_at, sent)
+        finally:
+            h.checking = None
+
+    def _lose_session(self, h: OpenFile) -> None:
+        if not h.session_lost:
+            h.session_lost = True
+            log.warning(
+                "inode %#x: meta has ended this handle's session (this client was paused or cut off "
+                "longer than its session timeout): it does no more I/O (EIO)",
+                h.inode_id,
             )
 
     async def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> File:
@@ -559,7 +574,7 @@ class FileSystem:
     async def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> File:
         """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE)."""
         p = os.fsencode(path)
-        since = stamp()
+        since, opened_at = stamp(), session_clock()
         if flags & os.O_CREAT:
             parent, name = await self._parent(p)
             if flags & os.O_TRUNC:
@@ -582,16 +597,28 @@ class FileSystem:
             st = self._states.get(inode.id)
             if st is not None:
                 st.truncated(0)
-        f = File(self, self._handle(inode, session_id, flags, since), p, flags)
+        f = File(self, self._handle(inode, session_id, flags, since, opened_at), p, flags)
         if flags & os.O_APPEND:
             f.pos = f.size
         return f
 
-    async def _refresh(self, state: InodeState) -> None:
-        """Take meta's current view of the file (its settled length; this client's unreported
+    async def _refresh(self, h: OpenFile) -> None:
+        """Take meta's current view of ``h``'s file (its settled length; this client's unreported
         writes still count through the handles)."""
         since = stamp()
-        state.refresh(await self.meta.stat(state.inode.id), since)
+        h.state.refresh(await self.stat_held(h.inode_id), since)
+
+    async def stat_held(self, inode_id: int) -> m.Inode:
+        """Meta's inode ``inode_id``. Of a file this client holds open, NOT_FOUND means it was
+        collected, which meta does only once it has ended the handles' sessions: SESSION_LOST."""
+        try:
+            return await self.meta.stat(inode_id)
+        except FS3Error as e:
+            st = self._states.get(inode_id)
+            if e.code == StatusCode.NOT_FOUND and st is not None:
+                for h in list(st.handles):
+                    await self._guard(h)
+            raise
 
     async def _sync(
         self, h: OpenFile, *, raise_errors: bool = True, only_dirty: bool = False
@@ -611,17 +638,34 @@ class FileSystem:
             # taken before the call: a write landing while it runs makes the handle dirty again
             length, failed = h.take_length() if wrote else (h.written_length, False)
             try:
+                if h.session_lost:
+                    raise _session_lost_error(h)
                 ino = await self.meta.sync(h.inode_id, h.session_id, length, wrote=wrote)
-            except BaseException:
+            except BaseException as e:
+                if not self._ended_by_meta(h, e):
+                    if wrote:
+                        h.untake_length(failed)
+                    raise
+                # what it wrote before meta ended the session was counted then, from storage
                 if wrote:
-                    h.untake_length(failed)
-                raise
-            h.state.install(ino)
-            if wrote:
-                h.length_reported()
+                    h.length_reported()
+                if error is None and wrote and raise_errors:
+                    error = _session_lost_error(h)
+            else:
+                h.state.install(ino)
+                if wrote:
+                    h.length_reported()
         if error is not None:
             raise error
         return ino
+
+    def _ended_by_meta(self, h: OpenFile, e: BaseException) -> bool:
+        """Whether ``e``, raised by a report of ``h``'s length, says meta has ended its session."""
+        if not isinstance(e, FS3Error):
+            return False
+        if e.code == StatusCode.META_BAD_HANDLE:
+            self._lose_session(h)
+        return h.session_lost and e.code in (StatusCode.META_BAD_HANDLE, StatusCode.SESSION_LOST)
 
     async def _close(self, h: OpenFile) -> m.Inode | None:
         """Flush a handle, end its session (reporting the written length); meta's inode after. A
@@ -650,7 +694,19 @@ class FileSystem:
             if h.session_id:
                 wrote = h.writable and h.dirty
                 length = h.take_length()[0] if wrote else h.written_length
-                ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+                try:
+                    if h.session_lost:
+                        raise _session_lost_error(h)
+                    ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+                except FS3Error as e:
+                    # Meta ended the session (and counted what storage held): the close has
+                    # nothing left to do. Writes it had not reported may be lost: EIO.
+                    if not self._ended_by_meta(h, e):
+                        raise
+                    if wrote:
+                        h.length_reported()
+                        raise _session_lost_error(h) from None
+                    return None
                 h.state.install(ino)
                 if wrote:
                     h.length_reported()
@@ -917,3 +973,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["File", "FileSystem", "StatResult", "ROOT_ID"]
+
+
+def _session_lost_error(h: OpenFile) -> FS3Error:
+    return FS3Error(
+        StatusCode.SESSION_LOST,
+        f"inode {h.inode_id:#x}: meta ended this handle's session (this client was paused or cut off "
+        "longer than its session timeout); reopen the file",
+    )

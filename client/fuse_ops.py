@@ -47,6 +47,7 @@ from fs3 import metrics
 from fs3.client.file import OpenFile, stamp
 from fs3.client.filesystem import FileSystem, mode_of
 from fs3.client.meta_client import MetaClient
+from fs3.client.mgmtd_client import session_clock
 from fs3.config import ClientConfig
 from fs3.errors import FS3Error, StatusCode, to_errno
 from fs3.proto import common_pb2
@@ -405,7 +406,7 @@ class Fs3Operations(pyfuse3.Operations):
         if st is not None:
             await st.drain()
         since = stamp()
-        return self.attrs(await self.fs.meta.stat(inode), since)
+        return self.attrs(await self.fs.stat_held(inode), since)
 
     @_translate
     async def setattr(
@@ -543,9 +544,9 @@ class Fs3Operations(pyfuse3.Operations):
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         if flags & os.O_TRUNC:
             await self.fs._drain_before_truncate(inode)
-        since = stamp()
+        since, opened_at = stamp(), session_clock()
         rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
-        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since)
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
         return self._file_info(handle, flags)
@@ -556,11 +557,11 @@ class Fs3Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         if flags & os.O_TRUNC:
             await self.fs._drain_before_truncate(None, parent_inode, name)
-        since = stamp()
+        since, opened_at = stamp(), session_clock()
         rsp = await self.meta(ctx).create(
             parent_inode, name, mode & 0o7777, flags & (os.O_EXCL | os.O_TRUNC | os.O_ACCMODE), session=True
         )
-        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since)
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
         if flags & os.O_TRUNC or rsp.created:

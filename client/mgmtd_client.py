@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -511,6 +512,15 @@ class NodeAgent:
         self.last_error = e
 
 
+def session_clock() -> float:
+    """Seconds on a clock that counts the time this machine was suspended (CLOCK_BOOTTIME where
+    there is one), so that a client asleep past its session timeout knows it was away."""
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 class ClientSessionKeeper:
     """Keeps a client session (a FUSE mount, a native client) alive by extending it periodically:
     every ``interval_s``, and at least three times per session timeout mgmtd states in its reply.
@@ -528,11 +538,13 @@ class ClientSessionKeeper:
         # hears each newer client config mgmtd pushes (fs3 admin config set client), once set
         self.on_config: Callable[[mgmtd_pb2.ConfigInfo], None] | None = None
         self.config_version = 0
-        # told when mgmtd says this client's session had expired (see FileSystem's fence)
-        self.on_lost: Callable[[], None] | None = None
-        self.sent_at = 0.0  # monotonic: when the last extension that succeeded was sent
-        self.failing = False  # the last extension failed (mgmtd away)
-        self._confirming: asyncio.Future[None] | None = None
+        # Which handles mgmtd's session vouches for (see vouches_for; FileSystem's guard), on
+        # session_clock(): mgmtd holds the session at least until ``alive_until`` (a session timeout
+        # after the last extension that succeeded was sent), and has held it without a break since
+        # ``unbroken_since`` (the extension that started the run of them, each answered before the
+        # one before it could have run out).
+        self.alive_until = 0.0
+        self.unbroken_since = 0.0
         self._loop = Periodic("fs3-client-session", self._extend, interval_s, on_error=self._failed)
 
     async def start(self, *, strict: bool = True) -> None:
@@ -549,49 +561,41 @@ class ClientSessionKeeper:
     async def stop(self) -> None:
         await self._loop.stop()
 
-    def stale(self) -> bool:
-        """Whether mgmtd may have let the session expire: the last extension that succeeded was
-        sent longer than the session timeout ago (this process was paused or cut off since)."""
-        timeout = self.last_reply.session_timeout_s if self.last_reply is not None else 0.0
-        return timeout > 0 and time.monotonic() - self.sent_at > timeout
-
-    async def confirm(self) -> None:
-        """Extend the session now (one extension for every caller meanwhile); raises as the
-        extension does. A session found expired is told to ``on_lost`` before this returns."""
-        if self._confirming is None:
-            self._confirming = asyncio.ensure_future(self._extend())
-            self._confirming.add_done_callback(self._confirmed)
-        await asyncio.shield(self._confirming)
-
-    def _confirmed(self, fut: asyncio.Future[None]) -> None:
-        self._confirming = None
-        if not fut.cancelled() and fut.exception() is not None:
-            self._failed(fut.exception())  # type: ignore[arg-type]
+    def vouches_for(self, since: float) -> bool:
+        """Whether mgmtd has held this client's session without a break since ``since`` (a
+        :func:`session_clock` time) and still does: then meta has not ended (and cannot end) the
+        open-file sessions this client held at ``since``, for it prunes only those of clients
+        without a session. False while this client cannot tell: mgmtd unreachable for most of a
+        session timeout, or this process paused or suspended longer."""
+        return since >= self.unbroken_since and session_clock() < self.alive_until
 
     async def _extend(self) -> None:
-        sent = time.monotonic()
-        try:
-            reply = await self.client.extend_session(
-                self.session, self.config_version, renewing=self.last_reply is not None
-            )
-        except Exception:  # not a cancellation (a stop): that says nothing of mgmtd
-            self.failing = True
-            raise
-        self.last_reply, self.sent_at, self.failing = reply, sent, False
-        if reply.session_lost:
-            log.warning(
-                "client session had expired at mgmtd (this client was paused or cut off longer than "
-                "%.0f s) client_id=%s: meta may have ended its open files' sessions",
-                reply.session_timeout_s,
-                self.session.client_id,
-            )
-            if self.on_lost is not None:
-                self.on_lost()
-        pushed = self.last_reply.config if self.last_reply.HasField("config") else None
+        sent = session_clock()
+        reply = await self.client.extend_session(
+            self.session, self.config_version, renewing=self.last_reply is not None
+        )
+        # Answered after the session could have run out (mgmtd hears of an extension by the time
+        # its reply is here, and drops a session a timeout after the last one it heard of, which
+        # was sent no sooner than alive_until's), or mgmtd says it did: a new run of them starts.
+        # Replies may come in any order (a periodic extension and one at start); max() keeps both.
+        if session_clock() > self.alive_until or reply.session_lost:
+            self.unbroken_since = max(self.unbroken_since, sent)
+            if reply.session_lost or self.last_reply is not None:
+                log.warning(
+                    "client session %s at mgmtd (this client was paused or cut off longer than its "
+                    "timeout, %.0f s) client_id=%s: files it held open are checked with meta before "
+                    "their next I/O",
+                    "had expired" if reply.session_lost else "may have expired",
+                    reply.session_timeout_s,
+                    self.session.client_id,
+                )
+        timeout = reply.session_timeout_s
+        self.alive_until = max(self.alive_until, sent + timeout) if timeout > 0 else math.inf
+        self.last_reply = reply
+        pushed = reply.config if reply.HasField("config") else None
         if pushed is not None and pushed.version > self.config_version and self.on_config is not None:
             self.config_version = pushed.version
             _hear_config(self.on_config, pushed)
-        timeout = self.last_reply.session_timeout_s
         if timeout > 0:
             self._loop.interval_s = min(self.max_interval_s, timeout / 3)
 

@@ -38,7 +38,7 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -337,12 +337,14 @@ class StorageClient:
         data: bytes | bytearray | memoryview,
         chunk_size: int,
         extents: Sequence[tuple[int, int]] = (),
+        fence: Callable[[], Awaitable[None]] | None = None,
     ) -> IOResult:
         """Write ``data`` at ``offset`` of one chunk (``offset + len(data) <= chunk_size``).
 
         With ``extents`` (``(offset, length)`` pairs, increasing and apart), a write of several
         ranges of the chunk as one update, their bytes back to back in ``data`` (``offset`` is then
-        the first one's): the chunk changes from one version to the next with all of them or none."""
+        the first one's): the chunk changes from one version to the next with all of them or none.
+        ``fence`` is awaited before each attempt is sent; what it raises ends the write."""
         n = memoryview(data).nbytes
         end = extents[-1][0] + extents[-1][1] if extents else offset + n
         if offset < 0 or n == 0 or end > chunk_size:
@@ -356,7 +358,7 @@ class StorageClient:
         if len(extents) > 1:  # the storage service checks them (UpdateIO.extents)
             for start, length in extents:
                 io.extents.add(offset=start, length=length)
-        return await self._update(chain_id, inode_id, chunk_index, io, data)
+        return await self._update(chain_id, inode_id, chunk_index, io, data, fence)
 
     async def truncate_chunk(
         self, chain_id: int, inode_id: int, chunk_index: int, length: int, chunk_size: int
@@ -377,6 +379,7 @@ class StorageClient:
         chunk_index: int,
         io: storage_pb2.UpdateIO,
         payload: bytes | bytearray | memoryview | None,
+        fence: Callable[[], Awaitable[None]] | None = None,
     ) -> IOResult:
         channel, seq = self._channels.acquire()
         try:
@@ -400,6 +403,8 @@ class StorageClient:
                     raise FS3Error(StatusCode.STORAGE_TARGET_NOT_SERVING, f"chain {chain_id} has no head")
                 req.io.key.chain_version = chain.version
                 while True:
+                    if fence is not None:
+                        await fence()
                     if caps is not None:
                         req.capability = caps.now(inode_id, capability.WRITE) or await caps.get(
                             inode_id, capability.WRITE

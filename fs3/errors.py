@@ -34,6 +34,10 @@ class StatusCode(enum.IntEnum):
     NOT_IMPLEMENTED = 13
     CANCELLED = 14
     CONFIG_INVALID = 15
+    # a handle opened before this client's session with the cluster was lost (the process was
+    # paused or cut off longer than the session timeout, and meta ended the handle's session):
+    # it can do no more I/O; reopen the file
+    SESSION_LOST = 16
 
     # fs3 RPC framework (100-199)
     RPC_MALFORMED_FRAME = 100
@@ -125,6 +129,7 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.NOT_IMPLEMENTED: _errno.ENOSYS,
     StatusCode.CANCELLED: _errno.EIO,
     StatusCode.CONFIG_INVALID: _errno.EINVAL,
+    StatusCode.SESSION_LOST: _errno.EIO,
     StatusCode.RPC_CONNECTION_CLOSED: _errno.EIO,
     StatusCode.RPC_FRAME_TOO_LARGE: _errno.EMSGSIZE,
     StatusCode.RPC_AUTH_FAILED: _errno.EACCES,

@@ -192,6 +192,9 @@ class Cluster:
         self.node_rt: dict[int, NodeRuntime] = {}
         self.target_rt: dict[int, TargetRuntime] = {}
         self.sessions: dict[str, mgmtd_pb2.ClientSession] = {}
+        # when each session was last extended, on the monotonic clock: expiry counts on this, not
+        # on ClientSession.extended_at (wall time, for people), which a clock step would move
+        self._extended_mono: dict[str, float] = {}
         self.target_chain: dict[int, int] = {}  # target -> its chain
         self.node_targets: dict[int, list[int]] = {}  # node -> its targets
         self.bootstrapping_until = 0.0
@@ -739,10 +742,10 @@ class Cluster:
         self._note_listening(self._mono())
         if self.sessions_partial:
             return
-        cutoff = self.wall() - self.timing.client_session_timeout_s
-        for cid in [cid for cid, s in self.sessions.items() if s.extended_at < cutoff]:
+        cutoff = self._mono() - self.timing.client_session_timeout_s
+        for cid in [cid for cid, at in self._extended_mono.items() if at < cutoff]:
             log.info("client session expired client_id=%s", cid)
-            del self.sessions[cid]
+            del self.sessions[cid], self._extended_mono[cid]
 
     @serialized
     async def update_chains(self) -> list[int]:
@@ -890,6 +893,7 @@ class Cluster:
         elif old is None:
             log.info("client session started client_id=%s host=%s", s.client_id, s.hostname)
         self.sessions[s.client_id] = new
+        self._extended_mono[s.client_id] = self._mono()
         return lost
 
 

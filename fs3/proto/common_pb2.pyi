@@ -25,6 +25,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_IMPLEMENTED: _ClassVar[StatusCode]
     CANCELLED: _ClassVar[StatusCode]
     CONFIG_INVALID: _ClassVar[StatusCode]
+    SESSION_LOST: _ClassVar[StatusCode]
     RPC_MALFORMED_FRAME: _ClassVar[StatusCode]
     RPC_UNKNOWN_SERVICE: _ClassVar[StatusCode]
     RPC_UNKNOWN_METHOD: _ClassVar[StatusCode]
@@ -120,6 +121,7 @@ INTERNAL: StatusCode
 NOT_IMPLEMENTED: StatusCode
 CANCELLED: StatusCode
 CONFIG_INVALID: StatusCode
+SESSION_LOST: StatusCode
 RPC_MALFORMED_FRAME: StatusCode
 RPC_UNKNOWN_SERVICE: StatusCode
 RPC_UNKNOWN_METHOD: StatusCode

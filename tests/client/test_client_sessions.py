@@ -4,6 +4,7 @@ those of clients without one, after its ``session_timeout_s``)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 
 import pytest
@@ -43,3 +44,94 @@ async def test_files_held_open_past_the_meta_session_timeout_stay_open(tmp_path)
         with pytest.raises(FS3Error) as e:
             await gone.meta.sync(g.handle.inode_id, g.handle.session_id, 1000, wrote=True)
         assert e.value.code == StatusCode.META_BAD_HANDLE
+
+
+async def _chunks_of(fs, inode_id: int) -> int:  # type: ignore[no-untyped-def]
+    """How many chunks of ``inode_id`` the cluster's targets hold."""
+    targets = list(fs.storage.routing.routing.targets)
+    return sum([len(await fs.storage.dump_chunk_meta(tid, inode_id)) for tid in targets])
+
+
+async def _until(pred, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await pred():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+async def test_handles_whose_session_meta_ended_do_no_more_io(tmp_path) -> None:
+    """A client paused longer than its session timeout (its keeper stopped, as SIGSTOP would):
+    mgmtd expires its session, meta ends its open files' sessions (settling their lengths) and
+    collects a file another client unlinked. On resuming, its old handles write nothing (the
+    fsync is EIO and no chunk of the collected file comes back), a read of the collected file
+    is EIO rather than zeros, clean handles close without an error, and new opens work."""
+    async with FsCluster(
+        tmp_path,
+        chains=1,
+        stripe=1,
+        mgmtd_extra={"client_session_timeout_s": 3.0},
+        meta_extra={"session_timeout_s": 1.0},
+    ) as c:
+        fs = await c.connect()
+        other = await c.connect()
+        kept = await fs.open("/kept", "w")
+        await kept.write(b"1" * 4096)
+        await kept.fsync()
+        doomed = await fs.open("/doomed", "w")
+        await doomed.write(b"d" * 4096)
+        await doomed.fsync()
+        ino = (await other.stat("/doomed")).st_ino
+        reader = await fs.open("/doomed")
+        clean = await fs.open("/kept")
+        assert fs._session is not None  # noqa: SLF001
+        await fs._session.stop()  # noqa: SLF001  # as a stopped process: no extensions
+        await other.unlink("/doomed")
+
+        async def collected() -> bool:
+            return await _chunks_of(other, ino) == 0
+
+        # mgmtd expires the session after 3 s; meta ends its file sessions, then collects /doomed
+        await _until(collected, 60, "the unlinked file's chunks to be collected")
+        await kept.write(b"2" * 4096)
+        with pytest.raises(FS3Error) as e:
+            await kept.fsync()
+        assert (e.value.code, e.value.errno) == (StatusCode.SESSION_LOST, errno.EIO), e.value
+        await doomed.write(b"x" * 4096)
+        with pytest.raises(FS3Error) as e:
+            await doomed.flush()
+        assert e.value.code == StatusCode.SESSION_LOST
+        with pytest.raises(FS3Error) as e:
+            await reader.read()  # the chunks are gone: not a hole of zeros
+        assert e.value.code == StatusCode.SESSION_LOST
+        assert await clean.read() == b"1" * 4096  # bytes storage has are still served
+        for h in (clean, reader, kept):
+            await h.close()  # nothing unreported: meta already ended the session
+        with pytest.raises(FS3Error) as e:
+            await doomed.close()  # its refused write is reported once more
+        assert e.value.code == StatusCode.SESSION_LOST
+        assert await _chunks_of(other, ino) == 0
+        assert await other.read_file("/kept") == b"1" * 4096
+        await other.truncate("/kept", 8192)  # growing it shows zeros, not the refused bytes
+        assert await other.read_file("/kept") == b"1" * 4096 + bytes(4096)
+        g = await fs.open("/new", "w")
+        await g.write(b"ok")
+        await g.close()
+        assert await other.read_file("/new") == b"ok"
+
+
+async def test_a_paused_client_whose_file_sessions_meta_kept_writes_on(tmp_path) -> None:
+    """Paused past mgmtd's session timeout but not long enough for meta to end its file sessions
+    (meta's timeout is minutes): its handles check with meta and go on, with no error."""
+    async with FsCluster(tmp_path, chains=1, stripe=1, mgmtd_extra={"client_session_timeout_s": 3.0}) as c:
+        fs = await c.connect()
+        f = await fs.open("/a", "w")
+        await f.write(b"1" * 4096)
+        await f.fsync()
+        assert fs._session is not None  # noqa: SLF001
+        await fs._session.stop()  # noqa: SLF001
+        await asyncio.sleep(4)  # past mgmtd's timeout
+        assert not fs._session.vouches_for(f.handle.checked_at)  # noqa: SLF001
+        await f.write(b"2" * 4096)
+        await f.fsync()
+        await f.close()
+        assert await (await c.connect()).read_file("/a") == b"1" * 4096 + b"2" * 4096

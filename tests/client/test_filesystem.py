@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import random
@@ -326,34 +325,6 @@ async def test_calls_to_a_hung_meta_server_fail_over_when_mgmtd_declares_it_fail
             f"the create took {took:.1f} s: it waited for its {deadline_s} s deadline"
         )
         assert await fs.read_file("/after") == b"2"
-
-
-async def test_handles_opened_before_the_clients_session_expired_write_no_more(tmp_path: Path) -> None:
-    """A client stopped (or cut off from mgmtd) longer than its session timeout finds, at its next
-    write to storage, that mgmtd let its session expire, so meta may have ended its open files'
-    sessions, settled their lengths and collected the unlinked ones: those handles fail with EIO
-    and write nothing (their chunks would outlive a collected file, or lie past a settled length);
-    files opened afresh work."""
-    async with FsCluster(tmp_path, chains=1, stripe=1, mgmtd_extra={"client_session_timeout_s": 3.0}) as c:
-        fs = await c.connect()
-        f = await fs.open("/a", "w")
-        await f.write(b"1" * 4096)
-        await f.fsync()
-        assert fs._session is not None  # noqa: SLF001
-        await fs._session.stop()  # noqa: SLF001  # as a stopped process: no extensions
-        await asyncio.sleep(6)  # past the timeout: mgmtd expires the session
-        await f.write(b"2" * 4096)
-        with pytest.raises(FS3Error) as e:
-            await f.fsync()
-        assert e.value.errno == errno.EIO and "session" in str(e.value)
-        with contextlib.suppress(FS3Error):
-            await f.close()
-        other = await c.connect()
-        assert await other.read_file("/a") == b"1" * 4096  # nothing of the write after the stop
-        g = await fs.open("/b", "w")
-        await g.write(b"ok")
-        await g.close()
-        assert await other.read_file("/b") == b"ok"
 
 
 async def test_sync_facade(cluster: FsCluster) -> None:

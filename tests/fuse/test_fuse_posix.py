@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import hashlib
 import os
 import re
@@ -881,3 +882,63 @@ def test_listing_with_a_small_buffer_resumes_at_each_offset(env: Env) -> None:
     finally:
         os.close(fd)
     shutil.rmtree(d)
+
+
+async def test_a_mount_paused_past_its_session_fails_only_its_old_handles(tmp_path: Path) -> None:
+    """A mount stopped (SIGSTOP) until meta has ended its open files' sessions and collected one
+    unlinked meanwhile: after SIGCONT, fsync of a descriptor opened before is EIO (its bytes are
+    not written: a truncate-up shows zeros), a read of the collected file is EIO rather than
+    zeros, and a descriptor opened after writes, fsyncs and closes with no error."""
+    async with FsCluster(
+        tmp_path,
+        chains=1,
+        stripe=1,
+        mgmtd_extra={"client_session_timeout_s": 3.0},
+        meta_extra={"session_timeout_s": 1.0},
+    ) as c:
+        m = await c.mount(tmp_path / "mnt")
+        fs = await c.connect()
+        path, doomed = m.path / "f", m.path / "doomed"
+
+        def before() -> tuple[int, int]:
+            old = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(old, b"1" * 4096)
+            os.fsync(old)
+            doomed.write_bytes(b"d" * 4096)
+            return old, os.open(doomed, os.O_RDONLY)
+
+        old, reader = await asyncio.to_thread(before)
+        ino = (await fs.stat("/doomed")).st_ino
+        assert m.proc.popen is not None
+        os.kill(m.proc.popen.pid, signal.SIGSTOP)
+        try:
+            await fs.unlink("/doomed")
+            targets = list(fs.storage.routing.routing.targets)
+
+            async def collected() -> bool:
+                return not any([await fs.storage.dump_chunk_meta(t, ino) for t in targets])
+
+            await wait_until(collected, 60, "the unlinked file's chunks to be collected")
+        finally:
+            os.kill(m.proc.popen.pid, signal.SIGCONT)
+
+        def after() -> None:
+            os.write(old, b"2" * 4096)  # buffered in the mount
+            with pytest.raises(OSError) as e:
+                os.fsync(old)
+            assert e.value.errno == errno.EIO
+            with pytest.raises(OSError) as e:
+                os.pread(reader, 4096, 0)
+            assert e.value.errno == errno.EIO
+            new = os.open(path, os.O_WRONLY)
+            os.pwrite(new, b"3" * 10, 0)
+            os.fsync(new)  # the old descriptor's lost session is not this one's error
+            os.close(new)
+            os.close(reader)
+            os.close(old)
+            os.truncate(path, 8192)
+            assert path.read_bytes() == b"3" * 10 + b"1" * 4086 + bytes(4096)
+
+        await asyncio.to_thread(after)
+        assert await fs.read_file("/f") == b"3" * 10 + b"1" * 4086 + bytes(4096)
+        assert not any([await fs.storage.dump_chunk_meta(t, ino) for t in targets])

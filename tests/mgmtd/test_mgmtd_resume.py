@@ -172,6 +172,20 @@ async def test_a_renewing_client_whose_session_expired_is_told_so_but_not_after_
     assert not c.extend_session(mgmtd_pb2.ClientSession(client_id="9"))  # a new client
 
 
+async def test_a_wall_clock_step_expires_no_session(env: Env) -> None:
+    """Sessions expire a timeout after their last extension on the monotonic clock: the wall clock
+    stepping forward (NTP, an operator) must not expire every client at once (meta would then end
+    their open files' sessions)."""
+    c = env.cluster
+    listen_for_sessions(env, SESSION_TIMEOUT_S + 120, extending=("7",))
+    assert not c.sessions_partial and list(c.sessions) == ["7"]
+    env.wall.t += 10 * SESSION_TIMEOUT_S
+    c.expire_sessions()
+    assert list(c.sessions) == ["7"]
+    listen_for_sessions(env, SESSION_TIMEOUT_S + 60)  # a real timeout without an extension
+    assert list(c.sessions) == []
+
+
 async def test_sessions_survive_a_stall_and_the_list_is_partial_after_it(env: Env) -> None:
     c = env.cluster
     listen_for_sessions(env, SESSION_TIMEOUT_S, extending=("7", "8"))

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mgmtd_harness import Admin, InProcess, wait_until
 
+from fs3.client import mgmtd_client
 from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, NodeAgent
 from fs3.client.routing import Routing, RoutingCache
 from fs3.errors import FS3Error, StatusCode
@@ -171,6 +172,57 @@ async def test_client_session_keeper(admin: Admin) -> None:
         assert [s.client_id for s in await admin.client.list_client_sessions()] == ["mount-1"]
     finally:
         await keeper.stop()
+
+
+async def test_client_session_keeper_vouches_only_for_an_unbroken_session(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The keeper vouches for handles opened since its session last started, until a timeout
+    after its last extension that succeeded was sent; an extension answered after that, or one
+    mgmtd answers session_lost, starts a new run; replies may come in any order."""
+    now = [100.0]
+    monkeypatch.setattr(mgmtd_client, "session_clock", lambda: now[0])
+    pending: list[asyncio.Future[mgmtd_pb2.ExtendClientSessionReply]] = []
+
+    async def extend_session(session, config_version=0, *, renewing=False):  # type: ignore[no-untyped-def]
+        pending.append(asyncio.get_running_loop().create_future())
+        return await pending[-1]
+
+    keeper = ClientSessionKeeper(
+        SimpleNamespace(extend_session=extend_session),  # type: ignore[arg-type]
+        mgmtd_pb2.ClientSession(client_id="c"),
+    )
+
+    async def send(
+        at: float,
+    ) -> tuple[asyncio.Task[None], asyncio.Future[mgmtd_pb2.ExtendClientSessionReply]]:
+        now[0] = at
+        task = asyncio.ensure_future(keeper._extend())  # noqa: SLF001
+        await asyncio.sleep(0)
+        return task, pending[-1]
+
+    async def answer(sent, at: float, lost: bool = False) -> None:  # type: ignore[no-untyped-def]
+        task, fut = sent
+        now[0] = at
+        fut.set_result(mgmtd_pb2.ExtendClientSessionReply(session_timeout_s=10.0, session_lost=lost))
+        await task
+
+    await answer(await send(100.0), 100.1)
+    assert keeper.vouches_for(100.0) and not keeper.vouches_for(99.9)
+    await answer(await send(105.0), 105.1)
+    opened = 105.2
+    now[0] = 114.9  # a timeout after the extension sent at 105
+    assert keeper.vouches_for(opened)
+    now[0] = 115.1  # nothing answered since: mgmtd may have dropped the session
+    assert not keeper.vouches_for(opened)
+    await answer(await send(116.0), 116.1)  # answered after it could have run out: a new run
+    assert not keeper.vouches_for(opened) and keeper.vouches_for(116.0)
+    # two extensions in flight (the periodic one and another), answered out of order
+    first, second = await send(120.0), await send(121.0)
+    await answer(second, 121.5)
+    await answer(first, 122.0)
+    assert keeper.vouches_for(116.0) and keeper.alive_until == 131.0
+    # mgmtd says the session had expired: handles opened before that extension was sent are out
+    await answer(await send(123.0), 123.1, lost=True)
+    assert not keeper.vouches_for(122.0) and keeper.vouches_for(123.0)
 
 
 async def test_routing_cache_refreshes_early_and_notifies(admin: Admin) -> None:
