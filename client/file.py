@@ -261,9 +261,12 @@ class OpenFile:
         # a read returns a hole: raises SESSION_LOST once meta has ended this handle's session
         # (its client was paused or cut off longer than the session timeout).
         self.guard: Callable[[OpenFile], Awaitable[None]] | None = None
-        # session_clock() time when meta last vouched for the session (this open, or a check)
+        # session_clock() times: when meta last had the session (this open, or a check), and until
+        # when that check vouches for it (meta keeps a session it touched a session timeout)
         self.checked_at = 0.0
+        self.meta_until = 0.0
         self.session_lost = False  # meta said it has no such session any more
+        self.lost_writes = False  # and writes it had not reported yet: its fsync or close says EIO
         self.checking: asyncio.Future[None] | None = None  # the guard's check with meta, in flight
 
     def _chain_of(self, chunk_index: int) -> int:

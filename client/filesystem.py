@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import posixpath
 import socket
@@ -60,7 +61,7 @@ from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, session_cl
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
-from fs3.errors import FS3Error, StatusCode, quote_name
+from fs3.errors import FS3Error, StatusCode, fresh_error, quote_name
 from fs3.net import RpcClient
 from fs3.net.auth import read_secret
 from fs3.net.transport_select import make_transport
@@ -528,15 +529,20 @@ class FileSystem:
         handle then would leave chunks of a collected file on storage for good, or bytes past a
         settled length that a later truncate-up would show; a hole could be a collected chunk.
         While mgmtd vouches for the session since the handle was opened (or last checked) nothing
-        is asked; otherwise meta is, once at a time per handle: the check touches the session, so
-        meta keeps it for another session timeout even without mgmtd."""
+        is asked; otherwise meta is (once at a time per handle), which touches the session, so
+        meta keeps it another session timeout: half of that needs no check again."""
         if not h.session_lost:
             keeper = self._session
             if keeper is None or not h.session_id or keeper.vouches_for(h.checked_at):
                 return
-            if h.checking is None:
+            if session_clock() < h.meta_until:
+                return
+            if h.checking is None or h.checking.done():
                 h.checking = asyncio.ensure_future(self._check_session(h))
-            await asyncio.shield(h.checking)
+            try:
+                await asyncio.shield(h.checking)
+            except FS3Error as e:  # one error for every caller waiting: each raises a copy
+                raise fresh_error(e) from None
             if not h.session_lost:
                 return
         raise _session_lost_error(h)
@@ -545,15 +551,14 @@ class FileSystem:
         """Ask meta whether ``h``'s session is still there (touching it, so it stays)."""
         sent = session_clock()
         try:
-            # the length it reports settles nothing (wrote=False); after a truncate meta keeps it
-            # as a mark below which later reports are checked against storage, as a clean fsync's
-            await self.meta.sync(h.inode_id, h.session_id, h.written_length, wrote=False)
+            timeout = await self.meta.touch_session(h.inode_id, h.session_id)
         except FS3Error as e:
             if e.code != StatusCode.META_BAD_HANDLE:
                 raise
             self._lose_session(h)
         else:
             h.checked_at = max(h.checked_at, sent)
+            h.meta_until = sent + timeout / 2 if timeout > 0 else math.inf
         finally:
             h.checking = None
 
@@ -642,30 +647,36 @@ class FileSystem:
                     raise _session_lost_error(h)
                 ino = await self.meta.sync(h.inode_id, h.session_id, length, wrote=wrote)
             except BaseException as e:
-                if not self._ended_by_meta(h, e):
+                if not self._ended_by_meta(h, e, wrote):
                     if wrote:
                         h.untake_length(failed)
                     raise
-                # what it wrote before meta ended the session was counted then, from storage
-                if wrote:
-                    h.length_reported()
-                if error is None and wrote and raise_errors:
-                    error = _session_lost_error(h)
             else:
                 h.state.install(ino)
                 if wrote:
                     h.length_reported()
+        if raise_errors and h.lost_writes:
+            h.lost_writes = False
+            error = error or _session_lost_error(h)
         if error is not None:
             raise error
         return ino
 
-    def _ended_by_meta(self, h: OpenFile, e: BaseException) -> bool:
-        """Whether ``e``, raised by a report of ``h``'s length, says meta has ended its session."""
+    def _ended_by_meta(self, h: OpenFile, e: BaseException, wrote: bool) -> bool:
+        """Whether ``e``, raised by a report of ``h``'s length (``wrote``: of writes), says meta has
+        ended its session. Then the report is over: what reached storage before counts (meta
+        settled the length from storage), and unreported writes are an error for the handle's
+        next fsync or close (``lost_writes``), whoever made this report."""
         if not isinstance(e, FS3Error):
             return False
         if e.code == StatusCode.META_BAD_HANDLE:
             self._lose_session(h)
-        return h.session_lost and e.code in (StatusCode.META_BAD_HANDLE, StatusCode.SESSION_LOST)
+        if not (h.session_lost and e.code in (StatusCode.META_BAD_HANDLE, StatusCode.SESSION_LOST)):
+            return False
+        if wrote:
+            h.length_reported()
+            h.lost_writes = True
+        return True
 
     async def _close(self, h: OpenFile) -> m.Inode | None:
         """Flush a handle, end its session (reporting the written length); meta's inode after. A
@@ -699,12 +710,10 @@ class FileSystem:
                         raise _session_lost_error(h)
                     ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
                 except FS3Error as e:
-                    # Meta ended the session (and counted what storage held): the close has
-                    # nothing left to do. Writes it had not reported may be lost: EIO.
-                    if not self._ended_by_meta(h, e):
+                    # meta ended the session: the close has nothing left to do but report
+                    if not self._ended_by_meta(h, e, wrote):
                         raise
-                    if wrote:
-                        h.length_reported()
+                    if h.lost_writes:
                         raise _session_lost_error(h) from None
                     return None
                 h.state.install(ino)

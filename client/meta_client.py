@@ -485,6 +485,12 @@ class MetaClient:
         req = m.SyncReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
         return (await self.call("Sync", req)).inode
 
+    async def touch_session(self, inode_id: int, session_id: int) -> float:
+        """Check that meta still has session ``session_id`` of ``inode_id`` (META_BAD_HANDLE if
+        not) and touch it; returns how long meta keeps a session untouched (0: for ever)."""
+        req = m.SyncReq(inode_id=inode_id, session_id=session_id, touch=True)
+        return (await self.call("Sync", req)).session_timeout_s
+
     async def close_file(
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
     ) -> m.Inode:

@@ -540,11 +540,14 @@ class ClientSessionKeeper:
         self.config_version = 0
         # Which handles mgmtd's session vouches for (see vouches_for; FileSystem's guard), on
         # session_clock(): mgmtd holds the session at least until ``alive_until`` (a session timeout
-        # after the last extension that succeeded was sent), and has held it without a break since
-        # ``unbroken_since`` (the extension that started the run of them, each answered before the
-        # one before it could have run out).
+        # after the latest extension that succeeded was sent, ``_latest_sent``), and has held it
+        # without a break since ``unbroken_since`` (the reply that started the run of extensions,
+        # each answered before the one before it could have run out). ``margin``: a third of the
+        # timeout, for a write that passed the guard to reach storage.
         self.alive_until = 0.0
         self.unbroken_since = 0.0
+        self.margin = 0.0
+        self._latest_sent = -math.inf
         self._loop = Periodic("fs3-client-session", self._extend, interval_s, on_error=self._failed)
 
     async def start(self, *, strict: bool = True) -> None:
@@ -563,11 +566,11 @@ class ClientSessionKeeper:
 
     def vouches_for(self, since: float) -> bool:
         """Whether mgmtd has held this client's session without a break since ``since`` (a
-        :func:`session_clock` time) and still does: then meta has not ended (and cannot end) the
-        open-file sessions this client held at ``since``, for it prunes only those of clients
-        without a session. False while this client cannot tell: mgmtd unreachable for most of a
-        session timeout, or this process paused or suspended longer."""
-        return since >= self.unbroken_since and session_clock() < self.alive_until
+        :func:`session_clock` time) and will for a while yet: then meta has not ended (and will not
+        end soon) the open-file sessions this client held at ``since``, for it prunes only those of
+        clients without a session. False while this client cannot tell: mgmtd unreachable for
+        most of a session timeout, or this process paused or suspended longer."""
+        return since >= self.unbroken_since and session_clock() < self.alive_until - self.margin
 
     async def _extend(self) -> None:
         sent = session_clock()
@@ -576,21 +579,24 @@ class ClientSessionKeeper:
         )
         # Answered after the session could have run out (mgmtd hears of an extension by the time
         # its reply is here, and drops a session a timeout after the last one it heard of, which
-        # was sent no sooner than alive_until's), or mgmtd says it did: a new run of them starts.
-        # Replies may come in any order (a periodic extension and one at start); max() keeps both.
-        if session_clock() > self.alive_until or reply.session_lost:
-            self.unbroken_since = max(self.unbroken_since, sent)
+        # was sent no sooner than alive_until's), or mgmtd says it did: a new run starts with this
+        # reply. Replies may come in any order (a periodic extension and another).
+        answered = session_clock()
+        timeout = reply.session_timeout_s
+        if answered > self.alive_until or reply.session_lost:
+            self.unbroken_since = max(self.unbroken_since, answered)
             if reply.session_lost or self.last_reply is not None:
                 log.warning(
                     "client session %s at mgmtd (this client was paused or cut off longer than its "
                     "timeout, %.0f s) client_id=%s: files it held open are checked with meta before "
                     "their next I/O",
                     "had expired" if reply.session_lost else "may have expired",
-                    reply.session_timeout_s,
+                    timeout,
                     self.session.client_id,
                 )
-        timeout = reply.session_timeout_s
-        self.alive_until = max(self.alive_until, sent + timeout) if timeout > 0 else math.inf
+        if sent > self._latest_sent and timeout > 0:  # no timeout (an older mgmtd): no vouching
+            self._latest_sent = sent
+            self.alive_until, self.margin = sent + timeout, timeout / 3
         self.last_reply = reply
         pushed = reply.config if reply.HasField("config") else None
         if pushed is not None and pushed.version > self.config_version and self.on_config is not None:

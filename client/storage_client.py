@@ -403,12 +403,12 @@ class StorageClient:
                     raise FS3Error(StatusCode.STORAGE_TARGET_NOT_SERVING, f"chain {chain_id} has no head")
                 req.io.key.chain_version = chain.version
                 while True:
-                    if fence is not None:
-                        await fence()
                     if caps is not None:
                         req.capability = caps.now(inode_id, capability.WRITE) or await caps.get(
                             inode_id, capability.WRITE
                         )
+                    if fence is not None:  # the last wait before the send
+                        await fence()
                     try:
                         rsp, _ = await self.rpc.call(
                             node_address(routing, head.target_id),

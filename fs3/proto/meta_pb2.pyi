@@ -283,10 +283,12 @@ class BatchStatReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InodeRsp(_message.Message):
-    __slots__ = ("inode",)
+    __slots__ = ("inode", "session_timeout_s")
     INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ...) -> None: ...
+    session_timeout_s: float
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_timeout_s: _Optional[float] = ...) -> None: ...
 
 class BatchStatRsp(_message.Message):
     __slots__ = ("inodes", "errors")
@@ -523,18 +525,20 @@ class CloseReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., mtime: _Optional[_Union[Timespec, _Mapping]] = ...) -> None: ...
 
 class SyncReq(_message.Message):
-    __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote")
+    __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "touch")
     HDR_FIELD_NUMBER: _ClassVar[int]
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     WROTE_FIELD_NUMBER: _ClassVar[int]
+    TOUCH_FIELD_NUMBER: _ClassVar[int]
     hdr: MetaRequestHeader
     inode_id: int
     session_id: int
     written_length: int
     wrote: bool
-    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ...) -> None: ...
+    touch: bool
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., touch: _Optional[bool] = ...) -> None: ...
 
 class PruneSessionReq(_message.Message):
     __slots__ = ("hdr", "client_id")

@@ -101,7 +101,10 @@ async def test_handles_whose_session_meta_ended_do_no_more_io(tmp_path) -> None:
             await doomed.flush()
         assert e.value.code == StatusCode.SESSION_LOST
         with pytest.raises(FS3Error) as e:
-            await reader.read()  # the chunks are gone: not a hole of zeros
+            await reader.pread(4096, 0)  # the chunks are gone: not a hole of zeros
+        assert e.value.code == StatusCode.SESSION_LOST
+        with pytest.raises(FS3Error) as e:
+            await reader.read()  # asks meta for the length first: the file is gone
         assert e.value.code == StatusCode.SESSION_LOST
         assert await clean.read() == b"1" * 4096  # bytes storage has are still served
         for h in (clean, reader, kept):

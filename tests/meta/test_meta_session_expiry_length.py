@@ -243,3 +243,23 @@ async def test_a_pruned_session_never_shrinks_the_length(store: MetaStore) -> No
     await store.sync(f, sid, 400_000, wrote=True)  # reported, but storage lost the tail: no shrink
     assert await store.prune_sessions(client_id=7) == 1
     assert (await store.stat(f)).size == 400_000
+
+
+async def test_a_touch_leaves_the_settlement_alone(store: MetaStore) -> None:
+    """A client unsure whether meta kept its session touches it (its guard); that must not count
+    as a report: a write of 200 bytes landed, another client truncated to 50, the touch, then a
+    write of [100, 110): the writer's fsync reporting 200 must be checked against storage (110)."""
+    storage = FakeStorage()
+    store.chunks = storage
+    r = await store.create(ROOT, ROOT_ID, b"f", 0o644, flags=2, session=True, client_id=7)
+    f, sid = r.inode.id, r.session_id
+    storage.length = 200
+    await store.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=50))
+    before = {s.session_id: s.touched_ns for s in await store.sessions_of(f)}[sid]
+    assert (await store.touch(f, sid)).size == 50
+    assert {s.session_id: s.touched_ns for s in await store.sessions_of(f)}[sid] > before
+    storage.length = 110
+    assert (await store.sync(f, sid, 200, wrote=True)).size == 110
+    with pytest.raises(FS3Error) as e:
+        await store.touch(f, sid + 1)
+    assert e.value.code == StatusCode.META_BAD_HANDLE

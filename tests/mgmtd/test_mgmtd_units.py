@@ -205,24 +205,35 @@ async def test_client_session_keeper_vouches_only_for_an_unbroken_session(monkey
         fut.set_result(mgmtd_pb2.ExtendClientSessionReply(session_timeout_s=10.0, session_lost=lost))
         await task
 
-    await answer(await send(100.0), 100.1)
-    assert keeper.vouches_for(100.0) and not keeper.vouches_for(99.9)
+    await answer(await send(100.0), 100.1)  # the first: the run starts with its reply
+    assert keeper.vouches_for(100.1) and not keeper.vouches_for(100.0)
     await answer(await send(105.0), 105.1)
     opened = 105.2
-    now[0] = 114.9  # a timeout after the extension sent at 105
+    now[0] = 111.5  # a timeout after the extension sent at 105, less a third of it
     assert keeper.vouches_for(opened)
-    now[0] = 115.1  # nothing answered since: mgmtd may have dropped the session
+    now[0] = 111.8  # too close to when mgmtd may drop the session for a write to go out
     assert not keeper.vouches_for(opened)
     await answer(await send(116.0), 116.1)  # answered after it could have run out: a new run
-    assert not keeper.vouches_for(opened) and keeper.vouches_for(116.0)
+    assert not keeper.vouches_for(opened) and keeper.vouches_for(116.1)
     # two extensions in flight (the periodic one and another), answered out of order
     first, second = await send(120.0), await send(121.0)
     await answer(second, 121.5)
     await answer(first, 122.0)
-    assert keeper.vouches_for(116.0) and keeper.alive_until == 131.0
-    # mgmtd says the session had expired: handles opened before that extension was sent are out
+    assert keeper.vouches_for(116.1) and keeper.alive_until == 131.0
+    # mgmtd says the session had expired: handles opened before its reply are out
     await answer(await send(123.0), 123.1, lost=True)
-    assert not keeper.vouches_for(122.0) and keeper.vouches_for(123.0)
+    assert not keeper.vouches_for(123.0) and keeper.vouches_for(123.1)
+    # a reply without a timeout (an older mgmtd) vouches for nothing more
+    keeper2 = ClientSessionKeeper(
+        SimpleNamespace(extend_session=extend_session),  # type: ignore[arg-type]
+        mgmtd_pb2.ClientSession(client_id="d"),
+    )
+    now[0] = 200.0
+    task = asyncio.ensure_future(keeper2._extend())  # noqa: SLF001
+    await asyncio.sleep(0)
+    pending[-1].set_result(mgmtd_pb2.ExtendClientSessionReply())
+    await task
+    assert not keeper2.vouches_for(200.0)
 
 
 async def test_routing_cache_refreshes_early_and_notifies(admin: Admin) -> None:
