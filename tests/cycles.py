@@ -4,8 +4,11 @@ that hold a payload, say) stays in memory until a full collection."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import time
 import types
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,6 +31,19 @@ def cycles_kept() -> Iterator[list[object]]:
             gc.garbage.clear()
             gc.set_debug(0)
             gc.enable()
+
+
+async def released(watch: weakref.ref[object], timeout_s: float = 2.0) -> bool:
+    """Whether what ``watch`` refers to is freed within ``timeout_s``, with the cyclic collector
+    off: an object a cycle holds never is, while a reference a thread drops just after handing back
+    its result (an executor's worker deletes its work item only then) goes once that thread runs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if watch() is None:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
 
 
 def buffers(objects: list[object]) -> list[str]:

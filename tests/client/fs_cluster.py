@@ -51,8 +51,17 @@ class Mount:
     config: Path
 
     def unmount(self, timeout_s: float = 20.0) -> int | None:
-        """``fusermount3 -u`` and wait for the daemon to exit; returns its exit status."""
-        subprocess.run(["fusermount3", "-u", str(self.path)], capture_output=True, timeout=timeout_s)
+        """``fusermount3 -u`` and wait for the daemon to exit; returns its exit status. Retried
+        while it fails and the file system is still mounted: busy for a moment after a close (the
+        kernel sends RELEASE after close(2) returns), more so on a loaded machine."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = subprocess.run(
+                ["fusermount3", "-u", str(self.path)], capture_output=True, timeout=timeout_s
+            )
+            if done.returncode == 0 or not is_mounted(self.path) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert self.proc.popen is not None
         try:
             return self.proc.popen.wait(timeout=timeout_s)

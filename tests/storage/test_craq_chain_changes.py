@@ -18,6 +18,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from cycles import released
 from replica_harness import (
     ALL_SERVING,
     CHUNK,
@@ -349,6 +350,6 @@ async def test_a_refused_update_keeps_no_bytes_in_a_reference_cycle(daemon) -> N
             await d.rep.client_update(req, memoryview(data))
         assert refused.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
         del data, refused
-        assert watch() is None, "a refused update's bytes are still referenced"
+        assert await released(watch), "a refused update's bytes are still referenced"
     finally:
         gc.enable()

@@ -16,7 +16,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from cycles import buffers, cycles_kept, frames
+from cycles import buffers, cycles_kept, frames, released
 from replica_harness import ALL_SERVING, INODE, SERVING, client_write, replica_daemons
 
 from fs3.client.storage_client import STORAGE_SERVICE
@@ -143,6 +143,6 @@ async def test_a_parallel_update_whose_local_write_fails_keeps_no_bytes_in_cycle
             assert refused.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
             del refused, data
             await settle()
-            assert watch() is None, "the update's bytes are still referenced"
+            assert await released(watch), "the update's bytes are still referenced"
         assert buffers(found) == [], frames(found)
         assert frames(found) == []
