@@ -9,6 +9,9 @@ PROTOS := $(wildcard proto/*.proto)
 RUN_DIR ?= $(HOME)/.local/share/fs3/local
 MOUNT ?= /mnt/fs3
 PYTEST_ARGS ?=
+# test processes (pytest-xdist); each test module runs whole in one of them (its module-scoped
+# clusters are started once). Most tests wait on daemons' timers, so two on two cores halve the run.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install system-packages venv test lint format proto run down clean
 
@@ -32,7 +35,7 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 test: install rdma
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
