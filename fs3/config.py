@@ -213,6 +213,14 @@ class MetaConfig:
         doc="verify each request's user token with mgmtd (false: trust the uid/gid sent, and refuse"
         " clients on user connections, see the client's user_auth)",
     )
+    token_stale_s: float = opt(
+        3600.0,
+        doc="how long after mgmtd last confirmed a user token it is still taken while mgmtd cannot "
+        "answer (hung, restarting, unreachable): users keep working through a mgmtd outage this "
+        "long, and a token revoked meanwhile works this long at this server; 0: never (every "
+        "token check waits for mgmtd once its minute in the cache ends)",
+        check=_non_negative,
+    )
     # the root directory takes these three when the file system is made, and every new directory
     # its parent's: afterwards 'fs3 admin set-layout' changes a directory's, not these
     default_chain_table: int = opt(
@@ -322,6 +330,12 @@ class StorageConfig:
         0.5, doc="how often to look for SYNCING successors to resync", check=_seconds
     )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    token_stale_s: float = opt(
+        3600.0,
+        doc="user connections: how long after mgmtd last confirmed a user token it is still taken "
+        "while mgmtd cannot answer (see meta's token_stale_s); 0: never",
+        check=_non_negative,
+    )
     log: LogConfig = opt(doc="logging", factory=LogConfig)
 
     def problem(self) -> str | None:

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.permissions import Credentials
-from fs3.net.auth import TOKEN_CACHE_S, TokenCache
+from fs3.net.auth import TOKEN_CACHE_S, TOKEN_STALE_S, TokenCache
 from fs3.proto import common_pb2, mgmtd_pb2
 
 MAX_GROUPS = 64
@@ -88,8 +88,11 @@ class TokenAuthenticator:
         ttl_s: float = TOKEN_CACHE_S,
         negative_ttl_s: float = 5.0,
         max_entries: int = 10_000,
+        stale_s: float = TOKEN_STALE_S,
     ) -> None:
-        self.tokens = TokenCache(verify, ttl_s=ttl_s, negative_ttl_s=negative_ttl_s, max_entries=max_entries)
+        self.tokens = TokenCache(
+            verify, ttl_s=ttl_s, negative_ttl_s=negative_ttl_s, max_entries=max_entries, stale_s=stale_s
+        )
         self.max_entries = max_entries
         self._from_header = _HeaderCredentials(max_entries)
         # A non-root token's Credentials, by the User message the token cache holds (replaced, and

@@ -144,7 +144,7 @@ class MetaDaemon:
                 )
                 self.chunks = StorageChunks(StorageClient(self.routing, self.storage_rpc))
         auth: Authenticator = (
-            TokenAuthenticator(self.mgmtd.verify_token)
+            TokenAuthenticator(self.mgmtd.verify_token, stale_s=cfg.token_stale_s)
             if cfg.authenticate and self.mgmtd is not None
             else TrustingAuthenticator()
         )

@@ -181,7 +181,7 @@ class StorageDaemon:
             secret,
             identity=f"storage-{cfg.node_id}",
             transport=transport,
-            verify_user=TokenCache(self.mgmtd.verify_token).user_of,
+            verify_user=TokenCache(self.mgmtd.verify_token, stale_s=cfg.token_stale_s).user_of,
         )
         self.server.add_service(STORAGE_SERVICE, service)
         self.port = await _listen(self.server, cfg.listen_host, cfg.listen_port)

@@ -622,7 +622,7 @@ async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
 _CACHED = (
     f" (a server that checked one of its tokens in the last {TOKEN_CACHE_S:.0f} s takes it until "
     "its cache of token checks expires, and one that cannot reach mgmtd then, until it can, for up "
-    f"to {TOKEN_STALE_S / 3600:g} h)"
+    f"to its token_stale_s, {TOKEN_STALE_S / 3600:g} h by default)"
 )
 
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from fs3.config import MetaConfig, load_config
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import TokenAuthenticator, TrustingAuthenticator
 from fs3.net.auth import TokenCache
@@ -142,6 +143,30 @@ async def test_a_token_confirmed_too_long_ago_needs_mgmtd() -> None:
     with pytest.raises(FS3Error) as e:
         await cache.user_of("alice-token")
     assert e.value.code == StatusCode.UNAVAILABLE
+
+
+async def test_a_token_stale_s_of_zero_takes_no_token_without_mgmtd(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """meta's token_stale_s reaches its token cache: with 0, a token whose cache entry ran out is
+    refused while mgmtd cannot answer (with the default it would stand for an hour)."""
+    cfg = tmp_path / "meta.toml"
+    cfg.write_text("token_stale_s = 0\n")
+    assert load_config(MetaConfig, cfg).token_stale_s == 0
+    cfg.write_text("token_stale_s = -1\n")
+    with pytest.raises(FS3Error) as e:
+        load_config(MetaConfig, cfg)
+    assert e.value.code == StatusCode.CONFIG_INVALID and "token_stale_s" in str(e.value)
+    for stale_s, served in ((0.0, False), (3600.0, True)):
+        v = Verifier()
+        auth = TokenAuthenticator(v, ttl_s=0.01, stale_s=stale_s)
+        assert (await auth.user_of("alice-token")).uid == 1000
+        await asyncio.sleep(0.05)
+        v.down = True
+        if served:
+            assert (await auth.user_of("alice-token")).uid == 1000
+        else:
+            with pytest.raises(FS3Error) as e:
+                await auth.user_of("alice-token")
+            assert e.value.code == StatusCode.UNAVAILABLE
 
 
 async def test_a_token_is_kept_from_mgmtds_answer_not_from_the_question() -> None:
