@@ -43,3 +43,14 @@ def positive_seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, not {text}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above 0 (a count, a size in MiB)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, not {text}")
+    return value

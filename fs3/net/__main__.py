@@ -20,6 +20,7 @@ from pathlib import Path
 
 import uvloop
 
+from fs3.cli import positive_int, positive_seconds
 from fs3.errors import FS3Error
 from fs3.net.client import RpcClient
 from fs3.net.frame import RpcLimits
@@ -76,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve the system service")
     serve.add_argument("--listen", default="127.0.0.1:0")
     serve.add_argument("--identity", default="fs3-net")
-    serve.add_argument("--max-payload-mib", type=int, default=64)
+    serve.add_argument("--max-payload-mib", type=positive_int, default=64)
     ping = sub.add_parser("ping", help="ping a server")
     ping.add_argument("address")
-    ping.add_argument("--count", type=int, default=1)
-    ping.add_argument("--timeout", type=float, default=5.0)
+    ping.add_argument("--count", type=positive_int, default=1)
+    ping.add_argument("--timeout", type=positive_seconds, default=5.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return uvloop.run(_serve(args) if args.command == "serve" else _ping(args))

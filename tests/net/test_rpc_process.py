@@ -113,4 +113,13 @@ def test_command_line_ping_and_clean_shutdown(server_process: ServerProcess) -> 
         timeout=30,
     )
     assert bad.returncode == 1 and "RPC_AUTH_FAILED" in bad.stderr
+    for flags in (["--timeout", "-1"], ["--timeout", "nan"], ["--count", "0"]):
+        refused = subprocess.run(
+            [sys.executable, "-m", "fs3.net", "ping", f"{host}:{port}", *flags],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert refused.returncode == 2 and "must be a" in refused.stderr, (flags, refused.stderr)
     assert server_process.terminate() == 0
