@@ -589,10 +589,19 @@ class FileSystem:
             )
             inode, session_id = rsp.inode, rsp.session_id
         else:
-            inode = await self._lookup(p)
-            if flags & os.O_TRUNC:
-                await self._drain_before_truncate(inode.id)
-            rsp = await self.meta.open(inode.id, flags & (os.O_TRUNC | 3))
+            for attempt in range(_OPEN_ATTEMPTS):
+                inode = await self._lookup(p)
+                if flags & os.O_TRUNC:
+                    await self._drain_before_truncate(inode.id)
+                try:
+                    rsp = await self.meta.open(inode.id, flags & (os.O_TRUNC | 3))
+                    break
+                except FS3Error as e:
+                    # Another client replaced (rename over it) or removed the file between the
+                    # lookup and the open: the name is looked up again, as if the rename had
+                    # come first (it is atomic: an open of an existing name never fails so).
+                    if e.code != StatusCode.NOT_FOUND or attempt == _OPEN_ATTEMPTS - 1:
+                        raise
             inode, session_id = rsp.inode, rsp.session_id
         if inode.type == m.INODE_DIRECTORY:
             if session_id:
@@ -982,6 +991,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["File", "FileSystem", "StatResult", "ROOT_ID"]
+
+
+#: lookups an open makes of a name other clients keep replacing (see open_flags)
+_OPEN_ATTEMPTS = 8
 
 
 def _session_lost_error(h: OpenFile) -> FS3Error:

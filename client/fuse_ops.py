@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -259,6 +260,14 @@ def _translate(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _invalidate_inode(inode: int) -> None:
+    try:
+        pyfuse3.invalidate_inode(inode, attr_only=False)
+    except OSError as e:
+        if e.errno != errno.ENOENT:  # ENOENT: the kernel has forgotten the inode already
+            log.warning("page cache invalidation failed inode=%#x error=%s", inode, e)
+
+
 class Fs3Operations(pyfuse3.Operations):
     """pyfuse3 operations over a connected :class:`FileSystem`; see the module docstring."""
 
@@ -284,6 +293,10 @@ class Fs3Operations(pyfuse3.Operations):
         self._dirs: dict[int, OpenDir] = {}
         self._next_fh = 1
         self._seen: dict[int, tuple[int, int]] = {}  # inode -> (mtime, size) the page cache holds
+        # inode -> the lowest end of a read answered short (at the file's end then): the kernel
+        # keeps that page with zeros past it, and must drop it once the file grows (see read)
+        self._short_end: dict[int, int] = {}
+        self._invalidator: concurrent.futures.ThreadPoolExecutor | None = None
         self._metas: dict[tuple[int, int, tuple[int, ...]], MetaClient] = {}
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._pool = fs.rpc.pool
@@ -354,6 +367,8 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_gid = inode.gid
         a.st_rdev = inode.rdev
         size = self._size(inode, since) if file else inode.size
+        if file and size > self._short_end.get(inode.id, size):
+            self._invalidate_data(inode.id)
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
@@ -361,6 +376,17 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_mtime_ns = inode.mtime_ns
         a.st_ctime_ns = inode.ctime_ns
         return a
+
+    def _invalidate_data(self, inode: int) -> None:
+        """The file grew past the end of a read answered short: that read's last page is in the
+        kernel's cache with zeros past its end, which the kernel does not always drop when it
+        takes the new length (a read answered after a getattr that brought the length: the
+        attribute change came first). Drop the file's cached pages, from a thread of its own: the
+        kernel waits for pages locked by reads in flight, which this loop must go on answering."""
+        del self._short_end[inode]
+        if self._invalidator is None:
+            self._invalidator = concurrent.futures.ThreadPoolExecutor(1, "fs3-fuse-invalidate")
+        self._invalidator.submit(_invalidate_inode, inode)
 
     def _entry(self, inode: m.Inode, since: int) -> pyfuse3.EntryAttributes:
         """The attributes of ``inode`` for a reply that gives the kernel an entry (a lookup, a
@@ -545,7 +571,16 @@ class Fs3Operations(pyfuse3.Operations):
         if flags & os.O_TRUNC:
             await self.fs._drain_before_truncate(inode)
         since, opened_at = stamp(), session_clock()
-        rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
+        try:
+            rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
+        except FS3Error as e:
+            if e.code != StatusCode.NOT_FOUND:
+                raise
+            # The kernel looked the name up, then another client replaced (renamed over) or
+            # removed the file before this open reached meta. ESTALE makes the kernel look the
+            # name up again (LOOKUP_REVAL) and open what it finds now, as over NFS: an open of a
+            # name that exists all along never fails for a rename over it.
+            raise pyfuse3.FUSEError(errno.ESTALE) from None
         handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
@@ -573,7 +608,16 @@ class Fs3Operations(pyfuse3.Operations):
         pool = self._pool
         buf = pool.acquire(size)
         view = memoryview(buf)[:size]
-        n = await self._handles[fh].read_into(off, view)
+        handle = self._handles[fh]
+        n = await handle.read_into(off, view)
+        # Short at the file's end as this mount knew it when the read began. If the file grew
+        # meanwhile (another reader's getattr took another client's append), the kernel may know
+        # the new length already and would hand zeros past this end to the reader: read on.
+        while n < size and (more := await handle.read_into(off + n, view[n:])):
+            n += more
+        if n < size:
+            ino = handle.inode_id
+            self._short_end[ino] = min(self._short_end.get(ino, off + n), off + n)
         self.metrics.read_bytes += n
         # pyfuse3 copies the reply to the kernel as soon as this returns, before the event loop
         # runs anything else: the buffer can go back to the pool right after.
@@ -612,6 +656,9 @@ class Fs3Operations(pyfuse3.Operations):
     @_translate
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
+        if handle.state.handles <= {handle}:
+            # the last: the next open drops the page cache if the file changed (see _file_info)
+            self._short_end.pop(handle.inode_id, None)
         ino = await self.fs._close(handle)
         if ino is not None and handle.writable:
             self._seen[ino.id] = (ino.mtime_ns, ino.size)
@@ -718,6 +765,8 @@ class Fs3Operations(pyfuse3.Operations):
         """Flush and close every open file (at unmount; the kernel may not release them all), and
         log the count of failed requests that no warning has told of yet."""
         self.errors.flush()
+        if self._invalidator is not None:
+            self._invalidator.shutdown(wait=False, cancel_futures=True)
         for fh in list(self._handles):
             handle = self._handles.pop(fh)
             try:

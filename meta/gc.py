@@ -133,23 +133,44 @@ class Collector:
                 out.append((inode_id, ino, bool(await rv.get_range(sprefix, prefix_end(sprefix), 1))))
             return out
 
+        async def claim(tr: Transaction, ids: list[int]) -> list[meta_pb2.Inode]:
+            """The unlinked files among ``ids`` that no session holds, marked ``collecting`` in
+            this transaction, which a session opened meanwhile conflicts with: once marked, a
+            file takes no new session (SessionOps.open), so its chunks can go."""
+            out = []
+            for inode_id in ids:
+                raw = await tr.get(schema.inode_key(inode_id))
+                if raw is None:
+                    continue
+                ino = meta_pb2.Inode.FromString(raw)
+                sprefix = schema.session_prefix(inode_id)
+                if ino.nlink > 0 or await tr.get_range(sprefix, prefix_end(sprefix), 1):
+                    continue
+                if not ino.collecting:
+                    ino.collecting = True
+                    inodes.store(tr, ino)
+                out.append(ino)
+            return out
+
         stale: list[int] = []  # entries of linked inodes (never written so): just dropped
         ready: list[int] = []
         removing: dict[int, int] = {}  # inode id -> when its chunks' removal began (ns)
+        unclaimed: list[int] = []
         for inode_id, ino, open_ in await db.run(look, read_only=True):
-            if ino is not None:
-                if ino.nlink > 0:
-                    stale.append(inode_id)
-                    continue
-                if open_:
-                    continue  # still open somewhere: the last close comes first
-                removing[inode_id] = inodes.now_ns()
-                try:
-                    await self.ns.chunks.remove(ino.layout, inode_id)
-                except FS3Error as e:
-                    log.warning("gc entry failed inode=%d error=%s", inode_id, e)
-                    continue
-            ready.append(inode_id)
+            if ino is None:
+                ready.append(inode_id)
+            elif ino.nlink > 0:
+                stale.append(inode_id)
+            elif not open_:  # still open somewhere: the last close comes first
+                unclaimed.append(inode_id)
+        for ino in await db.run(lambda tr: claim(tr, unclaimed)) if unclaimed else ():
+            removing[ino.id] = inodes.now_ns()
+            try:
+                await self.ns.chunks.remove(ino.layout, ino.id)
+            except FS3Error as e:
+                log.warning("gc entry failed inode=%d error=%s", ino.id, e)
+                continue
+            ready.append(ino.id)
 
         async def finish(tr: Transaction) -> list[int]:
             removed = []

@@ -98,11 +98,12 @@ async def load_full(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
 
 def public(ino: meta_pb2.Inode) -> meta_pb2.Inode:
     """``ino`` without the fields replies do not carry (extended attributes, an owed trim, how
-    long write capabilities of it last)."""
+    long write capabilities of it last, the collector's claim)."""
     if ino.xattrs:
         del ino.xattrs[:]
     ino.trim_version = ino.trim_length = 0
     ino.write_caps_until_ns = 0
+    ino.collecting = False
     return ino
 
 

@@ -77,9 +77,11 @@ class SessionOps(Namespace):
             check(ino, cred, want)
             if ino.type != FILE:
                 return meta_pb2.OpenRsp(inode=inodes.public(ino))
-            if ino.nlink == 0:
-                # No new sessions on an unlinked file: the collector may be removing its chunks
-                # once the sessions it saw are gone. Handles opened before the unlink live on.
+            if ino.nlink == 0 and ino.collecting:
+                # No new sessions on a file the collector has claimed: it is removing its chunks.
+                # Before that an unlinked file opens: the caller looked its name up before the
+                # unlink or the rename over it, and opening what it found is a valid order of the
+                # two (a local file system's dentry would hold the inode the same way).
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if flags & O_TRUNC:
                 self._truncate_in_txn(tr, cred, ino, 0, trims, trim=True)

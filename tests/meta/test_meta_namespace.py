@@ -16,6 +16,7 @@ from fs3.meta.idalloc import InodeIdAllocator
 from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
 from fs3.meta.permissions import ROOT, Credentials
 from fs3.meta.schema import ROOT_ID
+from fs3.meta.storage_io import NoStorage
 from fs3.meta.store import MetaStore
 from fs3.placement import shuffle
 from fs3.proto import meta_pb2 as m
@@ -379,6 +380,40 @@ async def test_idempotent_retries_return_first_result(tree: Tree) -> None:
 
     assert await expire_idem(s.db, ttl_s=0) >= 4
     assert await expire_idem(s.db, ttl_s=0) == 0
+
+
+async def test_an_unlinked_file_opens_until_the_collector_claims_it(tree: Tree) -> None:
+    """A client that looked a name up just before another unlinked it (or renamed a file over it)
+    opens the inode it found: that order of the two is a valid one, and the open must not fail
+    (it did: ENOENT for a name that existed all along). Once the collector has claimed the file
+    (found no session on it) it takes no new session: its chunks are going."""
+    s = tree.store
+    r = await s.create(ALICE, tree["/pub"], b"gone", 0o644, session=True, client_id=3)
+    f = r.inode.id
+    await s.close(f, r.session_id)
+    await s.unlink(ALICE, tree["/pub"], b"gone")
+    _, late = await s.open(ALICE, f, 0, client_id=4)
+    await s.collector.collect_once()
+    assert (await s.stat(f)).nlink == 0  # the late session keeps it
+    await s.close(f, late)
+    removing, release = asyncio.Event(), asyncio.Event()
+
+    class SlowRemoval(NoStorage):
+        async def remove(self, layout: m.Layout, inode_id: int) -> None:
+            removing.set()
+            await release.wait()
+
+    s.chunks = SlowRemoval()
+    collecting = asyncio.create_task(s.collector.collect_once())
+    await removing.wait()  # claimed, its chunks being removed
+    with pytest.raises(FS3Error) as e:
+        await s.open(ALICE, f, 0, client_id=4)
+    assert e.value.code == StatusCode.NOT_FOUND
+    release.set()
+    await collecting
+    with pytest.raises(FS3Error) as e:
+        await s.stat(f)
+    assert e.value.code == StatusCode.NOT_FOUND
 
 
 async def test_unlinked_open_file_survives_until_last_close(tree: Tree) -> None:
