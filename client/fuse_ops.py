@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -260,14 +259,6 @@ def _translate(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _invalidate_inode(inode: int) -> None:
-    try:
-        pyfuse3.invalidate_inode(inode, attr_only=False)
-    except OSError as e:
-        if e.errno != errno.ENOENT:  # ENOENT: the kernel has forgotten the inode already
-            log.warning("page cache invalidation failed inode=%#x error=%s", inode, e)
-
-
 class Fs3Operations(pyfuse3.Operations):
     """pyfuse3 operations over a connected :class:`FileSystem`; see the module docstring."""
 
@@ -293,10 +284,6 @@ class Fs3Operations(pyfuse3.Operations):
         self._dirs: dict[int, OpenDir] = {}
         self._next_fh = 1
         self._seen: dict[int, tuple[int, int]] = {}  # inode -> (mtime, size) the page cache holds
-        # inode -> the lowest end of a read answered short (at the file's end then): the kernel
-        # keeps that page with zeros past it, and must drop it once the file grows (see read)
-        self._short_end: dict[int, int] = {}
-        self._invalidator: concurrent.futures.ThreadPoolExecutor | None = None
         self._metas: dict[tuple[int, int, tuple[int, ...]], MetaClient] = {}
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._pool = fs.rpc.pool
@@ -367,8 +354,6 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_gid = inode.gid
         a.st_rdev = inode.rdev
         size = self._size(inode, since) if file else inode.size
-        if file and size > self._short_end.get(inode.id, size):
-            self._invalidate_data(inode.id)
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
@@ -376,17 +361,6 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_mtime_ns = inode.mtime_ns
         a.st_ctime_ns = inode.ctime_ns
         return a
-
-    def _invalidate_data(self, inode: int) -> None:
-        """The file grew past the end of a read answered short: that read's last page is in the
-        kernel's cache with zeros past its end, which the kernel does not always drop when it
-        takes the new length (a read answered after a getattr that brought the length: the
-        attribute change came first). Drop the file's cached pages, from a thread of its own: the
-        kernel waits for pages locked by reads in flight, which this loop must go on answering."""
-        del self._short_end[inode]
-        if self._invalidator is None:
-            self._invalidator = concurrent.futures.ThreadPoolExecutor(1, "fs3-fuse-invalidate")
-        self._invalidator.submit(_invalidate_inode, inode)
 
     def _entry(self, inode: m.Inode, since: int) -> pyfuse3.EntryAttributes:
         """The attributes of ``inode`` for a reply that gives the kernel an entry (a lookup, a
@@ -611,13 +585,11 @@ class Fs3Operations(pyfuse3.Operations):
         handle = self._handles[fh]
         n = await handle.read_into(off, view)
         # Short at the file's end as this mount knew it when the read began. If the file grew
-        # meanwhile (another reader's getattr took another client's append), the kernel may know
-        # the new length already and would hand zeros past this end to the reader: read on.
+        # meanwhile (another reader's getattr or lookup took another client's append), the kernel
+        # may know the new length already: it would take the whole page as read, with zeros past
+        # this end, and keep it so (its own drop of the cache came with that length, before). Read on.
         while n < size and (more := await handle.read_into(off + n, view[n:])):
             n += more
-        if n < size:
-            ino = handle.inode_id
-            self._short_end[ino] = min(self._short_end.get(ino, off + n), off + n)
         self.metrics.read_bytes += n
         # pyfuse3 copies the reply to the kernel as soon as this returns, before the event loop
         # runs anything else: the buffer can go back to the pool right after.
@@ -656,9 +628,6 @@ class Fs3Operations(pyfuse3.Operations):
     @_translate
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        if handle.state.handles <= {handle}:
-            # the last: the next open drops the page cache if the file changed (see _file_info)
-            self._short_end.pop(handle.inode_id, None)
         ino = await self.fs._close(handle)
         if ino is not None and handle.writable:
             self._seen[ino.id] = (ino.mtime_ns, ino.size)
@@ -765,8 +734,6 @@ class Fs3Operations(pyfuse3.Operations):
         """Flush and close every open file (at unmount; the kernel may not release them all), and
         log the count of failed requests that no warning has told of yet."""
         self.errors.flush()
-        if self._invalidator is not None:
-            self._invalidator.shutdown(wait=False, cancel_futures=True)
         for fh in list(self._handles):
             handle = self._handles.pop(fh)
             try:

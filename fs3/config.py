@@ -204,6 +204,13 @@ class MetaConfig:
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
     gc_interval_s: float = opt(5.0, doc="how often the garbage collector runs", check=_seconds)
+    gc_grace_s: float = opt(
+        2.0,
+        doc="an unlinked file's chunks are removed no sooner than this after the unlink: an open "
+        "whose lookup of the name came just before the unlink or a rename over it still opens the "
+        "file (as a local file system would), instead of failing with ENOENT",
+        check=_non_negative,
+    )
     session_timeout_s: float = opt(
         300.0, doc="write sessions of silent clients expire after this", check=_seconds
     )

@@ -159,6 +159,7 @@ class MetaDaemon:
             layouts=layouts,
             chunks=self.chunks or NoStorage(),
             gc_interval_s=cfg.gc_interval_s,
+            gc_grace_s=cfg.gc_grace_s,
             session_timeout_s=cfg.session_timeout_s,
             idem_ttl_s=cfg.idem_ttl_s,
             live_clients=self._live_clients if self.mgmtd is not None else None,

@@ -45,10 +45,14 @@ class Collector:
         interval_s: float,
         session_timeout_s: float = 0.0,
         live_clients: Callable[[], Awaitable[frozenset[int] | None]] | None = None,
+        grace_s: float = 0.0,
     ) -> None:
         """``live_clients`` names the clients whose sessions must not expire (None when that is
-        unknown right now: then nothing expires this round); without it, age alone decides."""
+        unknown right now: then nothing expires this round); without it, age alone decides.
+        ``grace_s``: an unlinked file is claimed no sooner than this after it was queued, so that
+        an open whose lookup came just before the unlink (or a rename over the name) opens it."""
         self.ns = ns
+        self.grace_s = grace_s
         self.session_timeout_s = session_timeout_s
         self.live_clients = live_clients
         self._loop = Periodic(
@@ -95,8 +99,11 @@ class Collector:
 
             rows = await self.ns.db.run(scan, read_only=True)
             files: list[int] = []
+            recent = inodes.now_ns() - int(self.grace_s * 1e9)
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
+                if entry.queued_ns > recent and not entry.sweep_after_ns and entry.type != DIRECTORY:
+                    continue  # a later round (see grace_s)
                 if entry.sweep_after_ns:
                     done += await self._sweep(entry)
                     continue

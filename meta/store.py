@@ -48,9 +48,10 @@ class MetaStore(AttrOps, SessionOps, EntryOps):
         session_timeout_s: float = 0.0,
         idem_ttl_s: float = DEFAULT_TTL_S,
         live_clients: Callable[[], Awaitable[frozenset[int] | None]] | None = None,
+        gc_grace_s: float = 0.0,
     ) -> None:
         super().__init__(db, layouts=layouts, chunks=chunks, ids=ids)
-        self.collector = Collector(self, gc_interval_s, session_timeout_s, live_clients)
+        self.collector = Collector(self, gc_interval_s, session_timeout_s, live_clients, gc_grace_s)
         self.idem_ttl_s = idem_ttl_s
         self._expiry: asyncio.Task[None] | None = None
 

@@ -484,26 +484,27 @@ def _replace_while_reading(a: Path, b: Path) -> None:
 async def test_a_reader_holding_a_file_open_never_reads_zeros_where_another_mount_appended(
     env: Env,
 ) -> None:
-    """A reader holds a file open in this mount while another mount appends to it. Its read of
+    """A reader holds a file open in one mount while another mount appends to it. Its read of
     the page that held the old end is in flight (storage stopped) when a lookup of the name brings
     the new length: the kernel then takes the whole page as read, so the mount must not answer that
     read short at the old end, as it knew it when the read began (the reader got zeros where the
     appended bytes are, for good: the page stayed cached so)."""
-    other = await env.cluster.mount(env.mnt.parent / "mnt-append", name="append")
+    # the reader's mount keeps attributes long: its read below asks no getattr first
+    reader = await env.cluster.mount(env.mnt.parent / "mnt-append", name="append", attr_timeout_s=30.0)
     try:
         head, tail = os.urandom(6000), os.urandom(3000)
-        await asyncio.to_thread((other.path / "grows").write_bytes, head)
-        fd = os.open(env.mnt / "grows", os.O_RDONLY)  # the kernel takes 6000 for a second
+        await asyncio.to_thread((env.mnt / "grows").write_bytes, head)
+        fd = os.open(reader.path / "grows", os.O_RDONLY)  # the kernel takes 6000
         try:
-            await asyncio.to_thread(_append, other.path / "grows", tail)  # meta: 9000
+            await asyncio.to_thread(_append, env.mnt / "grows", tail)  # meta: 9000
             storage = [n.proc.pid for n in env.cluster.cluster.nodes if n.proc is not None]
             for pid in storage:
                 os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
             try:
-                # within the kernel's second: no getattr first, a read of 4096 at 4096 for 1904
+                # the kernel's length is 6000: a read of 4096 at 4096, answered with 1904
                 read = asyncio.create_task(asyncio.to_thread(os.pread, fd, 4096, 4096))
                 await asyncio.sleep(0.3)  # waiting on storage
-                size = asyncio.create_task(asyncio.to_thread(lambda: os.stat(env.mnt / "grows").st_size))
+                size = asyncio.create_task(asyncio.to_thread(lambda: os.stat(reader.path / "grows").st_size))
                 await asyncio.sleep(0.5)  # the lookup brought 9000
             finally:
                 for pid in storage:
@@ -515,7 +516,7 @@ async def test_a_reader_holding_a_file_open_never_reads_zeros_where_another_moun
         finally:
             os.close(fd)
     finally:
-        assert other.unmount() == 0
+        assert reader.unmount() == 0
 
 
 def _append(path: Path, data: bytes) -> None:

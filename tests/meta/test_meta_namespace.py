@@ -416,6 +416,26 @@ async def test_an_unlinked_file_opens_until_the_collector_claims_it(tree: Tree) 
     assert e.value.code == StatusCode.NOT_FOUND
 
 
+async def test_an_unlinked_file_is_claimed_only_after_the_grace(tree: Tree) -> None:
+    """meta's gc_grace_s: the collector leaves an unlinked file alone that long after its unlink,
+    so an open whose lookup came just before still opens it (the lookup-then-open window of a
+    client is milliseconds; a claim inside it made the open fail)."""
+    s = tree.store
+    s.collector.grace_s = 0.5
+    r = await s.create(ALICE, tree["/pub"], b"young", 0o644, session=True, client_id=3)
+    f = r.inode.id
+    await s.close(f, r.session_id)
+    await s.unlink(ALICE, tree["/pub"], b"young")
+    assert await s.collector.collect_once() == 0
+    _, late = await s.open(ALICE, f, 0, client_id=4)  # not claimed: opens
+    await s.close(f, late)
+    await asyncio.sleep(0.6)
+    assert await s.collector.collect_once() == 1
+    with pytest.raises(FS3Error) as e:
+        await s.stat(f)
+    assert e.value.code == StatusCode.NOT_FOUND
+
+
 async def test_unlinked_open_file_survives_until_last_close(tree: Tree) -> None:
     s = tree.store
     r = await s.create(ALICE, tree["/pub"], b"open", 0o644, session=True, client_id=3)
