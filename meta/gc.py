@@ -99,11 +99,14 @@ class Collector:
 
             rows = await self.ns.db.run(scan, read_only=True)
             files: list[int] = []
-            recent = inodes.now_ns() - int(self.grace_s * 1e9)
+            now, grace = inodes.now_ns(), int(self.grace_s * 1e9)
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
-                if entry.queued_ns > recent and not entry.sweep_after_ns and entry.type != DIRECTORY:
-                    continue  # a later round (see grace_s)
+                # a later round (see grace_s; an entry stamped ahead by another meta's clock waits
+                # no longer than the grace either)
+                young = abs(now - entry.queued_ns) < grace
+                if young and not entry.sweep_after_ns and entry.type != DIRECTORY:
+                    continue
                 if entry.sweep_after_ns:
                     done += await self._sweep(entry)
                     continue
