@@ -722,7 +722,19 @@ class Cluster:
         for nid, rt in self.node_rt.items():
             if rt.status in (mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_REGISTERED):
                 if now - max(rt.last_heartbeat, self.listening_since) > self.timing.heartbeat_timeout_s:
-                    log.warning("node failed node_id=%d silent_s=%.1f", nid, now - rt.last_heartbeat)
+                    targets = self.node_targets.get(nid, ())
+                    left = bool(targets) and all(
+                        (trt := self.target_rt.get(t)) is not None and trt.local_state == LocalState.OFFLINE
+                        for t in targets
+                    )
+                    # a storage daemon's clean stop takes its targets offline in a last heartbeat
+                    log.log(
+                        logging.INFO if left else logging.WARNING,
+                        "node %s node_id=%d silent_s=%.1f",
+                        "stopped (its targets were offline)" if left else "failed",
+                        nid,
+                        now - rt.last_heartbeat,
+                    )
                     rt.status = mgmtd_pb2.NODE_STATUS_FAILED
                     self._node_down(nid)
                     self._runtime_changed()

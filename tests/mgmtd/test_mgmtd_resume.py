@@ -112,6 +112,25 @@ async def test_a_stall_of_the_primary_fails_no_node(env: Env) -> None:
     assert env.chain() == chain_before
 
 
+async def test_a_node_that_stopped_cleanly_is_logged_as_stopped_not_failed(env: Env, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A storage daemon's clean stop takes its targets offline in a last heartbeat; its silence
+    after that is no failure to warn about (operators restarting daemons saw a WARNING each time).
+    A node that goes silent with its targets up is warned of as before."""
+    caplog.set_level("INFO", logger="fs3.mgmtd.cluster")
+    leaving = storage_heartbeat(10, env.seq[10] + 1)
+    env.seq[10] += 1
+    leaving.targets[0].local_state = common_pb2.LOCAL_OFFLINE
+    await env.cluster.heartbeat(leaving)
+    await env.run(HEARTBEAT_TIMEOUT_S + 2, beating=(12,))  # 10 left, 11 went silent
+    records = {
+        r.getMessage().split(" node_id=")[0]: r.levelname
+        for r in caplog.records
+        if "node_id=1" in r.getMessage()
+    }
+    assert records.get("node stopped (its targets were offline)") == "INFO", records
+    assert records.get("node failed") == "WARNING", records
+
+
 async def test_a_node_dead_during_the_stall_fails_one_timeout_after_it(env: Env) -> None:
     env.advance(1.5 * HEARTBEAT_TIMEOUT_S)  # node 12 died during the stall
     await env.cluster.tick()  # the primary resumes
