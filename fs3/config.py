@@ -41,6 +41,11 @@ def _seconds(v: Any) -> str | None:
     return None if 0 < v <= 1e9 else "must be > 0 and at most 1e9 (seconds)"
 
 
+def _seconds_or_zero(v: Any) -> str | None:
+    """A duration that may be 0 (none), at most 10^9 s (see _seconds)."""
+    return None if 0 <= v <= 1e9 else "must be >= 0 and at most 1e9 (seconds)"
+
+
 def _non_negative(v: Any) -> str | None:
     return None if v >= 0 else "must be >= 0"
 
@@ -209,7 +214,7 @@ class MetaConfig:
         doc="an unlinked file's chunks are removed no sooner than this after the unlink: an open "
         "whose lookup of the name came just before the unlink or a rename over it still opens the "
         "file (as a local file system would), instead of failing with ENOENT",
-        check=_non_negative,
+        check=_seconds_or_zero,
     )
     session_timeout_s: float = opt(
         300.0, doc="write sessions of silent clients expire after this", check=_seconds

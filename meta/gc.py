@@ -99,13 +99,13 @@ class Collector:
 
             rows = await self.ns.db.run(scan, read_only=True)
             files: list[int] = []
-            now, grace = inodes.now_ns(), int(self.grace_s * 1e9)
+            now, grace, skew = inodes.now_ns(), int(self.grace_s * 1e9), int(CLOCK_SKEW_S * 1e9)
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
-                # a later round (see grace_s; an entry stamped ahead by another meta's clock waits
-                # no longer than the grace either)
-                young = abs(now - entry.queued_ns) < grace
-                if young and not entry.sweep_after_ns and entry.type != DIRECTORY:
+                # A later round (see grace_s). An entry another meta server stamped ahead of this
+                # one's clock waits out that skew too, up to the skew meta allows for.
+                young = now - grace < entry.queued_ns <= now + skew
+                if young and grace and not entry.sweep_after_ns and entry.type != DIRECTORY:
                     continue
                 if entry.sweep_after_ns:
                     done += await self._sweep(entry)

@@ -434,6 +434,27 @@ async def test_an_unlinked_file_is_claimed_only_after_the_grace(tree: Tree) -> N
     with pytest.raises(FS3Error) as e:
         await s.stat(f)
     assert e.value.code == StatusCode.NOT_FOUND
+    # an entry another meta server stamped ahead of this one's clock: within the skew meta allows
+    # for, it waits (rather than being claimed at once); far beyond it, it does not wait for ever
+    for ahead_s, collected in ((10.0, 0), (3600.0, 1)):
+        r = await s.create(ALICE, tree["/pub"], b"skewed", 0o644, session=True, client_id=3)
+        await s.close(r.inode.id, r.session_id)
+        await s.unlink(ALICE, tree["/pub"], b"skewed")
+        key = schema.gc_key(r.inode.id)
+
+        async def restamp(tr, key=key, ahead_s=ahead_s) -> None:  # type: ignore[no-untyped-def]
+            entry = m.GcEntry.FromString(await tr.get(key))
+            entry.queued_ns += int(ahead_s * 1e9)
+            tr.set(key, entry.SerializeToString())
+
+        await s.db.run(restamp)
+        assert await s.collector.collect_once() == collected
+        if not collected:
+
+            async def drop(tr, key=key) -> None:  # type: ignore[no-untyped-def]
+                tr.clear(key)  # (no later round here)
+
+            await s.db.run(drop)
 
 
 async def test_unlinked_open_file_survives_until_last_close(tree: Tree) -> None:
