@@ -106,11 +106,7 @@ class SessionOps(Namespace):
         Nothing of the settlement changes."""
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
-            skey = schema.session_key(inode_id, session_id)
-            raw = await tr.get(skey)
-            if raw is None:
-                raise FS3Error(StatusCode.META_BAD_HANDLE, f"no session {session_id} on inode {inode_id}")
-            session = meta_pb2.FileSession.FromString(raw)
+            skey, session = await _load_session(tr, inode_id, session_id)
             session.touched_ns = inodes.now_ns()
             tr.set(skey, session.SerializeToString())
             return inodes.public(await inodes.load(tr, inode_id))
@@ -153,12 +149,8 @@ class SessionOps(Namespace):
         queried: tuple[int | None, int] | None = None  # (length on storage, truncate_version then)
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
-            skey = schema.session_key(inode_id, session_id)
-            raw = await tr.get(skey)
-            if raw is None:
-                raise FS3Error(StatusCode.META_BAD_HANDLE, f"no session {session_id} on inode {inode_id}")
+            skey, session = await _load_session(tr, inode_id, session_id)
             ino = await inodes.load(tr, inode_id)
-            session = meta_pb2.FileSession.FromString(raw)
             now = inodes.now_ns()
             across = session.truncate_version != ino.truncate_version
             if across:  # whatever this client counted up to now may include removed bytes
@@ -334,6 +326,18 @@ class SessionOps(Namespace):
         raise FS3Error(
             StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
         )
+
+
+async def _load_session(
+    tr: Transaction, inode_id: int, session_id: int
+) -> tuple[bytes, meta_pb2.FileSession]:
+    """Session ``session_id`` of ``inode_id`` and its key; META_BAD_HANDLE when it is not there
+    (closed, or ended by a prune)."""
+    skey = schema.session_key(inode_id, session_id)
+    raw = await tr.get(skey)
+    if raw is None:
+        raise FS3Error(StatusCode.META_BAD_HANDLE, f"no session {session_id} on inode {inode_id}")
+    return skey, meta_pb2.FileSession.FromString(raw)
 
 
 def _record_write(
