@@ -183,7 +183,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     from fs3.client import fuse_wait
     from fs3.client.filesystem import FileSystem, read_token
     from fs3.client.fuse_ops import Fs3Operations
-    from fs3.daemon import settle_gc
+    from fs3.daemon import settle_gc, stack_dump_on_signal
 
     pyfuse3.asyncio.enable()
     if os.environ.get("FS3_FUSE_WAIT", "fs3") != "pyfuse3":
@@ -221,6 +221,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    stack_dump_on_signal()
     log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
     settle_gc()
     trim = memory_trimmer(

@@ -18,6 +18,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +38,7 @@ __all__ = [
     "read_secret",
     "run",
     "settle_gc",
+    "stack_dump_on_signal",
     "wait_for_shutdown",
     "write_port_file",
 ]
@@ -59,6 +62,40 @@ def settle_gc() -> None:
     reads spent ~4% of its CPU in collections; with this, ~5% less CPU per read)."""
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
+
+
+def _await_chain(coro: Any) -> list[str]:
+    """Where a task is: ``file:line in function`` for each coroutine in its chain of awaits, outermost
+    first (a task's own ``get_stack`` gives only the outermost, its frame's ``f_back`` is None)."""
+    where = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:  # finished, or not a Python coroutine (one compiled with Cython)
+            where.append(type(coro).__qualname__)
+            break
+        where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return where
+
+
+def log_stacks() -> None:
+    """Log where every task of the running event loop and every thread is: what a daemon or a mount
+    that does not answer, or does not exit, waits for. One line per task and per thread."""
+    tasks = asyncio.all_tasks()
+    frames = sys._current_frames()
+    log.warning("stack dump (SIGUSR1) tasks=%d threads=%d", len(tasks), len(frames))
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        log.warning("task %s: %s", task.get_name(), " -> ".join(_await_chain(task.get_coro())))
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in frames.items():
+        stack = [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack(frame)]
+        log.warning("thread %s: %s", names.get(ident, ident), " -> ".join(stack))
+
+
+def stack_dump_on_signal(sig: int = signal.SIGUSR1) -> None:
+    """``kill -USR1 PID`` logs every task's and thread's stack (:func:`log_stacks`); the running
+    loop's handler, so the dump runs between two callbacks, never inside one."""
+    asyncio.get_running_loop().add_signal_handler(sig, log_stacks)
 
 
 async def wait_for_shutdown(db: Database | None = None, *, check_s: float = 1.0) -> int:
@@ -213,8 +250,13 @@ def run(
         runner = uvloop.run
     except ImportError:  # uvloop is a dependency; plain asyncio still works without it
         runner = asyncio.run
+
+    async def serving() -> int:
+        stack_dump_on_signal()
+        return await serve(cfg, port_file=args.port_file)
+
     try:
-        return runner(serve(cfg, port_file=args.port_file))
+        return runner(serving())
     except FS3Error as e:
         if log_cfg.file:  # otherwise the log is standard error, where the line goes anyway
             log.error("%s failed to start: %s", service, e.message)

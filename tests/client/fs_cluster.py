@@ -50,10 +50,12 @@ class Mount:
     proc: Proc
     config: Path
 
-    def unmount(self, timeout_s: float = 20.0) -> int | None:
+    def unmount(self, timeout_s: float = 20.0) -> int:
         """``fusermount3 -u`` and wait for the daemon to exit; returns its exit status. Retried
         while it fails and the file system is still mounted: busy for a moment after a close (the
-        kernel sends RELEASE after close(2) returns), more so on a loaded machine."""
+        kernel sends RELEASE after close(2) returns), more so on a loaded machine. A daemon that
+        does not exit is asked where it is (SIGUSR1: its log gets every task's stack), killed, and
+        reported with the end of its log."""
         deadline = time.monotonic() + timeout_s
         while True:
             done = subprocess.run(
@@ -62,11 +64,22 @@ class Mount:
             if done.returncode == 0 or not is_mounted(self.path) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert self.proc.popen is not None
+        popen = self.proc.popen
+        assert popen is not None
         try:
-            return self.proc.popen.wait(timeout=timeout_s)
+            return popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return None
+            pass
+        os.kill(popen.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        os.kill(popen.pid, signal.SIGKILL)
+        popen.wait(timeout=10)
+        force_unmount(self.path)
+        raise AssertionError(
+            f"the mount at {self.path} did not exit within {timeout_s} s of fusermount3 -u (its last "
+            f"status {done.returncode}: {done.stderr.decode(errors='replace').strip()}); its log "
+            f"ends:\n{self.proc.log()[-12000:]}"
+        )
 
 
 @dataclass

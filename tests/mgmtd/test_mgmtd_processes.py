@@ -133,6 +133,26 @@ async def test_sigterm_shuts_down_cleanly_and_hands_over(processes: ProcessClust
     await wait_until(lambda: _is_primary(b), 10, "standby to take over a released lease")
 
 
+async def test_sigusr1_logs_where_every_task_and_thread_is_and_the_daemon_serves_on(
+    processes: ProcessCluster,
+) -> None:
+    """``kill -USR1`` on a daemon that seems stuck: its log says what each task awaits and where each
+    thread is, and the daemon goes on (SIGUSR1's default would have ended it)."""
+    a = processes.start(1, lease_interval_s=30.0)
+    await wait_until(lambda: _is_primary(a), 30, "mgmtd to be primary")
+    processes.kill(a, signal.SIGUSR1)
+    await wait_until(lambda: "stack dump (SIGUSR1)" in a.log(), 10, "the stack dump")
+    await wait_until(lambda: "thread MainThread:" in a.log(), 10, "the whole dump")
+    dump = a.log()[a.log().index("stack dump (SIGUSR1)") :]
+    tasks = [line for line in dump.splitlines() if " task " in line]
+    assert tasks, dump
+    # the daemon's main task, down its chain of awaits to where it waits for a signal to stop
+    assert any("in serving -> " in t and "in wait_for_shutdown" in t for t in tasks), dump
+    assert a.alive() and await _is_primary(a)
+    processes.kill(a, signal.SIGTERM)
+    assert a.popen.wait(timeout=20) == 0, a.log()
+
+
 async def _is_primary(p) -> bool:
     c = MgmtdClient([p.address], rpc_timeout_s=0.5)
     try:
