@@ -744,6 +744,20 @@ def _fill_and_free(mnt: Path) -> None:
     sh("sha256sum -c --quiet keep.sum", mnt)
 
 
+async def test_sigusr1_logs_where_the_mount_waits_and_it_serves_on(env: Env) -> None:
+    """``kill -USR1`` on a mount: its log gets a line per task, the FUSE loop's among them down to
+    pyfuse3's main loop, and the file system answers as before."""
+    pid, log = env.mount.proc.popen.pid, env.mount.proc.log  # type: ignore[union-attr]
+    before = len(log())
+    os.kill(pid, signal.SIGUSR1)
+    await wait_until(lambda: "thread MainThread:" in log()[before:], 10, "the stack dump")
+    dump = log()[before:]
+    assert "stack dump (SIGUSR1)" in dump
+    assert re.search(r" task \S+: .*mount\.py:\d+ in serve -> ", dump), dump
+    (env.mnt / "after-usr1").write_bytes(b"still here")
+    assert (env.mnt / "after-usr1").read_bytes() == b"still here"
+
+
 def test_mount_without_a_cluster_fails_with_a_reason(env: Env, tmp_path: Path) -> None:
     cfg = tmp_path / "dead.toml"
     cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 2.0\n')
