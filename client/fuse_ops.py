@@ -730,6 +730,10 @@ class Fs3Operations(pyfuse3.Operations):
 
     # -- shutdown ---------------------------------------------------------------------------------
 
+    def open_files(self) -> int:
+        """File handles the kernel has not released."""
+        return len(self._handles)
+
     async def close_all(self) -> None:
         """Flush and close every open file (at unmount; the kernel may not release them all), and
         log the count of failed requests that no warning has told of yet."""

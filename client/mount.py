@@ -235,6 +235,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
+        log.info("FUSE session over, closing what is still open open_files=%d", ops.open_files())
         try:
             await ops.close_all()
         except Exception:
