@@ -53,6 +53,19 @@ MIN_IDLE_WORKERS = 16
 MAX_WORKERS = 256
 
 
+class _AbandonedReplies(logging.Filter):
+    """pyfuse3 logs an ERROR when the kernel refuses a reply with ENOENT; the kernel does so when it
+    no longer waits for the request: interrupted, or the connection aborted by an unmount (a RELEASE,
+    which the kernel sends after close(2) has returned, is often answered just after a prompt
+    unmount). Nothing is lost then, so the line is logged at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "failed with No such file or directory" in record.getMessage():
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("pyfuse3").isEnabledFor(logging.DEBUG)
+        return True
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fs3 mount", description="Mount fs3 with FUSE.")
     p.add_argument("mountpoint", help="directory to mount on")
@@ -186,6 +199,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     from fs3.daemon import settle_gc, stack_dump_on_signal
 
     pyfuse3.asyncio.enable()
+    logging.getLogger("pyfuse3").addFilter(_AbandonedReplies())
     if os.environ.get("FS3_FUSE_WAIT", "fs3") != "pyfuse3":
         fuse_wait.install()  # one reader on the FUSE device for all requests
     metrics_server = None

@@ -758,6 +758,36 @@ async def test_sigusr1_logs_where_the_mount_waits_and_it_serves_on(env: Env) -> 
     assert (env.mnt / "after-usr1").read_bytes() == b"still here"
 
 
+async def test_a_release_answered_after_the_unmount_logs_no_error(env: Env) -> None:
+    """close(2) and then an unmount at once: the kernel sends RELEASE after close returns, and the
+    unmount aborts the connection before the mount has answered it (here meta, which the release
+    waits for, is stopped meanwhile). The answer then finds nobody; that is no error, and the log,
+    which an operator reads for errors, does not call it one."""
+    m = await env.cluster.mount(env.mnt.parent / "mnt-release", name="release")
+    try:
+        (m.path / "f").write_bytes(b"data")
+        fd = os.open(m.path / "f", os.O_RDONLY)
+        assert os.read(fd, 10) == b"data"
+        meta = env.cluster.meta_procs[0].popen.pid  # type: ignore[union-attr]
+        os.kill(meta, signal.SIGSTOP)
+        try:
+            os.close(fd)
+            await asyncio.sleep(0.3)  # the release waits for meta
+            done = await asyncio.to_thread(
+                subprocess.run, ["fusermount3", "-u", str(m.path)], capture_output=True, timeout=20
+            )
+            assert done.returncode == 0, done.stderr
+        finally:
+            os.kill(meta, signal.SIGCONT)
+        assert await asyncio.to_thread(m.proc.popen.wait, 30) == 0  # type: ignore[union-attr]
+    finally:
+        if is_mounted(m.path):
+            m.unmount()
+    log = m.proc.log()
+    assert "unmounted" in log
+    assert [line for line in log.splitlines() if " ERROR " in line] == [], log
+
+
 def test_mount_without_a_cluster_fails_with_a_reason(env: Env, tmp_path: Path) -> None:
     cfg = tmp_path / "dead.toml"
     cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 2.0\n')
