@@ -115,6 +115,13 @@ class FuseMetrics:
 
 
 _BUCKETS = metrics.LATENCY_BUCKETS
+# Requests that only read: once the FUSE session is over (unmounted, or the mount told to stop),
+# one still waiting (on storage that does not answer, say) is ended (Fs3Operations.abandon_reads)
+# rather than waited for; nothing is lost. Opens are not among them (one makes a session at meta),
+# nor anything that changes a file or the namespace.
+_ABANDONABLE = frozenset(
+    {"lookup", "getattr", "read", "readdir", "opendir", "readlink", "statfs", "getxattr", "listxattr"}
+)
 
 _DOTS = 2  # "." and ".." open a listing (offsets 1 and 2 resume after them)
 _READDIR_PAGE = 64  # entries asked of meta for a handle's first READDIR (doubled until one is full)
@@ -228,11 +235,21 @@ def _translate(fn: F) -> F:
     """Raise FUSEError(errno) for FS3Error (and log unexpected exceptions as EIO); count the request."""
     name = fn.__name__
 
+    abandonable = name in _ABANDONABLE
+
     @functools.wraps(fn)
     async def wrapper(self: Fs3Operations, *args: Any, **kw: Any) -> Any:
         start = perf_counter()
+        task = asyncio.current_task() if abandonable else None
+        if task is not None:
+            self._reads.add(task)
         try:
             return await fn(self, *args, **kw)
+        except asyncio.CancelledError:
+            if task is None or not self._abandoned or task.uncancel() > 0:
+                raise
+            self.metrics.error(name, errno.ENOTCONN)
+            raise pyfuse3.FUSEError(errno.ENOTCONN) from None  # the worker serves on (or ends)
         except FS3Error as e:
             self.errors.failed(name, e)
             code = to_errno(e.code)
@@ -250,6 +267,8 @@ def _translate(fn: F) -> F:
             self.metrics.error(name, errno.EIO)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            if task is not None:
+                self._reads.discard(task)
             elapsed = perf_counter() - start
             stats = self.metrics.op(name)
             stats[0] += 1
@@ -288,6 +307,8 @@ class Fs3Operations(pyfuse3.Operations):
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._pool = fs.rpc.pool
         self._loop = asyncio.get_running_loop()  # made in the loop that serves the mount
+        self._reads: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving _ABANDONABLE requests
+        self._abandoned = False
 
     def init(self) -> None:
         # The kernel applies the INIT reply (which caps the mount's readahead at the 128 KiB it
@@ -729,6 +750,16 @@ class Fs3Operations(pyfuse3.Operations):
         await self.meta(ctx).removexattr(inode, name)
 
     # -- shutdown ---------------------------------------------------------------------------------
+
+    def abandon_reads(self) -> int:
+        """End the requests in flight that only read (``_ABANDONABLE``), answering ENOTCONN: the
+        FUSE session is over, nobody waits for them. Requests that come later are not ended (the
+        mount serves on, the kernel still sends some). Returns how many were ended."""
+        self._abandoned = True
+        reads = list(self._reads)
+        for task in reads:
+            task.cancel()
+        return len(reads)
 
     def open_files(self) -> int:
         """File handles the kernel has not released."""

@@ -2,7 +2,9 @@
 
 Connects to the cluster (:class:`fs3.client.FileSystem`), mounts with pyfuse3 on asyncio and serves
 until unmounted: by ``fusermount3 -u`` / ``umount``, or by SIGTERM or SIGINT, after which it flushes
-and closes every open file, unmounts, and exits 0. Without ``--foreground`` it detaches once the
+and closes every open file, unmounts, and exits 0. Requests that only read and are still waiting
+``READ_GRACE_S`` after that (on storage that does not answer) are ended with ENOTCONN, not waited
+for; writes and closes are (their data is flushed or reported lost). Without ``--foreground`` it detaches once the
 mount is up (the command returns 0 then, or 1 with the reason when mounting failed).
 
 The event loop is uvloop (``FS3_FUSE_LOOP=asyncio`` selects the standard loop): pyfuse3 only needs
@@ -20,17 +22,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import ctypes
 import logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fs3.background import Periodic
+from fs3.background import Periodic, cancel_and_wait
 from fs3.cli.fuse_mounts import fuse_connections, mount_device, mounted_over
 from fs3.config import ClientConfig, load_config
 from fs3.daemon import apply_pushed_config, hot_log_level, log_env_overrides
@@ -38,6 +42,7 @@ from fs3.errors import FS3Error, StatusCode
 
 if TYPE_CHECKING:
     from fs3.client.filesystem import FileSystem
+    from fs3.client.fuse_ops import Fs3Operations
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,41 @@ CONGESTION_THRESHOLD = 96
 # above MAX_BACKGROUND plus the synchronous requests of a few dozen callers.
 MIN_IDLE_WORKERS = 16
 MAX_WORKERS = 256
+# Once the FUSE session is over (an unmount aborted the connection, or a signal asked the mount to
+# stop), requests that only read get this long to finish before they are ended: one waiting on
+# storage that does not answer would otherwise keep the process (and, after a signal, the mount
+# point: nobody serves it until the process unmounts it) for the whole retry budget, a minute.
+READ_GRACE_S = 2.0
+SESSION_CHECK_S = 0.5
+
+
+def fuse_device_fd() -> int | None:
+    """The descriptor of /dev/fuse this process holds (pyfuse3 does not say it), or None."""
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                return int(name)
+    return None
+
+
+def connection_aborted(fd: int) -> bool:
+    """Whether the kernel has ended the FUSE connection on ``fd`` (unmounted, or aborted through
+    fusectl): the device then polls POLLERR, as libfuse checks before it unmounts."""
+    p = select.poll()
+    p.register(fd, 0)
+    return any(ev & (select.POLLERR | select.POLLNVAL) for _, ev in p.poll(0))
+
+
+async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3Operations) -> None:
+    """Wait until the FUSE session is over (``stopping`` set, or the connection on ``fd`` ended),
+    then READ_GRACE_S more, and end the reads still in flight (:meth:`Fs3Operations.abandon_reads`)."""
+    while not stopping.is_set() and (fd is None or not connection_aborted(fd)):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SESSION_CHECK_S):
+                await stopping.wait()
+    await asyncio.sleep(READ_GRACE_S)
+    if n := ops.abandon_reads():
+        log.info("ended reads still in flight after the FUSE session was over count=%d", n)
 
 
 class _AbandonedReplies(logging.Filter):
@@ -224,18 +264,18 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         await fs.close()
         raise
     loop = asyncio.get_running_loop()
-    stopping = False
+    stopping = asyncio.Event()
 
     def stop() -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
+        if not stopping.is_set():
+            stopping.set()
             log.info("unmount requested by signal")
             pyfuse3.terminate()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     stack_dump_on_signal()
+    ending = loop.create_task(end_reads_when_over(fuse_device_fd(), stopping, ops))
     log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
     settle_gc()
     trim = memory_trimmer(
@@ -249,6 +289,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
+        await cancel_and_wait(ending)
         log.info("FUSE session over, closing what is still open open_files=%d", ops.open_files())
         try:
             await ops.close_all()

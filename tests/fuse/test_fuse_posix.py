@@ -28,6 +28,7 @@ from cluster import storage_on_tmpfs, wait_until
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
 from fsx import Fsx, two_writers
 
+from fs3.cli.fuse_mounts import fuse_connections, mount_device
 from fs3.proto import common_pb2
 
 pytestmark = [
@@ -1079,3 +1080,45 @@ async def test_a_mount_paused_past_its_session_fails_only_its_old_handles(tmp_pa
         await asyncio.to_thread(after)
         assert await fs.read_file("/f") == b"3" * 10 + b"1" * 4086 + bytes(4096)
         assert not any([await fs.storage.dump_chunk_meta(t, ino) for t in targets])
+
+
+@pytest.mark.parametrize("end", ["sigterm", "abort"])
+async def test_a_mount_told_to_stop_does_not_wait_for_reads_storage_does_not_answer(
+    tmp_path: Path, end: str
+) -> None:
+    """A read waits on storage that does not answer (every storage daemon stopped) when the mount is
+    told to stop (SIGTERM) or its connection is aborted (fusectl, as ``fs3 umount --force`` does).
+    The read is ended a moment later (the reader gets an error) and the mount exits and is gone,
+    rather than holding the process, and after a SIGTERM the mount point too (nobody serves it), for
+    the storage client's whole retry budget (a minute)."""
+    async with FsCluster(tmp_path, chains=1, stripe=1) as c:
+        m = await c.mount(tmp_path / "mnt")
+        await asyncio.to_thread((m.path / "f").write_bytes, os.urandom(3 << 20))
+        reader = await c.mount(tmp_path / "cold", name="cold")  # its page cache holds nothing of f
+        storage = [n.proc.pid for n in c.cluster.nodes if n.proc is not None]
+        for pid in storage:
+            os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            read = asyncio.create_task(asyncio.to_thread((reader.path / "f").read_bytes))
+            await asyncio.sleep(0.5)
+            assert not read.done()
+            if end == "sigterm":
+                os.kill(reader.proc.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            else:
+                fusectl, why = fuse_connections()
+                if fusectl is None:
+                    pytest.skip(why)
+                minor = mount_device(str(reader.path))[1]  # type: ignore[index]
+                (fusectl / str(minor) / "abort").write_text("1")
+            # far less than the retry budget (60 s); a bound on a wait that was a minute, not a speed
+            assert await asyncio.to_thread(reader.proc.popen.wait, 30) == 0  # type: ignore[union-attr]
+            with pytest.raises(OSError) as e:
+                await asyncio.wait_for(read, 10)
+            assert e.value.errno in (errno.ENOTCONN, errno.ECONNABORTED), e.value
+        finally:
+            for pid in storage:
+                os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+            force_unmount(reader.path)  # after an abort, the dead mount stays until unmounted
+        assert "ended reads still in flight" in reader.proc.log()
+        if end == "sigterm":
+            assert not is_mounted(reader.path)
