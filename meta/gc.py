@@ -15,6 +15,7 @@ once more, as storage would take writes with it without knowing the file is gone
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -60,12 +61,33 @@ class Collector:
         )
         self.removed_files = 0
         self.removed_dirs = 0
+        self._ripe: asyncio.TimerHandle | None = None  # a wake when a young entry's grace ends
 
     def start(self) -> None:
         self._loop.start()
 
     async def stop(self) -> None:
+        if self._ripe is not None:
+            self._ripe.cancel()
+            self._ripe = None
         await self._loop.stop()
+
+    def _wake_at(self, ripe_ns: int) -> None:
+        """Wake the loop once a young entry's grace has run out (``ripe_ns``, this meta's clock):
+        a wake spent on it (the last close of an unlinked file) would otherwise leave it to the
+        next periodic round, up to ``interval_s`` later."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.0, (ripe_ns - inodes.now_ns()) / 1e9)
+        if self._ripe is not None:
+            if self._ripe.when() <= when:
+                return
+            self._ripe.cancel()
+
+        def ripe() -> None:
+            self._ripe = None
+            self.wake()
+
+        self._ripe = loop.call_at(when, ripe)
 
     def wake(self) -> None:
         self._loop.wake()
@@ -99,6 +121,7 @@ class Collector:
 
             rows = await self.ns.db.run(scan, read_only=True)
             files: list[int] = []
+            ripe_ns: int | None = None  # when the first entry skipped as young ripens
             now, grace, skew = inodes.now_ns(), int(self.grace_s * 1e9), int(CLOCK_SKEW_S * 1e9)
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
@@ -106,6 +129,8 @@ class Collector:
                 # one's clock waits out that skew too, up to the skew meta allows for.
                 young = now - grace < entry.queued_ns <= now + skew
                 if young and grace and not entry.sweep_after_ns and entry.type != DIRECTORY:
+                    ripe = entry.queued_ns + grace
+                    ripe_ns = ripe if ripe_ns is None else min(ripe_ns, ripe)
                     continue
                 if entry.sweep_after_ns:
                     done += await self._sweep(entry)
@@ -123,6 +148,8 @@ class Collector:
                     done += await self._collect_files(group)
                 except FS3Error as e:
                     log.warning("gc entries failed inodes=%d..%d error=%s", group[0], group[-1], e)
+            if ripe_ns is not None:
+                self._wake_at(ripe_ns)
             if len(rows) < BATCH:
                 return done
             begin = rows[-1][0] + b"\0"

@@ -343,3 +343,26 @@ async def test_the_second_pass_is_judged_from_when_the_first_removal_began(
     await chunked.collector.collect_once()
     assert fake.removals == [x, y]
     assert list(await _gc_entries(chunked)) == [x]
+
+
+async def test_a_wake_spent_within_the_grace_collects_once_the_grace_is_over(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """The last close of an unlinked file wakes the collector, which finds the file within its grace
+    and leaves it: it comes back when the grace is over, not at its next periodic round."""
+    s = chunked
+    s.collector.grace_s = 0.3
+    s.collector._loop.interval_s = 3600.0  # no periodic round during the test
+    s.collector.start()
+    r = await s.create(ROOT, ROOT_ID, b"short-lived", 0o644, session=True, client_id=3)
+    fake.write(r.inode.id, 0, 4096)
+    await s.unlink(ROOT, ROOT_ID, b"short-lived")
+    await s.close(r.inode.id, r.session_id, 4096, wrote=True)
+    s.collector.wake()  # as meta's Close does for a file it finds unlinked
+    deadline = time.monotonic() + 10
+    while r.inode.id not in fake.removals:
+        assert time.monotonic() < deadline, "not collected once its grace was over"
+        await asyncio.sleep(0.05)
+    with pytest.raises(FS3Error) as e:
+        await s.stat(r.inode.id)
+    assert e.value.code == StatusCode.NOT_FOUND
