@@ -115,6 +115,8 @@ class FuseMetrics:
 
 
 _BUCKETS = metrics.LATENCY_BUCKETS
+# How long the closes of the files still open at unmount may take together (Fs3Operations.close_all)
+UNMOUNT_CLOSE_WAIT_S = 5.0
 # Requests that only read: once the FUSE session is over (unmounted, or the mount told to stop),
 # one still waiting (on storage that does not answer, say) is ended (Fs3Operations.abandon_reads)
 # rather than waited for; nothing is lost. Opens are not among them (one makes a session at meta),
@@ -765,15 +767,34 @@ class Fs3Operations(pyfuse3.Operations):
         """File handles the kernel has not released."""
         return len(self._handles)
 
-    async def close_all(self) -> None:
-        """Flush and close every open file (at unmount; the kernel may not release them all), and
-        log the count of failed requests that no warning has told of yet."""
+    async def close_all(self, wait_s: float = UNMOUNT_CLOSE_WAIT_S) -> None:
+        """Flush and close every open file (at unmount; the kernel may not release them all), all at
+        once, and log the count of failed requests that no warning has told of yet. Closes still
+        going after ``wait_s`` (meta does not answer) are given up: buffered data is flushed all the
+        same (:meth:`FileSystem.close` waits for it), and meta ends the sessions of a client that has
+        gone, settling their files' lengths from storage."""
         self.errors.flush()
-        for fh in list(self._handles):
-            handle = self._handles.pop(fh)
-            try:
-                await self.fs._close(handle)
-            except FS3Error as e:
-                log.warning("closing inode=%#x at unmount failed error=%s", handle.inode_id, e)
-            except Exception:
-                log.exception("closing inode=%#x at unmount failed", handle.inode_id)
+        handles = [self._handles.pop(fh) for fh in list(self._handles)]
+        if not handles:
+            return
+        _, pending = await asyncio.wait(
+            [asyncio.ensure_future(self._close_at_unmount(h)) for h in handles], timeout=wait_s
+        )
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+            log.warning(
+                "closing open files at unmount took longer than %g s; meta ends their sessions once this "
+                "client's session is over count=%d",
+                wait_s,
+                len(pending),
+            )
+
+    async def _close_at_unmount(self, handle: OpenFile) -> None:
+        try:
+            await self.fs._close(handle)
+        except FS3Error as e:
+            log.warning("closing inode=%#x at unmount failed error=%s", handle.inode_id, e)
+        except Exception:
+            log.exception("closing inode=%#x at unmount failed", handle.inode_id)

@@ -4,6 +4,7 @@ by the tools people point at a file system: coreutils, tar, git, rsync, fio, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -1122,3 +1123,27 @@ async def test_a_mount_told_to_stop_does_not_wait_for_reads_storage_does_not_ans
         assert "ended reads still in flight" in reader.proc.log()
         if end == "sigterm":
             assert not is_mounted(reader.path)
+
+
+async def test_an_unmount_does_not_wait_long_for_meta_to_close_the_files_left_open(tmp_path: Path) -> None:
+    """A mount told to stop while files are open and meta does not answer (stopped): the closes at
+    unmount are given up after a few seconds, rather than each waiting out the RPC deadline; the
+    mount exits and is gone, and meta, back, ends the sessions left once their client has gone."""
+    async with FsCluster(tmp_path, chains=1, stripe=1) as c:
+        # a long RPC deadline: waited out, the exit would take a minute
+        m = await c.mount(tmp_path / "mnt", rpc_timeout_s=60.0)
+        await asyncio.to_thread((m.path / "f").write_bytes, b"data")
+        fds = [os.open(m.path / "f", os.O_RDONLY) for _ in range(3)]
+        meta = c.meta_procs[0].popen.pid  # type: ignore[union-attr]
+        os.kill(meta, signal.SIGSTOP)
+        try:
+            os.kill(m.proc.popen.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            # a bound on a wait that was a minute, not a speed
+            assert await asyncio.to_thread(m.proc.popen.wait, 30) == 0  # type: ignore[union-attr]
+        finally:
+            os.kill(meta, signal.SIGCONT)
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        assert not is_mounted(m.path)
+        assert "closing open files at unmount took longer" in m.proc.log()
