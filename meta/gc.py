@@ -61,7 +61,10 @@ class Collector:
         )
         self.removed_files = 0
         self.removed_dirs = 0
-        self._ripe: asyncio.TimerHandle | None = None  # a wake when a young entry's grace ends
+        # a wake when a young entry's grace ends, and when (loop time; uvloop's handles do not say)
+        self._ripe: asyncio.Handle | None = None
+        self._ripe_at = 0.0
+        self._woken = False  # wake() asked for the next round
 
     def start(self) -> None:
         self._loop.start()
@@ -79,22 +82,24 @@ class Collector:
         loop = asyncio.get_running_loop()
         when = loop.time() + max(0.0, (ripe_ns - inodes.now_ns()) / 1e9)
         if self._ripe is not None:
-            if self._ripe.when() <= when:
+            if self._ripe_at <= when:
                 return
             self._ripe.cancel()
 
         def ripe() -> None:
             self._ripe = None
-            self.wake()
+            self._loop.wake()  # not wake(): this round asks for no further one
 
-        self._ripe = loop.call_at(when, ripe)
+        self._ripe, self._ripe_at = loop.call_at(when, ripe), when
 
     def wake(self) -> None:
+        self._woken = True
         self._loop.wake()
 
     async def _round(self) -> None:
+        woken, self._woken = self._woken, False
         await self.expire_sessions()
-        await self.collect_once()
+        await self.collect_once(wake_when_ripe=woken)
 
     async def expire_sessions(self) -> int:
         """Prune sessions untouched for ``session_timeout_s`` whose clients are not live."""
@@ -109,8 +114,11 @@ class Collector:
         expiry = inodes.now_ns() - int(self.session_timeout_s * 1e9)
         return await self.ns.prune_sessions(older_than_ns=expiry, keep_clients=keep)  # type: ignore[attr-defined]
 
-    async def collect_once(self) -> int:
-        """One pass over the queue; returns how many entries were finished."""
+    async def collect_once(self, *, wake_when_ripe: bool = False) -> int:
+        """One pass over the queue; returns how many entries were finished. ``wake_when_ripe``: a
+        pass that leaves entries within their grace wakes the loop again once the first is over
+        (for a pass run on a wake, the last close of an unlinked file; periodic passes do not, or
+        while unlinks stream in, each pass, which reads the whole queue, would start the next)."""
         done = 0
         begin = schema.GCQU
         end = prefix_end(schema.GCQU)
@@ -148,7 +156,7 @@ class Collector:
                     done += await self._collect_files(group)
                 except FS3Error as e:
                     log.warning("gc entries failed inodes=%d..%d error=%s", group[0], group[-1], e)
-            if ripe_ns is not None:
+            if ripe_ns is not None and wake_when_ripe:
                 self._wake_at(ripe_ns)
             if len(rows) < BATCH:
                 return done

@@ -366,3 +366,30 @@ async def test_a_wake_spent_within_the_grace_collects_once_the_grace_is_over(
     with pytest.raises(FS3Error) as e:
         await s.stat(r.inode.id)
     assert e.value.code == StatusCode.NOT_FOUND
+
+
+def test_the_wake_at_the_end_of_a_grace_works_on_uvloop_too() -> None:
+    """On uvloop (as the daemon runs) a timer due already comes back as a plain handle, which has no
+    ``when()``: a second wake asked for before it ran failed the collector's round."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> int:
+        c = Collector(None, 3600.0, grace_s=0.5)  # type: ignore[arg-type]
+        woken = 0
+
+        def wake() -> None:
+            nonlocal woken
+            woken += 1
+
+        c._loop.wake = wake  # type: ignore[method-assign]
+        past, soon = time.time_ns() - 1, time.time_ns() + 50_000_000
+        c._wake_at(past)
+        c._wake_at(past)  # one already asked for at least as early: nothing more
+        c._wake_at(soon)
+        await asyncio.sleep(0.01)
+        c._wake_at(soon)  # the first has run: this one waits 50 ms
+        await asyncio.sleep(0.2)
+        await c.stop()
+        return woken
+
+    assert uvloop.run(main()) == 2
