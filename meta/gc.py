@@ -35,6 +35,7 @@ BATCH = 256
 DIR_BATCH = 128
 # Unlinked files finished in one transaction.
 FILE_BATCH = 64
+RIPE_MARGIN_S = 0.02
 
 
 class Collector:
@@ -65,6 +66,8 @@ class Collector:
         self._ripe: asyncio.Handle | None = None
         self._ripe_at = 0.0
         self._woken = False  # wake() asked for the next round
+        # passes wake again for young entries ripening up to here: the latest a woken pass saw
+        self._ripe_until = 0
 
     def start(self) -> None:
         self._loop.start()
@@ -80,7 +83,9 @@ class Collector:
         a wake spent on it (the last close of an unlinked file) would otherwise leave it to the
         next periodic round, up to ``interval_s`` later."""
         loop = asyncio.get_running_loop()
-        when = loop.time() + max(0.0, (ripe_ns - inodes.now_ns()) / 1e9)
+        # a little late rather than early (uvloop's timers fire to the millisecond, some early):
+        # a pass that found the entry still young would not wake for it again
+        when = loop.time() + max(0.0, (ripe_ns - inodes.now_ns()) / 1e9) + RIPE_MARGIN_S
         if self._ripe is not None:
             if self._ripe_at <= when:
                 return
@@ -88,7 +93,7 @@ class Collector:
 
         def ripe() -> None:
             self._ripe = None
-            self._loop.wake()  # not wake(): this round asks for no further one
+            self._loop.wake()  # not wake(): this round extends no _ripe_until
 
         self._ripe, self._ripe_at = loop.call_at(when, ripe), when
 
@@ -115,10 +120,12 @@ class Collector:
         return await self.ns.prune_sessions(older_than_ns=expiry, keep_clients=keep)  # type: ignore[attr-defined]
 
     async def collect_once(self, *, wake_when_ripe: bool = False) -> int:
-        """One pass over the queue; returns how many entries were finished. ``wake_when_ripe``: a
-        pass that leaves entries within their grace wakes the loop again once the first is over
-        (for a pass run on a wake, the last close of an unlinked file; periodic passes do not, or
-        while unlinks stream in, each pass, which reads the whole queue, would start the next)."""
+        """One pass over the queue; returns how many entries were finished. ``wake_when_ripe`` (a
+        pass run on :meth:`wake`: the last close of an unlinked file): the entries this pass leaves
+        within their grace are collected as each grace ends, each such pass waking the next, rather
+        than at the next periodic round. Entries queued later wait for that round as before: were
+        every pass to wake the next, while unlinks streamed in the collector would read the whole
+        queue back to back."""
         done = 0
         begin = schema.GCQU
         end = prefix_end(schema.GCQU)
@@ -130,6 +137,7 @@ class Collector:
             rows = await self.ns.db.run(scan, read_only=True)
             files: list[int] = []
             ripe_ns: int | None = None  # when the first entry skipped as young ripens
+            last_ripe = 0  # and the last
             now, grace, skew = inodes.now_ns(), int(self.grace_s * 1e9), int(CLOCK_SKEW_S * 1e9)
             for _key, value in rows:
                 entry = meta_pb2.GcEntry.FromString(value)
@@ -139,6 +147,7 @@ class Collector:
                 if young and grace and not entry.sweep_after_ns and entry.type != DIRECTORY:
                     ripe = entry.queued_ns + grace
                     ripe_ns = ripe if ripe_ns is None else min(ripe_ns, ripe)
+                    last_ripe = max(last_ripe, ripe)
                     continue
                 if entry.sweep_after_ns:
                     done += await self._sweep(entry)
@@ -156,7 +165,9 @@ class Collector:
                     done += await self._collect_files(group)
                 except FS3Error as e:
                     log.warning("gc entries failed inodes=%d..%d error=%s", group[0], group[-1], e)
-            if ripe_ns is not None and wake_when_ripe:
+            if wake_when_ripe:
+                self._ripe_until = max(self._ripe_until, last_ripe)
+            if ripe_ns is not None and ripe_ns <= self._ripe_until:
                 self._wake_at(ripe_ns)
             if len(rows) < BATCH:
                 return done

@@ -20,16 +20,16 @@ async def test_a_file_unlinked_while_open_is_collected_once_its_grace_is_over(tm
     # the periodic round an hour away: only the wake of the last close, and the one at the end of
     # the grace it schedules, can collect the file within the test
     async with FsCluster(
-        tmp_path, chains=1, stripe=1, meta_extra={"gc_interval_s": 3600.0, "gc_grace_s": 0.5}
+        tmp_path, chains=1, stripe=1, meta_extra={"gc_interval_s": 3600.0, "gc_grace_s": 1.0}
     ) as c:
         fs = await c.connect()
         files = [await fs.open(f"/f{i}", "w") for i in range(2)]
-        for f in files:
+        for f in files:  # unlinked 0.25 s apart: their graces end 0.25 s apart
             await f.write(b"x" * 4096)
             await fs.unlink(f.path)
-        for f in files:  # meta finds each unlinked and wakes the collector, within its grace
+            await asyncio.sleep(0.25)
+        for f in files:  # meta finds each unlinked and wakes the collector, within both graces
             await f.close()
-            await asyncio.sleep(0.1)
 
         async def gone() -> bool:
             for f in files:

@@ -386,9 +386,9 @@ def test_the_wake_at_the_end_of_a_grace_works_on_uvloop_too() -> None:
         c._wake_at(past)
         c._wake_at(past)  # one already asked for at least as early: nothing more
         c._wake_at(soon)
-        await asyncio.sleep(0.01)
-        c._wake_at(soon)  # the first has run: this one waits 50 ms
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.15)  # the first runs (RIPE_MARGIN_S late)
+        c._wake_at(time.time_ns() + 50_000_000)  # the first has run: this one waits 50 ms
+        await asyncio.sleep(0.3)
         await c.stop()
         return woken
 
