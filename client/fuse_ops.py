@@ -33,6 +33,7 @@ import functools
 import logging
 import os
 import stat as stat_mod
+import sys
 import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
@@ -271,6 +272,14 @@ def _translate(fn: F) -> F:
         finally:
             if task is not None:
                 self._reads.discard(task)
+                if (
+                    self._abandoned
+                    and task.cancelling()
+                    and not isinstance(sys.exception(), asyncio.CancelledError)
+                ):
+                    # the abandon's cancel was swallowed on the way (converted to an error, or a
+                    # child task's): it must not linger for the worker's next await to trip on
+                    task.uncancel()
             elapsed = perf_counter() - start
             stats = self.metrics.op(name)
             stats[0] += 1
@@ -770,9 +779,11 @@ class Fs3Operations(pyfuse3.Operations):
     async def close_all(self, wait_s: float = UNMOUNT_CLOSE_WAIT_S) -> None:
         """Flush and close every open file (at unmount; the kernel may not release them all), all at
         once, and log the count of failed requests that no warning has told of yet. Closes still
-        going after ``wait_s`` (meta does not answer) are given up: buffered data is flushed all the
-        same (:meth:`FileSystem.close` waits for it), and meta ends the sessions of a client that has
-        gone, settling their files' lengths from storage."""
+        going after ``wait_s`` (meta does not answer) are cancelled: one cancelled while it flushes
+        goes on in the background, flush and session end, which :meth:`FileSystem.close` waits for
+        (so buffered data is not given up; the session end is bounded by the RPC deadline); one
+        cancelled in its session end leaves the session to meta, which ends the sessions of a
+        client gone (after its ``session_timeout_s``), settling the file's length from storage."""
         self.errors.flush()
         handles = [self._handles.pop(fh) for fh in list(self._handles)]
         if not handles:

@@ -4,7 +4,9 @@ Connects to the cluster (:class:`fs3.client.FileSystem`), mounts with pyfuse3 on
 until unmounted: by ``fusermount3 -u`` / ``umount``, or by SIGTERM or SIGINT, after which it flushes
 and closes every open file, unmounts, and exits 0. Requests that only read and are still waiting
 ``READ_GRACE_S`` after that (on storage that does not answer) are ended with ENOTCONN, not waited
-for; writes and closes are (their data is flushed or reported lost). Without ``--foreground`` it detaches once the
+for; writes and flushes are. The closes of files left open get ``UNMOUNT_CLOSE_WAIT_S`` together
+(:meth:`Fs3Operations.close_all`): one still flushing goes on in the background, and the exit
+waits for its data (and for meta to end its session, within the RPC deadline). Without ``--foreground`` it detaches once the
 mount is up (the command returns 0 then, or 1 with the reason when mounting failed).
 
 The event loop is uvloop (``FS3_FUSE_LOOP=asyncio`` selects the standard loop): pyfuse3 only needs
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import copy
 import ctypes
+import errno
 import logging
 import os
 import select
@@ -93,6 +96,11 @@ async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3O
         log.info("ended reads still in flight after the FUSE session was over count=%d", n)
 
 
+_ENOENT_TEXT = (
+    f"failed with {os.strerror(errno.ENOENT)}"  # pyfuse3: "fuse_xxx(): fuse_reply_* failed with %s"
+)
+
+
 class _AbandonedReplies(logging.Filter):
     """pyfuse3 logs an ERROR when the kernel refuses a reply with ENOENT; the kernel does so when it
     no longer waits for the request: interrupted, or the connection aborted by an unmount (a RELEASE,
@@ -100,7 +108,7 @@ class _AbandonedReplies(logging.Filter):
     unmount). Nothing is lost then, so the line is logged at DEBUG."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and "failed with No such file or directory" in record.getMessage():
+        if record.levelno >= logging.ERROR and record.getMessage().endswith(_ENOENT_TEXT):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return logging.getLogger("pyfuse3").isEnabledFor(logging.DEBUG)
         return True
@@ -238,6 +246,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     from fs3.client.fuse_ops import Fs3Operations
     from fs3.daemon import settle_gc, stack_dump_on_signal
 
+    stack_dump_on_signal()  # first: a mount that hangs while it connects can be asked too
     pyfuse3.asyncio.enable()
     logging.getLogger("pyfuse3").addFilter(_AbandonedReplies())
     if os.environ.get("FS3_FUSE_WAIT", "fs3") != "pyfuse3":
@@ -274,7 +283,6 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    stack_dump_on_signal()
     ending = loop.create_task(end_reads_when_over(fuse_device_fd(), stopping, ops))
     log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
     settle_gc()
@@ -289,7 +297,10 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
-        await cancel_and_wait(ending)
+        try:
+            await cancel_and_wait(ending)
+        except Exception:
+            log.exception("ending the reads in flight failed")
         log.info("FUSE session over, closing what is still open open_files=%d", ops.open_files())
         try:
             await ops.close_all()

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import gc
 import logging
 import os
@@ -20,6 +21,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -64,13 +66,14 @@ def settle_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def _await_chain(coro: Any) -> list[str]:
+def _await_chain(coro: Any, depth: int = 100) -> list[str]:
     """Where a task is: ``file:line in function`` for each coroutine in its chain of awaits, outermost
-    first (a task's own ``get_stack`` gives only the outermost, its frame's ``f_back`` is None)."""
+    first (a task's own ``get_stack`` gives only the outermost, its frame's ``f_back`` is None); at
+    the end, the type of what the innermost awaits (a future, an async generator step...)."""
     where = []
-    while coro is not None:
+    while coro is not None and len(where) < depth:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if frame is None:  # finished, or not a Python coroutine (one compiled with Cython)
+        if not isinstance(frame, types.FrameType):  # finished, or not a coroutine
             where.append(type(coro).__qualname__)
             break
         where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
@@ -92,10 +95,13 @@ def log_stacks() -> None:
         log.warning("thread %s: %s", names.get(ident, ident), " -> ".join(stack))
 
 
-def stack_dump_on_signal(sig: int = signal.SIGUSR1) -> None:
-    """``kill -USR1 PID`` logs every task's and thread's stack (:func:`log_stacks`); the running
-    loop's handler, so the dump runs between two callbacks, never inside one."""
-    asyncio.get_running_loop().add_signal_handler(sig, log_stacks)
+def stack_dump_on_signal() -> None:
+    """``kill -USR1 PID`` logs every task's and thread's stack (:func:`log_stacks`), from a handler
+    of the running loop, so the dump runs between two callbacks, never inside one (and not at all
+    while the loop is blocked). ``kill -USR2 PID`` writes every thread's Python stack to standard
+    error at once, from the signal itself (:mod:`faulthandler`): for a loop that is blocked."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, log_stacks)
+    faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
 
 
 async def wait_for_shutdown(db: Database | None = None, *, check_s: float = 1.0) -> int:

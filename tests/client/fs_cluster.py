@@ -54,8 +54,8 @@ class Mount:
         """``fusermount3 -u`` and wait for the daemon to exit; returns its exit status. Retried
         while it fails and the file system is still mounted: busy for a moment after a close (the
         kernel sends RELEASE after close(2) returns), more so on a loaded machine. A daemon that
-        does not exit is asked where it is (SIGUSR1: its log gets every task's stack), killed, and
-        reported with the end of its log."""
+        does not exit is asked where it is (SIGUSR1, SIGUSR2: its log gets every task's and thread's
+        stack), killed, and reported with the end of its log."""
         deadline = time.monotonic() + timeout_s
         while True:
             done = subprocess.run(
@@ -70,11 +70,14 @@ class Mount:
             return popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
-        os.kill(popen.pid, signal.SIGUSR1)
-        time.sleep(1.0)
+        os.kill(popen.pid, signal.SIGUSR1)  # every task's stack, to the log (a loop that runs)
+        time.sleep(2.0)
+        os.kill(popen.pid, signal.SIGUSR2)  # every thread's, to standard error (one that is blocked)
+        time.sleep(0.5)
         os.kill(popen.pid, signal.SIGKILL)
-        popen.wait(timeout=10)
         force_unmount(self.path)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # one in D state dies once unmounted
+            popen.wait(timeout=10)
         raise AssertionError(
             f"the mount at {self.path} did not exit within {timeout_s} s of fusermount3 -u (its last "
             f"status {done.returncode}: {done.stderr.decode(errors='replace').strip()}); its log "

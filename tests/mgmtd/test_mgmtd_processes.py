@@ -137,7 +137,8 @@ async def test_sigusr1_logs_where_every_task_and_thread_is_and_the_daemon_serves
     processes: ProcessCluster,
 ) -> None:
     """``kill -USR1`` on a daemon that seems stuck: its log says what each task awaits and where each
-    thread is, and the daemon goes on (SIGUSR1's default would have ended it)."""
+    thread is, and the daemon goes on (SIGUSR1's default would have ended it); ``kill -USR2`` writes
+    every thread's stack even while the event loop is blocked."""
     a = processes.start(1, lease_interval_s=30.0)
     await wait_until(lambda: _is_primary(a), 30, "mgmtd to be primary")
     processes.kill(a, signal.SIGUSR1)
@@ -148,6 +149,9 @@ async def test_sigusr1_logs_where_every_task_and_thread_is_and_the_daemon_serves
     assert tasks, dump
     # the daemon's main task, down its chain of awaits to where it waits for a signal to stop
     assert any("in serving -> " in t and "in wait_for_shutdown" in t for t in tasks), dump
+    # SIGUSR2: every thread's Python stack on standard error, from the signal itself
+    processes.kill(a, signal.SIGUSR2)
+    await wait_until(lambda: "most recent call first" in a.log(), 10, "the threads' stacks")
     assert a.alive() and await _is_primary(a)
     processes.kill(a, signal.SIGTERM)
     assert a.popen.wait(timeout=20) == 0, a.log()
