@@ -6,8 +6,9 @@ and closes every open file, unmounts, and exits 0. Requests that only read and a
 ``READ_GRACE_S`` after that (on storage that does not answer) are ended with ENOTCONN, not waited
 for; writes and flushes are. The closes of files left open get ``UNMOUNT_CLOSE_WAIT_S`` together
 (:meth:`Fs3Operations.close_all`): one still flushing goes on in the background, and the exit
-waits for its data (and for meta to end its session, within the RPC deadline). Without ``--foreground`` it detaches once the
-mount is up (the command returns 0 then, or 1 with the reason when mounting failed).
+waits for its data (and for meta to end its session, within the RPC deadline). Without
+``--foreground`` it detaches once the mount is up (the command returns 0 then, or 1 with the
+reason when mounting failed).
 
 The event loop is uvloop (``FS3_FUSE_LOOP=asyncio`` selects the standard loop): pyfuse3 only needs
 ``add_reader`` on the FUSE device, which uvloop provides, and the RPC clients are faster on it.
@@ -96,9 +97,8 @@ async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3O
         log.info("ended reads still in flight after the FUSE session was over count=%d", n)
 
 
-_ENOENT_TEXT = (
-    f"failed with {os.strerror(errno.ENOENT)}"  # pyfuse3: "fuse_xxx(): fuse_reply_* failed with %s"
-)
+# the end of pyfuse3's "fuse_xxx(): fuse_reply_* failed with %s" for ENOENT
+_ENOENT_TEXT = f"failed with {os.strerror(errno.ENOENT)}"
 
 
 class _AbandonedReplies(logging.Filter):
