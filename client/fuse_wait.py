@@ -30,7 +30,7 @@ IDLE_CALLBACKS = 2
 
 
 class _Device:
-    __slots__ = ("fd", "loop", "waiter", "registered", "idle")
+    __slots__ = ("fd", "loop", "waiter", "registered", "idle", "gone")
 
     def __init__(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
         self.fd = fd
@@ -38,6 +38,7 @@ class _Device:
         self.waiter: asyncio.Future[None] | None = None
         self.registered = False
         self.idle = 0
+        self.gone = False  # the connection is over (device_gone): waits return at once
 
     def ready(self) -> None:
         waiter = self.waiter
@@ -65,6 +66,8 @@ async def wait_readable(fd: Any) -> None:
     dev = _devices.get(fd)
     if dev is None or dev.loop is not loop:
         dev = _devices[fd] = _Device(fd, loop)
+    if dev.gone:
+        return  # the read that follows fails with ENODEV, and pyfuse3's worker ends
     if dev.waiter is not None and not dev.waiter.done():
         raise RuntimeError("two tasks wait for the FUSE device at once")
     future: asyncio.Future[None] = loop.create_future()
@@ -87,6 +90,29 @@ async def wait_readable(fd: Any) -> None:
         paio._read_futures[fd].discard(future)
         if not paio._read_futures[fd]:
             del paio._read_futures[fd]
+
+
+def device_gone(fd: int) -> None:
+    """The kernel has ended the FUSE connection on ``fd`` (the device polls POLLERR: an unmount, an
+    abort). uvloop answers an error on a watched descriptor with one last callback and closes its
+    watch, which stays behind as a dead one: if no task was waiting at that moment (every worker
+    busy with a request, as when a RELEASE is served while the unmount comes), the registration
+    kept here would never wake anybody again, and pyfuse3's main loop, and the mount, would never
+    end. So the task waiting, if any, is woken, the watch dropped, and every later wait returns at
+    once (the read after it fails with ENODEV, which ends pyfuse3's workers)."""
+    dev = _devices.get(fd)
+    if dev is None or dev.gone:
+        return
+    dev.gone = True
+    if dev.registered:
+        try:
+            dev.loop.remove_reader(fd)  # also drops a dead watch uvloop left behind
+        except (ValueError, OSError, RuntimeError):
+            pass
+        dev.registered = False
+    waiter, dev.waiter = dev.waiter, None
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 def install() -> bool:

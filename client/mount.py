@@ -86,12 +86,17 @@ def connection_aborted(fd: int) -> bool:
 
 
 async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3Operations) -> None:
-    """Wait until the FUSE session is over (``stopping`` set, or the connection on ``fd`` ended),
-    then READ_GRACE_S more, and end the reads still in flight (:meth:`Fs3Operations.abandon_reads`)."""
+    """Wait until the FUSE session is over (``stopping`` set, or the connection on ``fd`` ended:
+    then :func:`fuse_wait.device_gone`), then READ_GRACE_S more, and end the reads still in flight
+    (:meth:`Fs3Operations.abandon_reads`)."""
+    from fs3.client import fuse_wait
+
     while not stopping.is_set() and (fd is None or not connection_aborted(fd)):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SESSION_CHECK_S):
                 await stopping.wait()
+    if fd is not None and connection_aborted(fd):
+        fuse_wait.device_gone(fd)  # pyfuse3's workers may wait for it for ever otherwise
     await asyncio.sleep(READ_GRACE_S)
     if n := ops.abandon_reads():
         log.info("ended reads still in flight after the FUSE session was over count=%d", n)

@@ -70,13 +70,24 @@ def _await_chain(coro: Any, depth: int = 100) -> list[str]:
     """Where a task is: ``file:line in function`` for each coroutine in its chain of awaits, outermost
     first (a task's own ``get_stack`` gives only the outermost, its frame's ``f_back`` is None); at
     the end, the type of what the innermost awaits (a future, an async generator step...)."""
-    where = []
+    where: list[str] = []
     while coro is not None and len(where) < depth:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if not isinstance(frame, types.FrameType):  # finished, or not a coroutine
+        if isinstance(frame, types.FrameType):
+            where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        elif hasattr(coro, "cr_await"):  # a compiled (Cython) coroutine: a name, no frame
+            where.append(f"{getattr(coro, '__qualname__', type(coro).__qualname__)} (compiled)")
+        elif type(coro).__name__ == "coroutine_wrapper":
+            # what a Python coroutine awaits of a compiled one: that coroutine is its referent
+            inner = [o for o in gc.get_referents(coro) if hasattr(o, "cr_await")]
+            if not inner:
+                where.append(type(coro).__qualname__)
+                break
+            coro = inner[0]
+            continue
+        else:  # finished, or not a coroutine (a future, an async generator step...)
             where.append(type(coro).__qualname__)
             break
-        where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
         coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
     return where
 

@@ -100,3 +100,36 @@ async def test_two_waiters_at_once_are_refused(pipe: tuple[int, int]) -> None:
         await fuse_wait.wait_readable(r)
     os.write(w, b"a")
     await asyncio.wait_for(first, 1)
+
+
+def test_a_device_gone_while_nobody_waits_wakes_the_next_waiter_on_uvloop() -> None:
+    """After an unmount the FUSE device polls POLLERR alone. uvloop answers that with one last
+    callback and closes its watch, which stays behind dead: with the registration kept between
+    requests and no task waiting at that moment, the next wait (pyfuse3's next worker) never woke,
+    and the mount never exited (seen in CI: workers waiting, the session over).
+    :func:`fuse_wait.device_gone`, which the mount calls when it sees the connection over, wakes it
+    and makes later waits return at once."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> bool:
+        r, w = os.pipe()  # the write end of a pipe whose read end is closed polls POLLERR alone
+        try:
+            first = asyncio.ensure_future(fuse_wait.wait_readable(w))
+            await asyncio.sleep(0.01)
+            dev = fuse_wait._devices[w]
+            assert dev.waiter is not None
+            dev.waiter.set_result(None)  # as a request would: the waiter woken, the watch kept
+            await first
+            os.close(r)
+            await asyncio.sleep(0.1)  # uvloop's last callback finds nobody waiting
+            waiting = asyncio.ensure_future(fuse_wait.wait_readable(w))
+            await asyncio.sleep(0.1)
+            fuse_wait.device_gone(w)
+            await asyncio.wait_for(waiting, 2)  # woken
+            await asyncio.wait_for(fuse_wait.wait_readable(w), 2)  # and the next returns at once
+            return not dev.registered
+        finally:
+            fuse_wait.uninstall()
+            os.close(w)
+
+    assert uvloop.run(main())
