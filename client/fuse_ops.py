@@ -75,6 +75,7 @@ class FuseMetrics:
         self._errors: dict[tuple[str, str], int] = {}
         self.read_bytes = 0
         self.write_bytes = 0
+        self.dir_attrs_kept = 0  # directory GETATTRs answered from Fs3Operations._dir_attrs
         self.storage = storage  # the StorageClient, for its read batch counters
         (reg or metrics.registry()).register(self)
 
@@ -104,6 +105,11 @@ class FuseMetrics:
         yield seconds
         yield CounterMetricFamily("fs3_fuse_read_bytes_total", "bytes returned by read", self.read_bytes)
         yield CounterMetricFamily("fs3_fuse_write_bytes_total", "bytes accepted by write", self.write_bytes)
+        yield CounterMetricFamily(
+            "fs3_fuse_dir_attrs_kept_total",
+            "GETATTRs of a directory answered with meta's answer kept since (after this mount's creates)",
+            self.dir_attrs_kept,
+        )
         if self.storage is not None:
             yield CounterMetricFamily(
                 "fs3_client_read_batches_total",
@@ -126,6 +132,7 @@ _ABANDONABLE = frozenset(
     {"lookup", "getattr", "read", "readdir", "opendir", "readlink", "statfs", "getxattr", "listxattr"}
 )
 
+_DIR_ATTRS_MAX = 4096  # directories whose attributes a mount keeps (Fs3Operations._dir_attrs)
 _DOTS = 2  # "." and ".." open a listing (offsets 1 and 2 resume after them)
 _READDIR_PAGE = 64  # entries asked of meta for a handle's first READDIR (doubled until one is full)
 _READDIR_PAGE_MAX = 1024
@@ -319,6 +326,13 @@ class Fs3Operations(pyfuse3.Operations):
         self._pool = fs.rpc.pool
         self._loop = asyncio.get_running_loop()  # made in the loop that serves the mount
         self._reads: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving _ABANDONABLE requests
+        # Directories' attributes as meta last gave them to a GETATTR, until their attr_timeout from
+        # that call: the kernel forgets a directory's attributes whenever this mount changes its
+        # entries, and asks again at the next path walk through it (default_permissions), one
+        # GETATTR per create. This mount's creates fold their times in; its other changes of a
+        # directory drop it. _dir_changes counts those, so a GETATTR that ran across one keeps nothing.
+        self._dir_attrs: dict[int, tuple[m.Inode, float]] = {}
+        self._dir_changes = 0
         self._abandoned = False
 
     def init(self) -> None:
@@ -434,11 +448,54 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        kept = self._dir_attrs.get(inode)
+        if kept is not None:
+            left = kept[1] - time.monotonic()
+            if left > 0:
+                self.metrics.dir_attrs_kept += 1
+                a = self.attrs(kept[0], 0)
+                a.attr_timeout = left  # no longer than the kernel could have kept meta's answer
+                return a
+            del self._dir_attrs[inode]
         st = self.fs._states.get(inode)
         if st is not None:
             await st.drain()
-        since = stamp()
-        return self.attrs(await self.fs.stat_held(inode), since)
+        since, changes, asked = stamp(), self._dir_changes, time.monotonic()
+        ino = await self.fs.stat_held(inode)
+        if ino.type == m.INODE_DIRECTORY and changes == self._dir_changes and self.config.attr_timeout_s > 0:
+            if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
+                self._dir_attrs.clear()
+            self._dir_attrs[inode] = (
+                m.Inode.FromString(ino.SerializeToString()),
+                asked + self.config.attr_timeout_s,
+            )
+        return self.attrs(ino, since)
+
+    @contextlib.contextmanager
+    def _changing(self, *dir_ids: int, all_dirs: bool = False) -> Iterator[None]:
+        """Around a change of directories (entries, attributes) by this mount: their kept attributes
+        go, before and after (a GETATTR running meanwhile keeps none: _dir_changes)."""
+        self._forget_dirs(dir_ids, all_dirs)
+        try:
+            yield
+        finally:
+            self._forget_dirs(dir_ids, all_dirs)
+
+    def _forget_dirs(self, dir_ids: tuple[int, ...], all_dirs: bool) -> None:
+        self._dir_changes += 1
+        if all_dirs:
+            self._dir_attrs.clear()
+        for d in dir_ids:
+            self._dir_attrs.pop(d, None)
+
+    def _created(self, parent: int, child: m.Inode) -> None:
+        """This mount made ``child`` in ``parent``: meta set the directory's mtime and ctime to the
+        new inode's ctime (or kept a later one), which the kept attributes take."""
+        self._dir_changes += 1
+        kept = self._dir_attrs.get(parent)
+        if kept is not None:
+            kept[0].mtime_ns = max(kept[0].mtime_ns, child.ctime_ns)
+            kept[0].ctime_ns = max(kept[0].ctime_ns, child.ctime_ns)
 
     @_translate
     async def setattr(
@@ -493,7 +550,8 @@ class Fs3Operations(pyfuse3.Operations):
             # mount (meta would refuse the caller a chmod, and the write would fail with EIO).
             meta = self.fs.meta
         since = stamp()
-        ino = await meta.setattr(inode, **kw)
+        with self._changing(inode):
+            ino = await meta.setattr(inode, **kw)
         st = self.fs._states.get(inode)  # the one open now (the reports above waited)
         if fields.update_size and st is not None:
             st.truncated(attr.st_size)
@@ -517,29 +575,37 @@ class Fs3Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self._entry(await self.meta(ctx).mknod(parent_inode, name, mode, rdev), since)
+        ino = await self.meta(ctx).mknod(parent_inode, name, mode, rdev)
+        self._created(parent_inode, ino)
+        return self._entry(ino, since)
 
     @_translate
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self._entry(await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777), since)
+        with self._changing(parent_inode):  # its link count changes too
+            ino = await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777)
+        return self._entry(ino, since)
 
     @_translate
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        await self.meta(ctx).unlink(parent_inode, name)
+        with self._changing(parent_inode):
+            await self.meta(ctx).unlink(parent_inode, name)
 
     @_translate
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        await self.meta(ctx).rmdir(parent_inode, name)
+        with self._changing(parent_inode):
+            await self.meta(ctx).rmdir(parent_inode, name)
 
     @_translate
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self._entry(await self.meta(ctx).symlink(parent_inode, name, target), since)
+        ino = await self.meta(ctx).symlink(parent_inode, name, target)
+        self._created(parent_inode, ino)
+        return self._entry(ino, since)
 
     @_translate
     async def rename(
@@ -551,14 +617,17 @@ class Fs3Operations(pyfuse3.Operations):
         flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> None:
-        await self.meta(ctx).rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        with self._changing(all_dirs=True):  # a directory moved changes too (ctime, "..")
+            await self.meta(ctx).rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
 
     @_translate
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         since = stamp()
-        return self._entry(await self.meta(ctx).link(inode, new_parent_inode, new_name), since)
+        with self._changing(new_parent_inode):
+            ino = await self.meta(ctx).link(inode, new_parent_inode, new_name)
+        return self._entry(ino, since)
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -602,6 +671,8 @@ class Fs3Operations(pyfuse3.Operations):
         rsp = await self.meta(ctx).create(
             parent_inode, name, mode & 0o7777, flags & (os.O_EXCL | os.O_TRUNC | os.O_ACCMODE), session=True
         )
+        if rsp.created:
+            self._created(parent_inode, rsp.inode)
         handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
@@ -741,7 +812,8 @@ class Fs3Operations(pyfuse3.Operations):
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
         if not name.startswith(_USER_XATTR):
             raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
-        await self.meta(ctx).setxattr(inode, name, value)
+        with self._changing(inode):
+            await self.meta(ctx).setxattr(inode, name, value)
 
     @_translate
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
@@ -758,7 +830,8 @@ class Fs3Operations(pyfuse3.Operations):
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         if not name.startswith(_USER_XATTR):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        await self.meta(ctx).removexattr(inode, name)
+        with self._changing(inode):
+            await self.meta(ctx).removexattr(inode, name)
 
     # -- shutdown ---------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1147,3 +1147,59 @@ async def test_an_unmount_does_not_wait_long_for_meta_to_close_the_files_left_op
                     os.close(fd)
         assert not is_mounted(m.path)
         assert "closing open files at unmount took longer" in m.proc.log()
+
+
+async def test_directory_attributes_after_this_mounts_own_changes(env: Env) -> None:
+    """The kernel asks a directory's attributes again after every entry this mount makes in it; the
+    mount answers those from meta's last answer with its creates' times folded in (no meta round
+    trip per create). What a user sees stays what meta says: the directory's mtime is the last
+    create's, and after any other change (unlink, rename, chmod, mkdir, link, an xattr) the mode,
+    link count and times are meta's new ones."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # attributes kept long: an answer kept past a change would be seen, not expire first
+    m = await env.cluster.mount(
+        env.mnt.parent / "mnt-dirattrs", name="dirattrs", metrics_port=port, attr_timeout_s=30.0
+    )
+    try:
+        await asyncio.to_thread(_check_dir_attrs, m.path, port)
+    finally:
+        assert m.unmount() == 0
+
+
+def _check_dir_attrs(mnt: Path, port: int) -> None:
+    def kept() -> float:
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        found = re.search(r"^fs3_fuse_dir_attrs_kept_total (\S+)$", page, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    d = mnt / "attrs"
+    d.mkdir()
+    os.stat(d)
+    before = kept()
+    for i in range(10):
+        os.close(os.open(d / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o644))  # nothing written: ctime stays
+        # the directory's times are the create's, as meta stamped them
+        assert os.stat(d).st_mtime_ns == os.stat(d / f"f{i}").st_ctime_ns
+    assert kept() - before >= 9  # the GETATTRs after the creates took no meta round trip
+
+    def changed(what: Callable[[], object]) -> os.stat_result:
+        old = os.stat(d)
+        time.sleep(0.002)
+        what()
+        (d / f"after-{time.monotonic_ns()}").write_bytes(b"")  # the kernel asks again after this
+        new = os.stat(d)
+        assert new.st_ctime_ns > old.st_ctime_ns
+        return new
+
+    changed(lambda: os.unlink(d / "f0"))
+    changed(lambda: os.rename(d / "f1", d / "g1"))
+    assert stat.S_IMODE(changed(lambda: os.chmod(d, 0o700)).st_mode) == 0o700
+    nlink = os.stat(d).st_nlink
+    assert changed(lambda: os.mkdir(d / "sub")).st_nlink == nlink + 1
+    changed(lambda: os.link(d / "f2", d / "f2-link"))
+    changed(lambda: os.setxattr(d, "user.k", b"v"))
+    (mnt / "elsewhere").mkdir()
+    changed(lambda: os.rename(mnt / "elsewhere", d / "moved"))  # into it from another directory
+    assert os.stat(d).st_nlink == nlink + 2
