@@ -415,6 +415,10 @@ class Fs3Operations(pyfuse3.Operations):
         handles = self.fs.meta.handles
         if handles is not None:
             handles.pin(inode.id)
+        if inode.type == m.INODE_DIRECTORY and self._dir_attrs:
+            # the kernel takes these attributes (a lookup, a listing): a kept copy older than them
+            # must not bring back what they replace (another client's chmod, say)
+            self._forget_dirs((inode.id,), False)
         return self.attrs(inode, since)
 
     def _new_fh(self) -> int:
@@ -490,12 +494,16 @@ class Fs3Operations(pyfuse3.Operations):
 
     def _created(self, parent: int, child: m.Inode) -> None:
         """This mount made ``child`` in ``parent``: meta set the directory's mtime and ctime to the
-        new inode's ctime (or kept a later one), which the kept attributes take."""
+        new inode's ctime, unless its stored ctime was later (another meta server's clock ahead;
+        meta keeps the later pair then), which only meta can say: the kept copy goes then."""
         self._dir_changes += 1
         kept = self._dir_attrs.get(parent)
-        if kept is not None:
-            kept[0].mtime_ns = max(kept[0].mtime_ns, child.ctime_ns)
-            kept[0].ctime_ns = max(kept[0].ctime_ns, child.ctime_ns)
+        if kept is None:
+            return
+        if child.ctime_ns >= kept[0].ctime_ns:
+            kept[0].mtime_ns = kept[0].ctime_ns = child.ctime_ns
+        else:
+            del self._dir_attrs[parent]
 
     @_translate
     async def setattr(
@@ -595,7 +603,7 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        with self._changing(parent_inode):
+        with self._changing(all_dirs=True):  # the removed one's too (an fstat of it: nlink 0)
             await self.meta(ctx).rmdir(parent_inode, name)
 
     @_translate

@@ -92,14 +92,19 @@ async def wait_readable(fd: Any) -> None:
             del paio._read_futures[fd]
 
 
-def device_gone(fd: int) -> None:
+def device_gone(fd: int | None = None) -> None:
     """The kernel has ended the FUSE connection on ``fd`` (the device polls POLLERR: an unmount, an
     abort). uvloop answers an error on a watched descriptor with one last callback and closes its
     watch, which stays behind as a dead one: if no task was waiting at that moment (every worker
     busy with a request, as when a RELEASE is served while the unmount comes), the registration
     kept here would never wake anybody again, and pyfuse3's main loop, and the mount, would never
     end. So the task waiting, if any, is woken, the watch dropped, and every later wait returns at
-    once (the read after it fails with ENODEV, which ends pyfuse3's workers)."""
+    once (the read after it fails with ENODEV, which ends pyfuse3's workers). ``fd`` None: every
+    device this process waits for (a mount has one)."""
+    if fd is None:
+        for known in list(_devices):
+            device_gone(known)
+        return
     dev = _devices.get(fd)
     if dev is None or dev.gone:
         return
@@ -135,6 +140,11 @@ def install() -> bool:
         if dev is not None and dev.registered:
             dev.loop.remove_reader(fd)  # before pyfuse3 closes the device
             dev.registered = False
+        # pyfuse3 fails every waiter's future: one woken already (ready, device_gone) but not yet
+        # run would make that raise InvalidStateError, inside the signal handler that stops
+        waiting = paio._read_futures.get(fd)
+        if waiting:
+            waiting.difference_update([f for f in waiting if f.done()])
         original_notify(fd)
 
     paio.wait_readable = wait_readable  # type: ignore[assignment]

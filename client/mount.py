@@ -96,7 +96,7 @@ async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3O
             async with asyncio.timeout(SESSION_CHECK_S):
                 await stopping.wait()
     if fd is not None and connection_aborted(fd):
-        fuse_wait.device_gone(fd)  # pyfuse3's workers may wait for it for ever otherwise
+        fuse_wait.device_gone()  # pyfuse3's workers may wait for it for ever otherwise
     await asyncio.sleep(READ_GRACE_S)
     if n := ops.abandon_reads():
         log.info("ended reads still in flight after the FUSE session was over count=%d", n)

@@ -73,10 +73,8 @@ def _await_chain(coro: Any, depth: int = 100) -> list[str]:
     where: list[str] = []
     while coro is not None and len(where) < depth:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-        if isinstance(frame, types.FrameType):
+        if isinstance(frame, types.FrameType):  # a compiled (Cython) coroutine's has no line
             where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
-        elif hasattr(coro, "cr_await"):  # a compiled (Cython) coroutine: a name, no frame
-            where.append(f"{getattr(coro, '__qualname__', type(coro).__qualname__)} (compiled)")
         elif type(coro).__name__ == "coroutine_wrapper":
             # what a Python coroutine awaits of a compiled one: that coroutine is its referent
             inner = [o for o in gc.get_referents(coro) if hasattr(o, "cr_await")]

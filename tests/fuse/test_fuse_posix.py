@@ -1163,12 +1163,12 @@ async def test_directory_attributes_after_this_mounts_own_changes(env: Env) -> N
         env.mnt.parent / "mnt-dirattrs", name="dirattrs", metrics_port=port, attr_timeout_s=30.0
     )
     try:
-        await asyncio.to_thread(_check_dir_attrs, m.path, port)
+        await asyncio.to_thread(_check_dir_attrs, m.path, port, env.mnt)
     finally:
         assert m.unmount() == 0
 
 
-def _check_dir_attrs(mnt: Path, port: int) -> None:
+def _check_dir_attrs(mnt: Path, port: int, other: Path) -> None:
     def kept() -> float:
         page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         found = re.search(r"^fs3_fuse_dir_attrs_kept_total (\S+)$", page, re.M)
@@ -1185,9 +1185,11 @@ def _check_dir_attrs(mnt: Path, port: int) -> None:
     assert kept() - before >= 9  # the GETATTRs after the creates took no meta round trip
 
     def changed(what: Callable[[], object]) -> os.stat_result:
-        old = os.stat(d)
+        old, k = os.stat(d), kept()
         time.sleep(0.002)
         what()
+        os.stat(d)  # a GETATTR the kept attributes do not answer (the change dropped them)
+        assert kept() == k
         (d / f"after-{time.monotonic_ns()}").write_bytes(b"")  # the kernel asks again after this
         new = os.stat(d)
         assert new.st_ctime_ns > old.st_ctime_ns
@@ -1203,3 +1205,11 @@ def _check_dir_attrs(mnt: Path, port: int) -> None:
     (mnt / "elsewhere").mkdir()
     changed(lambda: os.rename(mnt / "elsewhere", d / "moved"))  # into it from another directory
     assert os.stat(d).st_nlink == nlink + 2
+    # another client's chmod, which a lookup here brings to the kernel: a create here afterwards
+    # must not bring the kept (older) mode back
+    os.stat(d)
+    os.chmod(other / "attrs", 0o750)
+    time.sleep(1.2)  # the kernel's entry of the name runs out (entry_timeout_s 1): looked up again
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o750
+    (d / "after-chmod").write_bytes(b"")
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o750
