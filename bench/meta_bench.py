@@ -1,4 +1,4 @@
-"""mdtest-like benchmark of the metadata service: create, stat, unlink and mkdir rates.
+"""mdtest-like benchmark of the metadata service: create, stat, open, unlink and mkdir rates.
 
     .venv/bin/python bench/meta_bench.py                       # starts one meta daemon over lmdb
     .venv/bin/python bench/meta_bench.py --clients 1,16 --items 2000 --procs 2 --json
@@ -10,6 +10,8 @@ Each of ``clients`` native clients (fs3.client.meta_client.MetaClient, one per c
 * ``mkdir``: ``items`` directories each;
 * ``create``: ``items`` files each (open(O_CREAT|O_EXCL) with a request id, as a client sends it);
 * ``stat``: each file once, by inode id;
+* ``open``: each file opened read-only and closed (two requests; a rate of files), as a data
+  loader reading small files does;
 * ``unlink``: each file.
 
 ``--layout one-dir`` puts every client's entries in one shared directory (the contended case);
@@ -51,7 +53,7 @@ from fs3.client.meta_client import DEV_SECRET, ROOT_ID, MetaClient  # noqa: E402
 from fs3.net import RpcClient  # noqa: E402
 from fs3.proto import common_pb2  # noqa: E402
 
-PHASES = ("mkdir", "create", "stat", "unlink")
+PHASES = ("mkdir", "create", "stat", "open", "unlink")
 O_EXCL_RDWR = 0o200 | 2
 
 
@@ -143,6 +145,10 @@ async def _client_work(
     elif phase == "stat":
         for inode_id in state[tag]:
             await client.stat(inode_id)
+    elif phase == "open":
+        for inode_id in state[tag]:
+            rsp = await client.open(inode_id, 0)
+            await client.close_file(inode_id, rsp.session_id)
     elif phase == "unlink":
         for i in range(items):
             await client.unlink(parent, f"f{tag}.{i}".encode())

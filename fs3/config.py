@@ -213,7 +213,8 @@ class MetaConfig:
         2.0,
         doc="an unlinked file's chunks are removed no sooner than this after the unlink: an open "
         "whose lookup of the name came just before the unlink or a rename over it still opens the "
-        "file (as a local file system would), instead of failing with ENOENT",
+        "file (as a local file system would), instead of failing with ENOENT; at 0.5 s or more, "
+        "read-only opens and their closes are answered before their sessions are written",
         check=_seconds_or_zero,
     )
     session_timeout_s: float = opt(

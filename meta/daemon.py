@@ -24,6 +24,7 @@ from fs3.kv import Database, open_database
 from fs3.meta.auth import Authenticator, TokenAuthenticator, TrustingAuthenticator
 from fs3.meta.handles import HandleSealer
 from fs3.meta.layout import ChainAllocator, ChainTable
+from fs3.meta.read_sessions import ReadSessionMetrics
 from fs3.meta.service import MetaService
 from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
 from fs3.meta.store import MetaStore
@@ -182,6 +183,7 @@ class MetaDaemon:
             handles=HandleSealer(self.secret or DEV_SECRET),
         ).register(self.server, self.registry)
         metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
+        ReadSessionMetrics(self.store.read_sessions, self.registry)
         if cfg.metrics_port:
             self.metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host, self.registry)
         try:

@@ -178,6 +178,8 @@ class Collector:
         chunks, then their inodes and entries, in one transaction for the whole group (a
         transaction and a commit per file cost more than the work itself)."""
         db = self.ns.db
+        if self.ns.read_sessions is not None:
+            await self.ns.read_sessions.settled()  # sessions of read opens this process answered
 
         async def look(tr: Transaction) -> list[tuple[int, meta_pb2.Inode | None, bool]]:
             rv = tr.snapshot

@@ -40,6 +40,7 @@ from fs3.meta.permissions import (
     check_name,
     kill_suid_sgid,
 )
+from fs3.meta.read_sessions import ReadSessions
 from fs3.meta.storage_io import ChunkStore, NoStorage
 from fs3.proto import meta_pb2
 
@@ -134,6 +135,9 @@ class Trims:
 
 class Namespace:
     """The metadata of one file system in a KV store, usable in-process (see :class:`MetaStore`)."""
+
+    # Queues the sessions of read-only opens (see fs3.meta.read_sessions); None: written at once.
+    read_sessions: ReadSessions | None = None
 
     def __init__(
         self,
@@ -515,8 +519,15 @@ class Namespace:
         client_id: int,
         write: bool,
     ) -> None:
+        s = self._session(cred, ino, session_id, client_id, write)
+        tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
+
+    @staticmethod
+    def _session(
+        cred: Credentials, ino: meta_pb2.Inode, session_id: int, client_id: int, write: bool
+    ) -> meta_pb2.FileSession:
         now = inodes.now_ns()
-        s = meta_pb2.FileSession(
+        return meta_pb2.FileSession(
             inode_id=ino.id,
             session_id=session_id,
             client_id=client_id,
@@ -529,7 +540,6 @@ class Namespace:
             fsetid=cred.is_root,
             uid=cred.uid,
         )
-        tr.set(schema.session_key(ino.id, session_id), s.SerializeToString())
 
     def _truncate_in_txn(
         self,

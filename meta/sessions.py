@@ -1,7 +1,9 @@
 """Open files: sessions, and settling a file's length on close and fsync (DESIGN §7).
 
 Every open (read or write) records a session ``INOS + inode + session``, so a file unlinked while
-open keeps its chunks until the last handle closes: the collector skips files with sessions. A write
+open keeps its chunks until the last handle closes: the collector skips files with sessions. The
+sessions of read-only opens are written (and ended) just after the answer, see
+:mod:`fs3.meta.read_sessions`. A write
 session's close or fsync reports the highest offset the client wrote; the length becomes the larger
 of the stored length and that report (length only shrinks through truncate). A report of 0 with
 ``wrote`` set asks storage instead (query last chunk on each of the file's chains). Sessions of clients
@@ -20,16 +22,18 @@ another client may see the written bytes with the bits still set.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
-from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, Namespace, Trims
+from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, M, Namespace, Trims, _time_left
 from fs3.meta.permissions import Credentials, access_of_flags, check, kill_suid_sgid
+from fs3.meta.read_sessions import MIN_GRACE_S, ReadSessions
 from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
@@ -55,17 +59,36 @@ class _AskStorage(Exception):
 _ids = random.SystemRandom()
 
 
+class _WriteNow(Exception):
+    """A read-only open whose transaction has more to write than its session."""
+
+
 class SessionOps(Namespace):
+    # The collector's grace now (a pushed config may change it); see read_sessions.MIN_GRACE_S.
+    grace_s: Callable[[], float] = staticmethod(lambda: 0.0)
+
+    def _queue_read_sessions(self) -> ReadSessions | None:
+        if self.read_sessions is None or self.grace_s() < MIN_GRACE_S:
+            return None
+        return self.read_sessions
+
     async def open(
         self, cred: Credentials, inode_id: int, flags: int, client_id: int = 0, idem: Idem = None
     ) -> tuple[meta_pb2.Inode, int]:
         """Check access for ``flags`` and open a session; returns (inode, session id). Directories
         and special files are checked but get no session (0). With a request id a retried open
         returns the first one's session instead of opening a second one, which nobody would close
-        (and which would keep an unlinked file's chunks for the client's lifetime)."""
+        (and which would keep an unlinked file's chunks for the client's lifetime). A read-only
+        open is answered from a snapshot and its session queued (see fs3.meta.read_sessions)."""
         want = access_of_flags(flags)
-        session_id = _ids.getrandbits(63) + 1
         trims = Trims()
+        queue = None if flags & (3 | O_TRUNC) else self._queue_read_sessions()
+        if queue is not None and idem is not None and idem[1]:
+            # a retry queues the same session again, not a second one
+            session_id = _session_id_of(idem)
+        else:
+            session_id = _ids.getrandbits(63) + 1
+        queued: list[meta_pb2.FileSession] = []
 
         async def fn(tr: Transaction) -> meta_pb2.OpenRsp:
             ino = await inodes.load(tr, inode_id)
@@ -83,6 +106,11 @@ class SessionOps(Namespace):
                 # unlink or the rename over it, and opening what it found is a valid order of the
                 # two (a local file system's dentry would hold the inode the same way).
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
+            if queue is not None:
+                if ino.trim_version:
+                    raise _WriteNow  # the owed trim is settled in the transaction
+                queued[:] = [self._session(cred, ino, session_id, client_id, write=False)]
+                return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
             if flags & O_TRUNC:
                 self._truncate_in_txn(tr, cred, ino, 0, trims, trim=True)
             else:
@@ -90,8 +118,31 @@ class SessionOps(Namespace):
             self._open_session(tr, cred, ino, session_id, client_id, write=bool(flags & 3))
             return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 
+        if queue is not None:
+            try:
+                rsp = await self._answered(idem, meta_pb2.OpenRsp, fn)
+            except _WriteNow:
+                queue = None
+            else:
+                if queued and rsp.session_id == session_id:
+                    queue.open(inode_id, session_id, queued[0])
+                return rsp.inode, rsp.session_id
         rsp = await self._trimming_first(trims, lambda: self._mutate(idem, meta_pb2.OpenRsp, trims.txn(fn)))
         return rsp.inode, rsp.session_id
+
+    async def _answered(self, idem: Idem, rsp_cls: type[M], fn: Callable[[Transaction], Awaitable[M]]) -> M:
+        """``fn`` in a snapshot that commits nothing; with a request id, the first answer if one
+        was stored (by an attempt that did not queue its session)."""
+        _time_left("its transaction")
+
+        async def once(tr: Transaction) -> M:
+            if idem is not None and idem[1]:
+                raw = await tr.get(schema.idem_key(*idem))
+                if raw is not None:
+                    return rsp_cls.FromString(meta_pb2.IdemRecord.FromString(raw).response)
+            return await fn(tr)
+
+        return await self.db.run(once, read_only=True)
 
     async def sync(
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
@@ -104,6 +155,8 @@ class SessionOps(Namespace):
         and touch it, so that it stays another ``session_timeout_s`` even for a client without a
         mgmtd session: a client that cannot tell whether meta ended it (see the client's guard).
         Nothing of the settlement changes."""
+
+        await self._settle_queued(inode_id, session_id)
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
             skey, session = await _load_session(tr, inode_id, session_id)
@@ -123,10 +176,47 @@ class SessionOps(Namespace):
         idem: Idem = None,
     ) -> meta_pb2.Inode:
         """Settle the length as :meth:`sync` does and end the session. With a request id a retried
-        close returns the first one's result instead of failing for want of the session."""
+        close returns the first one's result instead of failing for want of the session. A read
+        session's end is queued (see fs3.meta.read_sessions); the answer comes from a snapshot."""
+        if not wrote and (queue := self._queue_read_sessions()) is not None:
+            ino = await self._close_read_session(queue, inode_id, session_id)
+            if ino is not None:
+                return ino
         return await self._settle(
             inode_id, session_id, written_length, wrote, close=True, mtime_ns=mtime_ns, idem=idem
         )
+
+    async def _close_read_session(
+        self, queue: ReadSessions, inode_id: int, session_id: int
+    ) -> meta_pb2.Inode | None:
+        """Queue the end of read session ``session_id``; the file's inode. None, queueing nothing,
+        when it is not a read session this process or the store knows of (the caller then closes
+        it in a transaction, which answers a retry or META_BAD_HANDLE)."""
+        skey = schema.session_key(inode_id, session_id)
+        known, raw = queue.lookup(skey)
+
+        async def fn(tr: Transaction) -> meta_pb2.Inode | None:
+            stored = raw if known else await tr.get(skey)
+            if stored is None or meta_pb2.FileSession.FromString(stored).write:
+                return None
+            return inodes.public(await inodes.load(tr, inode_id))
+
+        ino = await self.db.run(fn, read_only=True)
+        if ino is None:
+            return None
+        known_now, raw_now = queue.lookup(skey)
+        if known_now and raw_now is None:
+            return None  # ended by another close meanwhile
+        queue.close(inode_id, session_id)
+        return ino
+
+    async def _settle_queued(self, inode_id: int, session_id: int) -> None:
+        """Wait until a queued change of the session, if any, is in the store."""
+        if (
+            self.read_sessions is not None
+            and self.read_sessions.lookup(schema.session_key(inode_id, session_id))[0]
+        ):
+            await self.read_sessions.settled()
 
     async def _settle(
         self,
@@ -147,6 +237,7 @@ class SessionOps(Namespace):
         So a writer's report never brings back the length of bytes a truncate removed (`logrotate
         copytruncate` under a writer that goes on appending)."""
         queried: tuple[int | None, int] | None = None  # (length on storage, truncate_version then)
+        await self._settle_queued(inode_id, session_id)
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             skey, session = await _load_session(tr, inode_id, session_id)
@@ -184,6 +275,8 @@ class SessionOps(Namespace):
 
     async def sessions_of(self, inode_id: int) -> list[meta_pb2.FileSession]:
         """The open sessions of a file."""
+        if self.read_sessions is not None:
+            await self.read_sessions.settled()
         prefix = schema.session_prefix(inode_id)
 
         async def fn(tr: Transaction) -> list[meta_pb2.FileSession]:
@@ -214,6 +307,8 @@ class SessionOps(Namespace):
                 and (uid is None or s.uid == uid)
             )
 
+        if self.read_sessions is not None:
+            await self.read_sessions.settled()
         pruned = kept = 0
         begin = schema.INOS
         end = prefix_end(schema.INOS)
@@ -326,6 +421,12 @@ class SessionOps(Namespace):
         raise FS3Error(
             StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
         )
+
+
+def _session_id_of(idem: tuple[int, int]) -> int:
+    """The session id of a read-only open with request id ``idem``: the same for its retries."""
+    digest = hashlib.blake2b(b"%d:%d" % idem, digest_size=8, person=b"fs3-read-sess").digest()
+    return (int.from_bytes(digest, "big") >> 1) + 1
 
 
 async def _load_session(

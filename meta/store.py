@@ -28,6 +28,7 @@ from fs3.meta.gc import Collector
 from fs3.meta.idalloc import InodeIdAllocator
 from fs3.meta.idempotency import DEFAULT_TTL_S, expire_idem
 from fs3.meta.layout import ChainAllocator
+from fs3.meta.read_sessions import ReadSessions
 from fs3.meta.sessions import SessionOps
 from fs3.meta.storage_io import ChunkStore
 
@@ -52,6 +53,8 @@ class MetaStore(AttrOps, SessionOps, EntryOps):
     ) -> None:
         super().__init__(db, layouts=layouts, chunks=chunks, ids=ids)
         self.collector = Collector(self, gc_interval_s, session_timeout_s, live_clients, gc_grace_s)
+        self.read_sessions = ReadSessions(db)
+        self.grace_s = lambda: self.collector.grace_s
         self.idem_ttl_s = idem_ttl_s
         self._expiry: asyncio.Task[None] | None = None
 
@@ -63,6 +66,7 @@ class MetaStore(AttrOps, SessionOps, EntryOps):
             self._expiry = asyncio.create_task(self._expire_loop(), name="fs3-meta-idem-expiry")
 
     async def stop(self) -> None:
+        await self.read_sessions.stop()
         await self.collector.stop()
         if self._expiry is not None:
             self._expiry.cancel()

@@ -35,7 +35,7 @@ def test_meta_bench_reports_rates_and_the_stores_group_commit() -> None:
     )
     assert out.returncode == 0, out.stderr
     rows = {r["phase"]: r for r in json.loads(out.stdout)}
-    assert set(rows) == {"mkdir", "create", "stat", "unlink"}
+    assert set(rows) == {"mkdir", "create", "stat", "open", "unlink"}
     assert all(r["ops"] == 40 and r["rate"] > 0 for r in rows.values())
     for phase in ("mkdir", "create", "unlink"):
         assert rows[phase]["kv_tx_per_batch"] >= 1 and rows[phase]["kv_commit_ms"] > 0, rows[phase]

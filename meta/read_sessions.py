@@ -1,0 +1,227 @@
+"""Sessions of read-only opens, written after the open is answered.
+
+Every open records a session so that a file unlinked while open keeps its chunks (DESIGN §7).
+For a write session that record must be in the store before the client may write: the length
+settles through it. For a read-only open it only has to be there before the collector looks for
+sessions of the file, and the collector looks no sooner than ``gc_grace_s`` after the unlink. So a
+read-only open (and the close of its session) is answered after a snapshot read that checks
+access, and its session is put (cleared) by :class:`ReadSessions`, which commits what is queued in
+one transaction per batch, a few milliseconds later. That takes a durable commit (about 0.7 ms
+on the lmdb engine, more on FoundationDB) and its fsync off the path of every read-only open and
+close, and batches them: a data loader opening small files is not held up by the store's flushes.
+
+What stays the same: the collector of this process waits for the queue to be written before it
+looks (:meth:`ReadSessions.settled`), as do the prune, a listing of sessions, and a touch or sync of
+a queued session; the write of a session checks that its file is still there and not being
+collected (a file claimed meanwhile gets no session, as :meth:`SessionOps.open` would refuse).
+What is weaker, and why it is acceptable:
+
+- Another meta process's collector does not see a queued session. It looks ``gc_grace_s`` (2 s by
+  default) after the unlink, by when the session has long been written; read sessions are queued
+  only while ``gc_grace_s`` is at least :data:`MIN_GRACE_S`, and otherwise written before the
+  answer, as before.
+- A meta process killed with sessions queued loses them: a reader of a file unlinked in that
+  instant may have its chunks removed under it (reads then fail), and a close lost so leaves a
+  session until its client goes (its file, if unlinked, is collected then). A clean stop writes
+  the queue first.
+- A retried read-only open gets the same session (its id is derived from the request id), so a
+  retry leaves no second session behind; a retried close of a read session whose first close was
+  queued is answered META_BAD_HANDLE instead of the first answer (the client's handle is closed
+  either way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from fs3 import metrics
+from fs3.kv import Database, Transaction
+from fs3.meta import schema
+from fs3.proto import meta_pb2
+
+log = logging.getLogger(__name__)
+
+#: read sessions are queued only while the collector's grace is at least this long
+MIN_GRACE_S = 0.5
+#: sessions put or cleared in one transaction at most
+BATCH = 512
+#: waits between attempts when a batch fails (a store that refuses commits), doubling up to the last
+_RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class ReadSessions:
+    """The queue of read sessions to put and clear, and the task that writes it (see the module
+    docstring). One per meta process and store; its methods run on the process's event loop."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        # session key -> (inode id, the session to put or None to clear it, the number of the
+        # oldest change of the key this entry stands for), in queue order
+        self._queued: dict[bytes, tuple[int, bytes | None, int]] = {}
+        self._writing: dict[bytes, tuple[int, bytes | None, int]] = {}  # the batch being committed
+        self._task: asyncio.Task[None] | None = None
+        self._seq = 0  # changes queued so far
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._stopped = False
+        # counters for the metrics
+        self.batches = self.put = self.cleared = self.dropped = 0
+
+    # ---- queueing -------------------------------------------------------------------------------
+
+    def open(self, inode_id: int, session_id: int, session: meta_pb2.FileSession) -> None:
+        """Queue the session of a read-only open."""
+        self._queue(schema.session_key(inode_id, session_id), inode_id, session.SerializeToString())
+
+    def close(self, inode_id: int, session_id: int) -> None:
+        """Queue the end of a read session (one queued and not yet written is just dropped)."""
+        key = schema.session_key(inode_id, session_id)
+        queued = self._queued.get(key)
+        if queued is not None and queued[1] is not None and key not in self._writing:
+            del self._queued[key]
+            self.cleared += 1
+            self._wake()
+            return
+        self._queue(key, inode_id, None)
+
+    def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
+        """(whether a change of session ``key`` is queued or being written, the session it puts or
+        None for an end); the store has the rest."""
+        for changes in (self._queued, self._writing):
+            if key in changes:
+                return True, changes[key][1]
+        return False, None
+
+    def _queue(self, key: bytes, inode_id: int, value: bytes | None) -> None:
+        if self._stopped:
+            raise RuntimeError("read sessions are stopped")
+        self._seq += 1
+        earlier = self._queued.pop(key, None)  # a later change of a key goes after those before it
+        self._queued[key] = (inode_id, value, earlier[2] if earlier is not None else self._seq)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="fs3-meta-read-sessions")
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued) + len(self._writing)
+
+    async def settled(self) -> None:
+        """Return once every change queued before this call is in the store (or dropped)."""
+        if not self._queued and not self._writing:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._seq, fut))
+        await asyncio.shield(fut)
+
+    async def stop(self) -> None:
+        """Write what is queued, then refuse more."""
+        self._stopped = True
+        task = self._task
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # ---- writing --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            failures = 0
+            while self._queued:
+                keys = list(self._queued)[:BATCH]
+                self._writing = {key: self._queued.pop(key) for key in keys}
+                try:
+                    puts, clears, dropped = await self._db.run(self._write)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    if self._stopped or failures == len(_RETRY_S):
+                        log.error("read sessions not written count=%d error=%s", len(self._writing), e)
+                        self.dropped += len(self._writing)
+                    else:
+                        # back in front of anything queued since, which stays after it
+                        self._queued = {**self._writing, **self._queued}
+                        self._writing = {}
+                        await asyncio.sleep(_RETRY_S[failures])
+                        failures += 1
+                        continue
+                else:
+                    self.batches += 1
+                    self.put += puts
+                    self.cleared += clears
+                    self.dropped += dropped
+                failures = 0
+                self._writing = {}
+                self._wake()
+        finally:
+            self._writing = {}
+            self._task = None
+            if self._queued and not self._stopped:  # cancelled with changes left: nothing will write them
+                log.error("read sessions not written count=%d", len(self._queued))
+            self._queued = {}
+            self._wake()
+
+    async def _write(self, tr: Transaction) -> tuple[int, int, int]:
+        puts = clears = dropped = 0
+        for key, (inode_id, value, _) in self._writing.items():
+            if value is None:
+                tr.clear(key)
+                clears += 1
+                continue
+            raw = await tr.get(schema.inode_key(inode_id))  # conflicts with the collector's claim
+            ino = meta_pb2.Inode.FromString(raw) if raw is not None else None
+            if ino is None or (ino.nlink == 0 and ino.collecting):
+                dropped += 1  # being collected: no session, as an open now would be refused
+                continue
+            tr.set(key, value)
+            puts += 1
+        return puts, clears, dropped
+
+    def _wake(self) -> None:
+        """Wake the waiters of :meth:`settled` none of whose changes are still to be written."""
+        if not self._waiters:
+            return
+        pending = [entry[2] for changes in (self._queued, self._writing) for entry in changes.values()]
+        oldest = min(pending, default=self._seq + 1)
+        waiting = []
+        for at, fut in self._waiters:
+            if at < oldest:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                waiting.append((at, fut))
+        self._waiters = waiting
+
+
+class ReadSessionMetrics:
+    """:class:`ReadSessions` as ``fs3_meta_read_sessions_*`` metrics, read when scraped."""
+
+    def __init__(self, sessions: ReadSessions, reg: CollectorRegistry | None = None) -> None:
+        self._sessions = sessions
+        (reg or metrics.registry()).register(self)
+
+    def collect(self) -> Iterator[Any]:
+        s = self._sessions
+        for name, doc, value in (
+            ("fs3_meta_read_sessions_batches", "transactions that wrote queued read sessions", s.batches),
+            ("fs3_meta_read_sessions_put", "read sessions written after their open was answered", s.put),
+            (
+                "fs3_meta_read_sessions_cleared",
+                "read sessions ended after their close was answered",
+                s.cleared,
+            ),
+            (
+                "fs3_meta_read_sessions_dropped",
+                "read sessions not written: their file was being collected, or the store failed",
+                s.dropped,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily(
+            "fs3_meta_read_sessions_queued", "read session changes not yet written", s.queued
+        )
