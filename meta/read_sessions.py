@@ -13,28 +13,41 @@ close, and batches them: a data loader opening small files is not held up by the
 What stays the same: the collector of this process waits for the queue to be written before it
 looks (:meth:`ReadSessions.settled`), as do the prune, a listing of sessions, and a touch or sync of
 a queued session; the write of a session checks that its file is still there and not being
-collected (a file claimed meanwhile gets no session, as :meth:`SessionOps.open` would refuse).
-What is weaker, and why it is acceptable:
+collected. An open of a file already unlinked (a reader that looked it up before the unlink)
+writes its session before the answer, as before: the collector may claim that file any moment,
+and only the open's own transaction is ordered against the claim. So do all opens while the
+queue's last batch failed (it is tried again until it goes) or the batch being written began more
+than ``gc_grace_s / 4`` ago: a store that is slow or failing then fails opens visibly rather than
+leaving answered ones without a session. What is weaker, and why it is acceptable:
 
 - Another meta process's collector does not see a queued session. It looks ``gc_grace_s`` (2 s by
-  default) after the unlink, by when the session has long been written; read sessions are queued
-  only while ``gc_grace_s`` is at least :data:`MIN_GRACE_S`, and otherwise written before the
-  answer, as before.
+  default) after the unlink, by when the session has long been written (see the bound above);
+  read sessions are queued only while ``gc_grace_s`` is at least :data:`MIN_GRACE_S`, and
+  otherwise written before the answer, as before.
 - A meta process killed with sessions queued loses them: a reader of a file unlinked in that
   instant may have its chunks removed under it (reads then fail), and a close lost so leaves a
   session until its client goes (its file, if unlinked, is collected then). A clean stop writes
   the queue first.
-- A retried read-only open gets the same session (its id is derived from the request id), so a
-  retry leaves no second session behind; a retried close of a read session whose first close was
-  queued is answered META_BAD_HANDLE instead of the first answer (the client's handle is closed
-  either way).
+- A close or touch that reaches another meta process (a failover) within the few milliseconds
+  before the session is written finds none: the close is answered META_BAD_HANDLE and the
+  session, written after, stays until its client goes; the touch makes the client take the
+  session for lost.
+- A retried read-only open that reaches the same process gets the same session (its id is derived
+  from the request id with a key of the process's own, so it cannot be derived elsewhere), so a
+  retry leaves no second session behind; one that reaches another process gets another. A
+  retried close of a read session whose first close was answered is answered META_BAD_HANDLE
+  instead of the first answer (the client's handle is closed either way).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import hashlib
 import logging
+import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,8 +83,11 @@ class ReadSessions:
         self._seq = 0  # changes queued so far
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._stopped = False
+        self._failures = 0  # batches failed in a row
+        self._writing_since: float | None = None  # when the batch being written began (monotonic)
+        self._salt = os.urandom(16)
         # counters for the metrics
-        self.batches = self.put = self.cleared = self.dropped = 0
+        self.batches = self.put = self.cleared = self.dropped = self.lost = 0
 
     # ---- queueing -------------------------------------------------------------------------------
 
@@ -80,15 +96,26 @@ class ReadSessions:
         self._queue(schema.session_key(inode_id, session_id), inode_id, session.SerializeToString())
 
     def close(self, inode_id: int, session_id: int) -> None:
-        """Queue the end of a read session (one queued and not yet written is just dropped)."""
-        key = schema.session_key(inode_id, session_id)
-        queued = self._queued.get(key)
-        if queued is not None and queued[1] is not None and key not in self._writing:
-            del self._queued[key]
-            self.cleared += 1
-            self._wake()
-            return
-        self._queue(key, inode_id, None)
+        """Queue the end of a read session. It replaces a put of the session still queued (which
+        is then never written), and clears whatever a put written before left in the store."""
+        self._queue(schema.session_key(inode_id, session_id), inode_id, None)
+
+    def accepting(self, grace_s: float) -> bool:
+        """Whether an open may be answered before its session is written: this is not stopped,
+        its last batch did not fail, and the batch being written (if any) began less than a
+        quarter of ``grace_s`` ago. Otherwise sessions go in the open's own transaction, as when
+        the grace is short, so that a store that is slow or failing fails opens visibly instead
+        of leaving answered ones without a session."""
+        if self._stopped or self._failures:
+            return False
+        return self._writing_since is None or time.monotonic() - self._writing_since < grace_s / 4
+
+    def session_id(self, client_id: int, request_id: int) -> int:
+        """The session id of a read-only open with this request id: the same for a retry that
+        reaches this process again (so it queues the same session, not a second one nobody
+        would close); unguessable elsewhere (a session id is what a close presents)."""
+        digest = hashlib.blake2b(b"%d:%d" % (client_id, request_id), digest_size=8, key=self._salt).digest()
+        return (int.from_bytes(digest, "big") >> 1) + 1
 
     def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
         """(whether a change of session ``key`` is queued or being written, the session it puts or
@@ -105,7 +132,10 @@ class ReadSessions:
         earlier = self._queued.pop(key, None)  # a later change of a key goes after those before it
         self._queued[key] = (inode_id, value, earlier[2] if earlier is not None else self._seq)
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="fs3-meta-read-sessions")
+            # in a context of its own: not the first caller's (its call deadline, for one)
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="fs3-meta-read-sessions", context=contextvars.Context()
+            )
 
     @property
     def queued(self) -> int:
@@ -131,38 +161,60 @@ class ReadSessions:
 
     async def _run(self) -> None:
         try:
-            failures = 0
             while self._queued:
                 keys = list(self._queued)[:BATCH]
                 self._writing = {key: self._queued.pop(key) for key in keys}
+                self._writing_since = time.monotonic()
                 try:
                     puts, clears, dropped = await self._db.run(self._write)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
-                    if self._stopped or failures == len(_RETRY_S):
+                    if self._stopped:
                         log.error("read sessions not written count=%d error=%s", len(self._writing), e)
-                        self.dropped += len(self._writing)
+                        self.lost += len(self._writing)
                     else:
-                        # back in front of anything queued since, which stays after it
-                        self._queued = {**self._writing, **self._queued}
+                        # Tried again (after a pause) until it goes; meanwhile new opens write
+                        # their sessions themselves (accepting). Back in front of the changes
+                        # queued since: a key's later change stays after it, standing for both.
+                        delay = _RETRY_S[min(self._failures, len(_RETRY_S) - 1)]
+                        self._failures += 1
+                        log.warning(
+                            "read sessions not written, trying again count=%d failures=%d error=%s",
+                            len(self._writing),
+                            self._failures,
+                            e,
+                        )
+                        merged = {}
+                        for key, (inode_id, value, seq) in self._writing.items():
+                            later = self._queued.pop(key, None)
+                            merged[key] = (
+                                (inode_id, value, seq)
+                                if later is None
+                                else (later[0], later[1], min(seq, later[2]))
+                            )
+                        merged.update(self._queued)
+                        self._queued = merged
                         self._writing = {}
-                        await asyncio.sleep(_RETRY_S[failures])
-                        failures += 1
+                        self._writing_since = None
+                        await asyncio.sleep(delay)
                         continue
                 else:
                     self.batches += 1
                     self.put += puts
                     self.cleared += clears
                     self.dropped += dropped
-                failures = 0
+                self._failures = 0
                 self._writing = {}
+                self._writing_since = None
                 self._wake()
         finally:
             self._writing = {}
+            self._writing_since = None
             self._task = None
-            if self._queued and not self._stopped:  # cancelled with changes left: nothing will write them
+            if self._queued:  # cancelled with changes left: nothing will write them
                 log.error("read sessions not written count=%d", len(self._queued))
+                self.lost += len(self._queued)
             self._queued = {}
             self._wake()
 
@@ -217,8 +269,13 @@ class ReadSessionMetrics:
             ),
             (
                 "fs3_meta_read_sessions_dropped",
-                "read sessions not written: their file was being collected, or the store failed",
+                "read sessions not written: their file was being collected meanwhile",
                 s.dropped,
+            ),
+            (
+                "fs3_meta_read_sessions_lost",
+                "read session changes never written: the store failed while stopping, or the writer ended",
+                s.lost,
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)

@@ -22,7 +22,6 @@ another client may see the written bytes with the bits still set.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -68,7 +67,8 @@ class SessionOps(Namespace):
     grace_s: Callable[[], float] = staticmethod(lambda: 0.0)
 
     def _queue_read_sessions(self) -> ReadSessions | None:
-        if self.read_sessions is None or self.grace_s() < MIN_GRACE_S:
+        grace_s = self.grace_s()
+        if self.read_sessions is None or grace_s < MIN_GRACE_S or not self.read_sessions.accepting(grace_s):
             return None
         return self.read_sessions
 
@@ -85,7 +85,7 @@ class SessionOps(Namespace):
         queue = None if flags & (3 | O_TRUNC) else self._queue_read_sessions()
         if queue is not None and idem is not None and idem[1]:
             # a retry queues the same session again, not a second one
-            session_id = _session_id_of(idem)
+            session_id = queue.session_id(*idem)
         else:
             session_id = _ids.getrandbits(63) + 1
         queued: list[meta_pb2.FileSession] = []
@@ -107,8 +107,12 @@ class SessionOps(Namespace):
                 # two (a local file system's dentry would hold the inode the same way).
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if queue is not None:
-                if ino.trim_version:
-                    raise _WriteNow  # the owed trim is settled in the transaction
+                if ino.trim_version or ino.nlink == 0:
+                    # An owed trim is settled in the transaction. An unlinked file's session must
+                    # be in the store before the answer: the collector may be about to claim it
+                    # (its grace is counted from the unlink), and the transaction conflicts
+                    # with the claim where a queued session would come too late.
+                    raise _WriteNow
                 queued[:] = [self._session(cred, ino, session_id, client_id, write=False)]
                 return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
             if flags & O_TRUNC:
@@ -125,6 +129,9 @@ class SessionOps(Namespace):
                 queue = None
             else:
                 if queued and rsp.session_id == session_id:
+                    # not for a caller that gave up meanwhile (it may have retried elsewhere and
+                    # closed that session already): nobody would close this one
+                    _time_left("its session was queued")
                     queue.open(inode_id, session_id, queued[0])
                 return rsp.inode, rsp.session_id
         rsp = await self._trimming_first(trims, lambda: self._mutate(idem, meta_pb2.OpenRsp, trims.txn(fn)))
@@ -211,12 +218,17 @@ class SessionOps(Namespace):
         return ino
 
     async def _settle_queued(self, inode_id: int, session_id: int) -> None:
-        """Wait until a queued change of the session, if any, is in the store."""
-        if (
-            self.read_sessions is not None
-            and self.read_sessions.lookup(schema.session_key(inode_id, session_id))[0]
-        ):
-            await self.read_sessions.settled()
+        """Wait until a queued change of the session, if any, is in the store (within the
+        caller's deadline: a store refusing the queue's batch keeps it queued)."""
+        rs = self.read_sessions
+        if rs is None or not rs.lookup(schema.session_key(inode_id, session_id))[0]:
+            return
+        try:
+            await asyncio.wait_for(rs.settled(), _time_left("its session was written"))
+        except TimeoutError:
+            raise FS3Error(
+                StatusCode.DEADLINE_EXCEEDED, f"session {session_id} of inode {inode_id} is not written yet"
+            ) from None
 
     async def _settle(
         self,
@@ -421,12 +433,6 @@ class SessionOps(Namespace):
         raise FS3Error(
             StatusCode.ABORTED, f"inode {inode_id} kept being truncated while its length was settled"
         )
-
-
-def _session_id_of(idem: tuple[int, int]) -> int:
-    """The session id of a read-only open with request id ``idem``: the same for its retries."""
-    digest = hashlib.blake2b(b"%d:%d" % idem, digest_size=8, person=b"fs3-read-sess").digest()
-    return (int.from_bytes(digest, "big") >> 1) + 1
 
 
 async def _load_session(

@@ -3,13 +3,14 @@ what waits for the queue, and what a clean stop keeps."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from test_meta_gc import FakeChunks
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv import open_database, prefix_end
+from fs3.kv import Transaction, open_database, prefix_end
 from fs3.meta import schema
 from fs3.meta.permissions import ROOT
 from fs3.meta.read_sessions import MIN_GRACE_S
@@ -50,14 +51,18 @@ async def _unlinked_file(s: MetaStore, fake: FakeChunks) -> int:
 
 
 async def test_the_collector_waits_for_a_queued_read_session(queued: MetaStore, fake: FakeChunks) -> None:
-    """A file unlinked and then opened for reading (a reader that looked it up before the unlink):
-    the open is answered before its session is in the store, and a collector pass run at once
+    """A reader opens a file, then another client unlinks it and the collector runs at once (its
+    grace 0 here): the open was answered before its session was in the store, and the collector
     must find the session (it waits for the queue), so the file's chunks stay until the close."""
     s = queued
-    f = await _unlinked_file(s, fake)
+    r = await s.create(ROOT, ROOT_ID, b"f", 0o644, session=True)
+    f = r.inode.id
+    fake.write(f, 0, 100)
+    await s.close(f, r.session_id, 100, True)
     ino, sid = await s.open(ROOT, f, 0)
     assert ino.id == f and sid
     assert await _stored_sessions(s, f) == []  # answered first, written after
+    await s.unlink(ROOT, ROOT_ID, b"f")
     await s.collector.collect_once()
     assert fake.removals == [] and fake.chunks[f] == {0: 100}
     assert (await s.stat(f)).nlink == 0
@@ -66,6 +71,21 @@ async def test_the_collector_waits_for_a_queued_read_session(queued: MetaStore, 
     await s.collector.collect_once()
     assert fake.removals == [f]
     assert s.read_sessions is not None and s.read_sessions.dropped == 0
+
+
+async def test_an_unlinked_file_opens_with_its_session_written(queued: MetaStore, fake: FakeChunks) -> None:
+    """A reader that looked a file up before its unlink opens it after: the collector may claim
+    it any moment, so that session is in the store before the open is answered (a queued one
+    could come after the claim, leaving an answered open without its chunks)."""
+    s = queued
+    f = await _unlinked_file(s, fake)
+    _, sid = await s.open(ROOT, f, 0)
+    assert len(await _stored_sessions(s, f)) == 1
+    await s.collector.collect_once()
+    assert fake.removals == []
+    await s.close(f, sid)
+    await s.collector.collect_once()
+    assert fake.removals == [f]
 
 
 async def test_queued_opens_and_closes(queued: MetaStore, fake: FakeChunks) -> None:
@@ -87,7 +107,17 @@ async def test_queued_opens_and_closes(queued: MetaStore, fake: FakeChunks) -> N
     assert sorted(x.session_id for x in await s.sessions_of(f)) == sorted([first, other])
     assert len(await _stored_sessions(s, f)) == 2
 
-    # a close answered from the queue, then a second close of the same session refused
+    # a retry of an open whose session is written already, then its close: nothing stays
+    await rs.settled()
+    _, again = await s.open(ROOT, f, 0, client_id=7, idem=(7, 55))
+    assert again == first
+    await s.close(f, first)
+    await rs.settled()
+    assert sorted(x.session_id for x in await s.sessions_of(f)) == [other]
+    _, first = await s.open(ROOT, f, 0, client_id=7, idem=(7, 57))
+
+    # a close of a written session (its end queued), then a second close of it refused
+    await rs.settled()
     assert (await s.close(f, first)).id == f
     with pytest.raises(FS3Error) as e:
         await s.close(f, first)
@@ -144,4 +174,62 @@ async def test_a_clean_stop_writes_the_queue(tmp_path: Path) -> None:
     try:
         assert [x.session_id for x in await s.sessions_of(f)] == [sid]
     finally:
+        await db.close()
+
+
+async def test_read_session_ids_are_not_derivable_from_the_request(tmp_path: Path) -> None:
+    """A retry that reaches the same meta process gets the same session; another process (or the
+    same request id on another client) another one: a session id is what a close presents."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=1 << 26)
+    a, b = MetaStore(db, gc_grace_s=2.0), MetaStore(db, gc_grace_s=2.0)
+    try:
+        await a.start(background=False)
+        f = (await a.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+        first = (await a.open(ROOT, f, 0, client_id=7, idem=(7, 55)))[1]
+        assert (await a.open(ROOT, f, 0, client_id=7, idem=(7, 55)))[1] == first
+        assert (await b.open(ROOT, f, 0, client_id=7, idem=(7, 55)))[1] != first
+        assert (await a.open(ROOT, f, 0, client_id=8, idem=(8, 55)))[1] != first
+    finally:
+        await a.stop()
+        await b.stop()
+        await db.close()
+
+
+async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(tmp_path: Path) -> None:
+    """A store that fails the queue's batch (full here): the batch is kept and tried again, and
+    meanwhile opens write their sessions in their own transactions, so they fail visibly instead
+    of being answered without a session."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=1 << 20)
+    s = MetaStore(db, gc_grace_s=2.0)
+    rs = s.read_sessions
+    assert rs is not None
+    try:
+        await s.start(background=False)
+        f = (await s.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+
+        async def put(tr: Transaction, i: int, size: int) -> None:
+            tr.set(b"zz-fill-%d-%d" % (size, i), b"x" * size)
+
+        async def clear(tr: Transaction) -> None:
+            tr.clear_range(b"zz-fill-", b"zz-fill-\xff")
+
+        for size in (3000, 300, 30, 1):  # fill the store, to the last page
+            with pytest.raises(FS3Error):
+                for i in range(100_000):
+                    await db.run(lambda tr, i=i, size=size: put(tr, i, size))
+        _, sid = await s.open(ROOT, f, 0)  # answered from a snapshot; its session fails to go in
+        for _ in range(100):
+            if not rs.accepting(2.0):
+                break
+            await asyncio.sleep(0.01)
+        assert not rs.accepting(2.0) and rs.queued == 1
+        with pytest.raises(FS3Error) as e:
+            await s.open(ROOT, f, 0)
+        assert e.value.code == StatusCode.KV_STORE_FAILED
+        # room again: the kept batch goes in
+        await db.run(clear)
+        await asyncio.wait_for(rs.settled(), 10)
+        assert [x.session_id for x in await s.sessions_of(f)] == [sid] and rs.accepting(2.0)
+    finally:
+        await s.stop()
         await db.close()
