@@ -16,6 +16,12 @@ primary, and the call is re-sent there; an unreachable mgmtd makes the client tr
 Calls are retried that way until ``timeout_s`` runs out, then the last error is raised. Errors come
 back as :class:`fs3.errors.FS3Error` with the exact status code the server raised.
 
+While no mgmtd answers (a call runs out of time on transport errors, or with no primary), the
+client logs it once as a warning, again every :data:`UNREACHABLE_REMINDER_S` while it lasts, and
+once more (INFO) when a call is answered again; the call raises :class:`MgmtdUnreachable`, which
+its caller logs at DEBUG only, so an outage of mgmtd is a few lines in each log, not one per
+heartbeat and refresh.
+
 A redirected call was never executed, so resending it is safe. A call lost to the transport
 (UNAVAILABLE or a deadline, with no fs3 code) is resent to the next mgmtd too, except that
 InitCluster, AddUser and IssueToken are not resent after a deadline expired in flight: they may have
@@ -45,6 +51,9 @@ log = logging.getLogger(__name__)
 TOKEN_METADATA_KEY = "fs3-token"
 CREDENTIAL_METADATA_KEY = "fs3-cluster-credential"
 PRIMARY_METADATA_KEY = "fs3-primary"
+
+#: while no mgmtd answers, how often a client says so again (see the module docstring)
+UNREACHABLE_REMINDER_S = 60.0
 
 # Not resent once the request may have reached the server (see the module docstring).
 _NOT_IDEMPOTENT = frozenset({"AddUser", "IssueToken", "InitCluster"})
@@ -85,6 +94,11 @@ def decode_error(e: grpc.aio.AioRpcError) -> tuple[FS3Error, str]:
     return FS3Error(code, e.details() or ""), md.get(PRIMARY_METADATA_KEY, "")
 
 
+class MgmtdUnreachable(FS3Error):
+    """No mgmtd primary answered a call in time (UNAVAILABLE, or MGMTD_NOT_PRIMARY while there is
+    none). The client has logged the outage; callers log this at DEBUG."""
+
+
 class MgmtdClient:
     """A client of the mgmtd cluster. Create and use it inside one event loop; ``close`` it."""
 
@@ -113,6 +127,10 @@ class MgmtdClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, mgmtd_pb2_grpc.MgmtdStub] = {}
         self.primary: str | None = None  # the address the last successful call went to
+        # the outage under way: when it began (monotonic), calls failed, when last logged
+        self._unreachable_since: float | None = None
+        self._unreachable_calls = 0
+        self._unreachable_logged = 0.0
 
     async def close(self) -> None:
         channels, self._channels, self._stubs = self._channels, {}, {}
@@ -177,16 +195,54 @@ class MgmtdClient:
                         if self.primary == address:
                             self.primary = None
                         continue
+                    self._answered()
                     raise err from None
                 self.primary = address
+                self._answered()
                 return reply
             if hinted:
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise last or FS3Error(StatusCode.UNAVAILABLE, "no mgmtd answered")
+                error = last or FS3Error(StatusCode.UNAVAILABLE, "no mgmtd answered")
+                if error.code not in (StatusCode.UNAVAILABLE, StatusCode.MGMTD_NOT_PRIMARY):
+                    raise error
+                self._unanswered(method, error)
+                raise MgmtdUnreachable(error.code, error.message)
             await asyncio.sleep(min(backoff, remaining))
             backoff = min(backoff * 2, 0.5)
+
+    def _unanswered(self, method: str, error: FS3Error) -> None:
+        now = time.monotonic()
+        self._unreachable_calls += 1
+        if self._unreachable_since is None:
+            self._unreachable_since = self._unreachable_logged = now
+            log.warning(
+                "mgmtd unreachable (said again every %.0f s while it lasts) addresses=%s call=%s error=%s",
+                UNREACHABLE_REMINDER_S,
+                ",".join(self.addresses),
+                method,
+                error,
+            )
+        elif now - self._unreachable_logged >= UNREACHABLE_REMINDER_S:
+            self._unreachable_logged = now
+            log.warning(
+                "mgmtd still unreachable for %.0f s failed_calls=%d error=%s",
+                now - self._unreachable_since,
+                self._unreachable_calls,
+                error,
+            )
+
+    def _answered(self) -> None:
+        if self._unreachable_since is not None:
+            log.info(
+                "mgmtd answers again after %.1f s failed_calls=%d address=%s",
+                time.monotonic() - self._unreachable_since,
+                self._unreachable_calls,
+                self.primary,
+            )
+            self._unreachable_since = None
+            self._unreachable_calls = 0
 
     # ---- any mgmtd -----------------------------------------------------------------------------
 
@@ -507,7 +563,9 @@ class NodeAgent:
         if not isinstance(e, FS3Error):
             log.exception("heartbeat failed node_id=%d", self.node_id)
             return
-        if self.last_error is None or self.last_error.code != e.code:
+        if isinstance(e, MgmtdUnreachable):
+            log.debug("heartbeat failed node_id=%d error=%s", self.node_id, e)
+        elif self.last_error is None or self.last_error.code != e.code:
             log.warning("heartbeat failed node_id=%d error=%s", self.node_id, e)
         self.last_error = e
 
@@ -606,7 +664,9 @@ class ClientSessionKeeper:
             self._loop.interval_s = min(self.max_interval_s, timeout / 3)
 
     def _failed(self, e: Exception) -> None:
-        if isinstance(e, FS3Error):
+        if isinstance(e, MgmtdUnreachable):
+            log.debug("client session extension failed client_id=%s error=%s", self.session.client_id, e)
+        elif isinstance(e, FS3Error):
             log.warning("client session extension failed client_id=%s error=%s", self.session.client_id, e)
         else:
             log.exception("client session extension failed client_id=%s", self.session.client_id)

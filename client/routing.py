@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fs3.background import Periodic
-from fs3.client.mgmtd_client import MgmtdClient
+from fs3.client.mgmtd_client import MgmtdClient, MgmtdUnreachable
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, mgmtd_pb2
 
@@ -258,7 +258,9 @@ class RoutingCache:
         return self.routing
 
     def _refresh_failed(self, e: Exception) -> None:
-        if isinstance(e, FS3Error):
+        if isinstance(e, MgmtdUnreachable):
+            log.debug("routing refresh failed error=%s", e)  # the mgmtd client says so
+        elif isinstance(e, FS3Error):
             log.warning("routing refresh failed error=%s", e)
         else:
             log.exception("routing refresh failed")

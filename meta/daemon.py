@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from fs3 import metrics
 from fs3.capability import CapabilityIssuer
 from fs3.client.meta_client import DEV_SECRET
-from fs3.client.mgmtd_client import MgmtdClient, NodeAgent
+from fs3.client.mgmtd_client import MgmtdClient, MgmtdUnreachable, NodeAgent
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import StorageClient
 from fs3.config import MetaConfig
@@ -96,7 +96,9 @@ class MetaDaemon:
         try:
             reply = await self.mgmtd.client_sessions()
         except FS3Error as e:
-            log.warning("cannot list client sessions, no session expires this round error=%s", e)
+            # an outage of mgmtd is the mgmtd client's to log
+            level = logging.DEBUG if isinstance(e, MgmtdUnreachable) else logging.WARNING
+            log.log(level, "cannot list client sessions, no session expires this round error=%s", e)
             return None
         if reply.partial:
             if not self._sessions_partial_logged:

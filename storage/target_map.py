@@ -301,6 +301,8 @@ class Lease:
         self._routing_version = 0
         # (routing version the reply carried, send time, heartbeat timeout), versions ascending
         self._held: list[tuple[int, float, float]] = []
+        # when a request first found the lease run out (logged then, and again once renewed)
+        self._lapsed_at: float | None = None
 
     def sending(self) -> None:
         self._sent = time.monotonic()
@@ -330,8 +332,27 @@ class Lease:
         self._confirmed = max(self._confirmed, sent)
         if timeout_s > 0:
             self.timeout_s = timeout_s
+        lapsed_at = self._lapsed_at
+        if lapsed_at is not None and self._valid():
+            self._lapsed_at = None
+            log.info(
+                "lease from mgmtd renewed: targets serve again after %.1f s", time.monotonic() - lapsed_at
+            )
 
-    def ok(self) -> bool:
+    def _valid(self) -> bool:
         if self.timeout_s <= 0:
             return self._confirmed > 0
         return time.monotonic() < self._confirmed + self.timeout_s * self.margin
+
+    def ok(self) -> bool:
+        if self._valid():
+            return True
+        if self._lapsed_at is None and self._confirmed > 0:
+            self._lapsed_at = now = time.monotonic()
+            log.warning(
+                "lease from mgmtd ran out: this node's targets refuse reads and writes until mgmtd "
+                "accepts a heartbeat (last accepted one sent %.1f s ago, heartbeat timeout %.1f s)",
+                now - self._confirmed,
+                self.timeout_s,
+            )
+        return False

@@ -136,7 +136,7 @@ class MgmtdServer:
             await self._server.stop(grace_s)
         if self.election is not None:
             await self.election.release()
-        self._set_role(None)
+        self._set_role(None, stopping=True)
         if self._metrics_server is not None:
             self._metrics_server.close()
         log.info("mgmtd stopped node_id=%d", self.cfg.node_id)
@@ -171,9 +171,14 @@ class MgmtdServer:
         at the role, so that a change in between is not missed."""
         return self._role_event
 
-    def _set_role(self, cluster: Cluster | None) -> None:
+    def _set_role(self, cluster: Cluster | None, *, stopping: bool = False) -> None:
         if self.cluster is not None and cluster is None:
-            log.warning("stepping down to standby node_id=%d", self.cfg.node_id)
+            # a lost lease is worth a warning; a stop asked for is not
+            log.log(
+                logging.INFO if stopping else logging.WARNING,
+                "stepping down to standby node_id=%d",
+                self.cfg.node_id,
+            )
         self.cluster = cluster
         self.admin = Admin(cluster) if cluster is not None else None
         if self._metrics is not None:

@@ -809,3 +809,73 @@ async def test_the_cluster_secret_never_crosses_the_wire() -> None:
     finally:
         await client.close()
         await server.stop(None)
+
+
+async def test_an_outage_of_mgmtd_is_logged_once_then_its_end(
+    inproc: InProcess, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While no mgmtd answers, a client says so once (and again every UNREACHABLE_REMINDER_S), its
+    callers' failures are DEBUG lines, and the first answer after is logged with the outage's
+    length; heartbeats and routing refreshes failing meanwhile add no warning of their own."""
+    from fs3.client import mgmtd_client
+
+    server = await inproc.start(1)
+    await inproc.primary()
+    port = server.address.rsplit(":", 1)[1]
+    client = inproc.client(timeout_s=0.3)
+    client.rpc_timeout_s = 0.1
+    routing = RoutingCache(client, refresh_interval_s=3600)
+    await client.get_routing_info()
+    await server.stop(grace_s=0)
+    inproc.servers.remove(server)
+
+    caplog.set_level(logging.DEBUG, logger="fs3.client")
+    for _ in range(3):
+        with pytest.raises(mgmtd_client.MgmtdUnreachable) as e:
+            await client.get_routing_info()
+        assert e.value.code == StatusCode.UNAVAILABLE
+    try:
+        await routing.refresh()
+    except FS3Error as err:
+        routing._refresh_failed(err)  # what its refresh loop does with a failure
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("fs3.client")
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("mgmtd unreachable"), warnings
+
+    monkeypatch.setattr(mgmtd_client, "UNREACHABLE_REMINDER_S", 0.0)
+    with pytest.raises(mgmtd_client.MgmtdUnreachable):
+        await client.get_routing_info()
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("fs3.client")
+    ]
+    assert len(warnings) == 2 and "still unreachable" in warnings[1] and "failed_calls=5" in warnings[1], (
+        warnings
+    )
+
+    monkeypatch.setattr(mgmtd_client, "UNREACHABLE_REMINDER_S", 60.0)
+    caplog.clear()
+    await inproc.start(1, port=int(port))
+    await inproc.primary()
+    await wait_until_answered(client)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(m.startswith("mgmtd answers again after") for m in infos), infos
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("fs3.client")]
+    # once over, a new outage is a new first line
+    assert client._unreachable_since is None
+
+
+async def wait_until_answered(client: MgmtdClient) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await client.get_routing_info()
+            return
+        except FS3Error:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)

@@ -3,6 +3,7 @@ failed, promotion when the last server comes back, and the checks each kind of r
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,22 @@ def test_a_starting_daemon_without_routing_asks_callers_to_retry():
     with pytest.raises(FS3Error) as err:
         tm.chain(7)  # with routing, a chain it lacks is unknown
     assert err.value.code is StatusCode.MGMTD_UNKNOWN_CHAIN
+
+
+def test_a_lapsed_lease_is_logged_once_and_so_is_its_renewal(caplog: pytest.LogCaptureFixture) -> None:
+    """mgmtd away past the lease: the first request refused says why (once, not per request), and
+    the heartbeat that renews it says so."""
+    caplog.set_level(logging.INFO, logger="fs3.storage.target_map")
+    lease = Lease()
+    lease.routing_applied(1)
+    lease.sending()
+    lease.confirmed(1e-9, 1)
+    assert not any((lease.ok(), lease.ok(), lease.ok()))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("lease from mgmtd ran out"), lines
+    lease.sending()
+    lease.confirmed(60.0, 1)
+    assert lease.ok()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and lines[1].startswith("lease from mgmtd renewed"), lines
+    assert lease.ok() and len(caplog.records) == 2
