@@ -110,7 +110,10 @@ class MgmtdClient:
         cluster_secret: bytes | str | None = None,
         timeout_s: float = 10.0,
         rpc_timeout_s: float = 3.0,
+        log_outages: bool = True,
     ) -> None:
+        """``log_outages=False``: an outage is logged at DEBUG only (a command-line tool reports
+        the error it gets itself)."""
         if not addresses:
             raise ValueError("at least one mgmtd address is needed")
         self.addresses = list(dict.fromkeys(addresses))
@@ -131,6 +134,7 @@ class MgmtdClient:
         self._unreachable_since: float | None = None
         self._unreachable_calls = 0
         self._unreachable_logged = 0.0
+        self._outage_level = logging.WARNING if log_outages else logging.DEBUG
 
     async def close(self) -> None:
         channels, self._channels, self._stubs = self._channels, {}, {}
@@ -217,7 +221,8 @@ class MgmtdClient:
         self._unreachable_calls += 1
         if self._unreachable_since is None:
             self._unreachable_since = self._unreachable_logged = now
-            log.warning(
+            log.log(
+                self._outage_level,
                 "mgmtd unreachable (said again every %.0f s while it lasts) addresses=%s call=%s error=%s",
                 UNREACHABLE_REMINDER_S,
                 ",".join(self.addresses),
@@ -226,7 +231,8 @@ class MgmtdClient:
             )
         elif now - self._unreachable_logged >= UNREACHABLE_REMINDER_S:
             self._unreachable_logged = now
-            log.warning(
+            log.log(
+                self._outage_level,
                 "mgmtd still unreachable for %.0f s failed_calls=%d error=%s",
                 now - self._unreachable_since,
                 self._unreachable_calls,
@@ -235,7 +241,8 @@ class MgmtdClient:
 
     def _answered(self) -> None:
         if self._unreachable_since is not None:
-            log.info(
+            log.log(
+                min(logging.INFO, self._outage_level),
                 "mgmtd answers again after %.1f s failed_calls=%d address=%s",
                 time.monotonic() - self._unreachable_since,
                 self._unreachable_calls,

@@ -106,13 +106,15 @@ async def _initialize(lc: LocalCluster) -> None:
     st = lc.load()
     placement = _placement(st)
     secret = read_secret(str(lc.secret_file))
-    async with MgmtdClient([st.mgmtd_address], cluster_secret=secret, timeout_s=30.0) as boot:
+    async with MgmtdClient(
+        [st.mgmtd_address], cluster_secret=secret, timeout_s=30.0, log_outages=False
+    ) as boot:
         try:
             root_token = await boot.init_cluster("local")
         except FS3Error as e:
             raise LocalError(f"init-cluster on mgmtd {st.mgmtd_address} failed: {e}") from None
     write_private(lc.admin_token_file, root_token.encode() + b"\n")
-    async with MgmtdClient([st.mgmtd_address], token=root_token, timeout_s=30.0) as admin:
+    async with MgmtdClient([st.mgmtd_address], token=root_token, timeout_s=30.0, log_outages=False) as admin:
         for node_id in st.storage_node_ids:
             await admin.register_node(node_id, common_pb2.NODE_STORAGE)
         await admin.create_targets(
@@ -180,7 +182,9 @@ async def _wait_healthy(lc: LocalCluster, timeout_s: float) -> None:
     secret = read_secret(str(lc.secret_file))
     deadline = time.monotonic() + timeout_s
     problem = "no answer from mgmtd"
-    async with MgmtdClient([st.mgmtd_address], cluster_secret=secret, timeout_s=5.0) as client:
+    async with MgmtdClient(
+        [st.mgmtd_address], cluster_secret=secret, timeout_s=5.0, log_outages=False
+    ) as client:
         while time.monotonic() < deadline:
             try:
                 r = Routing((await client.get_routing_info(0)).info)
@@ -409,7 +413,9 @@ async def _routing_summary(lc: LocalCluster) -> dict[str, Any]:
 
     st = lc.load()
     secret = read_secret(str(lc.secret_file))
-    async with MgmtdClient([st.mgmtd_address], cluster_secret=secret, timeout_s=3.0) as client:
+    async with MgmtdClient(
+        [st.mgmtd_address], cluster_secret=secret, timeout_s=3.0, log_outages=False
+    ) as client:
         r = Routing((await client.get_routing_info(0)).info)
     return {
         "routing_version": r.version,

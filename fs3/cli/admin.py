@@ -119,6 +119,7 @@ class Connection:
                 token=None if with_secret else self.token,
                 cluster_secret=self.secret if use_secret else None,
                 timeout_s=self.timeout_s,
+                log_outages=False,  # the command reports the error itself
             )
         return self._mgmtd_client
 
