@@ -322,6 +322,10 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
     return Result(rows, ["chunk", "chain_id", "status", "replicas"], message=summary, status=status)
 
 
+#: client ids gc-list shows per entry, of those holding its file open
+_GC_SESSIONS_SHOWN = 3
+
+
 def _gc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-path", help="the lmdb store of meta (default: the local cluster's)")
     p.add_argument("--engine", default="lmdb", choices=("lmdb", "fdb"), help="store engine (default lmdb)")
@@ -345,27 +349,45 @@ async def gc_list(conn: Connection, args: argparse.Namespace) -> Result:
     try:
 
         async def scan(tr):  # type: ignore[no-untyped-def]
-            return [
-                tuple(kv)
-                for kv in await tr.snapshot.get_range(schema.GCQU, prefix_end(schema.GCQU), args.limit)
-            ]
+            """Each entry, with its inode (None once gone) and the client ids of its sessions."""
+            rv = tr.snapshot
+            out = []
+            for _key, value in await rv.get_range(schema.GCQU, prefix_end(schema.GCQU), args.limit):
+                e = meta_pb2.GcEntry.FromString(value)
+                raw = await rv.get(schema.inode_key(e.inode_id))
+                sprefix = schema.session_prefix(e.inode_id)
+                sessions = await rv.get_range(sprefix, prefix_end(sprefix), _GC_SESSIONS_SHOWN + 1)
+                clients = [meta_pb2.FileSession.FromString(v).client_id for _k, v in sessions]
+                out.append((e, meta_pb2.Inode.FromString(raw) if raw is not None else None, clients))
+            return out
 
-        rows_raw = await db.run(scan, read_only=True)
+        entries = await db.run(scan, read_only=True)
     finally:
         await db.close()
     now = time.time_ns()
     rows = []
-    for _key, value in rows_raw:
-        e = meta_pb2.GcEntry.FromString(value)
+    for e, ino, clients in entries:
+        if clients:
+            state = "open"  # the collector waits for the last close
+        elif ino is None:
+            state = "removed"  # its chunks and inode are gone; the entry goes next
+        elif ino.collecting:
+            state = "removing"  # claimed: its chunks are being removed
+        else:
+            state = "waiting"  # for gc_grace_s after the unlink, then the collector's next round
+        shown = ",".join(str(c) for c in clients[:_GC_SESSIONS_SHOWN])
         rows.append(
             {
                 "inode": e.inode_id,
                 "type": TYPE_NAMES.get(e.type, str(e.type)),
                 "queued": _ts(e.queued_ns) if e.queued_ns else "",
                 "waiting_s": round((now - e.queued_ns) / 1e9, 1) if e.queued_ns else "",
+                "state": state,
+                # the clients holding it open (their sessions), the first few
+                "open_by": shown + (",..." if len(clients) > _GC_SESSIONS_SHOWN else ""),
                 # collected; its chunks are removed once more then (a write capability of it lapsed)
                 "second_pass": _ts(e.sweep_after_ns) if e.sweep_after_ns else "",
             }
         )
-    columns = ["inode", "type", "queued", "waiting_s", "second_pass"]
+    columns = ["inode", "type", "queued", "waiting_s", "state", "open_by", "second_pass"]
     return Result(rows, columns, message="" if rows else "GC queue is empty")

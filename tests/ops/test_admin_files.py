@@ -61,7 +61,9 @@ def test_gc_list_shows_a_file_unlinked_while_open(small_cluster: Path) -> None:
             inode = f.inode_id
             await fs.unlink("/doomed.bin")
             queued = await asyncio.to_thread(admin_json, small_cluster, "gc-list")
-            assert inode in [e["inode"] for e in queued], queued
+            (entry,) = [e for e in queued if e["inode"] == inode]
+            # held open by this client: the collector waits for the close
+            assert entry["state"] == "open" and entry["open_by"] == str(fs.meta.client_id), entry
             await f.close()
             return inode
 
