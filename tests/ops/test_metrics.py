@@ -129,3 +129,35 @@ def test_dashboard_queries_name_exported_metrics(small_cluster: Path) -> None:
     }
     missing = {n for n in wanted if n.removesuffix("_total") not in exported and n not in exported}
     assert not missing, f"dashboard queries metrics no daemon exports: {sorted(missing)}"
+
+
+def test_meta_read_session_metrics(small_cluster: Path) -> None:
+    """A read-only open's session, written just after its answer, counts in meta's metrics (a
+    real meta daemon: the queue's writer runs on its uvloop)."""
+    import asyncio
+
+    from fs3.client import FileSystem
+
+    async def read_twice() -> None:
+        fs = await FileSystem.connect(small_cluster / "config" / "client.toml")
+        async with fs:
+            async with await fs.open("/read-session.bin", "w") as f:
+                await f.write(b"x" * 100)
+            for _ in range(2):
+                async with await fs.open("/read-session.bin", "r") as f:
+                    assert await f.read(1000) == b"x" * 100
+
+    before = scrape(small_cluster, "meta")
+    asyncio.run(read_twice())
+    after = scrape(small_cluster, "meta")
+
+    def value(m: dict, name: str) -> float:
+        return m[name][0].value if name in m else 0.0
+
+    # two sessions ended: each either written and cleared, or cleared while still queued
+    assert (
+        value(after, "fs3_meta_read_sessions_cleared") - value(before, "fs3_meta_read_sessions_cleared") == 2
+    )
+    assert value(after, "fs3_meta_read_sessions_batches") > value(before, "fs3_meta_read_sessions_batches")
+    assert value(after, "fs3_meta_read_sessions_lost") == value(after, "fs3_meta_read_sessions_dropped") == 0
+    assert value(after, "fs3_meta_read_sessions_queued") >= 0
