@@ -128,12 +128,17 @@ class SessionOps(Namespace):
             except _WriteNow:
                 queue = None
             else:
-                if queued and rsp.session_id == session_id:
-                    # not for a caller that gave up meanwhile (it may have retried elsewhere and
-                    # closed that session already): nobody would close this one
-                    _time_left("its session was queued")
+                if not queued or rsp.session_id != session_id:
+                    return rsp.inode, rsp.session_id  # no session, or a retry's first answer
+                # not for a caller that gave up meanwhile (it may have retried elsewhere and
+                # closed that session already): nobody would close this one
+                _time_left("its session was queued")
+                if self._queue_read_sessions() is queue:
                     queue.open(inode_id, session_id, queued[0])
-                return rsp.inode, rsp.session_id
+                    return rsp.inode, rsp.session_id
+                # The queue stopped or failed, or the grace was shortened, since this open began:
+                # its session goes in its own transaction below, as before.
+                queue = None
         rsp = await self._trimming_first(trims, lambda: self._mutate(idem, meta_pb2.OpenRsp, trims.txn(fn)))
         return rsp.inode, rsp.session_id
 
@@ -214,6 +219,8 @@ class SessionOps(Namespace):
         known_now, raw_now = queue.lookup(skey)
         if known_now and raw_now is None:
             return None  # ended by another close meanwhile
+        if self._queue_read_sessions() is not queue:
+            return None  # the queue stopped or failed meanwhile: closed in a transaction
         queue.close(inode_id, session_id)
         return ino
 

@@ -158,6 +158,24 @@ async def test_a_short_grace_writes_read_sessions_at_once(queued: MetaStore, fak
     assert await _stored_sessions(s, r.inode.id) == []
 
 
+async def test_an_open_that_finds_the_queue_closed_when_done_writes_its_session(
+    queued: MetaStore, fake: FakeChunks
+) -> None:
+    """The grace shortened by a pushed config (or the queue stopped, or failing) while a read-only
+    open was being answered: its session goes in its own transaction before the answer, and a
+    close meanwhile in one too."""
+    s = queued
+    r = await s.create(ROOT, ROOT_ID, b"f", 0o644)
+    graces = iter([MIN_GRACE_S, MIN_GRACE_S / 2])
+    s.grace_s = lambda: next(graces, MIN_GRACE_S / 2)
+    _, sid = await s.open(ROOT, r.inode.id, 0, client_id=7, idem=(7, 99))
+    assert len(await _stored_sessions(s, r.inode.id)) == 1
+    graces = iter([MIN_GRACE_S, MIN_GRACE_S / 2])
+    await s.close(r.inode.id, sid)
+    assert await _stored_sessions(s, r.inode.id) == []
+    assert s.read_sessions is not None and s.read_sessions.queued == 0
+
+
 async def test_a_clean_stop_writes_the_queue(tmp_path: Path) -> None:
     path = str(tmp_path / "kv")
     db = await open_database("lmdb", path=path, map_size=1 << 26)
