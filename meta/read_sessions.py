@@ -209,13 +209,13 @@ class ReadSessions:
                 self._writing_since = None
                 self._wake()
         finally:
-            self._writing = {}
-            self._writing_since = None
+            # cancelled with changes left (the batch in flight among them): nothing will write them
+            left = len(self._queued) + len(self._writing)
+            if left:
+                log.error("read sessions not written count=%d", left)
+                self.lost += left
+            self._queued, self._writing, self._writing_since = {}, {}, None
             self._task = None
-            if self._queued:  # cancelled with changes left: nothing will write them
-                log.error("read sessions not written count=%d", len(self._queued))
-                self.lost += len(self._queued)
-            self._queued = {}
             self._wake()
 
     async def _write(self, tr: Transaction) -> tuple[int, int, int]:
