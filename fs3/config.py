@@ -192,6 +192,14 @@ class MgmtdConfig:
     client_session_timeout_s: float = opt(
         300.0, doc="client sessions not extended for this long expire", check=_seconds
     )
+    stop_fence_s: float = opt(
+        60.0,
+        doc="on a clean stop the primary promises that no node is failed for this long, and "
+        "extends the storage nodes' leases to match, so that a restart or a short maintenance "
+        "of the only mgmtd pauses no I/O; a storage node that dies meanwhile stays in its chains "
+        "(writes to them wait) until the fence and then heartbeat_timeout_s have passed (0 = off)",
+        check=_seconds_or_zero,
+    )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)
 

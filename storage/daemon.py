@@ -303,7 +303,10 @@ class StorageDaemon:
         reply = self.agent.last_reply
         # held until this daemon has applied that routing version (see Lease): mgmtd may have
         # taken its targets out of their chains while it was cut off
-        self.lease.confirmed(reply.heartbeat_timeout_s if reply is not None else 0.0, routing_version)
+        if reply is None:
+            self.lease.confirmed(0.0, routing_version)
+        else:
+            self.lease.confirmed(reply.heartbeat_timeout_s, routing_version, reply.fence_s)
         if routing_version > self.routing.version:
             self.routing.refresh_soon()
 

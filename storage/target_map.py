@@ -288,6 +288,11 @@ class Lease:
     routing version than the node has applied (:meth:`routing_applied`) is therefore held, and
     counts from the moment the node has applied that version: one routing poll later in steady
     state, where routing versions move on many events.
+
+    A primary stopping cleanly answers with a fence (``fence_s``, see ``fs3.mgmtd.cluster``): no
+    node is failed for that many seconds, by it or the next primary. The lease then lasts until the
+    fence's end less the margin a heartbeat timeout has (``timeout_s * (1 - margin)``), whether or
+    not a mgmtd answers meanwhile; it is held for a newer routing as a plain confirmation is.
     """
 
     #: confirmations held for a newer routing; beyond this many the oldest are let go
@@ -299,39 +304,52 @@ class Lease:
         self._sent = 0.0
         self._confirmed = 0.0
         self._routing_version = 0
-        # (routing version the reply carried, send time, heartbeat timeout), versions ascending
-        self._held: list[tuple[int, float, float]] = []
+        # (routing version the reply carried, send time, heartbeat timeout, fence end), versions
+        # ascending
+        self._held: list[tuple[int, float, float, float]] = []
+        # monotonic end of a stop fence's extension (0: none)
+        self._fence_until = 0.0
         # when a request first found the lease run out (logged then, and again once renewed)
         self._lapsed_at: float | None = None
 
     def sending(self) -> None:
         self._sent = time.monotonic()
 
-    def confirmed(self, timeout_s: float, routing_version: int = 0) -> None:
-        """mgmtd accepted the heartbeat sent last; its reply said ``timeout_s`` and
-        ``routing_version``."""
+    def confirmed(self, timeout_s: float, routing_version: int = 0, fence_s: float = 0.0) -> None:
+        """mgmtd accepted the heartbeat sent last; its reply said ``timeout_s``,
+        ``routing_version`` and ``fence_s``."""
+        sent = self._sent
+        fence_end = sent + fence_s - timeout_s * (1 - self.margin) if fence_s > 0 else 0.0
         if routing_version <= self._routing_version:
-            self._confirm(self._sent, timeout_s)
+            self._confirm(sent, timeout_s, fence_end)
             return
         if self._held and self._held[-1][0] >= routing_version:
             # replies of one mgmtd carry ascending versions; a failover may not, so keep the larger
-            version = self._held[-1][0]
-            self._held[-1] = (version, self._sent, timeout_s)
+            version, _, _, held_fence = self._held[-1]
+            self._held[-1] = (version, sent, timeout_s, max(held_fence, fence_end))
         else:
-            self._held.append((routing_version, self._sent, timeout_s))
+            self._held.append((routing_version, sent, timeout_s, fence_end))
             del self._held[: -self.MAX_HELD]
 
     def routing_applied(self, version: int) -> None:
         """The node now acts on routing ``version``: confirmations held for it count."""
         self._routing_version = version
         while self._held and self._held[0][0] <= version:
-            _, sent, timeout_s = self._held.pop(0)
-            self._confirm(sent, timeout_s)
+            _, sent, timeout_s, fence_end = self._held.pop(0)
+            self._confirm(sent, timeout_s, fence_end)
 
-    def _confirm(self, sent: float, timeout_s: float) -> None:
+    def _confirm(self, sent: float, timeout_s: float, fence_end: float = 0.0) -> None:
         self._confirmed = max(self._confirmed, sent)
         if timeout_s > 0:
             self.timeout_s = timeout_s
+        if fence_end > self._fence_until:
+            now = time.monotonic()
+            if self._fence_until <= now:
+                log.info(
+                    "mgmtd is stopping: this node's targets serve on without it for %.1f s (its stop fence)",
+                    fence_end - now,
+                )
+            self._fence_until = fence_end
         lapsed_at = self._lapsed_at
         if lapsed_at is not None and self._valid():
             self._lapsed_at = None
@@ -340,9 +358,12 @@ class Lease:
             )
 
     def _valid(self) -> bool:
+        now = time.monotonic()
+        if now < self._fence_until:
+            return True
         if self.timeout_s <= 0:
             return self._confirmed > 0
-        return time.monotonic() < self._confirmed + self.timeout_s * self.margin
+        return now < self._confirmed + self.timeout_s * self.margin
 
     def ok(self) -> bool:
         if self._valid():

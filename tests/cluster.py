@@ -30,6 +30,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -59,6 +60,9 @@ MGMTD_TIMING = {
     "heartbeat_timeout_s": 2.0,
     "chain_update_interval_s": 0.05,
     "client_session_timeout_s": 5.0,
+    # tests that stop mgmtd expect failures noticed within the timeout as before; those of the
+    # stop fence itself set it (tests/mgmtd/test_stop_fence.py)
+    "stop_fence_s": 0.0,
 }
 STORAGE_TIMING = {
     "heartbeat_interval_s": 0.25,
@@ -380,6 +384,24 @@ class Cluster:
         )
         port = await self._read_port(port_file, self.mgmtd_proc)
         self.mgmtd_address = f"127.0.0.1:{port}"
+
+    async def restart_mgmtd(self) -> None:
+        """Start mgmtd again (after it stopped or was killed) on its old port, which clients and
+        daemons know it by."""
+        assert self.mgmtd_proc is not None
+        port = int(self.mgmtd_address.rsplit(":", 1)[1])
+        cfg = self.tmp / "mgmtd.toml"
+        cfg.write_text(re.sub(r"^listen_port = \d+$", f"listen_port = {port}", cfg.read_text(), flags=re.M))
+        port_file = self.tmp / "mgmtd.port"
+        port_file.unlink(missing_ok=True)
+        for _ in range(20):  # the old port may not be free again at once
+            self._launch(self.mgmtd_proc)
+            try:
+                await self._read_port(port_file, self.mgmtd_proc, 30)
+                return
+            except RuntimeError:
+                await asyncio.sleep(1)
+        raise AssertionError(f"mgmtd could not be restarted on its port {port}\n{self.mgmtd_proc.log()}")
 
     def storage_config(self, node: StorageNode) -> Path:
         for p in node.targets.values():

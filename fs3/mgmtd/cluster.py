@@ -17,6 +17,15 @@ sessions); a gap between two such moments means its event loop stalled, the proc
 the lease was not trusted for a while (everything was refused). Nobody could have reached it
 meanwhile, so every node gets a fresh heartbeat timeout from the end of the gap, and the client
 session list counts as partial again.
+
+The stop fence: a primary stopping cleanly (:meth:`Cluster.begin_fence`) stores a wall time T and
+answers heartbeats with the seconds left until T, which the storage daemons add to their leases
+(``storage.target_map.Lease``): they serve until T even if no mgmtd answers meanwhile. So no node
+may be failed before T, by this primary or any later one: :meth:`Cluster.load` reads T, and silence
+counts only from T on (:attr:`Cluster.fence_until`), targets unheard of stay unjudged until a
+heartbeat timeout after it (bootstrapping), and nodes not heard from yet may still serve meanwhile
+(:meth:`Cluster.may_serve`). The price: a node that dies during the fence stays in its chains until
+a heartbeat timeout after T.
 """
 
 from __future__ import annotations
@@ -92,6 +101,7 @@ class Records:
     configs: dict[int, mgmtd_pb2.ConfigInfo] = field(default_factory=dict)  # newest per node type
     routing_version: int = 0
     initialized: bool = False
+    fence_at: float = 0.0  # wall time before which no node is failed (a clean stop's promise)
 
 
 def serialized(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -168,6 +178,7 @@ async def load_records(tr: Transaction) -> Records:
         r.configs.setdefault(c.node_type, c)
     r.routing_version = schema.decode_u64(await tr.get(schema.ROUTING_VERSION_KEY))
     r.initialized = await tr.get(schema.CLUSTER_KEY) is not None
+    r.fence_at = schema.decode_f64(await tr.get(schema.FENCE_KEY))
     return r
 
 
@@ -203,6 +214,13 @@ class Cluster:
         # sessions_complete_at clients alive before this primary listened may not have extended yet.
         self.listening_since = 0.0
         self.sessions_complete_at = 0.0
+        # Monotonic: no node is failed for silence before this (a stop fence, see the module
+        # docstring); while ``fencing``, heartbeat replies carry it, and ``fence_told`` collects
+        # the nodes answered so.
+        self.fence_until = 0.0
+        self.fencing = False
+        self.fence_told: set[int] = set()
+        self.fence_heard = asyncio.Event()  # set when a node is told
         self._last_listening: float | None = None
         self.lock = asyncio.Lock()  # held by every operation that writes (see serialized)
         self._snapshot: mgmtd_pb2.RoutingInfo | None = None
@@ -227,6 +245,14 @@ class Cluster:
 
         self.rec = await self._run(txn)
         now = self._mono()
+        fence_left = self.rec.fence_at - self.wall()
+        if fence_left > 0:
+            self.fence_until = now + fence_left
+            log.info(
+                "honouring the stop fence of the previous primary: no node is failed for %.1f s, "
+                "as storage nodes may serve on their extended leases until then",
+                fence_left,
+            )
         # Give every node one heartbeat timeout to reach the new primary before judging it.
         self.node_rt = {
             nid: NodeRuntime(
@@ -252,7 +278,7 @@ class Cluster:
                     LocalState.UPTODATE if tid in draining else LocalState.OFFLINE
                 )
         self.reindex()
-        self.bootstrapping_until = now + self.timing.heartbeat_timeout_s
+        self.bootstrapping_until = max(now, self.fence_until) + self.timing.heartbeat_timeout_s
         self.listening_since = now
         self.sessions_complete_at = now + self.timing.client_session_timeout_s
         self._last_listening = now
@@ -574,6 +600,11 @@ class Cluster:
             routing_version=self.rec.routing_version + (1 if self._routing_writes else 0),
             heartbeat_timeout_s=self.timing.heartbeat_timeout_s,
         )
+        if self.fencing:
+            reply.fence_s = max(0.0, self.fence_until - now)
+            if node.type == common_pb2.NODE_STORAGE:
+                self.fence_told.add(req.node_id)
+                self.fence_heard.set()
         cfg = self.rec.configs.get(node.type)
         if cfg is not None and cfg.version > req.config_version:
             reply.config.CopyFrom(cfg)
@@ -721,13 +752,9 @@ class Cluster:
         self._note_listening(now)
         for nid, rt in self.node_rt.items():
             if rt.status in (mgmtd_pb2.NODE_STATUS_ACTIVE, mgmtd_pb2.NODE_STATUS_REGISTERED):
-                if now - max(rt.last_heartbeat, self.listening_since) > self.timing.heartbeat_timeout_s:
-                    targets = self.node_targets.get(nid, ())
-                    left = bool(targets) and all(
-                        (trt := self.target_rt.get(t)) is not None and trt.local_state == LocalState.OFFLINE
-                        for t in targets
-                    )
-                    # a storage daemon's clean stop takes its targets offline in a last heartbeat
+                quiet_since = max(rt.last_heartbeat, self.listening_since, self.fence_until)
+                if now - quiet_since > self.timing.heartbeat_timeout_s:
+                    left = self._left(nid)
                     log.log(
                         logging.INFO if left else logging.WARNING,
                         "node %s node_id=%d silent_s=%.1f",
@@ -747,6 +774,15 @@ class Cluster:
                 if trt.local_state is None:
                     trt.local_state = LocalState.OFFLINE
                     self._runtime_changed()
+
+    def _left(self, node_id: int) -> bool:
+        """Whether every target of the node is offline by its own report: a storage daemon's clean
+        stop says so in a last heartbeat."""
+        targets = self.node_targets.get(node_id, ())
+        return bool(targets) and all(
+            (trt := self.target_rt.get(t)) is not None and trt.local_state == LocalState.OFFLINE
+            for t in targets
+        )
 
     def expire_sessions(self) -> None:
         """Forget sessions not extended for a client session timeout, unless the list is partial:
@@ -869,6 +905,40 @@ class Cluster:
         self.detect_failures()
         self.expire_sessions()
         return await self.update_chains()
+
+    # ---- stop fence ----------------------------------------------------------------------------
+
+    @serialized
+    async def begin_fence(self, seconds: float) -> float:
+        """Promise that no node is failed for ``seconds`` from now (see the module docstring): store
+        the end, then answer heartbeats with it. Returns the wall time the fence ends (a longer
+        fence stored before is kept). Raises FS3Error when the store or the lease fails: then no
+        reply has promised anything."""
+        ends: list[float] = []
+
+        async def fn(tr: Transaction) -> None:
+            until = max(schema.decode_f64(await tr.get(schema.FENCE_KEY)), self.wall() + seconds)
+            tr.set(schema.FENCE_KEY, schema.encode_f64(until))
+            ends.append(until)
+
+        await self.write(fn, routing=False)
+        self.rec.fence_at = ends[-1]
+        self.fence_until = max(self.fence_until, self._mono() + (ends[-1] - self.wall()))
+        self.fencing = True
+        self.fence_told.clear()
+        return ends[-1]
+
+    def fence_waiting(self) -> list[int]:
+        """The storage nodes that may be serving and have not been answered with the fence yet."""
+        return sorted(
+            nid
+            for nid, node in self.rec.nodes.items()
+            if node.type == common_pb2.NODE_STORAGE
+            and nid not in self.fence_told
+            and (rt := self.node_rt.get(nid)) is not None
+            and rt.status == mgmtd_pb2.NODE_STATUS_ACTIVE
+            and not self._left(nid)
+        )
 
     # ---- client sessions -----------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ key                                        value
 ``SING`` + ``mgmtd-lease``                 MgmtdLease
 ``SING`` + ``mgmtd-routing-version``       u64 big-endian
 ``SING`` + ``mgmtd-cluster``               ClusterRecord (present once the cluster is initialized)
+``SING`` + ``mgmtd-fence``                 f64 big-endian: wall time before which no node is
+                                           failed (set by a primary's clean stop)
 =========================================  ===============================================
 """
 
@@ -35,6 +37,7 @@ SING = b"SING"
 LEASE_KEY = SING + b"mgmtd-lease"
 ROUTING_VERSION_KEY = SING + b"mgmtd-routing-version"
 CLUSTER_KEY = SING + b"mgmtd-cluster"
+FENCE_KEY = SING + b"mgmtd-fence"
 
 _U64_MAX = (1 << 64) - 1
 
@@ -77,6 +80,14 @@ def encode_u64(v: int) -> bytes:
 
 def decode_u64(b: bytes | None) -> int:
     return 0 if b is None else struct.unpack(">Q", b)[0]
+
+
+def encode_f64(v: float) -> bytes:
+    return struct.pack(">d", v)
+
+
+def decode_f64(b: bytes | None) -> float:
+    return 0.0 if b is None or len(b) != 8 else struct.unpack(">d", b)[0]
 
 
 def stored_node(node: mgmtd_pb2.NodeInfo) -> bytes:

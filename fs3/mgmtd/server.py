@@ -124,7 +124,10 @@ class MgmtdServer:
         log.info("mgmtd serving node_id=%d address=%s", self.cfg.node_id, self.address)
 
     async def stop(self, grace_s: float = 1.0) -> None:
-        """Stop serving; a primary gives up its lease so that a standby takes over at once."""
+        """Stop serving; a primary first sets the stop fence (``stop_fence_s``, see
+        :meth:`_fence`), then gives up its lease so that a standby takes over at once."""
+        if self.cfg.stop_fence_s > 0 and self.is_primary():
+            await self._fence(self.cfg.stop_fence_s)
         for t in [*self._tasks, *([self._updater] if self._updater else [])]:
             t.cancel()
         for t in [*self._tasks, *([self._updater] if self._updater else [])]:
@@ -140,6 +143,37 @@ class MgmtdServer:
         if self._metrics_server is not None:
             self._metrics_server.close()
         log.info("mgmtd stopped node_id=%d", self.cfg.node_id)
+
+    async def _fence(self, seconds: float) -> None:
+        """Promise that no node is failed for ``seconds`` (:meth:`Cluster.begin_fence`), then keep
+        answering heartbeats until every storage node that may be serving has had that answer
+        (which extends its lease to the fence's end), for at most half a heartbeat timeout: a
+        node that heartbeats slower keeps the lease it has."""
+        cluster = self.cluster
+        assert cluster is not None
+        if not cluster.fence_waiting():
+            log.info("stop fence: none needed, no storage node serves (they stopped first)")
+            return
+        try:
+            ends = await cluster.begin_fence(seconds)
+        except FS3Error as e:
+            log.warning("could not set the stop fence (storage leases run out as usual) error=%s", e)
+            return
+        deadline = asyncio.get_running_loop().time() + self.cfg.heartbeat_timeout_s / 2
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while cluster.fence_waiting():
+                    cluster.fence_heard.clear()
+                    await cluster.fence_heard.wait()
+        waiting = cluster.fence_waiting()
+        log.info(
+            "stop fence: no node is failed before %s (%.0f s from now, by this or the next primary); "
+            "storage nodes told %d, not told %s",
+            time.strftime("%H:%M:%S", time.localtime(ends)),
+            ends - time.time(),
+            len(cluster.fence_told),
+            ",".join(map(str, waiting)) or "none",
+        )
 
     # ---- roles ---------------------------------------------------------------------------------
 

@@ -311,14 +311,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[int] = ..., type: _Optional[_Union[_common_pb2.NodeType, str]] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[TargetHeartbeat, _Mapping]]] = ..., config_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("routing_version", "config", "heartbeat_timeout_s")
+    __slots__ = ("routing_version", "config", "heartbeat_timeout_s", "fence_s")
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    FENCE_S_FIELD_NUMBER: _ClassVar[int]
     routing_version: int
     config: ConfigInfo
     heartbeat_timeout_s: float
-    def __init__(self, routing_version: _Optional[int] = ..., config: _Optional[_Union[ConfigInfo, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
+    fence_s: float
+    def __init__(self, routing_version: _Optional[int] = ..., config: _Optional[_Union[ConfigInfo, _Mapping]] = ..., heartbeat_timeout_s: _Optional[float] = ..., fence_s: _Optional[float] = ...) -> None: ...
 
 class GetRoutingInfoRequest(_message.Message):
     __slots__ = ("known_version",)

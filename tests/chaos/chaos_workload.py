@@ -32,7 +32,6 @@ import itertools
 import logging
 import os
 import random
-import re
 import signal
 import struct
 import time
@@ -436,26 +435,7 @@ class DaemonKiller:
             self.fc.start_meta(index)
             await c._read_port(c.tmp / f"meta-{index}.port", self.fc.meta_procs[index], 30)
         else:
-            await self._restart_mgmtd()
-
-    async def _restart_mgmtd(self) -> None:
-        """mgmtd must come back on its old port, which clients and daemons know it by."""
-        c = self.cluster
-        assert c.mgmtd_proc is not None
-        port = int(c.mgmtd_address.rsplit(":", 1)[1])
-        cfg = c.tmp / "mgmtd.toml"
-        cfg.write_text(re.sub(r"^listen_port = \d+$", f"listen_port = {port}", cfg.read_text(), flags=re.M))
-        port_file = c.tmp / "mgmtd.port"
-        port_file.unlink(missing_ok=True)
-        for _ in range(20):  # the old port may not be free again at once
-            c._launch(c.mgmtd_proc)
-            try:
-                await c._read_port(port_file, c.mgmtd_proc, 30)
-                return
-            except RuntimeError as e:
-                log.info("mgmtd restart failed, retrying error=%r", str(e)[-300:])
-                await asyncio.sleep(1)
-        raise AssertionError("mgmtd could not be restarted on its port")
+            await self.cluster.restart_mgmtd()
 
     async def run(self) -> None:
         for cycle in range(self.config.cycles):

@@ -30,6 +30,9 @@ FAST = {
     "heartbeat_timeout_s": 1.0,
     "chain_update_interval_s": 0.05,
     "client_session_timeout_s": 1.0,
+    # a stopped server's successor fails silent nodes within the timeout, as these tests expect
+    # (test_stop_fence.py sets it)
+    "stop_fence_s": 0.0,
 }
 
 

@@ -145,6 +145,55 @@ async def test_a_node_dead_during_the_stall_fails_one_timeout_after_it(env: Env)
     ]
 
 
+async def _next_primary(env: Env, mono: Clock) -> Env:
+    """The lease handed over to another mgmtd (another process: its own monotonic clock)."""
+    await env.cluster.election.release()
+    election = Election(env.cluster.db, 2, "127.0.0.1:2", 3600.0)
+    assert (await election.tick())[0]
+    timing = Timing(heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, client_session_timeout_s=SESSION_TIMEOUT_S)
+    nxt = Cluster(env.cluster.db, election, timing, monotonic=mono, wall=env.wall)
+    await nxt.load()
+    return Env(nxt, mono, env.wall)
+
+
+async def test_a_stop_fence_holds_off_failures_here_and_at_the_next_primary(env: Env) -> None:
+    """A primary stopping cleanly promises that no node is failed before the fence ends (the
+    storage nodes serve on their extended leases meanwhile): a node silent from then on is failed
+    neither by it nor by the next primary until the fence and a heartbeat timeout have passed."""
+    c = env.cluster
+    chain_before = env.chain()
+    assert await c.begin_fence(60.0) == env.wall.t + 60.0
+    assert c.fence_waiting() == [10, 11, 12]
+    reply = await env.beat(10, 11)
+    assert reply is not None and reply.fence_s == 60.0
+    assert c.fence_waiting() == [12]  # node 12 is not told: it died, or heartbeats slowly
+    await env.run(4 * HEARTBEAT_TIMEOUT_S, beating=(10, 11))
+    assert env.status()[12] == ACTIVE and env.chain() == chain_before
+    nxt = await _next_primary(env, Clock(5.0))
+    assert nxt.cluster.fence_until == 5.0 + 20.0
+    await nxt.run(20 + HEARTBEAT_TIMEOUT_S - 1, beating=(10, 11))
+    assert nxt.status()[12] != FAILED and nxt.chain() == chain_before
+    reply = await nxt.beat(10)
+    assert reply is not None and reply.fence_s == 0.0  # only a stopping primary sets one
+    await nxt.run(2, beating=(10, 11))
+    assert nxt.status() == {10: ACTIVE, 11: ACTIVE, 12: FAILED}
+    assert [(t.target_id, t.public_state) for t in nxt.chain().targets] == [
+        (110, common_pb2.SERVING),
+        (111, common_pb2.SERVING),
+        (112, common_pb2.OFFLINE),
+    ]
+
+
+async def test_a_stop_fence_that_has_ended_changes_nothing_at_the_next_primary(env: Env) -> None:
+    await env.cluster.begin_fence(5.0)
+    await env.beat(*NODES)
+    await env.run(6)
+    nxt = await _next_primary(env, Clock(5.0))
+    assert nxt.cluster.fence_until == 0.0
+    await nxt.run(HEARTBEAT_TIMEOUT_S + 1, beating=(10, 11))
+    assert nxt.status() == {10: ACTIVE, 11: ACTIVE, 12: FAILED}
+
+
 async def test_short_gaps_do_not_delay_failure_detection(env: Env) -> None:
     # rounds a little late (under half a timeout apart) still count silence from the last heartbeat
     await env.run(HEARTBEAT_TIMEOUT_S + 1, beating=(10, 11), step=0.4 * HEARTBEAT_TIMEOUT_S)

@@ -4,6 +4,7 @@ failed, promotion when the last server comes back, and the checks each kind of r
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,43 @@ def test_a_lapsed_lease_is_logged_once_and_so_is_its_renewal(caplog: pytest.LogC
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and lines[1].startswith("lease from mgmtd renewed"), lines
     assert lease.ok() and len(caplog.records) == 2
+
+
+def test_a_stop_fence_keeps_the_lease_past_the_heartbeat_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    """A reply of a primary stopping cleanly carries its fence: no node is failed before it ends,
+    so the node serves until then less the margin a heartbeat timeout has, whatever later replies
+    say."""
+    caplog.set_level(logging.INFO, logger="fs3.storage.target_map")
+    lease = Lease(margin=0.5)
+    lease.routing_applied(1)
+    lease.sending()
+    lease.confirmed(0.02, 1, fence_s=0.4)  # lasts 0.4 - 0.02 * 0.5 = 0.39 s, not 0.01 s
+    assert [r.getMessage() for r in caplog.records] == [
+        "mgmtd is stopping: this node's targets serve on without it for 0.4 s (its stop fence)"
+    ]
+    time.sleep(0.05)
+    assert lease.ok()
+    lease.sending()
+    lease.confirmed(0.02, 1)  # the next primary's reply: its own short lease does not cut the fence
+    time.sleep(0.05)
+    assert lease.ok()
+    time.sleep(0.35)
+    assert not lease.ok()
+    assert caplog.records[-1].getMessage().startswith("lease from mgmtd ran out")
+
+
+def test_a_stop_fence_in_a_reply_naming_newer_routing_waits_for_that_routing() -> None:
+    # mgmtd may have taken this node's targets out while it was cut off: the fence, like any
+    # confirmation, counts only once the node acts on the routing the reply names
+    lease = Lease()
+    lease.routing_applied(5)
+    lease.sending()
+    lease.confirmed(1e-9, 5)
+    assert not lease.ok()
+    lease.sending()
+    lease.confirmed(1e-9, 7, fence_s=60.0)
+    lease.sending()
+    lease.confirmed(1e-9, 7)  # a later reply naming the same routing keeps the fence held
+    assert not lease.ok()
+    lease.routing_applied(7)
+    assert lease.ok()
