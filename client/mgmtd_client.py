@@ -449,7 +449,7 @@ class NodeAgent:
     """Registers a service node with mgmtd and keeps it alive with heartbeats (meta and storage).
 
     ``targets`` (storage only) is called before each heartbeat and returns the report for every
-    target the daemon serves. :meth:`beat_soon` sends one at once, e.g. after a local state change.
+    target the daemon serves; ``routing_version`` (storage only), the routing version it acts on. :meth:`beat_soon` sends one at once, e.g. after a local state change.
     ``on_routing_version`` hears the routing version each reply carries (hand it to the routing
     cache so that it refreshes early); ``on_config`` hears a newer config for this node type.
     """
@@ -466,6 +466,7 @@ class NodeAgent:
         targets: Callable[[], Sequence[mgmtd_pb2.TargetHeartbeat]] | None = None,
         on_routing_version: Callable[[int], None] | None = None,
         on_config: Callable[[mgmtd_pb2.ConfigInfo], None] | None = None,
+        routing_version: Callable[[], int] | None = None,
     ) -> None:
         self.client = client
         self.node_id = node_id
@@ -473,6 +474,7 @@ class NodeAgent:
         self.endpoints = list(endpoints)
         self.hostname = hostname or socket.gethostname()
         self._targets = targets
+        self._routing_version = routing_version
         self._on_routing_version = on_routing_version
         self._on_config = on_config
         # (incarnation, sequence) must grow across restarts: start time in ns, then a counter
@@ -523,6 +525,7 @@ class NodeAgent:
             pid=os.getpid(),
             targets=list(self._targets()) if self._targets is not None else [],
             config_version=self.config_version,
+            routing_version=self._routing_version() if self._routing_version is not None else 0,
         )
         try:
             reply = await self.client.heartbeat(req)

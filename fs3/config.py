@@ -194,10 +194,11 @@ class MgmtdConfig:
     )
     stop_fence_s: float = opt(
         60.0,
-        doc="on a clean stop the primary promises that no node is failed for this long, and "
-        "extends the storage nodes' leases to match, so that a restart or a short maintenance "
-        "of the only mgmtd pauses no I/O; a storage node that dies meanwhile stays in its chains "
-        "(writes to them wait) until the fence and then heartbeat_timeout_s have passed (0 = off)",
+        doc="on a clean stop the primary extends the storage nodes' leases by this long and "
+        "promises that no node is failed before it and heartbeat_timeout_s have passed, so that a "
+        "restart or a short maintenance of the only mgmtd pauses no I/O; a storage node that dies "
+        "meanwhile stays in its chains (writes to them wait) until then, and the mgmtd hosts' "
+        "clocks must agree within 1.2 x heartbeat_timeout_s (0 = off)",
         check=_seconds_or_zero,
     )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)

@@ -207,6 +207,7 @@ class StorageDaemon:
             endpoints=endpoints,
             interval_s=cfg.heartbeat_interval_s,
             targets=self._heartbeat_reports,
+            routing_version=lambda: self.lease.routing_version,
             on_routing_version=self._heartbeat_ok,
             on_config=lambda info: apply_pushed_config(
                 "storage", self.cfg, self.file_cfg, info, self._hot_settings()

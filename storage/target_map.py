@@ -315,6 +315,11 @@ class Lease:
     def sending(self) -> None:
         self._sent = time.monotonic()
 
+    @property
+    def routing_version(self) -> int:
+        """The routing version the node acts on (as :meth:`routing_applied` last said)."""
+        return self._routing_version
+
     def confirmed(self, timeout_s: float, routing_version: int = 0, fence_s: float = 0.0) -> None:
         """mgmtd accepted the heartbeat sent last; its reply said ``timeout_s``,
         ``routing_version`` and ``fence_s``."""

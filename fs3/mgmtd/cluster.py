@@ -18,14 +18,18 @@ the lease was not trusted for a while (everything was refused). Nobody could hav
 meanwhile, so every node gets a fresh heartbeat timeout from the end of the gap, and the client
 session list counts as partial again.
 
-The stop fence: a primary stopping cleanly (:meth:`Cluster.begin_fence`) stores a wall time T and
-answers heartbeats with the seconds left until T, which the storage daemons add to their leases
-(``storage.target_map.Lease``): they serve until T even if no mgmtd answers meanwhile. So no node
-may be failed before T, by this primary or any later one: :meth:`Cluster.load` reads T, and silence
-counts only from T on (:attr:`Cluster.fence_until`), targets unheard of stay unjudged until a
-heartbeat timeout after it (bootstrapping), and nodes not heard from yet may still serve meanwhile
-(:meth:`Cluster.may_serve`). The price: a node that dies during the fence stays in its chains until
-a heartbeat timeout after T.
+The stop fence: a primary stopping cleanly (:meth:`Cluster.begin_fence`) stores a wall time T (and
+the fence's length) and answers heartbeats with the seconds left until T, which the storage daemons
+add to their leases (``storage.target_map.Lease``): they serve until T even if no mgmtd answers
+meanwhile. So no node may be taken out of a chain before T, by this primary or any later one:
+:meth:`Cluster.load` reads T (:attr:`Cluster.fence_until`, at most the fence's length from then:
+a clock far ahead cannot fence for longer), silence counts only from T on, targets unheard of stay
+unjudged until a heartbeat timeout after it (bootstrapping: their chains change not at all
+meanwhile; nodes not heard from count as serving, :meth:`Cluster.may_serve`, so that an admin's
+take-out drains them), and a drain ends no sooner than a heartbeat timeout after T. The price: a node
+that dies during the fence stays in its chains until a heartbeat timeout after T. Like the
+election, this needs the mgmtd hosts' clocks to agree: a next primary whose clock is ahead of the
+stopping one's by more than 1.2 heartbeat timeouts could fail a node still serving on its fence.
 """
 
 from __future__ import annotations
@@ -101,7 +105,9 @@ class Records:
     configs: dict[int, mgmtd_pb2.ConfigInfo] = field(default_factory=dict)  # newest per node type
     routing_version: int = 0
     initialized: bool = False
-    fence_at: float = 0.0  # wall time before which no node is failed (a clean stop's promise)
+    # wall time before which no node is failed (a clean stop's promise), and that fence's length
+    fence_at: float = 0.0
+    fence_s: float = 0.0
 
 
 def serialized(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -178,7 +184,7 @@ async def load_records(tr: Transaction) -> Records:
         r.configs.setdefault(c.node_type, c)
     r.routing_version = schema.decode_u64(await tr.get(schema.ROUTING_VERSION_KEY))
     r.initialized = await tr.get(schema.CLUSTER_KEY) is not None
-    r.fence_at = schema.decode_f64(await tr.get(schema.FENCE_KEY))
+    r.fence_at, r.fence_s = schema.decode_fence(await tr.get(schema.FENCE_KEY))
     return r
 
 
@@ -246,6 +252,15 @@ class Cluster:
         self.rec = await self._run(txn)
         now = self._mono()
         fence_left = self.rec.fence_at - self.wall()
+        if fence_left > self.rec.fence_s:  # it cannot have more left than it had when it was set
+            log.warning(
+                "the stored stop fence ends %.1f s from now by this host's clock, more than its "
+                "length %.1f s: the clocks of the mgmtd hosts disagree; honouring %.1f s",
+                fence_left,
+                self.rec.fence_s,
+                self.rec.fence_s,
+            )
+            fence_left = self.rec.fence_s
         if fence_left > 0:
             self.fence_until = now + fence_left
             log.info(
@@ -602,7 +617,8 @@ class Cluster:
         )
         if self.fencing:
             reply.fence_s = max(0.0, self.fence_until - now)
-            if node.type == common_pb2.NODE_STORAGE:
+            # told once it acts on the routing the reply names: the node holds the fence until then
+            if node.type == common_pb2.NODE_STORAGE and req.routing_version >= reply.routing_version:
                 self.fence_told.add(req.node_id)
                 self.fence_heard.set()
         cfg = self.rec.configs.get(node.type)
@@ -655,7 +671,8 @@ class Cluster:
         """Whether the node's daemon may hold a read lease now: it is ACTIVE, or (only registered
         with this primary) a primary before this one heard from it, which is possible while this
         one bootstraps (a lease lasts less than the heartbeat timeout) after taking over from
-        another (a lease epoch past the first)."""
+        another (a lease epoch past the first). A stop fence makes that last until a heartbeat
+        timeout after it (bootstrapping, see the module docstring)."""
         rt = self.node_rt.get(node_id)
         if rt is None:
             return False
@@ -887,7 +904,8 @@ class Cluster:
         version that has it draining (so it serves no reads), or its node has failed or was never
         heard from (no lease to serve reads with, see :meth:`may_serve`), or a heartbeat timeout has passed since this primary
         first saw it draining (whatever the daemon heard meanwhile, heartbeat replies have named
-        newer routing, which it counts only once it acts on it: its lease has run out)."""
+        newer routing, which it counts only once it acts on it: its lease has run out), and since
+        a stop fence ended (which its lease may have lasted until)."""
         target = self.rec.targets.get(d.target_id)
         node = self.node_rt.get(target.node_id) if target is not None else None
         if node is None or (
@@ -898,7 +916,7 @@ class Cluster:
         if trt is not None and trt.chain_version >= d.since_version:
             return True
         since = self.draining_since.setdefault((chain_id, d.target_id), now)
-        return now - since >= self.timing.heartbeat_timeout_s
+        return now - max(since, self.fence_until) >= self.timing.heartbeat_timeout_s
 
     async def tick(self) -> list[int]:
         """The primary's periodic work: failure detection, session expiry, chain updates."""
@@ -911,22 +929,22 @@ class Cluster:
     @serialized
     async def begin_fence(self, seconds: float) -> float:
         """Promise that no node is failed for ``seconds`` from now (see the module docstring): store
-        the end, then answer heartbeats with it. Returns the wall time the fence ends (a longer
-        fence stored before is kept). Raises FS3Error when the store or the lease fails: then no
-        reply has promised anything."""
-        ends: list[float] = []
+        the end, then answer heartbeats with it. Returns the wall time the fence ends (a fence
+        this primary honours already and that lasts longer is kept). Raises FS3Error when the
+        store or the lease fails: then no reply has promised anything."""
+        now = self._mono()
+        seconds = max(seconds, self.fence_until - now)
+        until = self.wall() + seconds
 
         async def fn(tr: Transaction) -> None:
-            until = max(schema.decode_f64(await tr.get(schema.FENCE_KEY)), self.wall() + seconds)
-            tr.set(schema.FENCE_KEY, schema.encode_f64(until))
-            ends.append(until)
+            tr.set(schema.FENCE_KEY, schema.encode_fence(until, seconds))
 
         await self.write(fn, routing=False)
-        self.rec.fence_at = ends[-1]
-        self.fence_until = max(self.fence_until, self._mono() + (ends[-1] - self.wall()))
+        self.rec.fence_at, self.rec.fence_s = until, seconds
+        self.fence_until = now + seconds  # the replies' fences end no later than the stored one
         self.fencing = True
         self.fence_told.clear()
-        return ends[-1]
+        return until
 
     def fence_waiting(self) -> list[int]:
         """The storage nodes that may be serving and have not been answered with the fence yet."""
@@ -934,6 +952,7 @@ class Cluster:
             nid
             for nid, node in self.rec.nodes.items()
             if node.type == common_pb2.NODE_STORAGE
+            and self.node_targets.get(nid)
             and nid not in self.fence_told
             and (rt := self.node_rt.get(nid)) is not None
             and rt.status == mgmtd_pb2.NODE_STATUS_ACTIVE

@@ -15,8 +15,8 @@ key                                        value
 ``SING`` + ``mgmtd-lease``                 MgmtdLease
 ``SING`` + ``mgmtd-routing-version``       u64 big-endian
 ``SING`` + ``mgmtd-cluster``               ClusterRecord (present once the cluster is initialized)
-``SING`` + ``mgmtd-fence``                 f64 big-endian: wall time before which no node is
-                                           failed (set by a primary's clean stop)
+``SING`` + ``mgmtd-fence``                 two f64 big-endian: wall time before which no node
+                                           is failed, and the fence's length then (a clean stop)
 =========================================  ===============================================
 """
 
@@ -82,12 +82,13 @@ def decode_u64(b: bytes | None) -> int:
     return 0 if b is None else struct.unpack(">Q", b)[0]
 
 
-def encode_f64(v: float) -> bytes:
-    return struct.pack(">d", v)
+def encode_fence(ends_at: float, seconds: float) -> bytes:
+    return struct.pack(">dd", ends_at, seconds)
 
 
-def decode_f64(b: bytes | None) -> float:
-    return 0.0 if b is None or len(b) != 8 else struct.unpack(">d", b)[0]
+def decode_fence(b: bytes | None) -> tuple[float, float]:
+    """(wall time the stop fence ends, its length when it was set); (0, 0) for none."""
+    return (0.0, 0.0) if b is None or len(b) != 16 else struct.unpack(">dd", b)
 
 
 def stored_node(node: mgmtd_pb2.NodeInfo) -> bytes:

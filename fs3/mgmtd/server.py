@@ -31,6 +31,10 @@ from fs3.proto import common_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# A clean stop waits for the storage nodes' heartbeats to tell them of the stop fence at most half
+# a heartbeat timeout, and never longer than this (systemd's TimeoutStopSec for mgmtd is 30 s).
+FENCE_WAIT_MAX_S = 10.0
+
 
 class _Metrics:
     def __init__(self, reg: CollectorRegistry) -> None:
@@ -147,19 +151,23 @@ class MgmtdServer:
     async def _fence(self, seconds: float) -> None:
         """Promise that no node is failed for ``seconds`` (:meth:`Cluster.begin_fence`), then keep
         answering heartbeats until every storage node that may be serving has had that answer
-        (which extends its lease to the fence's end), for at most half a heartbeat timeout: a
-        node that heartbeats slower keeps the lease it has."""
+        and acts on the routing it named (which extends its lease to the fence's end), for at
+        most half a heartbeat timeout (and :data:`FENCE_WAIT_MAX_S`): a node that heartbeats
+        slower keeps the lease it has. Chains stop changing first (this mgmtd is stopping), so
+        that routing versions stop moving and nodes catch up with the last one."""
         cluster = self.cluster
         assert cluster is not None
         if not cluster.fence_waiting():
             log.info("stop fence: none needed, no storage node serves (they stopped first)")
             return
+        await self._stop_updater()
         try:
             ends = await cluster.begin_fence(seconds)
         except FS3Error as e:
             log.warning("could not set the stop fence (storage leases run out as usual) error=%s", e)
             return
-        deadline = asyncio.get_running_loop().time() + self.cfg.heartbeat_timeout_s / 2
+        wait_s = min(self.cfg.heartbeat_timeout_s / 2, FENCE_WAIT_MAX_S)
+        deadline = asyncio.get_running_loop().time() + wait_s
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
                 while cluster.fence_waiting():
@@ -170,7 +178,7 @@ class MgmtdServer:
             "stop fence: no node is failed before %s (%.0f s from now, by this or the next primary); "
             "storage nodes told %d, not told %s",
             time.strftime("%H:%M:%S", time.localtime(ends)),
-            ends - time.time(),
+            ends - cluster.wall(),
             len(cluster.fence_told),
             ",".join(map(str, waiting)) or "none",
         )
@@ -269,11 +277,14 @@ class MgmtdServer:
         self._set_role(cluster)
         self._updater = asyncio.create_task(self._update_loop(cluster), name="mgmtd-chain-updater")
 
-    async def _step_down(self) -> None:
+    async def _stop_updater(self) -> None:
         if self._updater is not None:
             updater, self._updater = self._updater, None
             with contextlib.suppress(Exception):
                 await cancel_and_wait(updater)
+
+    async def _step_down(self) -> None:
+        await self._stop_updater()
         if self.cluster is not None:
             self._set_role(None)
 

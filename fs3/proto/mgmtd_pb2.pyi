@@ -289,7 +289,7 @@ class TargetHeartbeat(_message.Message):
     def __init__(self, target_id: _Optional[int] = ..., local_state: _Optional[_Union[_common_pb2.LocalTargetState, str]] = ..., chain_version: _Optional[int] = ..., used_bytes: _Optional[int] = ..., low_space: _Optional[bool] = ..., disk_index: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "type", "incarnation", "sequence", "endpoints", "hostname", "pid", "targets", "config_version")
+    __slots__ = ("node_id", "type", "incarnation", "sequence", "endpoints", "hostname", "pid", "targets", "config_version", "routing_version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class HeartbeatRequest(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     type: _common_pb2.NodeType
     incarnation: int
@@ -308,7 +309,8 @@ class HeartbeatRequest(_message.Message):
     pid: int
     targets: _containers.RepeatedCompositeFieldContainer[TargetHeartbeat]
     config_version: int
-    def __init__(self, node_id: _Optional[int] = ..., type: _Optional[_Union[_common_pb2.NodeType, str]] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[TargetHeartbeat, _Mapping]]] = ..., config_version: _Optional[int] = ...) -> None: ...
+    routing_version: int
+    def __init__(self, node_id: _Optional[int] = ..., type: _Optional[_Union[_common_pb2.NodeType, str]] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., endpoints: _Optional[_Iterable[_Union[_common_pb2.Endpoint, _Mapping]]] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[TargetHeartbeat, _Mapping]]] = ..., config_version: _Optional[int] = ..., routing_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("routing_version", "config", "heartbeat_timeout_s", "fence_s")

@@ -90,15 +90,16 @@ def endpoint(port: int = 9000) -> common_pb2.Endpoint:
 
 
 def storage_heartbeat(
-    node_id: int, sequence: int, chain_version: int = 1 << 40
+    node_id: int, sequence: int, chain_version: int = 1 << 40, routing_version: int = 1 << 40
 ) -> mgmtd_pb2.HeartbeatRequest:
     """A heartbeat of storage node ``node_id`` with its one target ``node_id + 100`` UPTODATE,
-    acting on ``chain_version`` of its chain (by default any)."""
+    acting on ``chain_version`` of its chain and on ``routing_version`` (by default any)."""
     return mgmtd_pb2.HeartbeatRequest(
         node_id=node_id,
         type=common_pb2.NODE_STORAGE,
         incarnation=1,
         sequence=sequence,
+        routing_version=routing_version,
         targets=[
             mgmtd_pb2.TargetHeartbeat(
                 target_id=node_id + 100, local_state=common_pb2.UPTODATE, chain_version=chain_version
@@ -131,6 +132,7 @@ class StorageNode:
             type=common_pb2.NODE_STORAGE,
             incarnation=self.incarnation,
             sequence=self.sequence,
+            routing_version=1 << 40,
             targets=[
                 mgmtd_pb2.TargetHeartbeat(
                     target_id=t,

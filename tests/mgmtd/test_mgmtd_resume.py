@@ -194,6 +194,71 @@ async def test_a_stop_fence_that_has_ended_changes_nothing_at_the_next_primary(e
     assert nxt.status() == {10: ACTIVE, 11: ACTIVE, 12: FAILED}
 
 
+@pytest.mark.parametrize("take_out", ["offline-target", "disable-node"])
+async def test_during_a_stop_fence_an_admin_take_out_waits_for_the_fence_to_end(
+    env: Env, take_out: str
+) -> None:
+    """Node 12, told of the fence, is heard once by the next primary and then cut off from mgmtd
+    (not from clients): it serves on its fence until the fence ends. Taking its target out (or
+    disabling the node) drains it, and the target leaves its chain only a heartbeat timeout after
+    the fence (before, a drain ended a heartbeat timeout after it began, and a disabled node's
+    target went at once)."""
+    await env.cluster.begin_fence(60.0)
+    await env.beat(*NODES)
+    nxt = await _next_primary(env, Clock(5.0))
+    assert nxt.cluster.fence_until == 65.0
+    await nxt.run(1, beating=(10, 11))
+    # heard once, acting on the chain as it is (a drain begun later is news to it)
+    await nxt.cluster.heartbeat(storage_heartbeat(12, 1, chain_version=nxt.chain().version))
+    await nxt.run(1, beating=(10, 11))
+    if take_out == "offline-target":
+        await Admin(nxt.cluster).offline_target(112, False)
+    else:
+        await nxt.cluster.set_node_enabled(12, False)
+    await nxt.run(65 + HEARTBEAT_TIMEOUT_S - 1 - nxt.mono.t, beating=(10, 11))
+    chain = nxt.chain()
+    assert (chain.targets[2].target_id, chain.targets[2].public_state) == (112, common_pb2.SERVING)
+    assert [d.target_id for d in chain.draining] == [112]
+    await nxt.run(2, beating=(10, 11))
+    assert [(t.target_id, t.public_state) for t in nxt.chain().targets] == [
+        (110, common_pb2.SERVING),
+        (111, common_pb2.SERVING),
+        (112, common_pb2.OFFLINE),
+    ]
+
+
+async def test_a_stop_fence_set_by_a_clock_far_ahead_lasts_no_longer_than_it_was_set_for(
+    env: Env, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level("WARNING", logger="fs3.mgmtd.cluster")
+    env.wall.t += 86400  # the stopping primary's clock is a day ahead
+    await env.cluster.begin_fence(60.0)
+    await env.beat(*NODES)
+    env.wall.t -= 86400
+    nxt = await _next_primary(env, Clock(5.0))
+    assert nxt.cluster.fence_until == 65.0
+    assert any("clocks of the mgmtd hosts disagree" in r.getMessage() for r in caplog.records)
+    await nxt.run(60 + HEARTBEAT_TIMEOUT_S + 1, beating=(10, 11))
+    assert nxt.status()[12] == FAILED
+    # and its own clean stop sets a fence of its own, not the day the store said
+    assert await nxt.cluster.begin_fence(30.0) == env.wall.t + 30.0
+
+
+async def test_a_node_is_told_of_the_stop_fence_once_it_acts_on_the_routing_the_reply_names(env: Env) -> None:
+    # a reply naming newer routing than the node acts on holds the fence at the node (its lease
+    # counts it only once it has that routing): the stop waits for a heartbeat that shows it has
+    c = env.cluster
+    await c.begin_fence(60.0)
+    version = c.rec.routing_version
+    env.seq[12] += 1
+    reply = await c.heartbeat(storage_heartbeat(12, env.seq[12], routing_version=version - 1))
+    assert (reply.fence_s, reply.routing_version) == (60.0, version)
+    assert 12 in c.fence_waiting()
+    env.seq[12] += 1
+    await c.heartbeat(storage_heartbeat(12, env.seq[12], routing_version=version))
+    assert 12 not in c.fence_waiting()
+
+
 async def test_short_gaps_do_not_delay_failure_detection(env: Env) -> None:
     # rounds a little late (under half a timeout apart) still count silence from the last heartbeat
     await env.run(HEARTBEAT_TIMEOUT_S + 1, beating=(10, 11), step=0.4 * HEARTBEAT_TIMEOUT_S)
