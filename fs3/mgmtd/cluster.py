@@ -946,6 +946,10 @@ class Cluster:
         self.fence_told.clear()
         return until
 
+    def fence_left(self) -> float:
+        """Seconds until the stop fence this primary honours ends (0: none)."""
+        return max(0.0, self.fence_until - self._mono())
+
     def fence_waiting(self) -> list[int]:
         """The storage nodes that may be serving and have not been answered with the fence yet."""
         return sorted(

@@ -47,6 +47,12 @@ class _Metrics:
             "fs3_mgmtd_chain_updates_total", "chain versions published", reg=reg
         )
         self.targets = metrics.gauge("fs3_mgmtd_targets", "targets by public state", ("state",), reg=reg)
+        self.stop_fence = metrics.gauge(
+            "fs3_mgmtd_stop_fence_seconds",
+            "seconds until the stop fence this primary honours ends (no node is failed before it "
+            "and a heartbeat timeout have passed); 0 when there is none",
+            reg=reg,
+        )
 
 
 def _check_bindable(host: str, port: int) -> None:
@@ -120,6 +126,9 @@ class MgmtdServer:
         if self.cfg.metrics_port:
             self._metrics_server = metrics.serve(self.cfg.metrics_port, self.cfg.listen_host, self.registry)
         self._metrics = _Metrics(self.registry)
+        self._metrics.stop_fence.set_function(
+            lambda: self.cluster.fence_left() if self.cluster is not None else 0.0
+        )
         metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
         await server.start()
         self._server = server

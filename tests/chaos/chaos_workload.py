@@ -1,6 +1,8 @@
 """A chaos workload: native clients write, overwrite, append, truncate, rename and unlink files while
 random daemons (one or two storage daemons, meta, mgmtd) are killed with SIGKILL and restarted; then
-every acknowledged byte is checked.
+every acknowledged byte is checked. mgmtd is stopped with SIGTERM instead half the time: it then sets
+its stop fence (``stop_fence_s``, MGMTD_STOP_FENCE_S here), and the storage daemons serve on their
+extended leases while it is down, with storage daemons killed during the fence as in any cycle.
 
 Every byte written is part of a self-describing 512-byte *sector* (writer, write id, sector index,
 generation, and a payload derived from those), so any sector read back can be judged on its own: it
@@ -48,6 +50,10 @@ from fs3.client.filesystem import FileSystem
 from fs3.errors import FS3Error, StatusCode, to_errno
 
 log = logging.getLogger(__name__)
+
+# the stop fence of a mgmtd stopped with SIGTERM: longer than the lease (0.8 of the tests' 2 s
+# heartbeat timeout) and the longest time a stopped daemon stays down, so that its end matters
+MGMTD_STOP_FENCE_S = 6.0
 
 SECTOR = 512
 MAGIC = b"CHAO"
@@ -420,11 +426,11 @@ class DaemonKiller:
         assert proc is not None and proc.popen is not None
         return proc
 
-    def _kill(self, proc: Proc) -> None:
+    def _kill(self, proc: Proc, sig: int = signal.SIGKILL) -> None:
         assert proc.popen is not None
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.popen.pid, signal.SIGKILL)
-        proc.popen.wait(timeout=10)
+            os.kill(proc.popen.pid, sig)
+        proc.popen.wait(timeout=30)
 
     async def _restart(self, kind: str, index: int) -> None:
         c = self.cluster
@@ -441,9 +447,11 @@ class DaemonKiller:
         for cycle in range(self.config.cycles):
             victims = self._victims(cycle)
             down_s = self.rng.uniform(0, self.config.max_down_s)
+            sig = signal.SIGTERM if victims == [("mgmtd", 0)] and self.rng.random() < 0.5 else signal.SIGKILL
             for kind, index in victims:
-                self._kill(self._proc(kind, index))
-            event = f"cycle {cycle}: killed {victims}, restarting after {down_s:.2f}s"
+                self._kill(self._proc(kind, index), sig)
+            how = "stopped (SIGTERM, stop fence)" if sig == signal.SIGTERM else "killed"
+            event = f"cycle {cycle}: {how} {victims}, restarting after {down_s:.2f}s"
             log.info(event)
             self.findings.events.append(event)
             await asyncio.sleep(down_s)
@@ -542,7 +550,9 @@ async def run_workload(tmp: Path, config: WorkloadConfig) -> Findings:
     verify, and stop everything. The returned findings' ``problems`` is empty on success."""
     rng = random.Random(config.seed)
     findings = Findings(config.hang_s)
-    fc = FsCluster(tmp, chains=3, stripe=3, chunk_size=64 * 1024)
+    fc = FsCluster(
+        tmp, chains=3, stripe=3, chunk_size=64 * 1024, mgmtd_extra={"stop_fence_s": MGMTD_STOP_FENCE_S}
+    )
     try:
         await fc.start()
         clients = [await fc.connect() for _ in range(config.clients)]

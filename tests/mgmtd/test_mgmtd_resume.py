@@ -170,7 +170,7 @@ async def test_a_stop_fence_holds_off_failures_here_and_at_the_next_primary(env:
     await env.run(4 * HEARTBEAT_TIMEOUT_S, beating=(10, 11))
     assert env.status()[12] == ACTIVE and env.chain() == chain_before
     nxt = await _next_primary(env, Clock(5.0))
-    assert nxt.cluster.fence_until == 5.0 + 20.0
+    assert nxt.cluster.fence_until == 5.0 + 20.0 and nxt.cluster.fence_left() == 20.0
     await nxt.run(20 + HEARTBEAT_TIMEOUT_S - 1, beating=(10, 11))
     assert nxt.status()[12] != FAILED and nxt.chain() == chain_before
     reply = await nxt.beat(10)

@@ -30,6 +30,7 @@ def test_mgmtd_metrics(small_cluster: Path) -> None:
     states = {s.labels["state"]: s.value for s in m["fs3_mgmtd_targets"]}
     assert states.get("SERVING") == 2
     assert m["fs3_mgmtd_routing_version"][0].value > 0
+    assert m["fs3_mgmtd_stop_fence_seconds"][0].value == 0  # none: its first start
 
 
 @pytest.mark.parametrize("node", ["storage-10001", "storage-10002"])
