@@ -467,6 +467,7 @@ class FileSystem:
             await asyncio.wait(list(self._closing))
         if self._session is not None:
             await self._session.stop()
+        await self.meta.close()  # before the connections end: it would close sessions again
         await self.routing.stop()
         await self.mgmtd.close()
         await self.rpc.close()

@@ -25,9 +25,11 @@ vanishes expire after the meta's ``session_timeout_s``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -55,6 +57,85 @@ ROOT_ID = 1
 # "host:port" -> (host, port), parsed once per address rather than on every call (the address list
 # is public and may be replaced, so this is keyed by the string, not kept beside the list).
 _parsed: dict[str, Address] = {}
+
+log = logging.getLogger(__name__)
+
+#: How long after meta answered a close before writing the session's end (``InodeRsp.end_queued``)
+#: this client closes the session again if its connection to that meta server is lost: meta writes
+#: queued ends within milliseconds, and closes sessions in their own transactions instead while its
+#: store is slower than a quarter of ``gc_grace_s`` (see fs3.meta.read_sessions).
+RECLOSE_S = 5.0
+#: closes sent again at once after a lost connection, at most
+RECLOSE_CONCURRENCY = 16
+
+
+class QueuedEnds:
+    """Read sessions whose end meta queued when it answered their close, per meta server, for
+    :data:`RECLOSE_S` (see ``InodeRsp.end_queued``). When the connection to that server is lost,
+    those are closed again through any server: the process may have died before writing their ends,
+    which would leave the sessions until this client goes, and with them the chunks of their files
+    if they are unlinked. A second close of a session that is gone is answered META_BAD_HANDLE.
+    Shared by a :class:`MetaClient` and the clients acting as other users through its RPC client."""
+
+    def __init__(self, client: MetaClient) -> None:
+        self._client = client
+        self._recent: dict[Address, deque[tuple[float, int, int]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.reclosed = 0  # sessions closed again (for tests and logs)
+        client.rpc.on_connection_lost(self.lost)
+
+    def add(self, address: Address, inode_id: int, session_id: int) -> None:
+        now = time.monotonic()
+        recent = self._recent.setdefault(address, deque())
+        recent.append((now, inode_id, session_id))
+        while recent[0][0] < now - RECLOSE_S:
+            recent.popleft()
+
+    def lost(self, address: Address) -> None:
+        """The connection to ``address`` ended: close its recent queued ends again."""
+        recent = self._recent.pop(address, None)
+        if not recent or self._closed:
+            return
+        cutoff = time.monotonic() - RECLOSE_S
+        ends = [(inode_id, session_id) for at, inode_id, session_id in recent if at >= cutoff]
+        if ends:
+            task = asyncio.get_running_loop().create_task(self._close_again(address, ends))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _close_again(self, address: Address, ends: list[tuple[int, int]]) -> None:
+        room = asyncio.Semaphore(RECLOSE_CONCURRENCY)
+        failed: list[FS3Error] = []
+
+        async def one(inode_id: int, session_id: int) -> None:
+            async with room:
+                try:
+                    await self._client.call("Close", m.CloseReq(inode_id=inode_id, session_id=session_id))
+                except FS3Error as e:
+                    if e.code != StatusCode.META_BAD_HANDLE:
+                        failed.append(e)
+                else:
+                    self.reclosed += 1
+
+        await asyncio.gather(*(one(i, s) for i, s in ends))
+        log.info(
+            "connection to meta %s:%d lost: closed again %d read sessions it had not written yet the end of"
+            " (of %d closed in the last %.0f s; %d failed%s)",
+            *address,
+            len(ends) - len(failed),
+            len(ends),
+            RECLOSE_S,
+            len(failed),
+            f", first: {failed[0]}" if failed else "",
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
 
 # A cluster without a configured secret (tests, a single-user local cluster) still needs one for the
 # fs3 RPC handshake; this one is public, so such a cluster is only as private as its network.
@@ -222,6 +303,7 @@ class MetaClient:
         rpc_timeout_s: float = 10.0,
         capabilities: CapabilityCache | None = None,
         handles: InodeHandles | None = None,
+        queued_ends: QueuedEnds | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one meta address is needed")
@@ -236,6 +318,7 @@ class MetaClient:
         self.rpc_timeout_s = rpc_timeout_s
         self._current = _ids.randrange(len(self.addresses))
         self._methods = {meth.name: meth for meth in META_SERVICE}
+        self._queued_ends = queued_ends or QueuedEnds(self)
 
     def _next_request_id(self) -> int:
         """A request id never used before with this client id: the wall clock in nanoseconds, or
@@ -262,11 +345,13 @@ class MetaClient:
             rpc_timeout_s=self.rpc_timeout_s,
             capabilities=self.capabilities,
             handles=self.handles,
+            queued_ends=self._queued_ends,
         )
         client.addresses = self.addresses
         return client
 
     async def close(self) -> None:
+        await self._queued_ends.close()
         if self._own_rpc:
             await self.rpc.close()
 
@@ -278,6 +363,10 @@ class MetaClient:
 
     async def call(self, method: str, request: Message, *, request_id: bool = False) -> Any:
         """Send ``request`` (its ``hdr`` is filled in) to a meta server, failing over as needed."""
+        return (await self._call(method, request, request_id=request_id))[0]
+
+    async def _call(self, method: str, request: Message, *, request_id: bool = False) -> tuple[Any, Address]:
+        """:meth:`call`, and the server that answered."""
         hdr = request.hdr  # type: ignore[attr-defined]
         hdr.user.CopyFrom(self.user)
         hdr.client_id = self.client_id
@@ -302,7 +391,7 @@ class MetaClient:
                     for name in RETURNED_INODES[method]:
                         value = getattr(rsp, name)
                         handles.learn((value,) if isinstance(value, m.Inode) else value)
-                return rsp
+                return rsp, parsed
             except FS3Error as e:
                 if e.code not in _FAILOVER:
                     raise
@@ -495,7 +584,10 @@ class MetaClient:
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
     ) -> m.Inode:
         req = m.CloseReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
-        return (await self.call("Close", req, request_id=True)).inode
+        rsp, address = await self._call("Close", req, request_id=True)
+        if rsp.end_queued:
+            self._queued_ends.add(address, inode_id, session_id)
+        return rsp.inode
 
     async def prune_sessions(self, client_id: int) -> int:
         return (await self.call("PruneSession", m.PruneSessionReq(client_id=client_id))).pruned

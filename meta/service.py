@@ -326,12 +326,12 @@ class MetaService:
         if self._known(req.hdr.user) is None:
             await self._credentials(req.hdr.user)
         mtime = req.mtime.sec * 1_000_000_000 + req.mtime.nsec if req.HasField("mtime") else 0
-        ino = await self.store.close(
+        ino, queued = await self.store.end_session(
             req.inode_id, req.session_id, req.written_length, req.wrote, mtime, self._idem(req)
         )
         if ino.nlink == 0:
             self.store.collector.wake()
-        return m.InodeRsp(inode=ino)
+        return m.InodeRsp(inode=ino, end_queued=queued)
 
     async def PruneSession(self, req: m.PruneSessionReq, _p: Any, _c: CallContext) -> m.PruneSessionRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)

@@ -190,13 +190,28 @@ class SessionOps(Namespace):
         """Settle the length as :meth:`sync` does and end the session. With a request id a retried
         close returns the first one's result instead of failing for want of the session. A read
         session's end is queued (see fs3.meta.read_sessions); the answer comes from a snapshot."""
+        return (await self.end_session(inode_id, session_id, written_length, wrote, mtime_ns, idem))[0]
+
+    async def end_session(
+        self,
+        inode_id: int,
+        session_id: int,
+        written_length: int = 0,
+        wrote: bool = False,
+        mtime_ns: int = 0,
+        idem: Idem = None,
+    ) -> tuple[meta_pb2.Inode, bool]:
+        """:meth:`close`, and whether the session's end was queued (written after the answer: a
+        client whose connection to this process is lost soon after closes it again, as the process
+        may have died before writing it)."""
         if not wrote and (queue := self._queue_read_sessions()) is not None:
             ino = await self._close_read_session(queue, inode_id, session_id)
             if ino is not None:
-                return ino
-        return await self._settle(
+                return ino, True
+        ino = await self._settle(
             inode_id, session_id, written_length, wrote, close=True, mtime_ns=mtime_ns, idem=idem
         )
+        return ino, False
 
     async def _close_read_session(
         self, queue: ReadSessions, inode_id: int, session_id: int

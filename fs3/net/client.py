@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -442,6 +443,12 @@ class RpcClient:
         # with one connection per peer, the open one, found without the pool's bookkeeping
         self._single: dict[Address, _ClientSession] = {}
         self._closed = False
+        self._lost_listeners: list[Callable[[Address], None]] = []
+
+    def on_connection_lost(self, listener: Callable[[Address], None]) -> None:
+        """Call ``listener(address)`` whenever a connection to ``address`` ends (the peer went
+        away, the network failed, or this client dropped it), on the event loop."""
+        self._lost_listeners.append(listener)
 
     async def call(
         self,
@@ -626,6 +633,11 @@ class RpcClient:
             for i, s in enumerate(peer.slots):
                 if s is session:
                     peer.slots[i] = None
+        for listener in self._lost_listeners:
+            try:
+                listener(session.address)
+            except Exception:
+                log.exception("a connection-lost listener failed address=%s", session.address)
 
     def drop_peer(self, address: Address, reason: str) -> int:
         """Abort the connections to ``address`` now: its calls in flight fail at once with

@@ -285,12 +285,14 @@ class BatchStatReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InodeRsp(_message.Message):
-    __slots__ = ("inode", "session_timeout_s")
+    __slots__ = ("inode", "session_timeout_s", "end_queued")
     INODE_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    END_QUEUED_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     session_timeout_s: float
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_timeout_s: _Optional[float] = ...) -> None: ...
+    end_queued: bool
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_timeout_s: _Optional[float] = ..., end_queued: _Optional[bool] = ...) -> None: ...
 
 class BatchStatRsp(_message.Message):
     __slots__ = ("inodes", "errors")

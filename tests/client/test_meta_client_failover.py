@@ -78,6 +78,9 @@ class RecordingRpc:
         self.called.append(address)
         return m.InodeRsp(inode=m.Inode(id=request.inode_id)), None
 
+    def on_connection_lost(self, listener: Any) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 
