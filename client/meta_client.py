@@ -61,81 +61,105 @@ _parsed: dict[str, Address] = {}
 log = logging.getLogger(__name__)
 
 #: How long after meta answered a close before writing the session's end (``InodeRsp.end_queued``)
-#: this client closes the session again if its connection to that meta server is lost: meta writes
-#: queued ends within milliseconds, and closes sessions in their own transactions instead while its
-#: store is slower than a quarter of ``gc_grace_s`` (see fs3.meta.read_sessions).
-RECLOSE_S = 5.0
-#: closes sent again at once after a lost connection, at most
-RECLOSE_CONCURRENCY = 16
+#: this client ends the session again if it then loses that meta server (its connection ends, or a
+#: call to it fails over): meta writes queued ends within milliseconds, but a host that dies leaves
+#: the connection to time out (TCP keepalive, about a minute) ...
+RECLOSE_S = 120.0
+#: ... for at most this many closes per server (the oldest are let go)
+RECLOSE_MAX = 65536
+#: sessions per EndReadSessions request
+MAX_END_READ_SESSIONS = 4096
 
 
 class QueuedEnds:
     """Read sessions whose end meta queued when it answered their close, per meta server, for
-    :data:`RECLOSE_S` (see ``InodeRsp.end_queued``). When the connection to that server is lost,
-    those are closed again through any server: the process may have died before writing their ends,
-    which would leave the sessions until this client goes, and with them the chunks of their files
-    if they are unlinked. A second close of a session that is gone is answered META_BAD_HANDLE.
-    Shared by a :class:`MetaClient` and the clients acting as other users through its RPC client."""
+    :data:`RECLOSE_S` (see ``InodeRsp.end_queued``). When this client loses that server, it ends
+    those again through any server, in EndReadSessions batches: the process may have died before
+    writing their ends, which would leave the sessions until this client goes, and with them the
+    chunks of their files if they are unlinked. Usually none is left (a clean stop writes them
+    all), and then a batch costs meta a snapshot read. Shared by a :class:`MetaClient` and the
+    clients acting as other users through it."""
 
     def __init__(self, client: MetaClient) -> None:
         self._client = client
         self._recent: dict[Address, deque[tuple[float, int, int]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self.reclosed = 0  # sessions closed again (for tests and logs)
+        self.ended = 0  # sessions ended again (for tests and logs)
         client.rpc.on_connection_lost(self.lost)
 
     def add(self, address: Address, inode_id: int, session_id: int) -> None:
         now = time.monotonic()
-        recent = self._recent.setdefault(address, deque())
+        recent = self._recent.get(address)
+        if recent is None:
+            recent = self._recent[address] = deque(maxlen=RECLOSE_MAX)
         recent.append((now, inode_id, session_id))
         while recent[0][0] < now - RECLOSE_S:
             recent.popleft()
 
     def lost(self, address: Address) -> None:
-        """The connection to ``address`` ended: close its recent queued ends again."""
+        """This client lost ``address``: end its recent queued ends again. Deferred a turn of the
+        loop, so that a close whose answer came with the connection's end is counted first (an RDMA
+        connection delivers both in one callback)."""
+        if not self._closed:
+            asyncio.get_running_loop().call_soon(self._end_again, address)
+
+    def _end_again(self, address: Address) -> None:
         recent = self._recent.pop(address, None)
         if not recent or self._closed:
             return
         cutoff = time.monotonic() - RECLOSE_S
-        ends = [(inode_id, session_id) for at, inode_id, session_id in recent if at >= cutoff]
+        ends = [m.SessionRef(inode=i, session_id=s) for at, i, s in recent if at >= cutoff]
         if ends:
-            task = asyncio.get_running_loop().create_task(self._close_again(address, ends))
+            task = asyncio.get_running_loop().create_task(self._send(address, ends))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _close_again(self, address: Address, ends: list[tuple[int, int]]) -> None:
-        room = asyncio.Semaphore(RECLOSE_CONCURRENCY)
-        failed: list[FS3Error] = []
-
-        async def one(inode_id: int, session_id: int) -> None:
-            async with room:
-                try:
-                    await self._client.call("Close", m.CloseReq(inode_id=inode_id, session_id=session_id))
-                except FS3Error as e:
-                    if e.code != StatusCode.META_BAD_HANDLE:
-                        failed.append(e)
-                else:
-                    self.reclosed += 1
-
-        await asyncio.gather(*(one(i, s) for i, s in ends))
-        log.info(
-            "connection to meta %s:%d lost: closed again %d read sessions it had not written yet the end of"
-            " (of %d closed in the last %.0f s; %d failed%s)",
+    async def _send(self, address: Address, ends: list[m.SessionRef]) -> None:
+        ended = 0
+        try:
+            for i in range(0, len(ends), MAX_END_READ_SESSIONS):
+                req = m.EndReadSessionsReq(sessions=ends[i : i + MAX_END_READ_SESSIONS])
+                ended += (await self._client.call("EndReadSessions", req)).ended
+        except Exception as e:  # nobody to raise it to: the sessions stay until this client goes
+            log.warning(
+                "meta %s:%d lost: could not end again read sessions it answered the close of "
+                "(%d ended of %d) error=%s",
+                *address,
+                ended,
+                len(ends),
+                e,
+            )
+            return
+        finally:
+            self.ended += ended
+        log.log(
+            logging.INFO if ended else logging.DEBUG,
+            "meta %s:%d lost: ended %d read sessions it had answered the close of but not written "
+            "(of %d closed through it in the last %.0f s)",
             *address,
-            len(ends) - len(failed),
+            ended,
             len(ends),
             RECLOSE_S,
-            len(failed),
-            f", first: {failed[0]}" if failed else "",
         )
 
     async def close(self) -> None:
         self._closed = True
+        self._client.rpc.remove_connection_lost(self.lost)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+
+# Failures of a call that say the server may be gone: sessions whose end it queued are ended again.
+_SERVER_LOST = frozenset(
+    {
+        StatusCode.RPC_CONNECT_FAILED,
+        StatusCode.RPC_CONNECTION_CLOSED,
+        StatusCode.DEADLINE_EXCEEDED,
+        StatusCode.UNAVAILABLE,
+    }
+)
 
 # A cluster without a configured secret (tests, a single-user local cluster) still needs one for the
 # fs3 RPC handshake; this one is public, so such a cluster is only as private as its network.
@@ -171,6 +195,7 @@ META_SERVICE = ServiceDef(
         m.METHOD_META_LOOKUP_PATH: ("LookupPath", m.LookupPathReq, m.InodeRsp),
         m.METHOD_META_SET_LAYOUT: ("SetLayout", m.SetLayoutReq, m.InodeRsp),
         m.METHOD_META_CAPABILITY: ("Capability", m.CapabilityReq, m.CapabilityRsp),
+        m.METHOD_META_END_READ_SESSIONS: ("EndReadSessions", m.EndReadSessionsReq, m.EndReadSessionsRsp),
     },
 )
 
@@ -318,6 +343,7 @@ class MetaClient:
         self.rpc_timeout_s = rpc_timeout_s
         self._current = _ids.randrange(len(self.addresses))
         self._methods = {meth.name: meth for meth in META_SERVICE}
+        self._owns_queued_ends = queued_ends is None
         self._queued_ends = queued_ends or QueuedEnds(self)
 
     def _next_request_id(self) -> int:
@@ -351,7 +377,8 @@ class MetaClient:
         return client
 
     async def close(self) -> None:
-        await self._queued_ends.close()
+        if self._owns_queued_ends:
+            await self._queued_ends.close()
         if self._own_rpc:
             await self.rpc.close()
 
@@ -395,6 +422,8 @@ class MetaClient:
             except FS3Error as e:
                 if e.code not in _FAILOVER:
                     raise
+                if e.code in _SERVER_LOST:
+                    self._queued_ends.lost(parsed)
                 # wrapped by _address, against the list as it is then; also when this call gives
                 # up, so that the next one does not start with a server that just failed it
                 self._current += 1

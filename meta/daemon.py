@@ -3,6 +3,8 @@ routing cache, collector, metrics). :mod:`fs3.meta.main` runs it; tests may run 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
 import socket
@@ -33,6 +35,9 @@ from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
 log = logging.getLogger(__name__)
+
+# how long a stop waits for the queued read sessions before it closes its connections
+_SETTLE_AT_STOP_S = 5.0
 
 
 def _check_bindable(host: str, port: int) -> None:
@@ -232,6 +237,12 @@ class MetaDaemon:
         if self.routing is not None:
             await self.routing.stop()
         if self.server is not None:
+            if self.store is not None and self.store.read_sessions is not None:
+                # written before the connections end, which has clients end those sessions again
+                # (a store refusing them holds the stop no longer than this)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_SETTLE_AT_STOP_S):
+                        await self.store.read_sessions.settled()
             await self.server.stop()
         if self.store is not None:
             await self.store.stop()

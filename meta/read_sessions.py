@@ -26,11 +26,12 @@ leaving answered ones without a session. What is weaker, and why it is acceptabl
   otherwise written before the answer, as before.
 - A meta process killed with sessions queued loses them: a reader of a file unlinked in that
   instant may have its chunks removed under it (reads then fail). A close whose end was queued
-  says so in its answer (``InodeRsp.end_queued``), and the client closes the session again through
-  any meta server if its connection to this one ends within the next seconds
-  (``fs3.client.meta_client.QueuedEnds``); a client that goes too leaves nothing. A close lost
-  otherwise (that client cut off from every meta server meanwhile) leaves the session until its
-  client goes (its file, if unlinked, is collected then). A clean stop writes the queue first.
+  says so in its answer (``InodeRsp.end_queued``), and the client ends the session again
+  (EndReadSessions, in batches) through any meta server if it loses this one within
+  ``fs3.client.meta_client.RECLOSE_S`` (``QueuedEnds``); a client that goes too leaves nothing. A
+  close lost otherwise (that client cut off from every meta server meanwhile) leaves the session
+  until its client goes (its file, if unlinked, is collected then). A clean stop writes the queue
+  first, before it closes its connections.
 - A close or touch that reaches another meta process (a failover) within the few milliseconds
   before the session is written finds none: the close is answered META_BAD_HANDLE and the
   session, written after, stays until its client goes; the touch makes the client take the

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 
 from fs3 import capability, metrics
 from fs3.capability import CapabilityIssuer
-from fs3.client.meta_client import MAX_BATCH_STAT, META_SERVICE
+from fs3.client.meta_client import MAX_BATCH_STAT, MAX_END_READ_SESSIONS, META_SERVICE
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.auth import Authenticator
 from fs3.meta.handles import HandleSealer
@@ -332,6 +332,24 @@ class MetaService:
         if ino.nlink == 0:
             self.store.collector.wake()
         return m.InodeRsp(inode=ino, end_queued=queued)
+
+    async def EndReadSessions(
+        self, req: m.EndReadSessionsReq, _p: Any, _c: CallContext
+    ) -> m.EndReadSessionsRsp:
+        cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
+        if len(req.sessions) > MAX_END_READ_SESSIONS:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT, f"at most {MAX_END_READ_SESSIONS} sessions per request"
+            )
+        if not req.hdr.client_id:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
+        # as for PruneSession: anyone but root ends only what its uid opened
+        ended = await self.store.end_read_sessions(
+            req.hdr.client_id,
+            [(s.inode, s.session_id) for s in req.sessions],
+            uid=None if cred.is_root else cred.uid,
+        )
+        return m.EndReadSessionsRsp(ended=ended)
 
     async def PruneSession(self, req: m.PruneSessionReq, _p: Any, _c: CallContext) -> m.PruneSessionRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import Transaction, prefix_end
@@ -318,6 +318,40 @@ class SessionOps(Namespace):
             return [meta_pb2.FileSession.FromString(v) for _, v in rows]
 
         return await self.db.run(fn, read_only=True)
+
+    async def end_read_sessions(
+        self, client_id: int, sessions: Sequence[tuple[int, int]], uid: int | None = None
+    ) -> int:
+        """End the read sessions ``(inode id, session id)`` of ``client_id`` (and of ``uid``, unless
+        None) that are still there; returns how many. A client's second close of sessions whose end
+        a meta process answered before writing it, and may have died with (see
+        fs3.meta.read_sessions): usually none is left, and then nothing is written. Write
+        sessions are left alone (their end settles a length), as are other clients'."""
+        if self.read_sessions is not None:
+            await self.read_sessions.settled()
+        keys = [schema.session_key(inode_id, session_id) for inode_id, session_id in sessions]
+
+        def ours(raw: bytes | None) -> bool:
+            if raw is None:
+                return False
+            s = meta_pb2.FileSession.FromString(raw)
+            return not s.write and s.client_id == client_id and (uid is None or s.uid == uid)
+
+        async def present(tr: Transaction) -> list[bytes]:
+            return [key for key in keys if ours(await tr.snapshot.get(key))]
+
+        if not await self.db.run(present, read_only=True):
+            return 0
+
+        async def end(tr: Transaction) -> int:
+            ended = 0
+            for key in keys:
+                if ours(await tr.get(key)):
+                    tr.clear(key)
+                    ended += 1
+            return ended
+
+        return await self.db.run(end)
 
     async def prune_sessions(
         self,

@@ -21,6 +21,7 @@ knows whether a call is idempotent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -449,6 +450,10 @@ class RpcClient:
         """Call ``listener(address)`` whenever a connection to ``address`` ends (the peer went
         away, the network failed, or this client dropped it), on the event loop."""
         self._lost_listeners.append(listener)
+
+    def remove_connection_lost(self, listener: Callable[[Address], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._lost_listeners.remove(listener)
 
     async def call(
         self,

@@ -38,6 +38,7 @@ class MetaMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_META_LOOKUP_PATH: _ClassVar[MetaMethod]
     METHOD_META_SET_LAYOUT: _ClassVar[MetaMethod]
     METHOD_META_CAPABILITY: _ClassVar[MetaMethod]
+    METHOD_META_END_READ_SESSIONS: _ClassVar[MetaMethod]
 
 class InodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -90,6 +91,7 @@ METHOD_META_FALLOCATE: MetaMethod
 METHOD_META_LOOKUP_PATH: MetaMethod
 METHOD_META_SET_LAYOUT: MetaMethod
 METHOD_META_CAPABILITY: MetaMethod
+METHOD_META_END_READ_SESSIONS: MetaMethod
 INODE_TYPE_UNSPECIFIED: InodeType
 INODE_FILE: InodeType
 INODE_DIRECTORY: InodeType
@@ -557,6 +559,28 @@ class PruneSessionRsp(_message.Message):
     PRUNED_FIELD_NUMBER: _ClassVar[int]
     pruned: int
     def __init__(self, pruned: _Optional[int] = ...) -> None: ...
+
+class SessionRef(_message.Message):
+    __slots__ = ("inode", "session_id")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    inode: int
+    session_id: int
+    def __init__(self, inode: _Optional[int] = ..., session_id: _Optional[int] = ...) -> None: ...
+
+class EndReadSessionsReq(_message.Message):
+    __slots__ = ("hdr", "sessions")
+    HDR_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    hdr: MetaRequestHeader
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionRef]
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., sessions: _Optional[_Iterable[_Union[SessionRef, _Mapping]]] = ...) -> None: ...
+
+class EndReadSessionsRsp(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: int
+    def __init__(self, ended: _Optional[int] = ...) -> None: ...
 
 class GetxattrReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "name")

@@ -81,6 +81,9 @@ class RecordingRpc:
     def on_connection_lost(self, listener: Any) -> None:
         pass
 
+    def remove_connection_lost(self, listener: Any) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

@@ -1,7 +1,7 @@
 """A read session's close that meta answered before writing its end (fs3.meta.read_sessions): if
 the meta process dies before it writes it, the session would stay until the client goes, and keep
 its file's chunks if the file is unlinked (found by the chaos test: a meta killed mid-batch). The
-client closes such sessions again, through another server, when its connection to that one ends."""
+client ends such sessions again (EndReadSessions), through another server, when it loses that one."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from fs3.kv.base import Database, Transaction
 from fs3.meta import schema
 from fs3.meta.daemon import MetaDaemon
 from fs3.meta.schema import ROOT_ID
+from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,7 +86,7 @@ async def test_a_read_session_whose_end_died_with_its_meta_is_closed_again(two_m
             return await _sessions(db, ino.id) == 0
 
         await wait_until(closed_again, 20, "the read session to be closed again through meta b")
-        assert client._queued_ends.reclosed == 1  # noqa: SLF001
+        assert client._queued_ends.ended == 1  # noqa: SLF001
         if unlinked:  # and the collector may take the file
             assert b.store is not None
             await wait_until(lambda: _gone(db, ino.id), 30, "the unlinked file to be collected")
@@ -98,3 +99,54 @@ async def _gone(db: Database, inode_id: int) -> bool:
         return await tr.get(schema.inode_key(inode_id)) is None
 
     return await db.run(fn, read_only=True)
+
+
+async def test_after_a_clean_stop_nothing_is_left_to_end(two_metas, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A clean stop writes the queue: the batch the client sends after it ends nothing (one
+    snapshot read at meta, no write)."""
+    caplog.set_level("DEBUG", logger="fs3.client.meta_client")
+    db, a, b = two_metas
+    client = MetaClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    try:
+        ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
+        client._current = 0  # noqa: SLF001
+        for _ in range(3):
+            rsp = await client.open(ino.id, os.O_RDONLY)
+            await client.close_file(ino.id, rsp.session_id)
+        assert a.store is not None
+        await a.store.read_sessions.settled()  # as a stop does before its connections end
+        await a.stop()
+        await wait_until(
+            lambda: any("ended 0 read sessions" in r.getMessage() for r in caplog.records),
+            20,
+            "the client's batch after the stop",
+        )
+        assert client._queued_ends.ended == 0 and await _sessions(db, ino.id) == 0  # noqa: SLF001
+        assert "(of 3 closed through it" in caplog.text
+    finally:
+        await client.close()
+
+
+async def test_only_the_callers_read_sessions_end(two_metas) -> None:
+    db, _, b = two_metas
+    client = MetaClient([f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    other = MetaClient([f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    try:
+        created = await client.create(ROOT_ID, b"f", 0o644, session=True)  # a write session
+        ino = created.inode
+        read = await client.open(ino.id, os.O_RDONLY)
+        others = await other.open(ino.id, os.O_RDONLY)
+        assert b.store is not None
+        await b.store.read_sessions.settled()
+        assert await _sessions(db, ino.id) == 3
+        refs = [
+            m.SessionRef(inode=ino.id, session_id=sid)
+            for sid in (created.session_id, read.session_id, others.session_id)
+        ]
+        rsp = await client.call("EndReadSessions", m.EndReadSessionsReq(sessions=refs))
+        assert rsp.ended == 1 and await _sessions(db, ino.id) == 2
+        rsp = await client.call("EndReadSessions", m.EndReadSessionsReq(sessions=refs))
+        assert rsp.ended == 0
+    finally:
+        await client.close()
+        await other.close()
