@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from cluster import wait_until
 
-from fs3.client.meta_client import MetaClient
+from fs3.client.meta_client import MetaClient, QueuedEnds
 from fs3.config import KvConfig, MetaConfig
 from fs3.kv import open_database, prefix_end
 from fs3.kv.base import Database, Transaction
@@ -150,3 +150,30 @@ async def test_only_the_callers_read_sessions_end(two_metas) -> None:
     finally:
         await client.close()
         await other.close()
+
+
+async def test_a_loss_reported_before_its_last_close_is_recorded_still_ends_that_session() -> None:
+    """An RDMA connection delivers a close's answer and the connection's end in one callback: the
+    loss reaches the tracker before the close's caller has recorded the close."""
+    sent: list[m.EndReadSessionsReq] = []
+
+    class Rpc:
+        def on_connection_lost(self, listener: object) -> None:
+            pass
+
+        def remove_connection_lost(self, listener: object) -> None:
+            pass
+
+    class Client:
+        rpc = Rpc()
+
+        async def call(self, method: str, req: m.EndReadSessionsReq) -> m.EndReadSessionsRsp:
+            sent.append(req)
+            return m.EndReadSessionsRsp(ended=len(req.sessions))
+
+    ends = QueuedEnds(Client())  # type: ignore[arg-type]
+    ends.lost(("10.0.0.1", 8100))
+    ends.add(("10.0.0.1", 8100), 5, 6)
+    await wait_until(lambda: bool(sent), 5, "the batch")
+    assert [(s.inode, s.session_id) for s in sent[0].sessions] == [(5, 6)]
+    await ends.close()
