@@ -42,6 +42,7 @@ What a caller may rely on:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -549,19 +550,43 @@ class FileSystem:
         raise _session_lost_error(h)
 
     async def _check_session(self, h: OpenFile) -> None:
-        """Ask meta whether ``h``'s session is still there (touching it, so it stays)."""
+        """Ask meta whether ``h``'s session is still there (touching it, so it stays). A read-only
+        handle whose session meta ended opens its file again (:meth:`_reopen`)."""
         sent = session_clock()
         try:
             timeout = await self.meta.touch_session(h.inode_id, h.session_id)
         except FS3Error as e:
             if e.code != StatusCode.META_BAD_HANDLE:
                 raise
-            self._lose_session(h)
+            if h.writable or not await self._reopen(h):
+                self._lose_session(h)
+            else:
+                h.checked_at = max(h.checked_at, sent)
         else:
             h.checked_at = max(h.checked_at, sent)
             h.meta_until = sent + timeout / 2 if timeout > 0 else math.inf
         finally:
             h.checking = None
+
+    async def _reopen(self, h: OpenFile) -> bool:
+        """Open the file of read-only handle ``h``, whose session meta ended, again: it reads on
+        through the new session. A hole it read is a hole: the file was not being collected (meta
+        refuses to open a file the collector has claimed, and removes chunks only after the claim;
+        inode ids are never reused). False when the file is gone or this user may no longer read
+        it: the handle's session is then lost (EIO). A writable handle is never reopened: what it
+        wrote meanwhile may be past a length meta settled without it."""
+        try:
+            rsp = await self.meta.open(h.inode_id, os.O_RDONLY)
+        except FS3Error as e:
+            log.info("inode %#x: cannot open again a handle whose session meta ended error=%s", h.inode_id, e)
+            return False
+        h.session_id = rsp.session_id
+        log.info(
+            "inode %#x: meta had ended this read-only handle's session (this client was paused or "
+            "cut off longer than its session timeout): opened the file again, it reads on",
+            h.inode_id,
+        )
+        return True
 
     def _lose_session(self, h: OpenFile) -> None:
         if not h.session_lost:
@@ -711,6 +736,9 @@ class FileSystem:
         """End a flushed handle's session, reporting its written length, and forget the handle."""
         # The handle's length counts for the file until meta's reply, which counts it, is
         # installed: an O_APPEND write on another handle must land after it.
+        if h.checking is not None:  # a check may open the file again: close the session it gets
+            with contextlib.suppress(Exception):
+                await asyncio.shield(h.checking)
         try:
             if h.session_id:
                 wrote = h.writable and h.dirty

@@ -122,6 +122,47 @@ async def test_handles_whose_session_meta_ended_do_no_more_io(tmp_path) -> None:
         assert await other.read_file("/new") == b"ok"
 
 
+async def test_a_read_only_handle_whose_session_meta_ended_opens_its_file_again(tmp_path) -> None:
+    """The same pause, with a read-only handle of a sparse file that is still there: reading its
+    hole asks meta, which has ended the session, and the handle opens the file again instead of
+    failing (EIO before). The new session protects the file like the first: unlinked by another
+    client, it is collected only after this handle's close."""
+    chunk = 1 << 20
+    async with FsCluster(
+        tmp_path,
+        chains=1,
+        stripe=1,
+        chunk_size=chunk,
+        mgmtd_extra={"client_session_timeout_s": 3.0},
+        meta_extra={"session_timeout_s": 1.0},
+    ) as c:
+        fs = await c.connect()
+        other = await c.connect()
+        w = await other.open("/sparse", "w")
+        await w.pwrite(b"s" * 4096, chunk)  # chunk 0 is a hole
+        await w.close()
+        ino = (await other.stat("/sparse")).st_ino
+        reader = await fs.open("/sparse")
+        assert fs._session is not None  # noqa: SLF001
+        await fs._session.stop()  # noqa: SLF001  # as a stopped process: no extensions
+        first = reader.handle.session_id
+        await asyncio.sleep(3.0 + 1.0 + 6.0)  # mgmtd expires the session; meta's prune ends it
+        await fs._session.start()  # noqa: SLF001  # the process resumes
+        assert await reader.pread(4096, 0) == bytes(4096)  # the hole, through a new session
+        assert reader.handle.session_id != first and not reader.handle.session_lost
+        assert await reader.pread(4096, chunk) == b"s" * 4096
+        await other.unlink("/sparse")
+        await asyncio.sleep(4.0)  # past meta's collector grace and a round: the session holds it
+        assert await _chunks_of(other, ino) > 0
+        assert await reader.pread(4096, chunk) == b"s" * 4096
+        await reader.close()
+
+        async def collected() -> bool:
+            return await _chunks_of(other, ino) == 0
+
+        await _until(collected, 60, "the unlinked file's chunks to be collected after the close")
+
+
 async def test_a_paused_client_whose_file_sessions_meta_kept_writes_on(tmp_path) -> None:
     """Paused past mgmtd's session timeout but not long enough for meta to end its file sessions
     (meta's timeout is minutes): its handles check with meta and go on, with no error."""
