@@ -198,7 +198,8 @@ class MgmtdConfig:
         "promises that no node is failed before it and heartbeat_timeout_s have passed, so that a "
         "restart or a short maintenance of the only mgmtd pauses no I/O; a storage node that dies "
         "meanwhile stays in its chains (writes to them wait) until then, and the mgmtd hosts' "
-        "clocks must agree within 1.2 x heartbeat_timeout_s (0 = off)",
+        "clocks must agree within 1.2 x heartbeat_timeout_s; none is set while a standby mgmtd "
+        "runs, which takes over at once (0 = off)",
         check=_seconds_or_zero,
     )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)

@@ -12,18 +12,25 @@ therefore cannot write: either its transaction sees the new holder, or it confli
 takeover and re-reads.
 
 Expiry times are wall-clock seconds, so the mgmtds of one cluster need clocks synchronised well
-within the lease interval (one host, or NTP across hosts). The holder trusts its lease in memory
+within the lease interval (one host, or NTP across hosts).
+
+A standby also records, every quarter of a lease at most, that it is there (``standby_key``), so
+that a primary stopping cleanly knows one will take over within a second and needs no stop fence
+(``fs3.mgmtd.server``); its clean stop clears the record. The holder trusts its lease in memory
 only until ``trust_margin`` before expiry, so a primary that cannot reach the store stops acting as
 primary before anyone else may take over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import struct
 import time
 from collections.abc import Callable
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.kv import prefix_end
 from fs3.kv.base import Database, ReadView, Transaction
 from fs3.mgmtd import schema
 from fs3.proto import mgmtd_pb2
@@ -55,6 +62,7 @@ class Election:
         self._clock = clock
         self._held: mgmtd_pb2.MgmtdLease | None = None
         self.last_seen: mgmtd_pb2.MgmtdLease | None = None
+        self._standby_noted = -1e18  # when this standby last recorded itself (wall clock)
 
     @property
     def epoch(self) -> int:
@@ -97,10 +105,16 @@ class Election:
                     expires_at=now + self.lease_interval_s,
                     acquired_at=now,
                 )
+                tr.clear(schema.standby_key(self.node_id))
             else:
+                if now - self._standby_noted >= self.lease_interval_s / 4:
+                    tr.set(schema.standby_key(self.node_id), schema.encode_f64(now))
+                    noted.append(now)
                 return None, cur
             tr.set(schema.LEASE_KEY, new.SerializeToString())
             return new, new
+
+        noted: list[float] = []
 
         try:
             won, seen = await self._db.run(txn)
@@ -110,6 +124,8 @@ class Election:
                 self._held = None
             return self.is_primary(), False
         self.last_seen = seen
+        if noted:
+            self._standby_noted = noted[-1]
         newly = won is not None and (held is None or held.epoch != won.epoch)
         if won is None and held is not None:
             log.warning(
@@ -137,10 +153,29 @@ class Election:
         """Forget the lease without touching the store (after a fencing failure)."""
         self._held = None
 
+    async def standbys(self, within_s: float) -> list[int]:
+        """The other mgmtds that recorded themselves as standbys in the last ``within_s`` seconds."""
+        now = self._clock()
+
+        async def fn(tr: Transaction) -> list[int]:
+            rows = await tr.snapshot.get_range(schema.STANDBY_PREFIX, prefix_end(schema.STANDBY_PREFIX))
+            found = []
+            for key, value in rows:
+                node_id = struct.unpack(">I", key[len(schema.STANDBY_PREFIX) :])[0]
+                if node_id != self.node_id and now - schema.decode_f64(value) <= within_s:
+                    found.append(node_id)
+            return found
+
+        return await self._db.run(fn, read_only=True)
+
     async def release(self) -> None:
-        """Give the lease up on a clean shutdown, so that a standby takes over at once."""
+        """Give the lease up on a clean shutdown, so that a standby takes over at once; a standby
+        clears its record."""
         held = self._held
         if held is None:
+            if self._standby_noted > -1e18:
+                with contextlib.suppress(FS3Error):
+                    await self._db.run(lambda tr: _clear(tr, schema.standby_key(self.node_id)))
             return
         self._held = None
 
@@ -155,6 +190,10 @@ class Election:
             log.info("lease released node_id=%d epoch=%d", self.node_id, held.epoch)
         except FS3Error as e:
             log.warning("lease release failed node_id=%d error=%s", self.node_id, e)
+
+
+async def _clear(tr: Transaction, key: bytes) -> None:
+    tr.clear(key)
 
 
 async def read_lease(rv: ReadView) -> mgmtd_pb2.MgmtdLease | None:

@@ -17,6 +17,8 @@ key                                        value
 ``SING`` + ``mgmtd-cluster``               ClusterRecord (present once the cluster is initialized)
 ``SING`` + ``mgmtd-fence``                 two f64 big-endian: wall time before which no node
                                            is failed, and the fence's length then (a clean stop)
+``SING`` + ``mgmtd-standby-`` + node (u32) f64 big-endian: wall time a standby mgmtd last looked
+                                           at the lease (cleared by its clean stop)
 =========================================  ===============================================
 """
 
@@ -38,6 +40,12 @@ LEASE_KEY = SING + b"mgmtd-lease"
 ROUTING_VERSION_KEY = SING + b"mgmtd-routing-version"
 CLUSTER_KEY = SING + b"mgmtd-cluster"
 FENCE_KEY = SING + b"mgmtd-fence"
+STANDBY_PREFIX = SING + b"mgmtd-standby-"
+
+
+def standby_key(node_id: int) -> bytes:
+    return STANDBY_PREFIX + struct.pack(">I", node_id)
+
 
 _U64_MAX = (1 << 64) - 1
 
@@ -80,6 +88,14 @@ def encode_u64(v: int) -> bytes:
 
 def decode_u64(b: bytes | None) -> int:
     return 0 if b is None else struct.unpack(">Q", b)[0]
+
+
+def encode_f64(v: float) -> bytes:
+    return struct.pack(">d", v)
+
+
+def decode_f64(b: bytes | None) -> float:
+    return 0.0 if b is None or len(b) != 8 else struct.unpack(">d", b)[0]
 
 
 def encode_fence(ends_at: float, seconds: float) -> bytes:

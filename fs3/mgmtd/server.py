@@ -158,7 +158,9 @@ class MgmtdServer:
         log.info("mgmtd stopped node_id=%d", self.cfg.node_id)
 
     async def _fence(self, seconds: float) -> None:
-        """Promise that no node is failed for ``seconds`` (:meth:`Cluster.begin_fence`), then keep
+        """Unless another mgmtd recorded itself as a standby within a lease interval (it takes
+        over within a second of the lease's release, and its heartbeat replies renew the leases),
+        promise that no node is failed for ``seconds`` (:meth:`Cluster.begin_fence`), then keep
         answering heartbeats until every storage node that may be serving has had that answer
         and acts on the routing it named (which extends its lease to the fence's end), for at
         most half a heartbeat timeout (and :data:`FENCE_WAIT_MAX_S`): a node that heartbeats
@@ -168,6 +170,17 @@ class MgmtdServer:
         assert cluster is not None
         if not cluster.fence_waiting():
             log.info("stop fence: none needed, no storage node serves (they stopped first)")
+            return
+        assert self.election is not None
+        try:
+            standbys = await self.election.standbys(self.cfg.lease_interval_s)
+        except FS3Error:
+            standbys = []
+        if standbys:
+            log.info(
+                "stop fence: none needed, standby mgmtd %s takes over",
+                ",".join(map(str, sorted(standbys))),
+            )
             return
         await self._stop_updater()
         try:

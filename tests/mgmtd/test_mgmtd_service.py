@@ -879,3 +879,58 @@ async def wait_until_answered(client: MgmtdClient) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+# ---- the stop fence (see also test_mgmtd_resume.py and test_stop_fence.py) -----------------------
+
+
+async def _stored_fence(a: Admin) -> tuple[float, float]:
+    async def fn(tr) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+        return schema.decode_fence(await tr.get(schema.FENCE_KEY))
+
+    return await a.env.db.run(fn, read_only=True)
+
+
+async def test_a_clean_stop_of_the_only_mgmtd_sets_a_stop_fence(admin: Admin) -> None:
+    admin.server.cfg.stop_fence_s = 30.0
+    async with heartbeating(admin) as (nodes, _, cache):
+        await cache.wait_for(
+            lambda r: all(r.node(n.node_id).status == mgmtd_pb2.NODE_STATUS_ACTIVE for n in nodes), 5
+        )
+        await admin.server.stop(grace_s=0)
+    ends_at, seconds = await _stored_fence(admin)
+    assert seconds == 30.0 and 25.0 < ends_at - time.time() <= 30.0
+
+
+async def test_a_clean_stop_with_a_standby_sets_no_stop_fence(admin: Admin, caplog) -> None:  # type: ignore[no-untyped-def]
+    """A standby takes over within a second of the lease's release and renews the storage nodes'
+    leases itself: a fence would only hold off failure handling for nothing."""
+    caplog.set_level(logging.INFO, logger="fs3.mgmtd.server")
+    admin.server.cfg.stop_fence_s = 30.0
+    standby = await admin.env.start(2)
+    assert admin.server.election is not None
+    election = admin.server.election
+
+    async def standby_seen() -> bool:
+        return await election.standbys(10.0) == [2]
+
+    await wait_until(standby_seen, 5, "the standby's record")
+    async with heartbeating(admin) as (nodes, _, cache):
+        await cache.wait_for(
+            lambda r: all(r.node(n.node_id).status == mgmtd_pb2.NODE_STATUS_ACTIVE for n in nodes), 5
+        )
+        await admin.server.stop(grace_s=0)
+    assert await _stored_fence(admin) == (0.0, 0.0)
+    assert "stop fence: none needed, standby mgmtd 2 takes over" in caplog.text
+    await wait_until(standby.is_primary, 5, "the standby to take over")
+    assert standby.election is not None
+    primary = standby.election
+    assert await primary.standbys(10.0) == []  # a standby that takes over drops its record
+    third = await admin.env.start(3)
+
+    async def third_seen() -> bool:
+        return await primary.standbys(10.0) == [3]
+
+    await wait_until(third_seen, 5, "the third mgmtd's record")
+    await third.stop(grace_s=0)
+    assert await primary.standbys(10.0) == []  # a standby's clean stop clears its record
