@@ -4,6 +4,7 @@ name metrics the daemons export."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -148,12 +149,16 @@ def test_meta_read_session_metrics(small_cluster: Path) -> None:
                 async with await fs.open("/read-session.bin", "r") as f:
                     assert await f.read(1000) == b"x" * 100
 
-    before = scrape(small_cluster, "meta")
-    asyncio.run(read_twice())
-    after = scrape(small_cluster, "meta")
-
     def value(m: dict, name: str) -> float:
         return m[name][0].value if name in m else 0.0
+
+    before = scrape(small_cluster, "meta")
+    asyncio.run(read_twice())
+    # the last close's end is written just after its answer: wait until the queue is empty
+    deadline = time.monotonic() + 30
+    while value(after := scrape(small_cluster, "meta"), "fs3_meta_read_sessions_queued") > 0:
+        assert time.monotonic() < deadline, "meta's read-session queue did not drain"
+        time.sleep(0.05)
 
     # two sessions ended: each either written and cleared, or cleared while still queued
     assert (
