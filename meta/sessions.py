@@ -242,15 +242,19 @@ class SessionOps(Namespace):
     async def _settle_queued(self, inode_id: int, session_id: int) -> None:
         """Wait until a queued change of the session, if any, is in the store (within the
         caller's deadline: a store refusing the queue's batch keeps it queued)."""
+        await self._settle_keys(
+            [schema.session_key(inode_id, session_id)], f"session {session_id} of inode {inode_id}"
+        )
+
+    async def _settle_keys(self, keys: Sequence[bytes], what: str) -> None:
+        """:meth:`_settle_queued` for the sessions of ``keys`` (``what`` names them in the error)."""
         rs = self.read_sessions
-        if rs is None or not rs.lookup(schema.session_key(inode_id, session_id))[0]:
+        if rs is None or not any(rs.lookup(key)[0] for key in keys):
             return
         try:
             await asyncio.wait_for(rs.settled(), _time_left("its session was written"))
         except TimeoutError:
-            raise FS3Error(
-                StatusCode.DEADLINE_EXCEEDED, f"session {session_id} of inode {inode_id} is not written yet"
-            ) from None
+            raise FS3Error(StatusCode.DEADLINE_EXCEEDED, f"{what} is not written yet") from None
 
     async def _settle(
         self,
@@ -327,9 +331,8 @@ class SessionOps(Namespace):
         a meta process answered before writing it, and may have died with (see
         fs3.meta.read_sessions): usually none is left, and then nothing is written. Write
         sessions are left alone (their end settles a length), as are other clients'."""
-        if self.read_sessions is not None:
-            await self.read_sessions.settled()
         keys = [schema.session_key(inode_id, session_id) for inode_id, session_id in sessions]
+        await self._settle_keys(keys, f"a session of {len(keys)}")
 
         def ours(raw: bytes | None) -> bool:
             if raw is None:
