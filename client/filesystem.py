@@ -580,6 +580,7 @@ class FileSystem:
         except FS3Error as e:
             log.info("inode %#x: cannot open again a handle whose session meta ended error=%s", h.inode_id, e)
             return False
+        self.meta.forget_session(h.inode_id, h.session_id)
         h.session_id = rsp.session_id
         log.info(
             "inode %#x: meta had ended this read-only handle's session (this client was paused or "
@@ -760,6 +761,8 @@ class FileSystem:
                 return ino
             return None
         finally:
+            if h.session_id:  # (closed, or ended by meta: either way not to be put again)
+                self.meta.forget_session(h.inode_id, h.session_id)
             h.state.handles.discard(h)
             if not h.state.handles and self._states.get(h.inode_id) is h.state:
                 del self._states[h.inode_id]

@@ -60,35 +60,45 @@ _parsed: dict[str, Address] = {}
 
 log = logging.getLogger(__name__)
 
-#: How long after meta answered a close before writing the session's end (``InodeRsp.end_queued``)
-#: this client ends the session again if it then loses that meta server (its connection ends, or a
-#: call to it fails over): meta writes queued ends within milliseconds, but a host that dies leaves
-#: the connection to time out (TCP keepalive, about a minute) ...
+#: How long after meta answered a close before writing the session's end (``InodeRsp.end_queued``),
+#: or an open before writing its session (``OpenRsp.session_queued``), this client ends (puts) the
+#: session again if it then loses that meta server (its connection ends, or a call to it fails
+#: over): meta writes what it queued within milliseconds, but a host that dies leaves the
+#: connection to time out (TCP keepalive, about a minute) ...
 RECLOSE_S = 120.0
-#: ... for at most this many closes per server (the oldest are let go)
+#: ... for at most this many closes (and as many opens) per server (the oldest are let go)
 RECLOSE_MAX = 65536
-#: sessions per EndReadSessions request
+#: sessions per EndReadSessions or RestoreReadSessions request
 MAX_END_READ_SESSIONS = 4096
 
 
-class QueuedEnds:
-    """Read sessions whose end meta queued when it answered their close, per meta server, for
-    :data:`RECLOSE_S` (see ``InodeRsp.end_queued``). When this client loses that server, it ends
-    those again through any server, in EndReadSessions batches: the process may have died before
-    writing their ends, which would leave the sessions until this client goes, and with them the
-    chunks of their files if they are unlinked. Usually none is left (a clean stop writes them
-    all), and then a batch costs meta a snapshot read. Shared by a :class:`MetaClient` and the
-    clients acting as other users through it."""
+class QueuedSessions:
+    """Read sessions whose open or end meta queued when it answered (``OpenRsp.session_queued``,
+    ``InodeRsp.end_queued``), per meta server, for :data:`RECLOSE_S`; opens only while this client
+    holds the file open. When this client loses that server, it puts those it holds open again
+    (RestoreReadSessions) and ends the closed ones again (EndReadSessions), through any server, in
+    batches: the process may have died before writing them. A lost end would leave its session
+    until this client goes, and with it the chunks of its file if unlinked; a lost open would let
+    the collector remove the chunks of a file unlinked while this client reads it. Usually nothing
+    is left (a clean stop writes them all), and then a batch costs meta a snapshot read. Shared by
+    a :class:`MetaClient` and the clients acting as other users through it; a session is put again
+    through the client (the user) that opened it."""
 
     def __init__(self, client: MetaClient) -> None:
         self._client = client
         self._recent: dict[Address, deque[tuple[float, int, int]]] = {}
+        # server -> (inode id, session id) -> (when answered, the client that opened it), oldest first
+        self._opens: dict[Address, dict[tuple[int, int], tuple[float, MetaClient]]] = {}
+        self._open_at: dict[tuple[int, int], Address] = {}  # the server of each of _opens' sessions
+        self._restoring: dict[tuple[int, int], asyncio.Task[None]] = {}  # puts being sent again
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.ended = 0  # sessions ended again (for tests and logs)
+        self.restored = 0  # sessions put again
         client.rpc.on_connection_lost(self.lost)
 
     def add(self, address: Address, inode_id: int, session_id: int) -> None:
+        """A close of this read session was answered by ``address`` with its end queued."""
         now = time.monotonic()
         recent = self._recent.get(address)
         if recent is None:
@@ -97,23 +107,106 @@ class QueuedEnds:
         while recent[0][0] < now - RECLOSE_S:
             recent.popleft()
 
-    def lost(self, address: Address) -> None:
-        """This client lost ``address``: end its recent queued ends again. Deferred a turn of the
-        loop, so that a close whose answer came with the connection's end is counted first (an RDMA
-        connection delivers both in one callback)."""
-        if not self._closed:
-            asyncio.get_running_loop().call_soon(self._end_again, address)
+    def opened(self, address: Address, client: MetaClient, inode_id: int, session_id: int) -> None:
+        """An open was answered by ``address`` with its session queued (through ``client``)."""
+        key = (inode_id, session_id)
+        self.forget(inode_id, session_id)
+        now = time.monotonic()
+        opens = self._opens.get(address)
+        if opens is None:
+            opens = self._opens[address] = {}
+        opens[key] = (now, client)
+        self._open_at[key] = address
+        while opens:
+            (oldest, (at, _)) = next(iter(opens.items()))
+            if at >= now - RECLOSE_S and len(opens) <= RECLOSE_MAX:
+                break
+            del opens[oldest]
+            self._open_at.pop(oldest, None)
 
-    def _end_again(self, address: Address) -> None:
-        recent = self._recent.pop(address, None)
-        if not recent or self._closed:
+    def forget(self, inode_id: int, session_id: int) -> None:
+        """The session is being closed (or was ended by meta): it is not put again from now on."""
+        key = (inode_id, session_id)
+        address = self._open_at.pop(key, None)
+        if address is not None:
+            opens = self._opens.get(address)
+            if opens is not None:
+                opens.pop(key, None)
+                if not opens:
+                    del self._opens[address]
+
+    async def closing(self, inode_id: int, session_id: int) -> None:
+        """:meth:`forget`, and wait for a put of the session being sent again: the close must come
+        after it, or the put would bring back the session the close ended."""
+        self.forget(inode_id, session_id)
+        task = self._restoring.get((inode_id, session_id))
+        if task is not None:
+            await asyncio.wait({task})
+
+    def lost(self, address: Address) -> None:
+        """This client lost ``address``: put and end again its recent queued sessions. Deferred a
+        turn of the loop, so that an open or close whose answer came with the connection's end is
+        counted first (an RDMA connection delivers both in one callback)."""
+        if not self._closed:
+            asyncio.get_running_loop().call_soon(self._again, address)
+
+    def _again(self, address: Address) -> None:
+        if self._closed:
             return
         cutoff = time.monotonic() - RECLOSE_S
-        ends = [m.SessionRef(inode=i, session_id=s) for at, i, s in recent if at >= cutoff]
-        if ends:
-            task = asyncio.get_running_loop().create_task(self._send(address, ends))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        loop = asyncio.get_running_loop()
+        opens = self._opens.pop(address, None)
+        if opens:
+            by_client: dict[int, tuple[MetaClient, list[tuple[int, int]]]] = {}
+            for key, (at, client) in opens.items():
+                self._open_at.pop(key, None)
+                if at >= cutoff:
+                    by_client.setdefault(id(client), (client, []))[1].append(key)
+            for client, keys in by_client.values():
+                for i in range(0, len(keys), MAX_END_READ_SESSIONS):
+                    batch = keys[i : i + MAX_END_READ_SESSIONS]
+                    task = loop.create_task(self._restore(address, client, batch))
+                    self._track(task)
+                    for key in batch:
+                        self._restoring[key] = task
+        recent = self._recent.pop(address, None)
+        if recent:
+            ends = [m.SessionRef(inode=i, session_id=s) for at, i, s in recent if at >= cutoff]
+            if ends:
+                self._track(loop.create_task(self._send(address, ends)))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restore(self, address: Address, client: MetaClient, keys: list[tuple[int, int]]) -> None:
+        req = m.RestoreReadSessionsReq(inode_ids=[i for i, _ in keys], session_ids=[s for _, s in keys])
+        try:
+            rsp = await client.call("RestoreReadSessions", req)
+        except Exception as e:  # nobody to raise it to: a reader's check then finds the session gone
+            log.warning(
+                "meta %s:%d lost: could not put again %d read sessions of files held open whose "
+                "open it answered before writing them error=%s",
+                *address,
+                len(keys),
+                e,
+            )
+            return
+        finally:
+            for key in keys:
+                if self._restoring.get(key) is asyncio.current_task():
+                    del self._restoring[key]
+        self.restored += rsp.restored
+        log.log(
+            logging.WARNING if rsp.restored + rsp.present < len(keys) else logging.INFO,
+            "meta %s:%d lost: put again %d read sessions of files held open that it had answered "
+            "the open of (%d there already, %d could not be put: file gone) uid=%d",
+            *address,
+            rsp.restored,
+            rsp.present,
+            len(keys) - rsp.restored - rsp.present,
+            client.user.uid,
+        )
 
     async def _send(self, address: Address, ends: list[m.SessionRef]) -> None:
         ended = 0
@@ -151,7 +244,8 @@ class QueuedEnds:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-# Failures of a call that say the server may be gone: sessions whose end it queued are ended again.
+# Failures of a call that say the server may be gone: sessions whose open or end it queued are put or
+# ended again.
 _SERVER_LOST = frozenset(
     {
         StatusCode.RPC_CONNECT_FAILED,
@@ -196,6 +290,11 @@ META_SERVICE = ServiceDef(
         m.METHOD_META_SET_LAYOUT: ("SetLayout", m.SetLayoutReq, m.InodeRsp),
         m.METHOD_META_CAPABILITY: ("Capability", m.CapabilityReq, m.CapabilityRsp),
         m.METHOD_META_END_READ_SESSIONS: ("EndReadSessions", m.EndReadSessionsReq, m.EndReadSessionsRsp),
+        m.METHOD_META_RESTORE_READ_SESSIONS: (
+            "RestoreReadSessions",
+            m.RestoreReadSessionsReq,
+            m.RestoreReadSessionsRsp,
+        ),
     },
 )
 
@@ -328,7 +427,7 @@ class MetaClient:
         rpc_timeout_s: float = 10.0,
         capabilities: CapabilityCache | None = None,
         handles: InodeHandles | None = None,
-        queued_ends: QueuedEnds | None = None,
+        queued_ends: QueuedSessions | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one meta address is needed")
@@ -344,7 +443,7 @@ class MetaClient:
         self._current = _ids.randrange(len(self.addresses))
         self._methods = {meth.name: meth for meth in META_SERVICE}
         self._owns_queued_ends = queued_ends is None
-        self._queued_ends = queued_ends or QueuedEnds(self)
+        self._queued_ends = queued_ends or QueuedSessions(self)
 
     def _next_request_id(self) -> int:
         """A request id never used before with this client id: the wall clock in nanoseconds, or
@@ -584,7 +683,11 @@ class MetaClient:
     # ---- open files ----------------------------------------------------------------------------
 
     async def open(self, inode_id: int, flags: int = 0) -> m.OpenRsp:
-        rsp = await self.call("Open", m.OpenReq(inode_id=inode_id, flags=flags), request_id=True)
+        """Open ``inode_id``. A handle of a session this returns is closed by :meth:`close_file`, or
+        given up with :meth:`forget_session` (a session meta ended)."""
+        rsp, address = await self._call("Open", m.OpenReq(inode_id=inode_id, flags=flags), request_id=True)
+        if rsp.session_queued:
+            self._queued_ends.opened(address, self, inode_id, rsp.session_id)
         if rsp.capability and self.capabilities is not None:
             self.capabilities.put(rsp.inode.id, rsp.capability)
         return rsp
@@ -613,10 +716,16 @@ class MetaClient:
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
     ) -> m.Inode:
         req = m.CloseReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
+        await self._queued_ends.closing(inode_id, session_id)
         rsp, address = await self._call("Close", req, request_id=True)
         if rsp.end_queued:
             self._queued_ends.add(address, inode_id, session_id)
         return rsp.inode
+
+    def forget_session(self, inode_id: int, session_id: int) -> None:
+        """This client no longer holds session ``session_id`` of ``inode_id`` open (meta ended it,
+        or its close is not sent): it is not put again if the server that opened it is lost."""
+        self._queued_ends.forget(inode_id, session_id)
 
     async def prune_sessions(self, client_id: int) -> int:
         return (await self.call("PruneSession", m.PruneSessionReq(client_id=client_id))).pruned

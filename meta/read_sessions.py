@@ -24,14 +24,17 @@ leaving answered ones without a session. What is weaker, and why it is acceptabl
   default) after the unlink, by when the session has long been written (see the bound above);
   read sessions are queued only while ``gc_grace_s`` is at least :data:`MIN_GRACE_S`, and
   otherwise written before the answer, as before.
-- A meta process killed with sessions queued loses them: a reader of a file unlinked in that
-  instant may have its chunks removed under it (reads then fail). A close whose end was queued
-  says so in its answer (``InodeRsp.end_queued``), and the client ends the session again
-  (EndReadSessions, in batches) through any meta server if it loses this one within
-  ``fs3.client.meta_client.RECLOSE_S`` (``QueuedEnds``); a client that goes too leaves nothing. A
-  close lost otherwise (that client cut off from every meta server meanwhile) leaves the session
-  until its client goes (its file, if unlinked, is collected then). A clean stop writes the queue
-  first, before it closes its connections.
+- A meta process killed with sessions queued loses them. An open whose session was queued says so
+  in its answer (``OpenRsp.session_queued``), as does a close whose end was (``InodeRsp.end_queued``);
+  a client that loses this process within ``fs3.client.meta_client.RECLOSE_S`` of the answer puts
+  the sessions of files it still holds open again (RestoreReadSessions) and ends the closed ones
+  again (EndReadSessions), in batches, through any meta server (``QueuedSessions``); a client that
+  goes too leaves nothing. A put comes too late only for a file unlinked and claimed by the
+  collector before it (``gc_grace_s`` after the unlink; a killed process's connections end at
+  once, a dead host's time out): the reader's hole reads then fail (EIO), never return zeros for
+  removed data. A close lost otherwise (that client cut off from every meta server meanwhile)
+  leaves the session until its client goes (its file, if unlinked, is collected then). A clean stop
+  writes the queue first, before it closes its connections.
 - A close or touch that reaches another meta process (a failover) within the few milliseconds
   before the session is written finds none: the close is answered META_BAD_HANDLE and the
   session, written after, stays until its client goes; the touch makes the client take the

@@ -260,10 +260,17 @@ class MetaService:
 
     async def Open(self, req: m.OpenReq, _p: Any, ctx: CallContext) -> m.OpenRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        ino, sid = await self.store.open(cred, req.inode_id, req.flags, req.hdr.client_id, self._idem(req))
+        ino, sid, queued = await self.store.open_session(
+            cred, req.inode_id, req.flags, req.hdr.client_id, self._idem(req)
+        )
         if ctx.user is None:
-            return m.OpenRsp(inode=ino, session_id=sid)
-        return m.OpenRsp(inode=ino, session_id=sid, capability=await self._grant(cred, ino, req.flags, False))
+            return m.OpenRsp(inode=ino, session_id=sid, session_queued=queued)
+        return m.OpenRsp(
+            inode=ino,
+            session_id=sid,
+            session_queued=queued,
+            capability=await self._grant(cred, ino, req.flags, False),
+        )
 
     async def Capability(self, req: m.CapabilityReq, _p: Any, _c: CallContext) -> m.CapabilityRsp:
         """A new capability for a file the caller may access with ``rights`` now, checked as an
@@ -350,6 +357,28 @@ class MetaService:
             uid=None if cred.is_root else cred.uid,
         )
         return m.EndReadSessionsRsp(ended=ended)
+
+    async def RestoreReadSessions(
+        self, req: m.RestoreReadSessionsReq, _p: Any, _c: CallContext
+    ) -> m.RestoreReadSessionsRsp:
+        cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
+        if len(req.inode_ids) > MAX_END_READ_SESSIONS:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT, f"at most {MAX_END_READ_SESSIONS} sessions per request"
+            )
+        if len(req.session_ids) != len(req.inode_ids):
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT,
+                f"{len(req.inode_ids)} inode ids but {len(req.session_ids)} session ids",
+            )
+        if not req.hdr.client_id:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
+        if not all(req.session_ids):
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "session id 0")
+        restored, present = await self.store.restore_read_sessions(
+            cred, req.hdr.client_id, list(zip(req.inode_ids, req.session_ids, strict=True))
+        )
+        return m.RestoreReadSessionsRsp(restored=restored, present=present)
 
     async def PruneSession(self, req: m.PruneSessionReq, _p: Any, _c: CallContext) -> m.PruneSessionRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)

@@ -31,7 +31,7 @@ from fs3.kv import Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, M, Namespace, Trims, _time_left
-from fs3.meta.permissions import Credentials, access_of_flags, check, kill_suid_sgid
+from fs3.meta.permissions import R_OK, Credentials, access_of_flags, check, kill_suid_sgid
 from fs3.meta.read_sessions import MIN_GRACE_S, ReadSessions
 from fs3.proto import meta_pb2
 
@@ -75,7 +75,16 @@ class SessionOps(Namespace):
     async def open(
         self, cred: Credentials, inode_id: int, flags: int, client_id: int = 0, idem: Idem = None
     ) -> tuple[meta_pb2.Inode, int]:
-        """Check access for ``flags`` and open a session; returns (inode, session id). Directories
+        """:meth:`open_session`'s (inode, session id)."""
+        ino, session_id, _ = await self.open_session(cred, inode_id, flags, client_id, idem)
+        return ino, session_id
+
+    async def open_session(
+        self, cred: Credentials, inode_id: int, flags: int, client_id: int = 0, idem: Idem = None
+    ) -> tuple[meta_pb2.Inode, int, bool]:
+        """Check access for ``flags`` and open a session; returns (inode, session id, whether the
+        session was queued: written after the answer, so a client whose connection to this process
+        is lost soon after puts it again, as the process may have died before writing it). Directories
         and special files are checked but get no session (0). With a request id a retried open
         returns the first one's session instead of opening a second one, which nobody would close
         (and which would keep an unlinked file's chunks for the client's lifetime). A read-only
@@ -129,18 +138,18 @@ class SessionOps(Namespace):
                 queue = None
             else:
                 if not queued or rsp.session_id != session_id:
-                    return rsp.inode, rsp.session_id  # no session, or a retry's first answer
+                    return rsp.inode, rsp.session_id, False  # no session, or a retry's first answer
                 # not for a caller that gave up meanwhile (it may have retried elsewhere and
                 # closed that session already): nobody would close this one
                 _time_left("its session was queued")
                 if self._queue_read_sessions() is queue:
                     queue.open(inode_id, session_id, queued[0])
-                    return rsp.inode, rsp.session_id
+                    return rsp.inode, rsp.session_id, True
                 # The queue stopped or failed, or the grace was shortened, since this open began:
                 # its session goes in its own transaction below, as before.
                 queue = None
         rsp = await self._trimming_first(trims, lambda: self._mutate(idem, meta_pb2.OpenRsp, trims.txn(fn)))
-        return rsp.inode, rsp.session_id
+        return rsp.inode, rsp.session_id, False
 
     async def _answered(self, idem: Idem, rsp_cls: type[M], fn: Callable[[Transaction], Awaitable[M]]) -> M:
         """``fn`` in a snapshot that commits nothing; with a request id, the first answer if one
@@ -355,6 +364,46 @@ class SessionOps(Namespace):
             return ended
 
         return await self.db.run(end)
+
+    async def restore_read_sessions(
+        self, cred: Credentials, client_id: int, sessions: Sequence[tuple[int, int]]
+    ) -> tuple[int, int]:
+        """Put the read sessions ``(inode id, session id)`` of ``client_id`` that are not there, as
+        ``cred``'s, where the file is still there, not being collected, and readable by ``cred``;
+        returns (how many were put, how many were there already). A client's second put of sessions
+        whose open a meta process answered before writing them, and may have died with (see
+        fs3.meta.read_sessions), for files it still holds open: usually all are there, and then
+        nothing is written. A session id there already, whoever's, is left alone."""
+        keys = [schema.session_key(inode_id, session_id) for inode_id, session_id in sessions]
+        await self._settle_keys(keys, f"a session of {len(keys)}")
+
+        async def missing(tr: Transaction) -> int:
+            return sum([await tr.snapshot.get(key) is None for key in keys])
+
+        if not await self.db.run(missing, read_only=True):
+            return 0, len(keys)
+
+        async def put(tr: Transaction) -> tuple[int, int]:
+            restored = present = 0
+            for (inode_id, session_id), key in zip(sessions, keys, strict=True):
+                if await tr.get(key) is not None:
+                    present += 1
+                    continue
+                raw = await tr.get(schema.inode_key(inode_id))  # conflicts with the collector's claim
+                if raw is None:
+                    continue
+                ino = meta_pb2.Inode.FromString(raw)
+                if ino.type != FILE or (ino.nlink == 0 and ino.collecting):
+                    continue  # gone, or its chunks are being removed: as an open now would be refused
+                try:
+                    check(ino, cred, R_OK)
+                except FS3Error:
+                    continue
+                tr.set(key, self._session(cred, ino, session_id, client_id, write=False).SerializeToString())
+                restored += 1
+            return restored, present
+
+        return await self.db.run(put)
 
     async def prune_sessions(
         self,

@@ -39,6 +39,7 @@ class MetaMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_META_SET_LAYOUT: _ClassVar[MetaMethod]
     METHOD_META_CAPABILITY: _ClassVar[MetaMethod]
     METHOD_META_END_READ_SESSIONS: _ClassVar[MetaMethod]
+    METHOD_META_RESTORE_READ_SESSIONS: _ClassVar[MetaMethod]
 
 class InodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -92,6 +93,7 @@ METHOD_META_LOOKUP_PATH: MetaMethod
 METHOD_META_SET_LAYOUT: MetaMethod
 METHOD_META_CAPABILITY: MetaMethod
 METHOD_META_END_READ_SESSIONS: MetaMethod
+METHOD_META_RESTORE_READ_SESSIONS: MetaMethod
 INODE_TYPE_UNSPECIFIED: InodeType
 INODE_FILE: InodeType
 INODE_DIRECTORY: InodeType
@@ -505,14 +507,16 @@ class OpenReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
 
 class OpenRsp(_message.Message):
-    __slots__ = ("inode", "session_id", "capability")
+    __slots__ = ("inode", "session_id", "capability", "session_queued")
     INODE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_QUEUED_FIELD_NUMBER: _ClassVar[int]
     inode: Inode
     session_id: int
     capability: bytes
-    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+    session_queued: bool
+    def __init__(self, inode: _Optional[_Union[Inode, _Mapping]] = ..., session_id: _Optional[int] = ..., capability: _Optional[bytes] = ..., session_queued: _Optional[bool] = ...) -> None: ...
 
 class CloseReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "mtime")
@@ -581,6 +585,24 @@ class EndReadSessionsRsp(_message.Message):
     ENDED_FIELD_NUMBER: _ClassVar[int]
     ended: int
     def __init__(self, ended: _Optional[int] = ...) -> None: ...
+
+class RestoreReadSessionsReq(_message.Message):
+    __slots__ = ("hdr", "inode_ids", "session_ids")
+    HDR_FIELD_NUMBER: _ClassVar[int]
+    INODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    hdr: MetaRequestHeader
+    inode_ids: _containers.RepeatedScalarFieldContainer[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_ids: _Optional[_Iterable[int]] = ..., session_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class RestoreReadSessionsRsp(_message.Message):
+    __slots__ = ("restored", "present")
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    restored: int
+    present: int
+    def __init__(self, restored: _Optional[int] = ..., present: _Optional[int] = ...) -> None: ...
 
 class GetxattrReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "name")

@@ -12,13 +12,15 @@ from collections.abc import AsyncIterator
 import pytest
 from cluster import wait_until
 
-from fs3.client.meta_client import MetaClient, QueuedEnds
+from fs3.client.meta_client import MetaClient, QueuedSessions
 from fs3.config import KvConfig, MetaConfig
+from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database, prefix_end
 from fs3.kv.base import Database, Transaction
 from fs3.meta import schema
 from fs3.meta.daemon import MetaDaemon
 from fs3.meta.schema import ROOT_ID
+from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(60)
@@ -171,9 +173,150 @@ async def test_a_loss_reported_before_its_last_close_is_recorded_still_ends_that
             sent.append(req)
             return m.EndReadSessionsRsp(ended=len(req.sessions))
 
-    ends = QueuedEnds(Client())  # type: ignore[arg-type]
+    ends = QueuedSessions(Client())  # type: ignore[arg-type]
     ends.lost(("10.0.0.1", 8100))
     ends.add(("10.0.0.1", 8100), 5, 6)
     await wait_until(lambda: bool(sent), 5, "the batch")
     assert [(s.inode, s.session_id) for s in sent[0].sessions] == [(5, 6)]
     await ends.close()
+
+
+@pytest.mark.parametrize("unlinked", [False, True])
+async def test_a_read_session_whose_open_died_with_its_meta_is_put_again(two_metas, unlinked: bool) -> None:
+    """Meta answered the open and died before writing the session: the client puts it again
+    through meta b, so a file unlinked while it reads keeps its chunks until the close."""
+    db, a, b = two_metas
+    assert a.store is not None and a.store.read_sessions is not None and b.store is not None
+    client = MetaClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    try:
+        ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
+
+        async def never(tr: Transaction) -> tuple[int, int, int]:
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        a.store.read_sessions._write = never  # type: ignore[method-assign]  # noqa: SLF001
+        client._current = 0  # noqa: SLF001  # the open goes to meta a
+        rsp = await client.open(ino.id, os.O_RDONLY)
+        assert rsp.session_queued and rsp.session_id
+        assert await _sessions(db, ino.id) == 0  # queued, never written
+        if unlinked:
+            client._current = 1  # noqa: SLF001
+            await client.unlink(ROOT_ID, b"f")
+        task = a.store.read_sessions._task  # noqa: SLF001
+        assert task is not None
+        task.cancel()
+        assert a.server is not None
+        await a.server.stop()
+
+        async def put_again() -> bool:
+            return await _sessions(db, ino.id) == 1
+
+        await wait_until(put_again, 20, "the read session to be put again through meta b")
+        assert client._queued_ends.restored == 1  # noqa: SLF001
+        # past the collector's grace, the open file keeps its chunks (without the session it goes)
+        await asyncio.sleep(b.store.collector.grace_s + 0.3)
+        await b.store.collector.collect_once()
+        assert not await _gone(db, ino.id)
+        assert (await client.stat(ino.id)).nlink == (0 if unlinked else 1)
+        # the close (through b) ends the restored session, and an unlinked file then goes
+        await client.close_file(ino.id, rsp.session_id)
+        await b.store.read_sessions.settled()
+        assert await _sessions(db, ino.id) == 0
+        if unlinked:
+            await b.store.collector.collect_once()
+            assert await _gone(db, ino.id)
+    finally:
+        await client.close()
+
+
+async def test_restore_puts_only_missing_sessions_of_readable_files(two_metas) -> None:
+    db, _, b = two_metas
+    client = MetaClient([f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    bob = client.acting_as(common_pb2.UserInfo(uid=1000, gid=1000))
+    try:
+        assert b.store is not None
+        readable = (await client.create(ROOT_ID, b"r", 0o644)).inode
+        private = (await client.create(ROOT_ID, b"p", 0o600)).inode
+        there = await client.open(readable.id, os.O_RDONLY)
+        await b.store.read_sessions.settled()
+
+        async def restore(c: MetaClient, pairs: list[tuple[int, int]]) -> m.RestoreReadSessionsRsp:
+            req = m.RestoreReadSessionsReq(inode_ids=[i for i, _ in pairs], session_ids=[s for _, s in pairs])
+            return await c.call("RestoreReadSessions", req)
+
+        rsp = await restore(client, [(readable.id, there.session_id), (readable.id, 77), (999_999, 78)])
+        assert (rsp.restored, rsp.present) == (1, 1)  # the gone inode is neither
+        assert await _sessions(db, readable.id) == 2
+        rsp = await restore(bob, [(private.id, 79), (readable.id, 80)])
+        assert (rsp.restored, rsp.present) == (1, 0)  # not the file bob may not read
+        assert await _sessions(db, private.id) == 0
+        # a restored session is the caller's: it ends as any of its read sessions
+        ended = await bob.call(
+            "EndReadSessions", m.EndReadSessionsReq(sessions=[m.SessionRef(inode=readable.id, session_id=80)])
+        )
+        assert ended.ended == 1
+        with pytest.raises(FS3Error) as e:
+            await client.call(
+                "RestoreReadSessions", m.RestoreReadSessionsReq(inode_ids=[1, 2], session_ids=[3])
+            )
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+        with pytest.raises(FS3Error) as e:
+            await client.call(
+                "RestoreReadSessions",
+                m.RestoreReadSessionsReq(inode_ids=[readable.id] * 4097, session_ids=list(range(1, 4098))),
+            )
+        assert e.value.code == StatusCode.INVALID_ARGUMENT
+    finally:
+        await client.close()
+
+
+async def test_a_session_closed_or_given_up_is_not_put_again() -> None:
+    """Only sessions still held open are put again, each through the client (user) that opened
+    it; a close waits for a put of its session being sent, so the put cannot come after it."""
+    sent: list[tuple[int, m.RestoreReadSessionsReq]] = []
+    release = asyncio.Event()
+
+    class Rpc:
+        def on_connection_lost(self, listener: object) -> None:
+            pass
+
+        def remove_connection_lost(self, listener: object) -> None:
+            pass
+
+    class Client:
+        rpc = Rpc()
+
+        def __init__(self, uid: int) -> None:
+            self.user = common_pb2.UserInfo(uid=uid)
+
+        async def call(self, method: str, req: m.RestoreReadSessionsReq) -> m.RestoreReadSessionsRsp:
+            assert method == "RestoreReadSessions"
+            sent.append((self.user.uid, req))
+            await release.wait()
+            return m.RestoreReadSessionsRsp(restored=len(req.inode_ids))
+
+    base, alice = Client(0), Client(1000)
+    queued = QueuedSessions(base)  # type: ignore[arg-type]
+    here = ("10.0.0.1", 8100)
+    queued.opened(here, base, 5, 6)  # type: ignore[arg-type]
+    queued.opened(here, alice, 7, 8)  # type: ignore[arg-type]
+    queued.opened(here, base, 9, 10)  # type: ignore[arg-type]
+    queued.opened(("10.0.0.2", 8100), base, 11, 12)  # type: ignore[arg-type]  # another server's
+    queued.forget(9, 10)  # given up (meta ended it)
+    queued.lost(here)
+    await wait_until(lambda: len(sent) == 2, 5, "the batches")
+    assert sorted((uid, list(r.inode_ids), list(r.session_ids)) for uid, r in sent) == [
+        (0, [5], [6]),
+        (1000, [7], [8]),
+    ]
+    closing = asyncio.ensure_future(queued.closing(5, 6))
+    await asyncio.sleep(0.05)
+    assert not closing.done()  # waits for the put being sent
+    release.set()
+    await asyncio.wait_for(closing, 5)
+    assert queued.restored == 2
+    queued.lost(here)  # nothing left of that server
+    await asyncio.sleep(0.05)
+    assert len(sent) == 2
+    await queued.close()
