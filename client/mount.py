@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fs3.background import Periodic, cancel_and_wait
-from fs3.cli.fuse_mounts import fuse_connections, mount_device, mounted_over
+from fs3.cli.fuse_mounts import dead, fuse_connections, mount_device, mount_type, mounted_over, unmount
 from fs3.config import ClientConfig, load_config
 from fs3.daemon import apply_pushed_config, hot_log_level, log_env_overrides
 from fs3.errors import FS3Error, StatusCode
@@ -382,6 +382,25 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
     return lambda: tell(b"1"), lambda: tell(b"0")
 
 
+def _replace_dead_mount(path: str) -> bool:
+    """Unmount a dead fs3 mount at ``path`` (nobody serves it: its mount process was killed, or ran
+    out of memory, or its connection was aborted), so that a new mount (systemd's restart of the
+    mount service, for one) can take its place; True if it did. A mount of another file system,
+    or one whose server is alive (answering or stuck), is left alone: refused by the caller. It
+    goes lazily where busy (a shell's working directory in it): the dead mount's users get errors
+    either way, the new one's see the new mount."""
+    if mount_type(path) != "fuse.fs3" or not dead(path):
+        return False
+    unmount(path)
+    if mounted_over(path, fuse_only=True):
+        return False
+    sys.stderr.write(
+        f"fs3 mount: warning: unmounted the dead fs3 mount at {path} (nobody served it any more: its "
+        "mount process was killed or its connection aborted) to mount there again\n"
+    )
+    return True
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 mount``; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -389,9 +408,11 @@ def main(argv: list[str]) -> int:
     # before anything starts: a stat of a dead FUSE mount fails (ENOTCONN, "not a directory"
     # below) and one of a hung mount never returns
     where = os.path.abspath(args.mountpoint)
-    if taken := mounted_over(where, fuse_only=True) or mounted_over(os.path.realpath(where), fuse_only=True):
-        sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")
-        return 1
+    for path in dict.fromkeys((where, os.path.realpath(where))):
+        if taken := mounted_over(path, fuse_only=True):
+            if not _replace_dead_mount(path):
+                sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")
+                return 1
     try:
         cfg = load_config(ClientConfig, args.config)
     except FS3Error as e:

@@ -9,9 +9,11 @@ exist to get out of.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 FUSECTL = "/sys/fs/fuse/connections"
@@ -98,6 +100,30 @@ def answers(path: str, timeout_s: float) -> bool:
         return child.wait(timeout_s) == 0
     except subprocess.TimeoutExpired:
         child.kill()
+        return False
+
+
+# exits with the errno of a stat and an open of directory argv[1] (0 if both succeed); the open is
+# a request to the server whatever the kernel has cached of the directory's attributes
+_STAT_ERRNO = (
+    "import os, sys\ntry:\n os.stat(sys.argv[1])\n os.close(os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY))\n"
+    "except OSError as e:\n sys.exit(e.errno or 1)"
+)
+
+
+def dead(path: str, timeout_s: float = 5.0) -> bool:
+    """Whether the FUSE mount at ``path`` has nobody serving it: a stat or an open of it fails at
+    once with ENOTCONN, as after its server died (killed, out of memory) or its connection was aborted. A
+    mount that answers, or does not answer within ``timeout_s`` (a server alive but stuck), is not
+    dead. Asked by a child process, as :func:`answers` does."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STAT_ERRNO, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        return child.wait(timeout_s) == errno.ENOTCONN
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
         return False
 
 

@@ -591,6 +591,45 @@ async def test_sigterm_unmounts_cleanly(env: Env) -> None:
     assert not is_mounted(m.path)
 
 
+async def test_a_dead_fs3_mount_is_replaced_by_a_new_mount(env: Env) -> None:
+    """A mount process killed (SIGKILL, as the OOM killer does) leaves a dead mount: every access
+    fails with ENOTCONN, and a new ``fs3 mount`` there (systemd restarting the service) used to be
+    refused until someone unmounted it by hand. It unmounts the dead mount (lazily: a process has
+    its working directory in it) and mounts in its place."""
+    m = await env.cluster.mount(env.mnt.parent / "mnt-dead", name="dying")
+    await asyncio.to_thread(_kill_and_mount_again, m)
+
+
+def _kill_and_mount_again(m: Mount) -> None:
+    (m.path / "kept").write_bytes(b"k")
+    before = mount_device(str(m.path))
+    sleeper = subprocess.Popen(["sleep", "120"], cwd=m.path)  # keeps the dead mount busy
+    try:
+        assert m.proc.popen is not None
+        m.proc.popen.kill()
+        m.proc.popen.wait(timeout=30)
+        with pytest.raises(OSError) as e:
+            os.listdir(m.path)
+        assert e.value.errno == errno.ENOTCONN
+        argv = [sys.executable, "-m", "fs3.cli.main", "mount", str(m.path), "--config", str(m.config)]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert f"unmounted the dead fs3 mount at {m.path}" in r.stderr
+        assert mount_device(str(m.path)) not in (None, before)
+        assert (m.path / "kept").read_bytes() == b"k"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run(["fusermount3", "-u", str(m.path)], capture_output=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while _pids_serving(m.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in _pids_serving(m.path):
+            os.kill(pid, signal.SIGKILL)
+        force_unmount(m.path)
+
+
 async def test_one_mib_requests_readahead_and_metrics(env: Env) -> None:
     """1 MiB writes and direct reads reach the mount whole, the mount's readahead is raised, and
     the Prometheus page counts requests per operation."""
