@@ -266,6 +266,10 @@ class OpenFile:
         self.checked_at = 0.0
         self.meta_until = 0.0
         self.session_lost = False  # meta said it has no such session any more
+        # meta answered the open before writing its session (OpenRsp.session_queued): until meta
+        # has been asked once, a hole is checked whatever mgmtd says (a meta process that died
+        # with the session queued lost it, and the collector may have taken the file since)
+        self.unconfirmed = False
         self.lost_writes = False  # and writes it had not reported yet: its fsync or close says EIO
         self.checking: asyncio.Future[None] | None = None  # the guard's check with meta, in flight
 

@@ -505,9 +505,12 @@ class FileSystem:
             st.refresh(inode, since)
         return st
 
-    def _handle(self, inode: m.Inode, session_id: int, flags: int, since: int, opened_at: float) -> OpenFile:
+    def _handle(
+        self, inode: m.Inode, session_id: int, flags: int, since: int, opened_at: float, queued: bool = False
+    ) -> OpenFile:
         """A new handle of the file meta's open returned ``inode`` for: asked at ``since`` (a
-        :func:`stamp`), sent at ``opened_at`` (a :func:`session_clock` time)."""
+        :func:`stamp`), sent at ``opened_at`` (a :func:`session_clock` time); ``queued``: meta
+        answered before writing the session (``OpenRsp.session_queued``)."""
         h = OpenFile(
             self.storage,
             self._state(inode, since),
@@ -520,6 +523,7 @@ class FileSystem:
         )
         h.guard = self._guard
         h.checked_at = opened_at
+        h.unconfirmed = queued
         h.state.handles.add(h)
         return h
 
@@ -535,9 +539,11 @@ class FileSystem:
         meta keeps it another session timeout: half of that needs no check again."""
         if not h.session_lost:
             keeper = self._session
-            if keeper is None or not h.session_id or keeper.vouches_for(h.checked_at):
+            if not h.session_id:
                 return
-            if session_clock() < h.meta_until:
+            if not h.unconfirmed and (
+                keeper is None or keeper.vouches_for(h.checked_at) or session_clock() < h.meta_until
+            ):
                 return
             if h.checking is None or h.checking.done():
                 h.checking = asyncio.ensure_future(self._check_session(h))
@@ -551,10 +557,18 @@ class FileSystem:
 
     async def _check_session(self, h: OpenFile) -> None:
         """Ask meta whether ``h``'s session is still there (touching it, so it stays). A read-only
-        handle whose session meta ended opens its file again (:meth:`_reopen`)."""
+        handle whose session meta ended opens its file again (:meth:`_reopen`). A session being
+        put again (its meta server lost, see ``QueuedSessions``) is asked for once that is done."""
         sent = session_clock()
         try:
-            timeout = await self.meta.touch_session(h.inode_id, h.session_id)
+            try:
+                timeout = await self.meta.touch_session(h.inode_id, h.session_id)
+            except FS3Error as e:
+                if e.code != StatusCode.META_BAD_HANDLE or not await self.meta.restoring(
+                    h.inode_id, h.session_id
+                ):
+                    raise
+                timeout = await self.meta.touch_session(h.inode_id, h.session_id)
         except FS3Error as e:
             if e.code != StatusCode.META_BAD_HANDLE:
                 raise
@@ -565,6 +579,7 @@ class FileSystem:
         else:
             h.checked_at = max(h.checked_at, sent)
             h.meta_until = sent + timeout / 2 if timeout > 0 else math.inf
+            h.unconfirmed = False  # in meta's store: the collector keeps the file while it is there
         finally:
             h.checking = None
 
@@ -582,6 +597,7 @@ class FileSystem:
             return False
         self.meta.forget_session(h.inode_id, h.session_id)
         h.session_id = rsp.session_id
+        h.unconfirmed = rsp.session_queued
         log.info(
             "inode %#x: meta had ended this read-only handle's session (this client was paused or "
             "cut off longer than its session timeout): opened the file again, it reads on",
@@ -614,7 +630,7 @@ class FileSystem:
             rsp = await self.meta.create(
                 parent, name, perm, flags & (os.O_EXCL | os.O_TRUNC | 3), session=True
             )
-            inode, session_id = rsp.inode, rsp.session_id
+            inode, session_id, queued = rsp.inode, rsp.session_id, False
         else:
             for attempt in range(_OPEN_ATTEMPTS):
                 inode = await self._lookup(p)
@@ -630,6 +646,7 @@ class FileSystem:
                     if e.code != StatusCode.NOT_FOUND or attempt == _OPEN_ATTEMPTS - 1:
                         raise
             inode, session_id = rsp.inode, rsp.session_id
+            queued = rsp.session_queued
         if inode.type == m.INODE_DIRECTORY:
             if session_id:
                 await self.meta.close_file(inode.id, session_id)
@@ -638,7 +655,7 @@ class FileSystem:
             st = self._states.get(inode.id)
             if st is not None:
                 st.truncated(0)
-        f = File(self, self._handle(inode, session_id, flags, since, opened_at), p, flags)
+        f = File(self, self._handle(inode, session_id, flags, since, opened_at, queued), p, flags)
         if flags & os.O_APPEND:
             f.pos = f.size
         return f
@@ -745,7 +762,9 @@ class FileSystem:
                 wrote = h.writable and h.dirty
                 length = h.take_length()[0] if wrote else h.written_length
                 try:
-                    if h.session_lost:
+                    # (a session given up while it was being put again may be there after all:
+                    # closed, as a put that comes after the close would leave it for good)
+                    if h.session_lost and not await self.meta.restoring(h.inode_id, h.session_id):
                         raise _session_lost_error(h)
                     ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
                 except FS3Error as e:

@@ -664,7 +664,7 @@ class Fs3Operations(pyfuse3.Operations):
             # name up again (LOOKUP_REVAL) and open what it finds now, as over NFS: an open of a
             # name that exists all along never fails for a rename over it.
             raise pyfuse3.FUSEError(errno.ESTALE) from None
-        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at)
+        handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at, rsp.session_queued)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
         return self._file_info(handle, flags)

@@ -91,6 +91,7 @@ class QueuedSessions:
         self._opens: dict[Address, dict[tuple[int, int], tuple[float, MetaClient]]] = {}
         self._open_at: dict[tuple[int, int], Address] = {}  # the server of each of _opens' sessions
         self._restoring: dict[tuple[int, int], asyncio.Task[None]] = {}  # puts being sent again
+        self._put_again: set[tuple[int, int]] = set()  # sent again, and maybe put, until forgotten
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.ended = 0  # sessions ended again (for tests and logs)
@@ -127,6 +128,7 @@ class QueuedSessions:
     def forget(self, inode_id: int, session_id: int) -> None:
         """The session is being closed (or was ended by meta): it is not put again from now on."""
         key = (inode_id, session_id)
+        self._put_again.discard(key)
         address = self._open_at.pop(key, None)
         if address is not None:
             opens = self._opens.get(address)
@@ -142,6 +144,15 @@ class QueuedSessions:
         task = self._restoring.get((inode_id, session_id))
         if task is not None:
             await asyncio.wait({task})
+
+    async def restoring(self, inode_id: int, session_id: int) -> bool:
+        """Whether the session was sent to be put again (waiting for that to be done): meta may
+        have it after all, though an answer before said it had not."""
+        key = (inode_id, session_id)
+        task = self._restoring.get(key)
+        if task is not None:
+            await asyncio.wait({task})
+        return key in self._put_again
 
     def lost(self, address: Address) -> None:
         """This client lost ``address``: put and end again its recent queued sessions. Deferred a
@@ -169,6 +180,7 @@ class QueuedSessions:
                     self._track(task)
                     for key in batch:
                         self._restoring[key] = task
+                        self._put_again.add(key)
         recent = self._recent.pop(address, None)
         if recent:
             ends = [m.SessionRef(inode=i, session_id=s) for at, i, s in recent if at >= cutoff]
@@ -181,6 +193,7 @@ class QueuedSessions:
 
     async def _restore(self, address: Address, client: MetaClient, keys: list[tuple[int, int]]) -> None:
         req = m.RestoreReadSessionsReq(inode_ids=[i for i, _ in keys], session_ids=[s for _, s in keys])
+        client.avoid(address)  # not first to the server lost: a dead host's connect would time out
         try:
             rsp = await client.call("RestoreReadSessions", req)
         except Exception as e:  # nobody to raise it to: a reader's check then finds the session gone
@@ -200,7 +213,8 @@ class QueuedSessions:
         log.log(
             logging.WARNING if rsp.restored + rsp.present < len(keys) else logging.INFO,
             "meta %s:%d lost: put again %d read sessions of files held open that it had answered "
-            "the open of (%d there already, %d could not be put: file gone) uid=%d",
+            "the open of (%d there already, %d could not be put: the file is gone or being "
+            "collected, or no longer readable by the user; their next hole read asks meta) uid=%d",
             *address,
             rsp.restored,
             rsp.present,
@@ -210,6 +224,7 @@ class QueuedSessions:
 
     async def _send(self, address: Address, ends: list[m.SessionRef]) -> None:
         ended = 0
+        self._client.avoid(address)
         try:
             for i in range(0, len(ends), MAX_END_READ_SESSIONS):
                 req = m.EndReadSessionsReq(sessions=ends[i : i + MAX_END_READ_SESSIONS])
@@ -544,6 +559,11 @@ class MetaClient:
         self._current %= len(addresses)
         return addresses[self._current]
 
+    def avoid(self, address: Address) -> None:
+        """Call another server than ``address`` (one this client lost) next, if there is one."""
+        if len(self.addresses) > 1 and _parsed.get(self._address()) == address:
+            self._current += 1
+
     # ---- reads ---------------------------------------------------------------------------------
 
     async def stat(self, inode_id: int) -> m.Inode:
@@ -721,6 +741,12 @@ class MetaClient:
         if rsp.end_queued:
             self._queued_ends.add(address, inode_id, session_id)
         return rsp.inode
+
+    async def restoring(self, inode_id: int, session_id: int) -> bool:
+        """Whether the session was sent to meta to be put again since its server was lost (see
+        :class:`QueuedSessions`), waiting for that to be done: meta may have it after all, though
+        an answer before said it had not."""
+        return await self._queued_ends.restoring(inode_id, session_id)
 
     def forget_session(self, inode_id: int, session_id: int) -> None:
         """This client no longer holds session ``session_id`` of ``inode_id`` open (meta ended it,

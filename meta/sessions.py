@@ -384,6 +384,9 @@ class SessionOps(Namespace):
             return 0, len(keys)
 
         async def put(tr: Transaction) -> tuple[int, int]:
+            # not for a caller that gave up meanwhile: it may have put the sessions through another
+            # server and closed them since, and this put would bring them back for good
+            _time_left("its sessions were put")
             restored = present = 0
             for (inode_id, session_id), key in zip(sessions, keys, strict=True):
                 if await tr.get(key) is not None:

@@ -12,6 +12,7 @@ from fs_cluster import FsCluster
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
+from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -161,6 +162,49 @@ async def test_a_read_only_handle_whose_session_meta_ended_opens_its_file_again(
             return await _chunks_of(other, ino) == 0
 
         await _until(collected, 60, "the unlinked file's chunks to be collected after the close")
+
+
+async def test_a_hole_read_of_a_handle_whose_queued_session_was_lost_fails_not_zeros(tmp_path) -> None:
+    """Meta answers a read-only open before writing its session; a meta process killed in that
+    instant loses it. If the file is then unlinked and collected, the handle's reads find no
+    chunks: holes. Its first hole read asks meta, whatever mgmtd says of the client (which is
+    alive): the session is not there and the file is gone, so the read fails (EIO), where it
+    returned zeros for the file's data before."""
+    chunk = 1 << 20
+    async with FsCluster(tmp_path, chains=1, stripe=1, chunk_size=chunk) as c:
+        fs = await c.connect()
+        other = await c.connect()
+        data = os.urandom(4096)
+        w = await other.open("/f", "w")
+        await w.write(data)
+        await w.close()
+        ino = (await other.stat("/f")).st_ino
+        reader = await fs.open("/f")
+        assert reader.handle.unconfirmed
+        # the session as lost with its meta process: what meta wrote of it is taken away
+        await asyncio.sleep(0.5)
+        ref = m.SessionRef(inode=ino, session_id=reader.handle.session_id)
+        assert (await fs.meta.call("EndReadSessions", m.EndReadSessionsReq(sessions=[ref]))).ended == 1
+        await other.unlink("/f")
+
+        async def collected() -> bool:
+            return await _chunks_of(other, ino) == 0
+
+        await _until(collected, 60, "the unlinked file without a session to be collected")
+        assert fs._session is not None and fs._session.vouches_for(reader.handle.checked_at)  # noqa: SLF001
+        with pytest.raises(FS3Error) as e:
+            await reader.pread(4096, 0)
+        assert e.value.code == StatusCode.SESSION_LOST and reader.handle.session_lost
+        await reader.close()
+
+        # a handle whose first hole read found its session there reads holes without asking again
+        w = await other.open("/sparse", "w")
+        await w.pwrite(b"s", chunk)
+        await w.close()
+        sparse = await fs.open("/sparse")
+        assert await sparse.pread(4096, 0) == bytes(4096)
+        assert not sparse.handle.unconfirmed and not sparse.handle.session_lost
+        await sparse.close()
 
 
 async def test_a_paused_client_whose_file_sessions_meta_kept_writes_on(tmp_path) -> None:

@@ -19,6 +19,8 @@ from fs3.kv import open_database, prefix_end
 from fs3.kv.base import Database, Transaction
 from fs3.meta import schema
 from fs3.meta.daemon import MetaDaemon
+from fs3.meta.namespace import CALL_DEADLINE
+from fs3.meta.permissions import Credentials
 from fs3.meta.schema import ROOT_ID
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
@@ -169,6 +171,9 @@ async def test_a_loss_reported_before_its_last_close_is_recorded_still_ends_that
     class Client:
         rpc = Rpc()
 
+        def avoid(self, address: object) -> None:
+            pass
+
         async def call(self, method: str, req: m.EndReadSessionsReq) -> m.EndReadSessionsRsp:
             sent.append(req)
             return m.EndReadSessionsRsp(ended=len(req.sessions))
@@ -290,6 +295,9 @@ async def test_a_session_closed_or_given_up_is_not_put_again() -> None:
         def __init__(self, uid: int) -> None:
             self.user = common_pb2.UserInfo(uid=uid)
 
+        def avoid(self, address: object) -> None:
+            pass
+
         async def call(self, method: str, req: m.RestoreReadSessionsReq) -> m.RestoreReadSessionsRsp:
             assert method == "RestoreReadSessions"
             sent.append((self.user.uid, req))
@@ -310,13 +318,39 @@ async def test_a_session_closed_or_given_up_is_not_put_again() -> None:
         (0, [5], [6]),
         (1000, [7], [8]),
     ]
+    # a check that found no session waits for the put, and then knows the session may be there
+    asking = asyncio.ensure_future(queued.restoring(7, 8))
     closing = asyncio.ensure_future(queued.closing(5, 6))
     await asyncio.sleep(0.05)
-    assert not closing.done()  # waits for the put being sent
+    assert not closing.done() and not asking.done()  # both wait for the put being sent
     release.set()
     await asyncio.wait_for(closing, 5)
+    assert await asyncio.wait_for(asking, 5)
     assert queued.restored == 2
+    assert not await queued.restoring(9, 10) and not await queued.restoring(11, 12)
+    queued.forget(7, 8)
+    assert not await queued.restoring(7, 8)
     queued.lost(here)  # nothing left of that server
     await asyncio.sleep(0.05)
     assert len(sent) == 2
     await queued.close()
+
+
+async def test_a_put_again_whose_caller_gave_up_writes_nothing(two_metas) -> None:
+    """A put that comes after its caller gave up (and may have put and closed the session through
+    another server since) would bring the session back for good: it is refused instead."""
+    db, _, b = two_metas
+    client = MetaClient([f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    try:
+        assert b.store is not None
+        ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
+        token = CALL_DEADLINE.set(asyncio.get_running_loop().time() - 1)
+        try:
+            with pytest.raises(FS3Error) as e:
+                await b.store.restore_read_sessions(Credentials(0, 0), client.client_id, [(ino.id, 5)])
+        finally:
+            CALL_DEADLINE.reset(token)
+        assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+        assert await _sessions(db, ino.id) == 0
+    finally:
+        await client.close()
