@@ -31,8 +31,9 @@ leaving answered ones without a session. What is weaker, and why it is acceptabl
   again (EndReadSessions), in batches, through any meta server (``QueuedSessions``); a client that
   goes too leaves nothing. A put comes too late only for a file unlinked and claimed by the
   collector before it (``gc_grace_s`` after the unlink; a killed process's connections end at
-  once, a dead host's time out): the reader's hole reads then fail (EIO), never return zeros for
-  removed data. A close lost otherwise (that client cut off from every meta server meanwhile)
+  once, a dead host's time out): the reader's reads then find no chunks, and since a handle whose
+  session was queued asks meta at its first hole read (whatever mgmtd says of its client), they
+  fail (EIO), never return zeros for removed data. A close lost otherwise (that client cut off from every meta server meanwhile)
   leaves the session until its client goes (its file, if unlinked, is collected then). A clean stop
   writes the queue first, before it closes its connections.
 - A close or touch that reaches another meta process (a failover) within the few milliseconds
