@@ -19,6 +19,8 @@ then rewrites or removes the file until that succeeds, which makes the model def
 - every read during the run returned only zero or valid sectors of the right writer and position;
 - every acknowledged read-back during the run, and every file at the end, holds exactly the modelled
   bytes and size; deleted files are gone;
+- a file unlinked while a reader held it open reads back, past the collector's grace, exactly the
+  bytes it held when unlinked (its read session kept it; never zeros, old data or a lost session);
 - no operation failed with an errno other than EIO/ETIMEDOUT, and none hung;
 - at the end every chain's replicas hold the same chunks (length and checksum), none pending or
   lost, and no chunk belongs to an inode that no longer exists.
@@ -59,6 +61,7 @@ SECTOR = 512
 MAGIC = b"CHAO"
 _HEADER = struct.Struct("<4sIQQQ")  # magic, writer, write id, sector index, generation: 32 bytes
 _EXPECTED_ERRNOS = {errno.EIO, errno.ETIMEDOUT}  # what a caller may see while daemons die
+GC_GRACE_S = 2.0  # meta's gc_grace_s (its default): when the collector may take an unlinked file
 
 T = TypeVar("T")
 
@@ -193,11 +196,18 @@ class Writer:
         self.names = [f"f{k}" for k in range(config.files_per_writer)]
         self.model: dict[str, bytearray] = {}  # name -> acknowledged content
         self.generation = 0
+        self.held: set[asyncio.Task[None]] = set()  # reads of files unlinked while held open
 
     def path(self, name: str) -> str:
         return f"{self.dir}/{name}"
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._run(stop)
+        finally:
+            await asyncio.gather(*self.held)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await self.fs.mkdir(self.dir)
         while not stop.is_set():
             kind, names = self._choose()
@@ -318,8 +328,45 @@ class Writer:
         self.model[b] = self.model.pop(a)
 
     async def _unlink(self, name: str) -> None:
-        await self.fs.unlink(self.path(name))
-        del self.model[name]
+        """Unlink; sometimes with the file held open by a reader that reads it after the collector's
+        grace (meta's read session must keep its chunks until the close)."""
+        held = None
+        if self.rng.random() < 0.4:
+            held = await self.fs.open(self.path(name))
+        try:
+            await self.fs.unlink(self.path(name))
+        except BaseException:
+            if held is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(held.close(), 90)
+            raise
+        want = bytes(self.model.pop(name))
+        if held is not None:
+            task = asyncio.create_task(self._read_held(held, name, want))
+            self.held.add(task)
+            task.add_done_callback(self.held.discard)
+
+    async def _read_held(self, f, name: str, want: bytes) -> None:  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.sleep(GC_GRACE_S + 1.5 + self.rng.random())
+            data = await self.findings.timed(f"w{self.index} read unlinked {name}", f.pread(len(want) + 1, 0))
+            if data != want:
+                self.findings.problem(
+                    f"{self.path(name)} unlinked while held open: read back len {len(data)} (want "
+                    f"{len(want)}), first difference at {first_difference(data, want)}, "
+                    f"bad sectors {bad_sectors(self.index, data)[:3]}"
+                )
+            self.findings.ops["held read"] += 1
+        except FS3Error as e:
+            if e.code == StatusCode.SESSION_LOST:  # meta lost the read session: the file went
+                self.findings.problem(f"{self.path(name)} unlinked while held open: {e}")
+            else:
+                self.findings.error("held read", e)
+        except Exception as e:
+            self.findings.error("held read", e)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(f.close(), 90)
 
     async def recover(self, names: list[str]) -> None:
         """After a failed operation: check what each of ``names`` holds for garbage, then rewrite or
