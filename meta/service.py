@@ -344,12 +344,7 @@ class MetaService:
         self, req: m.EndReadSessionsReq, _p: Any, _c: CallContext
     ) -> m.EndReadSessionsRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        if len(req.sessions) > MAX_END_READ_SESSIONS:
-            raise FS3Error(
-                StatusCode.INVALID_ARGUMENT, f"at most {MAX_END_READ_SESSIONS} sessions per request"
-            )
-        if not req.hdr.client_id:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
+        _check_session_refs(req.hdr, len(req.sessions))
         # as for PruneSession: anyone but root ends only what its uid opened
         ended = await self.store.end_read_sessions(
             req.hdr.client_id,
@@ -362,17 +357,12 @@ class MetaService:
         self, req: m.RestoreReadSessionsReq, _p: Any, _c: CallContext
     ) -> m.RestoreReadSessionsRsp:
         cred = self._known(req.hdr.user) or await self._credentials(req.hdr.user)
-        if len(req.inode_ids) > MAX_END_READ_SESSIONS:
-            raise FS3Error(
-                StatusCode.INVALID_ARGUMENT, f"at most {MAX_END_READ_SESSIONS} sessions per request"
-            )
+        _check_session_refs(req.hdr, len(req.inode_ids))
         if len(req.session_ids) != len(req.inode_ids):
             raise FS3Error(
                 StatusCode.INVALID_ARGUMENT,
                 f"{len(req.inode_ids)} inode ids but {len(req.session_ids)} session ids",
             )
-        if not req.hdr.client_id:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
         if not all(req.session_ids):
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "session id 0")
         restored, present = await self.store.restore_read_sessions(
@@ -389,6 +379,15 @@ class MetaService:
         # A client id is only the caller's word: anyone but root prunes only what its uid opened.
         uid = None if cred.is_root else cred.uid
         return m.PruneSessionRsp(pruned=await self.store.prune_sessions(client_id=req.client_id, uid=uid))
+
+
+def _check_session_refs(hdr: m.MetaRequestHeader, count: int) -> None:
+    """INVALID_ARGUMENT for an EndReadSessions or RestoreReadSessions naming too many sessions, or
+    sent without a client id (the sessions it names are that client's)."""
+    if count > MAX_END_READ_SESSIONS:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"at most {MAX_END_READ_SESSIONS} sessions per request")
+    if not hdr.client_id:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, "client id 0")
 
 
 # Started inline in the receive path (see fs3.net.service.inline): reads that usually finish

@@ -350,12 +350,7 @@ class Writer:
         try:
             await asyncio.sleep(GC_GRACE_S + 1.5 + self.rng.random())
             data = await self.findings.timed(f"w{self.index} read unlinked {name}", f.pread(len(want) + 1, 0))
-            if data != want:
-                self.findings.problem(
-                    f"{self.path(name)} unlinked while held open: read back len {len(data)} (want "
-                    f"{len(want)}), first difference at {first_difference(data, want)}, "
-                    f"bad sectors {bad_sectors(self.index, data)[:3]}"
-                )
+            self._compare(name, "unlinked while held open: read back", data, want)
             self.findings.ops["held read"] += 1
         except FS3Error as e:
             if e.code == StatusCode.SESSION_LOST:  # meta lost the read session: the file went
@@ -407,14 +402,15 @@ class Writer:
             except Exception as e:
                 self.findings.error("readback", e)
                 continue
-            want = bytes(self.model[name])
-            if data != want:
-                self.findings.problem(
-                    f"{self.path(name)}: acknowledged read-back mismatch, len {len(data)} (want "
-                    f"{len(want)}), first difference at {first_difference(data, want)}, "
-                    f"bad sectors {bad_sectors(self.index, data)[:3]}"
-                )
+            self._compare(name, "acknowledged read-back mismatch,", data, bytes(self.model[name]))
             self.findings.ops["readback"] += 1
+
+    def _compare(self, name: str, what: str, data: bytes, want: bytes) -> None:
+        if data != want:
+            self.findings.problem(
+                f"{self.path(name)}: {what} len {len(data)} (want {len(want)}), first difference at "
+                f"{first_difference(data, want)}, bad sectors {bad_sectors(self.index, data)[:3]}"
+            )
 
 
 async def read_randomly(

@@ -57,6 +57,27 @@ async def two_metas(tmp_path) -> AsyncIterator[tuple[Database, MetaDaemon, MetaD
         await db.close()
 
 
+def _stall(meta: MetaDaemon) -> None:
+    """From now on ``meta`` queues read sessions and never writes them."""
+
+    async def never(tr: Transaction) -> tuple[int, int, int]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    assert meta.store is not None and meta.store.read_sessions is not None
+    meta.store.read_sessions._write = never  # type: ignore[method-assign]  # noqa: SLF001
+
+
+async def _die(meta: MetaDaemon) -> None:
+    """``meta`` dies: its connections end, and its queue with it."""
+    assert meta.store is not None and meta.store.read_sessions is not None
+    task = meta.store.read_sessions._task  # noqa: SLF001
+    assert task is not None
+    task.cancel()
+    assert meta.server is not None
+    await meta.server.stop()
+
+
 @pytest.mark.parametrize("unlinked", [False, True])
 async def test_a_read_session_whose_end_died_with_its_meta_is_closed_again(two_metas, unlinked: bool) -> None:
     db, a, b = two_metas
@@ -69,22 +90,13 @@ async def test_a_read_session_whose_end_died_with_its_meta_is_closed_again(two_m
         await a.store.read_sessions.settled()  # the session is written ...
         assert await _sessions(db, ino.id) == 1
 
-        async def never(tr: Transaction) -> tuple[int, int, int]:
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
-
-        a.store.read_sessions._write = never  # type: ignore[method-assign]  # noqa: SLF001
+        _stall(a)
         await client.close_file(ino.id, rsp.session_id)  # ... its end is queued and never written
         assert await _sessions(db, ino.id) == 1
         if unlinked:
             client._current = 1  # noqa: SLF001
             await client.unlink(ROOT_ID, b"f")
-        # meta a dies: its connections end, and its queue with it
-        task = a.store.read_sessions._task  # noqa: SLF001
-        assert task is not None
-        task.cancel()
-        assert a.server is not None
-        await a.server.stop()
+        await _die(a)
 
         async def closed_again() -> bool:
             return await _sessions(db, ino.id) == 0
@@ -156,24 +168,29 @@ async def test_only_the_callers_read_sessions_end(two_metas) -> None:
         await other.close()
 
 
+class _FakeRpc:
+    def on_connection_lost(self, listener: object) -> None:
+        pass
+
+    def remove_connection_lost(self, listener: object) -> None:
+        pass
+
+
+class _FakeClient:
+    """What QueuedSessions uses of a MetaClient, but its calls (which subclasses add)."""
+
+    rpc = _FakeRpc()
+
+    def avoid(self, address: object) -> None:
+        pass
+
+
 async def test_a_loss_reported_before_its_last_close_is_recorded_still_ends_that_session() -> None:
     """An RDMA connection delivers a close's answer and the connection's end in one callback: the
     loss reaches the tracker before the close's caller has recorded the close."""
     sent: list[m.EndReadSessionsReq] = []
 
-    class Rpc:
-        def on_connection_lost(self, listener: object) -> None:
-            pass
-
-        def remove_connection_lost(self, listener: object) -> None:
-            pass
-
-    class Client:
-        rpc = Rpc()
-
-        def avoid(self, address: object) -> None:
-            pass
-
+    class Client(_FakeClient):
         async def call(self, method: str, req: m.EndReadSessionsReq) -> m.EndReadSessionsRsp:
             sent.append(req)
             return m.EndReadSessionsRsp(ended=len(req.sessions))
@@ -196,11 +213,7 @@ async def test_a_read_session_whose_open_died_with_its_meta_is_put_again(two_met
     try:
         ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
 
-        async def never(tr: Transaction) -> tuple[int, int, int]:
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
-
-        a.store.read_sessions._write = never  # type: ignore[method-assign]  # noqa: SLF001
+        _stall(a)
         client._current = 0  # noqa: SLF001  # the open goes to meta a
         rsp = await client.open(ino.id, os.O_RDONLY)
         assert rsp.session_queued and rsp.session_id
@@ -208,11 +221,7 @@ async def test_a_read_session_whose_open_died_with_its_meta_is_put_again(two_met
         if unlinked:
             client._current = 1  # noqa: SLF001
             await client.unlink(ROOT_ID, b"f")
-        task = a.store.read_sessions._task  # noqa: SLF001
-        assert task is not None
-        task.cancel()
-        assert a.server is not None
-        await a.server.stop()
+        await _die(a)
 
         async def put_again() -> bool:
             return await _sessions(db, ino.id) == 1
@@ -282,21 +291,9 @@ async def test_a_session_closed_or_given_up_is_not_put_again() -> None:
     sent: list[tuple[int, m.RestoreReadSessionsReq]] = []
     release = asyncio.Event()
 
-    class Rpc:
-        def on_connection_lost(self, listener: object) -> None:
-            pass
-
-        def remove_connection_lost(self, listener: object) -> None:
-            pass
-
-    class Client:
-        rpc = Rpc()
-
+    class Client(_FakeClient):
         def __init__(self, uid: int) -> None:
             self.user = common_pb2.UserInfo(uid=uid)
-
-        def avoid(self, address: object) -> None:
-            pass
 
         async def call(self, method: str, req: m.RestoreReadSessionsReq) -> m.RestoreReadSessionsRsp:
             assert method == "RestoreReadSessions"
