@@ -536,17 +536,18 @@ class FileSystem:
         settled length that a later truncate-up would show; a hole could be a collected chunk.
         While mgmtd vouches for the session since the handle was opened (or last checked) nothing
         is asked; otherwise meta is (once at a time per handle), which touches the session, so
-        meta keeps it another session timeout: half of that needs no check again."""
+        meta keeps it another session timeout: half of that needs no check again. A handle whose
+        session meta answered the open of before writing it (``unconfirmed``) asks meta once
+        whatever mgmtd says: a meta process killed then lost it."""
         if not h.session_lost:
             keeper = self._session
             if not h.session_id:
                 return
-            if not h.unconfirmed and (
-                keeper is None or keeper.vouches_for(h.checked_at) or session_clock() < h.meta_until
-            ):
+            vouched = keeper is None or keeper.vouches_for(h.checked_at) or session_clock() < h.meta_until
+            if vouched and not h.unconfirmed:
                 return
             if h.checking is None or h.checking.done():
-                h.checking = asyncio.ensure_future(self._check_session(h))
+                h.checking = asyncio.ensure_future(self._check_session(h, confirm=vouched))
             try:
                 await asyncio.shield(h.checking)
             except FS3Error as e:  # one error for every caller waiting: each raises a copy
@@ -555,22 +556,27 @@ class FileSystem:
                 return
         raise _session_lost_error(h)
 
-    async def _check_session(self, h: OpenFile) -> None:
-        """Ask meta whether ``h``'s session is still there (touching it, so it stays). A read-only
+    async def _check_session(self, h: OpenFile, confirm: bool = False) -> None:
+        """Ask meta whether ``h``'s session is still there (touching it, so it stays; with
+        ``confirm``, mgmtd vouching for this client, only whether meta wrote the session it queued:
+        nothing is written, and meta not answering leaves the handle as it was). A read-only
         handle whose session meta ended opens its file again (:meth:`_reopen`). A session being
         put again (its meta server lost, see ``QueuedSessions``) is asked for once that is done."""
         sent = session_clock()
         try:
             try:
-                timeout = await self.meta.touch_session(h.inode_id, h.session_id)
+                timeout = await self.meta.touch_session(h.inode_id, h.session_id, confirm=confirm)
             except FS3Error as e:
                 if e.code != StatusCode.META_BAD_HANDLE or not await self.meta.restoring(
                     h.inode_id, h.session_id
                 ):
                     raise
-                timeout = await self.meta.touch_session(h.inode_id, h.session_id)
+                timeout = await self.meta.touch_session(h.inode_id, h.session_id, confirm=confirm)
         except FS3Error as e:
             if e.code != StatusCode.META_BAD_HANDLE:
+                if confirm:  # meta out of reach: mgmtd's word stands, as for any handle
+                    log.info("inode %#x: could not ask meta about a queued session error=%s", h.inode_id, e)
+                    return
                 raise
             if h.writable or not await self._reopen(h):
                 self._lose_session(h)
@@ -578,7 +584,8 @@ class FileSystem:
                 h.checked_at = max(h.checked_at, sent)
         else:
             h.checked_at = max(h.checked_at, sent)
-            h.meta_until = sent + timeout / 2 if timeout > 0 else math.inf
+            if not confirm:
+                h.meta_until = sent + timeout / 2 if timeout > 0 else math.inf
             h.unconfirmed = False  # in meta's store: the collector keeps the file while it is there
         finally:
             h.checking = None
@@ -595,9 +602,16 @@ class FileSystem:
         except FS3Error as e:
             log.info("inode %#x: cannot open again a handle whose session meta ended error=%s", h.inode_id, e)
             return False
-        self.meta.forget_session(h.inode_id, h.session_id)
+        old = h.session_id
+        # a put of the old session being sent again (its server lost meanwhile) would leave it for
+        # good: the put is waited for, and the session closed
+        put_again = await self.meta.restoring(h.inode_id, old)
+        self.meta.forget_session(h.inode_id, old)
         h.session_id = rsp.session_id
         h.unconfirmed = rsp.session_queued
+        if put_again:
+            with contextlib.suppress(FS3Error):
+                await self.meta.close_file(h.inode_id, old)
         log.info(
             "inode %#x: meta had ended this read-only handle's session (this client was paused or "
             "cut off longer than its session timeout): opened the file again, it reads on",

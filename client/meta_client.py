@@ -58,6 +58,14 @@ ROOT_ID = 1
 # is public and may be replaced, so this is keyed by the string, not kept beside the list).
 _parsed: dict[str, Address] = {}
 
+
+def _parsed_address(address: str) -> Address:
+    parsed = _parsed.get(address)
+    if parsed is None:
+        parsed = _parsed[address] = parse_address(address)
+    return parsed
+
+
 log = logging.getLogger(__name__)
 
 #: How long after meta answered a close before writing the session's end (``InodeRsp.end_queued``),
@@ -144,6 +152,10 @@ class QueuedSessions:
         task = self._restoring.get((inode_id, session_id))
         if task is not None:
             await asyncio.wait({task})
+
+    def server_of(self, inode_id: int, session_id: int) -> Address | None:
+        """The server that answered the session's open before writing it, while that is recorded."""
+        return self._open_at.get((inode_id, session_id))
 
     async def restoring(self, inode_id: int, session_id: int) -> bool:
         """Whether the session was sent to be put again (waiting for that to be done): meta may
@@ -506,8 +518,11 @@ class MetaClient:
         """Send ``request`` (its ``hdr`` is filled in) to a meta server, failing over as needed."""
         return (await self._call(method, request, request_id=request_id))[0]
 
-    async def _call(self, method: str, request: Message, *, request_id: bool = False) -> tuple[Any, Address]:
-        """:meth:`call`, and the server that answered."""
+    async def _call(
+        self, method: str, request: Message, *, request_id: bool = False, prefer: Address | None = None
+    ) -> tuple[Any, Address]:
+        """:meth:`call`, and the server that answered; first to ``prefer`` if it is one of the
+        servers (then, on failures, to the others as usual)."""
         hdr = request.hdr  # type: ignore[attr-defined]
         hdr.user.CopyFrom(self.user)
         hdr.client_id = self.client_id
@@ -521,11 +536,13 @@ class MetaClient:
         timeout = min(self.rpc_timeout_s, self.timeout_s)  # the first try has the whole budget
         backoff = 0.01
         tried = 0
+        if prefer is not None and not any(_parsed_address(a) == prefer for a in self.addresses):
+            prefer = None
         while True:
-            address = self._address()
-            parsed = _parsed.get(address)
-            if parsed is None:
-                parsed = _parsed[address] = parse_address(address)
+            if prefer is not None:
+                parsed, prefer = prefer, None
+            else:
+                parsed = _parsed_address(self._address())
             try:
                 rsp, _ = await self.rpc.call(parsed, meth, request, timeout=max(timeout, 0.001))
                 if handles is not None:
@@ -561,7 +578,7 @@ class MetaClient:
 
     def avoid(self, address: Address) -> None:
         """Call another server than ``address`` (one this client lost) next, if there is one."""
-        if len(self.addresses) > 1 and _parsed.get(self._address()) == address:
+        if len(self.addresses) > 1 and _parsed_address(self._address()) == address:
             self._current += 1
 
     # ---- reads ---------------------------------------------------------------------------------
@@ -726,11 +743,14 @@ class MetaClient:
         req = m.SyncReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
         return (await self.call("Sync", req)).inode
 
-    async def touch_session(self, inode_id: int, session_id: int) -> float:
+    async def touch_session(self, inode_id: int, session_id: int, confirm: bool = False) -> float:
         """Check that meta still has session ``session_id`` of ``inode_id`` (META_BAD_HANDLE if
-        not) and touch it; returns how long meta keeps a session untouched (0: for ever)."""
-        req = m.SyncReq(inode_id=inode_id, session_id=session_id, touch=True)
-        return (await self.call("Sync", req)).session_timeout_s
+        not) and touch it (``confirm``: only check, writing nothing); returns how long meta keeps a
+        session untouched (0: for ever). Asked first of the server that answered its open before
+        writing it, if it did: that one waits for its write, where another would not find it yet."""
+        req = m.SyncReq(inode_id=inode_id, session_id=session_id, touch=not confirm, confirm=confirm)
+        prefer = self._queued_ends.server_of(inode_id, session_id)
+        return (await self._call("Sync", req, prefer=prefer))[0].session_timeout_s
 
     async def close_file(
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False

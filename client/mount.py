@@ -382,6 +382,18 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
     return lambda: tell(b"1"), lambda: tell(b"0")
 
 
+def _resolved(path: str) -> str:
+    """``path`` with its symlinks resolved, without a stat of ``path`` itself: a stat of a stuck
+    FUSE mount point never returns (a readlink of a directory does not reach its server)."""
+    parent, name = os.path.split(path)
+    resolved = os.path.join(os.path.realpath(parent), name)
+    try:
+        target = os.readlink(resolved)
+    except OSError:  # not a symlink (EINVAL), or gone
+        return resolved
+    return os.path.realpath(os.path.join(os.path.dirname(resolved), target))
+
+
 def _replace_dead_mount(path: str) -> bool:
     """Unmount a dead fs3 mount at ``path`` (nobody serves it: its mount process was killed, or ran
     out of memory, or its connection was aborted), so that a new mount (systemd's restart of the
@@ -389,9 +401,15 @@ def _replace_dead_mount(path: str) -> bool:
     or one whose server is alive (answering or stuck), is left alone: refused by the caller. It
     goes lazily where busy (a shell's working directory in it): the dead mount's users get errors
     either way, the new one's see the new mount."""
+    device = mount_device(path)
     if mount_type(path) != "fuse.fs3" or not dead(path):
         return False
-    unmount(path)
+    error = unmount(path, device)
+    if mount_device(path) == device:
+        sys.stderr.write(
+            f"fs3 mount: the dead fs3 mount at {path} could not be unmounted: {error or 'no reason given'}\n"
+        )
+        return False
     if mounted_over(path, fuse_only=True):
         return False
     sys.stderr.write(
@@ -408,7 +426,7 @@ def main(argv: list[str]) -> int:
     # before anything starts: a stat of a dead FUSE mount fails (ENOTCONN, "not a directory"
     # below) and one of a hung mount never returns
     where = os.path.abspath(args.mountpoint)
-    for path in dict.fromkeys((where, os.path.realpath(where))):
+    for path in dict.fromkeys((where, _resolved(where))):
         if taken := mounted_over(path, fuse_only=True):
             if not _replace_dead_mount(path):
                 sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")

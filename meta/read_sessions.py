@@ -38,8 +38,10 @@ leaving answered ones without a session. What is weaker, and why it is acceptabl
   writes the queue first, before it closes its connections.
 - A close or touch that reaches another meta process (a failover) within the few milliseconds
   before the session is written finds none: the close is answered META_BAD_HANDLE and the
-  session, written after, stays until its client goes; the touch makes the client take the
-  session for lost.
+  session, written after, stays until its client goes; after the touch a read-only handle opens
+  its file again (its first session, written after, stays until its client goes too). The
+  client sends a touch of a session queued so to the process that queued it first, which waits
+  for its write.
 - A retried read-only open that reaches the same process gets the same session (its id is derived
   from the request id with a key of the process's own, so it cannot be derived elsewhere), so a
   retry leaves no second session behind; one that reaches another process gets another. A

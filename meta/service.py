@@ -323,8 +323,8 @@ class MetaService:
     async def Sync(self, req: m.SyncReq, _p: Any, _c: CallContext) -> m.InodeRsp:
         if self._known(req.hdr.user) is None:
             await self._credentials(req.hdr.user)
-        if req.touch:
-            ino = await self.store.touch(req.inode_id, req.session_id)
+        if req.touch or req.confirm:
+            ino = await self.store.touch(req.inode_id, req.session_id, write=not req.confirm)
             return m.InodeRsp(inode=ino, session_timeout_s=self.store.collector.session_timeout_s)
         ino = await self.store.sync(req.inode_id, req.session_id, req.written_length, req.wrote)
         return m.InodeRsp(inode=ino)

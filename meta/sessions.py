@@ -171,21 +171,23 @@ class SessionOps(Namespace):
         """fsync: settle the length from this session's report; the session stays open."""
         return await self._settle(inode_id, session_id, written_length, wrote, close=False, mtime_ns=0)
 
-    async def touch(self, inode_id: int, session_id: int) -> meta_pb2.Inode:
+    async def touch(self, inode_id: int, session_id: int, write: bool = True) -> meta_pb2.Inode:
         """Check that session ``session_id`` of ``inode_id`` is still open (META_BAD_HANDLE if not)
         and touch it, so that it stays another ``session_timeout_s`` even for a client without a
         mgmtd session: a client that cannot tell whether meta ended it (see the client's guard).
-        Nothing of the settlement changes."""
+        Nothing of the settlement changes. Without ``write`` only the check, in a snapshot: a
+        client whose mgmtd session vouches for it asking whether a queued session was written."""
 
         await self._settle_queued(inode_id, session_id)
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
-            skey, session = await _load_session(tr, inode_id, session_id)
-            session.touched_ns = inodes.now_ns()
-            tr.set(skey, session.SerializeToString())
-            return inodes.public(await inodes.load(tr, inode_id))
+            skey, session = await _load_session(tr if write else tr.snapshot, inode_id, session_id)
+            if write:
+                session.touched_ns = inodes.now_ns()
+                tr.set(skey, session.SerializeToString())
+            return inodes.public(await inodes.load(tr if write else tr.snapshot, inode_id))
 
-        return await self.db.run(fn)
+        return await self.db.run(fn, read_only=not write)
 
     async def close(
         self,

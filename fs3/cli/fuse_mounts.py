@@ -8,6 +8,7 @@ exist to get out of.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -112,19 +113,27 @@ _STAT_ERRNO = (
 
 
 def dead(path: str, timeout_s: float = 5.0) -> bool:
-    """Whether the FUSE mount at ``path`` has nobody serving it: a stat or an open of it fails at
-    once with ENOTCONN, as after its server died (killed, out of memory) or its connection was aborted. A
-    mount that answers, or does not answer within ``timeout_s`` (a server alive but stuck), is not
-    dead. Asked by a child process, as :func:`answers` does."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _STAT_ERRNO, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        return child.wait(timeout_s) == errno.ENOTCONN
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
-        return False
+    """Whether the FUSE mount at ``path`` has nobody serving it: a stat or an open of it fails
+    with ENOTCONN, twice, as after its server died (killed, out of memory) or its connection was
+    aborted. A mount that answers, or does not answer within ``timeout_s`` (a server alive but
+    stuck), is not dead; nor is one whose server, stopping, ended the probe's request with ENOTCONN
+    (an fs3 mount does so to requests in flight at its exit, not to later ones). Asked by child
+    processes, as :func:`answers` does."""
+    for _ in range(2):
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-c", _STAT_ERRNO, path],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            if child.wait(timeout_s) != errno.ENOTCONN:
+                return False
+        except subprocess.TimeoutExpired:
+            child.kill()  # (a child stuck where a kill does not reach is left behind)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(1.0)
+            return False
+    return True
 
 
 def abort(path: str) -> None:
@@ -142,14 +151,20 @@ def abort(path: str) -> None:
         pass
 
 
-def unmount(mount: str) -> None:
+def unmount(mount: str, device: tuple[int, int] | None = None) -> str:
     """Unmount ``mount`` if it is still mounted: normally, else lazily (detached now, finished by
-    the kernel when the last user leaves), so that the daemons behind it can stop."""
+    the kernel when the last user leaves), so that the daemons behind it can stop. With ``device``
+    (:func:`mount_device`), only while that file system is the one mounted there: not another
+    one mounted meanwhile. Returns the last command's error output ("" if none)."""
+    error = ""
     for cmd in (["fusermount3", "-u", mount], ["umount", mount], ["fusermount3", "-u", "-z", mount]):
-        if not is_mounted(mount):
-            return
+        if not is_mounted(mount) or device is not None and mount_device(mount) != device:
+            return error
         if shutil.which(cmd[0]):
             try:
-                subprocess.run(cmd, capture_output=True, timeout=30)
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
             except subprocess.TimeoutExpired:
+                error = f"{' '.join(cmd)} timed out"
                 continue
+            error = r.stderr.strip() if r.returncode else ""
+    return error

@@ -535,20 +535,22 @@ class CloseReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., mtime: _Optional[_Union[Timespec, _Mapping]] = ...) -> None: ...
 
 class SyncReq(_message.Message):
-    __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "touch")
+    __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "touch", "confirm")
     HDR_FIELD_NUMBER: _ClassVar[int]
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_LENGTH_FIELD_NUMBER: _ClassVar[int]
     WROTE_FIELD_NUMBER: _ClassVar[int]
     TOUCH_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
     hdr: MetaRequestHeader
     inode_id: int
     session_id: int
     written_length: int
     wrote: bool
     touch: bool
-    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., touch: _Optional[bool] = ...) -> None: ...
+    confirm: bool
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., touch: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class PruneSessionReq(_message.Message):
     __slots__ = ("hdr", "client_id")

@@ -351,3 +351,41 @@ async def test_a_put_again_whose_caller_gave_up_writes_nothing(two_metas) -> Non
         assert await _sessions(db, ino.id) == 0
     finally:
         await client.close()
+
+
+async def test_a_check_of_a_queued_session_asks_the_server_that_queued_it(two_metas) -> None:
+    """Meta a answered the open and has not written the session yet; the client's next call would
+    go to meta b, which would not find it (META_BAD_HANDLE: the handle would open its file again
+    and the first session stay for good). The check goes to a, which waits for its write."""
+    db, a, b = two_metas
+    assert a.store is not None and a.store.read_sessions is not None
+    client = MetaClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    release = asyncio.Event()
+    try:
+        ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
+        write = a.store.read_sessions._write  # noqa: SLF001
+
+        async def late(tr: Transaction) -> tuple[int, int, int]:
+            await release.wait()
+            return await write(tr)
+
+        a.store.read_sessions._write = late  # type: ignore[method-assign]  # noqa: SLF001
+        client._current = 0  # noqa: SLF001
+        rsp = await client.open(ino.id, os.O_RDONLY)
+        assert rsp.session_queued
+        client._current = 1  # noqa: SLF001  # b, but for the check
+        check = asyncio.ensure_future(client.touch_session(ino.id, rsp.session_id, confirm=True))
+        await asyncio.sleep(0.2)
+        assert not check.done()  # a waits for its write
+        release.set()
+        assert await asyncio.wait_for(check, 10) > 0
+        assert await _sessions(db, ino.id) == 1
+        # and b, asked directly, finds it now (it was written)
+        await client.touch_session(ino.id, rsp.session_id)
+        client.forget_session(ino.id, rsp.session_id)
+        with pytest.raises(FS3Error) as e:
+            await client.touch_session(ino.id, 12345, confirm=True)
+        assert e.value.code == StatusCode.META_BAD_HANDLE
+    finally:
+        release.set()  # (a's stop waits for its queue)
+        await client.close()

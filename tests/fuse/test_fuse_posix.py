@@ -29,7 +29,7 @@ from cluster import storage_on_tmpfs, wait_until
 from fs_cluster import FsCluster, Mount, force_unmount, is_mounted
 from fsx import Fsx, two_writers
 
-from fs3.cli.fuse_mounts import fuse_connections, mount_device
+from fs3.cli.fuse_mounts import fuse_connections, mount_device, unmount
 from fs3.proto import common_pb2
 
 pytestmark = [
@@ -628,6 +628,23 @@ def _kill_and_mount_again(m: Mount) -> None:
         for pid in _pids_serving(m.path):
             os.kill(pid, signal.SIGKILL)
         force_unmount(m.path)
+
+
+def test_an_unmount_of_a_device_leaves_another_mounted_there_meanwhile(tmp_path: Path) -> None:
+    """What replaces a dead mount unmounts it by its device: a mount that took the mount point
+    meanwhile (another ``fs3 mount`` there) stays."""
+    where = tmp_path / "v"
+    where.mkdir()
+    subprocess.run(["mount", "--bind", str(where), str(where)], check=True)
+    try:
+        dev = mount_device(str(where))
+        assert dev is not None
+        assert unmount(str(where), (dev[0], dev[1] + 1)) == ""
+        assert is_mounted(where)
+        assert unmount(str(where), dev) == ""
+        assert not is_mounted(where)
+    finally:
+        force_unmount(where)
 
 
 async def test_one_mib_requests_readahead_and_metrics(env: Env) -> None:
