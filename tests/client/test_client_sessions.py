@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import signal
 
 import pytest
 from fs_cluster import FsCluster
@@ -205,6 +206,31 @@ async def test_a_hole_read_of_a_handle_whose_queued_session_was_lost_fails_not_z
         assert await sparse.pread(4096, 0) == bytes(4096)
         assert not sparse.handle.unconfirmed and not sparse.handle.session_lost
         await sparse.close()
+
+
+async def test_a_queued_sessions_check_with_meta_out_of_reach_leaves_it_to_mgmtd(tmp_path) -> None:
+    """A handle's first hole read asks meta whether its queued session was written; with meta out
+    of reach (stopped) that check gives up, and the read goes on by mgmtd's word, as every read
+    did before the check (an EIO here would make meta's downtime fail reads of sparse files)."""
+    chunk = 1 << 20
+    async with FsCluster(tmp_path, chains=1, stripe=1, chunk_size=chunk) as c:
+        fs = await c.connect(rpc_timeout_s=2.0)
+        other = await c.connect()
+        w = await other.open("/sparse", "w")
+        await w.pwrite(b"s", chunk)  # chunk 0 is a hole
+        await w.close()
+        reader = await fs.open("/sparse")
+        assert reader.handle.unconfirmed
+        meta = c.meta_procs[0].popen.pid  # type: ignore[union-attr]
+        os.kill(meta, signal.SIGSTOP)
+        try:
+            assert await reader.pread(4096, 0) == bytes(4096)
+            assert reader.handle.unconfirmed and not reader.handle.session_lost
+        finally:
+            os.kill(meta, signal.SIGCONT)
+        assert await reader.pread(4096, 0) == bytes(4096)  # asked again, and confirmed
+        assert not reader.handle.unconfirmed
+        await reader.close()
 
 
 async def test_a_paused_client_whose_file_sessions_meta_kept_writes_on(tmp_path) -> None:
