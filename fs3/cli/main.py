@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "fs3.local", "start, inspect and stop a whole cluster on this machine (up|down|status)", 8
     ),
     "mount": Subcommand("fs3.client.mount", "mount the file system with FUSE", 7),
+    "umount": Subcommand("fs3.cli.umount", "unmount an fs3 mount; --force for one that is stuck", 7),
     "mgmtd": Subcommand("fs3.mgmtd.main", "run the cluster manager daemon", 4),
     "meta": Subcommand("fs3.meta.main", "run the metadata service daemon", 6),
     "storage": Subcommand("fs3.storage.main", "run the storage daemon", 5),

@@ -630,6 +630,62 @@ def _kill_and_mount_again(m: Mount) -> None:
         force_unmount(m.path)
 
 
+def _fs3_umount(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fs3.cli.main", "umount", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_fs3_umount_unmounts_refuses_a_busy_mount_and_forces_a_stuck_one(
+    env: Env, tmp_path: Path
+) -> None:
+    """``fs3 umount``: a mount in use is refused (busy) and stays; ``--force`` detaches it; a mount
+    whose process is stopped (every request on it would hang) goes with ``--force`` at once; an
+    idle mount goes and its process exits cleanly; what is not an fs3 mount is not touched."""
+    busy = await env.cluster.mount(env.mnt.parent / "mnt-umount-busy", name="umount-busy")
+    stuck = await env.cluster.mount(env.mnt.parent / "mnt-umount-stuck", name="umount-stuck")
+    idle = await env.cluster.mount(env.mnt.parent / "mnt-umount-idle", name="umount-idle")
+    await asyncio.to_thread(_check_fs3_umount, busy, stuck, idle, tmp_path)
+
+
+def _check_fs3_umount(busy: Mount, stuck: Mount, idle: Mount, tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "120"], cwd=busy.path)
+    assert stuck.proc.popen is not None
+    try:
+        r = _fs3_umount(str(busy.path))
+        assert r.returncode == 1 and "is still mounted" in r.stderr and "--force" in r.stderr, r.stderr
+        assert is_mounted(busy.path)
+        r = _fs3_umount("--force", str(busy.path))
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(busy.path)
+        assert busy.proc.popen is not None and busy.proc.popen.wait(timeout=30) == 0
+
+        os.kill(stuck.proc.popen.pid, signal.SIGSTOP)
+        r = _fs3_umount("--force", str(stuck.path))
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(stuck.path)
+        os.kill(stuck.proc.popen.pid, signal.SIGCONT)
+        assert stuck.proc.popen.wait(timeout=30) == 0
+
+        (idle.path / "x").write_bytes(b"x")
+        r = _fs3_umount(str(idle.path))
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(idle.path)
+        assert idle.proc.popen is not None and idle.proc.popen.wait(timeout=30) == 0
+
+        r = _fs3_umount(str(tmp_path))
+        assert r.returncode == 1 and "is not a mount point" in r.stderr
+        r = _fs3_umount("/proc")
+        assert r.returncode == 1 and "is not an fs3 mount (proc)" in r.stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stuck.proc.popen.pid, signal.SIGCONT)
+        for m in (busy, stuck, idle):
+            force_unmount(m.path)
+
+
 def test_an_unmount_of_a_device_leaves_another_mounted_there_meanwhile(tmp_path: Path) -> None:
     """What replaces a dead mount unmounts it by its device: a mount that took the mount point
     meanwhile (another ``fs3 mount`` there) stays."""

@@ -1,0 +1,85 @@
+"""``fs3 umount MOUNTPOINT [--force]``: unmount an fs3 mount, or get rid of one that is stuck.
+
+Without ``--force`` it unmounts as ``fusermount3 -u`` (or ``umount`` as root) does: the mount
+process then flushes what its open files buffered and exits; a mount some process still uses
+(a file open there, a working directory) is refused as busy. With ``--force`` it first aborts
+the mount's FUSE connection through fusectl (``/sys/fs/fuse/connections/N/abort``), which ends
+every request waiting on it (a mount process stuck, or stopped, does not answer), and then
+unmounts, lazily where busy: the way out of a mount that hangs every command touching it. What a
+stuck mount had buffered and not written is lost, as with any forced unmount.
+
+Whether something is mounted, and what, is read from the mount table, never by a stat of the
+mount point (which never returns on a stuck mount). Only fs3 mounts (``fuse.fs3``) are touched.
+Exit status: 0 unmounted, 1 not unmounted (the reason on standard error), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+from fs3.cli.fuse_mounts import abort, fuse_connections, is_mounted, mount_device, mount_type, unmount
+
+FS3_MOUNT_TYPE = "fuse.fs3"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fs3 umount",
+        description="Unmount an fs3 mount; with --force, abort its FUSE connection first (a stuck mount).",
+    )
+    p.add_argument("mountpoint", help="where the fs3 file system is mounted")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="abort the mount's FUSE connection first (fusectl), then unmount lazily if busy: "
+        "for a mount that does not answer; what it buffered is lost",
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    # absolute, symlinks of the parents resolved, the mount point itself not touched (see
+    # fs3.client.mount._resolved, which this matches)
+    parent, name = os.path.split(os.path.abspath(args.mountpoint))
+    where = os.path.join(os.path.realpath(parent), name)
+    fstype = mount_type(where)
+    if fstype is None:
+        sys.stderr.write(f"fs3 umount: {where} is not a mount point\n")
+        return 1
+    if fstype != FS3_MOUNT_TYPE:
+        sys.stderr.write(f"fs3 umount: {where} is not an fs3 mount ({fstype}); not touched\n")
+        return 1
+    device = mount_device(where)
+    if args.force:
+        conns, why = fuse_connections()
+        if conns is None:
+            sys.stderr.write(f"fs3 umount: cannot abort the FUSE connection: {why}\n")
+            return 1
+        abort(where)
+        error = unmount(where, device)
+    else:
+        error = _unmount_once(where)
+    if is_mounted(where) and mount_device(where) == device:
+        hint = "" if args.force else "; close what uses it, or use --force for a mount that does not answer"
+        sys.stderr.write(f"fs3 umount: {where} is still mounted: {error or 'no reason given'}{hint}\n")
+        return 1
+    return 0
+
+
+def _unmount_once(where: str) -> str:
+    """Unmount ``where`` without --force: ``fusermount3 -u`` (``umount`` where that is missing, as
+    root); never lazily, so that a busy mount is reported rather than detached. The error output
+    of the command ("" if none)."""
+    for cmd in (["fusermount3", "-u", where], ["umount", where]):
+        if shutil.which(cmd[0]):
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                return f"{' '.join(cmd)} did not return within 60 s"
+            return r.stderr.strip() if r.returncode else ""
+    return "neither fusermount3 nor umount is installed"
