@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fs3.background import Periodic, cancel_and_wait
-from fs3.cli.fuse_mounts import dead, fuse_connections, mount_device, mount_type, mounted_over, unmount
+from fs3.cli.fuse_mounts import (
+    dead,
+    fuse_connections,
+    mount_device,
+    mount_type,
+    mounted_over,
+    resolved,
+    unmount,
+)
 from fs3.config import ClientConfig, load_config
 from fs3.daemon import apply_pushed_config, hot_log_level, log_env_overrides
 from fs3.errors import FS3Error, StatusCode
@@ -382,18 +390,6 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
     return lambda: tell(b"1"), lambda: tell(b"0")
 
 
-def _resolved(path: str) -> str:
-    """``path`` with its symlinks resolved, without a stat of ``path`` itself: a stat of a stuck
-    FUSE mount point never returns (a readlink of a directory does not reach its server)."""
-    parent, name = os.path.split(path)
-    resolved = os.path.join(os.path.realpath(parent), name)
-    try:
-        target = os.readlink(resolved)
-    except OSError:  # not a symlink (EINVAL), or gone
-        return resolved
-    return os.path.realpath(os.path.join(os.path.dirname(resolved), target))
-
-
 def _replace_dead_mount(path: str) -> bool:
     """Unmount a dead fs3 mount at ``path`` (nobody serves it: its mount process was killed, or ran
     out of memory, or its connection was aborted), so that a new mount (systemd's restart of the
@@ -426,7 +422,7 @@ def main(argv: list[str]) -> int:
     # before anything starts: a stat of a dead FUSE mount fails (ENOTCONN, "not a directory"
     # below) and one of a hung mount never returns
     where = os.path.abspath(args.mountpoint)
-    for path in dict.fromkeys((where, _resolved(where))):
+    for path in dict.fromkeys((where, resolved(where))):
         if taken := mounted_over(path, fuse_only=True):
             if not _replace_dead_mount(path):
                 sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")

@@ -77,6 +77,19 @@ def fuse_connections() -> tuple[Path | None, str]:
     return Path(FUSECTL), ""
 
 
+def resolved(path: str) -> str:
+    """``path`` made absolute with its symlinks resolved, without a stat of ``path`` itself: a stat
+    of a stuck FUSE mount point never returns (a readlink of a directory does not reach its
+    server)."""
+    parent, name = os.path.split(os.path.abspath(path))
+    where = os.path.join(os.path.realpath(parent), name)
+    try:
+        target = os.readlink(where)
+    except OSError:  # not a symlink (EINVAL), or gone
+        return where
+    return os.path.realpath(os.path.join(os.path.dirname(where), target))
+
+
 def is_mounted(path: str) -> bool:
     return bool(path) and _mountinfo_entry(path) is not None
 

@@ -16,12 +16,19 @@ Exit status: 0 unmounted, 1 not unmounted (the reason on standard error), 2 usag
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
 
-from fs3.cli.fuse_mounts import abort, fuse_connections, is_mounted, mount_device, mount_type, unmount
+from fs3.cli.fuse_mounts import (
+    abort,
+    fuse_connections,
+    is_mounted,
+    mount_device,
+    mount_type,
+    resolved,
+    unmount,
+)
 
 FS3_MOUNT_TYPE = "fuse.fs3"
 
@@ -43,10 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    # absolute, symlinks of the parents resolved, the mount point itself not touched (see
-    # fs3.client.mount._resolved, which this matches)
-    parent, name = os.path.split(os.path.abspath(args.mountpoint))
-    where = os.path.join(os.path.realpath(parent), name)
+    where = resolved(args.mountpoint)
     fstype = mount_type(where)
     if fstype is None:
         sys.stderr.write(f"fs3 umount: {where} is not a mount point\n")
