@@ -27,7 +27,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv import Transaction, prefix_end
+from fs3.kv import ReadView, Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, M, Namespace, Trims, _time_left
@@ -181,11 +181,12 @@ class SessionOps(Namespace):
         await self._settle_queued(inode_id, session_id)
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
-            skey, session = await _load_session(tr if write else tr.snapshot, inode_id, session_id)
+            rv: ReadView = tr if write else tr.snapshot
+            skey, session = await _load_session(rv, inode_id, session_id)
             if write:
                 session.touched_ns = inodes.now_ns()
                 tr.set(skey, session.SerializeToString())
-            return inodes.public(await inodes.load(tr if write else tr.snapshot, inode_id))
+            return inodes.public(await inodes.load(rv, inode_id))
 
         return await self.db.run(fn, read_only=not write)
 
@@ -548,9 +549,7 @@ class SessionOps(Namespace):
         )
 
 
-async def _load_session(
-    tr: Transaction, inode_id: int, session_id: int
-) -> tuple[bytes, meta_pb2.FileSession]:
+async def _load_session(tr: ReadView, inode_id: int, session_id: int) -> tuple[bytes, meta_pb2.FileSession]:
     """Session ``session_id`` of ``inode_id`` and its key; META_BAD_HANDLE when it is not there
     (closed, or ended by a prune)."""
     skey = schema.session_key(inode_id, session_id)
