@@ -48,6 +48,19 @@ async def test_files_held_open_past_the_meta_session_timeout_stay_open(tmp_path)
         assert e.value.code == StatusCode.META_BAD_HANDLE
 
 
+def _cluster_ending_paused_clients(tmp_path, **extra: object) -> FsCluster:  # type: ignore[no-untyped-def]
+    """One chain; mgmtd expires a silent client's session after 3 s, and meta then ends its file
+    sessions untouched for 1 s (a client paused for 3 + 1 + a prune round loses them)."""
+    return FsCluster(
+        tmp_path,
+        chains=1,
+        stripe=1,
+        mgmtd_extra={"client_session_timeout_s": 3.0},
+        meta_extra={"session_timeout_s": 1.0},
+        **extra,  # type: ignore[arg-type]
+    )
+
+
 async def _chunks_of(fs, inode_id: int) -> int:  # type: ignore[no-untyped-def]
     """How many chunks of ``inode_id`` the cluster's targets hold."""
     targets = list(fs.storage.routing.routing.targets)
@@ -67,13 +80,7 @@ async def test_handles_whose_session_meta_ended_do_no_more_io(tmp_path) -> None:
     collects a file another client unlinked. On resuming, its old handles write nothing (the
     fsync is EIO and no chunk of the collected file comes back), a read of the collected file
     is EIO rather than zeros, clean handles close without an error, and new opens work."""
-    async with FsCluster(
-        tmp_path,
-        chains=1,
-        stripe=1,
-        mgmtd_extra={"client_session_timeout_s": 3.0},
-        meta_extra={"session_timeout_s": 1.0},
-    ) as c:
+    async with _cluster_ending_paused_clients(tmp_path) as c:
         fs = await c.connect()
         other = await c.connect()
         kept = await fs.open("/kept", "w")
@@ -130,14 +137,7 @@ async def test_a_read_only_handle_whose_session_meta_ended_opens_its_file_again(
     failing (EIO before). The new session protects the file like the first: unlinked by another
     client, it is collected only after this handle's close."""
     chunk = 1 << 20
-    async with FsCluster(
-        tmp_path,
-        chains=1,
-        stripe=1,
-        chunk_size=chunk,
-        mgmtd_extra={"client_session_timeout_s": 3.0},
-        meta_extra={"session_timeout_s": 1.0},
-    ) as c:
+    async with _cluster_ending_paused_clients(tmp_path, chunk_size=chunk) as c:
         fs = await c.connect()
         other = await c.connect()
         w = await other.open("/sparse", "w")

@@ -78,6 +78,21 @@ async def _die(meta: MetaDaemon) -> None:
     await meta.server.stop()
 
 
+async def _unlink_and_die(client: MetaClient, meta: MetaDaemon, unlinked: bool) -> None:
+    """Unlink /f through the second server if ``unlinked``; then ``meta`` dies (:func:`_die`)."""
+    if unlinked:
+        client._current = 1  # noqa: SLF001
+        await client.unlink(ROOT_ID, b"f")
+    await _die(meta)
+
+
+async def _sessions_become(db: Database, inode_id: int, n: int, what: str) -> None:
+    async def there() -> bool:
+        return await _sessions(db, inode_id) == n
+
+    await wait_until(there, 20, what)
+
+
 @pytest.mark.parametrize("unlinked", [False, True])
 async def test_a_read_session_whose_end_died_with_its_meta_is_closed_again(two_metas, unlinked: bool) -> None:
     db, a, b = two_metas
@@ -93,15 +108,8 @@ async def test_a_read_session_whose_end_died_with_its_meta_is_closed_again(two_m
         _stall(a)
         await client.close_file(ino.id, rsp.session_id)  # ... its end is queued and never written
         assert await _sessions(db, ino.id) == 1
-        if unlinked:
-            client._current = 1  # noqa: SLF001
-            await client.unlink(ROOT_ID, b"f")
-        await _die(a)
-
-        async def closed_again() -> bool:
-            return await _sessions(db, ino.id) == 0
-
-        await wait_until(closed_again, 20, "the read session to be closed again through meta b")
+        await _unlink_and_die(client, a, unlinked)
+        await _sessions_become(db, ino.id, 0, "the read session to be closed again through meta b")
         assert client._queued_ends.ended == 1  # noqa: SLF001
         if unlinked:  # and the collector may take the file
             assert b.store is not None
@@ -218,15 +226,8 @@ async def test_a_read_session_whose_open_died_with_its_meta_is_put_again(two_met
         rsp = await client.open(ino.id, os.O_RDONLY)
         assert rsp.session_queued and rsp.session_id
         assert await _sessions(db, ino.id) == 0  # queued, never written
-        if unlinked:
-            client._current = 1  # noqa: SLF001
-            await client.unlink(ROOT_ID, b"f")
-        await _die(a)
-
-        async def put_again() -> bool:
-            return await _sessions(db, ino.id) == 1
-
-        await wait_until(put_again, 20, "the read session to be put again through meta b")
+        await _unlink_and_die(client, a, unlinked)
+        await _sessions_become(db, ino.id, 1, "the read session to be put again through meta b")
         assert client._queued_ends.restored == 1  # noqa: SLF001
         # past the collector's grace, the open file keeps its chunks (without the session it goes)
         await asyncio.sleep(b.store.collector.grace_s + 0.3)
