@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from fs3.background import Periodic, cancel_and_wait
 from fs3.cli.fuse_mounts import (
+    FS3_MOUNT_TYPE,
     dead,
     fuse_connections,
     mount_device,
@@ -398,7 +399,7 @@ def _replace_dead_mount(path: str) -> bool:
     goes lazily where busy (a shell's working directory in it): the dead mount's users get errors
     either way, the new one's see the new mount."""
     device = mount_device(path)
-    if mount_type(path) != "fuse.fs3" or not dead(path):
+    if mount_type(path) != FS3_MOUNT_TYPE or not dead(path):
         return False
     error = unmount(path, device)
     if mount_device(path) == device:

@@ -41,7 +41,7 @@ from typing import Any
 
 from fs3.cli import positive_seconds
 from fs3.cli.daemons import Daemon, stop_all
-from fs3.cli.fuse_mounts import abort, answers, is_mounted, mount_type, mounted_over, unmount
+from fs3.cli.fuse_mounts import FS3_MOUNT_TYPE, abort, answers, is_mounted, mount_type, mounted_over, unmount
 from fs3.cli.local_cluster import (
     CHAIN_TABLE,
     EX_FAILED,
@@ -59,7 +59,6 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.net.auth import read_secret
 
 MOUNT_MODULE = "fs3.client.mount"
-FS3_MOUNT_TYPE = "fuse.fs3"  # what /proc/self/mountinfo calls an fs3 mount
 
 
 def _say(msg: str) -> None:

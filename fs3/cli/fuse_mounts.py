@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 FUSECTL = "/sys/fs/fuse/connections"
+FS3_MOUNT_TYPE = "fuse.fs3"  # what /proc/self/mountinfo calls an fs3 mount
 
 
 def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
@@ -164,15 +165,18 @@ def abort(path: str) -> None:
         pass
 
 
-def unmount(mount: str, device: tuple[int, int] | None = None) -> str:
-    """Unmount ``mount`` if it is still mounted: normally, else lazily (detached now, finished by
-    the kernel when the last user leaves), so that the daemons behind it can stop. With ``device``
-    (:func:`mount_device`), only while that file system is the one mounted there: not another
-    one mounted meanwhile. Returns the last command's error output ("" if none)."""
-    error = ""
-    for cmd in (["fusermount3", "-u", mount], ["umount", mount], ["fusermount3", "-u", "-z", mount]):
+def unmount(mount: str, device: tuple[int, int] | None = None, lazy: bool = True) -> str:
+    """Unmount ``mount`` if it is still mounted: normally, else (``lazy``) lazily (detached now,
+    finished by the kernel when the last user leaves), so that the daemons behind it can stop.
+    With ``device`` (:func:`mount_device`), only while that file system is the one mounted there:
+    not another one mounted meanwhile. Returns the last command's error output ("" if none)."""
+    error = "neither fusermount3 nor umount is installed"
+    cmds = [["fusermount3", "-u", mount], ["umount", mount]]
+    if lazy:
+        cmds.append(["fusermount3", "-u", "-z", mount])
+    for cmd in cmds:
         if not is_mounted(mount) or device is not None and mount_device(mount) != device:
-            return error
+            return ""
         if shutil.which(cmd[0]):
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)

@@ -16,11 +16,10 @@ Exit status: 0 unmounted, 1 not unmounted (the reason on standard error), 2 usag
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
 
 from fs3.cli.fuse_mounts import (
+    FS3_MOUNT_TYPE,
     abort,
     fuse_connections,
     is_mounted,
@@ -29,8 +28,6 @@ from fs3.cli.fuse_mounts import (
     resolved,
     unmount,
 )
-
-FS3_MOUNT_TYPE = "fuse.fs3"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,23 +64,9 @@ def main(argv: list[str]) -> int:
         abort(where)
         error = unmount(where, device)
     else:
-        error = _unmount_once(where)
+        error = unmount(where, device, lazy=False)  # a busy mount is reported, not detached
     if is_mounted(where) and mount_device(where) == device:
         hint = "" if args.force else "; close what uses it, or use --force for a mount that does not answer"
         sys.stderr.write(f"fs3 umount: {where} is still mounted: {error or 'no reason given'}{hint}\n")
         return 1
     return 0
-
-
-def _unmount_once(where: str) -> str:
-    """Unmount ``where`` without --force: ``fusermount3 -u`` (``umount`` where that is missing, as
-    root); never lazily, so that a busy mount is reported rather than detached. The error output
-    of the command ("" if none)."""
-    for cmd in (["fusermount3", "-u", where], ["umount", where]):
-        if shutil.which(cmd[0]):
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-            except subprocess.TimeoutExpired:
-                return f"{' '.join(cmd)} did not return within 60 s"
-            return r.stderr.strip() if r.returncode else ""
-    return "neither fusermount3 nor umount is installed"
