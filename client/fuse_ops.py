@@ -334,6 +334,8 @@ class Fs3Operations(pyfuse3.Operations):
         self._dir_attrs: dict[int, tuple[m.Inode, float]] = {}
         self._dir_changes = 0
         self._abandoned = False
+        self._releases: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving RELEASE requests
+        self._releases_abandoned = False
 
     def init(self) -> None:
         # The kernel applies the INIT reply (which caps the mount's readahead at the 128 KiB it
@@ -739,7 +741,22 @@ class Fs3Operations(pyfuse3.Operations):
     @_translate
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
-        ino = await self.fs._close(handle)
+        task = asyncio.current_task()
+        assert task is not None
+        self._releases.add(task)
+        try:
+            ino = await self.fs._close(handle)
+        except asyncio.CancelledError:
+            if not self._releases_abandoned or task.uncancel() > 0:
+                raise
+            log.warning(
+                "a close still waiting at unmount given up; meta ends its session once this client's "
+                "session is over inode=%#x",
+                handle.inode_id,
+            )
+            return
+        finally:
+            self._releases.discard(task)
         if ino is not None and handle.writable:
             self._seen[ino.id] = (ino.mtime_ns, ino.size)
 
@@ -852,6 +869,17 @@ class Fs3Operations(pyfuse3.Operations):
         for task in reads:
             task.cancel()
         return len(reads)
+
+    def abandon_releases(self) -> int:
+        """Give up the RELEASE requests still in flight once the FUSE session is over (meta not
+        answering their closes, say), as :meth:`close_all` gives up the closes of files left open:
+        the mount's exit waits for them otherwise, up to the RPC deadline. One cancelled in its
+        flush goes on in the background, as there. Returns how many were given up."""
+        self._releases_abandoned = True
+        releases = list(self._releases)
+        for task in releases:
+            task.cancel()
+        return len(releases)
 
     def open_files(self) -> int:
         """File handles the kernel has not released."""

@@ -97,8 +97,10 @@ def connection_aborted(fd: int) -> bool:
 async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3Operations) -> None:
     """Wait until the FUSE session is over (``stopping`` set, or the connection on ``fd`` ended:
     then :func:`fuse_wait.device_gone`), then READ_GRACE_S more, and end the reads still in flight
-    (:meth:`Fs3Operations.abandon_reads`)."""
+    (:meth:`Fs3Operations.abandon_reads`); UNMOUNT_CLOSE_WAIT_S after that, give up the closes
+    (RELEASE) still in flight (:meth:`Fs3Operations.abandon_releases`)."""
     from fs3.client import fuse_wait
+    from fs3.client.fuse_ops import UNMOUNT_CLOSE_WAIT_S
 
     while not stopping.is_set() and (fd is None or not connection_aborted(fd)):
         with contextlib.suppress(TimeoutError):
@@ -109,6 +111,9 @@ async def end_reads_when_over(fd: int | None, stopping: asyncio.Event, ops: Fs3O
     await asyncio.sleep(READ_GRACE_S)
     if n := ops.abandon_reads():
         log.info("ended reads still in flight after the FUSE session was over count=%d", n)
+    await asyncio.sleep(UNMOUNT_CLOSE_WAIT_S)
+    if n := ops.abandon_releases():
+        log.warning("gave up closes still in flight after the FUSE session was over count=%d", n)
 
 
 # the end of pyfuse3's "fuse_xxx(): fuse_reply_* failed with %s" for ENOENT
