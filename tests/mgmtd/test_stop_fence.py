@@ -13,7 +13,7 @@ import os
 import signal
 
 import pytest
-from cluster import MGMTD_TIMING, Cluster
+from cluster import MGMTD_TIMING, Cluster, wait_until
 
 from fs3.client.storage_client import RetryPolicy
 
@@ -52,7 +52,12 @@ async def test_the_cluster_serves_through_a_clean_stop_of_the_only_mgmtd_and_non
             assert "lease from mgmtd ran out" not in node.proc.log(), node.proc.log()
 
         await c.restart_mgmtd()
-        assert "honouring the stop fence of the previous primary" in mgmtd.log(), mgmtd.log()
+        # logged once the new primary has loaded the cluster state, a moment after it serves
+        await wait_until(
+            lambda: "honouring the stop fence of the previous primary" in mgmtd.log(),
+            10,
+            "the fence to be honoured",
+        )
         routing = await c.wait_all_serving(30)
         assert routing.chain(chain_id).version == version, c.logs()  # no node was failed
         assert await client.read(chain_id, 1, 0, 0, CHUNK) == first
