@@ -291,6 +291,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     except BaseException:
         await fs.close()
         raise
+    device = mount_device(mountpoint)  # this mount's: told apart from one mounted there later
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
 
@@ -328,6 +329,8 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
             status = 1
         fuse_wait.uninstall()  # before pyfuse3 closes the device it watches
         pyfuse3.close(unmount=True)
+        if device is not None and mount_device(mountpoint) == device:
+            await asyncio.to_thread(unmount_dead, mountpoint, device)
         await fs.close()
         if metrics_server is not None:
             metrics_server.close()
@@ -335,6 +338,18 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
             await trim.stop()  # last: a cancellation raised here must not skip the unmount
     log.info("unmounted mountpoint=%s", mountpoint)
     return status
+
+
+def unmount_dead(mountpoint: str, device: tuple[int, int]) -> None:
+    """Unmount this process's mount whose connection was aborted (fusectl, ``fs3 umount --force``):
+    libfuse takes the aborted connection for an unmount already done and leaves the mount, dead
+    (every use fails with ENOTCONN) until someone unmounts it. Lazily where busy (a shell's working
+    directory in it): its users get errors either way."""
+    error = unmount(mountpoint, device)
+    if mount_device(mountpoint) == device:
+        log.warning("the dead mount could not be unmounted mountpoint=%s error=%s", mountpoint, error)
+    else:
+        log.info("unmounted the mount whose connection was aborted mountpoint=%s", mountpoint)
 
 
 def _run(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
