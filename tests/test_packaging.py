@@ -44,8 +44,15 @@ def copy_source(dst: Path) -> Path:
 
 
 def fresh_venv(path: Path) -> Path:
-    venv.EnvBuilder(with_pip=True).create(path)
+    """A virtual environment without pip of its own (ensurepip takes seconds of CPU): :func:`pip`
+    installs into it with this environment's pip."""
+    venv.EnvBuilder(with_pip=False).create(path)
     return path / "bin" / "python"
+
+
+def pip(py: Path, *args: str | Path, cwd: Path) -> str:
+    """``pip ARGS`` run for the environment of ``py`` (pip's ``--python``), by this environment's pip."""
+    return run(sys.executable, "-m", "pip", "--python", py, *args, cwd=cwd)
 
 
 def run(*cmd, cwd: Path) -> str:
@@ -83,7 +90,7 @@ def test_wheel_installs_and_imports_all_packages(tmp_path):
         "generic top-level names leaked"
     )
     py = fresh_venv(tmp_path / "venv")
-    run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp_path)
+    pip(py, "install", "-q", "--no-deps", "--no-index", wheel, cwd=tmp_path)
     out = run(py, "-c", IMPORT_ALL, cwd=tmp_path)
     assert "site-packages/fs3/meta/__init__.py" in out
     assert "fs3 0.1.0" in run(tmp_path / "venv" / "bin" / "fs3", "--version", cwd=tmp_path)
@@ -94,7 +101,7 @@ def test_editable_install_imports_all_packages(tmp_path):
     src = copy_source(tmp_path / "src")
     py = fresh_venv(tmp_path / "venv")
     # build isolation: the fresh environment fetches its own setuptools, as a user's would
-    run(py, "-m", "pip", "install", "-q", "--no-deps", "-e", src, cwd=tmp_path)
+    pip(py, "install", "-q", "--no-deps", "-e", src, cwd=tmp_path)
     # from elsewhere, through the editable finder, and from the checkout itself
     assert str(src / "meta" / "__init__.py") in run(py, "-c", IMPORT_ALL, cwd=tmp_path)
     assert str(src / "meta" / "__init__.py") in run(py, "-c", IMPORT_ALL, cwd=src)
