@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # clusters are started once). Most tests wait on daemons' timers, so two on two cores halve the run.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install system-packages venv test lint format proto run down clean
+.PHONY: install system-packages venv bytecode test lint format proto run down clean
 
 install: system-packages $(VENV)/.installed
 
@@ -34,7 +34,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $@
 
-test: install rdma
+# fs3's own sources are installed editable, so pip compiled none of them. Where
+# PYTHONDONTWRITEBYTECODE is set (as in many container images) every daemon, mount and fs3 command
+# would otherwise compile what it imports again as it starts: ~0.4 s of CPU per process, a sixth
+# of the CPU of the tests that start clusters. compileall writes only what changed.
+bytecode: install
+	@$(BIN)/python -m compileall -q -j 0 fs3 client meta storage
+
+test: install rdma bytecode
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: install
@@ -49,7 +56,7 @@ format: install
 proto: $(VENV)/.installed
 	$(BIN)/python -m fs3.proto.generate
 
-run: install
+run: install bytecode
 	$(BIN)/fs3 local up --dir $(RUN_DIR) --mount $(MOUNT)
 
 down: install
