@@ -425,7 +425,7 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._partial_timer = None
         if self._state == _DEAD or not self._mid_frame():
             return
-        if self._frames != frames_when_armed or self._paused_by_receiver:
+        if self._frames != frames_when_armed or self._paused_by_receiver or self._reading_stopped:
             # progress was made, or we are the ones not reading: watch the frame now in progress
             self._arm_partial_timer()
             return
@@ -589,6 +589,13 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+                # the time we did not read is not the peer's: a frame begun gets a whole frame
+                # timeout from now (a timer due a moment from now would cut it off before the
+                # buffered frames are even taken up, from a call_soon)
+                if self._partial_timer is not None:
+                    self._partial_timer.cancel()
+                    self._partial_timer = None
+                    self._arm_partial_timer()
 
     @property
     def is_closing(self) -> bool:

@@ -16,7 +16,7 @@ from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcLimits, RpcServer, ServiceDef
-from fs3.net.frame import F_RESPONSE, encode_header
+from fs3.net.frame import F_REQUEST, F_RESPONSE, HEADER_SIZE, encode_header
 from fs3.net.system import ECHO, PING, SINK, SOURCE, SYSTEM_SERVICE, source_pattern
 from fs3.net.transport import Transport
 from fs3.proto import common_pb2, rpc_pb2
@@ -469,6 +469,42 @@ async def test_server_stops_reading_from_a_connection_with_too_much_in_progress(
             results = await asyncio.gather(*calls)
             assert [r.data for r, _ in results] == [b"%d" % i for i in range(50)]
             assert handlers.finished == 50
+    finally:
+        await server.stop()
+
+
+async def test_a_frame_begun_while_the_server_was_not_reading_gets_a_whole_frame_timeout_after() -> None:
+    """The server stops reading a connection with too much in progress; a frame begun meanwhile is
+    not cut off for the time the server was the one not reading: its sender gets a whole frame
+    timeout from the moment the server reads again. (The timer kept while paused used to fire
+    just after the server resumed, and close the connection if that frame had not completed.)"""
+    t = 2.0
+    server = RpcServer(SECRET, limits=RpcLimits(max_inflight_calls=1, frame_timeout_s=t))
+    handlers = ServiceUnderTest()
+    server.add_service(TEST_SERVICE, handlers)
+    address = await server.start()
+    block = TEST_SERVICE["Block"]
+    blocked = rpcwire.frame(
+        F_REQUEST, 1, block.service_id, block.id, rpc_pb2.EchoRequest(data=b"b").SerializeToString()
+    )
+    second = rpcwire.frame(F_REQUEST, 2, 0, ECHO.id, rpc_pb2.EchoRequest(data=b"second").SerializeToString())
+    try:
+        with rpcwire.connect(address) as sock:
+            await asyncio.to_thread(rpcwire.handshake, sock)
+            await asyncio.to_thread(sock.sendall, blocked + second[: HEADER_SIZE + 2])
+            await poll(lambda: handlers.blocked == 1, what="the call in progress")
+            # the server's timer of the begun frame runs out at t and 2t while it does not read
+            # (and is set again); it reads again at 2.5t, and the rest comes 0.75t later
+            await asyncio.sleep(2.5 * t)
+            handlers.gate.set()
+            await asyncio.sleep(0.75 * t)
+            await asyncio.to_thread(sock.sendall, second[HEADER_SIZE + 2 :])
+            replies = [await asyncio.to_thread(rpcwire.read_frame, sock) for _ in range(2)]
+            # (flags, request id, ...): both answered, neither an error
+            assert [(hdr[:2], msg) for hdr, msg, _ in replies] == [
+                ((F_RESPONSE, 1), rpc_pb2.EchoResponse(data=b"b").SerializeToString()),
+                ((F_RESPONSE, 2), rpc_pb2.EchoResponse(data=b"second").SerializeToString()),
+            ]
     finally:
         await server.stop()
 
