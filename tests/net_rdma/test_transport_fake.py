@@ -420,6 +420,29 @@ async def test_a_frame_left_unfinished_is_cut_off_after_frame_timeout() -> None:
     await asyncio.wait_for(client_rx.lost.wait(), 5)
 
 
+async def test_a_frame_begun_before_a_pause_gets_a_whole_frame_timeout_after_it() -> None:
+    """A frame begun, then the receiver pauses for longer than the frame timeout: its sender gets
+    a whole frame timeout from the resume (a timer set again while paused, due a moment after the
+    resume, used to cut the connection off before the frames were even taken up again)."""
+    t = 1.0
+    fabric, st, ct, accepted, client_rx = await _raw(limits=dataclasses.replace(LIMITS, frame_timeout_s=t))
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    whole = encode_header(1, 5, 1, 1, 40, 0) + b"y" * 40
+    _post_raw_chunk(client, whole[:-30])
+    await poll(lambda: server._assembler.mid_frame, what="the frame begun")
+    server.pause_receiving(True)
+    # the timer runs out at t and 2t while paused (and is set again); the resume comes at 2.5t,
+    # the rest of the frame 0.75t after it
+    await asyncio.sleep(2.5 * t)
+    server.pause_receiving(False)
+    await asyncio.sleep(0.75 * t)
+    assert not accepted[0].lost.is_set(), accepted[0].errors
+    _post_raw_chunk(client, whole[-30:])
+    await poll(lambda: len(accepted[0].frames) == 1 or accepted[0].lost.is_set(), what="the frame")
+    assert accepted[0].errors == [] and [f[0] for f in accepted[0].frames] == [5]
+
+
 async def test_paused_receiver_holds_buffers_and_gets_everything_on_resume() -> None:
     cfg = RdmaConfig(recv_buffers=8, send_buffers=8, buffer_size=1024)
     fabric, st, ct, accepted, client_rx = await _raw(cfg)

@@ -599,6 +599,13 @@ class RdmaConnection(Connection):
 
     def _resume(self) -> None:
         if not self._stopped:
+            # the time we did not take frames up is not the peer's: a frame begun gets a whole
+            # frame timeout from now (a timer due a moment from now would cut it off before the
+            # _deliver below runs)
+            if self._partial_timer is not None:
+                self._partial_timer.cancel()
+                self._partial_timer = None
+                self._arm_partial_timer()
             held, self._held = self._held, []
             for slot in held:
                 self._post_recv(slot)
