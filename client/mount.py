@@ -303,7 +303,8 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    ending = loop.create_task(end_reads_when_over(fuse_device_fd(), stopping, ops))
+    fd = fuse_device_fd()
+    ending = loop.create_task(end_reads_when_over(fd, stopping, ops))
     log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
     settle_gc()
     trim = memory_trimmer(
@@ -317,6 +318,11 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         log.exception("FUSE main loop failed")
         status = 1
     finally:
+        # at once, not after the flush below: once our mount is gone its device number may be
+        # another's (the kernel gives the lowest free one)
+        if fd is not None and device is not None and connection_aborted(fd):
+            if mount_device(mountpoint) == device:
+                await asyncio.to_thread(unmount_dead, mountpoint, device)
         try:
             await cancel_and_wait(ending)
         except Exception:
@@ -329,8 +335,6 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
             status = 1
         fuse_wait.uninstall()  # before pyfuse3 closes the device it watches
         pyfuse3.close(unmount=True)
-        if device is not None and mount_device(mountpoint) == device:
-            await asyncio.to_thread(unmount_dead, mountpoint, device)
         await fs.close()
         if metrics_server is not None:
             metrics_server.close()
@@ -344,7 +348,11 @@ def unmount_dead(mountpoint: str, device: tuple[int, int]) -> None:
     """Unmount this process's mount whose connection was aborted (fusectl, ``fs3 umount --force``):
     libfuse takes the aborted connection for an unmount already done and leaves the mount, dead
     (every use fails with ENOTCONN) until someone unmounts it. Lazily where busy (a shell's working
-    directory in it): its users get errors either way."""
+    directory in it): its users get errors either way. Only while what is mounted there with that
+    device is dead: a mount that answers is a new one that got the device number ours freed (after
+    an unmount by ``fs3 umount --force``, say)."""
+    if not dead(mountpoint):
+        return
     error = unmount(mountpoint, device)
     if mount_device(mountpoint) == device:
         log.warning("the dead mount could not be unmounted mountpoint=%s error=%s", mountpoint, error)
