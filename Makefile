@@ -42,7 +42,7 @@ bytecode: install
 	@$(BIN)/python -m compileall -q -j 0 fs3 client meta storage
 
 test: install rdma bytecode
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
