@@ -83,7 +83,10 @@ class RpcLimits:
     ``frame_timeout_s`` bounds how long a started frame may stay incomplete (a peer that stops
     mid-frame is disconnected); ``handshake_timeout_s`` bounds the authentication handshake. A server
     stops reading from a connection while it has ``max_inflight_calls`` calls, or calls holding
-    ``max_inflight_payload_bytes`` of request payload, in progress for it.
+    ``max_inflight_payload_bytes`` of request payload, in progress for it. ``write_stall_timeout_s``
+    bounds how long a peer may take none of what we have queued for it (a peer that stops reading
+    is disconnected: it would otherwise hold its connection, and a server the replies it buffered,
+    for ever, since a server stops reading from such a peer and so never sees it go away).
     """
 
     max_message_bytes: int = 16 << 20
@@ -92,13 +95,14 @@ class RpcLimits:
     handshake_timeout_s: float = 10.0
     max_inflight_calls: int = 4096
     max_inflight_payload_bytes: int = 256 << 20
+    write_stall_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 < self.max_message_bytes <= MAX_U32:
             raise ValueError(f"max_message_bytes out of range: {self.max_message_bytes}")
         if not 0 <= self.max_payload_bytes < 1 << 63:
             raise ValueError(f"max_payload_bytes out of range: {self.max_payload_bytes}")
-        if self.frame_timeout_s <= 0 or self.handshake_timeout_s <= 0:
+        if self.frame_timeout_s <= 0 or self.handshake_timeout_s <= 0 or self.write_stall_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if self.max_inflight_calls < 1 or self.max_inflight_payload_bytes < 1:
             raise ValueError("in-flight limits must be positive")

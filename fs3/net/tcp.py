@@ -15,9 +15,12 @@ does not fit goes to the transport as before.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import socket
+import struct
+import termios
 from collections import deque
 from collections.abc import Callable
 
@@ -153,6 +156,8 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         self._cb_in_transport: deque[tuple[int, Callable[[], None]]] = deque()
         self._fd = -1  # the socket's descriptor, for writes that release the GIL (_write_direct)
         self._paused = False
+        # Watches a peer that takes none of our queued bytes (see RpcLimits.write_stall_timeout_s).
+        self._stall_timer: asyncio.TimerHandle | None = None
         # Reading stops while either holds: our replies are not being read (server side), or the
         # receiver has asked for a pause (too much work in progress).
         self._paused_for_writes = False
@@ -257,6 +262,9 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
         if self._partial_timer is not None:
             self._partial_timer.cancel()
             self._partial_timer = None
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
         self._wq.clear()
         self._cb_queued.clear()
         self._cb_in_transport.clear()
@@ -269,6 +277,47 @@ class TcpConnection(asyncio.BufferedProtocol, Connection):
 
     def pause_writing(self) -> None:
         self._paused = True
+        if self._stall_timer is None:
+            # Armed once per pause at most, and not cancelled by a resume: it looks again itself.
+            self._stall_timer = self._loop.call_later(
+                self.limits.write_stall_timeout_s, self._check_stall, self._taken()
+            )
+
+    def _taken(self) -> int:
+        """Stream bytes the peer has acknowledged so far: those the kernel took from us less those
+        still in the socket's send queue. (What the kernel takes alone would not do: its buffers at
+        both ends hold megabytes, and a peer reading slowly frees room there long before the kernel
+        takes more from us.)"""
+        t = self._transport
+        taken = self._queued_pos - self._wq_bytes - (t.get_write_buffer_size() if t is not None else 0)
+        if self._fd >= 0:
+            try:
+                taken -= struct.unpack("i", fcntl.ioctl(self._fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+            except OSError:
+                pass
+        return taken
+
+    def _check_stall(self, taken_when_armed: int) -> None:
+        """Abort the connection if the peer took none of our bytes since the timer was armed and
+        some are still waiting. A close would not do: it waits for the unsent bytes to leave, which
+        from a peer that does not read they never do (a lingering close after bad input included)."""
+        self._stall_timer = None
+        transport = self._transport
+        if transport is None or not transport.get_write_buffer_size():
+            return  # everything left; the next pause arms the timer again
+        taken = self._taken()
+        if taken != taken_when_armed:
+            self._stall_timer = self._loop.call_later(
+                self.limits.write_stall_timeout_s, self._check_stall, taken
+            )
+            return
+        log.warning(
+            "peer took none of our data for %ss, disconnecting peer=%s unsent=%d",
+            self.limits.write_stall_timeout_s,
+            self.peer,
+            transport.get_write_buffer_size(),
+        )
+        self.abort()
 
     def resume_writing(self) -> None:
         self._paused = False

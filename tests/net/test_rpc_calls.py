@@ -509,6 +509,63 @@ async def test_a_frame_begun_while_the_server_was_not_reading_gets_a_whole_frame
         await server.stop()
 
 
+def _source_requests(count: int, length: int) -> bytes:
+    return b"".join(
+        rpcwire.frame(
+            F_REQUEST, i + 1, 0, SOURCE.id, rpc_pb2.SourceRequest(length=length).SerializeToString()
+        )
+        for i in range(count)
+    )
+
+
+async def test_a_peer_that_stops_reading_its_replies_is_disconnected() -> None:
+    """A client that sends requests and never reads the replies would hold its connection, and the
+    server the replies it could not send, for ever (the server stops reading from it, so does not
+    even see it go away): after write_stall_timeout_s without taking a byte, it is cut off."""
+    server = RpcServer(SECRET, limits=RpcLimits(write_stall_timeout_s=1.0))
+    address = await server.start()
+    try:
+        with rpcwire.connect(address) as sock:
+            await asyncio.to_thread(rpcwire.handshake, sock)
+            await asyncio.to_thread(sock.sendall, _source_requests(32, 1 << 20))
+            await poll(lambda: server.connection_count == 0, within=10, what="the server to drop the peer")
+            # what the socket still holds arrives, then the connection ends (a reset: the server
+            # aborted it with data unsent)
+            data = await asyncio.to_thread(rpcwire.wait_closed, sock)
+            assert len(data) < 32 << 20
+    finally:
+        await server.stop()
+
+
+async def test_a_slow_reader_is_not_taken_for_a_stalled_one() -> None:
+    """A peer that takes our replies slowly, but some within every write_stall_timeout_s, keeps its
+    connection and gets every reply whole."""
+    server = RpcServer(SECRET, limits=RpcLimits(write_stall_timeout_s=1.0))
+    address = await server.start()
+    count, length = 16, 1 << 20
+    try:
+        with rpcwire.connect(address, timeout=10) as sock:
+            await asyncio.to_thread(rpcwire.handshake, sock)
+            await asyncio.to_thread(sock.sendall, _source_requests(count, length))
+            got = bytearray()
+            for _ in range(12):  # 256 KiB every 0.3 s: 3 MiB in 3.6 s, three stall timeouts
+                await asyncio.sleep(0.3)
+                got += await asyncio.to_thread(rpcwire.recv_exact, sock, 256 << 10)
+            assert server.connection_count == 1
+            rest = count * (HEADER_SIZE + length) - len(got)
+            got += await asyncio.to_thread(rpcwire.recv_exact, sock, rest)
+            replies = rpcwire.parse_frames(bytes(got))
+            assert [hdr[:2] for hdr, _ in replies] == [(F_RESPONSE, i + 1) for i in range(count)]
+            pattern = source_pattern(length)
+            pos = 0
+            for _ in range(count):
+                pos += HEADER_SIZE
+                assert got[pos : pos + length] == pattern
+                pos += length
+    finally:
+        await server.stop()
+
+
 async def test_closing_the_client_fails_calls_in_flight(rpc_server: RpcServer) -> None:
     handlers = rpc_server.handlers  # type: ignore[attr-defined]
     client = RpcClient(SECRET, limits=TEST_LIMITS)

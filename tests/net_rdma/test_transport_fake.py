@@ -247,6 +247,7 @@ class Recorder(FrameReceiver):
         self.frames: list[tuple[int, bytes, bytes | None]] = []
         self.errors: list[FrameError] = []
         self.lost = asyncio.Event()
+        self.lost_with: BaseException | None = None
 
     def alloc_payload(self, flags: int, request_id: int, length: int) -> memoryview:
         return memoryview(bytearray(length))
@@ -258,6 +259,7 @@ class Recorder(FrameReceiver):
         self.errors.append(error)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost_with = exc
         self.lost.set()
 
 
@@ -461,6 +463,42 @@ async def test_paused_receiver_holds_buffers_and_gets_everything_on_resume() -> 
     server.pause_receiving(False)
     await poll(lambda: len(accepted[0].frames) == 100, what="all frames after resume")
     assert [f[0] for f in accepted[0].frames] == list(range(1, 101)) and fabric.rnr_errors == 0
+
+
+async def test_a_peer_that_takes_none_of_our_data_is_disconnected() -> None:
+    """A peer that posts no receives returns no credits: after write_stall_timeout_s without one of
+    our SENDs completing, while bytes wait for it, the connection is broken (as on TCP)."""
+    cfg = RdmaConfig(recv_buffers=8, send_buffers=8, buffer_size=1024)
+    limits = dataclasses.replace(LIMITS, write_stall_timeout_s=0.5)
+    fabric, st, ct, accepted, client_rx = await _raw(cfg, limits=limits)
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    server.pause_receiving(True)  # holds the buffers the client's SENDs land in
+    for i in range(1, 101):
+        client.send_frame(1, i, 1, 1, b"x" * 900)
+    await asyncio.wait_for(client_rx.lost.wait(), 5)
+    assert "took none of our data" in str(client_rx.lost_with)
+    assert len(accepted[0].frames) < 100
+
+
+async def test_a_peer_taking_our_data_in_bursts_keeps_its_connection() -> None:
+    """Progress within every write_stall_timeout_s keeps a connection, however long it has had
+    bytes waiting in all."""
+    cfg = RdmaConfig(recv_buffers=8, send_buffers=8, buffer_size=1024)
+    limits = dataclasses.replace(LIMITS, write_stall_timeout_s=0.6)
+    fabric, st, ct, accepted, client_rx = await _raw(cfg, limits=limits)
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    for burst in range(3):  # bytes wait for 1.2 s in all, never 0.6 s without progress
+        server.pause_receiving(True)
+        for i in range(1, 101):
+            client.send_frame(1, burst * 100 + i, 1, 1, b"x" * 900)
+        await asyncio.sleep(0.4)
+        server.pause_receiving(False)
+        want = (burst + 1) * 100
+        await poll(lambda: len(accepted[0].frames) == want, what="the burst")  # noqa: B023
+    assert not client_rx.lost.is_set() and not accepted[0].lost.is_set()
+    assert [f[0] for f in accepted[0].frames] == list(range(1, 301))
 
 
 async def test_drain_waiters_are_not_overtaken_and_one_giving_up_leaves_the_others() -> None:

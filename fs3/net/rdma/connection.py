@@ -258,6 +258,8 @@ class RdmaConnection(Connection):
         self._held: list[int] = []  # receive slots not reposted while paused
         self._frames_in = 0  # frames delivered, to tell a stalled frame from a new one
         self._partial_timer: asyncio.TimerHandle | None = None
+        # Watches a peer that takes none of our queued bytes (see RpcLimits.write_stall_timeout_s).
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._pulling = False  # a frame waits for its payload's READ
         self._pull_dest: memoryview | None = None
         # lifecycle
@@ -828,6 +830,11 @@ class RdmaConnection(Connection):
                 self._post_send(slot, CHUNK_HEADER_SIZE, last=True)
         # (Only queued bytes pause a server, not frames waiting for the peer to release lent payloads:
         # the releases come in the peer's SENDs, which a paused server would stop taking.)
+        if self._out and self._stall_timer is None:
+            # Armed once at most per timeout, and not cancelled when the queue empties: it looks itself.
+            self._stall_timer = self._loop.call_later(
+                self.limits.write_stall_timeout_s, self._check_stall, self._done_pos
+            )
         if self._server_side and not self._paused_for_writes and self._out_bytes > _HIGH_WATER:
             self._paused_for_writes = True
             log.info(
@@ -835,6 +842,20 @@ class RdmaConnection(Connection):
             )
         if self._closing:
             self._maybe_finish()
+
+    def _check_stall(self, done_when_armed: int) -> None:
+        """Break the connection if bytes wait for the peer and none of our SENDs has completed since
+        the timer was armed: the peer posts no receives, so returns no credits (a server would
+        otherwise hold the replies it queued, and stop reading from that peer, for ever)."""
+        self._stall_timer = None
+        if self._finished or not self._out:
+            return
+        if self._done_pos != done_when_armed:
+            self._stall_timer = self._loop.call_later(
+                self.limits.write_stall_timeout_s, self._check_stall, self._done_pos
+            )
+            return
+        self._broken(f"peer took none of our data for {self.limits.write_stall_timeout_s}s")
 
     def _fill(self, buf: memoryview, start: int) -> int:
         out = self._out
@@ -1072,9 +1093,10 @@ class RdmaConnection(Connection):
         self._finished = True
         self._closing = True
         self._dead = True
-        if self._partial_timer is not None:
-            self._partial_timer.cancel()
-            self._partial_timer = None
+        for timer in (self._partial_timer, self._stall_timer):
+            if timer is not None:
+                timer.cancel()
+        self._partial_timer = self._stall_timer = None
         try:
             self._loop.remove_reader(self._qp.fileno())
         except Exception:
