@@ -88,10 +88,10 @@ class AttrOps(Namespace):
                     raise FS3Error(StatusCode.INVALID_ARGUMENT, f"inode {inode_id} is not a regular file")
                 if not await self._has_write_session(tr, inode_id, request.session_id):
                     check(ino, cred, W_OK)
-                # Chunks past the new end may exist even when the settled size says otherwise
-                # (writes not yet reported), so a shrink or a truncate to the same size trims them
-                # (first: see _truncate_in_txn).
-                self._truncate_in_txn(tr, cred, ino, request.size, trims, trim=request.size <= ino.size)
+                # Chunks past the new end may exist whatever the settled size says (writes not yet
+                # reported, by this caller or another client), so every truncate trims them, an
+                # extension of the settled size included (first: see _truncate_in_txn).
+                self._truncate_in_txn(tr, cred, ino, request.size, trims)
             if fields & F.SETATTR_MODE:
                 check_owner(ino, cred, "change the mode")
                 mode = request.mode & 0o7777

@@ -104,19 +104,25 @@ class _TrimFirst(Exception):
 
 class Trims:
     """The storage trims one call's truncates need before its transaction may commit (see
-    :meth:`Namespace._truncate_in_txn`): those the call made (inode id -> the length trimmed to)
-    and those the last run of its transaction found missing."""
+    :meth:`Namespace._truncate_in_txn`): those the call made (inode id -> the length trimmed to,
+    and the inode's state when the trim was found needed) and those the last run of its
+    transaction found missing.
+
+    A trim counts for a later run only while the inode is as it was: a writer's length report
+    that committed between the trim and this transaction (it changes the inode's ctime) was made
+    before the truncate, so the bytes it reported, written after the trim, must be cut too."""
 
     def __init__(self) -> None:
-        self.done: dict[int, int] = {}
-        self.missing: list[tuple[int, meta_pb2.Layout, int]] = []
+        self.done: dict[int, tuple[int, tuple[int, ...]]] = {}
+        self.missing: list[tuple[int, meta_pb2.Layout, int, tuple[int, ...]]] = []
 
     def need(self, ino: meta_pb2.Inode, length: int) -> None:
+        state = (ino.size, ino.mtime_ns, ino.ctime_ns, ino.truncate_version)
         done = self.done.get(ino.id)
-        if done is None or done > length:
+        if done is None or done[0] > length or done[1] != state:
             layout = meta_pb2.Layout()
             layout.CopyFrom(ino.layout)
-            self.missing.append((ino.id, layout, length))
+            self.missing.append((ino.id, layout, length, state))
 
     def txn(self, fn: Callable[[Transaction], Awaitable[M]]) -> Callable[[Transaction], Awaitable[M]]:
         """``fn`` as a transaction that commits only if it needs no trim still to be made: the
@@ -493,7 +499,7 @@ class Namespace:
                 check(ino, cred, access_of_flags(flags))
                 created = False
                 if flags & O_TRUNC and ino.type == FILE:
-                    self._truncate_in_txn(tr, cred, ino, 0, trims, trim=True)
+                    self._truncate_in_txn(tr, cred, ino, 0, trims)
                 else:
                     self._settle_owed_trim(tr, ino, trims)
             if session_id and ino.type == FILE:
@@ -548,14 +554,13 @@ class Namespace:
         ino: meta_pb2.Inode,
         size: int,
         trims: Trims,
-        *,
-        trim: bool,
     ) -> None:
         """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC); as on Linux a caller
-        other than root clears setuid/setgid (see :func:`kill_suid_sgid`). With ``trim`` the
-        chunks past ``size`` must be gone from storage before this commits: unless this call has
-        trimmed them, ``trims`` notes them missing, its transaction (:meth:`Trims.txn`) commits
-        nothing, and :meth:`_trimming_first` trims and runs it again.
+        other than root clears setuid/setgid (see :func:`kill_suid_sgid`). The chunks past
+        ``size`` must be gone from storage before this commits, whatever the settled size (a
+        writer's unreported bytes may lie past it): unless this call has trimmed them, ``trims``
+        notes them missing, its transaction (:meth:`Trims.txn`) commits nothing, and
+        :meth:`_trimming_first` trims and runs it again.
 
         Trimming first, not after the commit: a trim left for later (meta killed, storage down)
         would, once made, cut what writers with sessions opened before the truncate wrote after
@@ -565,10 +570,7 @@ class Namespace:
         truncate: their session's next report finds the truncate and asks storage for the length."""
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
-        if trim:
-            trims.need(ino, min(size, ino.trim_length) if ino.trim_version else size)
-        else:
-            self._settle_owed_trim(tr, ino, trims)
+        trims.need(ino, min(size, ino.trim_length) if ino.trim_version else size)
         now = inodes.now_ns()
         # every truncate, even one to the length meta has: a writer may not have reported what it
         # wrote past it yet, and its report must not bring the removed bytes' length back
@@ -596,9 +598,9 @@ class Namespace:
             try:
                 return await run()
             except _TrimFirst:
-                for inode_id, layout, length in list(trims.missing):
+                for inode_id, layout, length, state in list(trims.missing):
                     await self._trim(inode_id, layout, length)
-                    trims.done[inode_id] = length
+                    trims.done[inode_id] = (length, state)
         raise FS3Error(StatusCode.ABORTED, "the files to truncate kept changing")
 
     async def _trim(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:

@@ -125,7 +125,7 @@ class SessionOps(Namespace):
                 queued[:] = [self._session(cred, ino, session_id, client_id, write=False)]
                 return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
             if flags & O_TRUNC:
-                self._truncate_in_txn(tr, cred, ino, 0, trims, trim=True)
+                self._truncate_in_txn(tr, cred, ino, 0, trims)
             else:
                 self._settle_owed_trim(tr, ino, trims)
             self._open_session(tr, cred, ino, session_id, client_id, write=bool(flags & 3))

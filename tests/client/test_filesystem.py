@@ -86,6 +86,12 @@ async def test_append_and_truncate(fs: FileSystem) -> None:
         await f.pwrite(b"ABCDEFGH", 2)
         await f.truncate(6)
     assert await fs.read_file("/app") == b"onABCD"
+    # a write not yet reported to meta, then a cut to between meta's size and the write's end
+    async with await fs.open("/unreported", "w") as f:
+        await f.write(b"x" * 1000)
+        await f.truncate(500)
+    assert (await fs.stat("/unreported")).st_size == 500
+    assert await fs.read_file("/unreported") == b"x" * 500
 
 
 async def test_namespace_operations(fs: FileSystem) -> None:

@@ -174,6 +174,63 @@ async def test_a_storage_length_asked_before_a_truncate_is_asked_again(
     assert calls == 2
 
 
+async def test_a_truncate_past_the_settled_size_cuts_the_unreported_bytes_beyond_it(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """write(1000) then ftruncate(500) through the native API: the bytes are on storage, their
+    length not yet reported (meta's size is 0), so 500 extends the settled size; the bytes past
+    500 must be cut all the same, or the close's report (which, across a truncate, asks storage)
+    makes the file 1000 bytes again. Likewise when another client truncates below a writer's
+    unreported bytes."""
+    s = chunked
+    r = await s.create(ROOT, ROOT_ID, b"f", 0o644, session=True)
+    f, sid = r.inode.id, r.session_id
+    fake.write(f, 0, 1000)
+    assert (
+        await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=500, session_id=sid))
+    ).size == 500
+    assert fake.chunks[f] == {0: 500}
+    assert (await s.close(f, sid, 500, True)).size == 500
+    r = await s.create(ROOT, ROOT_ID, b"g", 0o644, session=True)
+    g, sid = r.inode.id, r.session_id
+    fake.write(g, 0, 3 * DEFAULT_CHUNK_SIZE)
+    await s.setattr(ROOT, g, m.SetattrReq(fields=m.SETATTR_SIZE, size=DEFAULT_CHUNK_SIZE))  # another client
+    assert fake.chunks[g] == {0: DEFAULT_CHUNK_SIZE}
+    assert (await s.close(g, sid, 3 * DEFAULT_CHUNK_SIZE, True)).size == DEFAULT_CHUNK_SIZE
+
+
+async def test_a_length_report_committed_between_a_trim_and_its_truncate_is_cut_too(
+    chunked: MetaStore, fake: FakeChunks
+) -> None:
+    """A truncate trims storage, then its transaction conflicts with a writer's fsync that
+    committed meanwhile (bytes written after the trim): that fsync came first, so the truncate
+    must cut its bytes as well, not commit on the strength of the earlier trim (a later extension
+    would read them where zeros belong)."""
+    s = chunked
+    r = await s.create(ROOT, ROOT_ID, b"log", 0o644, session=True)
+    f, sid = r.inode.id, r.session_id
+    fake.write(f, 0, 2 * DEFAULT_CHUNK_SIZE)
+    assert (await s.sync(f, sid, 2 * DEFAULT_CHUNK_SIZE, True)).size == 2 * DEFAULT_CHUNK_SIZE
+    trim = fake.truncate
+    trims = 0
+
+    async def truncate(layout: m.Layout, inode_id: int, length: int, **kw: object) -> None:
+        nonlocal trims
+        trims += 1
+        await trim(layout, inode_id, length)
+        if trims == 1:  # the writer writes and fsyncs between the trim and the truncate's commit
+            fake.write(f, 0, 3 * DEFAULT_CHUNK_SIZE)
+            assert (await s.sync(f, sid, 3 * DEFAULT_CHUNK_SIZE, True)).size == 3 * DEFAULT_CHUNK_SIZE
+
+    fake.truncate = truncate  # type: ignore[method-assign]
+    assert (await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=0))).size == 0
+    assert trims == 2 and fake.chunks[f] == {}
+    assert (await s.setattr(ROOT, f, m.SetattrReq(fields=m.SETATTR_SIZE, size=DEFAULT_CHUNK_SIZE))).size == (
+        DEFAULT_CHUNK_SIZE
+    )
+    assert fake.chunks[f] == {}
+
+
 @pytest.mark.parametrize("queued_reads", [False, True], ids=["reads-written", "reads-queued"])
 async def test_random_workload_leaves_no_chunk_behind(
     chunked: MetaStore, fake: FakeChunks, queued_reads: bool

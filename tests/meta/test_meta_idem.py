@@ -143,7 +143,10 @@ async def test_a_truncate_whose_caller_gave_up_before_its_trim_trims_and_commits
     loop = asyncio.get_running_loop()
     try:
         f = (await store.create(ROOT, ROOT_ID, b"f", 0o644)).inode
+        chunks.gate.set()  # (an extension trims too)
         await store.setattr(ROOT, f.id, m.SetattrReq(fields=m.SETATTR_SIZE, size=100))
+        chunks.gate.clear()
+        chunks.started.clear()
         chunks.truncates.clear()
         earlier = asyncio.ensure_future(store.open(ROOT, f.id, os.O_WRONLY | os.O_TRUNC, idem=(5, 1)))
         await asyncio.wait_for(chunks.started.wait(), 5)
