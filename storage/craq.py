@@ -107,6 +107,13 @@ class AioPlan:
                 os.close(fd)
 
 
+def _local_error(stored: asyncio.Future) -> BaseException | None:  # type: ignore[type-arg]
+    """The error of a parallel update's finished local half, if it failed (cancelled counts)."""
+    if stored.cancelled():
+        return FS3Error(StatusCode.CANCELLED, "local write cancelled")
+    return stored.exception()
+
+
 class Replicator:
     """The CRAQ protocol for the targets of one daemon.
 
@@ -136,6 +143,10 @@ class Replicator:
         # (target, chunk) -> the local write of a parallel update, until it is stored
         self._applying: dict[tuple[int, bytes], asyncio.Future] = {}  # type: ignore[type-arg]
         self.results = ResultCache()
+        # The tags of client updates whose round failed with their version left pending here,
+        # (target id, chunk) -> (version, tag): whoever settles that version records its result
+        # under the tag, so the client's retry is answered, not applied again over later writes.
+        self._pending_tags: dict[tuple[int, bytes], tuple[int, storage_pb2.UpdateTag]] = {}
         # Native AIO for the cold reads of multi-read requests, and of a slow disk (read_many)
         self.aio = aio
 
@@ -278,8 +289,10 @@ class Replicator:
                 t, cid, key.chain_id, op, io.update_version, settle=req.settle, tag=req.tag
             )
         # Committed here: should this replica become the head, a retry of the client's update is
-        # answered rather than applied again.
+        # answered rather than applied again (a settle's carries no tag: that of the update that
+        # left the version pending here, if any, is recorded).
         self.results.store(req.tag, result)
+        self._settled(t, cid, io.update_version, result)
         return result
 
     def _check_still_replica(self, t: LocalTarget, chain_id: int, version: int) -> None:
@@ -355,6 +368,8 @@ class Replicator:
             if kind == "settle":
                 assert meta is not None
                 await self._settle_locked(t, cid, chain_id, meta, serving)
+                if tag is not None and (done := self.results.lookup(tag)) is not None:
+                    return done  # the version settled was this very update's first try
                 continue
             if kind == "stale":
                 return io_result(meta, chain_ver)  # a retry of an update this replica committed
@@ -367,6 +382,7 @@ class Replicator:
                     await self._forward(t, cid, chain_id, op, v, new, serving=serving, settle=settle, tag=tag)
                 except FS3Error as e:
                     await self._drop_refused(t, cid, v, e)
+                    self._left_pending(t, cid, v, tag)
                     raise
                 meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
             return io_result(meta, chain_ver) if meta is not None else removed_result(v, chain_ver)
@@ -400,7 +416,7 @@ class Replicator:
             self._run(apply_op, t.engine.engine, cid, op, version, chain_ver, False)
         )
         self._applying[key] = stored
-        stored.add_done_callback(lambda f: self._applying.pop(key) if self._applying.get(key) is f else None)
+        stored.add_done_callback(functools.partial(self._local_done, t, cid))
         try:
             forwarded = await self._forward(
                 t, cid, chain_id, op, version, None, serving=serving, local=stored, tag=tag
@@ -409,6 +425,7 @@ class Replicator:
             await self._local_outcome(t, cid, stored)
             if isinstance(e, FS3Error):
                 await self._drop_refused(t, cid, version, e)
+            self._left_pending(t, cid, version, tag)
             raise  # as in the sequential round: the pending version is settled later
         kind, _, new = await self._local_outcome(t, cid, stored)
         assert kind == "pending" and new is not None, kind
@@ -421,41 +438,44 @@ class Replicator:
         return io_result(meta, chain_ver)
 
     async def _local_outcome(self, t: LocalTarget, cid: bytes, stored: asyncio.Future) -> tuple:  # type: ignore[type-arg]
-        """The result of the local half of a parallel update; if it failed, the target goes
-        offline (see :meth:`_update_parallel`) and the error is raised."""
+        """The result of the local half of a parallel update; if it failed, its error is raised
+        (the target went offline already, see :meth:`_local_done`)."""
         # Its outcome is looked at, not raised here: raised through this frame (and the callers'),
         # which hold ``stored``, the error it holds would take them into its traceback, a reference
         # cycle keeping the update's bytes until the cyclic GC ran (seldom: fs3.daemon.settle_gc).
         if not stored.done():
             await asyncio.wait((stored,))  # a cancelled caller leaves the local write running
-        if stored.cancelled():
-            error: BaseException | None = FS3Error(StatusCode.CANCELLED, "local write cancelled")
-        else:
-            error = stored.exception()
-            if error is None:
-                return stored.result()  # type: ignore[no-any-return]
-        raise self._local_failure(t, cid, error)
+        error = _local_error(stored)
+        if error is None:
+            return stored.result()  # type: ignore[no-any-return]
+        if isinstance(error, FS3Error):
+            raise FS3Error(error.code, error.message)
+        raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"storing chunk {cid.hex()} failed: {error!r}")
 
-    def _local_failure(self, t: LocalTarget, cid: bytes, error: BaseException) -> FS3Error:
-        """What a failed local half of a parallel update raises, always a new error (see
-        :meth:`_local_outcome`). The target goes offline unless every replica refuses the update
-        alike."""
-        if isinstance(error, FS3Error) and error.code in REFUSED_EVERYWHERE:
-            # the successors refuse the same bytes the same way: none of them took it
-            return FS3Error(error.code, error.message)
+    def _local_done(self, t: LocalTarget, cid: bytes, stored: asyncio.Future) -> None:  # type: ignore[type-arg]
+        """Done callback of the local half of a parallel update, run before any read of the chunk
+        here goes on (reads wait for ``stored`` through callbacks added after this one): ends the
+        wait, and if the local write failed, takes the target offline unless every replica refuses
+        the update alike. At once, not when the forward returns: the successors may commit the
+        version meanwhile, and this replica, holding no pending version, would serve the old one."""
+        key = (t.target_id, cid)
+        if self._applying.get(key) is stored:
+            del self._applying[key]
+        error = _local_error(stored)
+        if error is None or (isinstance(error, FS3Error) and error.code in REFUSED_EVERYWHERE):
+            return  # stored, or refused by the successors the same way: none of them took it
         if not isinstance(error, FS3Error):
             log.error(
                 "parallel update failed here target_id=%d chunk=%s", t.target_id, cid.hex(), exc_info=error
             )
-            error = FS3Error(StatusCode.STORAGE_IO_ERROR, f"storing chunk {cid.hex()} failed: {error!r}")
         self.targets.fail(
             t.target_id,
             FS3Error(
-                error.code,
-                f"could not store chunk {cid.hex()}, which its successor may hold: {error.message}",
+                error.code if isinstance(error, FS3Error) else StatusCode.STORAGE_IO_ERROR,
+                f"could not store chunk {cid.hex()}, which its successor may hold: "
+                + (error.message if isinstance(error, FS3Error) else repr(error)),
             ),
         )
-        return FS3Error(error.code, error.message)
 
     async def _drop_refused(self, t: LocalTarget, cid: bytes, version: int, error: FS3Error) -> None:
         """After a successor refused pending ``version`` to keep its free space: drop it here too.
@@ -492,7 +512,38 @@ class Replicator:
         await self._forward(
             t, cid, chain_id, op, pending.version, meta, serving=serving, full=True, settle=True
         )
-        return await t.engine.commit(cid, pending.version, chain_ver=self.targets.chain(chain_id).version)
+        chain_ver = self.targets.chain(chain_id).version
+        committed = await t.engine.commit(cid, pending.version, chain_ver=chain_ver)
+        self._settled(t, cid, pending.version, io_result(committed, chain_ver))
+        return committed
+
+    def _left_pending(
+        self, t: LocalTarget, cid: bytes, version: int, tag: storage_pb2.UpdateTag | None
+    ) -> None:
+        """A client update's round failed: if its version stays pending here, keep its tag for
+        whoever settles it (see :meth:`_settled`)."""
+        if tag is None or not tag.client_id:
+            return
+        meta = t.engine.engine.get_meta(cid)
+        if meta is None or meta.pending_ver != version:
+            return  # dropped (refused for space), or never stored here
+        kept = storage_pb2.UpdateTag()
+        kept.CopyFrom(tag)
+        tags = self._pending_tags
+        tags.pop((t.target_id, cid), None)
+        tags[(t.target_id, cid)] = (version, kept)
+        while len(tags) > self.results.capacity:
+            del tags[next(iter(tags))]
+
+    def _settled(self, t: LocalTarget, cid: bytes, version: int, result: storage_pb2.IOResult) -> None:
+        """``version`` of the chunk is committed here: if a client update whose round failed had
+        left it pending, its retry is answered with ``result`` from now on (on this replica, and
+        on any that becomes the head: every replica that held the version records it)."""
+        entry = self._pending_tags.get((t.target_id, cid))
+        if entry is not None and entry[0] <= version:
+            del self._pending_tags[(t.target_id, cid)]
+            if entry[0] == version:
+                self.results.store(entry[1], result)
 
     async def _forward(
         self,

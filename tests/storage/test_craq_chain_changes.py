@@ -12,6 +12,7 @@ faked (the RPCs they would get are recorded) and routing applied by hand at the 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import weakref
@@ -316,6 +317,102 @@ async def test_a_truncate_whose_caller_gave_up_while_it_waited_changes_nothing(d
     assert d.chain.updates == []  # nothing went down the chain either
     rsp = await d.rep.truncate_chunks(truncate_req(10), loop.time() + 5)  # in time: made
     assert rsp.removed == 1 and rsp.truncated and d.engine.get_meta(CID).committed.length == 10
+
+
+def _tagged(data: bytes, client: int, chain_version: int = 1) -> storage_pb2.WriteReq:
+    req = client_write(data, 0)
+    req.io.key.chain_version = chain_version
+    req.tag.client_id, req.tag.channel, req.tag.seqnum, req.tag.request_id = client, 1, 1, 1
+    return req
+
+
+async def _unreachable(req: storage_pb2.UpdateReq) -> None:
+    raise FS3Error(StatusCode.UNAVAILABLE, "successor unreachable")
+
+
+async def test_a_retry_of_a_write_another_write_settled_is_answered_not_applied_again(daemon) -> None:
+    """Client A's write stays pending at the head (its successor did not answer); client B's write
+    to the chunk settles it, then is applied and acknowledged. A's retry (same tag) must get its
+    first try's answer: applied again, it would land over B's acknowledged bytes."""
+    d = await daemon(1, ALL_SERVING, forward_timeout_s=0.2)
+    d.chain.on_update = _unreachable
+    a = _tagged(b"A" * 10, client=0xA)
+    with pytest.raises(FS3Error):
+        await d.rep.client_update(a, memoryview(b"A" * 10))
+    assert d.engine.get_meta(CID).pending_ver == 1
+    d.chain.on_update = None
+    b = _tagged(b"B" * 10, client=0xB)
+    assert (await d.rep.client_update(b, memoryview(b"B" * 10))).committed_version == 2
+    assert (await d.rep.client_update(a, memoryview(b"A" * 10))).committed_version == 1
+    assert bytes(d.engine.read(CID).data) == b"B" * 10 and d.engine.get_meta(CID).committed_ver == 2
+    # and the retry of a first try no other write settled settles it, once
+    a2 = _tagged(b"C" * 10, client=0xA)
+    a2.tag.seqnum = 2
+    d.chain.on_update = _unreachable
+    with pytest.raises(FS3Error):
+        await d.rep.client_update(a2, memoryview(b"C" * 10))
+    d.chain.on_update = None
+    assert (await d.rep.client_update(a2, memoryview(b"C" * 10))).committed_version == 3
+    assert d.engine.get_meta(CID).committed_ver == 3
+
+
+async def test_a_retry_at_the_new_head_of_a_write_settled_there_is_answered(daemon) -> None:
+    """The middle replica holds A's forwarded write pending (its successor did not answer), the head
+    dies and the middle becomes the head; B's write settles A's and is acknowledged there, and A's
+    retry there gets its first try's answer."""
+    d = await daemon(2, ALL_SERVING, forward_timeout_s=0.2)
+    d.chain.on_update = _unreachable
+    fw = forwarded(b"A" * 10)
+    fw.tag.client_id, fw.tag.channel, fw.tag.seqnum, fw.tag.request_id = 0xA, 1, 1, 1
+    with pytest.raises(FS3Error):
+        await d.rep.chain_update(fw, memoryview(b"A" * 10))
+    assert d.engine.get_meta(CID).pending_ver == 1
+    d.chain.on_update = None
+    d.targets.apply_routing(routing(2, HEAD_OUT))
+    b = _tagged(b"B" * 10, client=0xB, chain_version=2)
+    assert (await d.rep.client_update(b, memoryview(b"B" * 10))).committed_version == 2
+    a = _tagged(b"A" * 10, client=0xA, chain_version=2)
+    assert (await d.rep.client_update(a, memoryview(b"A" * 10))).committed_version == 1
+    assert bytes(d.engine.read(CID).data) == b"B" * 10
+
+
+async def test_a_replica_that_failed_to_store_a_whole_chunk_write_serves_no_old_version(
+    daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole-chunk write is stored here and forwarded at the same time. The local write fails
+    with an error that alone would leave the target online (EMFILE): the successors may commit the
+    new version meanwhile (the tail serving it), so from that moment this replica, which holds no
+    pending version, must serve no read of the old one: it goes offline at once, not once the
+    forward returns."""
+    d = await daemon(1, ALL_SERVING)
+    d.engine.update(CID, 0, b"a" * 100, chunk_size=CHUNK, chain_ver=1)
+    d.engine.commit(CID, 1)
+    files = d.engine._files
+    write_new = files.write_new
+
+    def emfile_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        monkeypatch.setattr(files, "write_new", write_new)
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(files, "write_new", emfile_once)
+    rio = storage_pb2.ReadIO(offset=0, length=100)
+    rio.key.chain_id, rio.key.chain_version, rio.key.inode_id, rio.key.chunk_index = 1, 1, INODE, 0
+    read: list[object] = []
+
+    async def successor(req: storage_pb2.UpdateReq) -> None:
+        # the successors have committed version 2; a read comes here once the local write ended
+        applying = d.rep._applying.get((d.target.target_id, CID))
+        assert applying is not None
+        await asyncio.wait((applying,))
+        try:
+            read.append((await d.rep.read(rio))[2])
+        except FS3Error as e:
+            read.append(e.code)
+
+    d.chain.on_update = successor
+    with pytest.raises(FS3Error):
+        await d.rep.client_update(client_write(b"b" * 100), memoryview(b"b" * 100))
+    assert read == [StatusCode.STORAGE_TARGET_OFFLINE] and d.target.failed
 
 
 def test_a_syncing_successors_stale_copy_is_no_divergence_alarm(caplog: pytest.LogCaptureFixture) -> None:
