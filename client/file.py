@@ -288,12 +288,24 @@ class OpenFile:
         """The end of what this handle wrote that meta may not count yet (0: none)."""
         return max(self._unreported, self._reporting)
 
+    def _check_range(self, offset: int, length: int) -> None:
+        """EINVAL for a negative offset, EFBIG for bytes past the largest file the layout holds
+        (chunk indexes are u32 on storage), before anything is buffered or sent."""
+        if offset < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
+        if offset + length > self.chunk_size << 32:
+            raise FS3Error(
+                StatusCode.META_FILE_TOO_LARGE,
+                f"{offset}+{length} is past the largest file of {self.chunk_size}-byte chunks",
+            )
+
     # -- writes -----------------------------------------------------------------------------------
 
     async def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` at ``offset`` (buffered); returns its length."""
         if not self.writable:
             raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for writing")
+        self._check_range(offset, memoryview(data).nbytes)
         if type(data) is not bytes:
             # the caller may reuse a mutable buffer once write returns; bytes are kept as they are
             data = bytes(data)
@@ -343,6 +355,7 @@ class OpenFile:
         if not self.writable:
             raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for writing")
         n = memoryview(data).nbytes
+        self._check_range(offset, n)
         if n == 0:
             return 0
         if self._write_error is not None:
@@ -688,6 +701,8 @@ class OpenFile:
     async def read_into(self, offset: int, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable byte view); returns
         how many: short at the end of the file, holes read as zeros."""
+        if offset < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
         state = self.state
         length = min(len(buf), state.size - offset)
         if length <= 0:

@@ -272,16 +272,17 @@ class File:
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
         if whence == os.SEEK_SET:
-            self.pos = offset
+            pos = offset
         elif whence == os.SEEK_CUR:
-            self.pos += offset
+            pos = self.pos + offset
         elif whence == os.SEEK_END:
-            self.pos = self.handle.state.size + offset
+            pos = self.handle.state.size + offset
         else:
-            raise ValueError(f"bad whence {whence}")
-        if self.pos < 0:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, "negative position")
-        return self.pos
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad whence {whence}")
+        if pos < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative position {pos}")  # and stays
+        self.pos = pos
+        return pos
 
     def tell(self) -> int:
         return self.pos
@@ -856,6 +857,9 @@ class FileSystem:
         each file's length. A file this FileSystem has open reads as :meth:`File.pread` would,
         by path too: with its unflushed writes and the length they imply."""
         since = stamp()
+        for _, offset, length in requests:
+            if offset < 0 or length < 0:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset or length in {offset}+{length}")
         paths = {os.fsencode(f) for f, _, _ in requests if not isinstance(f, File)}
         looked = await asyncio.gather(*(self._lookup(p) for p in paths))
         inodes: dict[bytes, m.Inode] = dict(zip(paths, looked, strict=True))

@@ -94,6 +94,29 @@ async def test_append_and_truncate(fs: FileSystem) -> None:
     assert await fs.read_file("/unreported") == b"x" * 500
 
 
+async def test_offsets_out_of_range_are_refused_at_once(fs: FileSystem) -> None:
+    """A negative offset is EINVAL, bytes past the largest file a layout holds (u32 chunk
+    indexes) EFBIG, straight away: nothing is buffered to fail at close, the position does not
+    move, and the file keeps what was written before."""
+    f = await fs.open("/ranges", "w+")
+    await f.write(b"good")
+    for call in (f.pwrite(b"x", -1), f.pread(5, -10), f.handle.write_through(-1, b"x")):
+        with pytest.raises(FS3Error) as e:
+            await call
+        assert e.value.errno == errno.EINVAL
+    with pytest.raises(FS3Error) as e:
+        await f.pwrite(b"x", (256 << 10) << 32)  # this file's chunks are 256 KiB
+    assert e.value.errno == errno.EFBIG
+    with pytest.raises(FS3Error) as e:
+        f.seek(-10)
+    assert e.value.errno == errno.EINVAL and f.tell() == 4
+    with pytest.raises(FS3Error) as e:
+        await fs.read_batch([(f, -1, 4)])
+    assert e.value.errno == errno.EINVAL
+    await f.close()
+    assert await fs.read_file("/ranges") == b"good"
+
+
 async def test_namespace_operations(fs: FileSystem) -> None:
     await fs.mkdir("/d/e/f", parents=True)
     await fs.write_file("/d/e/f/x", b"x")
