@@ -844,6 +844,10 @@ class FileSystem:
 
     async def _truncate(self, state: InodeState, size: int, session_id: int = 0) -> m.Inode:
         await state.drain()
+        # What this client wrote is reported first, as the mount does: a report after the
+        # truncate would set the file's mtime back to that of the writes before it.
+        for h in list(state.handles):
+            await self._sync(h, raise_errors=False, only_dirty=True)  # a flush error is for fsync/close
         ino = await self.meta.setattr(state.inode.id, size=size, session_id=session_id)
         state.truncated(size)
         state.install(ino)
