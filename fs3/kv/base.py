@@ -13,6 +13,8 @@ FoundationDB:
   integers of the operand's width (a missing key counts as zero); it never conflicts.
   ``atomic_max`` is its MAX: the larger of the two, read the same way (the operand where nothing
   is stored), so that concurrent writers of a time stamp leave the latest, whatever their order.
+* The empty key is no key on any engine (LMDB cannot store it): a get or write of it is
+  INVALID_ARGUMENT; a range may begin there.
 * Limits are FoundationDB's, enforced on every engine: key ≤ 10,000 bytes, value ≤ 100,000 bytes,
   a transaction's mutations plus conflict ranges ≤ 10,000,000 bytes. Violations raise
   :class:`fs3.errors.FS3Error` with KV_KEY_TOO_LARGE / KV_VALUE_TOO_LARGE / KV_TXN_TOO_LARGE at the

@@ -185,7 +185,7 @@ class FdbTransaction(Transaction):
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._usable()
-        check_write_key(begin)
+        check_write_key(begin, point=False)
         end = clamp_end(end)
         if begin >= end:
             return

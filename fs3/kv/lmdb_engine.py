@@ -78,6 +78,19 @@ def errno_of(exc: OSError | lmdb.Error) -> int | None:
     return next((e for e in (errno.ENOSPC, errno.EDQUOT) if os.strerror(e) in str(exc)), None)
 
 
+def _disk_failure(exc: OSError | lmdb.Error) -> bool:
+    """Whether an error of a write transaction says the disk (or the environment) failed, rather
+    than that the batch was refused (a bad key size, too many pages...). py-lmdb raises the plain
+    ``lmdb.Error`` for the system errors it has no class for (an EIO of its fdatasync or of a page
+    write), ``DiskError`` for ENOSPC, and ``PanicError`` once a failed meta-page write has made the
+    environment unusable."""
+    if isinstance(exc, OSError):
+        return True  # our own writes and fdatasyncs ahead of LMDB's data (FileExtender)
+    if isinstance(exc, (lmdb.PanicError, lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.DiskError)):
+        return True
+    return type(exc) is lmdb.Error
+
+
 class _Rejoin:
     """Signals that the event loops of a batch's callers have run them after their acknowledgement.
 
@@ -258,12 +271,15 @@ class _Committer:
                 return self._commit(batch, retried=True)
             size = self._env.info()["map_size"]
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})")
-        except lmdb.DiskError as e:
+        except (lmdb.Error, OSError) as e:
             if errno_of(e) in (errno.ENOSPC, errno.EDQUOT):
                 return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed, the disk is full: {e}")
-            # LMDB's own fsync of the batch's pages, or a write, failed: the disk is not to be
-            # trusted with the batches before it either (see the module docstring)
-            return self._fail_store(f"kv commit failed: {e}")
+            if _disk_failure(e):
+                # LMDB's own fsync of the batch's pages, or a write, failed: the disk is not to be
+                # trusted with the batches before it either (see the module docstring)
+                return self._fail_store(f"kv commit failed: {e}")
+            log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
+            return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}")
         except Exception as e:  # an LMDB failure fails the batch, never the thread
             log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}")

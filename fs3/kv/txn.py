@@ -212,13 +212,17 @@ def validate_and_apply(store: Store, req: CommitRequest) -> bool:
     return req.ok
 
 
-def check_key(key: bytes) -> None:
+def check_key(key: bytes, *, point: bool = True) -> None:
+    """``point``: a key read or written itself, which may not be empty (LMDB cannot store the
+    empty key, so no engine takes it); a range may begin there."""
+    if not key and point:
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, "the empty key is not a key (a range may begin there)")
     if len(key) > MAX_KEY_SIZE:
         raise FS3Error(StatusCode.KV_KEY_TOO_LARGE, f"key of {len(key)} bytes exceeds {MAX_KEY_SIZE}")
 
 
-def check_write_key(key: bytes) -> None:
-    check_key(key)
+def check_write_key(key: bytes, *, point: bool = True) -> None:
+    check_key(key, point=point)
     if key >= SYSTEM_KEYS:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, "keys starting with 0xff are reserved")
 
@@ -310,7 +314,7 @@ class BufferedTransaction(Transaction):
         snap = self._snap
         if snap is None or self._closed:
             snap = self._snapshot()
-        if len(key) > MAX_KEY_SIZE:
+        if not key or len(key) > MAX_KEY_SIZE:
             check_key(key)
         op = self._points.get(key, _MISSING)
         if op is not _MISSING and not isinstance(op, Atomics):
@@ -503,7 +507,7 @@ class BufferedTransaction(Transaction):
         # The hottest write path, so the checks of _writable/_put_point are inlined.
         if self._closed:
             self._writable()
-        if len(key) > MAX_KEY_SIZE or key >= SYSTEM_KEYS:
+        if not key or len(key) > MAX_KEY_SIZE or key >= SYSTEM_KEYS:
             check_write_key(key)
         if len(value) > MAX_VALUE_SIZE:
             check_value(value)
@@ -542,7 +546,7 @@ class BufferedTransaction(Transaction):
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._writable()
-        check_key(begin)
+        check_key(begin, point=False)
         if begin >= SYSTEM_KEYS:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "keys starting with 0xff are reserved")
         end = clamp_end(end)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from fs3.daemon import wait_for_shutdown
@@ -35,6 +36,102 @@ async def get(db: Database, key: bytes) -> bytes | None:
         return await tr.get(key)
 
     return await db.run(body, read_only=True)
+
+
+class _CommitFailsOnce:
+    """The committer's LMDB environment, whose next write transaction's commit raises ``error``
+    (what py-lmdb raises for it) instead of committing."""
+
+    def __init__(self, env: lmdb.Environment, error: lmdb.Error) -> None:
+        self._env = env
+        self.error: lmdb.Error | None = error
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._env, name)
+
+    def begin(self, **kw: object) -> object:
+        txn = self._env.begin(**kw)
+        outer = self
+
+        class Txn:
+            def __enter__(self) -> lmdb.Transaction:
+                return txn
+
+            def __exit__(self, kind: object, *rest: object) -> bool:
+                if kind is not None or outer.error is None:
+                    return txn.__exit__(kind, *rest)  # type: ignore[no-any-return]
+                txn.abort()
+                error, outer.error = outer.error, None
+                raise error
+
+        return Txn()
+
+
+@pytest.mark.parametrize(
+    "error,fatal",
+    [
+        # LMDB's fdatasync of the batch's pages, or a page write, failed: a system error py-lmdb
+        # has no class for, raised as the plain lmdb.Error
+        (lmdb.Error("mdb_txn_commit: Input/output error"), True),
+        # a failed meta-page write: LMDB refuses the environment from then on
+        (lmdb.PanicError("mdb_txn_commit: MDB_PANIC: Update of meta page failed"), True),
+        # a refusal of the batch itself, not of the disk
+        (lmdb.BadValsizeError("mdb_put: MDB_BAD_VALSIZE: Unsupported size of key/DB name/data"), False),
+    ],
+    ids=["eio", "panic", "bad-valsize"],
+)
+async def test_a_disk_error_of_lmdb_s_own_commit_fails_the_store(
+    tmp_path: Path, error: lmdb.Error, fatal: bool
+) -> None:
+    """An EIO of LMDB's own fsync or page writes may have lost earlier batches' pages too (see
+    the fsync test below): it fails the store as an fsync error does, not only its batch."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"))
+    try:
+        committer = db._shared.committer  # noqa: SLF001
+        await put(db, b"a", b"1")
+        committer._env = _CommitFailsOnce(committer._env, error)  # noqa: SLF001
+        with pytest.raises(FS3Error) as e:
+            await put(db, b"b", b"2")
+        assert e.value.code == StatusCode.KV_STORE_FAILED
+        if fatal:
+            with pytest.raises(FS3Error) as e:
+                await put(db, b"c", b"3")
+            assert e.value.code == StatusCode.KV_STORE_FAILED and "restart" in e.value.message
+            assert db.failure() is not None
+        else:
+            await put(db, b"c", b"3")
+            assert db.failure() is None and await get(db, b"c") == b"3"
+        assert await get(db, b"a") == b"1" and await get(db, b"b") is None
+    finally:
+        await db.close()
+
+
+async def test_the_empty_key_is_refused_alike_by_every_engine(tmp_path: Path) -> None:
+    """LMDB cannot store the empty key; the engines refuse it alike, as the caller's error (it
+    used to fail the lmdb commit of a whole batch as a store failure)."""
+    for db in (await open_database("mem"), await open_database("lmdb", path=str(tmp_path / "kv"))):
+        try:
+            for op in (lambda tr: tr.set(b"", b"x"), lambda tr: tr.clear(b""), lambda tr: tr.add(b"", b"\1")):
+                with pytest.raises(FS3Error) as e:
+                    await db.run(lambda tr, op=op: _sync_body(op, tr))
+                assert e.value.code == StatusCode.INVALID_ARGUMENT
+            with pytest.raises(FS3Error) as e:
+                await get(db, b"")
+            assert e.value.code == StatusCode.INVALID_ARGUMENT
+
+            async def ranges(tr: Transaction) -> None:
+                tr.set(b"k", b"v")
+                assert [kv.key for kv in await tr.get_range(b"", b"\xff")] == [b"k"]
+                tr.clear_range(b"", b"\xff")
+
+            await db.run(ranges)  # a range may begin there
+            assert await get(db, b"k") is None and db.failure() is None
+        finally:
+            await db.close()
+
+
+async def _sync_body(op: object, tr: Transaction) -> None:
+    op(tr)  # type: ignore[operator]
 
 
 async def test_a_failed_fsync_fails_the_commit_waiting_for_it_and_every_later_one(tmp_path: Path) -> None:
