@@ -64,6 +64,13 @@ _GROUPS_TTL_S = 2.0
 _NOW_SLACK_NS = 1_000_000_000
 
 
+def _cache_mark(ino: m.Inode) -> tuple[int, int, int]:
+    """What an open compares with the last open's to keep the file's cached pages: ctime too,
+    which every change of the content moves (a same-size rewrite that set the old mtime back,
+    as tar and rsync -t do, keeps mtime and size)."""
+    return (ino.mtime_ns, ino.ctime_ns, ino.size)
+
+
 class FuseMetrics:
     """Requests, errors and latency per FUSE operation, and bytes moved (``fs3_fuse_*``).
 
@@ -320,7 +327,7 @@ class Fs3Operations(pyfuse3.Operations):
         self._handles: dict[int, OpenFile] = {}
         self._dirs: dict[int, OpenDir] = {}
         self._next_fh = 1
-        self._seen: dict[int, tuple[int, int]] = {}  # inode -> (mtime, size) the page cache holds
+        self._seen: dict[int, tuple[int, int, int]] = {}  # inode -> _cache_mark the page cache holds
         self._metas: dict[tuple[int, int, tuple[int, ...]], MetaClient] = {}
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._pool = fs.rpc.pool
@@ -528,6 +535,10 @@ class Fs3Operations(pyfuse3.Operations):
         # both, so equal and current times are taken for UTIME_NOW.
         now = fields.update_atime and fields.update_mtime and attr.st_atime_ns == attr.st_mtime_ns
         now = now and abs(time.time_ns() - attr.st_mtime_ns) < _NOW_SLACK_NS
+        if now and (ctx.uid == 0 or (await self.fs.meta.stat(inode)).uid == ctx.uid):
+            # the owner may set any time, so the times go as given: equal explicit times close to
+            # now (touch -r, cp -p of a file just written) must not become meta's "now"
+            now = False
         if fields.update_atime:
             kw["atime_ns"] = None if now else attr.st_atime_ns
         if fields.update_mtime:
@@ -645,7 +656,7 @@ class Fs3Operations(pyfuse3.Operations):
         fh = self._new_fh()
         self._handles[fh] = handle
         inode = handle.state.inode
-        mark = (inode.mtime_ns, inode.size)
+        mark = _cache_mark(inode)
         keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
         self._seen[inode.id] = mark
         direct = self.config.direct_io or bool(flags & os.O_DIRECT)
@@ -719,7 +730,7 @@ class Fs3Operations(pyfuse3.Operations):
         """Flush a handle and report what it wrote to meta (see FileSystem._sync)."""
         ino = await self.fs._sync(handle, raise_errors=raise_errors, only_dirty=True)
         if ino is not None:
-            self._seen[ino.id] = (ino.mtime_ns, ino.size)
+            self._seen[ino.id] = _cache_mark(ino)
 
     @_translate
     async def flush(self, fh: int) -> None:
@@ -758,7 +769,7 @@ class Fs3Operations(pyfuse3.Operations):
         finally:
             self._releases.discard(task)
         if ino is not None and handle.writable:
-            self._seen[ino.id] = (ino.mtime_ns, ino.size)
+            self._seen[ino.id] = _cache_mark(ino)
 
     # -- directories ------------------------------------------------------------------------------
 

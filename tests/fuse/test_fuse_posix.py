@@ -398,8 +398,36 @@ async def test_two_mounts_see_each_others_files(env: Env) -> None:
         # an overwrite through one mount is what the other reads after the writer closed
         (env.mnt / "from1").write_bytes(b"new")
         assert (other.path / "from1").read_bytes() == b"new"
+        # ... also one of the same size that set the old mtime back (tar, rsync --inplace -t):
+        # the other mount's cached pages go all the same (its ctime moved)
+        old = 1_500_000_000_000_000_000
+        (env.mnt / "same").write_bytes(b"A" * 4096)
+        os.utime(env.mnt / "same", ns=(old, old))
+        assert (other.path / "same").read_bytes() == b"A" * 4096
+        fd = os.open(env.mnt / "same", os.O_WRONLY)  # in place: no truncate
+        try:
+            os.write(fd, b"B" * 4096)
+        finally:
+            os.close(fd)
+        os.utime(env.mnt / "same", ns=(old, old))
+        assert (other.path / "same").read_bytes() == b"B" * 4096
     finally:
         assert other.unmount() == 0
+
+
+def test_times_given_are_kept_even_when_close_to_now(env: Env) -> None:
+    """touch -r and cp -p of a file written a moment ago give the copy its times exactly (equal
+    times close to the clock were taken for touch's "now", and set to meta's clock instead)."""
+    sh(
+        "touch tf && touch -r tf tg && cp -p tf th && touch -d @1500000000.25 ti && touch -r ti tj",
+        env.mnt,
+    )
+    times = {n: (env.mnt / n).stat().st_mtime_ns for n in ("tf", "tg", "th", "ti", "tj")}
+    assert times["tf"] == times["tg"] == times["th"], times
+    assert times["ti"] == times["tj"] == 1_500_000_000_250_000_000
+    before = time.time_ns()
+    sh("touch tg", env.mnt)  # a plain touch is now
+    assert (env.mnt / "tg").stat().st_mtime_ns >= before - 1_000_000_000
 
 
 async def test_two_mounts_open_what_the_other_closed_at_once(env: Env) -> None:
