@@ -311,6 +311,7 @@ class Admin:
                 )
             new = chain_state.add_target(chain_targets(chain), target_id)
         elif mode == mgmtd_pb2.CHAIN_UPDATE_REMOVE:
+            self._refuse_last_once_drained(chain, target_id, "removed")
             # (make_chain keeps the preferred order to the chain's members)
             new = chain_state.remove_target(chain_targets(chain), target_id)
             return await self._take_out(chain_id, new, remove=True)
@@ -326,9 +327,40 @@ class Admin:
         if not chain_id:
             raise FS3Error(StatusCode.FAILED_PRECONDITION, f"target {target_id} is in no chain")
         chain = self._chain(chain_id)
+        if not force:
+            self._refuse_last_once_drained(chain, target_id, "offlined")
+        elif not self._last_once_drained(chain, target_id):
+            # Not needed now, so not kept for the end of the drain: should the target become the
+            # last server meanwhile (the others failing), it alone holds what was written since,
+            # and the drain is given up (see Cluster._take_out_drained) rather than forced.
+            force = False
         return await self._take_out(
             chain_id, chain_state.offline_target(chain_targets(chain), target_id, force=force), force=force
         )
+
+    @staticmethod
+    def _last_once_drained(chain: mgmtd_pb2.ChainInfo, target_id: int) -> bool:
+        """Whether the target will be its chain's last server once the targets draining there
+        leave (they are on their way out: they count for none). False for a draining target
+        itself (asked again: under way)."""
+        draining = {d.target_id for d in chain.draining}
+        if target_id in draining:
+            return False
+        rest = [t for t in chain_targets(chain) if t.target_id not in draining]
+        return any(t.target_id == target_id for t in rest) and chain_state.is_last_server(rest, target_id)
+
+    def _refuse_last_once_drained(self, chain: mgmtd_pb2.ChainInfo, target_id: int, what: str) -> None:
+        """Refuse to take out a target that is not the chain's last server only because targets
+        still draining count as serving: once they leave, it is (two drains at once would leave
+        the chain with nothing to read from, and the second be given up at the end)."""
+        if chain.draining and self._last_once_drained(chain, target_id):
+            leaving = ", ".join(str(d.target_id) for d in chain.draining)
+            raise FS3Error(
+                StatusCode.FAILED_PRECONDITION,
+                f"target {target_id} cannot be {what}: once the targets draining from chain "
+                f"{chain.chain_id} ({leaving}) leave, it is the chain's last server, the last one known "
+                "to hold all its data",
+            )
 
     @serialized
     async def rotate_lastsrv(self, chain_id: int) -> mgmtd_pb2.ChainInfo:

@@ -182,6 +182,11 @@ def _is_last_server(targets: Sequence[ChainTarget], i: int) -> bool:
     return (state == PublicState.SERVING and serving == 1) or (state == PublicState.LASTSRV and serving == 0)
 
 
+def is_last_server(targets: Sequence[ChainTarget], target_id: int) -> bool:
+    """Whether the target is the chain's last server (see :func:`_is_last_server`)."""
+    return _is_last_server(targets, _index(targets, target_id))
+
+
 def _keep_a_last_server(rest: list[ChainTarget]) -> list[ChainTarget]:
     """``rest`` with its first target made LASTSRV when nothing in it may serve."""
     if rest and not any(t.state in (PublicState.SERVING, PublicState.LASTSRV) for t in rest):

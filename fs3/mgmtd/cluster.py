@@ -236,6 +236,8 @@ class Cluster:
         self.changed = asyncio.Event()  # set when the chain updater should run now
         # (chain id, target id) -> monotonic time this primary first saw it draining
         self.draining_since: dict[tuple[int, int], float] = {}
+        # (node id, target id) reported by a node that does not own the target (logged once)
+        self._foreign_reported: set[tuple[int, int]] = set()
 
     # ---- loading and writing -------------------------------------------------------------------
 
@@ -522,22 +524,28 @@ class Cluster:
             if th.target_id in seen:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"target {th.target_id} reported twice")
             seen.add(th.target_id)
-            target = self.rec.targets.get(th.target_id)
-            if target is None:
-                raise FS3Error(
-                    StatusCode.MGMTD_UNKNOWN_TARGET, f"target {th.target_id} is not known (create it first)"
-                )
-            if target.node_id != req.node_id:
-                raise FS3Error(
-                    StatusCode.INVALID_ARGUMENT,
-                    f"target {th.target_id} belongs to node {target.node_id}, not {req.node_id}",
-                )
             if th.local_state not in _LOCAL_STATES:
                 raise FS3Error(
                     StatusCode.INVALID_ARGUMENT, f"target {th.target_id}: bad local state {th.local_state}"
                 )
 
-        # Accepted: from here on nothing is refused.
+        # Accepted: from here on nothing is refused. Targets the node reports that are not its own
+        # (removed while its daemon ran, as when a disk is replaced) are passed over: refusing the
+        # heartbeat would fail the whole node, and its other targets with it. (A daemon refuses to
+        # start with such a target configured.)
+        for th in req.targets:
+            target = self.rec.targets.get(th.target_id)
+            if (target is None or target.node_id != req.node_id) and (
+                req.node_id,
+                th.target_id,
+            ) not in self._foreign_reported:
+                self._foreign_reported.add((req.node_id, th.target_id))
+                log.warning(
+                    "node %d reports target %d, which %s; passed over",
+                    req.node_id,
+                    th.target_id,
+                    "is not known" if target is None else f"belongs to node {target.node_id}",
+                )
         now = self._mono()
         self._note_listening(now)
         if req.incarnation < rt.incarnation:
@@ -693,7 +701,12 @@ class Cluster:
             chain = self.rec.chains.get(self.target_chain.get(tid, 0))
             if chain is None or self._draining(tid):
                 continue
-            serving = [t.target_id for t in chain.targets if t.public_state == common_pb2.SERVING]
+            # targets already draining are leaving: they leave no one to read from
+            serving = [
+                t.target_id
+                for t in chain.targets
+                if t.public_state == common_pb2.SERVING and not self._draining(t.target_id)
+            ]
             if tid in serving and len(serving) >= 2:
                 out.append(draining_chain(chain, [tid]))
         return out
@@ -872,23 +885,30 @@ class Cluster:
             self.draining_since.pop((chain.chain_id, d.target_id), None)
             if state is None or (state == PublicState.OFFLINE and not d.remove):
                 continue  # out of the data path already (it failed), as the operation wanted
+            target = self.rec.targets.get(d.target_id)
+            node = self.node_rt.get(target.node_id) if target is not None else None
+            disabled = node is not None and node.status == mgmtd_pb2.NODE_STATUS_DISABLED
             try:
                 if d.remove:
                     targets = chain_state.remove_target(targets, d.target_id)
                 else:
                     targets = chain_state.offline_target(targets, d.target_id, force=d.force)
             except FS3Error as e:
-                # the chain changed meanwhile (it is now the last server, say): it stays, and serves
+                # the chain changed meanwhile (it is now the last server, say): it stays, and serves,
+                # unless its node is disabled: not heard from (its reports are refused), it may
+                # not serve on unobserved, so it goes OFFLINE (the chain's LASTSRV, as a disabled
+                # last server does at once, until the node is enabled again)
                 log.warning(
-                    "drained target stays in its chain chain_id=%d target_id=%d: %s",
+                    "drained target stays in its chain%s chain_id=%d target_id=%d: %s",
+                    " as LASTSRV (its node is disabled)" if disabled else "",
                     chain.chain_id,
                     d.target_id,
                     e,
                 )
+                if disabled:
+                    self.target_rt.setdefault(d.target_id, TargetRuntime()).local_state = LocalState.OFFLINE
                 continue
-            target = self.rec.targets.get(d.target_id)
-            node = self.node_rt.get(target.node_id) if target is not None else None
-            if node is not None and node.status == mgmtd_pb2.NODE_STATUS_DISABLED:
+            if disabled:
                 # a disabled node's reports are refused: its target stays OFFLINE
                 self.target_rt.setdefault(d.target_id, TargetRuntime()).local_state = LocalState.OFFLINE
             log.info(

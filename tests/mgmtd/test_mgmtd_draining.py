@@ -271,3 +271,76 @@ async def test_a_chain_with_a_disabled_nodes_draining_target_changes_while_the_n
         await env.beat(11)
     await env.cluster.tick()
     assert env.cluster.bootstrapping and env.draining() == [] and dict(env.states())[111] == OFFLINE
+
+
+LASTSRV = common_pb2.LASTSRV
+
+
+async def test_a_disabled_nodes_drain_given_up_leaves_its_target_lastsrv_not_serving_unheard(
+    env: Env,
+) -> None:
+    """A disabled node's target drains; the others fail meanwhile, so the drain is given up (it
+    is the last server). Its node's reports are refused, so it may not stay SERVING unheard (a
+    node powered off for the maintenance it was disabled for would stay the chain's head, never
+    failed): it becomes the chain's LASTSRV, as a disabled last server does at once."""
+    await env.run(4, beating=(10,))  # 11 and 12 fall silent, and fail during the drain
+    await env.cluster.set_node_enabled(10, False)
+    assert env.draining() == [110]
+    await env.run(TIMEOUT_S + 3, beating=())
+    await env.run(2, beating=())
+    assert env.draining() == [] and env.states()[0] == (110, LASTSRV)
+    await env.cluster.set_node_enabled(10, True)  # back from maintenance: it serves again
+    await env.run(3, beating=(10,))
+    assert env.states()[0] == (110, SERVING)
+
+
+async def test_a_second_take_out_is_checked_against_the_chain_the_drains_leave(env: Env) -> None:
+    """With 112 failed and 110 draining, 111 is the chain's last server once 110 leaves: offlining
+    or removing it is refused (both draining, nothing was left to read from, and the second drain
+    was given up at its end though the admin had been told it went ahead); disabling its node
+    does not drain it either (a disabled last server goes OFFLINE at once)."""
+    await env.run(TIMEOUT_S + 2, beating=(10, 11))  # node 12 fails
+    env.catch_up(10, 11)
+    await env.admin.offline_target(110, False)
+    assert env.draining() == [110]
+    for take_out in (
+        env.admin.offline_target(111, False),
+        env.admin.update_chain(1, 111, mgmtd_pb2.CHAIN_UPDATE_REMOVE),
+    ):
+        with pytest.raises(FS3Error) as e:
+            await take_out
+        assert e.value.code == StatusCode.FAILED_PRECONDITION and "110" in e.value.message
+    assert env.draining() == [110]
+    await env.cluster.set_node_enabled(11, False)
+    assert env.draining() == [110]
+
+
+async def test_a_force_not_needed_when_asked_is_not_applied_at_the_end_of_the_drain(env: Env) -> None:
+    """offline-target --force while the others serve needs no force; if they fail during the
+    drain, the target alone holds what was written since: the drain is given up (it stays
+    SERVING) rather than forced, which made a stale target the chain's LASTSRV."""
+    await env.run(4, beating=(10,))  # 11 and 12 fall silent
+    await env.admin.offline_target(110, True)
+    assert [d.force for d in env.chain().draining] == [False]
+    await env.run(TIMEOUT_S + 3, beating=(10,))
+    assert env.states()[0] == (110, SERVING) and env.draining() == []
+
+
+async def test_a_target_removed_while_its_daemon_reports_it_fails_not_the_node(env: Env) -> None:
+    """A spare target in no chain is removed while its node's daemon still has it configured (the
+    order of a disk replacement): the node's heartbeats, which report it, are taken all the same
+    (refused, they failed the node and its other targets with it)."""
+    await env.admin.create_targets([mgmtd_pb2.TargetSpec(target_id=210, node_id=10)])
+    await env.admin.remove_target(210)
+    for _ in range(int(TIMEOUT_S) + 3):
+        env.mono.t += 1.0
+        for nid in NODES:
+            env.seq[nid] += 1
+            req = storage_heartbeat(nid, env.seq[nid], env.acting[nid])
+            if nid == 10:
+                req.targets.add(target_id=210, local_state=common_pb2.ONLINE)
+                req.targets.add(target_id=111, local_state=common_pb2.ONLINE)  # another node's
+            await env.cluster.heartbeat(req)
+        await env.cluster.tick()
+    assert env.cluster.node_rt[10].status == mgmtd_pb2.NODE_STATUS_ACTIVE
+    assert env.states() == [(110, SERVING), (111, SERVING), (112, SERVING)]

@@ -210,8 +210,9 @@ async def test_bad_heartbeats_are_refused(admin: Admin) -> None:
     assert "node 10" in e.message
     await node.register()
     await other.register()
-    # a target nobody created
-    await expect(StatusCode.MGMTD_UNKNOWN_TARGET, node.heartbeat())
+    # a target nobody created (or removed while the daemon ran): passed over, not the node's
+    # heartbeat refused (see test_mgmtd_draining)
+    await node.heartbeat()
     await c.create_targets(
         [
             mgmtd_pb2.TargetSpec(target_id=110, node_id=10),
@@ -228,10 +229,9 @@ async def test_bad_heartbeats_are_refused(admin: Admin) -> None:
     old.incarnation -= 1
     old.sequence += 100
     await expect(StatusCode.MGMTD_STALE_HEARTBEAT, c.heartbeat(old))
-    # a target that belongs to another node
+    # a target that belongs to another node: passed over too
     node.local[111] = common_pb2.UPTODATE
-    e = await expect(StatusCode.INVALID_ARGUMENT, node.heartbeat())
-    assert "belongs to node 11" in e.message
+    await node.heartbeat()
     del node.local[111]
     # the same target twice
     dup = node.request()
