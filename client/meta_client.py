@@ -756,8 +756,13 @@ class MetaClient:
         self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
     ) -> m.Inode:
         req = m.CloseReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
+        # First to the server that queued the session's open, while that is recorded (dropped
+        # when the server is lost): another one, before the open's session is written, finds none
+        # (META_BAD_HANDLE, taken for an end by meta) and the session, written after, stays for
+        # good. (A mount's open goes through its caller's client, its close through its own.)
+        prefer = self._queued_ends.server_of(inode_id, session_id)
         await self._queued_ends.closing(inode_id, session_id)
-        rsp, address = await self._call("Close", req, request_id=True)
+        rsp, address = await self._call("Close", req, request_id=True, prefer=prefer)
         if rsp.end_queued:
             self._queued_ends.add(address, inode_id, session_id)
         return rsp.inode

@@ -391,3 +391,37 @@ async def test_a_check_of_a_queued_session_asks_the_server_that_queued_it(two_me
     finally:
         release.set()  # (a's stop waits for its queue)
         await client.close()
+
+
+async def test_a_close_of_a_queued_session_goes_to_the_server_that_queued_it(two_metas) -> None:
+    """As a mount does: the open through its caller's client answered by meta a (the session not
+    written yet), the close through the mount's own client, whose next server is b. Sent to b, the
+    close found no session (META_BAD_HANDLE, taken for an end by meta), and a wrote it after: it
+    stayed for good, and kept an unlinked file's chunks. It goes to a, which ends it after its put."""
+    db, a, b = two_metas
+    assert a.store is not None and a.store.read_sessions is not None
+    client = MetaClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
+    release = asyncio.Event()
+    try:
+        ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
+        write = a.store.read_sessions._write  # noqa: SLF001
+
+        async def late(tr: Transaction) -> tuple[int, int, int]:
+            await release.wait()
+            return await write(tr)
+
+        a.store.read_sessions._write = late  # type: ignore[method-assign]  # noqa: SLF001
+        user = client.acting_as(common_pb2.UserInfo())
+        user._current = 0  # noqa: SLF001
+        client._current = 1  # noqa: SLF001
+        rsp = await user.open(ino.id, os.O_RDONLY)
+        assert rsp.session_queued
+        close = asyncio.ensure_future(client.close_file(ino.id, rsp.session_id))
+        await asyncio.sleep(0.2)
+        release.set()
+        await asyncio.wait_for(close, 10)
+        await a.store.read_sessions.settled()
+        await _sessions_become(db, ino.id, 0, "the session ended")
+    finally:
+        release.set()
+        await client.close()
