@@ -51,6 +51,7 @@ import asyncio
 import bisect
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,10 @@ class InodeState:
     error_seq: int = 0
     #: the :func:`stamp` at which ``inode`` was taken: a reply to a call made before it may be older
     installed: int = field(default_factory=stamp)
+    #: the monotonic time at which ``inode`` was taken (how old this client's view of the length is)
+    fresh_at: float = field(default_factory=time.monotonic)
+    #: the wall-clock time of this client's last write to the file (see :meth:`times`)
+    wrote_ns: int = 0
     #: every handle's flushes and write-throughs, started or waiting to, and the file bytes
     #: ``[begin, end)`` each writes: a later write that overlaps one waits for it
     flushes: dict[asyncio.Task[None], tuple[int, int]] = field(default_factory=dict)
@@ -139,11 +144,20 @@ class InodeState:
                 n = u
         return n
 
+    def times(self, inode: meta_pb2.Inode) -> tuple[int, int]:
+        """``inode``'s mtime and ctime, moved on by this client's writes meta has not been told
+        of yet (as each write moves a local file's): a file being written does not keep the time
+        it had when opened until its writer's next report."""
+        if self.wrote_ns and any(h.dirty for h in self.handles):
+            return max(inode.mtime_ns, self.wrote_ns), max(inode.ctime_ns, self.wrote_ns)
+        return inode.mtime_ns, inode.ctime_ns
+
     def install(self, inode: meta_pb2.Inode) -> None:
         """Take ``inode``: meta's reply to this client's own change of the file (a length report, a
         truncate), which no earlier reply may replace."""
         self.inode = inode
         self.installed = stamp()
+        self.fresh_at = time.monotonic()
 
     def refresh(self, inode: meta_pb2.Inode, since: int) -> None:
         """Take ``inode``, meta's reply to a call made at ``since`` (a :func:`stamp`; an open, a stat,
@@ -345,6 +359,7 @@ class OpenFile:
         if end > self._unreported:
             self._unreported = end
         self.dirty = True
+        self.state.wrote_ns = time.time_ns()
 
     async def write_through(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` at ``offset`` now, bypassing the buffer; returns its length once storage

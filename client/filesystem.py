@@ -104,7 +104,10 @@ class StatResult:
     inode: m.Inode
 
     @classmethod
-    def of(cls, inode: m.Inode, size: int | None = None) -> StatResult:
+    def of(cls, inode: m.Inode, size: int | None = None, state: InodeState | None = None) -> StatResult:
+        """``inode``'s; ``state``: this client's of the open file (its length and its writes'
+        times count)."""
+        mtime, ctime = (inode.mtime_ns, inode.ctime_ns) if state is None else state.times(inode)
         return cls(
             inode.id,
             mode_of(inode),
@@ -114,8 +117,8 @@ class StatResult:
             inode.size if size is None else size,
             inode.rdev,
             inode.atime_ns,
-            inode.mtime_ns,
-            inode.ctime_ns,
+            mtime,
+            ctime,
             inode,
         )
 
@@ -230,6 +233,8 @@ class File:
             # the length is the offset, and counts this write only once handle.write returns:
             # other tasks and handles appending meanwhile wait, or they would take the same offset
             async with state.appending:
+                if time.monotonic() - state.fresh_at > self.fs.config.attr_timeout_s:
+                    await self.fs._refresh(self.handle)  # another client may have appended since
                 pos = state.size
                 n = await self.handle.write(pos, data)
             self.pos = pos + n
@@ -306,7 +311,7 @@ class File:
         self._check()
         await self.handle.state.drain()
         await self.fs._refresh(self.handle)
-        return StatResult.of(self.handle.state.inode, self.handle.state.size)
+        return StatResult.of(self.handle.state.inode, self.handle.state.size, self.handle.state)
 
     async def close(self) -> None:
         """Flush, report the written length and end the session. Closing twice does nothing."""
@@ -905,7 +910,7 @@ class FileSystem:
         if st is not None and st.handles:
             await st.drain()
             st.refresh(inode, since)  # meta's length, for this client's open handles too
-            return StatResult.of(inode, st.size)
+            return StatResult.of(inode, st.size, st)
         return StatResult.of(inode)
 
     async def exists(self, path: str | bytes) -> bool:

@@ -328,6 +328,7 @@ class Fs3Operations(pyfuse3.Operations):
         self._dirs: dict[int, OpenDir] = {}
         self._next_fh = 1
         self._seen: dict[int, tuple[int, int, int]] = {}  # inode -> _cache_mark the page cache holds
+        self._appending: set[int] = set()  # handles opened O_APPEND for writing (see _append)
         self._metas: dict[tuple[int, int, tuple[int, ...]], MetaClient] = {}
         self._groups: dict[int, tuple[float, tuple[int, ...]]] = {}
         self._pool = fs.rpc.pool
@@ -413,8 +414,8 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
         a.st_atime_ns = inode.atime_ns
-        a.st_mtime_ns = inode.mtime_ns
-        a.st_ctime_ns = inode.ctime_ns
+        st = self.fs._states.get(inode.id) if file else None
+        a.st_mtime_ns, a.st_ctime_ns = (inode.mtime_ns, inode.ctime_ns) if st is None else st.times(inode)
         return a
 
     def _entry(self, inode: m.Inode, since: int) -> pyfuse3.EntryAttributes:
@@ -660,6 +661,9 @@ class Fs3Operations(pyfuse3.Operations):
         keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
         self._seen[inode.id] = mark
         direct = self.config.direct_io or bool(flags & os.O_DIRECT)
+        if flags & os.O_APPEND and handle.writable:
+            self._appending.add(fh)  # see _append (the kernel's page cache would hold the bytes
+            direct = True  # at the offset it chose)
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=keep)
 
     @_translate
@@ -722,9 +726,22 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        n = await self._handles[fh].write(off, buf)
+        handle = self._handles[fh]
+        n = await (self._append(handle, buf) if fh in self._appending else handle.write(off, buf))
         self.metrics.write_bytes += n
         return n
+
+    async def _append(self, handle: OpenFile, buf: bytes) -> int:
+        """An O_APPEND write goes at the file's end as this mount knows it, not at the kernel's
+        offset: the kernel appends at the length it cached, which another mount's appends may have
+        passed meanwhile (a descriptor kept open would write over them). Meta's length is asked
+        again once this mount's is older than attr_timeout_s, as NFS does; this mount's own
+        appends, of any handle or task, each get a range of their own."""
+        state = handle.state
+        async with state.appending:
+            if time.monotonic() - state.fresh_at > self.config.attr_timeout_s:
+                await self.fs._refresh(handle)
+            return await handle.write(state.size, buf)
 
     async def _report(self, handle: OpenFile, *, raise_errors: bool = True) -> None:
         """Flush a handle and report what it wrote to meta (see FileSystem._sync)."""
@@ -752,6 +769,7 @@ class Fs3Operations(pyfuse3.Operations):
     @_translate
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
+        self._appending.discard(fh)
         task = asyncio.current_task()
         assert task is not None
         self._releases.add(task)

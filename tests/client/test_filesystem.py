@@ -426,6 +426,38 @@ async def test_gathered_random_writes_survive_a_killed_and_resynced_storage_daem
             assert all(s == seen[0] for s in seen), (chain_id, seen)
 
 
+async def test_a_file_being_written_shows_its_writes_times(fs: FileSystem) -> None:
+    """stat of a file this client is writing moves its mtime and ctime with each write, not
+    only at its next report to meta (close, fsync)."""
+    await fs.write_file("/timed", b"x")
+    await fs.utime("/timed", ns=(10**18, 10**18))
+    f = await fs.open("/timed", "r+")
+    before = time.time_ns()
+    await f.pwrite(b"y", 0)
+    for st in (await f.stat(), await fs.stat("/timed")):
+        assert st.st_mtime_ns >= before and st.st_ctime_ns >= before
+    await f.close()
+    assert (await fs.stat("/timed")).st_mtime_ns >= before
+
+
+async def test_an_appender_kept_open_appends_after_another_clients_appends(
+    cluster: FsCluster, fs: FileSystem
+) -> None:
+    """O_APPEND through a File kept open: once its view of the length is older than
+    attr_timeout_s, meta's is asked again, so it appends after what another client appended and
+    closed meanwhile (it wrote over those bytes, at the length it knew)."""
+    other = await cluster.connect()
+    f = await fs.open("/shared.log", "a")
+    await f.write(b"1" * 5)
+    await f.fsync()
+    async with await other.open("/shared.log", "a") as g:
+        await g.write(b"A" * 10)
+    await asyncio.sleep(fs.config.attr_timeout_s + 0.2)
+    await f.write(b"BBB")
+    await f.close()
+    assert await other.read_file("/shared.log") == b"11111" + b"A" * 10 + b"BBB"
+
+
 async def test_a_truncate_by_another_client_under_an_open_writer_holds(
     cluster: FsCluster, fs: FileSystem
 ) -> None:
