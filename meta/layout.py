@@ -81,6 +81,11 @@ class ChainAllocator:
             chain_table_id=default_table, chunk_size=default_chunk_size, stripe_count=default_stripe
         )
 
+    def has_table(self, table_id: int) -> bool:
+        """Whether chain table ``table_id`` exists (with chains), as routing has it now."""
+        table = self._tables(table_id)
+        return table is not None and bool(table.chains)
+
     def file_layout(self, template: meta_pb2.Layout | None) -> meta_pb2.Layout:
         """A new file's layout from its directory's default ``template`` (zero fields: defaults).
 

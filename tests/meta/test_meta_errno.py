@@ -233,6 +233,8 @@ CASES: list[tuple[str, Case, int]] = [
     ("set_layout-bad-chunk", lambda s, t: s.set_layout(ROOT, t["/pub"], chunk_size=12345), errno.EINVAL),
     ("set_layout-not-owner", lambda s, t: s.set_layout(ALICE, t["/pub"], stripe=2), errno.EPERM),
     ("set_layout-file", lambda s, t: s.set_layout(ROOT, t["/full/f"], stripe=2), errno.ENOTDIR),
+    # files made there would get no chains (their writes failing at close at best)
+    ("set_layout-no-such-table", lambda s, t: s.set_layout(ROOT, t["/pub"], chain_table_id=99), errno.EINVAL),
 ]
 
 
