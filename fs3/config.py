@@ -63,6 +63,29 @@ def _port(v: Any) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535 (0 = any free port)"
 
 
+def _map_size(v: Any) -> str | None:
+    """An LMDB map size: address space, so at most 2^46 bytes (64 TiB; an x86-64 process has
+    128 TiB of it, and py-lmdb overflows on larger numbers)."""
+    return None if 0 < v <= 1 << 46 else "must be > 0 and at most 2^46 bytes (64 TiB of address space)"
+
+
+def _host_port(v: str) -> str | None:
+    host, sep, port = v.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"has {v!r}, not host:port with a port 1..65535"
+    return None
+
+
+def _addresses(v: Any) -> str | None:
+    """A list of ``host:port`` addresses (``[v6]:port`` too), possibly empty."""
+    return next((why for a in v if (why := _host_port(a))), None)
+
+
+def _some_addresses(v: Any) -> str | None:
+    """A list of ``host:port`` addresses, at least one."""
+    return _addresses(v) if v else "must name at least one host:port"
+
+
 def _choice(*allowed: str):
     def check(v: Any) -> str | None:
         return None if v in allowed else f"must be one of {', '.join(allowed)}"
@@ -103,7 +126,7 @@ class KvConfig:
         doc="lmdb: largest size of the store in bytes (address space only: the file grows with the "
         "data; a file's metadata takes about 0.3 KiB, so the default holds several hundred million "
         "files); a full store fails every write",
-        check=_positive,
+        check=_map_size,
     )
 
 
@@ -213,7 +236,9 @@ class MetaConfig:
     node_id: int = opt(100, doc="this node's id, unique in the cluster", check=_positive)
     listen_host: str = opt("127.0.0.1", doc="address the fs3 RPC service binds")
     listen_port: int = opt(8100, doc="fs3 RPC port (0 = any free port)", check=_port)
-    mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
+    mgmtd_addresses: list[str] = opt(
+        doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_addresses
+    )
     cluster_id: str = opt("fs3", doc="cluster name")
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
@@ -289,7 +314,9 @@ class StorageConfig:
     listen_port: int = opt(8200, doc="fs3 RPC port for client traffic (0 = any free port)", check=_port)
     backend_host: str = opt("", doc="address for chain-replication traffic ('' = listen_host)")
     backend_port: int = opt(0, doc="port for chain-replication traffic (0 = share listen_port)", check=_port)
-    mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
+    mgmtd_addresses: list[str] = opt(
+        doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_some_addresses
+    )
     cluster_id: str = opt("fs3", doc="cluster name")
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
@@ -328,7 +355,7 @@ class StorageConfig:
         doc="largest size of each target's chunk metadata store (LMDB; address space only, the "
         "file grows as needed): a chunk of 1 MiB takes about 2 KiB, so the default holds about "
         "128 TiB of such chunks; a full store takes its target offline",
-        check=_positive,
+        check=_map_size,
     )
     aio_reads: bool = opt(
         True,
@@ -374,7 +401,9 @@ class StorageConfig:
 class ClientConfig:
     """The FUSE mount and the native client."""
 
-    mgmtd_addresses: list[str] = opt(doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"])
+    mgmtd_addresses: list[str] = opt(
+        doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_some_addresses
+    )
     cluster_id: str = opt("fs3", doc="cluster name")
     token_file: str = opt("", doc="file holding this client's user token")
     user_auth: bool = opt(
@@ -585,7 +614,11 @@ def _parse_env_value(raw: str, tp: Any) -> Any:
     if tp is str:
         return raw
     if typing.get_origin(tp) is list:
-        return env_list(raw)
+        items = env_list(raw)
+        if isinstance(items, list) and not raw.strip().startswith("[") and typing.get_args(tp) != (str,):
+            # comma-separated words of another type (target_ids = 1,2): read as TOML each
+            items = [_parse_env_value(x, typing.get_args(tp)[0]) for x in items]
+        return items
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -613,6 +646,8 @@ def load_config(
             raise _config_error(f"config file {p} is not readable") from None
         except tomllib.TOMLDecodeError as e:
             raise _config_error(f"config file {p} is not valid TOML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise _config_error(f"config file {p} is not valid UTF-8 (byte {e.start})") from None
     source = str(path) if path is not None else "defaults"
     cfg = _build(cls, data, source)
     env = _env_overrides(cls, os.environ if environ is None else environ)

@@ -53,6 +53,7 @@ from fs3.cli.local_cluster import (
     LocalState,
     config_variables,
     default_dir,
+    free_ports,
     write_private,
 )
 from fs3.errors import FS3Error, StatusCode
@@ -280,7 +281,15 @@ def cmd_up(args: argparse.Namespace) -> int:
                 EX_USAGE,
             )
         placement = _placement(st)
-        _check_fuse(st.mount)  # before anything is written: a failed first up leaves no cluster
+        # before anything is written: a failed first up leaves no cluster (nor a directory that
+        # `fs3 local down --purge` does not take for one)
+        _check_fuse(st.mount)
+        if st.mount and os.path.exists(st.mount) and not os.path.isdir(st.mount):
+            raise LocalError(f"--mount {st.mount} is not a directory", EX_USAGE)
+        try:
+            free_ports(st.host, 1)
+        except OSError as e:
+            raise LocalError(f"cannot listen on --host {st.host}: {e.strerror or e}", EX_USAGE) from None
         lc.create(st)
         targets: dict[int, list[int]] = {}
         for t in placement.targets:
@@ -652,6 +661,6 @@ def main(argv: list[str]) -> int:
         print(f"fs3 local {args.action}: {e}", file=sys.stderr)
         return code
     except OSError as e:  # e.g. a daemon's program cannot be run, a file cannot be written
-        where = f" {e.filename}" if e.filename else ""
-        print(f"fs3 local {args.action}: {e.strerror or e}:{where}", file=sys.stderr)
+        what = f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}"
+        print(f"fs3 local {args.action}: {what}", file=sys.stderr)
         return EX_FAILED

@@ -137,3 +137,19 @@ def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -
     assert err.splitlines() == [
         f"fs3 mount: the mount did not come up: its process was killed by SIGKILL (see the log: {log})"
     ]
+
+
+def test_files_that_are_not_text_are_named_not_a_traceback(tmp_path: Path) -> None:
+    """A binary token, secret or chain-table file, or config: one line naming the file (they
+    ended in a UnicodeDecodeError traceback)."""
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe\x00")
+    for args in (
+        ("admin", "--mgmtd", "127.0.0.1:1", "--token-file", str(binary), "list-nodes"),
+        ("admin", "--mgmtd", "127.0.0.1:1", "--secret-file", str(binary), "list-nodes"),
+        ("admin", "--mgmtd", "127.0.0.1:1", "upload-chains", str(binary)),
+        ("mgmtd", "--config", str(binary)),
+    ):
+        out = fs3(*args)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert str(binary) in out.stderr and ("UTF-8" in out.stderr or "not text" in out.stderr), out.stderr

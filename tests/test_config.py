@@ -60,6 +60,9 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("idem_ttl_s = nan\n", "must be a finite number"),
         ("capability_ttl_s = 5000000000\n", "from 1 to 2^32-1"),  # a capability's field is 32 bits
         ("idem_ttl_s = 1e300\n", "at most 1e9"),  # overflowed where it becomes nanoseconds
+        ("[kv]\nmap_size = 99999999999999999999\n", "at most 2^46"),  # an OverflowError at start
+        ('mgmtd_addresses = ["m1:8000", "m2"]\n', "not host:port"),
+        ('mgmtd_addresses = ["m1:99999"]\n', "port 1..65535"),  # gRPC dialled port 34463
     ],
 )
 def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
@@ -78,6 +81,8 @@ def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
         (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1, 1]\n', "distinct positive"),
         (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [0]\n', "distinct positive"),
         (MetaConfig, "authenticate = true\nmgmtd_addresses = []\n", "needs mgmtd_addresses"),
+        # the daemon started and died of a ValueError in its mgmtd client
+        (StorageConfig, "mgmtd_addresses = []\n", "at least one host:port"),
     ],
 )
 def test_rules_across_fields_are_checked_where_a_config_is_loaded(tmp_path, cls, text, needle):
@@ -100,6 +105,9 @@ def test_rules_across_fields_are_checked_where_a_config_is_loaded(tmp_path, cls,
 def test_missing_and_unparsable_files(tmp_path):
     with pytest.raises(FS3Error, match="does not exist"):
         load_config(MgmtdConfig, tmp_path / "absent.toml", environ={})
+    (tmp_path / "binary.toml").write_bytes(b"\xff\xfe")  # a traceback (UnicodeDecodeError) before
+    with pytest.raises(FS3Error, match="not valid UTF-8"):
+        load_config(MgmtdConfig, tmp_path / "binary.toml", environ={})
     with pytest.raises(FS3Error, match="not valid TOML"):
         load_config(MgmtdConfig, write(tmp_path, "listen_port = = 3\n"), environ={})
     with pytest.raises(FS3Error, match="is a directory"):
@@ -122,6 +130,11 @@ def test_environment_overrides_win_over_the_file(tmp_path):
     assert cfg.kv.path == "/from/file"
     assert cfg.mgmtd_addresses == ["x:1"]
     assert cfg.cluster_id == "with spaces ok"
+
+
+def test_a_comma_list_variable_of_numbers_is_read_as_numbers():
+    cfg = load_config(StorageConfig, None, environ={"FS3_TARGET_IDS": "1, 2", "FS3_TARGET_PATHS": "/a,/b"})
+    assert cfg.target_ids == [1, 2] and cfg.target_paths == ["/a", "/b"]
 
 
 def test_bad_environment_override_is_reported():

@@ -134,6 +134,8 @@ def _read_file(path: str | Path, what: str) -> str:
         return Path(path).read_text().strip()
     except OSError as e:
         raise UsageError(f"cannot read {what} {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} {path} is not text (not valid UTF-8 at byte {e.start})") from None
 
 
 def _local_dir(args: argparse.Namespace) -> Path | None:

@@ -73,6 +73,8 @@ def _read_text(path: str) -> str:
         return Path(path).read_text()
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not text (not valid UTF-8 at byte {e.start})") from None
 
 
 def _write_secret(path: str, token: str) -> None:

@@ -32,6 +32,8 @@ def _rows(path: Path, first: Callable[[str], int] = natural) -> Iterator[tuple[i
         text = path.read_text()
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not text (not valid UTF-8 at byte {e.start})") from None
     seen_header = False
     for lineno, row in enumerate(csv.reader(text.splitlines()), 1):
         cells = [c.strip() for c in row]

@@ -313,6 +313,15 @@ def test_bad_shapes_are_usage_errors(tmp_path: Path) -> None:
     out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--host", "0.0.0.0")
     assert out.returncode == 2 and "0.0.0.0" in out.stderr
     assert not (tmp_path / "c").exists()
+    # an address not this machine's (a documentation one): refused before anything is written
+    # (it left a directory 'down --purge' did not take for a cluster, with a garbled message)
+    out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--host", "192.0.2.1", "--no-mount")
+    assert out.returncode == 2 and "cannot listen on --host 192.0.2.1: " in out.stderr, out.stderr
+    assert not out.stderr.strip().endswith(":") and not (tmp_path / "c").exists()
+    # a mount point that is a file: refused before the cluster is built (it was refused after)
+    (tmp_path / "a-file").write_text("")
+    out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--mount", str(tmp_path / "a-file"))
+    assert out.returncode == 2 and "is not a directory" in out.stderr and not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("timeout", ["-1", "0", "nan", "inf", "soon"])
