@@ -475,7 +475,13 @@ class Fs3Operations(pyfuse3.Operations):
         if st is not None:
             await st.drain()
         since, changes, asked = stamp(), self._dir_changes, time.monotonic()
-        ino = await self.fs.stat_held(inode)
+        try:
+            ino = await self.fs.stat_held(inode)
+        except FS3Error as e:
+            held = self._removed_dir(inode, e)
+            if held is None:
+                raise
+            return self.attrs(held, 0)
         if ino.type == m.INODE_DIRECTORY and changes == self._dir_changes and self.config.attr_timeout_s > 0:
             if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
                 self._dir_attrs.clear()
@@ -795,7 +801,13 @@ class Fs3Operations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         meta = self.meta(ctx)
         # "." and ".." as a local file system lists them (the kernel links neither from readdirplus)
-        me = await meta.stat(inode)
+        try:
+            me = await meta.stat(inode)
+        except FS3Error as e:
+            held = self._removed_dir(inode, e)  # (removed, and another handle of it still open)
+            if held is None:
+                raise
+            me = held
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()
         self._dirs[fh] = OpenDir(meta, inode, ((b".", me), (b"..", up)))
@@ -820,7 +832,13 @@ class Fs3Operations(pyfuse3.Operations):
                 return  # no offset this handle gave out
             after = d.names[start_id - _DOTS - 1]
         since = stamp()
-        rsp = await d.meta.readdir(d.inode, after, d.page, with_inodes=True)
+        try:
+            rsp = await d.meta.readdir(d.inode, after, d.page, with_inodes=True)
+        except FS3Error as e:
+            if self._removed_dir(d.inode, e) is None:
+                raise
+            d.end = max(start_id, _DOTS)  # removed while open: nothing more in it
+            return
         handles = self.fs.meta.handles
         last = max(start_id, _DOTS)
         for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
@@ -836,6 +854,20 @@ class Fs3Operations(pyfuse3.Operations):
             d.end = last
         elif not d.filled:
             d.page = min(2 * d.page, _READDIR_PAGE_MAX)
+
+    def _removed_dir(self, inode: int, error: FS3Error) -> m.Inode | None:
+        """A directory removed while this mount holds it open (a shell's working directory,
+        say) answers as a local file system's does: its attributes as at its opendir with no
+        links, and an empty listing, not ENOENT. None when ``error`` is not that case."""
+        if error.code != StatusCode.NOT_FOUND:
+            return None
+        held = next((d.dots[0][1] for d in self._dirs.values() if d.inode == inode), None)
+        if held is None:
+            return None
+        gone = m.Inode()
+        gone.CopyFrom(held)
+        gone.nlink = 0
+        return gone
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -1057,6 +1057,30 @@ async def test_memory_a_burst_of_random_writes_took_goes_back_to_the_system(env:
     )
 
 
+def test_a_directory_removed_while_held_open_answers_as_a_local_one(env: Env) -> None:
+    """fstat of a directory removed while a descriptor holds it shows no links, and listings of it
+    (through that descriptor, or a shell's `ls` once it stands in it) are empty, as on ext4: they
+    were ENOENT (the mount asked meta, which had dropped the inode)."""
+    d = env.mnt / "held-dir"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.rmdir(d)
+        st = os.fstat(fd)
+        assert stat.S_ISDIR(st.st_mode) and st.st_nlink == 0
+        assert os.listdir(fd) == []
+        out = subprocess.run(
+            ["bash", "-c", f"cd /proc/self/fd/{fd} && ls -a; echo rc=$?"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            pass_fds=(fd,),
+        )
+        assert out.stdout.split()[-1] == "rc=0", out.stdout + out.stderr
+    finally:
+        os.close(fd)
+
+
 def test_mkdir_modes_and_dirs_listing(env: Env) -> None:
     d = env.mnt / "listing"
     d.mkdir(mode=0o750)
