@@ -385,6 +385,16 @@ class Replicator:
                     self._left_pending(t, cid, v, tag)
                     raise
                 meta = await t.engine.commit(cid, v, chain_ver=self.targets.chain(chain_id).version)
+            elif self.targets.chain(chain_id).successor(t.target_id) is not None:
+                # Committed here as the tail, but the chain gained a successor meanwhile: a target
+                # back as SYNCING, whose resync may have compared chunk metadata before this
+                # commit landed and found nothing to copy (then declared it in sync without this
+                # version). It gets the version before the client is answered.
+                removal = meta is None
+                again = Op(
+                    storage_pb2.UPDATE_REMOVE if removal else storage_pb2.UPDATE_REPLACE, op.chunk_size
+                )
+                await self._forward(t, cid, chain_id, again, v, None, serving=serving, full=True, settle=True)
             return io_result(meta, chain_ver) if meta is not None else removed_result(v, chain_ver)
         raise FS3Error(StatusCode.ABORTED, f"chunk {cid.hex()} kept a pending version")
 

@@ -24,7 +24,7 @@ from fs3.client.routing import Routing
 from fs3.client.storage_client import crc32c
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, mgmtd_pb2, storage_pb2
-from fs3.storage import resync
+from fs3.storage import craq, resync
 from fs3.storage.async_engine import AsyncChunkEngine
 from fs3.storage.chain_ops import chunk_id, split_chunk_id
 from fs3.storage.chunk_engine import ChunkEngine
@@ -139,6 +139,73 @@ async def test_a_successor_that_left_the_chain_during_the_comparison_is_not_decl
     assert await worker._sync_once(t, 2, "2") == (2, 2, 0, 0)
     assert sorted(p for name, _, p in rpc.calls if name == "Update") == [b"missed", b"old content"]
     assert rpc.calls[-1][0] == "SyncDone" and rpc.calls[-1][1].chain_version == 3
+
+
+class _HoldingSuccessor(FakeSuccessor):
+    """A successor holding ``meta``'s committed version of its chunk."""
+
+    def __init__(self, meta) -> None:  # type: ignore[no-untyped-def]
+        super().__init__()
+        self.meta = meta
+
+    async def call(self, address, method, req, *, payload=None, **kw):  # type: ignore[no-untyped-def]
+        if method.name != "DumpChunkMeta":
+            return await super().call(address, method, req, payload=payload, **kw)
+        self.calls.append(("DumpChunkMeta", req, None))
+        m = self.meta
+        rsp = storage_pb2.DumpChunkMetaRsp()
+        rsp.chunks.add(
+            chunk_id=m.chunk_id,
+            committed_version=m.committed_ver,
+            length=m.committed.length,
+            crc32c=m.committed.crc,
+            chunk_size=m.chunk_size,
+        )
+        return rsp, None
+
+
+async def test_a_write_the_tail_commits_across_a_successors_return_reaches_it(
+    predecessor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tail (its successor OFFLINE) writes and commits a client's write in one trip to its
+    I/O threads; meanwhile the successor comes back SYNCING and the resync compares metadata
+    before that commit lands: the chunk looks the same on both, nothing is copied, SyncDone. The
+    write must reach the successor before the client is answered (it served the old version, and
+    was all that was left of the write should the predecessor fail)."""
+    worker, t, _ = predecessor
+    rep = worker.replicator
+    cid = chunk_id(INODE, 0)
+    before = await t.engine.get_meta(cid)
+    rpc = _HoldingSuccessor(before)
+    rep.rpc = rpc
+    worker.targets.apply_routing(routing(2, OFFLINE))  # this target is the tail
+    entered, release = threading.Event(), threading.Event()
+    real = craq.apply_op
+
+    def slow_apply_op(*args):  # type: ignore[no-untyped-def]
+        entered.set()
+        release.wait(30)  # a slow disk: the write-and-commit takes a while
+        return real(*args)
+
+    monkeypatch.setattr(craq, "apply_op", slow_apply_op)
+    req = storage_pb2.WriteReq()
+    req.io.key.chain_id, req.io.key.chain_version = 1, 2
+    req.io.key.inode_id, req.io.key.chunk_index = INODE, 0
+    req.io.type, req.io.chunk_size, req.io.offset, req.io.length = storage_pb2.UPDATE_WRITE, CHUNK, 4, 3
+    req.io.crc32c = crc32c(b"NEW")
+    write = asyncio.create_task(rep.client_update(req, memoryview(b"NEW")))
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        monkeypatch.setattr(craq, "apply_op", real)
+        worker.targets.apply_routing(routing(3, SYNCING))  # the successor is back
+        await worker._sync_once(t, 2, "2")
+        assert rpc.names() == ["SyncStart", "DumpChunkMeta", "SyncDone"]  # nothing looked missing
+    finally:
+        release.set()
+    result = await write
+    assert result.committed_version == before.committed_ver + 1
+    sent = [(r.io.update_version, p) for name, r, p in rpc.calls if name == "Update"]
+    assert sent == [(before.committed_ver + 1, b"old NEWtent")]
 
 
 @pytest.fixture
