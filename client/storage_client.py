@@ -830,7 +830,9 @@ class StorageClient:
         chunk_size: int,
     ) -> list[IOResult]:
         """Write ``data`` at file ``offset``, split at chunk boundaries, chunks in parallel;
-        ``chain_of(chunk_index)`` names each chunk's chain."""
+        ``chain_of(chunk_index)`` names each chunk's chain. If a chunk's write fails, the first
+        error is raised once every chunk's write has ended: one still retrying must not read the
+        caller's buffer after the call returned, nor land after a newer write of its range."""
         view = memoryview(data).cast("B")
         pieces = []
         pos = 0
@@ -841,7 +843,11 @@ class StorageClient:
                 self.write(chain_of(index), inode_id, index, within, view[pos : pos + n], chunk_size)
             )
             pos += n
-        return list(await asyncio.gather(*pieces))
+        results = await asyncio.gather(*pieces, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results  # type: ignore[return-value]
 
     async def read_range(
         self, chain_of: Callable[[int], int], inode_id: int, offset: int, length: int, chunk_size: int

@@ -138,3 +138,55 @@ async def test_a_writes_bytes_are_freed_by_reference_counting_once_it_returns() 
         gc.enable()
         await rpc.close()
         await server.stop()
+
+
+async def test_a_range_write_that_fails_returns_only_once_every_chunk_write_ended() -> None:
+    """write_range over two chunks: the first fails at once (NO_SPACE), the second is retrying
+    (UNAVAILABLE). It raised at once while the second went on retrying with the caller's buffer,
+    which the caller, told the call had failed, reuses (and may write the range again)."""
+    chunk = 8192
+    tries: dict[int, int] = {}
+    received: list[tuple[int, bytes]] = []
+
+    async def write(request: storage_pb2.WriteReq, payload: Any, ctx: CallContext) -> Any:
+        index = request.io.key.chunk_index
+        tries[index] = tries.get(index, 0) + 1
+        received.append((index, bytes(payload)))
+        if index == 0:
+            raise FS3Error(StatusCode.STORAGE_NO_SPACE, "full")
+        if tries[index] == 1:
+            await asyncio.sleep(0.2)
+            raise FS3Error(StatusCode.UNAVAILABLE, "busy, try again")
+        io = request.io
+        return storage_pb2.IOResult(
+            length=io.offset + io.length,
+            committed_version=1,
+            update_version=1,
+            crc32c=io.crc32c,
+            commit_chain_version=io.key.chain_version,
+        )
+
+    async def refuse(request: Any, payload: Any, ctx: CallContext) -> Any:
+        raise FS3Error(StatusCode.NOT_IMPLEMENTED, "not in this test")
+
+    server = RpcServer(SECRET, identity="storage")
+    server.add_service(STORAGE_SERVICE, {**{m.name: refuse for m in STORAGE_SERVICE}, "Write": write})
+    await server.start(("127.0.0.1", 0))
+    rpc = RpcClient(SECRET)
+    client = StorageClient(
+        StaticRouting(server.address),  # type: ignore[arg-type]
+        rpc,
+        retry=RetryPolicy(total_s=5, initial_s=0.05, max_s=0.1, rpc_timeout_s=2),
+    )
+    data = bytearray(b"A" * (2 * chunk))
+    try:
+        with pytest.raises(FS3Error) as e:
+            await client.write_range(lambda i: CHAIN, 0x99, 0, data, chunk)
+        assert e.value.code == StatusCode.STORAGE_NO_SPACE
+        assert tries[1] == 2  # the second chunk's write ended (its retry answered) first
+        data[:] = b"Z" * len(data)  # the caller reuses its buffer
+        await asyncio.sleep(0.5)
+        assert [(i, p[:1]) for i, p in received if i == 1] == [(1, b"A"), (1, b"A")]
+    finally:
+        await rpc.close()
+        await server.stop()
