@@ -355,23 +355,28 @@ async def test_a_put_again_whose_caller_gave_up_writes_nothing(two_metas) -> Non
         await client.close()
 
 
+def _hold_queued_writes(meta: MetaDaemon, release: asyncio.Event) -> None:
+    """``meta`` writes the read sessions it queued only once ``release`` is set (a slow commit)."""
+    assert meta.store is not None and meta.store.read_sessions is not None
+    write = meta.store.read_sessions._write  # noqa: SLF001
+
+    async def late(tr: Transaction) -> tuple[int, int, int]:
+        await release.wait()
+        return await write(tr)
+
+    meta.store.read_sessions._write = late  # type: ignore[method-assign]  # noqa: SLF001
+
+
 async def test_a_check_of_a_queued_session_asks_the_server_that_queued_it(two_metas) -> None:
     """Meta a answered the open and has not written the session yet; the client's next call would
     go to meta b, which would not find it (META_BAD_HANDLE: the handle would open its file again
     and the first session stay for good). The check goes to a, which waits for its write."""
     db, a, b = two_metas
-    assert a.store is not None and a.store.read_sessions is not None
     client = MetaClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
     release = asyncio.Event()
     try:
         ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
-        write = a.store.read_sessions._write  # noqa: SLF001
-
-        async def late(tr: Transaction) -> tuple[int, int, int]:
-            await release.wait()
-            return await write(tr)
-
-        a.store.read_sessions._write = late  # type: ignore[method-assign]  # noqa: SLF001
+        _hold_queued_writes(a, release)
         client._current = 0  # noqa: SLF001
         rsp = await client.open(ino.id, os.O_RDONLY)
         assert rsp.session_queued
@@ -399,18 +404,11 @@ async def test_a_close_of_a_queued_session_goes_to_the_server_that_queued_it(two
     close found no session (META_BAD_HANDLE, taken for an end by meta), and a wrote it after: it
     stayed for good, and kept an unlinked file's chunks. It goes to a, which ends it after its put."""
     db, a, b = two_metas
-    assert a.store is not None and a.store.read_sessions is not None
     client = MetaClient([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], timeout_s=20, rpc_timeout_s=5)
     release = asyncio.Event()
     try:
         ino = (await client.create(ROOT_ID, b"f", 0o644)).inode
-        write = a.store.read_sessions._write  # noqa: SLF001
-
-        async def late(tr: Transaction) -> tuple[int, int, int]:
-            await release.wait()
-            return await write(tr)
-
-        a.store.read_sessions._write = late  # type: ignore[method-assign]  # noqa: SLF001
+        _hold_queued_writes(a, release)
         user = client.acting_as(common_pb2.UserInfo())
         user._current = 0  # noqa: SLF001
         client._current = 1  # noqa: SLF001

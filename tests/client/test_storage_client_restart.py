@@ -25,6 +25,17 @@ SECRET = b"storage-restart-test-secret-0123"
 CHAIN, TARGET, NODE = 7, 701, 3
 
 
+def _written(io: storage_pb2.UpdateIO) -> storage_pb2.IOResult:
+    """A storage daemon's answer to a write of ``io`` (version 1)."""
+    return storage_pb2.IOResult(
+        length=io.offset + io.length,
+        committed_version=1,
+        update_version=1,
+        crc32c=io.crc32c,
+        commit_chain_version=io.key.chain_version,
+    )
+
+
 class StaticRouting:
     """A RoutingCache that never changes: one chain of one target on one node at ``address``."""
 
@@ -72,14 +83,7 @@ class FakeStorage:
         self.writes.append(((t.client_id, t.request_id, t.channel, t.seqnum), bytes(payload)))
         if self.hold:
             await asyncio.Event().wait()
-        io = request.io
-        return storage_pb2.IOResult(
-            length=io.offset + io.length,
-            committed_version=1,
-            update_version=1,
-            crc32c=io.crc32c,
-            commit_chain_version=io.key.chain_version,
-        )
+        return _written(request.io)
 
 
 async def _serve(fake: FakeStorage, address: tuple[str, int]) -> RpcServer:
@@ -157,14 +161,7 @@ async def test_a_range_write_that_fails_returns_only_once_every_chunk_write_ende
         if tries[index] == 1:
             await asyncio.sleep(0.2)
             raise FS3Error(StatusCode.UNAVAILABLE, "busy, try again")
-        io = request.io
-        return storage_pb2.IOResult(
-            length=io.offset + io.length,
-            committed_version=1,
-            update_version=1,
-            crc32c=io.crc32c,
-            commit_chain_version=io.key.chain_version,
-        )
+        return _written(request.io)
 
     async def refuse(request: Any, payload: Any, ctx: CallContext) -> Any:
         raise FS3Error(StatusCode.NOT_IMPLEMENTED, "not in this test")
