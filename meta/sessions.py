@@ -304,7 +304,10 @@ class SessionOps(Namespace):
                     length = queried[0] if queried[0] is not None else written
                 else:
                     length = written
-                _record_write(ino, session, length, mtime_ns or now, now)
+                # a time of the client's choosing only for the owner or root, as utimensat has it
+                # (a writer may set only "now"); sessions opened by anyone else take meta's clock
+                given = mtime_ns if session.fsetid or session.uid == ino.uid else 0
+                _record_write(ino, session, length, given or now, now)
                 inodes.store(tr, ino)
             session.truncate_version = ino.truncate_version
             if close:

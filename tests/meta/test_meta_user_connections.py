@@ -256,6 +256,32 @@ async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta
         assert (await client.stat(pub.id)).handle == b""
 
 
+async def test_a_close_sets_a_time_of_the_callers_choosing_only_for_the_owner(meta: Meta) -> None:
+    """CloseReq may carry the write's mtime. A writer who is not the owner may set only "now" (as
+    utimensat has it, and meta's Setattr): the time it sends is not taken (it was, so any writer
+    could date a file as it liked); the owner's is."""
+    d = await meta.member.mkdir(ROOT_ID, b"shared-times", 0o777)
+    f = (await meta.member.create(d.id, b"f", 0o666)).inode  # root's, others may write
+    bob = meta.user("tok-bob", 1002, 100)
+    await reach(bob, b"/shared-times/f")
+    with pytest.raises(FS3Error) as e:
+        await bob.setattr(f.id, atime_ns=5, mtime_ns=5)
+    assert e.value.errno == errno.EPERM
+
+    async def close_with_mtime(client: MetaClient, inode_id: int) -> None:
+        opened = await client.open(inode_id, os.O_RDWR)
+        req = m.CloseReq(inode_id=inode_id, session_id=opened.session_id, written_length=1, wrote=True)
+        req.mtime.sec = 86400
+        await client.call("Close", req, request_id=True)
+
+    await close_with_mtime(bob, f.id)
+    assert (await meta.member.stat(f.id)).mtime_ns != 86400 * 10**9
+    await reach(bob, b"/shared-times")
+    mine = (await bob.create(d.id, b"bobs", 0o644)).inode
+    await close_with_mtime(bob, mine.id)
+    assert (await meta.member.stat(mine.id)).mtime_ns == 86400 * 10**9
+
+
 async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) -> None:
     home = await meta.member.mkdir(ROOT_ID, b"home", 0o777)
     alice = meta.user("tok-alice")
