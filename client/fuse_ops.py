@@ -45,7 +45,7 @@ import pyfuse3
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from fs3 import metrics
-from fs3.client.file import OpenFile, stamp
+from fs3.client.file import InodeState, OpenFile, stamp
 from fs3.client.filesystem import FileSystem, mode_of
 from fs3.client.meta_client import MetaClient
 from fs3.client.mgmtd_client import session_clock
@@ -383,11 +383,11 @@ class Fs3Operations(pyfuse3.Operations):
             self._metas[key] = client
         return client
 
-    def _size(self, inode: m.Inode, since: int) -> int:
+    def _size(self, st: InodeState | None, inode: m.Inode, since: int) -> int:
         """The length of a file meta returned ``inode`` for (to a call made at ``since``, a
-        :func:`stamp`): meta's, which a file open in this mount takes too (its reads are clamped to
-        it), extended by what this mount's writers wrote and meta has not counted yet."""
-        st = self.fs._states.get(inode.id)
+        :func:`stamp`; ``st``: this mount's state of it, if open): meta's, which a file open in this
+        mount takes too (its reads are clamped to it), extended by what this mount's writers wrote
+        and meta has not counted yet."""
         if st is None:
             return inode.size
         st.refresh(inode, since)
@@ -409,12 +409,12 @@ class Fs3Operations(pyfuse3.Operations):
         a.st_uid = inode.uid
         a.st_gid = inode.gid
         a.st_rdev = inode.rdev
-        size = self._size(inode, since) if file else inode.size
+        st = self.fs._states.get(inode.id) if file else None
+        size = self._size(st, inode, since) if file else inode.size
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
         a.st_atime_ns = inode.atime_ns
-        st = self.fs._states.get(inode.id) if file else None
         a.st_mtime_ns, a.st_ctime_ns = (inode.mtime_ns, inode.ctime_ns) if st is None else st.times(inode)
         return a
 
