@@ -959,10 +959,13 @@ class FileSystem:
 
     remove = unlink
 
-    async def rename(self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False) -> None:
-        """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory)."""
+    async def rename(
+        self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False, exchange: bool = False
+    ) -> None:
+        """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory); with
+        ``exchange``, swap the two, which must both exist (renameat2's RENAME_EXCHANGE)."""
         (sp, sn), (dp, dn) = await asyncio.gather(self._parent(src), self._parent(dst))
-        await self.meta.rename(sp, sn, dp, dn, 1 if noreplace else 0)
+        await self.meta.rename(sp, sn, dp, dn, (1 if noreplace else 0) | (2 if exchange else 0))
 
     async def symlink(self, target: str | bytes, path: str | bytes) -> None:
         """Make ``path`` a symbolic link to ``target``."""

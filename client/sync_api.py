@@ -157,8 +157,10 @@ class SyncFileSystem:
 
     remove = unlink
 
-    def rename(self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False) -> None:
-        self._call(self.aio.rename, src, dst, noreplace=noreplace)
+    def rename(
+        self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False, exchange: bool = False
+    ) -> None:
+        self._call(self.aio.rename, src, dst, noreplace=noreplace, exchange=exchange)
 
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
         self._call(self.aio.symlink, target, path)

@@ -122,6 +122,22 @@ async def _entry(tr: Transaction, parent: int, name: bytes) -> tuple[bytes, meta
     return key, await inodes.load(tr, meta_pb2.DirEntry.FromString(raw).inode_id)
 
 
+async def _check_destination(tr: Transaction, dest: meta_pb2.Inode, moved: meta_pb2.Inode) -> None:
+    """``moved`` goes into directory ``dest`` from another: none of ``dest``'s ancestors (itself
+    included) may be ``moved`` (a cycle, EINVAL) or a directory a recursive rmdir removed (ENOENT:
+    its subtree, which the collector is removing, still looks alive below it, and what moved in
+    would be collected). The walk's reads conflict with any concurrent move or removal on the way."""
+    cur = dest
+    while True:
+        if cur.id == moved.id:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "cannot move a directory into itself")
+        if cur.nlink == 0:
+            raise FS3Error(StatusCode.NOT_FOUND, f"directory {cur.id} has been removed")
+        if cur.id == schema.ROOT_ID or not cur.parent:
+            return
+        cur = await inodes.load(tr, cur.parent)
+
+
 class EntryOps(Namespace):
     async def link(
         self, cred: Credentials, inode_id: int, new_parent: int, new_name: bytes, idem: Idem = None
@@ -223,10 +239,13 @@ class EntryOps(Namespace):
         refuses (EINVAL) to move a directory into its own subtree."""
         check_name(old_name)
         check_name(new_name)
-        if flags & RENAME_EXCHANGE:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, "RENAME_EXCHANGE is not supported")
-        if flags & ~RENAME_NOREPLACE:
+        if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE):
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"unknown rename flags {flags:#x}")
+        if flags & RENAME_EXCHANGE:
+            if flags & RENAME_NOREPLACE:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, "RENAME_EXCHANGE with RENAME_NOREPLACE")
+            await self._exchange(cred, old_parent, old_name, new_parent, new_name, idem)
+            return
 
         async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
             op = await inodes.load_dir(tr, old_parent)
@@ -265,15 +284,7 @@ class EntryOps(Namespace):
                 # may be a directory a recursive rmdir removed (its subtree, which the collector
                 # is removing, still looks alive below it: what moved in would be collected). The
                 # walk's reads conflict with any concurrent move or removal on the way.
-                cur = np
-                while True:
-                    if cur.id == src.id:
-                        raise FS3Error(StatusCode.INVALID_ARGUMENT, "cannot move a directory into itself")
-                    if cur.nlink == 0:
-                        raise FS3Error(StatusCode.NOT_FOUND, f"directory {cur.id} has been removed")
-                    if cur.id == schema.ROOT_ID or not cur.parent:
-                        break
-                    cur = await inodes.load(tr, cur.parent)
+                await _check_destination(tr, np, src)
             if dst is not None and dst.type == DIRECTORY and not await is_empty(tr, dst.id):
                 raise FS3Error(StatusCode.META_NOT_EMPTY, f"directory {quote_name(new_name)} is not empty")
             now = inodes.now_ns()
@@ -294,6 +305,64 @@ class EntryOps(Namespace):
             inodes.store(tr, src)
             await inodes.touch_dir(tr, old_parent, now)
             if new_parent != old_parent:
+                await inodes.touch_dir(tr, new_parent, now)
+            return _EMPTY
+
+        await self._mutate(idem, meta_pb2.EmptyRsp, fn)
+
+    async def _exchange(
+        self,
+        cred: Credentials,
+        old_parent: int,
+        old_name: bytes,
+        new_parent: int,
+        new_name: bytes,
+        idem: Idem,
+    ) -> None:
+        """renameat2's RENAME_EXCHANGE: swap two existing entries atomically, of any types (a
+        file and a directory too). As Linux: ENOENT unless both exist, nothing to do for two
+        names of one inode, EINVAL when either would move into its own subtree, the sticky rule
+        for both, and write permission on a directory that moves to another parent ("..")."""
+
+        async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
+            op = await inodes.load_dir(tr, old_parent)
+            check(op, cred, X_OK)
+            np = op if new_parent == old_parent else await inodes.load_dir(tr, new_parent)
+            if np is not op:
+                check(np, cred, X_OK)
+            a_key, a = await _entry(tr, old_parent, old_name)
+            b_key, b = await _entry(tr, new_parent, new_name)
+            if a.id == b.id:
+                return _EMPTY  # two names of one inode (or one name): Linux does nothing
+            check(op, cred, W_OK | X_OK)
+            if np is not op:
+                check(np, cred, W_OK | X_OK)
+            check_sticky(op, a, cred)
+            check_sticky(np, b, cred)
+            moved = new_parent != old_parent
+            if moved:
+                for d in (a, b):
+                    if d.type == DIRECTORY:
+                        check(d, cred, W_OK)  # its ".." changes
+                await _check_destination(tr, np, a)
+                await _check_destination(tr, op, b)
+            now = inodes.now_ns()
+            tr.set(a_key, meta_pb2.DirEntry(inode_id=b.id, type=b.type).SerializeToString())
+            tr.set(b_key, meta_pb2.DirEntry(inode_id=a.id, type=a.type).SerializeToString())
+            if moved:
+                subdirs = (a.type == DIRECTORY) - (b.type == DIRECTORY)  # net move old -> new
+                if subdirs:
+                    tr.add_int(schema.dir_links_key(old_parent), -subdirs)
+                    tr.add_int(schema.dir_links_key(new_parent), subdirs)
+                if a.type == DIRECTORY:
+                    a.parent = new_parent
+                if b.type == DIRECTORY:
+                    b.parent = old_parent
+            for ino in (a, b):
+                ino.ctime_ns = now  # a directory's to its inode, as in rename
+                inodes.store(tr, ino)
+            await inodes.touch_dir(tr, old_parent, now)
+            if moved:
                 await inodes.touch_dir(tr, new_parent, now)
             return _EMPTY
 

@@ -334,6 +334,37 @@ def test_xattrs_rename_and_errors(env: Env) -> None:
         os.mkdir(env.mnt / "full")
 
 
+def _renameat2(src: Path, dst: Path, flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd = -100
+    if libc.renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(src))
+
+
+def test_renameat2_exchange_and_noreplace(env: Env) -> None:
+    """RENAME_EXCHANGE swaps a file and a directory across two directories (what `mv --exchange`
+    does); RENAME_NOREPLACE refuses an existing name; the swap shows in the mount at once."""
+    top = env.mnt / "xchg"
+    (top / "a").mkdir(parents=True)
+    (top / "b" / "d").mkdir(parents=True)
+    (top / "a" / "f").write_bytes(b"file")
+    (top / "b" / "d" / "inside").write_bytes(b"in")
+    _renameat2(top / "a" / "f", top / "b" / "d", 2)  # RENAME_EXCHANGE
+    assert (top / "b" / "d").read_bytes() == b"file"
+    assert (top / "a" / "f" / "inside").read_bytes() == b"in"
+    assert os.listdir(top / "a") == ["f"] and os.listdir(top / "b") == ["d"]
+    assert os.stat(top / "a").st_nlink == 3 and os.stat(top / "b").st_nlink == 2
+    assert os.stat(top / "a" / "f" / "..").st_ino == os.stat(top / "a").st_ino
+    with pytest.raises(FileExistsError):
+        _renameat2(top / "a" / "f", top / "b" / "d", 1)  # RENAME_NOREPLACE
+    with pytest.raises(FileNotFoundError):
+        _renameat2(top / "a" / "f", top / "b" / "nope", 2)
+    with pytest.raises(OSError) as e:
+        _renameat2(top / "a", top / "a" / "f", 2)  # a directory into its own subtree
+    assert e.value.errno == errno.EINVAL
+
+
 def test_unlinked_file_stays_usable_through_open_handles(env: Env) -> None:
     p = env.mnt / "doomed"
     p.write_bytes(b"still here" * 10_000)

@@ -152,7 +152,27 @@ CASES: list[tuple[str, Case, int]] = [
     ("rename-file-over-dir", lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"pub"), errno.EISDIR),
     ("rename-dir-over-file", lambda s, t: s.rename(ROOT, ROOT_ID, b"ro", t["/full"], b"f"), errno.ENOTDIR),
     ("rename-noreplace", lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"sym", 1), errno.EEXIST),
-    ("rename-exchange", lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"sym", 2), errno.EINVAL),
+    (
+        "rename-exchange-missing",
+        lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"nope", 2),
+        errno.ENOENT,
+    ),
+    (
+        "rename-exchange-noreplace",
+        lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"sym", 3),
+        errno.EINVAL,
+    ),
+    ("rename-unknown-flag", lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"x", 4), errno.EINVAL),
+    (
+        "rename-exchange-into-self",
+        lambda s, t: s.rename(ROOT, ROOT_ID, b"pub", t["/pub"], b"alice_dir", 2),
+        errno.EINVAL,
+    ),
+    (
+        "rename-exchange-sticky",
+        lambda s, t: s.rename(BOB, t["/sticky"], b"alice_f", t["/pub"], b"alice_file", 2),
+        errno.EPERM,
+    ),
     ("rename-sticky", lambda s, t: s.rename(BOB, t["/sticky"], b"alice_f", t["/sticky"], b"b"), errno.EPERM),
     ("rename-no-write", lambda s, t: s.rename(ALICE, t["/ro"], b"f", t["/pub"], b"f"), errno.EACCES),
     ("rename-bad-name", lambda s, t: s.rename(ROOT, t["/full"], b"f", ROOT_ID, b"a\0"), errno.EINVAL),

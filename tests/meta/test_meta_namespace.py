@@ -191,6 +191,37 @@ async def test_rename_replaces_file_and_empty_dir(tree: Tree) -> None:
     assert (await s.lookup_path(ROOT, b"/pub/d2/inside")).type == m.INODE_FILE
 
 
+async def test_rename_exchange_swaps_two_entries(tree: Tree) -> None:
+    """renameat2(RENAME_EXCHANGE): a file and a directory in two directories trade places; the
+    parents' link counts follow the directory, its ".." the new parent, both ctimes move."""
+    s = tree.store
+    x = await s.mkdir(ROOT, ROOT_ID, b"x", 0o755)
+    y = await s.mkdir(ROOT, ROOT_ID, b"y", 0o755)
+    f = (await s.create(ROOT, x.id, b"f", 0o644)).inode
+    d = await s.mkdir(ROOT, y.id, b"d", 0o755)
+    await s.create(ROOT, d.id, b"inside", 0o644)
+    before = {i: (await s.stat(i)).ctime_ns for i in (f.id, d.id)}
+    await s.rename(ROOT, x.id, b"f", y.id, b"d", 2)
+    assert (await s.lookup(ROOT, x.id, b"f")).id == d.id
+    assert (await s.lookup(ROOT, y.id, b"d")).id == f.id
+    assert (await s.lookup_path(ROOT, b"/x/f/inside")).type == m.INODE_FILE
+    assert (await s.lookup(ROOT, d.id, b"..")).id == x.id
+    assert (await s.stat(x.id)).nlink == 3 and (await s.stat(y.id)).nlink == 2
+    assert [(await s.stat(i)).ctime_ns > before[i] for i in before] == [True, True]
+    assert (await s.stat(f.id)).nlink == 1 and (await s.stat(d.id)).nlink == 2
+    # two directories: counts stay; back again in one directory: ids swap, nothing else
+    e = await s.mkdir(ROOT, y.id, b"e", 0o755)
+    await s.rename(ROOT, x.id, b"f", y.id, b"e", 2)
+    assert (await s.lookup(ROOT, e.id, b"..")).id == x.id and (await s.lookup(ROOT, d.id, b"..")).id == y.id
+    assert (await s.stat(x.id)).nlink == 3 and (await s.stat(y.id)).nlink == 3
+    await s.rename(ROOT, y.id, b"d", y.id, b"e", 2)
+    assert [(await s.lookup(ROOT, y.id, n)).id for n in (b"d", b"e")] == [d.id, f.id]
+    # two names of one inode: nothing happens
+    await s.link(ROOT, f.id, y.id, b"f2")
+    await s.rename(ROOT, y.id, b"e", y.id, b"f2", 2)
+    assert (await s.stat(f.id)).nlink == 2
+
+
 async def test_sticky_directory_allows_owners(tree: Tree) -> None:
     s = tree.store
     await s.rename(ALICE, tree["/sticky"], b"alice_f", tree["/sticky"], b"mine")

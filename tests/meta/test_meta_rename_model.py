@@ -1,7 +1,8 @@
-"""Hypothesis state machine: creates, mkdirs, renames, unlinks and rmdirs sent to TWO real meta
-daemons at once (two per step, one to each, concurrently) over one lmdb store, checked against an
-in-memory model. Each step's outcome must be that of one of the two serial orders; after every step
-the namespace, walked through readdir, must be a tree that equals the model."""
+"""Hypothesis state machine: creates, mkdirs, renames, exchanges (RENAME_EXCHANGE), unlinks and
+rmdirs sent to TWO real meta daemons at once (two per step, one to each, concurrently) over one
+lmdb store, checked against an in-memory model. Each step's outcome must be that of one of the two
+serial orders; after every step the namespace, walked through readdir, must be a tree that equals
+the model."""
 
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ class Model:
             del self.entries[(p, name)]
             del self.nodes[i]
             return OK
+        if kind == "exchange":
+            return self._exchange(*op[1:])
         _, p1, n1, p2, n2 = op
         if not self.is_dir(p1) or not self.is_dir(p2) or (p1, n1) not in self.entries:
             return errno.ENOENT
@@ -106,6 +109,22 @@ class Model:
         self.nodes[src].parent, self.nodes[src].name = p2, n2
         return OK
 
+    def _exchange(self, p1: int, n1: bytes, p2: int, n2: bytes) -> int:
+        """renameat2 RENAME_EXCHANGE: both names must exist; neither may move into its own subtree."""
+        if not self.is_dir(p1) or not self.is_dir(p2):
+            return errno.ENOENT
+        a, b = self.entries.get((p1, n1)), self.entries.get((p2, n2))
+        if a is None or b is None:
+            return errno.ENOENT
+        if a == b:
+            return OK
+        if p1 != p2 and (a in self.ancestors(p2) or b in self.ancestors(p1)):
+            return errno.EINVAL
+        self.entries[(p1, n1)], self.entries[(p2, n2)] = b, a
+        self.nodes[a].parent, self.nodes[a].name = p2, n2
+        self.nodes[b].parent, self.nodes[b].name = p1, n1
+        return OK
+
 
 async def run_op(c: MetaClient, op: tuple) -> tuple[int, int]:
     """(OK or errno, id of a created inode)."""
@@ -119,7 +138,7 @@ async def run_op(c: MetaClient, op: tuple) -> tuple[int, int]:
         elif op[0] == "rmdir":
             await c.rmdir(op[1], op[2])
         else:
-            await c.rename(*op[1:])
+            await c.rename(*op[1:], 2 if op[0] == "exchange" else 0)
         return OK, 0
     except FS3Error as e:
         return e.errno, 0
@@ -141,12 +160,14 @@ class TwoMetas(RuleBasedStateMachine):
     def _op(self, data: st.DataObject) -> tuple:
         # Indexes, not sampled_from(self.dirs): the list's length depends on the daemons' outcomes,
         # and hypothesis needs the same draws when it replays a case.
-        kind = data.draw(st.sampled_from(["create", "mkdir", "unlink", "rmdir", "rename", "rename"]))
+        kind = data.draw(
+            st.sampled_from(["create", "mkdir", "unlink", "rmdir", "rename", "rename", "exchange"])
+        )
         p = self.dirs[data.draw(st.integers(0, 63)) % len(self.dirs)]
         n = data.draw(st.sampled_from(NAMES))
         p2 = self.dirs[data.draw(st.integers(0, 63)) % len(self.dirs)]
         n2 = data.draw(st.sampled_from(NAMES))
-        return (kind, p, n) if kind != "rename" else (kind, p, n, p2, n2)
+        return (kind, p, n) if kind not in ("rename", "exchange") else (kind, p, n, p2, n2)
 
     @rule(data=st.data())
     def two_at_once(self, data: st.DataObject) -> None:
