@@ -46,7 +46,6 @@ import contextlib
 import logging
 import math
 import os
-import posixpath
 import socket
 import stat as stat_mod
 import time
@@ -141,15 +140,18 @@ def _flags_of(mode: str) -> int:
     return table[base]
 
 
-def _split(path: str | bytes) -> tuple[bytes, bytes]:
+def _split(path: str | bytes) -> tuple[bytes, bytes, bool]:
+    """(the parent's path, the last name, whether a slash followed it). Only the last name is cut
+    off: the parent's path, ".." and symlinks in it included, is for meta to resolve as the kernel
+    would ("a/link/.." is the parent of where link points, not "a"; "missing/.." does not exist)."""
     p = os.fsencode(path)
     if not p.startswith(b"/"):
         p = b"/" + p
-    p = posixpath.normpath(p)
-    parent, name = posixpath.split(p)
-    if not name:
+    stripped = p.rstrip(b"/")
+    if not stripped:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, "the root has no parent")
-    return parent, name
+    parent, name = stripped.rsplit(b"/", 1)
+    return parent or b"/", name, len(stripped) != len(p)
 
 
 def read_token(path: str) -> str:
@@ -493,8 +495,13 @@ class FileSystem:
             p = b"/" + p
         return await self.meta.lookup_path(p, follow)
 
-    async def _parent(self, path: str | bytes) -> tuple[int, bytes]:
-        parent, name = _split(path)
+    async def _parent(self, path: str | bytes, existing: bool = True) -> tuple[int, bytes]:
+        """The parent directory's inode id and the last name of ``path``. A trailing slash names
+        a directory (Linux's rule): with ``existing`` (an unlink, rmdir, rename's source) what the
+        path names must be one (ENOTDIR; ENOENT when it is missing)."""
+        parent, name, slash = _split(path)
+        if slash and existing:
+            await self._lookup(path)  # meta: ENOTDIR unless a directory
         return (await self._lookup(parent)).id, name
 
     # -- open files -------------------------------------------------------------------------------
@@ -935,10 +942,10 @@ class FileSystem:
     async def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
         """Make a directory (and its missing parents with ``parents``, ignoring existing ones)."""
         if parents:
-            parent, name = _split(path)
+            parent, _, _ = _split(path)
             if parent != b"/" and not await self.exists(parent):
                 await self.mkdir(parent, mode, parents=True)
-        parent_id, name = await self._parent(path)
+        parent_id, name = await self._parent(path, existing=False)
         try:
             await self.meta.mkdir(parent_id, name, mode)
         except FS3Error as e:
@@ -964,7 +971,14 @@ class FileSystem:
     ) -> None:
         """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory); with
         ``exchange``, swap the two, which must both exist (renameat2's RENAME_EXCHANGE)."""
-        (sp, sn), (dp, dn) = await asyncio.gather(self._parent(src), self._parent(dst))
+        if _split(dst)[2] and not exchange:  # "dst/": a directory, or only a directory may move there
+            try:
+                await self._lookup(dst)
+            except FS3Error as e:
+                if e.code != StatusCode.NOT_FOUND:
+                    raise
+                await self._lookup(os.fsencode(src).rstrip(b"/") + b"/")
+        (sp, sn), (dp, dn) = await asyncio.gather(self._parent(src), self._parent(dst, existing=exchange))
         await self.meta.rename(sp, sn, dp, dn, (1 if noreplace else 0) | (2 if exchange else 0))
 
     async def symlink(self, target: str | bytes, path: str | bytes) -> None:

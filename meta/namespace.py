@@ -254,9 +254,13 @@ class Namespace:
         return await self.db.run(fn, read_only=True)
 
     async def lookup_path(self, cred: Credentials, path: bytes, follow: bool = True) -> meta_pb2.Inode:
-        """Resolve ``path`` from the root, following symlinks (at most 40: ELOOP)."""
+        """Resolve ``path`` from the root, following symlinks (at most 40: ELOOP). A trailing
+        slash names a directory, as in Linux: a symlink there is followed even without ``follow``,
+        and anything but a directory is ENOTDIR."""
         if len(path) >= PATH_MAX:
             raise FS3Error(StatusCode.META_NAME_TOO_LONG, f"path of {len(path)} bytes is too long")
+        must_dir = path.endswith(b"/")
+        follow = follow or must_dir
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
             rv = tr.snapshot
@@ -276,6 +280,8 @@ class Namespace:
                     target = cur.symlink_target
                     todo.extend([c for c in target.split(b"/") if c][::-1])
                     cur = await inodes.load(rv, schema.ROOT_ID) if target.startswith(b"/") else parent
+            if must_dir and cur.type != DIRECTORY:
+                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"inode {cur.id} is not a directory")
             return inodes.public(await inodes.complete(rv, cur))
 
         return await self.db.run(fn, read_only=True)

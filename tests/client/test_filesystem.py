@@ -158,6 +158,40 @@ async def test_namespace_operations(fs: FileSystem) -> None:
     assert (await fs.statfs()).name_max == 255
 
 
+async def _errno(coro: object) -> int:
+    with pytest.raises(FS3Error) as e:
+        await coro  # type: ignore[misc]
+    return e.value.errno
+
+
+async def test_paths_resolve_dot_dot_and_trailing_slashes_as_the_kernel_does(fs: FileSystem) -> None:
+    """ ".." goes up from where a symlink points, not from the link's name; a missing directory
+    has no ".."; a trailing slash names a directory. Each of these once removed another file."""
+    await fs.mkdir("/pd/e", parents=True)
+    await fs.write_file("/px", b"top")
+    await fs.write_file("/pd/px", b"inner")
+    await fs.symlink("/pd/e", "/plink")
+    assert await _errno(fs.unlink("/nonexistent/../px")) == errno.ENOENT
+    assert await fs.read_file("/plink/../px") == b"inner"
+    await fs.unlink("/plink/../px")
+    assert not await fs.exists("/pd/px") and await fs.read_file("/px") == b"top"
+    assert await _errno(fs.unlink("/px/")) == errno.ENOTDIR
+    assert await _errno(fs.rename("/px/", "/py")) == errno.ENOTDIR
+    assert await _errno(fs.rename("/px", "/py/")) == errno.ENOTDIR
+    assert await _errno(fs.stat("/px/")) == errno.ENOTDIR
+    assert await _errno(fs.unlink("/pd/")) == errno.EISDIR
+    assert await fs.read_file("/px") == b"top"
+    # a trailing slash follows a symlink to a directory, even for lstat
+    assert stat.S_ISDIR((await fs.stat("/plink/", follow_symlinks=False)).st_mode)
+    await fs.mkdir("/pnew/")
+    await fs.rename("/pnew/", "/pnew2/")
+    await fs.rmdir("/pnew2/")
+    assert not await fs.exists("/pnew2")
+    for p in ("/px", "/plink"):
+        await fs.unlink(p)
+    await fs.rmdir("/pd", recursive=True)
+
+
 async def test_directory_layout_applies_to_new_files(fs: FileSystem) -> None:
     await fs.mkdir("/small-chunks")
     await fs.set_layout("/small-chunks", chunk_size=64 << 10, stripe_count=2)

@@ -87,6 +87,8 @@ CASES: list[tuple[str, Case, int]] = [
     ("lookup_path-loop", lambda s, t: s.lookup_path(ROOT, b"/loop1"), errno.ELOOP),
     ("lookup_path-through-file", lambda s, t: s.lookup_path(ROOT, b"/full/f/x"), errno.ENOTDIR),
     ("lookup_path-missing", lambda s, t: s.lookup_path(ROOT, b"/pub/zzz"), errno.ENOENT),
+    ("lookup_path-file-slash", lambda s, t: s.lookup_path(ROOT, b"/full/f/"), errno.ENOTDIR),
+    ("lookup_path-link-to-file-slash", lambda s, t: s.lookup_path(ROOT, b"/sym/", False), errno.ENOTDIR),
     ("lookup_path-too-long", lambda s, t: s.lookup_path(ROOT, b"/a" * 2048), errno.ENAMETOOLONG),
     # stat
     ("stat-unknown", lambda s, t: s.stat(123_456_789), errno.ENOENT),
