@@ -15,7 +15,7 @@ from fs3.kv import Transaction
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.layout import check_layout_params
-from fs3.meta.namespace import DIRECTORY, FILE, Idem, Namespace, Trims
+from fs3.meta.namespace import DIRECTORY, FILE, SYMLINK, Idem, Namespace, Trims
 from fs3.meta.permissions import (
     R_OK,
     S_ISGID,
@@ -93,6 +93,8 @@ class AttrOps(Namespace):
                 # extension of the settled size included (first: see _truncate_in_txn).
                 self._truncate_in_txn(tr, cred, ino, request.size, trims)
             if fields & F.SETATTR_MODE:
+                if ino.type == SYMLINK:  # Linux: fchmodat(AT_SYMLINK_NOFOLLOW) is EOPNOTSUPP
+                    raise FS3Error(StatusCode.META_NOT_SUPPORTED, f"inode {inode_id} is a symlink: no mode")
                 check_owner(ino, cred, "change the mode")
                 mode = request.mode & 0o7777
                 # Linux's setattr_prepare, directories included: a directory's setgid bit hands

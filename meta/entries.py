@@ -147,19 +147,19 @@ class EntryOps(Namespace):
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             ino = await inodes.load(tr, inode_id)
+            p = await inodes.load_dir(tr, new_parent)
+            check(p, cred, X_OK)
+            key = schema.dentry_key(new_parent, new_name)
+            if await tr.get(key) is not None:  # first, as in Linux (a directory's name too)
+                raise FS3Error(
+                    StatusCode.ALREADY_EXISTS, f"{quote_name(new_name)} exists in directory {new_parent}"
+                )
             if ino.type == DIRECTORY:
                 raise FS3Error(StatusCode.META_NOT_PERMITTED, "hard links to directories are not allowed")
             if ino.nlink == 0:
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if ino.nlink >= inodes.MAX_LINKS:
                 raise FS3Error(StatusCode.META_TOO_MANY_LINKS, f"inode {inode_id} has {ino.nlink} links")
-            p = await inodes.load_dir(tr, new_parent)
-            check(p, cred, X_OK)
-            key = schema.dentry_key(new_parent, new_name)
-            if await tr.get(key) is not None:
-                raise FS3Error(
-                    StatusCode.ALREADY_EXISTS, f"{quote_name(new_name)} exists in directory {new_parent}"
-                )
             check_hardlink_source(ino, cred)
             check(p, cred, W_OK | X_OK)
             now = inodes.now_ns()

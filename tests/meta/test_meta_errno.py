@@ -126,6 +126,7 @@ CASES: list[tuple[str, Case, int]] = [
     # link
     ("link-dir", lambda s, t: s.link(ROOT, t["/pub"], ROOT_ID, b"pub2"), errno.EPERM),
     ("link-exists", lambda s, t: s.link(ROOT, t["/full/f"], ROOT_ID, b"pub"), errno.EEXIST),
+    ("link-dir-onto-existing", lambda s, t: s.link(ROOT, t["/pub"], ROOT_ID, b"full"), errno.EEXIST),
     ("link-missing-source", lambda s, t: s.link(ROOT, 77_777_777, ROOT_ID, b"x"), errno.ENOENT),
     ("link-no-write", lambda s, t: s.link(ALICE, t["/pub/alice_file"], t["/ro"], b"x"), errno.EACCES),
     ("link-too-many", _emlink, errno.EMLINK),
@@ -188,6 +189,7 @@ CASES: list[tuple[str, Case, int]] = [
     ("readdir-no-read", lambda s, t: s.readdir(BOB, t["/grp"]), errno.EACCES),
     ("readdir-unknown", lambda s, t: s.readdir(ROOT, 31_415_926), errno.ENOENT),
     # setattr
+    ("chmod-symlink", lambda s, t: s.setattr(ROOT, t["/sym"], setattr_req(mode=0o600)), errno.EOPNOTSUPP),
     (
         "chmod-not-owner",
         lambda s, t: s.setattr(BOB, t["/pub/alice_file"], setattr_req(mode=0o777)),
