@@ -81,11 +81,14 @@ class ResyncWorker:
         )
         reg = registry or metrics.registry()
         self.m_total = metrics.gauge(
-            "fs3_storage_sync_chunks", "chunks the running resync of a target compares", ("target",), reg
+            "fs3_storage_sync_chunks",
+            "chunks the running (or last finished) resync of a target compares",
+            ("target",),
+            reg,
         )
         self.m_done = metrics.gauge(
             "fs3_storage_sync_chunks_done",
-            "chunks the running resync of a target has handled",
+            "chunks the running (or last finished) resync of a target has handled",
             ("target",),
             reg,
         )
@@ -181,6 +184,10 @@ class ResyncWorker:
         except Exception as e:
             self._retry_at[key] = time.monotonic() + 1.0
             self.m_runs.labels(label, "failed").inc()
+            # no resync of it runs now: the dashboards' chunks left must not stay at this run's
+            for gauge in (self.m_total, self.m_done):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(label)
             level = logging.INFO if isinstance(e, FS3Error) else logging.ERROR
             log.log(level, "resync failed chain_id=%d target_id=%d error=%s", t.chain_id, succ_id, e)
             return

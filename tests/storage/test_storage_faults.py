@@ -168,6 +168,53 @@ async def test_resync_progress_is_exported(tmp_path):
         )
 
 
+def _sync_lines(text: str, target: int) -> dict[str, float]:
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("fs3_storage_sync") and f'target="{target}"' in line
+    }
+
+
+async def test_a_failed_resync_leaves_no_chunks_left_in_its_progress(tmp_path):
+    """The successor dies in the middle of its resync: the predecessor's progress gauges for it
+    go (a dashboard showed the dead run's chunks left until the next run of that target)."""
+    async with Cluster(tmp_path / "c", metrics=True) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        targets = (await c.routing()).chain(chain_id).targets
+        tail, pred = targets[-1].target_id, targets[-2].target_id
+        node, pred_index = c.node_of_target(tail), c.node_of_target(pred).index
+        total = f'fs3_storage_sync_chunks{{target="{tail}"}}'
+        done = f'fs3_storage_sync_chunks_done{{target="{tail}"}}'
+        for attempt in range(4):  # until the kill lands inside a run (it may finish first)
+            c.kill_storage(node.index)
+            await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the tail to go")
+            await asyncio.gather(
+                *(client.write(chain_id, 9, attempt * 600 + i, 0, b"x" * 4096, 1 << 16) for i in range(600))
+            )
+            await c.restart_storage(node.index)
+            caught = False
+            for _ in range(2000):
+                lines = _sync_lines(await c.scrape(pred_index), tail)
+                if total in lines and lines[done] < lines[total]:
+                    c.kill_storage(node.index)
+                    caught = True
+                    break
+                await asyncio.sleep(0.005)
+            if caught:
+                break
+            await c.wait_all_serving()
+        assert caught, "every resync finished before the kill"
+
+        async def gone() -> bool:
+            lines = _sync_lines(await c.scrape(pred_index), tail)
+            failed = lines.get(f'fs3_storage_sync_runs_total{{outcome="failed",target="{tail}"}}', 0)
+            return failed >= 1 and total not in lines and done not in lines
+
+        await wait_until(gone, 30, "the failed run's progress to go")
+
+
 async def test_disk_error_takes_the_target_offline(tmp_path):
     async with Cluster(tmp_path / "c", chains=2) as c:
         client = await c.storage_client()
