@@ -184,10 +184,6 @@ class ResyncWorker:
         except Exception as e:
             self._retry_at[key] = time.monotonic() + 1.0
             self.m_runs.labels(label, "failed").inc()
-            # no resync of it runs now: the dashboards' chunks left must not stay at this run's
-            for gauge in (self.m_total, self.m_done):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(label)
             level = logging.INFO if isinstance(e, FS3Error) else logging.ERROR
             log.log(level, "resync failed chain_id=%d target_id=%d error=%s", t.chain_id, succ_id, e)
             return
@@ -242,6 +238,23 @@ class ResyncWorker:
         self._check_chain(t, succ_id, version)
         self.m_total.labels(label).set(total)
         self.m_done.labels(label).set(total - len(todo))
+        try:
+            counts = await self._copy_all(t, succ_id, version, todo, label)
+        except BaseException:
+            # no resync of it runs now: the dashboards' chunks left must not stay at this run's
+            # (a finished run's stay: nothing left)
+            for gauge in (self.m_total, self.m_done):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(label)
+            raise
+        return total, counts["sent"], counts["removed"], counts["lost"]
+
+    async def _copy_all(
+        self, t: LocalTarget, succ_id: int, version: int, todo: list[bytes], label: str
+    ) -> dict[str, int]:
+        """Copy the chunks ``todo`` to the successor and end its sync: how many were sent,
+        removed and lost."""
+        rep = self.replicator
         counts = {"sent": 0, "removed": 0, "lost": 0}
         pending = iter(todo)
 
@@ -266,7 +279,7 @@ class ResyncWorker:
             storage_pb2.SyncDoneReq(target_id=succ_id, chain_id=t.chain_id, chain_version=version),
             timeout=rep.rpc_timeout_s,
         )
-        return total, counts["sent"], counts["removed"], counts["lost"]
+        return counts
 
     async def _copy_chunk(self, t: LocalTarget, succ_id: int, cid: bytes, label: str) -> str:
         """Send the successor this chunk's committed version (or its removal), under the lock:
