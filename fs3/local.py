@@ -265,6 +265,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.host in ("0.0.0.0", "::", ""):
         raise LocalError(f"--host {args.host!r} is no address to dial; give this machine's address", EX_USAGE)
     fresh = not lc.exists()
+    earlier_mount: str | None = None
     if fresh:
         st = LocalState(
             host=args.host,
@@ -324,6 +325,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     f"{lc.root}' first to mount it at {new}",
                     EX_USAGE,
                 )
+            earlier_mount = st.mount  # put back if this up fails (see below)
             st.mount = new
             st.save(lc.state_file)
         _say(f"fs3 local: starting the cluster in {lc.root}")
@@ -378,6 +380,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             stop_all(lc.launched, timeout_s=10.0)
         if mounted_by_us:
             unmount(st.mount)
+        if earlier_mount is not None:  # a --mount that did not work is not the cluster's
+            kept = lc.load()
+            kept.mount = earlier_mount
+            kept.save(lc.state_file)
         raise
     _say("  " + mount_line)
     _print_where(lc)
@@ -473,7 +479,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     except FS3Error as e:
         out["routing"] = None
         out["routing_error"] = str(e)
-    services_up = all(procs[n] for n in lc.service_names())
+    # every daemon runs, and mgmtd answers (a stopped or hung one runs, and serves nobody)
+    services_up = all(procs[n] for n in lc.service_names()) and "routing_error" not in out
     if args.json:
         print(json.dumps(out, indent=2))
         return 0 if services_up else EX_FAILED
@@ -613,22 +620,38 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @contextlib.contextmanager
-def _exclusive(lc: LocalCluster) -> Iterator[None]:
-    """Hold the directory's lock, so that two up/down commands never work on one cluster at once."""
-    if not lc.exists():
-        yield  # no cluster yet (and no lock file dropped into a stranger's directory)
-        return
-    with open(lc.lock_file, "a") as f:
+def _exclusive(lc: LocalCluster, creating: bool = False) -> Iterator[None]:
+    """Hold the lock of the cluster's directory (an flock of the directory itself: no lock file
+    is dropped into a stranger's directory), so that two up/down commands never work on one
+    cluster at once, nor two first ups make two clusters in one directory. ``creating`` (an up)
+    makes the directory first where there is none; one made here and left empty by a failed up
+    goes again."""
+    made = False
+    if creating and not lc.root.exists():
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lc.root.mkdir(parents=True)
+            made = True
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise LocalError(f"cannot create {lc.root}: {e.strerror}") from None
+    if not lc.root.is_dir():
+        yield  # nothing to lock: a status or down of nothing, or an up that will say why
+        return
+    fd = os.open(lc.root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise LocalError(
                 f"another 'fs3 local' command is working on {lc.root}; try again when it ends"
             ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+        if made and not lc.exists():
+            with contextlib.suppress(OSError):
+                lc.root.rmdir()  # only if still empty
 
 
 def main(argv: list[str]) -> int:
@@ -651,7 +674,7 @@ def main(argv: list[str]) -> int:
                     return EX_USAGE
         if args.action == "status":
             return handler(args)
-        with _exclusive(LocalCluster(args.dir)):
+        with _exclusive(LocalCluster(args.dir), creating=args.action == "up"):
             return handler(args)
     except LocalError as e:
         print(f"fs3 local {args.action}: {e}", file=sys.stderr)

@@ -98,7 +98,7 @@ class LocalCluster:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().absolute()
         self.state_file = self.root / "local.json"
-        self.lock_file = self.root / ".lock"
+        self.lock_file = self.root / ".lock"  # the lock of older versions (now: flock of root)
         self.secret_file = self.root / "cluster.secret"
         self.admin_token_file = self.root / "admin.token"
         self.user_token_file = self.root / "user.token"
@@ -238,7 +238,8 @@ class LocalCluster:
                 token_file=str(self.user_token_file),
                 cluster_secret_file=str(self.secret_file),
                 transport="tcp",
-                metrics_port=st.ports["client_metrics"],
+                # none here: the cluster's own mount gets its port from its environment (see
+                # daemon), so that a second `fs3 mount --config client.toml` does not clash
                 log=dataclasses.replace(log),
             ),
         }
@@ -274,7 +275,8 @@ class LocalCluster:
             # marked by this cluster's client config, not the mount point: another fs3 mount of
             # the same path (a production unit, another local cluster) is not ours to stop
             pid, log = self.run_dir / "mount.pid", self.log_dir / "mount.log"
-            return Daemon(name, argv, cfg, pid, log, drop_env=config_variables())
+            env = {"FS3_METRICS_PORT": str(st.ports["client_metrics"])}
+            return Daemon(name, argv, cfg, pid, log, drop_env=config_variables(), env=env)
         module = {"mgmtd": "fs3.mgmtd", "meta": "fs3.meta"}.get(name, "fs3.storage")
         cfg = str(self.config_path(name))
         argv = [py, "-m", module, "--config", cfg, "--port-file", str(self.port_file(name))]

@@ -91,10 +91,23 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
     assert gc.returncode == 0 and json.loads(gc.stdout) == [], gc.stderr
 
     # one command at a time per cluster directory
-    with open(local_dir / ".lock", "a") as held:
+    held = os.open(local_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
         fcntl.flock(held, fcntl.LOCK_EX)
         busy = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
+    finally:
+        os.close(held)
     assert busy.returncode == 1 and "another 'fs3 local' command" in busy.stderr
+
+    # mgmtd stopped (it runs, and answers nobody): status is a failure, not a healthy cluster
+    mgmtd_pid = _procs(local_dir)["mgmtd"]
+    assert mgmtd_pid
+    os.kill(mgmtd_pid, signal.SIGSTOP)
+    try:
+        hung = fs3("local", "status", "--dir", str(local_dir))
+    finally:
+        os.kill(mgmtd_pid, signal.SIGCONT)
+    assert hung.returncode == 1 and "routing: " in hung.stdout, hung.stdout + hung.stderr
 
     # a second up while running starts nothing new
     again = fs3("local", "up", "--dir", str(local_dir), "--no-mount")
@@ -175,9 +188,25 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     ) in stale.stdout, stale.stdout
     stale = json.loads(fs3("local", "status", "--dir", str(local_dir), "--json").stdout)
     assert stale["mount_state"] == "stale" and stale["mounted"] is False
+    # a --mount that does not work (a file is no mount point) is not kept as the cluster's
+    (tmp_path / "a-file").write_text("")
+    bad = fs3("local", "up", "--dir", str(local_dir), "--mount", str(tmp_path / "a-file"), "--timeout", "30")
+    assert bad.returncode != 0 and "a-file" in bad.stderr, bad.stdout + bad.stderr
+    assert json.loads((local_dir / "local.json").read_text())["mount"] == str(mnt)
     again = fs3("local", "up", "--dir", str(local_dir), "--timeout", "30")
     assert again.returncode == 0, again.stdout + again.stderr
     assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
+
+    # the client.toml it wrote mounts the cluster a second time, beside its own mount
+    second = tmp_path / "second"
+    second.mkdir()
+    try:
+        more = fs3("mount", str(second), "--config", str(local_dir / "config" / "client.toml"))
+        assert more.returncode == 0, more.stdout + more.stderr
+        assert (second / "hello.txt").read_bytes() == b"hello through FUSE\n"
+    finally:
+        if is_mounted(str(second)):
+            assert fs3("umount", str(second)).returncode == 0
 
     # mounting the running cluster somewhere else is refused: the mount it has stays its own (the
     # new one's start would have taken its PID file, leaving the old mount nobody's to stop)
@@ -291,6 +320,21 @@ def test_a_mount_point_that_would_hide_the_cluster_is_refused(tmp_path: Path) ->
     out = fs3("local", "up", "--dir", str(long), "--no-mount")
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.startswith("fs3 local up: cannot use ") and len(out.stderr.splitlines()) == 1
+
+
+def test_two_first_ups_of_one_directory_do_not_both_start(tmp_path: Path) -> None:
+    """While one first up holds a new directory, another is told to wait (both initialized a
+    cluster, the second failing with a confusing ALREADY_EXISTS); a directory the first made is
+    gone again when it fails with nothing written."""
+    import fs3.local as local
+
+    d = tmp_path / "new"
+    with local._exclusive(local.LocalCluster(d), creating=True):
+        assert d.is_dir()
+        busy = fs3("local", "up", "--dir", str(d), "--no-mount")
+        assert busy.returncode == 1 and "another 'fs3 local' command" in busy.stderr, busy.stderr
+        assert not (d / "local.json").exists()
+    assert not d.exists()
 
 
 def test_status_and_down_without_a_cluster(tmp_path: Path) -> None:
