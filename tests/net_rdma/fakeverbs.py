@@ -11,7 +11,9 @@ rkey. Work requests complete asynchronously (on a later loop iteration), SEND co
 pair in posting order (an unsignaled one produces none, and holds its send queue entry until a later
 completion, as on a device), and completion-channel events are delivered through a real pipe file
 descriptor only while the CQ is armed, as ``ibv_req_notify_cq`` specifies, so the transport's event
-loop integration runs exactly as it would over a device.
+loop integration runs exactly as it would over a device. An error completion puts its queue pair in
+the error state, as the IBTA specifies (and a remote access violation or a too-long SEND the
+responder's too): its receives and every work request not yet executed are flushed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fs3.net.rdma.workreq import Completion
 
 WC_SUCCESS = 0
 WC_LOC_LEN_ERR = 1
+WC_WR_FLUSH_ERR = 5
 WC_REM_ACCESS_ERR = 10
 WC_RETRY_EXC_ERR = 12
 WC_RNR_RETRY_EXC_ERR = 13
@@ -103,7 +106,7 @@ class FakeDevice:
 
 def _find(target: FakeQueuePair | None, rkey: int, addr: int, length: int, write: bool) -> memoryview | None:
     """What a responder checks before a remote READ/WRITE touches its memory (None: access error)."""
-    if target is None or target.closed or not target.remote_access:
+    if target is None or target.closed or target.errored or not target.remote_access:
         return None
     entry = target.fabric.exposures.get(rkey)
     if entry is None:
@@ -139,6 +142,8 @@ class FakeQueuePair:
         self.peer: int | None = None
         self.closed = False
         self.remote_access = False  # created without remote access flags, as verbs.py does
+        self.errored = False  # in the error state: everything posted is flushed
+        self.held: list | None = None  # a test's: work requests posted, not executed until it runs them
 
     def local_params(self, recv_buffers: int, buffer_size: int, inline_max: int) -> ConnectParams:
         nic = self.dev.nic
@@ -175,18 +180,42 @@ class FakeQueuePair:
             self.events += 1
             os.write(self.wfd, b"e")
 
+    def to_error(self) -> None:
+        """The IBTA error state, which any error completion puts a queue pair in (a requester's
+        own, or a responder's for a class C error: a remote access violation, a too-long SEND):
+        the receives it holds, and every work request posted to it from now on, complete with
+        WR_FLUSH_ERR. Nothing on the queue pair works again."""
+        if self.errored or self.closed:
+            return
+        self.errored = True
+        while self.recvs:
+            self._complete(Completion(self.recvs.popleft()[0], WC_WR_FLUSH_ERR))
+
     def post_recv(self, wr_id: int, region: Region, offset: int, length: int) -> None:
         assert not self.closed
+        if self.errored:
+            self.loop.call_soon(self._complete, Completion(wr_id, WC_WR_FLUSH_ERR))
+            return
         if len(self.recvs) >= self.max_recv_wr:
             raise OSError(12, "receive queue full")
         self.recvs.append((wr_id, region, offset, length))
 
-    def _post(self, op) -> None:  # type: ignore[no-untyped-def]
+    def _post(self, wr_id: int, op) -> None:  # type: ignore[no-untyped-def]
         assert not self.closed and self.peer is not None
         if self.send_outstanding >= self.max_send_wr:
             raise OSError(12, "send queue full")
         self.send_outstanding += 1
-        self.loop.call_soon(op)
+
+        def run() -> None:  # posted before the error state and not yet executed: flushed too
+            if self.errored:
+                self._done(wr_id, WC_WR_FLUSH_ERR)
+            else:
+                op()
+
+        if self.held is not None:
+            self.held.append(run)
+        else:
+            self.loop.call_soon(run)
 
     def _done(self, wr_id: int, status: int, signaled: bool = True) -> None:
         if not signaled and status == WC_SUCCESS:
@@ -197,6 +226,8 @@ class FakeQueuePair:
         self.sq_held = 0
         self.fabric.send_completions += 1
         self._complete(Completion(wr_id, status))
+        if status != WC_SUCCESS:
+            self.to_error()
 
     def post_send(self, wr_id: int, region: Region, offset: int, length: int, signaled: bool = True) -> None:
         data = bytes(region.view[offset : offset + length])
@@ -204,7 +235,7 @@ class FakeQueuePair:
         def deliver() -> None:
             self.fabric.sends += 1
             peer = self.fabric.qps.get(self.peer)  # type: ignore[arg-type]
-            if peer is None or peer.closed:
+            if peer is None or peer.closed or peer.errored:  # nobody answers: retries run out
                 self._done(wr_id, WC_RETRY_EXC_ERR)
                 return
             if not peer.recvs:
@@ -214,13 +245,14 @@ class FakeQueuePair:
             rid, rregion, roff, rlen = peer.recvs.popleft()
             if length > rlen:
                 peer._complete(Completion(rid, WC_LOC_LEN_ERR))
+                peer.to_error()
                 self._done(wr_id, WC_REM_ACCESS_ERR)
                 return
             rregion.view[roff : roff + length] = data
             peer._complete(Completion(rid, WC_SUCCESS, length))
             self._done(wr_id, WC_SUCCESS, signaled)
 
-        self._post(deliver)
+        self._post(wr_id, deliver)
 
     def post_read(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         def run() -> None:
@@ -228,13 +260,15 @@ class FakeQueuePair:
             target = self.fabric.qps.get(self.peer)  # type: ignore[arg-type]
             src = _find(target, remote.rkey, remote.addr, length, False)
             if src is None or self.fabric.fail_next_read:
+                if src is None and target is not None:
+                    target.to_error()  # the responder's class C error
                 self.fabric.fail_next_read = False
                 self._done(wr_id, WC_REM_ACCESS_ERR)
                 return
             region.view[offset : offset + length] = src
             self._done(wr_id, WC_SUCCESS)
 
-        self._post(run)
+        self._post(wr_id, run)
 
     def post_write(self, wr_id: int, region: Region, offset: int, length: int, remote: RemoteBuffer) -> None:
         def run() -> None:
@@ -242,12 +276,14 @@ class FakeQueuePair:
             target = self.fabric.qps.get(self.peer)  # type: ignore[arg-type]
             dst = _find(target, remote.rkey, remote.addr, length, True)
             if dst is None:
+                if target is not None:
+                    target.to_error()  # the responder's class C error
                 self._done(wr_id, WC_REM_ACCESS_ERR)
                 return
             dst[:] = region.view[offset : offset + length]
             self._done(wr_id, WC_SUCCESS)
 
-        self._post(run)
+        self._post(wr_id, run)
 
     def take_events(self) -> None:
         try:

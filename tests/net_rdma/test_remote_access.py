@@ -8,8 +8,9 @@ holding those keys could make on a real network.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -41,6 +42,21 @@ class Peers:
     s1: RdmaConnection
     c2: RdmaConnection
     s2: RdmaConnection
+    accepted: list[Recorder]
+    extra: list[RdmaConnection]
+
+    async def connect(self, side: str, authenticated: bool) -> tuple[RdmaConnection, RdmaConnection]:
+        """One more connection between the two transports: (its ``side`` end, the other end)."""
+        n = len(self.accepted)
+        c = await self.ct.connect(self.listener.address, Recorder, limits=LIMITS)
+        await poll(lambda: len(self.accepted) == n + 1, what="accept")
+        s = self.accepted[-1].conn
+        assert isinstance(c, RdmaConnection) and isinstance(s, RdmaConnection)
+        self.extra.append(c)
+        if authenticated:
+            c.peer_authenticated()
+            s.peer_authenticated()
+        return (c, s) if side == "client" else (s, c)
 
 
 @pytest.fixture
@@ -62,12 +78,12 @@ async def peers() -> AsyncIterator[Peers]:
     await poll(lambda: len(accepted) == 2, what="second accept")
     s1, s2 = (r.conn for r in accepted)
     assert all(isinstance(c, RdmaConnection) for c in (c1, c2, s1, s2))
-    p = Peers(fabric, st, ct, listener, c1, s1, c2, s2)  # type: ignore[arg-type]
+    p = Peers(fabric, st, ct, listener, c1, s1, c2, s2, accepted, [])  # type: ignore[arg-type]
     try:
         yield p
     finally:
         listener.close()
-        for c in (c1, c2):
+        for c in (c1, c2, *p.extra):
             c.close()
             await c.wait_closed()
         st.close()
@@ -76,12 +92,28 @@ async def peers() -> AsyncIterator[Peers]:
     assert not fabric.exposures
 
 
-async def _denied(conn: RdmaConnection, remote: RemoteBuffer) -> None:
-    """Both a READ and a WRITE of ``remote`` through ``conn`` fail at the responder."""
-    with pytest.raises(FS3Error, match="remote access error"):
-        await conn.rdma_read(memoryview(bytearray(remote.length)), remote)
-    with pytest.raises(FS3Error, match="remote access error"):
-        await conn.rdma_write(b"\xee" * remote.length, remote)
+Connect = Callable[[], Awaitable[tuple[RdmaConnection, "RdmaConnection | None"]]]
+
+
+async def _refused(connect: Connect, remote: RemoteBuffer) -> None:
+    """A READ of ``remote``, and a WRITE of it, each from a new connection ``connect`` makes,
+    fail at the responder; each failure ends that connection, at both ends (the queue pairs'
+    error state, as on a device): a peer's bad key costs it its connection, and nothing else."""
+    for op in ("read", "write"):
+        conn, other = await connect()
+        with pytest.raises(FS3Error, match="remote access error"):
+            if op == "read":
+                await conn.rdma_read(memoryview(bytearray(remote.length)), remote)
+            else:
+                await conn.rdma_write(b"\xee" * remote.length, remote)
+        for end in (conn, other):
+            if end is not None:
+                await asyncio.wait_for(end.wait_closed(), 10)
+
+
+async def _denied(p: Peers, side: str, remote: RemoteBuffer, authenticated: bool = True) -> None:
+    """``remote`` is out of reach of the ``side`` end of a new connection between the peers."""
+    await _refused(lambda: p.connect(side, authenticated), remote)
 
 
 async def test_nothing_is_reachable_before_the_peer_authenticates(peers: Peers) -> None:
@@ -96,9 +128,9 @@ async def test_nothing_is_reachable_before_the_peer_authenticates(peers: Peers) 
     with pytest.raises(FS3Error) as exc:
         p.s1.send_frame(1, 7, 1, 1, b"m", os.urandom(5000))
     assert exc.value.code == StatusCode.PERMISSION_DENIED
-    # and the registration's own key opens nothing, even to the peer that is about to authenticate
+    # and the registration's own key opens nothing to a peer that has not authenticated
     region, off = p.st.nics[0].pool.directory.find(buf.view)  # type: ignore[misc]
-    await _denied(p.c1, RemoteBuffer(region.addr + off, region.rkey, 64))
+    await _denied(p, "client", RemoteBuffer(region.addr + off, region.rkey, 64), authenticated=False)
 
     # the first connection authenticates (both ways); the second does not
     p.c1.peer_authenticated()
@@ -109,14 +141,14 @@ async def test_nothing_is_reachable_before_the_peer_authenticates(peers: Peers) 
     assert bytes(got) == secret  # the peer it was lent to reaches it
     # a peer that only completed the RDMA handshake gets nothing with the same keys: its queue pair
     # has no remote access, although the memory is exposed in the same protection domain
-    await _denied(p.c2, lent)
-    await _denied(p.c2, RemoteBuffer(region.addr + off, region.rkey, 64))
+    await _denied(p, "client", lent, authenticated=False)
+    await _denied(p, "client", RemoteBuffer(region.addr + off, region.rkey, 64), authenticated=False)
     assert bytes(buf.view) == secret
-    # the registration itself stays closed to the authenticated peer too
-    await _denied(p.c1, RemoteBuffer(region.addr + off, region.rkey, 64))
+    # the registration itself stays closed to an authenticated peer too
+    await _denied(p, "client", RemoteBuffer(region.addr + off, region.rkey, 64))
     p.s1.withdraw(lent)
     p.st.free_buffer(p.s1, buf)
-    # the authenticated connection still works after its peer's failed attempts
+    # the lending connection still works after the others' failed attempts
     p.c1.send_frame(1, 9, 1, 1, b"still fine")
     rx: Recorder = p.s1._receiver  # type: ignore[assignment]
     await poll(lambda: bool(rx.frames), what="frame after the refused attempts")
@@ -136,23 +168,24 @@ async def test_a_peer_reaches_exactly_the_bytes_it_was_lent_while_lent(peers: Pe
     data = os.urandom(2000)
     await p.s1.rdma_write(data, lent)
     # one byte either side of the window, and the rest of the registration, are out of reach
-    await _denied(p.s1, RemoteBuffer(lent.addr, lent.rkey, 2001))
-    await _denied(p.s1, RemoteBuffer(lent.addr - 1, lent.rkey, 1))
-    await _denied(p.s1, RemoteBuffer(lent.addr + 2000, lent.rkey, 1))
-    await _denied(p.s1, RemoteBuffer(lent.addr + 3000, lent.rkey, 4096))
+    await _denied(p, "server", RemoteBuffer(lent.addr, lent.rkey, 2001))
+    await _denied(p, "server", RemoteBuffer(lent.addr - 1, lent.rkey, 1))
+    await _denied(p, "server", RemoteBuffer(lent.addr + 2000, lent.rkey, 1))
+    await _denied(p, "server", RemoteBuffer(lent.addr + 3000, lent.rkey, 4096))
     assert bytes(buf.view) == before[:1000] + data + before[3000:]
     # read-only lending refuses writes
     ro = p.c1.expose(window)
+    writer, _ = await p.connect("server", True)
     with pytest.raises(FS3Error, match="remote access error"):
-        await p.s1.rdma_write(b"x" * 2000, ro)
+        await writer.rdma_write(b"x" * 2000, ro)
     got = memoryview(bytearray(2000))
     await p.s1.rdma_read(got, ro)
     assert bytes(got) == data
     p.c1.withdraw(ro)
     # once withdrawn, the keys reach nothing
     p.c1.withdraw(lent)
-    await _denied(p.s1, lent)
-    await _denied(p.s1, ro)
+    await _denied(p, "server", lent)
+    await _denied(p, "server", ro)
     assert bytes(buf.view) == before[:1000] + data + before[3000:]
     p.ct.free_buffer(p.c1, buf)
     # exposures still lent when a connection ends are withdrawn with it
@@ -182,7 +215,7 @@ async def test_a_pulled_payload_is_exposed_alone_until_its_reader_releases_it(pe
     assert sorted(e.length for e in p.fabric.exposure_log) == sorted(len(s[2]) for s in sent)
     assert not p.fabric.exposures
     for e in p.fabric.exposure_log:
-        await _denied(p.s1, RemoteBuffer(e.addr, e.rkey, e.length))
+        await _denied(p, "server", RemoteBuffer(e.addr, e.rkey, e.length))
 
 
 async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
@@ -199,10 +232,15 @@ async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
         await poll(lambda: not p.fabric.exposures, what="payloads released")  # ... and died after use
         (legit_server,) = p.st.connections
         (legit_client,) = p.ct.connections
-        for _ in range(2):  # connections rotate over the server's two NICs
+
+        async def intruder() -> tuple[RdmaConnection, None]:
             conn = await p.ct.connect(p.address, Recorder, limits=LIMITS)
             assert isinstance(conn, RdmaConnection)
             intruders.append(conn)
+            return conn, None
+
+        for _ in range(2):  # connections rotate over the server's two NICs
+            await intruder()
         assert {c.nic for c in p.st.connections} == {n.name for n in p.st.nics}  # type: ignore[attr-defined]
         # the server lends a buffer to its authenticated client (as a chain predecessor does)
         buf = await p.st.alloc_buffer(legit_server, 4096)
@@ -210,9 +248,9 @@ async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
         lent = legit_server.expose(buf.view)
         keys = [(r.addr, r.rkey) for r in p.fabric.local_only.values()]
         keys += [(e.addr, e.rkey) for e in p.fabric.exposure_log]
-        for intruder in intruders:
-            for addr, rkey in keys:
-                await _denied(intruder, RemoteBuffer(addr, rkey, 256))
+        for _ in p.st.nics:  # type: ignore[attr-defined]
+            for addr, rkey in keys:  # each attempt on a new connection: a failed one ends its own
+                await _refused(intruder, RemoteBuffer(addr, rkey, 256))
         got = memoryview(bytearray(4096))
         await legit_client.rdma_read(got, lent)  # the peer it was lent to still reaches it
         assert bytes(got) == bytes(buf.view)
@@ -221,8 +259,8 @@ async def test_an_rpc_peer_that_skips_authentication_reaches_nothing() -> None:
         _, payload = await p.client.call(p.address, ECHO, rpc_pb2.EchoRequest(), payload=data)
         assert payload is not None and bytes(payload) == data
     finally:
-        for intruder in intruders:
-            intruder.abort()
+        for conn in intruders:
+            conn.abort()
         await p.client.close()
         await p.server.stop()
         p.st.close()

@@ -24,7 +24,7 @@ from fs3.net.frame import FrameError, encode_header
 from fs3.net.rdma.connection import RdmaConnection
 from fs3.net.rdma.transport import RdmaMetrics, RdmaTransport
 from fs3.net.rdma.wire import FEATURE_REPLY_BUFFERS, WRITTEN, RemoteBuffer, pack_chunk_header
-from fs3.net.rdma.workreq import WrKind, encode_wr_id
+from fs3.net.rdma.workreq import Completion, WrKind, encode_wr_id
 from fs3.net.system import ECHO, PING, SINK, SOURCE, source_pattern
 from fs3.net.transport import Connection, FrameReceiver
 from fs3.proto import rpc_pb2
@@ -321,26 +321,90 @@ async def test_one_sided_write_and_read_between_registered_buffers() -> None:
     await client.rdma_read(succ_dest, lent)
     assert bytes(succ_dest) == data
     server.withdraw(lent)
-    # errors: a bad rkey fails that operation only; sizes must match; unregistered memory cannot be described
-    with pytest.raises(FS3Error, match="remote access error"):
-        await server.rdma_write(b"x" * 10, RemoteBuffer(desc.addr, desc.rkey + 999, 10))
-    with pytest.raises(FS3Error):
+    # refused before the NIC sees them: sizes that differ, memory that is not registered
+    with pytest.raises(FS3Error, match="differ in size"):
         await server.rdma_read(memoryview(bytearray(10)), RemoteBuffer(desc.addr, desc.rkey, 11))
     with pytest.raises(FS3Error, match="not registered"):
         client.expose(bytearray(10))
-    # receive buffers are registered for local access only: a peer cannot write into them
+    client.send_frame(1, 9, 1, 1, b"still fine")
+    await poll(lambda: accepted[0].frames, what="frame after the refused calls")
+    ct.free_buffer(client, dest)
+    st.free_buffer(server, staged)
+    # a bad rkey puts both queue pairs in the error state (IBTA: the requester's, and the
+    # responder's for a remote access violation): the connection ends at both ends at once, and
+    # whatever else was under way on it fails, rather than later with flushed work requests
+    with pytest.raises(FS3Error, match="remote access error"):
+        await server.rdma_write(b"x" * 10, RemoteBuffer(desc.addr, desc.rkey + 999, 10))
+    await asyncio.wait_for(client.wait_closed(), 5)
+    await asyncio.wait_for(accepted[0].lost.wait(), 5)
+    with pytest.raises(FS3Error, match="closed"):
+        await server.rdma_read(plain, dataclasses.replace(desc, length=4096))
+    assert server.limiter.outstanding == 0 and server.pool.in_use_bytes == 0
+    assert fabric.rnr_errors == 0
+
+
+async def test_receive_buffers_are_not_reachable_by_the_peer() -> None:
+    """Receive buffers are registered for local access only: a peer cannot write into them."""
+    fabric, st, ct, accepted, client_rx = await _raw()
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
     recv = client._recv.region
     with pytest.raises(FS3Error, match="remote access error"):
         await server.rdma_write(b"x" * 10, RemoteBuffer(recv.addr, recv.rkey, 10))
-    client.withdraw(desc)
-    client.send_frame(1, 9, 1, 1, b"still fine")
-    await poll(lambda: accepted[0].frames, what="frame after the failed write")
-    ct.free_buffer(client, dest)
-    st.free_buffer(server, staged)
+    await asyncio.wait_for(client.wait_closed(), 5)
+
+
+async def test_a_cancelled_one_sided_call_keeps_its_memory_and_slot_until_the_completion() -> None:
+    """The NIC may still move bytes when the caller gives up: the staging buffer (which the pool
+    would hand to the next caller) and the per-NIC slot stay taken until the completion."""
+    fabric, st, ct, accepted, client_rx = await _raw(RdmaConfig(max_onesided_per_nic=1))
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    server: RdmaConnection = accepted[0].conn  # type: ignore[assignment]
+    src = await ct.alloc_buffer(client, 8192)
+    src.view[:] = b"R" * 8192
+    desc = client.expose(src.view)
+    held: list = []
+    server._qp.held = held  # type: ignore[attr-defined]
+    dest = memoryview(bytearray(8192))  # not registered: the READ lands in a staging buffer
+    reading = asyncio.create_task(server.rdma_read(dest, desc))
+    await poll(lambda: len(held) == 1, what="the READ posted")
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    assert server.pool.in_use_bytes == 8192 and server.limiter.outstanding == 1
+    # another call waits for the slot rather than posting past the per-NIC cap
+    second = asyncio.create_task(server.rdma_read(memoryview(bytearray(8192)), desc))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(held) == 1 and server.limiter.outstanding == 1
+    server._qp.held = None  # type: ignore[attr-defined]
+    held.pop()()  # the NIC executes the abandoned READ now, into memory nobody else was given
+    await asyncio.wait_for(second, 5)
+    assert bytes(dest) == bytes(8192)  # the abandoned caller's buffer is left alone
+    assert server.pool.in_use_bytes == 0 and server.limiter.outstanding == 0
     client.close()
     await client.wait_closed()
-    await asyncio.wait_for(accepted[0].lost.wait(), 5)
-    assert fabric.rnr_errors == 0
+
+
+async def test_completions_after_the_one_that_ended_the_connection_are_not_handled() -> None:
+    """One poll batch: a failed receive (the connection ends), then a SEND that completed: its
+    on_sent must not run after connection_lost (the Connection contract)."""
+    fabric, st, ct, accepted, client_rx = await _raw()
+    client: RdmaConnection = client_rx.conn  # type: ignore[assignment]
+    qp = client._qp
+    held: list = []
+    qp.held = held  # type: ignore[attr-defined]
+    events: list[str] = []
+    lost = client_rx.connection_lost
+    client_rx.connection_lost = lambda exc: (events.append("lost"), lost(exc))  # type: ignore[method-assign]
+    client.send_frame(1, 5, 1, 1, b"hello", on_sent=lambda: events.append("on_sent"))
+    await poll(lambda: len(held) == 1, what="the SEND posted")
+    slot = next(iter(client._slot_end))
+    qp.cq.extend(  # type: ignore[attr-defined]
+        [Completion(encode_wr_id(WrKind.RECV, 0), 12), Completion(encode_wr_id(WrKind.SEND, slot), 0)]
+    )
+    client._poll()
+    assert events == ["lost"]
 
 
 async def test_sends_of_a_burst_share_completions_and_every_slot_comes_back() -> None:

@@ -307,6 +307,8 @@ class RdmaConnection(Connection):
                 break
             for wc in wcs:
                 self._complete(wc)
+                if self._finished:  # the rest of the batch is for a connection that is over
+                    break
         if self._closing and not self._finished:
             self._maybe_finish()
 
@@ -969,23 +971,19 @@ class RdmaConnection(Connection):
 
     async def rdma_read(self, dest: memoryview, remote: RemoteBuffer) -> None:
         """Copy ``remote`` (a peer's registered memory) into ``dest`` with one RDMA READ (a write
-        payload at the head, a chain successor pulling from its predecessor)."""
+        payload at the head, a chain successor pulling from its predecessor). A failed READ ends
+        the connection, as the queue pair's error state does on a device."""
         if dest.nbytes != remote.length:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "read destination and remote buffer differ in size")
         found = self.pool.directory.find(dest)
         staged = None if found is not None else await self.pool.acquire(remote.length)
-        try:
-            region, off = found if found is not None else (staged.region, 0)  # type: ignore[union-attr]
-            await self._one_sided(WrKind.READ, region, off, remote)
-            if staged is not None:
-                dest[:] = staged.view
-        finally:
-            if staged is not None:
-                self.pool.release(staged)
+        region, off = found if found is not None else (staged.region, 0)  # type: ignore[union-attr]
+        copy = (lambda: dest.__setitem__(slice(None), staged.view)) if staged is not None else None
+        await self._one_sided(WrKind.READ, region, off, remote, staged, copy)
 
     async def rdma_write(self, src: Buffer, remote: RemoteBuffer) -> None:
         """Copy ``src`` into ``remote`` with one RDMA WRITE (a read's data into the client's buffer);
-        send the reply only after this returns."""
+        send the reply only after this returns. A failed WRITE ends the connection."""
         view = memoryview(src).cast("B")
         if view.nbytes != remote.length:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "write source and remote buffer differ in size")
@@ -994,47 +992,82 @@ class RdmaConnection(Connection):
         if found is None:
             staged = await self.pool.acquire(remote.length)
             staged.view[:] = view
+        region, off = found if found is not None else (staged.region, 0)  # type: ignore[union-attr]
+        await self._one_sided(WrKind.WRITE, region, off, remote, staged)
+
+    async def _one_sided(
+        self,
+        kind: WrKind,
+        region: Region,
+        offset: int,
+        remote: RemoteBuffer,
+        staged: PoolBuffer | None,
+        copy_out: Callable[[], None] | None = None,
+    ) -> None:
+        """Post one READ or WRITE and wait for its completion; then ``copy_out`` (for a caller
+        still waiting) and give ``staged`` back to the pool. The memory the work request names,
+        and its limiter slot, stay taken until the completion arrives, whatever the caller does:
+        a caller cancelled before then leaves them to the completion (the NIC may still move
+        bytes into or out of them; the pool handing ``staged`` on, or the caller reusing its own
+        registered buffer, would see them change)."""
         try:
-            region, off = found if found is not None else (staged.region, 0)  # type: ignore[union-attr]
-            await self._one_sided(WrKind.WRITE, region, off, remote)
-        finally:
+            if self._closing:
+                raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
+            await self.limiter.acquire()
+        except BaseException:
+            if staged is not None:
+                self.pool.release(staged)
+            raise
+
+        def over() -> None:  # the work request is over: its memory and its slot are free again
+            self.limiter.release()
             if staged is not None:
                 self.pool.release(staged)
 
-    async def _one_sided(self, kind: WrKind, region: Region, offset: int, remote: RemoteBuffer) -> None:
-        if self._closing:
-            raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"connection to {self.peer} is closed")
-        await self.limiter.acquire()
         fut: asyncio.Future[None] = self._loop.create_future()
 
         def done(status: int, error: str) -> None:
-            if fut.done():
-                return
             if error:
+                # the queue pair is in the error state on a device: every later work request
+                # would be flushed, so the connection ends now, and every call on it fails
+                self._broken(f"rdma {kind.name.lower()} failed: {error}")
                 fut.set_exception(
                     FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"rdma {kind.name.lower()} failed: {error}")
                 )
             else:
                 fut.set_result(None)
 
+        wr_id = self._onesided.add(kind, done)
+        post = self._qp.post_read if kind is WrKind.READ else self._qp.post_write
         try:
-            wr_id = self._onesided.add(kind, done)
-            post = self._qp.post_read if kind is WrKind.READ else self._qp.post_write
-            try:
-                post(wr_id, region, offset, remote.length, remote)
-            except Exception as e:
-                self._onesided.discard(wr_id)
-                raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"posting rdma {kind.name}: {e}") from e
-            # The memory stays in use until the completion arrives, whatever the caller does.
+            post(wr_id, region, offset, remote.length, remote)
+        except Exception as e:
+            self._onesided.discard(wr_id)
+            over()
+            raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, f"posting rdma {kind.name}: {e}") from e
+        try:
             await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut.done():
+                fut.cancelled() or fut.exception()  # retrieved: no "never retrieved" warning
+                over()
+            else:
+                fut.add_done_callback(lambda f: (f.cancelled() or f.exception(), over()))
+            raise
+        except BaseException:
+            over()
+            raise
+        try:
             if kind is WrKind.READ:
                 self.reads += 1
                 self.read_bytes += remote.length
             else:
                 self.writes += 1
                 self.write_bytes += remote.length
+            if copy_out is not None:
+                copy_out()
         finally:
-            self.limiter.release()
+            over()
 
     # ---- flow control and closing -----------------------------------------------------------
 

@@ -8,9 +8,9 @@ carries everything needed to route it without a lookup for the common cases::
 
 SEND and RECV completions go straight to the slot they name. One-sided operations have a callback
 each, kept in :class:`OneSidedTable` until their completion (success or error) arrives. Error
-completions are reported to the callback with the verbs status, so a failed READ fails exactly the
-operation that issued it; a flushed work request (the queue pair went to the error state) is an
-error like any other.
+completions are reported to the callback with the verbs status. An error completion puts the queue
+pair in the error state (IBTA), after which every work request is flushed: the connection ends
+with it (a flushed work request is an error like any other).
 """
 
 from __future__ import annotations
