@@ -568,8 +568,8 @@ class Fs3Operations(pyfuse3.Operations):
             handle = self._handles.get(fh) if fh else None
             if handle is not None and handle.writable:
                 kw["session_id"] = handle.session_id
-        if not kw:
-            return await self.getattr(inode, ctx)
+        # Nothing to set is chown(f, -1, -1) (the kernel sends ATTR_CTIME alone as an empty
+        # SETATTR): Linux moves ctime and nothing else, for any caller; meta does the same.
         meta = self.meta(ctx)
         if list(kw) == ["mode"] and ctx.uid != 0 and await self._drops_privileges_only(inode, kw["mode"]):
             # The kernel clearing setuid/setgid on a write by a user who may write but does not own

@@ -470,6 +470,13 @@ def test_times_given_are_kept_even_when_close_to_now(env: Env) -> None:
     before = time.time_ns()
     sh("touch tg", env.mnt)  # a plain touch is now
     assert (env.mnt / "tg").stat().st_mtime_ns >= before - 1_000_000_000
+    # chown(f, -1, -1) changes nothing but ctime, as on ext4 (an empty SETATTR from the kernel)
+    old = (env.mnt / "ti").stat()
+    time.sleep(0.01)
+    os.chown(env.mnt / "ti", -1, -1)
+    new = (env.mnt / "ti").stat()
+    assert new.st_ctime_ns > old.st_ctime_ns and new.st_mtime_ns == old.st_mtime_ns
+    assert (new.st_uid, new.st_gid, new.st_mode) == (old.st_uid, old.st_gid, old.st_mode)
 
 
 async def test_two_mounts_open_what_the_other_closed_at_once(env: Env) -> None:
