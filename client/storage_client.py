@@ -105,6 +105,10 @@ STORAGE_SERVICE = ServiceDef(
 )
 
 MAX_IO_BYTES = 64 << 20  # the largest chunk size: no single chunk I/O is longer
+# What one BatchRead may ask of a storage node (it refuses more): a batch read of more goes to
+# the node in several calls.
+MAX_BATCH_READS = 4096
+MAX_BATCH_READ_BYTES = 64 << 20
 
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
@@ -187,6 +191,21 @@ _TRANSIENT_CODES = frozenset(
 
 def _retryable(e: FS3Error) -> bool:
     return e.code in _ROUTING_CODES or e.code in _TRANSIENT_CODES
+
+
+def _batches(group: list[tuple[int, int]], ios: Sequence[ReadRequest]) -> list[list[tuple[int, int]]]:
+    """``group`` (request index, target) of one node cut into calls a node takes: at most
+    MAX_BATCH_READS reads and MAX_BATCH_READ_BYTES bytes each (one read is never longer)."""
+    out: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for item in group:
+        n = ios[item[0]].length
+        if out[-1] and (len(out[-1]) == MAX_BATCH_READS or size + n > MAX_BATCH_READ_BYTES):
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out
 
 
 def node_address(routing: Routing, target_id: int, *, backend: bool = False) -> Address:
@@ -623,7 +642,11 @@ class StorageClient:
                     continue
                 groups.setdefault(address, []).append((i, target))
             outcomes = await asyncio.gather(
-                *(self._read_group(routing, a, g, ios, results, sinks, held) for a, g in groups.items())
+                *(
+                    self._read_group(routing, a, part, ios, results, sinks, held)
+                    for a, g in groups.items()
+                    for part in _batches(g, ios)
+                )
             )
             if done is not None:
                 for i in todo:

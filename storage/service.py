@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from fs3 import capability, metrics
 from fs3.capability import CapabilityVerifier
+from fs3.client.storage_client import MAX_BATCH_READ_BYTES, MAX_BATCH_READS
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import CallContext, inline
 from fs3.net.auth import user_scoped_id
@@ -32,8 +33,6 @@ from .target_map import ONLINE, UPTODATE, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH_READS = 4096
-MAX_BATCH_READ_BYTES = 64 << 20
 # Above this, a batch's results are joined into one reply payload in an I/O thread.
 JOIN_OFF_LOOP_BYTES = 4 << 20
 # Bytes of one batch read on the event loop thread (Replicator.read_now) before the rest of the

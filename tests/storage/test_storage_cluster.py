@@ -78,6 +78,11 @@ async def test_round_trip_across_chunk_boundaries(tmp_path):
         one = bytearray(chunk)
         assert await client.batch_read_into([reqs[1]], [one]) == [chunk]
         assert one == got[1]
+        # more than one call may ask of a node (64 MiB, 4096 reads) goes to it in several calls
+        many = [ReadRequest(chain_of(i % 6), 7, i % 6, 0, chunk) for i in range(4100)]
+        assert b"".join((await client.batch_read(many))[:6])[3000:] == data
+        huge = [ReadRequest(chain_of(i), 7, i, 0, 48 << 20) for i in range(4)]  # 192 MiB asked
+        assert b"".join(await client.batch_read(huge))[3000:] == data[: 4 * chunk - 3000]
         # file length per chain
         q0 = await client.query_last_chunk(c.chain_ids[0], 7)
         q1 = await client.query_last_chunk(c.chain_ids[1], 7)
