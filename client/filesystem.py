@@ -140,6 +140,9 @@ def _flags_of(mode: str) -> int:
     return table[base]
 
 
+_MAX_SYMLINK_FOLLOWS = 40  # as Linux, and meta's path lookups
+
+
 def _split(path: str | bytes) -> tuple[bytes, bytes, bool]:
     """(the parent's path, the last name, whether a slash followed it). Only the last name is cut
     off: the parent's path, ".." and symlinks in it included, is for meta to resolve as the kernel
@@ -205,22 +208,39 @@ class File:
         if self.closed:
             raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is closed")
 
+    def _check_readable(self) -> None:
+        self._check()
+        if self.flags & os.O_ACCMODE == os.O_WRONLY:
+            raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for reading")
+
     async def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (short at the end of the file)."""
-        self._check()
+        self._check_readable()
         if offset + length > self.handle.state.size:
             # another client may have extended the file since it was opened: look again at the end
             await self.fs._refresh(self.handle)
         return await self.handle.read(offset, length)
 
-    async def read(self, length: int = -1) -> bytes:
-        """Up to ``length`` bytes (all to the end when negative) from the current position."""
-        if length < 0:
+    async def read(self, length: int | None = -1) -> bytes:
+        """Up to ``length`` bytes (all to the end when negative or None) from the current position."""
+        self._check_readable()
+        if length is None or length < 0:
             await self.fs._refresh(self.handle)
             length = max(0, self.handle.state.size - self.pos)
         data = await self.pread(length, self.pos)
         self.pos += len(data)
         return data
+
+    async def readinto(self, buf: bytearray | memoryview) -> int:
+        """Read up to ``len(buf)`` bytes from the current position into ``buf``, without a copy
+        where storage can put them there; returns how many (0 at the end of the file)."""
+        self._check_readable()
+        view = memoryview(buf).cast("B")
+        if self.pos + len(view) > self.handle.state.size:
+            await self.fs._refresh(self.handle)  # another client may have extended the file
+        n = await self.handle.read_into(self.pos, view)
+        self.pos += n
+        return n
 
     async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write ``data`` at ``offset`` (buffered); returns its length."""
@@ -278,6 +298,7 @@ class File:
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
+        self._check()
         if whence == os.SEEK_SET:
             pos = offset
         elif whence == os.SEEK_CUR:
@@ -292,12 +313,21 @@ class File:
         return pos
 
     def tell(self) -> int:
+        self._check()
         return self.pos
 
-    async def truncate(self, size: int) -> None:
-        """Cut or extend the file to ``size`` bytes (through this handle's write session)."""
+    async def truncate(self, size: int | None = None) -> int:
+        """Cut or extend the file to ``size`` bytes (the current position when None) through this
+        handle's write session; returns the new length. As ftruncate(2), EINVAL for a handle not
+        open for writing or a negative size."""
         self._check()
+        if not self.handle.writable:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "the file is not open for writing")
+        size = self.pos if size is None else size
+        if size < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {size}")
         await self.fs._truncate(self.handle.state, size, self.handle.session_id)
+        return size
 
     async def flush(self) -> None:
         """Write the buffer out to storage (the length is reported at fsync and close)."""
@@ -651,12 +681,23 @@ class FileSystem:
         p = os.fsencode(path)
         since, opened_at = stamp(), session_clock()
         if flags & os.O_CREAT:
-            parent, name = await self._parent(p)
-            if flags & os.O_TRUNC:
-                await self._drain_before_truncate(None, parent, name)
-            rsp = await self.meta.create(
-                parent, name, perm, flags & (os.O_EXCL | os.O_TRUNC | 3), session=True
-            )
+            for _ in range(_MAX_SYMLINK_FOLLOWS + 1):
+                parent, name = await self._parent(p)
+                if flags & os.O_TRUNC:
+                    await self._drain_before_truncate(None, parent, name)
+                rsp = await self.meta.create(
+                    parent, name, perm, flags & (os.O_EXCL | os.O_TRUNC | 3), session=True
+                )
+                if rsp.inode.type != m.INODE_SYMLINK:
+                    break
+                # As open(2) without O_NOFOLLOW: the link is followed, and a dangling one
+                # creates its target (meta opens no session on a symlink; O_EXCL was EEXIST).
+                target = rsp.inode.symlink_target or await self.meta.readlink(rsp.inode.id)
+                p = target if target.startswith(b"/") else _split(p)[0].rstrip(b"/") + b"/" + target
+            else:
+                raise FS3Error(
+                    StatusCode.META_TOO_MANY_SYMLINKS, f"{quote_name(os.fsencode(path))}: too many symlinks"
+                )
             inode, session_id, queued = rsp.inode, rsp.session_id, False
         else:
             for attempt in range(_OPEN_ATTEMPTS):
@@ -873,11 +914,18 @@ class FileSystem:
         each file's length. A file this FileSystem has open reads as :meth:`File.pread` would,
         by path too: with its unflushed writes and the length they imply."""
         since = stamp()
-        for _, offset, length in requests:
+        for f, offset, length in requests:
             if offset < 0 or length < 0:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset or length in {offset}+{length}")
+            if isinstance(f, File):
+                f._check_readable()
         paths = {os.fsencode(f) for f, _, _ in requests if not isinstance(f, File)}
         looked = await asyncio.gather(*(self._lookup(p) for p in paths))
+        for p, ino in zip(paths, looked, strict=True):
+            if ino.type == m.INODE_DIRECTORY:
+                raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)} is a directory")
+            if ino.type != m.INODE_FILE:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{quote_name(p)} is not a regular file")
         inodes: dict[bytes, m.Inode] = dict(zip(paths, looked, strict=True))
         # storage reads do not see what handles buffered: the open files' buffers go out first
         states: dict[int, InodeState] = {}
@@ -924,8 +972,8 @@ class FileSystem:
         try:
             await self._lookup(path)
         except FS3Error as e:
-            if e.code == StatusCode.NOT_FOUND:
-                return False
+            if e.code in (StatusCode.NOT_FOUND, StatusCode.META_NOT_DIRECTORY):
+                return False  # as os.path.exists: "file/x" does not exist
             raise
         return True
 
@@ -951,6 +999,8 @@ class FileSystem:
         except FS3Error as e:
             if not (parents and e.code == StatusCode.ALREADY_EXISTS):
                 raise
+            if (await self._lookup(path)).type != m.INODE_DIRECTORY:
+                raise  # as mkdir -p: a file of that name is no directory to keep
 
     async def makedirs(self, path: str | bytes, mode: int = 0o755) -> None:
         await self.mkdir(path, mode, parents=True)

@@ -112,7 +112,8 @@ def decode_entry(key: bytes, data: bytes, where: str) -> bytes | None:
 
     None for bytes that may be what an entry of ``key`` reads as but whose value cannot be
     trusted: a checksum that fails (chunks collected under a racing reader, or corruption), a
-    header of zeros (the first chunk collected), or an older format with no checksum. Raises
+    header of zeros (the first chunk collected), an entry cut short (an empty file included) or
+    grown past its header's length, or an older format with no checksum. Raises
     INVALID_ARGUMENT for a file that is not ``key``'s entry at all."""
     return _decode(key, data, where)[0]
 
@@ -125,6 +126,8 @@ def _decode(key: bytes, data: bytes, where: str) -> tuple[bytes | None, str]:
     if data[: len(_MAGIC)] in _OLD_MAGICS:
         return None, _OLD_FORMAT
     if len(data) < _HEADER.size:
+        if _MAGIC.startswith(data[: len(_MAGIC)]):  # what is left of one (empty too): no whole value
+            return None, f"{len(data)} bytes, a header's start at most"
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: not a cache entry ({len(data)} bytes)")
     magic, key_len, value_len, crc = _HEADER.unpack_from(data)
     if magic != _MAGIC:
@@ -134,10 +137,9 @@ def _decode(key: bytes, data: bytes, where: str) -> tuple[bytes | None, str]:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{where}: not a cache entry (bad magic)")
     start = _HEADER.size + key_len
     if len(data) - start != value_len:
-        raise FS3Error(
-            StatusCode.INVALID_ARGUMENT,
-            f"{where}: entry has {len(data) - start} value bytes, its header says {value_len}",
-        )
+        # an entry cut short or grown (not by a put: each writes a whole one): a miss, which a
+        # put of the key replaces, not an error for every get of it until then
+        return None, f"{len(data) - start} value bytes where its header says {value_len}"
     body = memoryview(data)[_HEADER.size :]
     if _crc32c.crc32c(body) != crc:
         # before the key check: the key is in the chunks that a racing removal collects as well
@@ -426,6 +428,9 @@ class SyncKVCache:
 
     def delete(self, key: bytes | str) -> bool:
         return self._run(self.aio.delete(key))
+
+    def path_of(self, key: bytes | str) -> str:
+        return self.aio.path_of(key)
 
     def usage(self) -> CacheUsage:
         return self._run(self.aio.usage())

@@ -51,8 +51,23 @@ class SyncFile:
         self.file = file
         self._loop = loop
 
-    def read(self, length: int = -1) -> bytes:
+    @property
+    def inode_id(self) -> int:
+        return self.file.inode_id
+
+    @property
+    def size(self) -> int:
+        return self.file.size
+
+    @property
+    def closed(self) -> bool:
+        return self.file.closed
+
+    def read(self, length: int | None = -1) -> bytes:
         return self._loop.run(self.file.read(length))
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        return self._loop.run(self.file.readinto(buf))
 
     def pread(self, length: int, offset: int) -> bytes:
         return self._loop.run(self.file.pread(length, offset))
@@ -74,8 +89,8 @@ class SyncFile:
     def tell(self) -> int:
         return self.file.tell()
 
-    def truncate(self, size: int) -> None:
-        self._loop.run(self.file.truncate(size))
+    def truncate(self, size: int | None = None) -> int:
+        return self._loop.run(self.file.truncate(size))
 
     def flush(self) -> None:
         self._loop.run(self.file.flush())
@@ -142,6 +157,14 @@ class SyncFileSystem:
 
     def listdir(self, path: str | bytes = "/") -> list[str]:
         return self._call(self.aio.listdir, path)
+
+    def scandir(self, path: str | bytes) -> list[m.DirEntry]:
+        """The entries of a directory (name, inode id, type), all of them."""
+
+        async def entries() -> list[m.DirEntry]:
+            return [e async for e in self.aio.scandir(path)]
+
+        return self._call(entries)
 
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
         self._call(self.aio.mkdir, path, mode, parents=parents)

@@ -192,6 +192,52 @@ async def test_paths_resolve_dot_dot_and_trailing_slashes_as_the_kernel_does(fs:
     await fs.rmdir("/pd", recursive=True)
 
 
+async def test_files_behave_as_os_and_io_files_do(fs: FileSystem) -> None:
+    """Opening a symlink for writing follows it (and creates a dangling link's target); access
+    modes hold for reads, truncates and batches; paths through a file do not exist."""
+    await fs.write_file("/io-target", b"original")
+    await fs.symlink("/io-target", "/io-link")
+    async with await fs.open("/io-link", "w") as f:
+        await f.write(b"new")
+    assert await fs.read_file("/io-target") == b"new"
+    await fs.write_file("/io-link", b"again")
+    async with await fs.open("/io-link", "a") as f:
+        await f.write(b"+")
+    assert await fs.read_file("/io-target") == b"again+"
+    await fs.symlink("io-made", "/io-dangling")
+    await fs.write_file("/io-dangling", b"made")
+    assert await fs.read_file("/io-made") == b"made"
+    assert await _errno(fs.open("/io-link", "x")) == errno.EEXIST
+    await fs.symlink("/io-loop", "/io-loop")
+    assert await _errno(fs.open("/io-loop", "w")) == errno.ELOOP
+    # access modes
+    async with await fs.open("/io-target", "a") as f:
+        assert await _errno(f.pread(3, 0)) == errno.EBADF
+        assert await _errno(f.read()) == errno.EBADF
+        assert await _errno(fs.read_batch([(f, 0, 3)])) == errno.EBADF
+    async with await fs.open("/io-target", "r") as f:
+        assert await _errno(f.truncate(1)) == errno.EINVAL
+        assert await f.read(None) == b"again+"
+    assert await _errno(fs.read_batch([(f, 0, 3)])) == errno.EBADF  # closed
+    assert await _errno(fs.read_batch([("/", 0, 3)])) == errno.EISDIR
+    with pytest.raises(FS3Error) as e:
+        f.seek(0)
+    assert e.value.errno == errno.EBADF
+    async with await fs.open("/io-target", "r+") as f:
+        f.seek(2)
+        assert await f.truncate() == 2
+        assert await _errno(f.truncate(-1)) == errno.EINVAL
+        buf = bytearray(10)
+        f.seek(0)
+        assert await f.readinto(buf) == 2 and buf[:2] == b"ag" and f.tell() == 2
+    assert await fs.read_file("/io-target") == b"ag"
+    # paths
+    assert await _errno(fs.makedirs("/io-target")) == errno.EEXIST
+    assert not await fs.exists("/io-target/x")
+    for p in ("/io-target", "/io-link", "/io-dangling", "/io-made", "/io-loop"):
+        await fs.unlink(p)
+
+
 async def test_directory_layout_applies_to_new_files(fs: FileSystem) -> None:
     await fs.mkdir("/small-chunks")
     await fs.set_layout("/small-chunks", chunk_size=64 << 10, stripe_count=2)
@@ -408,6 +454,13 @@ def _sync_roundtrip(config: Path) -> None:
             f.seek(6)
             assert f.read() == b"world"
         assert fs.read_batch([("/sync.txt", 0, 5)]) == [b"hello"]
+        with fs.open("/sync.txt", "r+") as f:
+            buf = bytearray(5)
+            assert f.readinto(buf) == 5 and buf == b"hello" and f.tell() == 5
+            assert (f.inode_id, f.size, f.closed) == (fs.stat("/sync.txt").st_ino, 11, False)
+            assert f.truncate() == 5
+        assert f.closed and fs.read_file("/sync.txt") == b"hello"
+        assert [e.name for e in fs.scandir("/") if e.name == b"sync.txt"] == [b"sync.txt"]
         fs.unlink("/sync.txt")
         assert not fs.exists("/sync.txt")
 

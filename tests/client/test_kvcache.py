@@ -94,10 +94,21 @@ async def test_a_file_that_is_not_the_keys_entry_is_an_error(fs: FileSystem) -> 
     await fs.write_file(cache.path_of(b"other"), encode_entry(b"good", b"value"))
     with pytest.raises(FS3Error, match="another key"):
         await cache.get(b"other")
-    await fs.write_file(cache.path_of(b"cut"), encode_entry(b"cut", b"0123456789")[:-3])
-    with pytest.raises(FS3Error, match="header says 10"):
-        await cache.get(b"cut")
     assert await cache.get(b"good") == b"value"  # the cache itself is unharmed
+
+
+async def test_entries_cut_short_or_grown_read_as_misses_until_put_again(fs: FileSystem) -> None:
+    """An entry file damaged outside the cache (cut, grown, emptied) is no whole value: a miss,
+    as get_many promises, which the next put replaces (every get of the key raised until then)."""
+    cache = KVCache(fs, "/kv-cut")
+    whole = encode_entry(b"cut", os.urandom(1000))
+    for damaged in (whole[:-3], whole + b"more", whole[:500], whole[:10], whole[:2], b""):
+        await fs.mkdir(cache.path_of(b"cut").rsplit("/", 1)[0], parents=True)
+        await fs.write_file(cache.path_of(b"cut"), damaged)
+        assert await cache.get(b"cut") is None
+        assert await cache.get_many([b"cut"]) == [None]
+        await cache.put(b"cut", b"again")
+        assert await cache.get(b"cut") == b"again"
 
 
 async def test_entries_that_fail_their_checksum_read_as_misses(

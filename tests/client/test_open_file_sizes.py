@@ -60,7 +60,7 @@ async def test_a_writers_own_old_length_does_not_come_back_after_another_client_
     """`logrotate copytruncate` seen from the writer's own client: while its handle stays open,
     stat and reads there show the truncated file and what the writer wrote since, not the length
     it had written before."""
-    f = await fs.open("/rotating.log", "w")
+    f = await fs.open("/rotating.log", "w+")
     await f.write(b"x" * 100_000)
     await f.fsync()
     await other.truncate("/rotating.log", 0)
@@ -78,8 +78,8 @@ async def test_a_writers_own_old_length_does_not_come_back_after_another_client_
 async def test_closing_one_append_handle_keeps_its_length_for_the_others(fs: FileSystem) -> None:
     """Two O_APPEND handles of one client: what one wrote before its close stays counted, so the
     other appends after it."""
-    h1 = await fs.open("/appended", "a")
-    h2 = await fs.open("/appended", "a")
+    h1 = await fs.open("/appended", "a+")
+    h2 = await fs.open("/appended", "a+")
     await h2.write(b"x" * 100)
     await h2.close()
     assert h1.size == 100
@@ -91,7 +91,7 @@ async def test_closing_one_append_handle_keeps_its_length_for_the_others(fs: Fil
 
 
 async def test_read_batch_by_path_sees_this_clients_unflushed_writes(fs: FileSystem) -> None:
-    w = await fs.open("/batched", "w")
+    w = await fs.open("/batched", "w+")
     await w.write(b"z" * 50)  # buffered in this client
     assert await w.pread(50, 0) == b"z" * 50
     assert await fs.read_batch([("/batched", 0, 50), ("/batched", 40, 100)]) == [b"z" * 50, b"z" * 10]

@@ -113,7 +113,7 @@ async def test_a_write_given_up_on_keeps_the_bytes_written_before_it(
 async def test_a_write_through_lands_after_an_older_buffered_write_of_its_range(
     cluster: FsCluster, fs: FileSystem, other: FileSystem
 ) -> None:
-    f = await fs.open("/overtaken", "w")
+    f = await fs.open("/overtaken", "w+")
     with stalled(cluster, f, 5):
         await f.pwrite(b"F" * CHUNK, 5 * CHUNK)  # holds the slot
         await f.pwrite(b"X" * 100, 0)  # buffered: acknowledged
@@ -136,7 +136,7 @@ async def test_close_after_a_failed_write_parallel_waits_for_its_other_pieces(
 ) -> None:
     """A piece that fails at once (a strided view: not contiguous) does not make write_parallel
     return, nor close settle the length, while another piece is still on its way to storage."""
-    f = await fs.open("/checkpoint", "w")
+    f = await fs.open("/checkpoint", "w+")
     shard = os.urandom(CHUNK)
     strided = memoryview(bytes(200))[::2]
     with stalled(cluster, f, 4):
@@ -210,7 +210,7 @@ async def test_writes_of_several_tasks_through_one_file_each_get_a_range_of_thei
 async def test_the_later_of_two_handles_buffered_writes_wins(fs: FileSystem, other: FileSystem) -> None:
     for trial in range(8):
         path = f"/two-handles-{trial}"
-        f1 = await fs.open(path, "w")
+        f1 = await fs.open(path, "w+")
         f2 = await fs.open(path, "r+")
         await f1.pwrite(b"A" * 10, 0)
         await f2.pwrite(b"B" * 10, 0)
@@ -224,7 +224,7 @@ async def test_the_later_of_two_handles_buffered_writes_wins(fs: FileSystem, oth
 async def test_a_write_lands_after_another_handles_older_write_still_waiting_to_flush(
     cluster: FsCluster, fs: FileSystem, other: FileSystem
 ) -> None:
-    f1 = await fs.open("/two-handles-waiting", "w")
+    f1 = await fs.open("/two-handles-waiting", "w+")
     f2 = await fs.open("/two-handles-waiting", "r+")
     with stalled(cluster, f1, 5):
         await f1.pwrite(b"F" * CHUNK, 5 * CHUNK)  # holds f1's slot
@@ -244,7 +244,7 @@ async def test_a_write_lands_after_another_handles_older_write_still_waiting_to_
 async def test_a_write_through_flushes_another_handles_older_bytes_first(
     fs: FileSystem, other: FileSystem
 ) -> None:
-    f1 = await fs.open("/two-handles-through", "w")
+    f1 = await fs.open("/two-handles-through", "w+")
     f2 = await fs.open("/two-handles-through", "r+")
     await f1.pwrite(b"A" * 100, 0)  # buffered in f1
     assert await f2.write_parallel([(50, b"B" * 100)]) == 100
