@@ -327,6 +327,7 @@ META_SERVICE = ServiceDef(
 
 # The most inodes one BatchStat may ask for.
 MAX_BATCH_STAT = 4096
+_TIME_MIN_NS, _TIME_MAX_NS = -(1 << 63), (1 << 63) - 1  # an inode's times (int64 ns)
 
 # The fields of each method's request that name inodes by id: a non-root user connection's request
 # carries a handle for each (fs3.meta.handles).
@@ -694,7 +695,9 @@ class MetaClient:
                 if value is None:
                     req.fields |= now_bit
                 else:
-                    setattr(req, name, value)
+                    # clamped to what the inode holds (int64 ns: 1677..2262), as Linux clamps a
+                    # time to its file system's range (touch -d 2300-01-01 was EIO)
+                    setattr(req, name, min(max(value, _TIME_MIN_NS), _TIME_MAX_NS))
                     req.fields |= bit
         if fields:
             raise TypeError(f"unknown setattr fields {sorted(fields)}")
