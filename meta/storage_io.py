@@ -93,7 +93,8 @@ class StorageChunks:
         """(capacity, used, available) bytes of the disks behind the storage targets, each disk
         counted once (several targets share a disk, and a test cluster's nodes share one host),
         raw: every replica takes space, as on the disks themselves. ``used`` is everything not
-        free, as df reports it; ``available``, free less what the targets keep free."""
+        free, root's reserved blocks counted free, as df reports it; ``available``, what an
+        unprivileged writer may use less what the targets keep free."""
         routing = self.client.routing.routing
         nodes = sorted({t.node_id for t in routing.targets.values()})
         results = await asyncio.gather(*(self.client.space_info(n) for n in nodes), return_exceptions=True)
@@ -104,7 +105,8 @@ class StorageChunks:
             host = routing.node(node_id).hostname or str(node_id)
             for t in r:
                 available = t.available if t.HasField("available") else t.free  # an older daemon
-                disks[(host, t.device or t.target_id)] = (t.capacity, t.free, available)
+                free = t.free_total if t.HasField("free_total") else t.free
+                disks[(host, t.device or t.target_id)] = (t.capacity, free, available)
         capacity = sum(c for c, _, _ in disks.values())
         free = sum(f for _, f, _ in disks.values())
         return capacity, max(capacity - free, 0), sum(a for _, _, a in disks.values())

@@ -180,6 +180,7 @@ class SpaceInfo:
     chunk_count: int
     device: int = 0  # st_dev of the target directory: targets sharing a disk report the same one
     available: int = 0  # free less what the target keeps free (EngineOptions.keep_free)
+    free_total: int = 0  # free counting the blocks reserved for root (f_bfree): df's "not used"
 
 
 class ChunkEngine:
@@ -701,7 +702,7 @@ class ChunkEngine:
         if keep <= 0 or self._failure is not None or self._closed:
             return  # the update itself says why it cannot run
         with self._io("check_room"):
-            _, free, available = self._room()
+            _, free, available, _ = self._room()
         if nbytes > available:
             raise FS3Error(
                 StatusCode.STORAGE_SPACE_KEPT,
@@ -709,20 +710,22 @@ class ChunkEngine:
                 f"system free: {nbytes} more bytes refused (remove files to make room)",
             )
 
-    def _room(self) -> tuple[int, int, int]:
-        """(capacity, free, available) bytes of the target's file system, available being free
-        less the ``keep_free`` part of the capacity."""
+    def _room(self) -> tuple[int, int, int, int]:
+        """(capacity, free, available, free_total) bytes of the target's file system: free to
+        unprivileged writers, that less the ``keep_free`` part of the capacity, and free counting
+        the blocks reserved for root."""
         st = os.statvfs(self.path)
         capacity, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        return capacity, free, max(free - int(capacity * self.options.keep_free), 0)
+        available = max(free - int(capacity * self.options.keep_free), 0)
+        return capacity, free, available, st.f_bfree * st.f_frsize
 
     def space_info(self) -> SpaceInfo:
         """Capacity and free space of the file system, and what this target's chunks use."""
         with self._io("space_info"):
-            capacity, free, available = self._room()
+            capacity, free, available, free_total = self._room()
             device = os.stat(self.path).st_dev
             stats = self._store.stats()
-        return SpaceInfo(capacity, free, stats.used, stats.chunk_count, device, available)
+        return SpaceInfo(capacity, free, stats.used, stats.chunk_count, device, available, free_total)
 
     # -- internals --------------------------------------------------------------------------------
 

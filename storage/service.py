@@ -408,6 +408,7 @@ class StorageService:
                 chunks=s.chunk_count,
                 device=s.device,
                 available=s.available,
+                free_total=s.free_total,
             )
         return rsp
 

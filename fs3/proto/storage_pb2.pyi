@@ -331,7 +331,7 @@ class SpaceInfoReq(_message.Message):
     def __init__(self, target_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TargetSpace(_message.Message):
-    __slots__ = ("target_id", "capacity", "used", "free", "chunks", "device", "available")
+    __slots__ = ("target_id", "capacity", "used", "free", "chunks", "device", "available", "free_total")
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -339,6 +339,7 @@ class TargetSpace(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    FREE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     target_id: int
     capacity: int
     used: int
@@ -346,7 +347,8 @@ class TargetSpace(_message.Message):
     chunks: int
     device: int
     available: int
-    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., chunks: _Optional[int] = ..., device: _Optional[int] = ..., available: _Optional[int] = ...) -> None: ...
+    free_total: int
+    def __init__(self, target_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., free: _Optional[int] = ..., chunks: _Optional[int] = ..., device: _Optional[int] = ..., available: _Optional[int] = ..., free_total: _Optional[int] = ...) -> None: ...
 
 class SpaceInfoRsp(_message.Message):
     __slots__ = ("targets",)
