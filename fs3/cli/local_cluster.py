@@ -275,7 +275,8 @@ class LocalCluster:
             # marked by this cluster's client config, not the mount point: another fs3 mount of
             # the same path (a production unit, another local cluster) is not ours to stop
             pid, log = self.run_dir / "mount.pid", self.log_dir / "mount.log"
-            env = {"FS3_METRICS_PORT": str(st.ports["client_metrics"])}
+            port = st.ports.get("client_metrics")
+            env = {"FS3_METRICS_PORT": str(port)} if port else None
             return Daemon(name, argv, cfg, pid, log, drop_env=config_variables(), env=env)
         module = {"mgmtd": "fs3.mgmtd", "meta": "fs3.meta"}.get(name, "fs3.storage")
         cfg = str(self.config_path(name))
