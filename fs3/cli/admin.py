@@ -56,24 +56,30 @@ class UsageError(Exception):
 MAX_ID = (1 << 64) - 1  # the widest id field (u64); a narrower one's limit is checked where it is set
 
 
-def natural(text: str) -> int:
-    """An argparse type: a whole number from 0 to MAX_ID (ids, counts, versions are none of them
-    negative; protobuf refused one with a traceback)."""
+def _whole(text: str, low: int, high: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= value <= MAX_ID:
-        raise argparse.ArgumentTypeError(f"{value} is out of range (0 to {MAX_ID})")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{value} is out of range ({low} to {high})")
     return value
+
+
+def natural(text: str) -> int:
+    """An argparse type: a whole number from 0 to MAX_ID (ids, counts, versions are none of them
+    negative; protobuf refused one with a traceback)."""
+    return _whole(text, 0, MAX_ID)
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number from 1 to MAX_ID (a limit of 0 would mean nothing)."""
+    return _whole(text, 1, MAX_ID)
 
 
 def u32(text: str) -> int:
     """An argparse type: a whole number that fits 32 bits (node, chain and table ids, uids, gids)."""
-    value = natural(text)
-    if value >= 1 << 32:
-        raise argparse.ArgumentTypeError(f"{value} is out of range (0 to {(1 << 32) - 1})")
-    return value
+    return _whole(text, 0, (1 << 32) - 1)
 
 
 def int_list(text: str, option: str, item: Callable[[str], int] = natural) -> list[int]:
@@ -170,6 +176,8 @@ def connection(args: argparse.Namespace) -> Connection:
     token_file = args.token_file or os.environ.get("FS3_TOKEN_FILE")
     if token_file:
         token = _read_file(token_file, "token file")
+        if not token:
+            raise UsageError(f"token file {token_file} is empty")
     elif os.environ.get("FS3_TOKEN"):
         token = os.environ["FS3_TOKEN"].strip()
     elif local is not None and (local / "admin.token").exists():
@@ -180,6 +188,8 @@ def connection(args: argparse.Namespace) -> Connection:
         secret_file = str(local / "cluster.secret")
     if secret_file:
         secret = _read_file(secret_file, "cluster secret file").encode()
+        if len(secret) < 16:
+            raise UsageError(f"cluster secret file {secret_file}: a secret has at least 16 bytes")
     return Connection(mgmtd, token, secret, local, args.timeout)
 
 

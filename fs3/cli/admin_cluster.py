@@ -216,6 +216,8 @@ def _chains_args(p: argparse.ArgumentParser) -> None:
 
 @command("list-chains", "chains with version and each target's state and role (head first)", _chains_args)
 async def list_chains(conn: Connection, args: argparse.Namespace) -> Result:
+    if args.table_version and not args.table:
+        raise UsageError("--table-version needs --table (the version of which table)")
     chains = await conn.mgmtd_client().list_chains(args.table, args.table_version)
     rows = []
     for c in sorted(chains, key=lambda c: c.chain_id):
@@ -559,6 +561,12 @@ async def set_preferred_order(conn: Connection, args: argparse.Namespace) -> Res
 )
 async def rotate_as_preferred_order(conn: Connection, args: argparse.Namespace) -> Result:
     chain = await _drained(conn, await conn.mgmtd_client().rotate_as_preferred_order(args.chain_id))
+    order = [t.target_id for t in chain.targets]
+    if list(chain.preferred_order) and order != list(chain.preferred_order):
+        # mgmtd moves one target a step (it rejoins at the tail and resyncs): not there yet
+        return _chain_result(
+            chain, "moved a step toward the preferred order; run this again once the chain is SERVING"
+        )
     return _chain_result(chain, "rotated to the preferred order")
 
 

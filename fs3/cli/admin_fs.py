@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import stat as stat_mod
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fs3.cli import parse_size
-from fs3.cli.admin import EX_MISMATCH, Connection, Progress, Result, UsageError, command, natural, u32
+from fs3.cli.admin import (
+    EX_MISMATCH,
+    Connection,
+    Progress,
+    Result,
+    UsageError,
+    command,
+    natural,
+    positive,
+    u32,
+)
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
 
@@ -330,7 +341,7 @@ def _gc_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-path", help="the lmdb store of meta (default: the local cluster's)")
     p.add_argument("--engine", default="lmdb", choices=("lmdb", "fdb"), help="store engine (default lmdb)")
     p.add_argument("--cluster-file", default="", help="fdb: cluster file")
-    p.add_argument("--limit", type=natural, default=1000, help="at most this many entries (default 1000)")
+    p.add_argument("--limit", type=positive, default=1000, help="at most this many entries (default 1000)")
 
 
 @command(
@@ -342,10 +353,17 @@ async def gc_list(conn: Connection, args: argparse.Namespace) -> Result:
     from fs3.meta import schema
     from fs3.proto import meta_pb2
 
-    path = args.kv_path or (str(conn.local_dir / "kv") if conn.local_dir is not None else "")
-    if args.engine == "lmdb" and not path:
-        raise UsageError("give --kv-path (the directory of meta's lmdb store)")
-    db = await open_database(args.engine, path=path or None, cluster_file=args.cluster_file or None)
+    if args.engine == "lmdb":
+        path = args.kv_path or (str(conn.local_dir / "kv") if conn.local_dir is not None else "")
+        if not path:
+            raise UsageError("give --kv-path (the directory of meta's lmdb store)")
+        if not os.path.isfile(os.path.join(path, "data.mdb")):  # noqa: ASYNC240 (one stat; make none)
+            raise UsageError(f"--kv-path {path}: no lmdb store there (no data.mdb)")
+        db = await open_database("lmdb", path=path)
+    else:
+        if args.kv_path:
+            raise UsageError("--kv-path is for --engine lmdb; fdb takes --cluster-file")
+        db = await open_database("fdb", cluster_file=args.cluster_file or None)
     try:
 
         async def scan(tr):  # type: ignore[no-untyped-def]

@@ -182,6 +182,8 @@ async def create_targets(conn: Connection, args: argparse.Namespace) -> Result:
     else:
         raise UsageError("give --file FILE, or --target-id and --node-id")
     client = conn.mgmtd_client()
+    # mgmtd takes a target that exists as it is as done: say which were new
+    existed = {t.target_id for t in await client.list_targets()} & {t for t, _, _ in specs}
     progress = Progress("creating targets", len(specs))
     for i in range(0, len(specs), BATCH):
         batch = specs[i : i + BATCH]
@@ -190,7 +192,9 @@ async def create_targets(conn: Connection, args: argparse.Namespace) -> Result:
         )
         progress.step(len(batch))
     progress.finish()
-    return Result(value={"created": len(specs)}, message=f"created {len(specs)} targets", status=EX_OK)
+    created = len(specs) - len(existed)
+    message = f"created {created} targets" + (f" ({len(existed)} existed already)" if existed else "")
+    return Result(value={"created": created, "existed": len(existed)}, message=message, status=EX_OK)
 
 
 def _upload_chains_args(p: argparse.ArgumentParser) -> None:
@@ -200,7 +204,11 @@ def _upload_chains_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("upload-chains", "create or replace chains from a chains file", _upload_chains_args)
+@command(
+    "upload-chains",
+    "create chains from a chains file (one that exists only unchanged: change it with update-chain)",
+    _upload_chains_args,
+)
 async def upload_chains(conn: Connection, args: argparse.Namespace) -> Result:
     chains = read_chains(Path(args.file))
     if not chains:

@@ -126,6 +126,33 @@ def test_numbers_out_of_range_are_usage_errors(argv: list[str]) -> None:
     assert "out of range" in last or "whole number" in last, out.stderr
 
 
+def test_gc_list_opens_only_a_store_that_is_there(tmp_path: Path) -> None:
+    """A mistyped --kv-path made an empty store there (and said the queue was empty); fdb with
+    the local cluster's path was a traceback; a limit of 0 listed everything."""
+    missing = tmp_path / "no-store"
+    out = fs3("admin", "gc-list", "--kv-path", str(missing), "--mgmtd", "127.0.0.1:1")
+    assert out.returncode == 2 and "no lmdb store there" in out.stderr, out.stdout + out.stderr
+    assert not missing.exists()
+    out = fs3("admin", "gc-list", "--kv-path", str(tmp_path), "--mgmtd", "127.0.0.1:1")
+    assert out.returncode == 2 and not (tmp_path / "data.mdb").exists(), out.stderr
+    out = fs3("admin", "gc-list", "--engine", "fdb", "--kv-path", str(tmp_path), "--mgmtd", "127.0.0.1:1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    out = fs3("admin", "gc-list", "--limit", "0", "--kv-path", str(tmp_path), "--mgmtd", "127.0.0.1:1")
+    assert out.returncode == 2 and "out of range" in out.stderr, out.stderr
+
+
+def test_a_short_secret_or_an_empty_token_file_is_a_usage_error(tmp_path: Path) -> None:
+    short, empty = tmp_path / "short.secret", tmp_path / "empty.token"
+    short.write_text("wrongsecret\n")
+    empty.write_text("")
+    for flags, says in (
+        (["--secret-file", str(short)], "at least 16 bytes"),
+        (["--token-file", str(empty)], "is empty"),
+    ):
+        out = fs3("admin", "ls", "/", "--mgmtd", f"127.0.0.1:{free_port()}", "--timeout", "1", *flags)
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("timeout", ["-1", "0", "inf"])
 def test_a_timeout_that_is_no_wait_is_a_usage_error(timeout: str) -> None:
     out = fs3("admin", "list-nodes", "--mgmtd", f"127.0.0.1:{free_port()}", "--timeout", timeout)
@@ -168,6 +195,9 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
 
     create = mgmtd.admin("create-targets", "--file", str(plan / "targets.csv"))
     assert create.returncode == 0, create.stderr
+    assert "created 6 targets" in create.stdout, create.stdout
+    again = mgmtd.admin("create-targets", "--file", str(plan / "targets.csv"))  # a no-op: said so
+    assert again.returncode == 0 and "created 0 targets (6 existed already)" in again.stdout, again.stdout
     assert mgmtd.admin("upload-chains", str(plan / "chains.csv")).returncode == 0
     up = mgmtd.json("upload-chain-table", "1", str(plan / "chain-table.csv"), "--desc", "ops")
     assert up["version"] == 1
@@ -184,6 +214,9 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert tables[0]["table_id"] == 1 and tables[0]["chain_ids"] == table
     nodes = mgmtd.json("list-nodes")
     assert {n["node_id"] for n in nodes} >= set(NODES)
+
+    version_alone = mgmtd.admin("list-chains", "--table-version", "7")  # of which table?
+    assert version_alone.returncode == 2 and "--table-version needs --table" in version_alone.stderr
 
     human = mgmtd.admin("list-chains")
     assert human.returncode == 0 and human.stdout.splitlines()[0].split()[:3] == [
