@@ -35,6 +35,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -197,12 +198,19 @@ async def _worker_main(
 
 
 def _worker(*args) -> None:  # type: ignore[no-untyped-def]
+    barrier, out = args[5], args[6]
     try:
-        import uvloop
-
-        uvloop.run(_worker_main(*args))
-    except ImportError:
-        asyncio.run(_worker_main(*args))
+        try:
+            import uvloop
+        except ImportError:
+            asyncio.run(_worker_main(*args))
+        else:
+            uvloop.run(_worker_main(*args))
+    except BaseException as e:
+        # the others must not wait for this one at the next phase, nor the parent for its results
+        barrier.abort()
+        out.put(("failed", f"{type(e).__name__}: {e}"))
+        raise
 
 
 async def _prepare(address: str, secret: bytes | None, layout: str, clients: int, run: str) -> list[int]:
@@ -228,13 +236,14 @@ def run_case(
     parents = asyncio.run(_prepare(address, secret, layout, clients, run))
     nproc = max(1, min(procs, clients))
     ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(nproc)
+    barrier = ctx.Barrier(nproc, timeout=900)  # a phase longer than that is a hung run
     out = ctx.Queue()
     workers = []
     for w in range(nproc):
         mine = list(range(w, clients, nproc))
         names = [f"{i}" for i in mine]
         p = ctx.Process(
+            daemon=True,  # never outlives the bench (Ctrl-C, a failure)
             target=_worker,
             args=(
                 address,
@@ -252,11 +261,27 @@ def run_case(
         p.start()
         workers.append(p)
     times: dict[str, list[tuple]] = {ph: [] for ph in PHASES}
-    for _ in range(nproc * len(PHASES)):
-        phase, *rest = out.get(timeout=600)
-        times[phase].append(tuple(rest))
-    for p in workers:
-        p.join(timeout=60)
+    ok = False
+    try:
+        got = 0
+        while got < nproc * len(PHASES):
+            try:
+                phase, *rest = out.get(timeout=1)
+            except queue.Empty:
+                dead = [p for p in workers if p.exitcode is not None and p.exitcode != 0]
+                if dead:
+                    raise SystemExit(f"a bench worker exited with status {dead[0].exitcode}") from None
+                continue
+            if phase == "failed":
+                raise SystemExit(f"a bench worker failed: {rest[0]}")
+            times[phase].append(tuple(rest))
+            got += 1
+        ok = True
+    finally:
+        for p in workers:
+            p.join(timeout=60 if ok else 0)
+            if p.is_alive():
+                p.terminate()
     results = []
     for phase in PHASES:
         rows = times[phase]
@@ -279,8 +304,10 @@ def run_case(
 
 def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str, str]:
     """A meta daemon on an lmdb store under ``tmp``: (process, address, metrics address)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "meta.toml"
     port_file = tmp / "meta.port"
+    port_file.unlink(missing_ok=True)  # an earlier run's: not this daemon's port
     (metrics_port,) = free_ports("127.0.0.1", 1)
     cfg.write_text(
         f"listen_port = 0\nmetrics_port = {metrics_port}\nmgmtd_addresses = []\nauthenticate = false\n"
