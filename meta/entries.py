@@ -122,6 +122,18 @@ async def _entry(tr: Transaction, parent: int, name: bytes) -> tuple[bytes, meta
     return key, await inodes.load(tr, meta_pb2.DirEntry.FromString(raw).inode_id)
 
 
+async def _parents(
+    tr: Transaction, cred: Credentials, old_parent: int, new_parent: int
+) -> tuple[meta_pb2.Inode, meta_pb2.Inode]:
+    """A rename's two directories (one object when they are one), each searchable by ``cred``."""
+    op = await inodes.load_dir(tr, old_parent)
+    check(op, cred, X_OK)
+    np = op if new_parent == old_parent else await inodes.load_dir(tr, new_parent)
+    if np is not op:
+        check(np, cred, X_OK)
+    return op, np
+
+
 async def _check_destination(tr: Transaction, dest: meta_pb2.Inode, moved: meta_pb2.Inode) -> None:
     """``moved`` goes into directory ``dest`` from another: none of ``dest``'s ancestors (itself
     included) may be ``moved`` (a cycle, EINVAL) or a directory a recursive rmdir removed (ENOENT:
@@ -248,11 +260,7 @@ class EntryOps(Namespace):
             return
 
         async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
-            op = await inodes.load_dir(tr, old_parent)
-            check(op, cred, X_OK)
-            np = op if new_parent == old_parent else await inodes.load_dir(tr, new_parent)
-            if np is not op:
-                check(np, cred, X_OK)
+            op, np = await _parents(tr, cred, old_parent, new_parent)
             src_key, src = await _entry(tr, old_parent, old_name)
             dst_key = schema.dentry_key(new_parent, new_name)
             raw = await tr.get(dst_key)
@@ -325,11 +333,7 @@ class EntryOps(Namespace):
         for both, and write permission on a directory that moves to another parent ("..")."""
 
         async def fn(tr: Transaction) -> meta_pb2.EmptyRsp:
-            op = await inodes.load_dir(tr, old_parent)
-            check(op, cred, X_OK)
-            np = op if new_parent == old_parent else await inodes.load_dir(tr, new_parent)
-            if np is not op:
-                check(np, cred, X_OK)
+            op, np = await _parents(tr, cred, old_parent, new_parent)
             a_key, a = await _entry(tr, old_parent, old_name)
             b_key, b = await _entry(tr, new_parent, new_name)
             if a.id == b.id:
