@@ -204,7 +204,12 @@ class MgmtdConfig:
     cluster_id: str = opt("fs3", doc="cluster name; every service of one cluster uses the same")
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret ('' = none, tests only)")
     lease_interval_s: float = opt(
-        10.0, doc="primary lease length; a standby takes over after it", check=_seconds
+        4.0,
+        doc="primary lease length; a standby takes over after it. Keep it under half of "
+        "heartbeat_timeout_s: a storage node's own lease (0.8 x heartbeat_timeout_s from its last "
+        "accepted heartbeat) must outlast a failover, or every node refuses reads until the new "
+        "primary has heard from it",
+        check=_seconds,
     )
     heartbeat_timeout_s: float = opt(10.0, doc="a node silent this long is marked failed", check=_seconds)
     chain_update_interval_s: float = opt(1.0, doc="how often chain states are recomputed", check=_seconds)

@@ -136,7 +136,13 @@ class StorageDaemon:
         self.rpc = RpcClient(
             secret, identity=f"storage-{cfg.node_id}", connections_per_peer=2, transport=transport
         )
-        self.mgmtd = MgmtdClient(cfg.mgmtd_addresses, cluster_secret=self.secret)
+        # a call to a hung mgmtd gives up within a heartbeat interval: the next address (a new
+        # primary) is tried before this node's lease runs out
+        self.mgmtd = MgmtdClient(
+            cfg.mgmtd_addresses,
+            cluster_secret=self.secret,
+            rpc_timeout_s=min(3.0, max(cfg.heartbeat_interval_s, 0.5)),
+        )
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
         _check_targets_known(self.routing.routing, cfg.node_id, cfg.target_ids)

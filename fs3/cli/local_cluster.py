@@ -24,7 +24,7 @@ CHAIN_TABLE = 1
 
 # A local cluster restarts often and has nothing across a network to wait for, so failures and
 # restarts are noticed within seconds rather than the production defaults' tens of seconds.
-MGMTD_SETTINGS = {"lease_interval_s": 5.0, "heartbeat_timeout_s": 6.0, "chain_update_interval_s": 0.2}
+MGMTD_SETTINGS = {"lease_interval_s": 2.5, "heartbeat_timeout_s": 6.0, "chain_update_interval_s": 0.2}
 STORAGE_SETTINGS = {"heartbeat_interval_s": 1.0, "routing_refresh_interval_s": 0.5}
 
 

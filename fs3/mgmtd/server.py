@@ -133,6 +133,14 @@ class MgmtdServer:
         await server.start()
         self._server = server
         self.election = Election(self.db, self.cfg.node_id, self.address, self.cfg.lease_interval_s)
+        if self.cfg.lease_interval_s > self.cfg.heartbeat_timeout_s / 2:
+            log.warning(
+                "lease_interval_s %.1f is over half of heartbeat_timeout_s %.1f: when a standby "
+                "takes over from a dead primary, storage nodes' leases (0.8 x heartbeat_timeout_s) "
+                "may run out first, and their targets refuse reads until it hears from them",
+                self.cfg.lease_interval_s,
+                self.cfg.heartbeat_timeout_s,
+            )
         self._tasks.append(asyncio.create_task(self._election_loop(), name="mgmtd-election"))
         log.info("mgmtd serving node_id=%d address=%s", self.cfg.node_id, self.address)
 

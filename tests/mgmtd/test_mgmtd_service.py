@@ -15,7 +15,7 @@ from mgmtd_harness import FAST, Admin, InProcess, StorageNode, endpoint, wait_un
 
 from fs3.client.mgmtd_client import MgmtdClient
 from fs3.client.routing import RoutingCache
-from fs3.config import MetaConfig
+from fs3.config import MetaConfig, MgmtdConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.daemon import MetaDaemon
 from fs3.mgmtd import schema
@@ -934,3 +934,15 @@ async def test_a_clean_stop_with_a_standby_sets_no_stop_fence(admin: Admin, capl
     await wait_until(third_seen, 5, "the third mgmtd's record")
     await third.stop(grace_s=0)
     assert await primary.standbys(10.0) == []  # a standby's clean stop clears its record
+
+
+async def test_a_lease_longer_than_storage_leases_outlast_is_warned_of(
+    inproc: InProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A storage node's lease (0.8 x heartbeat_timeout_s) must outlast a failover (up to the
+    primary's lease_interval_s): with the old defaults (10 s, 10 s) every node refused reads
+    for seconds when a standby took over."""
+    caplog.set_level(logging.WARNING, logger="fs3.mgmtd.server")
+    await inproc.start(1, lease_interval_s=8.0, heartbeat_timeout_s=10.0)
+    assert any("over half of heartbeat_timeout_s" in r.getMessage() for r in caplog.records)
+    assert MgmtdConfig().lease_interval_s <= MgmtdConfig().heartbeat_timeout_s / 2
