@@ -141,7 +141,7 @@ class StorageDaemon:
         self.mgmtd = MgmtdClient(
             cfg.mgmtd_addresses,
             cluster_secret=self.secret,
-            rpc_timeout_s=min(3.0, max(cfg.heartbeat_interval_s, 0.5)),
+            rpc_timeout_s=min(3.0, max(cfg.heartbeat_interval_s, 1.0)),
         )
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
