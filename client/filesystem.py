@@ -56,7 +56,7 @@ from typing import Any
 
 from fs3.capability import CapabilityCache
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
-from fs3.client.meta_client import DEV_SECRET, ROOT_ID, InodeHandles, MetaClient
+from fs3.client.meta_client import DEV_SECRET, MAX_SYMLINK_FOLLOWS, ROOT_ID, InodeHandles, MetaClient
 from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, session_clock
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
@@ -138,9 +138,6 @@ def _flags_of(mode: str) -> int:
     if base not in table:
         raise ValueError(f"invalid mode {mode!r}")
     return table[base]
-
-
-_MAX_SYMLINK_FOLLOWS = 40  # as Linux, and meta's path lookups
 
 
 def _split(path: str | bytes) -> tuple[bytes, bytes, bool]:
@@ -681,7 +678,7 @@ class FileSystem:
         p = os.fsencode(path)
         since, opened_at = stamp(), session_clock()
         if flags & os.O_CREAT:
-            for _ in range(_MAX_SYMLINK_FOLLOWS + 1):
+            for _ in range(MAX_SYMLINK_FOLLOWS + 1):
                 parent, name = await self._parent(p)
                 if flags & os.O_TRUNC:
                     await self._drain_before_truncate(None, parent, name)

@@ -327,6 +327,9 @@ META_SERVICE = ServiceDef(
 
 # The most inodes one BatchStat may ask for.
 MAX_BATCH_STAT = 4096
+# Symlinks one path resolution follows before ELOOP, as Linux: meta's lookups and the native
+# client's opens of a link alike.
+MAX_SYMLINK_FOLLOWS = 40
 _TIME_MIN_NS, _TIME_MAX_NS = -(1 << 63), (1 << 63) - 1  # an inode's times (int64 ns)
 
 # The fields of each method's request that name inodes by id: a non-root user connection's request

@@ -20,6 +20,7 @@ from typing import NamedTuple, TypeVar
 
 from google.protobuf.message import Message
 
+from fs3.client.meta_client import MAX_SYMLINK_FOLLOWS
 from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.kv import Database, ReadView, Transaction, prefix_end
 from fs3.meta import inode as inodes
@@ -61,7 +62,6 @@ SYMLINK = meta_pb2.INODE_SYMLINK
 
 O_EXCL = 0o200
 O_TRUNC = 0o1000
-MAX_SYMLINK_FOLLOWS = 40
 READDIR_DEFAULT = 256
 READDIR_MAX = 4096
 YIELD_EVERY = 256  # entries handled between returns to the event loop (about a millisecond)
