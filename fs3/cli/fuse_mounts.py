@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,13 @@ from pathlib import Path
 
 FUSECTL = "/sys/fs/fuse/connections"
 FS3_MOUNT_TYPE = "fuse.fs3"  # what /proc/self/mountinfo calls an fs3 mount
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path field as the path it names: the kernel writes space, tab, newline and
+    backslash as octal escapes (``\\040``, ``\\011``, ``\\012``, ``\\134``)."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
@@ -30,10 +38,11 @@ def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
     target = os.path.normpath(os.path.abspath(path))
     found = None
     try:
-        with open("/proc/self/mountinfo") as f:
+        # a path not in UTF-8 reads as the str os.fsdecode makes of it (the same escapes)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
                 parts = line.split()
-                if len(parts) > 4 and parts[4].replace("\\040", " ") == target:
+                if len(parts) > 4 and _unescape(parts[4]) == target:
                     major, minor = parts[2].split(":")
                     # optional fields end at " - ", then: fs type, source, super options
                     fstype = parts[parts.index("-") + 1] if "-" in parts else ""
