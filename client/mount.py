@@ -29,11 +29,15 @@ import contextlib
 import copy
 import ctypes
 import errno
+import fcntl
+import hashlib
 import logging
 import os
 import select
 import signal
+import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +47,7 @@ from fs3.cli.fuse_mounts import (
     FS3_MOUNT_TYPE,
     dead,
     fuse_connections,
+    is_mounted,
     mount_device,
     mount_type,
     mounted_over,
@@ -138,7 +143,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("mountpoint", help="directory to mount on")
     p.add_argument("--config", metavar="PATH", help="client TOML config (default: built-in defaults)")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
-    p.add_argument("-o", dest="options", default="", help="extra FUSE mount options, comma separated")
+    p.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        help="extra FUSE mount options, comma separated; may be given more than once",
+    )
     p.add_argument(
         "--log-level",
         choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
@@ -255,8 +266,16 @@ async def check_member_token(fs: FileSystem, token: str, *, serves_others: bool)
     )
 
 
-async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
-    """Mount and serve until unmounted or signalled; returns the exit status."""
+async def serve(
+    cfg: ClientConfig,
+    mountpoint: str,
+    options: list[str],
+    ready: Callable[[], None],
+    mounted: Callable[[], None] = lambda: None,
+) -> int:
+    """Mount and serve until unmounted or signalled; returns the exit status. ``mounted`` is
+    called once the mount is in the mount table, ``ready`` once it has answered a request (the
+    kernel took the INIT reply: libfuse can still refuse the session after the mount)."""
     import pyfuse3
     import pyfuse3.asyncio
 
@@ -292,6 +311,7 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
         await fs.close()
         raise
     device = mount_device(mountpoint)  # this mount's: told apart from one mounted there later
+    mounted()
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
 
@@ -310,7 +330,8 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
     trim = memory_trimmer(
         cfg.memory_trim_interval_s, lambda: ops.metrics.read_bytes + ops.metrics.write_bytes
     )
-    ready()
+    served = loop.create_task(answers_itself(mountpoint, device))
+    served.add_done_callback(lambda t: ready() if not t.cancelled() and t.result() else None)
     status = 0
     try:
         await pyfuse3.main(min_tasks=MIN_IDLE_WORKERS, max_tasks=MAX_WORKERS)
@@ -334,14 +355,41 @@ async def serve(cfg: ClientConfig, mountpoint: str, options: list[str], ready: C
             log.exception("flushing open files at unmount failed")
             status = 1
         fuse_wait.uninstall()  # before pyfuse3 closes the device it watches
-        pyfuse3.close(unmount=True)
+        # libfuse unmounts by path, which takes whatever is mounted on top: never another's mount
+        covered = device is not None and is_mounted(mountpoint) and mount_device(mountpoint) != device
+        if covered:
+            log.warning(
+                "another file system is mounted over this one at %s: left mounted; this mount stays "
+                "under it, dead, until that one is unmounted and then this one (fs3 umount)",
+                mountpoint,
+            )
+        pyfuse3.close(unmount=not covered)
         await fs.close()
         if metrics_server is not None:
             metrics_server.close()
         if trim is not None:
             await trim.stop()  # last: a cancellation raised here must not skip the unmount
+    if not served.done() or served.cancelled() or not served.result():
+        served.cancel()
+        if not stopping.is_set():
+            raise RuntimeError(
+                "the FUSE session ended before it served a request: the kernel or libfuse refused "
+                "it (see libfuse's line above, or the log)"
+            )
     log.info("unmounted mountpoint=%s", mountpoint)
     return status
+
+
+async def answers_itself(mountpoint: str, device: tuple[int, int] | None) -> bool:
+    """Whether the mount at ``mountpoint`` serves: a stat of it (from a thread: this process
+    answers it) is answered by this mount, successfully or with an error it gave. False when the
+    FUSE connection failed (libfuse refused the kernel's INIT: a mount option it rejects) or
+    another mount answered."""
+    try:
+        st = await asyncio.to_thread(os.stat, mountpoint)
+    except OSError as e:
+        return e.errno not in (errno.ENOTCONN, errno.ECONNREFUSED, errno.ENODEV)
+    return device is None or (os.major(st.st_dev), os.minor(st.st_dev)) == device
 
 
 def unmount_dead(mountpoint: str, device: tuple[int, int]) -> None:
@@ -360,15 +408,64 @@ def unmount_dead(mountpoint: str, device: tuple[int, int]) -> None:
         log.info("unmounted the mount whose connection was aborted mountpoint=%s", mountpoint)
 
 
-def _run(cfg: ClientConfig, mountpoint: str, options: list[str], ready: Callable[[], None]) -> int:
+def _run(
+    cfg: ClientConfig,
+    mountpoint: str,
+    options: list[str],
+    ready: Callable[[], None],
+    mounted: Callable[[], None],
+) -> int:
     if os.environ.get("FS3_FUSE_LOOP", "uvloop") != "asyncio":
         try:
             import uvloop
 
-            return uvloop.run(serve(cfg, mountpoint, options, ready))
+            return uvloop.run(serve(cfg, mountpoint, options, ready, mounted))
         except ImportError:
             pass
-    return asyncio.run(serve(cfg, mountpoint, options, ready))
+    return asyncio.run(serve(cfg, mountpoint, options, ready, mounted))
+
+
+def _lock_dir() -> str:
+    """Where mount locks live: /run/fs3 for root, else the user's runtime directory (or a private
+    directory in the temporary directory)."""
+    if os.geteuid() == 0:
+        return "/run/fs3"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "fs3")
+    return os.path.join(tempfile.gettempdir(), f"fs3-{os.geteuid()}")
+
+
+def _mount_lock(mountpoint: str) -> int | None:
+    """Wait for, take and return the lock of mounts on ``mountpoint`` (an exclusive flock of a
+    file named by the path's hash): held from the check of the mount table until this process's
+    mount is in it (a fork inherits it). None, with a warning, where no lock file can be made."""
+    directory = _lock_dir()
+    name = hashlib.sha256(os.fsencode(mountpoint)).hexdigest()[:32]
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "not a directory of this user")
+        fd = os.open(
+            os.path.join(directory, f"mount-{name}.lock"),
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError as e:
+        sys.stderr.write(
+            f"fs3 mount: warning: no mount lock in {directory} ({e.strerror}): another mount "
+            "started on this directory at the same moment would not be refused\n"
+        )
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _unlock(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _signal_name(number: int) -> str:
@@ -447,10 +544,21 @@ def _replace_dead_mount(path: str) -> bool:
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 mount``; returns the exit status."""
     args = _parser().parse_args(argv)
+    options = [o.strip() for group in args.options for o in group.split(",") if o.strip()]
+    if any(o.split("=", 1)[0] == "max_read" for o in options):
+        sys.stderr.write(
+            "fs3 mount: -o max_read is not supported: libfuse refuses the session with it under "
+            "pyfuse3 ('init() and fuse_session_new() requested different maximum read size'); "
+            "reads reach 1 MiB per request without it\n"
+        )
+        return 2
+    where = os.path.abspath(args.mountpoint)
+    # another fs3 mount starting on this directory now would pass the check below too, and the two
+    # would stack: the check and the mount are done under a lock per directory
+    lock = _mount_lock(resolved(where))
     # a FUSE mount there already (a dead or hung fs3 mount, most likely), from the mount table,
     # before anything starts: a stat of a dead FUSE mount fails (ENOTCONN, "not a directory"
     # below) and one of a hung mount never returns
-    where = os.path.abspath(args.mountpoint)
     for path in dict.fromkeys((where, resolved(where))):
         if taken := mounted_over(path, fuse_only=True):
             if not _replace_dead_mount(path):
@@ -478,9 +586,8 @@ def main(argv: list[str]) -> int:
     failed: Callable[[], None] = lambda: None  # noqa: E731
     if not args.foreground:
         ready, failed = _detach(cfg.log.file)
-    options = [o.strip() for o in args.options.split(",")]
     try:
-        return _run(cfg, os.path.realpath(args.mountpoint), options, ready)
+        return _run(cfg, os.path.realpath(args.mountpoint), options, ready, lambda: _unlock(lock))
     except (FS3Error, RuntimeError) as e:
         reason = e.message if isinstance(e, FS3Error) else str(e)
         if cfg.log.file:  # otherwise the log is standard error, where the line below goes anyway

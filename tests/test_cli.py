@@ -92,6 +92,14 @@ def test_mount_with_an_unwritable_log_file_says_so_in_one_line(tmp_path) -> None
     ]
 
 
+def test_mount_refuses_max_read_before_mounting(tmp_path) -> None:
+    """libfuse refuses the FUSE session after the mount with it under pyfuse3: the command said
+    'mounted' and exited 0 with nothing mounted."""
+    out = fs3("mount", str(tmp_path), "-o", "noatime", "-o", "ro,max_read=131072")
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("fs3 mount: -o max_read is not supported: "), out.stderr
+
+
 def test_a_detached_mount_that_fails_says_why_once(tmp_path) -> None:
     """The reason is printed: no '(see the log)' after it (it was, even with no log file)."""
     cfg = tmp_path / "dead.toml"

@@ -691,6 +691,28 @@ async def test_sigterm_unmounts_cleanly(env: Env) -> None:
     assert not is_mounted(m.path)
 
 
+async def test_sigterm_leaves_a_file_system_mounted_over_the_mount_alone(env: Env) -> None:
+    """libfuse unmounts by path, which takes the topmost mount there: a SIGTERM used to unmount
+    the tmpfs an operator had mounted over the fs3 mount, and leave the fs3 mount dead under it."""
+    m = await env.cluster.mount(env.mnt.parent / "mnt-covered", name="covered")
+    await asyncio.to_thread(_cover_and_terminate, m)
+
+
+def _cover_and_terminate(m: Mount) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(m.path)], check=True)
+    try:
+        (m.path / "on-tmpfs").write_bytes(b"t")
+        assert m.proc.popen is not None
+        m.proc.popen.terminate()
+        assert m.proc.popen.wait(timeout=30) == 0
+        assert (m.path / "on-tmpfs").read_bytes() == b"t"  # the tmpfs is still there
+        assert "another file system is mounted over this one" in m.proc.log()
+    finally:
+        subprocess.run(["umount", str(m.path)], check=True)
+        force_unmount(m.path)  # ours, dead under the tmpfs until then
+    assert not is_mounted(m.path)
+
+
 async def test_a_dead_fs3_mount_is_replaced_by_a_new_mount(env: Env) -> None:
     """A mount process killed (SIGKILL, as the OOM killer does) leaves a dead mount: every access
     fails with ENOTCONN, and a new ``fs3 mount`` there (systemd restarting the service) used to be
@@ -909,6 +931,57 @@ def test_daemon_mode_detaches_and_fusermount_ends_it(env: Env) -> None:
         for pid in _pids_serving(path):
             os.kill(pid, signal.SIGKILL)
         force_unmount(path)
+
+
+def test_two_mounts_started_at_once_on_one_directory_make_one_mount(env: Env) -> None:
+    """Each checked the mount table before either had mounted, and both mounted: two stacked
+    fs3 mounts, the lower one unreachable. Also: -o given twice keeps both lists of options."""
+    path = env.mnt.parent / "mnt-twice"
+    path.mkdir()
+    argv = [
+        *(sys.executable, "-m", "fs3.cli.main", "mount", str(path), "--config", str(env.mount.config)),
+        *("-o", "ro", "-o", "noexec"),
+    ]
+    try:
+        procs = [subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]  # type: ignore[union-attr]
+        assert sorted(rc for rc, _ in results) == [0, 1, 1], results
+        assert all("is already a mount point (fuse.fs3)" in err for rc, err in results if rc == 1)
+        entries = [
+            line.split()
+            for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4] == str(path)
+        ]
+        assert len(entries) == 1, entries
+        assert {"ro", "noexec"} <= set(entries[0][5].split(",")), entries
+        with pytest.raises(OSError) as e:
+            (path / "x").write_bytes(b"x")
+        assert e.value.errno == errno.EROFS
+    finally:
+        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, timeout=30)
+        deadline = time.monotonic() + 30
+        while _pids_serving(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in _pids_serving(path):
+            os.kill(pid, signal.SIGKILL)
+        force_unmount(path)
+
+
+def test_mount_points_with_escaped_characters_in_the_mount_table(tmp_path: Path) -> None:
+    """The kernel writes a mount point's space, tab, newline and backslash as octal escapes: only
+    the space was decoded, so a mount on 'a\\b' was not found (a second fs3 mount stacked on it,
+    fs3 umount said it was not a mount point)."""
+    for name in ("we\\ird", "tab\there", "new\nline", "sp ace"):
+        where = tmp_path / name
+        where.mkdir()
+        assert mount_device(str(where)) is None
+        subprocess.run(["mount", "--bind", str(where), str(where)], check=True)
+        try:
+            assert mount_device(str(where)) is not None, name
+            assert unmount(str(where)) == ""
+            assert mount_device(str(where)) is None
+        finally:
+            subprocess.run(["umount", str(where)], capture_output=True)
 
 
 @pytest.fixture
