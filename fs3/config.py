@@ -201,7 +201,9 @@ class MgmtdConfig:
     node_id: int = opt(1, doc="this mgmtd's node id, unique among mgmtd instances", check=_positive)
     listen_host: str = opt("127.0.0.1", doc="address the gRPC service binds")
     listen_port: int = opt(8000, doc="gRPC port (0 = any free port)", check=_port)
-    cluster_id: str = opt("fs3", doc="cluster name; every service of one cluster uses the same")
+    cluster_id: str = opt(
+        "fs3", doc="cluster name, for people and logs: not checked (the cluster secret tells clusters apart)"
+    )
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret ('' = none, tests only)")
     lease_interval_s: float = opt(
         4.0,
@@ -244,7 +246,9 @@ class MetaConfig:
     mgmtd_addresses: list[str] = opt(
         doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_addresses
     )
-    cluster_id: str = opt("fs3", doc="cluster name")
+    cluster_id: str = opt(
+        "fs3", doc="cluster name, for people and logs: not checked (the cluster secret tells clusters apart)"
+    )
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
@@ -322,7 +326,9 @@ class StorageConfig:
     mgmtd_addresses: list[str] = opt(
         doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_some_addresses
     )
-    cluster_id: str = opt("fs3", doc="cluster name")
+    cluster_id: str = opt(
+        "fs3", doc="cluster name, for people and logs: not checked (the cluster secret tells clusters apart)"
+    )
     cluster_secret_file: str = opt("", doc="file holding the shared cluster secret")
     transport: str = opt("auto", doc="auto, tcp or rdma", check=_choice("auto", "tcp", "rdma"))
     rdma: RdmaConfig = opt(doc="RDMA transport", factory=RdmaConfig)
@@ -409,7 +415,9 @@ class ClientConfig:
     mgmtd_addresses: list[str] = opt(
         doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_some_addresses
     )
-    cluster_id: str = opt("fs3", doc="cluster name")
+    cluster_id: str = opt(
+        "fs3", doc="cluster name, for people and logs: not checked (the cluster secret tells clusters apart)"
+    )
     token_file: str = opt("", doc="file holding this client's user token")
     user_auth: bool = opt(
         False,
