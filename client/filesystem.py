@@ -70,6 +70,12 @@ from fs3.proto import meta_pb2 as m
 
 log = logging.getLogger(__name__)
 
+# A close meta did not answer is sent again after END_AGAIN_FIRST_S, then at doubling intervals up
+# to END_AGAIN_MAX_S; a client being closed gives those in flight END_AGAIN_AT_CLOSE_S more.
+END_AGAIN_FIRST_S = 1.0
+END_AGAIN_MAX_S = 30.0
+END_AGAIN_AT_CLOSE_S = 5.0
+
 _TYPE_BITS = {
     m.INODE_FILE: stat_mod.S_IFREG,
     m.INODE_DIRECTORY: stat_mod.S_IFDIR,
@@ -382,6 +388,9 @@ class FileSystem:
         self._session: ClientSessionKeeper | None = None
         # closes whose caller was cancelled, finishing in the background (see _close)
         self._closing: set[asyncio.Task[None]] = set()
+        # session ends meta did not answer, sent again in the background (see _end_again)
+        self._ending_again: set[asyncio.Task[None]] = set()
+        self._end_again_now = asyncio.Event()
 
     @classmethod
     async def connect(
@@ -501,6 +510,18 @@ class FileSystem:
         that were cancelled and go on in the background end first."""
         while self._closing:
             await asyncio.wait(list(self._closing))
+        if self._ending_again:  # one more try each, at once, then they are left to meta's expiry
+            self._end_again_now.set()
+            _, left = await asyncio.wait(list(self._ending_again), timeout=END_AGAIN_AT_CLOSE_S)
+            for task in left:
+                task.cancel()
+            if left:
+                log.warning(
+                    "sessions left open on meta: their close did not reach it count=%d (meta "
+                    "ends them once this client's session expires)",
+                    len(left),
+                )
+            await asyncio.gather(*left, return_exceptions=True)
         if self._session is not None:
             await self._session.stop()
         await self.meta.close()  # before the connections end: it would close sessions again
@@ -835,6 +856,8 @@ class FileSystem:
                 except FS3Error as e:
                     # meta ended the session: the close has nothing left to do but report
                     if not self._ended_by_meta(h, e, wrote):
+                        if e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED:
+                            self._end_again(h.inode_id, h.session_id, length, wrote)
                         raise
                     if h.lost_writes:
                         raise _session_lost_error(h) from None
@@ -852,6 +875,43 @@ class FileSystem:
                 del self._states[h.inode_id]
                 if self.meta.handles is not None:
                     self.meta.handles.unpin(h.inode_id)
+
+    def _end_again(self, inode_id: int, session_id: int, length: int, wrote: bool) -> None:
+        """A close that meta did not answer (unreachable for the whole retry budget) is sent again
+        in the background until meta answers it: the session would otherwise stay on meta for as
+        long as this client lives, and with it every chunk of the file, should it be unlinked
+        (the collector waits for the last session). The written length it reports is a hint meta
+        checks against truncates since (meta.sessions), so a late one is safe."""
+        task = asyncio.get_running_loop().create_task(self._close_again(inode_id, session_id, length, wrote))
+        self._ending_again.add(task)
+        task.add_done_callback(self._ending_again.discard)
+
+    async def _close_again(self, inode_id: int, session_id: int, length: int, wrote: bool) -> None:
+        delay = END_AGAIN_FIRST_S
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._end_again_now.wait()
+            try:
+                await self.meta.close_file(inode_id, session_id, length, wrote=wrote)
+            except FS3Error as e:
+                if e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED:
+                    delay = min(2 * delay, END_AGAIN_MAX_S)
+                    continue
+                if e.code not in (StatusCode.META_BAD_HANDLE, StatusCode.SESSION_LOST, StatusCode.NOT_FOUND):
+                    log.warning(
+                        "closing a session again failed inode=%#x session=%d error=%s",
+                        inode_id,
+                        session_id,
+                        e,
+                    )
+                return  # (else the first close reached meta after all, or meta ended the session)
+            log.info(
+                "closed a session meta had not answered the close of inode=%#x session=%d",
+                inode_id,
+                session_id,
+            )
+            return
 
     def _close_later(self, h: OpenFile) -> None:
         """Finish closing ``h`` in a task of its own, kept until it ends (:meth:`close` waits for it)."""

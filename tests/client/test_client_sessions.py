@@ -249,3 +249,32 @@ async def test_a_paused_client_whose_file_sessions_meta_kept_writes_on(tmp_path)
         await f.fsync()
         await f.close()
         assert await (await c.connect()).read_file("/a") == b"1" * 4096 + b"2" * 4096
+
+
+async def test_a_close_meta_did_not_answer_is_sent_again_so_an_unlinked_file_is_collected(tmp_path) -> None:
+    """The close of a written file failed (meta down past the client's retry budget): the client
+    forgot the session, meta kept it for as long as the client lived, and the file, unlinked
+    later, kept every chunk on storage. The close still fails, and is sent again in the background
+    once meta is back."""
+    async with FsCluster(tmp_path, chains=1, stripe=1) as c:
+        fs = await c.connect()
+        other = await c.connect()
+        fs.meta.timeout_s = 2.0  # the close's retry budget
+        f = await fs.open("/victim", "w")
+        await f.write(b"x" * 300_000)
+        await f.fsync()
+        inode_id = f.handle.inode_id
+        assert await _chunks_of(other, inode_id) > 0
+        c.kill_meta(0)
+        with pytest.raises(FS3Error) as e:
+            await f.close()
+        assert e.value.retryable or e.value.code == StatusCode.DEADLINE_EXCEEDED, e.value
+        c.start_meta(0)
+        await c.cluster._read_port(c.tmp / "meta-0.port", c.meta_procs[0], 30)
+        assert (await other.stat("/victim")).st_size == 300_000
+        await other.unlink("/victim")
+
+        async def collected() -> bool:
+            return await _chunks_of(other, inode_id) == 0
+
+        await _until(collected, 30, "the unlinked file's chunks to be collected")  # fs still open
