@@ -78,6 +78,10 @@ RECLOSE_S = 120.0
 RECLOSE_MAX = 65536
 #: sessions per EndReadSessions or RestoreReadSessions request
 MAX_END_READ_SESSIONS = 4096
+#: an open or create given up on (its outcome unknown) is settled after this long, then at doubling
+#: intervals up to SETTLE_MAX_S while meta cannot be reached (see QueuedSessions.settle)
+SETTLE_FIRST_S = 1.0
+SETTLE_MAX_S = 30.0
 
 
 class QueuedSessions:
@@ -103,6 +107,7 @@ class QueuedSessions:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.ended = 0  # sessions ended again (for tests and logs)
+        self.settled = 0  # sessions of opens given up on, found and closed (see settle)
         self.restored = 0  # sessions put again
         client.rpc.on_connection_lost(self.lost)
 
@@ -263,6 +268,46 @@ class QueuedSessions:
             RECLOSE_S,
         )
 
+    def settle(
+        self, client: MetaClient, request_id: int, rsp_cls: type[m.OpenRsp] | type[m.CreateRsp]
+    ) -> None:
+        """An open, or a create with a session, that ``client`` gave up on (meta unreachable past
+        its retry budget, or the answer lost) may have opened a session on meta all the same:
+        nobody would close it, and it would keep the file's chunks, once unlinked, for as long as
+        this client lives. Meta is asked what became of the request (SettleRequest) until it
+        answers; a session it opened is closed, and a request not done yet never will be."""
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._settle(client, request_id, rsp_cls))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, client: MetaClient, request_id: int, rsp_cls: type[Message]) -> None:
+        delay = SETTLE_FIRST_S
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                done = await client.call("SettleRequest", m.SettleRequestReq(request_id=request_id))
+                if not done.done or not done.response:
+                    return  # not done, and now never will be
+                rsp = rsp_cls.FromString(done.response)
+                if rsp.session_id:  # type: ignore[attr-defined]
+                    await client.close_file(rsp.inode.id, rsp.session_id)  # type: ignore[attr-defined]
+                    self.settled += 1
+                    log.info(
+                        "closed the session of an open given up on inode=%#x session=%d",
+                        rsp.inode.id,  # type: ignore[attr-defined]
+                        rsp.session_id,  # type: ignore[attr-defined]
+                    )
+                return
+            except FS3Error as e:
+                if e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED:
+                    delay = min(2 * delay, SETTLE_MAX_S)
+                    continue
+                if e.code != StatusCode.META_BAD_HANDLE:  # (its session ended already)
+                    log.warning("settling an open given up on failed request_id=%d error=%s", request_id, e)
+                return
+
     async def close(self) -> None:
         self._closed = True
         self._client.rpc.remove_connection_lost(self.lost)
@@ -322,6 +367,7 @@ META_SERVICE = ServiceDef(
             m.RestoreReadSessionsReq,
             m.RestoreReadSessionsRsp,
         ),
+        m.METHOD_META_SETTLE_REQUEST: ("SettleRequest", m.SettleRequestReq, m.SettleRequestRsp),
     },
 )
 
@@ -645,7 +691,12 @@ class MetaClient:
         session: bool = False,
     ) -> m.CreateRsp:
         req = m.CreateReq(parent=parent, name=name, mode=mode, flags=flags, umask=umask, open_session=session)
-        rsp = await self.call("Create", req, request_id=True)
+        try:
+            rsp = await self.call("Create", req, request_id=True)
+        except FS3Error as e:
+            if session:
+                self._settle_if_unknown(e, req.hdr.request_id, m.CreateRsp)
+            raise
         if rsp.capability and self.capabilities is not None:
             self.capabilities.put(rsp.inode.id, rsp.capability)
         return rsp
@@ -728,12 +779,25 @@ class MetaClient:
     async def open(self, inode_id: int, flags: int = 0) -> m.OpenRsp:
         """Open ``inode_id``. A handle of a session this returns is closed by :meth:`close_file`, or
         given up with :meth:`forget_session` (a session meta ended)."""
-        rsp, address = await self._call("Open", m.OpenReq(inode_id=inode_id, flags=flags), request_id=True)
+        req = m.OpenReq(inode_id=inode_id, flags=flags)
+        try:
+            rsp, address = await self._call("Open", req, request_id=True)
+        except FS3Error as e:
+            self._settle_if_unknown(e, req.hdr.request_id, m.OpenRsp)
+            raise
         if rsp.session_queued:
             self._queued_ends.opened(address, self, inode_id, rsp.session_id)
         if rsp.capability and self.capabilities is not None:
             self.capabilities.put(rsp.inode.id, rsp.capability)
         return rsp
+
+    def _settle_if_unknown(
+        self, e: FS3Error, request_id: int, rsp_cls: type[m.OpenRsp] | type[m.CreateRsp]
+    ) -> None:
+        """After an open or create failed: if its outcome is unknown (meta not reached, or its
+        answer lost), have it settled (:meth:`QueuedSessions.settle`)."""
+        if request_id and (e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED):
+            self._queued_ends.settle(self, request_id, rsp_cls)
 
     async def capability(self, inode_id: int, rights: int) -> bytes:
         """A new capability for file ``inode_id`` with ``rights`` (``fs3.capability.READ``,

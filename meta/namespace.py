@@ -180,6 +180,23 @@ class Namespace:
 
         return await self.db.run(once)
 
+    async def settle_request(self, client_id: int, request_id: int) -> meta_pb2.SettleRequestRsp:
+        """What became of request ``request_id`` of ``client_id``, which its client gave up
+        waiting for: its recorded response if it was done; else a record that makes any attempt
+        of it still under way, or sent again, answer an empty response and do nothing."""
+        key = schema.idem_key(client_id, request_id)
+
+        async def fn(tr: Transaction) -> meta_pb2.SettleRequestRsp:
+            raw = await tr.get(key)
+            if raw is not None:
+                return meta_pb2.SettleRequestRsp(
+                    done=True, response=meta_pb2.IdemRecord.FromString(raw).response
+                )
+            tr.set(key, meta_pb2.IdemRecord(created_ns=inodes.now_ns()).SerializeToString())
+            return meta_pb2.SettleRequestRsp(done=False)
+
+        return await self.db.run(fn)
+
     async def ensure_root(self, mode: int = 0o755) -> None:
         """Create the root directory (owned by root) unless it exists."""
 

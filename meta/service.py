@@ -272,6 +272,13 @@ class MetaService:
             capability=await self._grant(cred, ino, req.flags, False),
         )
 
+    async def SettleRequest(self, req: m.SettleRequestReq, _p: Any, _c: CallContext) -> m.SettleRequestRsp:
+        if self._known(req.hdr.user) is None:
+            await self._credentials(req.hdr.user)
+        if not req.hdr.client_id or not req.request_id:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "SettleRequest needs a client id and a request id")
+        return await self.store.settle_request(req.hdr.client_id, req.request_id)
+
     async def Capability(self, req: m.CapabilityReq, _p: Any, _c: CallContext) -> m.CapabilityRsp:
         """A new capability for a file the caller may access with ``rights`` now, checked as an
         open would (for a user connection whose capability expired or was refused), except that

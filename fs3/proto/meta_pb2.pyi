@@ -40,6 +40,7 @@ class MetaMethod(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     METHOD_META_CAPABILITY: _ClassVar[MetaMethod]
     METHOD_META_END_READ_SESSIONS: _ClassVar[MetaMethod]
     METHOD_META_RESTORE_READ_SESSIONS: _ClassVar[MetaMethod]
+    METHOD_META_SETTLE_REQUEST: _ClassVar[MetaMethod]
 
 class InodeType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -94,6 +95,7 @@ METHOD_META_SET_LAYOUT: MetaMethod
 METHOD_META_CAPABILITY: MetaMethod
 METHOD_META_END_READ_SESSIONS: MetaMethod
 METHOD_META_RESTORE_READ_SESSIONS: MetaMethod
+METHOD_META_SETTLE_REQUEST: MetaMethod
 INODE_TYPE_UNSPECIFIED: InodeType
 INODE_FILE: InodeType
 INODE_DIRECTORY: InodeType
@@ -565,6 +567,22 @@ class PruneSessionRsp(_message.Message):
     PRUNED_FIELD_NUMBER: _ClassVar[int]
     pruned: int
     def __init__(self, pruned: _Optional[int] = ...) -> None: ...
+
+class SettleRequestReq(_message.Message):
+    __slots__ = ("hdr", "request_id")
+    HDR_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    hdr: MetaRequestHeader
+    request_id: int
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., request_id: _Optional[int] = ...) -> None: ...
+
+class SettleRequestRsp(_message.Message):
+    __slots__ = ("done", "response")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    response: bytes
+    def __init__(self, done: _Optional[bool] = ..., response: _Optional[bytes] = ...) -> None: ...
 
 class SessionRef(_message.Message):
     __slots__ = ("inode", "session_id")

@@ -278,3 +278,64 @@ async def test_a_close_meta_did_not_answer_is_sent_again_so_an_unlinked_file_is_
             return await _chunks_of(other, inode_id) == 0
 
         await _until(collected, 30, "the unlinked file's chunks to be collected")  # fs still open
+
+
+async def test_an_open_given_up_on_is_settled_and_its_session_closed(tmp_path) -> None:
+    """An open meta did (a session) whose answer never reached the client: nobody closed that
+    session, which kept the file's chunks after an unlink for as long as the client lived. The
+    client asks meta what became of a request it gave up on (SettleRequest): a session it opened
+    is closed; a request not done yet never will be (a late attempt of it opens nothing)."""
+    async with FsCluster(tmp_path, chains=1, stripe=1) as c:
+        fs = await c.connect()
+        other = await c.connect()
+        await fs.write_file("/f", b"y" * 200_000)
+        inode_id = (await fs.stat("/f")).st_ino
+        queued = fs.meta._queued_ends
+
+        # done, the answer lost: its session is found and closed
+        req = m.OpenReq(inode_id=inode_id, flags=os.O_WRONLY)
+        lost, _ = await fs.meta._call("Open", req, request_id=True)
+        assert lost.session_id
+        queued.settle(fs.meta, req.hdr.request_id, m.OpenRsp)
+        await _until(lambda: _settled(queued, 1), 30, "the open to be settled")
+        await other.unlink("/f")
+
+        async def collected() -> bool:
+            return await _chunks_of(other, inode_id) == 0
+
+        await _until(collected, 30, "the unlinked file's chunks to be collected")
+
+        # not done: settling it makes a late attempt of it do nothing
+        await fs.write_file("/g", b"z")
+        g = (await fs.stat("/g")).st_ino
+        late = m.OpenReq(inode_id=g, flags=os.O_WRONLY | os.O_TRUNC)
+        late.hdr.request_id = fs.meta._next_request_id()
+        rsp = await fs.meta.call("SettleRequest", m.SettleRequestReq(request_id=late.hdr.request_id))
+        assert not rsp.done
+        answered = await fs.meta.call("Open", late)  # (the same request id: not drawn again)
+        assert answered.session_id == 0
+        assert await fs.read_file("/g") == b"z"  # not truncated
+
+        # meta out of reach: the open fails, and is settled once meta is back
+        c.kill_meta(0)
+        fs.meta.timeout_s = 1.0
+        with pytest.raises(FS3Error) as e:
+            await fs.meta.open(g, os.O_WRONLY)
+        assert e.value.retryable or e.value.code == StatusCode.DEADLINE_EXCEEDED, e.value
+        assert len(_settling(queued)) == 1
+        c.start_meta(0)
+        await c.cluster._read_port(c.tmp / "meta-0.port", c.meta_procs[0], 30)
+        await _until(lambda: _no_tasks(queued), 40, "the failed open to be settled")
+        assert queued.settled == 1  # (it had not been done)
+
+
+async def _settled(queued, n: int) -> bool:  # type: ignore[no-untyped-def]
+    return queued.settled >= n
+
+
+def _settling(queued) -> list:  # type: ignore[no-untyped-def]
+    return [t for t in queued._tasks if t.get_coro().__name__ == "_settle"]
+
+
+async def _no_tasks(queued) -> bool:  # type: ignore[no-untyped-def]
+    return not _settling(queued)
