@@ -11,8 +11,10 @@ misplaced or corrupt sector is a violation even while the outcome of an operatio
 
 Each writer keeps a model of the *acknowledged* state of its files only: content is recorded after
 ``fsync`` or ``close`` returns, a truncate, rename or unlink after it returns. When an operation fails
-(a daemon died under it) its outcome is ambiguous, so the writer checks what is there for garbage and
-then rewrites or removes the file until that succeeds, which makes the model definitive again.
+(a daemon died under it, or the client's retry budget ran out: ``client_retry_s`` makes that common)
+its outcome is ambiguous, but only within bounds (:func:`failed_op_problem`): the writer reads what
+is there, checks it against the acknowledged state and the operation in flight, then rewrites or
+removes the file until that succeeds, which makes the model definitive again.
 
 :func:`run_workload` returns the problems found; an empty list means:
 
@@ -21,7 +23,10 @@ then rewrites or removes the file until that succeeds, which makes the model def
   bytes and size; deleted files are gone;
 - a file unlinked while a reader held it open reads back, past the collector's grace, exactly the
   bytes it held when unlinked (its read session kept it; never zeros, old data or a lost session);
-- no operation failed with an errno other than EIO/ETIMEDOUT, and none hung;
+- after a failed operation its files hold the acknowledged state, changed only as far as that
+  operation could have changed it (no acknowledged byte lost, no byte of another write);
+- no operation failed with a status other than a transient one (a daemon gone, a deadline, a
+  retry budget spent): a checksum mismatch or an internal error is a problem; none hung;
 - at the end every chain's replicas hold the same chunks (length and checksum), none pending or
   lost, and no chunk belongs to an inode that no longer exists.
 """
@@ -49,7 +54,7 @@ from cluster import Proc, wait_until
 from fs_cluster import FsCluster
 
 from fs3.client.filesystem import FileSystem
-from fs3.errors import FS3Error, StatusCode, to_errno
+from fs3.errors import RETRYABLE, FS3Error, StatusCode, to_errno
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,9 @@ MGMTD_STOP_FENCE_S = 6.0
 SECTOR = 512
 MAGIC = b"CHAO"
 _HEADER = struct.Struct("<4sIQQQ")  # magic, writer, write id, sector index, generation: 32 bytes
-_EXPECTED_ERRNOS = {errno.EIO, errno.ETIMEDOUT}  # what a caller may see while daemons die
+# what a caller may see while daemons die: a daemon gone or not serving yet, a deadline, a retry
+# budget spent (anything else, such as a checksum mismatch or an internal error, is a problem)
+_EXPECTED_CODES = RETRYABLE | {StatusCode.DEADLINE_EXCEEDED, StatusCode.KV_RETRY_LIMIT, StatusCode.CANCELLED}
 GC_GRACE_S = 2.0  # meta's gc_grace_s (its default): when the collector may take an unlinked file
 
 T = TypeVar("T")
@@ -80,6 +87,7 @@ class WorkloadConfig:
     max_gap_s: float = 5.0  # longest pause between cycles
     max_down_s: float = 5.0  # longest time a killed daemon stays down
     readback_probability: float = 0.2
+    client_retry_s: float | None = None  # the clients' retry budget for meta and storage calls
     hang_s: float = 150.0  # an operation taking longer than this is a hang
     settle_s: float = 300.0  # time for the cluster to serve every chain again at the end
     chunk_settle_s: float = 60.0  # time for resync and chunk GC to finish at the end
@@ -147,12 +155,12 @@ class Findings:
         self.problems.append(text)
 
     def error(self, what: str, exc: BaseException) -> None:
-        """Count an operation's failure; an errno other than EIO/ETIMEDOUT is a problem."""
+        """Count an operation's failure; a status other than a transient one is a problem."""
         if isinstance(exc, FS3Error):
             code = StatusCode(exc.code).name if exc.code in StatusCode._value2member_map_ else exc.code
             en = to_errno(exc.code)
             self.errors[f"{what}:{code}/{errno.errorcode.get(en, en)}"] += 1
-            if en not in _EXPECTED_ERRNOS:
+            if exc.code not in _EXPECTED_CODES:
                 self.problem(f"{what}: unexpected {code} ({errno.errorcode.get(en, en)}): {exc}")
         elif isinstance(exc, TimeoutError):
             self.errors[f"{what}:hang"] += 1  # already reported by timed()
@@ -169,6 +177,105 @@ class Findings:
             raise
         finally:
             self.max_latency_s = max(self.max_latency_s, time.monotonic() - start)
+
+
+# -- failed operations ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class InFlight:
+    """The operation a writer has under way, enough to bound what its failure may have left."""
+
+    kind: str
+    before: dict[str, bytes | None]  # each file's acknowledged content as the operation began
+    write_id: int | None = None  # the sectors it writes carry this id
+    opened: bool = False  # seqwrite: its truncating open returned
+    new_length: int | None = None  # truncate: the length asked for
+
+
+def _is_sector_of(s: bytes, writer: int, write_id: int | None, index: int) -> bool:
+    """Whether ``s`` is a whole, valid sector that ``writer``'s write ``write_id`` puts at ``index``."""
+    if write_id is None or len(s) < SECTOR or s[:4] != MAGIC:
+        return False
+    _, w, wid, i, generation = _HEADER.unpack(s[: _HEADER.size])
+    return (w, wid, i) == (writer, write_id, index) and s == sector(w, wid, i, generation)
+
+
+def _written_over(data: bytes, acked: bytes, writer: int, write_id: int | None) -> str | None:
+    """What is wrong with ``data`` as ``acked`` after writes of ``write_id`` that may or may not
+    have landed: every acknowledged sector is there or was written over by that write, and past the
+    acknowledged end there is only that write's sectors or zeros. None if nothing."""
+    if len(data) < len(acked):
+        return f"shorter ({len(data)}) than acknowledged ({len(acked)})"
+    for pos in range(0, len(data), SECTOR):
+        s = data[pos : pos + SECTOR]
+        if pos < len(acked) and s == acked[pos : pos + SECTOR]:
+            continue
+        if _is_sector_of(s, writer, write_id, pos // SECTOR):
+            continue
+        if pos >= len(acked) and s.count(0) == len(s):
+            continue
+        return f"sector @{pos} is neither acknowledged nor of the write in flight: {bad_sectors(writer, s) or s[:32].hex()}"
+    return None
+
+
+def write_ids(data: bytes) -> dict[int, int]:
+    """How many sectors of each write id ``data`` holds (0: zero sectors; -1: not a sector)."""
+    ids: Counter[int] = Counter()
+    for pos in range(0, len(data), SECTOR):
+        s = data[pos : pos + SECTOR]
+        if s.count(0) == len(s):
+            ids[0] += 1
+        elif len(s) == SECTOR and s[:4] == MAGIC:
+            ids[_HEADER.unpack(s[: _HEADER.size])[2]] += 1
+        else:
+            ids[-1] += 1
+    return dict(ids)
+
+
+def failed_op_problem(
+    op: InFlight, writer: int, acked: dict[str, bytes], found: dict[str, bytes | None]
+) -> str | None:
+    """What is wrong with ``found`` (each file's content, None if absent) after ``op`` failed, its
+    outcome unknown; ``acked`` is the writer's model then (what fsyncs during the operation
+    acknowledged). None if it is one of the operation's possible outcomes."""
+    before = op.before
+    if op.kind == "rename":
+        a, b = list(before)
+        if found[a] is None:  # applied
+            return (
+                None if found[b] == before[a] else "renamed, but the target does not hold the source's bytes"
+            )
+        return None if found[a] == before[a] and found[b] == before[b] else "not renamed, but changed"
+    (name,) = before
+    data, old = found[name], before[name]
+    if op.kind == "unlink":
+        return None if data is None or data == old else "not unlinked, but changed"
+    if data is None:
+        return f"gone after a failed {op.kind}" if old is not None or op.opened else None
+    if op.kind == "truncate":
+        assert old is not None and op.new_length is not None
+        return _cut(data, old, op.new_length)
+    if op.kind == "seqwrite" and not op.opened:  # its O_TRUNC open may or may not have happened
+        return _cut(data, old or b"", 0)
+    return _written_over(data, acked.get(name, b""), writer, op.write_id)
+
+
+def _cut(data: bytes, old: bytes, new: int) -> str | None:
+    """What is wrong with ``data`` as what a truncate of ``old`` to ``new`` bytes that failed may
+    have left: the old length or the new, the bytes below the cut unchanged, and past it old bytes
+    or zeros (meta trims storage first, then sets the length: a failure in between leaves the old
+    length with the trimmed chunks reading as zeros, meta/namespace.py)."""
+    if len(data) not in (len(old), new):
+        return f"length {len(data)}, neither the old {len(old)} nor the new {new}"
+    keep = min(new, len(old), len(data))
+    if data[:keep] != old[:keep]:
+        return f"bytes below the cut changed at {first_difference(data[:keep], old[:keep])}"
+    for pos in range(keep, len(data), SECTOR):
+        s = data[pos : pos + SECTOR]
+        if s.count(0) != len(s) and s != old[pos : pos + SECTOR]:
+            return f"sector @{pos} past the cut is neither old nor zero"
+    return None
 
 
 # -- writers and readers --------------------------------------------------------------------------
@@ -197,6 +304,7 @@ class Writer:
         self.model: dict[str, bytearray] = {}  # name -> acknowledged content
         self.generation = 0
         self.held: set[asyncio.Task[None]] = set()  # reads of files unlinked while held open
+        self.op = InFlight("", {})
 
     def path(self, name: str) -> str:
         return f"{self.dir}/{name}"
@@ -212,6 +320,7 @@ class Writer:
         while not stop.is_set():
             kind, names = self._choose()
             what = f"w{self.index} {kind} {names}"
+            self.op = InFlight(kind, {n: bytes(self.model[n]) if n in self.model else None for n in names})
             try:
                 await self.findings.timed(what, getattr(self, "_" + kind)(*names))
                 self.findings.ops[kind] += 1
@@ -254,9 +363,11 @@ class Writer:
     async def _seqwrite(self, name: str) -> None:
         """O_TRUNC create, then sequential writes with occasional fsyncs."""
         write_id, self.generation = next(self.write_ids), self.generation + 1
+        self.op.write_id = write_id
         content = bytearray()
         async with self._open(name, "w") as f:
             self.model[name] = bytearray()  # the truncating open returned
+            self.op.opened = True
             total = self.rng.randint(1, self.config.max_sectors)
             pos = 0
             while pos < total:
@@ -275,7 +386,7 @@ class Writer:
 
     async def _overwrite(self, name: str) -> None:
         """Rounds of random pwrites (also past the end, leaving holes), each round fsynced."""
-        write_id = next(self.write_ids)
+        write_id = self.op.write_id = next(self.write_ids)
         content = bytearray(self.model[name])
         async with self._open(name, "r+") as f:
             for _ in range(self.rng.randint(1, 4)):
@@ -295,6 +406,7 @@ class Writer:
     async def _append(self, name: str) -> None:
         """O_APPEND writes, sometimes fsynced."""
         write_id, self.generation = next(self.write_ids), self.generation + 1
+        self.op.write_id = write_id
         content = bytearray(self.model[name])
         if len(content) % SECTOR:
             return
@@ -311,7 +423,7 @@ class Writer:
     async def _truncate(self, name: str) -> None:
         """Shrink or extend (with zeros), by path or through an open file."""
         content = self.model[name]
-        new = self.rng.randint(0, len(content) // SECTOR + 8) * SECTOR
+        new = self.op.new_length = self.rng.randint(0, len(content) // SECTOR + 8) * SECTOR
         if self.rng.random() < 0.5:
             await self.fs.truncate(self.path(name), new)
         else:
@@ -364,23 +476,41 @@ class Writer:
                 await asyncio.wait_for(f.close(), 90)
 
     async def recover(self, names: list[str]) -> None:
-        """After a failed operation: check what each of ``names`` holds for garbage, then rewrite or
-        remove it until that succeeds, so that the model is definitive again."""
+        """After a failed operation: read what each of ``names`` holds (until a read succeeds) and
+        judge it against the acknowledged state and the operation (:func:`failed_op_problem`), then
+        rewrite or remove each until that succeeds, so that the model is definitive again."""
         timed = self.findings.timed
+        deadline = time.monotonic() + 2 * self.config.hang_s
+        found: dict[str, bytes | None] = {}
         for name in names:
-            deadline = time.monotonic() + 2 * self.config.hang_s
+            while name not in found:
+                try:
+                    if await timed(f"w{self.index} recover exists", self.fs.exists(self.path(name))):
+                        found[name] = await timed(
+                            f"w{self.index} recover read", self.fs.read_file(self.path(name))
+                        )
+                    else:
+                        found[name] = None
+                except Exception as e:
+                    self.findings.error("recover read", e)
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"could not read {self.path(name)}: {e!r}") from e
+                    await asyncio.sleep(0.5 + self.rng.random())
+        acked = {n: bytes(c) for n, c in self.model.items()}
+        if problem := failed_op_problem(self.op, self.index, acked, found):
+            now = {n: None if d is None else write_ids(d) for n, d in found.items()}
+            was = {n: None if d is None else write_ids(d) for n, d in self.op.before.items()}
+            self.findings.problem(
+                f"after a failed {self.op.kind} of {[self.path(n) for n in names]} (write "
+                f"{self.op.write_id}): {problem}; sectors by write id before {was}, now {now}"
+            )
+        for name in names:
+            gone = found[name] is None
             while True:
                 try:
-                    if not await timed(f"w{self.index} recover exists", self.fs.exists(self.path(name))):
+                    if gone:
                         self.model.pop(name, None)
-                        break
-                    with contextlib.suppress(FS3Error):
-                        data = await timed(f"w{self.index} recover read", self.fs.read_file(self.path(name)))
-                        if bad := bad_sectors(self.index, data):
-                            self.findings.problem(
-                                f"{self.path(name)} after a failed operation (len {len(data)}): {bad[:5]}"
-                            )
-                    if self.rng.random() < 0.3:
+                    elif self.rng.random() < 0.3:
                         await timed(f"w{self.index} recover unlink", self.fs.unlink(self.path(name)))
                         self.model.pop(name, None)
                     else:
@@ -599,6 +729,9 @@ async def run_workload(tmp: Path, config: WorkloadConfig) -> Findings:
     try:
         await fc.start()
         clients = [await fc.connect() for _ in range(config.clients)]
+        if config.client_retry_s is not None:  # failures become common: their checks then run
+            for c in clients:
+                c.meta.timeout_s = c.storage.retry.total_s = config.client_retry_s
         write_ids = itertools.count(1)
         writers = [
             Writer(i, clients[i % len(clients)], random.Random(rng.random()), config, write_ids, findings)
