@@ -158,7 +158,10 @@ class OpenDir:
     meanwhile never make another be listed twice or skipped. Offset 0 (the first READDIR, or
     rewinddir) starts a new listing of the directory as it is then."""
 
-    meta: MetaClient  # acting as the caller of opendir
+    # The mount's own identity, not the caller's: the kernel checked read permission at opendir
+    # (default_permissions), and as on a local file system a chmod after that does not end the
+    # listing (meta checks every page it is asked for; as the caller, EACCES came mid-listing).
+    meta: MetaClient
     inode: int
     dots: tuple[tuple[bytes, m.Inode], tuple[bytes, m.Inode]]
     names: list[bytes] = field(default_factory=list)  # the name at offset _DOTS + 1 + i
@@ -810,7 +813,7 @@ class Fs3Operations(pyfuse3.Operations):
             me = held
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()
-        self._dirs[fh] = OpenDir(meta, inode, ((b".", me), (b"..", up)))
+        self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)))
         return fh
 
     @_translate

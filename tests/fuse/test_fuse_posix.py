@@ -407,6 +407,63 @@ def test_non_owner_denied(env: Env) -> None:
     assert r.returncode != 0 and "Operation not permitted" in r.stderr
 
 
+_LIST_AFTER_CHMOD = """
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+buf = ctypes.create_string_buffer(512)  # a few entries per getdents64: one READDIR each
+
+def names():
+    n = libc.syscall(217, fd, buf, len(buf))  # SYS_getdents64 on x86-64
+    if n < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    out, pos = [], 0
+    while pos < n:
+        reclen = struct.unpack_from("<QqH", buf.raw, pos)[2]
+        out.append(buf.raw[pos + 19 : pos + reclen].split(b"\\0", 1)[0])
+        pos += reclen
+    return out
+
+listed = names()
+print("opened", flush=True)
+sys.stdin.readline()  # the directory's mode is 0 now
+while batch := names():
+    listed += batch
+print(len([n for n in listed if n.startswith(b"f")]))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the getdents64 syscall number is x86-64's")
+def test_a_listing_goes_on_after_a_chmod_of_the_directory(env: Env) -> None:
+    """Read permission is checked when a directory is opened, as for any file: a user listing a
+    directory whose mode is then set to 0 lists it to the end (meta checked every page as the
+    caller: the next getdents64 failed with EACCES)."""
+    d = env.mnt / "listed-while-chmodded"
+    d.mkdir()
+    for i in range(300):
+        (d / f"f{i:04d}").write_bytes(b"")
+    d.chmod(0o755)
+    as_user = ["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups"]
+    p = subprocess.Popen(
+        [*as_user, sys.executable, "-c", _LIST_AFTER_CHMOD, d.name],
+        cwd=env.mnt,  # (the directories above the mount are root's alone)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "opened\n", p.stderr.read() if p.stderr else ""
+        d.chmod(0)
+        out, err = p.communicate("go\n", timeout=60)
+        assert p.returncode == 0, err
+        assert out.split() == ["300"], (out, err)
+    finally:
+        d.chmod(0o755)
+        if p.poll() is None:
+            p.kill()
+
+
 def test_writes_clear_setuid_and_a_chmod_after_them_holds(env: Env) -> None:
     """A user rewriting a setuid file (write permission) drops the bit, as on Linux (the mount runs
     with HANDLE_KILLPRIV: the kernel leaves it to the file system); a chmod the writer makes after
