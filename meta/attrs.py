@@ -10,6 +10,8 @@ non-root chmod by someone outside the file's group clears setgid; any change set
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.kv import Transaction
 from fs3.meta import inode as inodes
@@ -33,7 +35,10 @@ XATTR_CREATE = 1
 XATTR_REPLACE = 2
 XATTR_NAME_MAX = 255
 XATTR_SIZE_MAX = 65536
-XATTR_TOTAL_MAX = 65536  # all of an inode's attributes together, so the inode stays one small value
+# All of an inode's attributes together, as stored (names, values and their encoding: ~4 bytes
+# each), so that the inode stays one value well within the store's limit (100,000 bytes, as
+# FoundationDB's) whatever else it grows by (a chown, a length, a layout).
+XATTR_TOTAL_MAX = 65536
 _USER = b"user."
 
 
@@ -46,6 +51,16 @@ def _check_xattr_name(name: bytes) -> None:
         raise FS3Error(
             StatusCode.META_NOT_SUPPORTED, f"only user.* xattrs are supported, not {quote_name(name)}"
         )
+
+
+def _stored_size(xattrs: Sequence[meta_pb2.Xattr]) -> int:
+    """The bytes ``xattrs`` take in their inode's encoding: a tag (field 16: two bytes), a length
+    and the entry each."""
+    return sum(2 + _varint_size(n) + n for n in (x.ByteSize() for x in xattrs))
+
+
+def _varint_size(n: int) -> int:
+    return max(1, (n.bit_length() + 6) // 7)
 
 
 class AttrOps(Namespace):
@@ -255,7 +270,7 @@ class AttrOps(Namespace):
                 ino.xattrs.add(name=name, value=value)
             else:
                 ino.xattrs[idx].value = value
-            if sum(len(x.name) + len(x.value) for x in ino.xattrs) > XATTR_TOTAL_MAX:
+            if _stored_size(ino.xattrs) > XATTR_TOTAL_MAX:
                 raise FS3Error(StatusCode.RESOURCE_EXHAUSTED, "no room for more xattrs on this inode")
             # a directory's ctime too goes to its inode (see inodes.complete), not its times key
             ino.ctime_ns = inodes.now_ns()

@@ -11,6 +11,7 @@ from cycles import cycles_kept, frames
 from meta_tree import ALICE, BOB, BOB_IN_500, Tree
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.idalloc import InodeIdAllocator
 from fs3.meta.layout import ChainAllocator, ChainTable, static_tables
@@ -318,6 +319,31 @@ async def test_symlinks_resolve(tree: Tree) -> None:
     await s.symlink(ROOT, tree["/pub"], b"rel", b"alice_dir/../alice_file")
     assert (await s.lookup_path(ROOT, b"/pub/rel")).id == tree["/pub/alice_file"]
     assert await s.readlink(tree["/sym"]) == b"/pub/alice_file"
+
+
+async def test_xattrs_fill_an_inode_only_as_far_as_it_still_grows(tree: Tree) -> None:
+    """The cap counted names and values only: 8,000-odd small xattrs passed it and made the inode
+    99,999 bytes, one short of the store's value limit (FoundationDB's 100,000), after which a
+    chown or a length that needs a byte more failed for good (E2BIG). It counts what they take."""
+    s = tree.store
+    f = tree["/pub/alice_file"]
+
+    async def fill(tr):  # type: ignore[no-untyped-def]
+        ino = await inodes.load(tr, f)
+        for i in range(4642):  # 14 bytes each as stored (9 of name): 64,988
+            ino.xattrs.add(name=b"user.%04x" % i)
+        inodes.store(tr, ino)
+
+    await s.db.run(fill)
+    with pytest.raises(FS3Error) as e:  # 41,778 + 609 bytes of names and values
+        await s.setxattr(ALICE, f, b"user.more", b"v" * 600)
+    assert e.value.code == StatusCode.RESOURCE_EXHAUSTED
+    await s.setxattr(ALICE, f, b"user.more", b"v" * 100)  # what still fits
+    raw = await s.db.run(lambda tr: tr.get(schema.inode_key(f)), read_only=True)
+    assert len(raw) <= 66_000
+    req = m.SetattrReq(inode_id=f, uid=1000, size=1 << 40, fields=m.SETATTR_UID | m.SETATTR_SIZE)
+    ino = await s.setattr(ROOT, f, req)
+    assert (ino.uid, ino.size) == (1000, 1 << 40)
 
 
 async def test_xattrs(tree: Tree) -> None:
