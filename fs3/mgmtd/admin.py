@@ -16,7 +16,7 @@ import tomllib
 
 from fs3.config import SERVICE_CONFIGS, load_config
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv.base import Transaction
+from fs3.kv.base import MAX_VALUE_SIZE, Transaction
 from fs3.mgmtd import chain_state, schema, users
 from fs3.mgmtd.chain_state import ChainTarget, PublicState
 from fs3.mgmtd.cluster import (
@@ -403,6 +403,16 @@ class Admin:
             )
         if len(set(req.chain_ids)) != len(req.chain_ids):
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"chain table {req.table_id} names a chain twice")
+        # one table is one stored value: how many chains fit depends on their ids' sizes
+        size = mgmtd_pb2.ChainTable(
+            table_id=req.table_id, version=1 << 31, chain_ids=req.chain_ids, description=req.description
+        ).ByteSize()
+        if size > MAX_VALUE_SIZE:
+            raise FS3Error(
+                StatusCode.INVALID_ARGUMENT,
+                f"chain table {req.table_id} of {len(req.chain_ids)} chains takes {size} bytes, more than "
+                f"a stored value may ({MAX_VALUE_SIZE}): fewer chains, or smaller chain ids",
+            )
         for cid in req.chain_ids:
             if cid not in self.c.rec.chains:
                 raise FS3Error(

@@ -290,6 +290,9 @@ async def test_bad_chains_and_tables_are_refused(admin: Admin) -> None:
     assert "chain 7" in e.message
     await expect(StatusCode.INVALID_ARGUMENT, c.upload_chain_table(1, []))
     await expect(StatusCode.INVALID_ARGUMENT, c.upload_chain_table(1, [1, 1]))
+    # one stored value (at most 100,000 bytes): 20,000 ids as 3FS numbers them take 100,008
+    e = await expect(StatusCode.INVALID_ARGUMENT, c.upload_chain_table(1, list(range(900100001, 900120001))))
+    assert "takes 100012 bytes, more than a stored value may (100000)" in e.message
     assert await c.upload_chain_table(1, [1]) == 1
     assert await c.upload_chain_table(1, [1]) == 1
     await c.upload_chains({2: [3, 4]})
