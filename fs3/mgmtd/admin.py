@@ -64,23 +64,24 @@ class Admin:
         users.check_user_fields(name, [])
         now = self.c.wall()
         out: dict[str, str] = {}
+        record = mgmtd_pb2.ClusterRecord(cluster_id=req.cluster_id, created_at=now).SerializeToString()
+
+        def apply() -> None:
+            self.c.rec.initialized = True
 
         async def fn(tr: Transaction) -> Apply:
-            if await tr.get(schema.CLUSTER_KEY) is not None:
+            if (found := await tr.get(schema.CLUSTER_KEY)) is not None:
+                # An attempt of this call that committed, its outcome unknown (FoundationDB's
+                # commit_unknown_result is retried as a conflict): done, with the token it made.
+                if found == record and "token" in out:
+                    return apply
                 raise FS3Error(StatusCode.ALREADY_EXISTS, "the cluster is already initialized")
-            tr.set(
-                schema.CLUSTER_KEY,
-                mgmtd_pb2.ClusterRecord(cluster_id=req.cluster_id, created_at=now).SerializeToString(),
-            )
+            tr.set(schema.CLUSTER_KEY, record)
             stored = mgmtd_pb2.StoredUser(
                 user=mgmtd_pb2.User(uid=req.admin_uid, name=name, gid=req.admin_gid, admin=True, root=True)
             )
             out["token"] = users.add_token(stored, now)
             users.save_user(tr, stored)
-
-            def apply() -> None:
-                self.c.rec.initialized = True
-
             return apply
 
         await self.c.write(fn, routing=False)

@@ -83,14 +83,17 @@ class Election:
         """Take or extend the lease if possible. Returns (is_primary, newly_acquired)."""
         now = self._clock()
         held = self._held
+        taken: list[mgmtd_pb2.MgmtdLease] = []  # what an attempt below wrote to take the lease
 
         async def txn(tr: Transaction) -> tuple[mgmtd_pb2.MgmtdLease | None, mgmtd_pb2.MgmtdLease]:
             cur = decode_lease(await tr.get(schema.LEASE_KEY))
+            # ours: the lease this mgmtd holds, or the one an attempt of this tick took, committed
+            # with its outcome unknown (FoundationDB's commit_unknown_result is retried as a
+            # conflict): not someone else's lease to wait out
             mine = (
                 cur is not None
-                and held is not None
                 and cur.node_id == self.node_id
-                and cur.epoch == held.epoch
+                and (held is not None and cur.epoch == held.epoch or cur in taken)
             )
             if mine:
                 new = mgmtd_pb2.MgmtdLease()
@@ -105,6 +108,7 @@ class Election:
                     expires_at=now + self.lease_interval_s,
                     acquired_at=now,
                 )
+                taken.append(new)
                 tr.clear(schema.standby_key(self.node_id))
             else:
                 if now - self._standby_noted >= self.lease_interval_s / 4:

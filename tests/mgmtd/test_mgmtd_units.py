@@ -379,3 +379,55 @@ async def test_metrics_endpoint(inproc: InProcess) -> None:
 
     text = await asyncio.to_thread(fetch)
     assert "fs3_mgmtd_is_primary 1.0" in text
+
+
+def _commits_of_unknown_outcome(db, count: int, key: bytes) -> None:  # type: ignore[no-untyped-def]
+    """The next ``count`` commits of ``db`` that write ``key`` commit, then fail as FoundationDB's
+    commit_unknown_result does (the fs3 engine maps it to KV_CONFLICT, which Database.run retries)."""
+    create = db.create_transaction
+    left = [count]
+
+    def create_transaction():  # type: ignore[no-untyped-def]
+        tr = create()
+        commit, put = tr.commit, tr.set
+        wrote: list[bytes] = []
+
+        def set_(k: bytes, v: bytes) -> None:
+            wrote.append(k)
+            put(k, v)
+
+        async def commit_then_unknown() -> None:
+            await commit()
+            if left[0] > 0 and key in wrote:
+                left[0] -= 1
+                raise FS3Error(StatusCode.KV_CONFLICT, "commit_unknown_result (1021)")
+
+        tr.commit, tr.set = commit_then_unknown, set_
+        return tr
+
+    db.create_transaction = create_transaction
+
+
+async def test_a_lease_taken_by_a_commit_of_unknown_outcome_is_held() -> None:
+    """The retry read back the lease its first attempt took and waited for it to expire as if
+    another mgmtd held it: no primary for a lease interval."""
+    db = await open_database("mem")
+    try:
+        _commits_of_unknown_outcome(db, 1, schema.LEASE_KEY)
+        election = Election(db, 1, "127.0.0.1:1", 3600.0)
+        assert await election.tick() == (True, True)
+        assert election.epoch == 1
+        assert await election.tick() == (True, False)
+    finally:
+        await db.close()
+
+
+async def test_init_cluster_committed_with_an_unknown_outcome_answers_its_token(inproc: InProcess) -> None:
+    """The retry found the cluster initialized (ALREADY_EXISTS) and the token it had made was lost,
+    while the primary's memory still said the cluster was not initialized."""
+    await inproc.start(1)
+    await inproc.primary()
+    _commits_of_unknown_outcome(inproc.db, 1, schema.CLUSTER_KEY)
+    token = await inproc.client().init_cluster("t")
+    admin = inproc.client(token=token)
+    assert [u.name for u in await admin.list_users()] == ["root"]
