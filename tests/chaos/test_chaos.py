@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import pytest
-from chaos_workload import WorkloadConfig, run_workload
+from chaos_workload import InFlight, WorkloadConfig, failed_op_problem, run_workload, sectors
 
 CYCLES = int(os.environ.get("FS3_CHAOS_CYCLES") or 0)
 SEED = int(os.environ.get("FS3_CHAOS_SEED") or 20261201)
@@ -46,3 +46,36 @@ async def test_acknowledged_data_survives_random_daemon_kills(tmp_path: Path) ->
             + "\n".join(findings.events),
             pytrace=False,
         )
+
+
+def test_what_a_failed_operation_may_leave_is_judged() -> None:
+    """The judge of what a failed operation left (run always: it is what makes the chaos run's
+    recovery checks mean something)."""
+    w = 3
+    acked = sectors(w, 10, 0, 4, 1)  # 4 acknowledged sectors of write 10
+    ours = sectors(w, 11, 0, 6, 2)  # what the failed write 11 was writing over and past them
+    write = InFlight("overwrite", {"f": acked}, write_id=11)
+    assert failed_op_problem(write, w, {"f": acked}, {"f": acked}) is None
+    assert failed_op_problem(write, w, {"f": acked}, {"f": ours[:1024] + acked[1024:] + ours[2048:]}) is None
+    assert failed_op_problem(write, w, {"f": acked}, {"f": acked + bytes(512)}) is None  # a hole past the end
+    lost = acked[:512] + bytes(512) + acked[1024:]
+    assert "sector @512" in failed_op_problem(write, w, {"f": acked}, {"f": lost})
+    foreign = acked[:1536] + sectors(w, 12, 1536, 1, 2)
+    assert "sector @1536" in failed_op_problem(write, w, {"f": acked}, {"f": foreign})
+    assert "shorter" in failed_op_problem(write, w, {"f": acked}, {"f": acked[:1024]})
+    assert "gone" in failed_op_problem(write, w, {"f": acked}, {"f": None})
+
+    cut = InFlight("truncate", {"f": acked}, new_length=1024)
+    for left in (acked, acked[:1024], acked[:1024] + bytes(1024)):  # the trim came before the length
+        assert failed_op_problem(cut, w, {"f": acked}, {"f": left}) is None
+    assert "length" in failed_op_problem(cut, w, {"f": acked}, {"f": acked[:1536]})
+    assert "below the cut" in failed_op_problem(cut, w, {"f": acked}, {"f": bytes(2048)})
+
+    opened = InFlight("seqwrite", {"f": acked}, write_id=11)  # its O_TRUNC open never returned
+    assert failed_op_problem(opened, w, {"f": acked}, {"f": b""}) is None
+    assert failed_op_problem(opened, w, {"f": acked}, {"f": ours}) is not None
+
+    move = InFlight("rename", {"a": acked, "b": None})
+    assert failed_op_problem(move, w, {}, {"a": acked, "b": None}) is None
+    assert failed_op_problem(move, w, {}, {"a": None, "b": acked}) is None
+    assert failed_op_problem(move, w, {}, {"a": None, "b": None}) is not None
