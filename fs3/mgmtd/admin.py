@@ -452,9 +452,12 @@ class Admin:
         users.check_user_fields(req.name, req.groups)
         now = self.c.wall()
         out = mgmtd_pb2.UserTokenReply()
+        written: list[mgmtd_pb2.StoredUser] = []
 
         async def fn(tr: Transaction) -> None:
-            if await users.load_user(tr, req.uid) is not None:
+            if (found := await users.load_user(tr, req.uid)) is not None:
+                if written and found == written[-1]:
+                    return  # this call's, committed by an attempt of unknown outcome (see init_cluster)
                 raise FS3Error(StatusCode.ALREADY_EXISTS, f"user {req.uid} exists")
             stored = mgmtd_pb2.StoredUser(
                 user=mgmtd_pb2.User(
@@ -464,6 +467,7 @@ class Admin:
             out.token = users.add_token(stored, now)
             out.user.CopyFrom(users.public_user(stored, now))
             users.save_user(tr, stored)
+            written.append(stored)
 
         await self.c.write(fn, routing=False)
         log.info("user added uid=%d name=%s admin=%s", req.uid, req.name, req.admin)
@@ -485,12 +489,16 @@ class Admin:
     @serialized
     async def remove_user(self, uid: int) -> None:
         self._require_init()
+        cleared: list[int] = []
 
         async def fn(tr: Transaction) -> None:
+            if cleared and await users.load_user(tr, uid) is None:
+                return  # an attempt of unknown outcome removed it (see init_cluster)
             stored = await self._load_user(tr, uid)
             if stored.user.admin and not await self._other_admin_exists(tr, uid):
                 raise FS3Error(StatusCode.FAILED_PRECONDITION, f"user {uid} is the last admin")
             tr.clear(schema.user_key(uid))
+            cleared.append(uid)
 
         await self.c.write(fn, routing=False)
         log.info("user removed uid=%d", uid)

@@ -382,19 +382,23 @@ async def test_metrics_endpoint(inproc: InProcess) -> None:
 
 
 def _commits_of_unknown_outcome(db, count: int, key: bytes) -> None:  # type: ignore[no-untyped-def]
-    """The next ``count`` commits of ``db`` that write ``key`` commit, then fail as FoundationDB's
+    """The next ``count`` commits of ``db`` that set or clear ``key`` commit, then fail as FoundationDB's
     commit_unknown_result does (the fs3 engine maps it to KV_CONFLICT, which Database.run retries)."""
     create = db.create_transaction
     left = [count]
 
     def create_transaction():  # type: ignore[no-untyped-def]
         tr = create()
-        commit, put = tr.commit, tr.set
+        commit, put, clear = tr.commit, tr.set, tr.clear
         wrote: list[bytes] = []
 
         def set_(k: bytes, v: bytes) -> None:
             wrote.append(k)
             put(k, v)
+
+        def clear_(k: bytes) -> None:
+            wrote.append(k)
+            clear(k)
 
         async def commit_then_unknown() -> None:
             await commit()
@@ -402,7 +406,7 @@ def _commits_of_unknown_outcome(db, count: int, key: bytes) -> None:  # type: ig
                 left[0] -= 1
                 raise FS3Error(StatusCode.KV_CONFLICT, "commit_unknown_result (1021)")
 
-        tr.commit, tr.set = commit_then_unknown, set_
+        tr.commit, tr.set, tr.clear = commit_then_unknown, set_, clear_
         return tr
 
     db.create_transaction = create_transaction
@@ -431,3 +435,16 @@ async def test_init_cluster_committed_with_an_unknown_outcome_answers_its_token(
     token = await inproc.client().init_cluster("t")
     admin = inproc.client(token=token)
     assert [u.name for u in await admin.list_users()] == ["root"]
+
+
+async def test_users_added_and_removed_by_commits_of_unknown_outcome(admin: Admin) -> None:
+    """A retried add found the user (ALREADY_EXISTS, its token lost), a retried removal did not
+    (NOT_FOUND) though each had been done."""
+    db = admin.env.db
+    _commits_of_unknown_outcome(db, 1, schema.user_key(1234))
+    token = await admin.client.add_user(1234, "carol")
+    carol = admin.env.client(token=token)
+    assert (await carol.verify_token(token)).uid == 1234
+    _commits_of_unknown_outcome(db, 1, schema.user_key(1234))
+    await admin.client.remove_user(1234)
+    assert 1234 not in [u.uid for u in await admin.client.list_users()]
