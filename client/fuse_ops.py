@@ -145,6 +145,16 @@ _READDIR_PAGE = 64  # entries asked of meta for a handle's first READDIR (double
 _READDIR_PAGE_MAX = 1024
 
 
+def _stale(error: FS3Error) -> Exception:
+    """The error for a request naming an inode (the kernel's handle) that meta no longer has:
+    ESTALE, which makes the kernel look the path up again (LOOKUP_REVAL) and act on what the name
+    is now. Names replaced by another client (a symlink swapped by rename, the usual release
+    switch; a directory replaced) were ENOENT for up to entry_timeout_s although they existed."""
+    if error.code == StatusCode.NOT_FOUND:
+        return pyfuse3.FUSEError(errno.ESTALE)
+    return error
+
+
 @dataclass(slots=True)
 class OpenDir:
     """A directory handle: a cursor into the directory, not a copy of it.
@@ -483,7 +493,7 @@ class Fs3Operations(pyfuse3.Operations):
         except FS3Error as e:
             held = self._removed_dir(inode, e)
             if held is None:
-                raise
+                raise _stale(e) from None
             return self.attrs(held, 0)
         if ino.type == m.INODE_DIRECTORY and changes == self._dir_changes and self.config.attr_timeout_s > 0:
             if len(self._dir_attrs) >= _DIR_ATTRS_MAX:
@@ -599,7 +609,10 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
-        return await self.meta(ctx).readlink(inode)
+        try:
+            return await self.meta(ctx).readlink(inode)
+        except FS3Error as e:
+            raise _stale(e) from None
 
     @_translate
     async def mknod(
@@ -809,7 +822,7 @@ class Fs3Operations(pyfuse3.Operations):
         except FS3Error as e:
             held = self._removed_dir(inode, e)  # (removed, and another handle of it still open)
             if held is None:
-                raise
+                raise _stale(e) from None
             me = held
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()

@@ -514,6 +514,40 @@ async def test_two_mounts_see_each_others_files(env: Env) -> None:
         assert other.unmount() == 0
 
 
+async def test_a_name_another_mount_replaced_is_looked_up_again(env: Env) -> None:
+    """A symlink swapped by rename (the usual switch of a "current" release) or a directory
+    replaced: the other mount's cached name led to the removed inode, and readlink, the path walk
+    through it and opendir answered ENOENT for as long as its entry timeout (here 60 s), though
+    the name existed all along. They answer ESTALE, and the kernel looks the name up again."""
+    other = await env.cluster.mount(env.mnt.parent / "mnt-swap", name="swap", entry_timeout_s=60.0)
+    try:
+        await asyncio.to_thread(_replace_under, env.mnt / "releases", other.path / "releases")
+    finally:
+        assert other.unmount() == 0
+
+
+def _replace_under(here: Path, there: Path) -> None:
+    here.mkdir()
+    for r in ("r1", "r2"):
+        (here / r).mkdir()
+        (here / r / "v").write_text(r)
+    (here / "cur").symlink_to("r1")
+    (here / "d").mkdir()
+    (here / "d" / "f").write_text("old")
+    assert (there / "cur" / "v").read_text() == "r1"  # cached there now, names and inodes
+    assert os.readlink(there / "cur") == "r1"
+    assert os.listdir(there / "d") == ["f"]
+    (here / "next").symlink_to("r2")
+    os.rename(here / "next", here / "cur")
+    (here / "d" / "f").unlink()
+    (here / "new").mkdir()
+    (here / "new" / "g").write_text("new")
+    os.rename(here / "new", here / "d")  # over the empty directory
+    assert os.readlink(there / "cur") == "r2"
+    assert (there / "cur" / "v").read_text() == "r2"
+    assert os.listdir(there / "d") == ["g"]
+
+
 def test_times_given_are_kept_even_when_close_to_now(env: Env) -> None:
     """touch -r and cp -p of a file written a moment ago give the copy its times exactly (equal
     times close to the clock were taken for touch's "now", and set to meta's clock instead)."""
