@@ -88,6 +88,15 @@ def _time_left(what: str) -> float | None:
     return left
 
 
+async def _no_dir(rv: ReadView, inode_id: int) -> bool:
+    """Whether directory ``inode_id`` is gone (or being removed)."""
+    try:
+        await inodes.load_dir(rv, inode_id)
+    except FS3Error as e:
+        return e.code == StatusCode.NOT_FOUND
+    return False
+
+
 class ReaddirPage(NamedTuple):
     """A page of a directory listing (:meth:`Namespace.readdir_page`)."""
 
@@ -266,7 +275,15 @@ class Namespace:
 
         async def fn(tr: Transaction) -> meta_pb2.Inode:
             rv = tr.snapshot
-            return inodes.public(await inodes.complete(rv, await self._child(rv, cred, parent, name)))
+            try:
+                child = await self._child(rv, cred, parent, name)
+            except FS3Error as e:
+                # the directory itself is gone, not the name: a mount's cached name of it (replaced
+                # by a rename, say) is looked up again on ESTALE
+                if e.code == StatusCode.NOT_FOUND and await _no_dir(rv, parent):
+                    raise FS3Error(StatusCode.META_STALE, f"directory {parent} is gone") from None
+                raise
+            return inodes.public(await inodes.complete(rv, child))
 
         return await self.db.run(fn, read_only=True)
 

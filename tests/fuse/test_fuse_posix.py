@@ -517,8 +517,9 @@ async def test_two_mounts_see_each_others_files(env: Env) -> None:
 async def test_a_name_another_mount_replaced_is_looked_up_again(env: Env) -> None:
     """A symlink swapped by rename (the usual switch of a "current" release) or a directory
     replaced: the other mount's cached name led to the removed inode, and readlink, the path walk
-    through it and opendir answered ENOENT for as long as its entry timeout (here 60 s), though
-    the name existed all along. They answer ESTALE, and the kernel looks the name up again."""
+    through it, lookups in it and opendir answered ENOENT for as long as its entry timeout (here
+    60 s), though the name existed all along. They answer ESTALE (meta: META_STALE for a lookup in
+    a directory that is gone), and the kernel looks the name up again."""
     other = await env.cluster.mount(env.mnt.parent / "mnt-swap", name="swap", entry_timeout_s=60.0)
     try:
         await asyncio.to_thread(_replace_under, env.mnt / "releases", other.path / "releases")
@@ -545,6 +546,7 @@ def _replace_under(here: Path, there: Path) -> None:
     os.rename(here / "new", here / "d")  # over the empty directory
     assert os.readlink(there / "cur") == "r2"
     assert (there / "cur" / "v").read_text() == "r2"
+    assert (there / "d" / "g").read_text() == "new"  # a lookup in the replaced directory
     assert os.listdir(there / "d") == ["g"]
 
 
