@@ -178,10 +178,11 @@ async def load_records(tr: Transaction) -> Records:
     for kv in await tr.get_prefix(schema.CHIT):
         t = mgmtd_pb2.ChainTable.FromString(kv.value)
         r.tables[(t.table_id, t.version)] = t
-    for kv in await tr.get_prefix(schema.CONF):
-        c = mgmtd_pb2.ConfigInfo.FromString(kv.value)
-        # newest first within each type (the key holds ~version)
-        r.configs.setdefault(c.node_type, c)
+    for node_type in common_pb2.NodeType.values():
+        # only the newest of each type (the key holds ~version: newest first), not every version
+        # ever set (up to 64 KiB each, and nothing deletes old ones: `fs3 admin config get` reads them)
+        for kv in await tr.get_prefix(schema.config_prefix(node_type), limit=1):
+            r.configs[node_type] = mgmtd_pb2.ConfigInfo.FromString(kv.value)
     r.routing_version = schema.decode_u64(await tr.get(schema.ROUTING_VERSION_KEY))
     r.initialized = await tr.get(schema.CLUSTER_KEY) is not None
     r.fence_at, r.fence_s = schema.decode_fence(await tr.get(schema.FENCE_KEY))

@@ -448,3 +448,18 @@ async def test_users_added_and_removed_by_commits_of_unknown_outcome(admin: Admi
     _commits_of_unknown_outcome(db, 1, schema.user_key(1234))
     await admin.client.remove_user(1234)
     assert 1234 not in [u.uid for u in await admin.client.list_users()]
+
+
+async def test_a_new_primary_loads_the_newest_config_of_each_type(admin: Admin) -> None:
+    """It reads one config per node type, the newest, not every version ever set."""
+    from fs3.mgmtd.cluster import load_records
+
+    c = admin.client
+    for i in range(1, 4):
+        await c.set_config(common_pb2.NODE_STORAGE, f"heartbeat_interval_s = {i}.0\n")
+    await c.set_config(common_pb2.NODE_META, "session_timeout_s = 60.0\n")
+    records = await admin.env.db.run(load_records, read_only=True)
+    assert {t: (cfg.version, cfg.content) for t, cfg in records.configs.items()} == {
+        common_pb2.NODE_STORAGE: (3, "heartbeat_interval_s = 3.0\n"),
+        common_pb2.NODE_META: (1, "session_timeout_s = 60.0\n"),
+    }
