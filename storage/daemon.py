@@ -418,6 +418,13 @@ def _check_target_dir(path: Path, target_id: int) -> None:
         marker = path / _TARGET_ID_FILE
         if marker.exists():
             recorded = marker.read_text().strip()
+            if not recorded:
+                raise FS3Error(
+                    StatusCode.CONFIG_INVALID,
+                    f"target directory {path}: its target id file {marker} is empty (written by a "
+                    "version that did not sync it, and the host crashed?); if this directory is "
+                    f"target {target_id}'s, write {target_id} into it",
+                )
             if recorded != str(target_id):
                 raise FS3Error(
                     StatusCode.CONFIG_INVALID,
@@ -434,12 +441,26 @@ def _claim_target_dir(path: Path, target_id: int) -> None:
     record ``target_id`` in it on first use."""
     _check_target_dir(path, target_id)
     try:
+        made = not path.exists()
         path.mkdir(exist_ok=True)
         marker = path / _TARGET_ID_FILE
         if marker.exists():
             return
+        # durable before it counts: the rename of an unsynced file can reach the disk before its
+        # bytes, and a crash then leaves an empty id file that refuses every start after
         tmp = path / f".{_TARGET_ID_FILE}.tmp"
-        tmp.write_text(f"{target_id}\n")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, f"{target_id}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, marker)
+        for d in (path, path.parent) if made else (path,):
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
     except OSError as e:
         raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"target directory {path}: {e.strerror or e}") from None

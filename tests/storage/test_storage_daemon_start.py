@@ -56,3 +56,20 @@ async def test_a_refused_start_creates_no_target_directory(tmp_path, case: str, 
             await daemon.start()  # a failed start stops what it started
         assert expected in str(info.value)
         assert _tree(disk) == []
+
+
+def test_a_target_directory_with_an_empty_id_file_is_refused_with_what_to_do(tmp_path) -> None:
+    """The id file was written without a sync, so a crash soon after a target's first start could
+    leave it empty: every start after said "belongs to target , not 101". It is synced now (file,
+    then the directory), and an empty one says what it is."""
+    from fs3.storage.daemon import _claim_target_dir
+
+    target = tmp_path / "t101"
+    _claim_target_dir(target, 101)
+    assert (target / "target_id").read_text() == "101\n"
+    _claim_target_dir(target, 101)  # its own: accepted
+    (target / "target_id").write_text("")
+    with pytest.raises(FS3Error) as e:
+        _claim_target_dir(target, 101)
+    assert "target id file" in e.value.message and "is empty" in e.value.message
+    assert "write 101 into it" in e.value.message
