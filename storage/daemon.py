@@ -89,6 +89,8 @@ class StorageDaemon:
         self.lease = Lease()
         self.port = 0
         self._engines: list[AsyncChunkEngine] = []
+        # a stop left I/O threads in a disk call (a hung disk): the process must not wait for them
+        self.io_abandoned = False
         self.aio: AioReader | None = None
         self._usage: Periodic | None = None
 
@@ -255,9 +257,18 @@ class StorageDaemon:
         # let those finish before the engines close under them (an update on a closed store fails
         # as a disk error would, and would mark its target failed on a clean stop). A disk that
         # hangs does not hold the stop for longer than this.
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(_IO_DRAIN_S):
                 await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
+        except TimeoutError:
+            # Python joins the executor's threads at exit: the process would wait for the disk
+            self.io_abandoned = True
+            log.warning(
+                "I/O threads still in a disk call %.0f s after the stop began: the process exits "
+                "without them (what they were writing is settled at the next start, as after a "
+                "crash)",
+                _IO_DRAIN_S,
+            )
         for e in self._engines:
             with contextlib.suppress(Exception):
                 await e.close()

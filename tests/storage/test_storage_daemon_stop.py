@@ -113,3 +113,30 @@ async def test_a_disabled_nodes_daemon_restarts_and_rejoins_when_enabled(tmp_pat
         await c.admin.set_node_enabled(node.node_id, True)
         await c.wait_all_serving(60)
         assert await client.read(chain_id, 1, 0, 0, CHUNK) == data[::-1]
+
+
+async def test_a_stop_does_not_wait_for_a_disk_call_that_hangs(tmp_path, monkeypatch) -> None:
+    """An I/O thread stuck in a disk call (a dying disk answering after minutes): the stop waited
+    the drain limit, said "stopped", and the process then sat in Python's join of the executor's
+    threads until the disk answered, holding the target locks a restart needs. The stop now says
+    it leaves them (``io_abandoned``), and ``fs3 storage`` exits at once."""
+    import threading
+
+    from fs3.storage import daemon as storage_daemon
+
+    monkeypatch.setattr(storage_daemon, "_IO_DRAIN_S", 0.5)
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1) as c:
+        node = c.nodes[0]
+        c.kill_storage(0)
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        await daemon.start()
+        disk = threading.Event()
+        stuck = asyncio.get_running_loop().run_in_executor(daemon.executor, disk.wait, 60)
+        try:
+            assert not daemon.io_abandoned
+            await daemon.stop()
+            assert daemon.io_abandoned
+        finally:
+            disk.set()
+            await stuck
