@@ -149,26 +149,38 @@ class StorageDaemon:
         await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
         _check_targets_known(self.routing.routing, cfg.node_id, cfg.target_ids)
         local: list[LocalTarget] = []
+        broken: list[Exception] = []
         for index, (tid, path) in enumerate(zip(cfg.target_ids, cfg.target_paths, strict=True)):
             p = Path(path)
-            await loop.run_in_executor(self.executor, _claim_target_dir, p, tid)
 
             def on_failure(e: FS3Error, tid: int = tid) -> None:
                 loop.call_soon_threadsafe(self._target_failed, tid, e)
 
-            engine = await AsyncChunkEngine.open(
-                p,
-                EngineOptions(
-                    sync=cfg.sync_writes,
-                    direct_io=cfg.direct_io,
-                    keep_free=cfg.keep_free,
-                    map_size=cfg.chunk_meta_map_size,
-                ),
-                on_failure=on_failure,
-                executor=self.executor,
-            )
+            try:
+                await loop.run_in_executor(self.executor, _claim_target_dir, p, tid)
+                engine = await AsyncChunkEngine.open(
+                    p,
+                    EngineOptions(
+                        sync=cfg.sync_writes,
+                        direct_io=cfg.direct_io,
+                        keep_free=cfg.keep_free,
+                        map_size=cfg.chunk_meta_map_size,
+                    ),
+                    on_failure=on_failure,
+                    executor=self.executor,
+                )
+            except (OSError, FS3Error) as e:
+                if isinstance(e, FS3Error) and e.code != StatusCode.STORAGE_IO_ERROR:
+                    raise  # a config's mistake (another target's directory, say), not a disk's
+                # A disk that fails: its target is left out (mgmtd takes a target its daemon
+                # does not report for offline), the node's other disks serve on.
+                log.error("target cannot be opened, not served until a restart target_id=%d error=%s", tid, e)
+                broken.append(e)
+                continue
             self._engines.append(engine)
             local.append(LocalTarget(tid, p, engine, disk_index=index))
+        if broken and not local:
+            raise broken[0]
         self.targets = TargetMap(cfg.node_id, local, on_change=self._state_changed, lease_ok=self.lease.ok)
         if cfg.aio_reads and cfg.direct_io:
             self.aio = open_aio(loop, depth=cfg.aio_depth)

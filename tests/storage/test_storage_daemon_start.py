@@ -4,9 +4,10 @@ and leaves its disks as it found them: no directory is made for a target it will
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
-from cluster import Cluster
+from cluster import Cluster, wait_until
 from prometheus_client import CollectorRegistry
 
 from fs3.config import StorageConfig, load_config
@@ -73,3 +74,41 @@ def test_a_target_directory_with_an_empty_id_file_is_refused_with_what_to_do(tmp
         _claim_target_dir(target, 101)
     assert "target id file" in e.value.message and "is empty" in e.value.message
     assert "write 101 into it" in e.value.message
+
+
+async def test_a_target_whose_disk_fails_at_start_is_left_out_and_the_others_serve(tmp_path) -> None:
+    """One dead disk at a restart (its target cannot be opened: EROFS, EIO) stopped the whole
+    daemon, so the node's healthy targets went offline too. That target is left out (mgmtd takes
+    an unreported target for offline) and the others serve; with no target left, the start fails."""
+    async with Cluster(tmp_path / "c", storage_nodes=1, chains=2, replication=1) as c:
+        node = c.nodes[0]
+        good, bad = node.targets
+        c.kill_storage(0)
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        dead = Path(cfg.target_paths[cfg.target_ids.index(bad)])
+        lock = dead / "target.lock"
+        lock.unlink()
+        lock.mkdir()  # what opening it meets stands for a disk that fails (EISDIR, as EROFS would)
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        await daemon.start()
+        try:
+            assert daemon.targets is not None
+            assert list(daemon.targets.targets) == [good]
+            assert c.admin is not None
+
+            async def states() -> dict[int, int]:
+                return {t.target_id: t.public_state for t in await c.admin.list_targets()}
+
+            async def settled() -> bool:
+                s = await states()
+                return s[good] == common_pb2.SERVING and s[bad] != common_pb2.SERVING
+
+            await wait_until(settled, 30, "the good target to serve and the broken one not to")
+        finally:
+            await daemon.stop()
+        # no target left to serve: the start fails, with the disk's error
+        cfg = dataclasses.replace(cfg, target_ids=[bad], target_paths=[str(dead)])
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        with pytest.raises(FS3Error) as e:
+            await daemon.start()
+        assert "Is a directory" in str(e.value)
