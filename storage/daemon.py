@@ -123,7 +123,13 @@ class StorageDaemon:
         # What is wrong here is said at once, before the wait for mgmtd; nothing is made on disk
         # until mgmtd has confirmed that every target is this node's.
         for tid, path in zip(cfg.target_ids, cfg.target_paths, strict=True):
-            await loop.run_in_executor(self.executor, _check_target_dir, Path(path), tid)
+            try:
+                await loop.run_in_executor(self.executor, _check_target_dir, Path(path), tid)
+            except FS3Error as e:
+                if e.code != StatusCode.STORAGE_IO_ERROR:
+                    raise
+                # a disk that fails (EIO reading its directory): its target is left out below
+                log.error("target directory unreadable target_id=%d error=%s", tid, e.message)
         await _check_can_listen(cfg.listen_host, cfg.listen_port)
         if cfg.backend_port:
             await _check_can_listen(cfg.backend_host or cfg.listen_host, cfg.backend_port)

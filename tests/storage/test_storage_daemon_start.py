@@ -106,6 +106,17 @@ async def test_a_target_whose_disk_fails_at_start_is_left_out_and_the_others_ser
             await wait_until(settled, 30, "the good target to serve and the broken one not to")
         finally:
             await daemon.stop()
+        # its directory unreadable too (EIO, standing for it: its id file cannot be read): the
+        # check made before mgmtd is asked leaves it to the start, which leaves it out
+        lock.rmdir()
+        (dead / "target_id").unlink()
+        (dead / "target_id").mkdir()
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        await daemon.start()
+        try:
+            assert daemon.targets is not None and list(daemon.targets.targets) == [good]
+        finally:
+            await daemon.stop()
         # no target left to serve: the start fails, with the disk's error
         cfg = dataclasses.replace(cfg, target_ids=[bad], target_paths=[str(dead)])
         daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
