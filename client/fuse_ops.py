@@ -696,13 +696,11 @@ class Fs3Operations(pyfuse3.Operations):
         try:
             rsp = await self.meta(ctx).open(inode, flags & (os.O_TRUNC | os.O_ACCMODE))
         except FS3Error as e:
-            if e.code != StatusCode.NOT_FOUND:
-                raise
             # The kernel looked the name up, then another client replaced (renamed over) or
-            # removed the file before this open reached meta. ESTALE makes the kernel look the
-            # name up again (LOOKUP_REVAL) and open what it finds now, as over NFS: an open of a
-            # name that exists all along never fails for a rename over it.
-            raise pyfuse3.FUSEError(errno.ESTALE) from None
+            # removed the file before this open reached meta: the name is looked up again and
+            # what it names now is opened (an open of a name that exists all along never fails
+            # for a rename over it).
+            raise _stale(e) from None
         handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at, rsp.session_queued)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
