@@ -114,9 +114,12 @@ class _ClientSession(FrameReceiver):
                 if len(sh.nonce) != auth.NONCE_BYTES or not auth.verify(
                     auth.server_proof(secret, nonce, sh.nonce, identity), sh.proof
                 ):
+                    # the proof shows only that the two secrets differ, not whose is wrong
                     log.warning("server failed to prove the cluster secret peer=%s", self.conn.peer)
                     raise FS3Error(
-                        StatusCode.RPC_AUTH_FAILED, f"{self.conn.peer} does not know the cluster secret"
+                        StatusCode.RPC_AUTH_FAILED,
+                        f"{self.conn.peer} holds a different cluster secret than this process: check the "
+                        "secret file given to each (it must be the same file's contents)",
                     )
                 self.conn.peer_authenticated()  # RDMA: remote access may open now, not before
                 proof = rpc_pb2.ClientProof(proof=auth.client_proof(secret, sh.nonce, nonce, identity))

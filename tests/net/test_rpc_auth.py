@@ -24,6 +24,8 @@ async def test_wrong_secret_is_refused(rpc_server: RpcServer, caplog: pytest.Log
             await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
     # the server proves itself first, so the client already sees the mismatch
     assert e.value.code == StatusCode.RPC_AUTH_FAILED
+    # the client's secret is the wrong one here: the message must not blame the server
+    assert "different cluster secret" in e.value.message and "does not know" not in e.value.message
     await poll(lambda: rpc_server.connection_count == 0, what="the refused connection to close")
     messages = [r.getMessage() for r in caplog.records]
     assert any("server failed to prove the cluster secret" in m for m in messages)
