@@ -360,7 +360,19 @@ class StorageConfig:
         "until the disk is full (writes then fail as well, and the target stays online)",
         check=_fraction,
     )
-    io_threads: int = opt(16, doc="threads doing the chunk engines' disk I/O", check=_positive)
+    io_threads: int = opt(
+        16,
+        doc="threads doing each target's disk I/O (each target has its own: a disk that hangs "
+        "holds only its own)",
+        check=_positive,
+    )
+    disk_stall_s: float = opt(
+        30.0,
+        doc="a target whose disk leaves a call unanswered this many seconds is taken offline, as "
+        "after a disk error (its chains go on with the other replicas; it comes back, resynced, "
+        "when the daemon restarts); 0: never",
+        check=_non_negative,
+    )
     chunk_meta_map_size: int = opt(
         256 << 30,
         doc="largest size of each target's chunk metadata store (LMDB; address space only, the "

@@ -37,6 +37,11 @@ class AsyncChunkEngine:
         self._owns_executor = executor is None
         self._executor = executor or ThreadPoolExecutor(max_workers, thread_name_prefix="chunk-io")
 
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The threads this target's engine calls run in."""
+        return self._executor
+
     @classmethod
     async def open(
         cls,

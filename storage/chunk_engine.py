@@ -69,9 +69,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -200,6 +202,9 @@ class ChunkEngine:
         self._closed = False
         self._fid_lock = threading.Lock()
         self._chunk_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
+        # the calls under way (see _io): call number -> (what, monotonic start), for stalled_call
+        self._calls: dict[int, tuple[str, float]] = {}
+        self._call_numbers = itertools.count()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fd = _lock_target(self.path)
@@ -249,6 +254,31 @@ class ChunkEngine:
     @property
     def online(self) -> bool:
         return self._failure is None and not self._closed
+
+    def stalled_call(self, now: float | None = None) -> tuple[str, float] | None:
+        """The call under way that began first (what it does, and how many seconds it has
+        taken so far), or None when none is. Safe from any thread."""
+        now = time.monotonic() if now is None else now
+        for _ in range(8):
+            try:
+                calls = tuple(self._calls.values())
+            except RuntimeError:  # changed size while copied (free threading): copy again
+                continue
+            if not calls:
+                return None
+            what, began = min(calls, key=lambda c: c[1])
+            return what, now - began
+        return None
+
+    def fail_if_stalled(self, limit_s: float, now: float | None = None) -> FS3Error | None:
+        """Take the target offline if a call has been under way longer than ``limit_s`` (a disk
+        that hangs: its calls neither return nor fail, and its chains would wait for them without
+        end); the error, or None."""
+        stalled = self.stalled_call(now)
+        if stalled is None or stalled[1] <= limit_s or self._failure is not None or self._closed:
+            return None
+        what, seconds = stalled
+        return self._fail(what, TimeoutError(f"the disk has not answered for {seconds:.1f} s"))
 
     def close(self) -> None:
         """Release the target (LMDB, descriptors, the target lock). Idempotent."""
@@ -634,15 +664,15 @@ class ChunkEngine:
         once, pending versions included, without versions (admin and garbage collection). Returns
         how many chunks went."""
         removed = 0
-        with self._io("remove_range"):
-            while True:
+        while True:
+            with self._io("remove_range"):  # one call per batch: a long removal is not a stall
                 gone = self._store.delete_range(begin, end, _SCAN_BATCH)
                 for meta in gone:
                     for file_id in meta.file_lengths():
                         self._files.unlink(meta.chunk_id, file_id)
-                removed += len(gone)
-                if len(gone) < _SCAN_BATCH:
-                    return removed
+            removed += len(gone)
+            if len(gone) < _SCAN_BATCH:
+                return removed
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -735,12 +765,16 @@ class ChunkEngine:
             raise FS3Error(StatusCode.STORAGE_TARGET_OFFLINE, f"target {self.path} is closed")
         if self._failure is not None:
             raise FS3Error(self._failure.code, f"target {self.path} is offline: {self._failure.message}")
+        number = next(self._call_numbers)
+        self._calls[number] = (what, time.monotonic())
         try:
             yield
         except FS3Error:
             raise
         except (OSError, lmdb.Error) as exc:
             raise self._error(what, exc) from exc
+        finally:
+            del self._calls[number]
 
     def _error(self, what: str, exc: OSError | lmdb.Error) -> FS3Error:
         """The error a call that met ``exc`` fails with; only a disk error takes the target offline."""

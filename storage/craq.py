@@ -46,7 +46,6 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import Executor
 
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
@@ -117,8 +116,8 @@ def _local_error(stored: asyncio.Future) -> BaseException | None:  # type: ignor
 class Replicator:
     """The CRAQ protocol for the targets of one daemon.
 
-    ``executor`` runs the engines' blocking calls (the same pool their AsyncChunkEngines use);
-    ``rpc`` calls other storage daemons; ``forward_timeout_s`` bounds how long a replica retries
+    Each target's blocking engine calls run in its AsyncChunkEngine's threads; ``rpc`` calls
+    other storage daemons; ``forward_timeout_s`` bounds how long a replica retries
     forwarding an update before it fails the update (leaving it pending, to be settled later).
     """
 
@@ -127,7 +126,6 @@ class Replicator:
         targets: TargetMap,
         routing: RoutingCache,
         rpc: RpcClient,
-        executor: Executor,
         *,
         forward_timeout_s: float = 30.0,
         rpc_timeout_s: float = 10.0,
@@ -136,7 +134,6 @@ class Replicator:
         self.targets = targets
         self.routing = routing
         self.rpc = rpc
-        self.executor = executor
         self.forward_timeout_s = forward_timeout_s
         self.rpc_timeout_s = rpc_timeout_s
         self.locks = ChunkLocks()
@@ -150,8 +147,10 @@ class Replicator:
         # Native AIO for the cold reads of multi-read requests, and of a slow disk (read_many)
         self.aio = aio
 
-    async def _run(self, fn, *args):  # type: ignore[no-untyped-def]
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+    async def _run(self, t: LocalTarget, fn, *args):  # type: ignore[no-untyped-def]
+        """``fn(*args)`` in the I/O threads of ``t`` (each target has its own: a disk that hangs
+        holds only its own target's threads)."""
+        return await asyncio.get_running_loop().run_in_executor(t.engine.executor, fn, *args)
 
     # -- chain version checks ---------------------------------------------------------------------
 
@@ -364,7 +363,7 @@ class Replicator:
                     return await self._update_parallel(
                         t, cid, chain_id, op, parallel, chain_ver, serving, tag
                     )
-            kind, meta, new = await self._run(apply_op, eng, cid, op, version, chain_ver, tail)
+            kind, meta, new = await self._run(t, apply_op, eng, cid, op, version, chain_ver, tail)
             if kind == "settle":
                 assert meta is not None
                 await self._settle_locked(t, cid, chain_id, meta, serving)
@@ -423,7 +422,7 @@ class Replicator:
         """
         key = (t.target_id, cid)
         stored = asyncio.ensure_future(
-            self._run(apply_op, t.engine.engine, cid, op, version, chain_ver, False)
+            self._run(t, apply_op, t.engine.engine, cid, op, version, chain_ver, False)
         )
         self._applying[key] = stored
         stored.add_done_callback(functools.partial(self._local_done, t, cid))
@@ -724,7 +723,7 @@ class Replicator:
                 # (waited for, not awaited: its error is not this read's, nor kept in its frames)
                 await asyncio.wait((applying,))
             outcome = await self._run(
-                functools.partial(read_or_meta, lease=True), eng, cid, rio.offset, rio.length
+                t, functools.partial(read_or_meta, lease=True), eng, cid, rio.offset, rio.length
             )
             if isinstance(outcome, tuple):
                 return outcome
@@ -735,7 +734,7 @@ class Replicator:
             ):
                 raise FS3Error(StatusCode.STORAGE_CHUNK_NOT_FOUND, f"chunk {cid.hex()} does not exist")
             try:
-                r = await self._run(read_version, eng, cid, rio.offset, rio.length, committed, True)
+                r = await self._run(t, read_version, eng, cid, rio.offset, rio.length, committed, True)
             except FS3Error as e:
                 if e.code == StatusCode.STORAGE_CHUNK_VERSION_MISMATCH:
                     continue  # committed or aborted meanwhile: look again

@@ -55,6 +55,8 @@ _IO_DRAIN_S = 30.0
 # live mgmtd answers in milliseconds; one stopping at the same time (a whole host going down) is
 # not waited for longer than this, and finds out by the heartbeat timeout as before
 _LEAVE_S = 1.0
+#: how long a usage pass waits for one target's space figures
+_USAGE_CALL_S = 5.0
 #: A target whose file system has less than this fraction free is reported low on space (3FS: 96 %
 #: used), so meta places new files on other chains and operators see it before writes are refused
 #: (``keep_free``, 2 % by default); the report is withdrawn once more than the second fraction is free.
@@ -75,7 +77,12 @@ class StorageDaemon:
         self.file_cfg = copy.deepcopy(cfg)  # what a pushed config's hot settings go back to
         self.secret = secret
         self.registry = registry or metrics.registry()
-        self.executor = ThreadPoolExecutor(cfg.io_threads, thread_name_prefix="chunk-io")
+        # Each target's engine calls run in threads of its own: a disk that hangs holds only its
+        # target's threads, and the node's other disks go on being served.
+        self.pools = {
+            tid: ThreadPoolExecutor(cfg.io_threads, thread_name_prefix=f"chunk-io-{tid}")
+            for tid in cfg.target_ids
+        }
         self.targets: TargetMap | None = None
         self.server: RpcServer | None = None
         self.backend_server: RpcServer | None = None
@@ -93,6 +100,7 @@ class StorageDaemon:
         self.io_abandoned = False
         self.aio: AioReader | None = None
         self._usage: Periodic | None = None
+        self._stalls: Periodic | None = None
 
     async def start(self) -> None:
         try:
@@ -124,7 +132,7 @@ class StorageDaemon:
         # until mgmtd has confirmed that every target is this node's.
         for tid, path in zip(cfg.target_ids, cfg.target_paths, strict=True):
             try:
-                await loop.run_in_executor(self.executor, _check_target_dir, Path(path), tid)
+                await loop.run_in_executor(self.pools[tid], _check_target_dir, Path(path), tid)
             except FS3Error as e:
                 if e.code != StatusCode.STORAGE_IO_ERROR:
                     raise
@@ -163,7 +171,7 @@ class StorageDaemon:
                 loop.call_soon_threadsafe(self._target_failed, tid, e)
 
             try:
-                await loop.run_in_executor(self.executor, _claim_target_dir, p, tid)
+                await loop.run_in_executor(self.pools[tid], _claim_target_dir, p, tid)
                 engine = await AsyncChunkEngine.open(
                     p,
                     EngineOptions(
@@ -173,7 +181,7 @@ class StorageDaemon:
                         map_size=cfg.chunk_meta_map_size,
                     ),
                     on_failure=on_failure,
-                    executor=self.executor,
+                    executor=self.pools[tid],
                 )
             except (OSError, FS3Error) as e:
                 if isinstance(e, FS3Error) and e.code != StatusCode.STORAGE_IO_ERROR:
@@ -194,7 +202,6 @@ class StorageDaemon:
             self.targets,
             self.routing,
             self.rpc,
-            self.executor,
             forward_timeout_s=cfg.forward_timeout_s,
             rpc_timeout_s=cfg.rpc_timeout_s,
             aio=self.aio,
@@ -244,6 +251,10 @@ class StorageDaemon:
         self._usage = Periodic("fs3-storage-usage", self._usage_pass, max(self.cfg.heartbeat_interval_s, 1.0))
         self._usage.start()
         self._usage.wake()  # the first figures now, not one interval later
+        if cfg.disk_stall_s:
+            interval = min(1.0, cfg.disk_stall_s / 4)
+            self._stalls = Periodic("fs3-storage-stalls", self._stall_pass, interval)
+            self._stalls.start()
         log.info(
             "storage serving node_id=%d port=%d targets=%s",
             cfg.node_id,
@@ -252,6 +263,8 @@ class StorageDaemon:
         )
 
     async def stop(self) -> None:
+        if self._stalls is not None:
+            await self._stalls.stop()
         if self._usage is not None:
             await self._usage.stop()
         if self.resync is not None:
@@ -275,9 +288,12 @@ class StorageDaemon:
         # let those finish before the engines close under them (an update on a closed store fails
         # as a disk error would, and would mark its target failed on a clean stop). A disk that
         # hangs does not hold the stop for longer than this.
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(_IO_DRAIN_S):
-                await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown, True)
+                await asyncio.gather(
+                    *(loop.run_in_executor(None, p.shutdown, True) for p in self.pools.values())
+                )
         except TimeoutError:
             # Python joins the executor's threads at exit: the process would wait for the disk
             self.io_abandoned = True
@@ -354,8 +370,10 @@ class StorageDaemon:
             if t.failed:
                 continue
             try:
-                space = await t.engine.space_info()
-            except FS3Error:
+                # not held up by a disk that hangs (the stall check takes its target offline)
+                async with asyncio.timeout(_USAGE_CALL_S):
+                    space = await t.engine.space_info()
+            except (FS3Error, TimeoutError):
                 continue
             t.used_bytes = space.used
             # A little hysteresis: each change republishes routing info (meta steers new files
@@ -374,6 +392,17 @@ class StorageDaemon:
                 )
                 t.low_space = low
                 self._state_changed()
+
+    async def _stall_pass(self) -> None:
+        """Take offline each target whose disk has left a call unanswered for longer than
+        ``disk_stall_s``: its chains drop it and go on with their other replicas, instead of
+        waiting for it without end (a disk that fails answers with an error, and the engine takes
+        its target offline then; one that hangs never answers). A Periodic step."""
+        assert self.targets is not None
+        limit = self.cfg.disk_stall_s
+        for t in list(self.targets.targets.values()):
+            if not t.failed:
+                t.engine.engine.fail_if_stalled(limit)  # its on_failure tells the target map
 
 
 def _advertised(host: str) -> str:

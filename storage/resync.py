@@ -232,7 +232,7 @@ class ResyncWorker:
         metas = await t.engine.dump_metadata()
         # Only the chunks that differ need the chain's attention; finding them is done off the
         # event loop (a target may hold millions of chunks).
-        todo, total = await rep._run(_differing, metas, remote)
+        todo, total = await rep._run(t, _differing, metas, remote)
         # the comparison took a while: a successor that left the chain meanwhile missed writes
         # that are not in ``todo``
         self._check_chain(t, succ_id, version)

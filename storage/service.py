@@ -278,7 +278,7 @@ class StorageService:
             part = parts[0]
             return (rsp, part, functools.partial(release_read, part)) if lent_buffer(part) else (rsp, part)
         if pos > JOIN_OFF_LOOP_BYTES:
-            joined = await self.rep._run(b"".join, parts)
+            joined = await asyncio.get_running_loop().run_in_executor(None, b"".join, parts)
         else:
             joined = b"".join(parts)
         for part in parts:
@@ -427,7 +427,7 @@ class StorageService:
         def page() -> list[ChunkMeta]:
             return list(itertools.islice(eng.iter_metas(begin, end), limit + 1))
 
-        metas = await self.rep._run(page)
+        metas = await self.rep._run(t, page)
         rsp = storage_pb2.DumpChunkMetaRsp(more=len(metas) > limit)
         for m in metas[:limit]:
             c = rsp.chunks.add(

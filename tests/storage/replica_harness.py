@@ -97,7 +97,6 @@ async def replica_daemons(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitab
             targets,
             SimpleNamespace(refresh_soon=lambda: None),  # type: ignore[arg-type]
             chain,
-            executor,
             forward_timeout_s=forward_timeout_s,
         )
         service = StorageService(rep, CollectorRegistry())

@@ -81,7 +81,7 @@ async def predecessor(tmp_path: Path):
     targets.apply_routing(routing(1, SYNCING))
     t.local_state = UPTODATE  # (a serving target past the startup protocol)
     rpc = FakeSuccessor()
-    rep = Replicator(targets, None, rpc, executor)  # type: ignore[arg-type]
+    rep = Replicator(targets, None, rpc)  # type: ignore[arg-type]
     worker = ResyncWorker(rep, registry=CollectorRegistry())
     cid = chunk_id(INODE, 0)
     meta = await engine.update(cid, 0, b"old content", chunk_size=CHUNK, chain_ver=1)
@@ -215,7 +215,7 @@ async def successor(tmp_path: Path):
     targets = TargetMap(2, [t])
     targets.apply_routing(routing(1, SYNCING))
     t.local_state = ONLINE
-    rep = Replicator(targets, None, None, None)  # type: ignore[arg-type]
+    rep = Replicator(targets, None, None)  # type: ignore[arg-type]
     yield StorageService(rep, registry=CollectorRegistry()), t
 
 

@@ -132,7 +132,9 @@ async def test_a_stop_does_not_wait_for_a_disk_call_that_hangs(tmp_path, monkeyp
         daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
         await daemon.start()
         disk = threading.Event()
-        stuck = asyncio.get_running_loop().run_in_executor(daemon.executor, disk.wait, 60)
+        stuck = asyncio.get_running_loop().run_in_executor(
+            daemon.pools[next(iter(node.targets))], disk.wait, 60
+        )
         try:
             assert not daemon.io_abandoned
             await daemon.stop()
