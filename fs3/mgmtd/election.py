@@ -11,8 +11,14 @@ the lease with the same epoch and it has not expired. A deposed primary that has
 therefore cannot write: either its transaction sees the new holder, or it conflicts with the
 takeover and re-reads.
 
-Expiry times are wall-clock seconds, so the mgmtds of one cluster need clocks synchronised well
-within the lease interval (one host, or NTP across hosts).
+Time: no decision compares one host's wall clock with another's, nor trusts a wall clock not to
+step (NTP, an operator's ``date``). The holder trusts its lease for ``lease_interval_s -
+trust_margin`` on its monotonic clock from the moment it began the renewal; another mgmtd takes the
+lease only once it has seen the same lease record, unchanged, for ``lease_interval_s`` on its own
+monotonic clock (a live holder changes it every renewal), or when the record says it was released.
+So a holder whose clock steps back still stops acting as primary before anyone may take over, a
+clock stepping forward on any host does not end a live holder's lease, and a dead holder whose
+clock ran ahead is replaced within a lease interval. ``expires_at`` (wall clock) is for people.
 
 A standby also records, every quarter of a lease at most, that it is there (``standby_key``), so
 that a primary stopping cleanly knows one will take over within a second and needs no stop fence
@@ -53,16 +59,22 @@ class Election:
         lease_interval_s: float,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._db = db
         self.node_id = node_id
         self.address = address
         self.lease_interval_s = lease_interval_s
         self.trust_margin_s = lease_interval_s * 0.25
-        self._clock = clock
+        self._clock = clock  # wall clock: only for the records people read (expires_at, standby)
+        self._mono = monotonic
         self._held: mgmtd_pb2.MgmtdLease | None = None
+        self._trusted_until = 0.0  # monotonic: until when the holder acts on its lease
         self.last_seen: mgmtd_pb2.MgmtdLease | None = None
-        self._standby_noted = -1e18  # when this standby last recorded itself (wall clock)
+        # the lease record as last read, and since when (monotonic) it has read the same
+        self._seen_raw: bytes | None = None
+        self._seen_since = 0.0
+        self._standby_noted = -1e18  # when this standby last recorded itself (monotonic)
 
     @property
     def epoch(self) -> int:
@@ -70,23 +82,38 @@ class Election:
 
     def is_primary(self) -> bool:
         """Whether this mgmtd holds the lease with enough of it left to act on."""
-        return self._held is not None and self._clock() < self._held.expires_at - self.trust_margin_s
+        return self._held is not None and self._mono() < self._trusted_until
 
     def primary_address(self) -> tuple[int, str]:
         """(node id, address) of the primary as last seen; (0, "") when none is known to hold it."""
         lease = self.last_seen
-        if lease is None or lease.expires_at <= self._clock():
+        if lease is None or _released(lease) or self.takeover_in() <= 0:
             return 0, ""
         return lease.node_id, lease.address
+
+    def takeover_in(self) -> float:
+        """Seconds until the lease record last seen may be taken over if it stays unchanged."""
+        if self._seen_raw is None:
+            return 0.0
+        return self._seen_since + self.lease_interval_s - self._mono()
+
+    def _note_seen(self, raw: bytes | None, at: float) -> None:
+        if raw != self._seen_raw:
+            self._seen_raw = raw
+            self._seen_since = at
 
     async def tick(self) -> tuple[bool, bool]:
         """Take or extend the lease if possible. Returns (is_primary, newly_acquired)."""
         now = self._clock()
+        began = self._mono()  # the holder's trust counts from here: before the store saw anything
         held = self._held
         taken: list[mgmtd_pb2.MgmtdLease] = []  # what an attempt below wrote to take the lease
+        read: list[bytes | None] = []  # the lease record as the last attempt read it
 
         async def txn(tr: Transaction) -> tuple[mgmtd_pb2.MgmtdLease | None, mgmtd_pb2.MgmtdLease]:
-            cur = decode_lease(await tr.get(schema.LEASE_KEY))
+            raw = await tr.get(schema.LEASE_KEY)
+            read[:] = [raw]
+            cur = decode_lease(raw)
             # ours: the lease this mgmtd holds, or the one an attempt of this tick took, committed
             # with its outcome unknown (FoundationDB's commit_unknown_result is retried as a
             # conflict): not someone else's lease to wait out
@@ -100,7 +127,12 @@ class Election:
                 new.CopyFrom(cur)
                 new.expires_at = now + self.lease_interval_s
                 new.address = self.address
-            elif cur is None or cur.expires_at <= now:
+                new.renewals += 1  # changed at every renewal, whatever the wall clock says
+            elif (
+                cur is None
+                or _released(cur)
+                or (raw == self._seen_raw and self._mono() >= self._seen_since + self.lease_interval_s)
+            ):
                 new = mgmtd_pb2.MgmtdLease(
                     node_id=self.node_id,
                     address=self.address,
@@ -111,9 +143,9 @@ class Election:
                 taken.append(new)
                 tr.clear(schema.standby_key(self.node_id))
             else:
-                if now - self._standby_noted >= self.lease_interval_s / 4:
+                if began - self._standby_noted >= self.lease_interval_s / 4:
                     tr.set(schema.standby_key(self.node_id), schema.encode_f64(now))
-                    noted.append(now)
+                    noted.append(began)
                 return None, cur
             tr.set(schema.LEASE_KEY, new.SerializeToString())
             return new, new
@@ -128,6 +160,11 @@ class Election:
                 self._held = None
             return self.is_primary(), False
         self.last_seen = seen
+        if won is not None:
+            self._trusted_until = began + self.lease_interval_s - self.trust_margin_s
+            self._note_seen(won.SerializeToString(), began)
+        elif read:
+            self._note_seen(read[0], began)
         if noted:
             self._standby_noted = noted[-1]
         newly = won is not None and (held is None or held.epoch != won.epoch)
@@ -149,7 +186,7 @@ class Election:
             or cur is None
             or cur.node_id != self.node_id
             or cur.epoch != held.epoch
-            or cur.expires_at <= self._clock()
+            or not self.is_primary()
         ):
             raise FS3Error(StatusCode.MGMTD_LEASE_LOST, f"mgmtd {self.node_id} no longer holds the lease")
 
@@ -166,7 +203,9 @@ class Election:
             found = []
             for key, value in rows:
                 node_id = struct.unpack(">I", key[len(schema.STANDBY_PREFIX) :])[0]
-                if node_id != self.node_id and now - schema.decode_f64(value) <= within_s:
+                # wall clock of another mgmtd's host: a stamp "from the future" (this clock stepped
+                # back, or that one runs ahead) proves nothing about now, and is not counted
+                if node_id != self.node_id and abs(now - schema.decode_f64(value)) <= within_s:
                     found.append(node_id)
             return found
 
@@ -194,6 +233,11 @@ class Election:
             log.info("lease released node_id=%d epoch=%d", self.node_id, held.epoch)
         except FS3Error as e:
             log.warning("lease release failed node_id=%d error=%s", self.node_id, e)
+
+
+def _released(lease: mgmtd_pb2.MgmtdLease) -> bool:
+    """Whether the holder gave the lease up (a clean stop): anyone may take it at once."""
+    return lease.expires_at == 0.0
 
 
 async def _clear(tr: Transaction, key: bytes) -> None:

@@ -286,11 +286,10 @@ class MgmtdServer:
         if self.cluster is not None:
             return lease / 4
         delay = min(lease / 10, 1.0)
-        seen = self.election.last_seen if self.election is not None else None
-        if seen is not None:
-            until_expiry = seen.expires_at - time.time()
-            if until_expiry >= 0:
-                delay = min(delay, until_expiry + 0.005)
+        if self.election is not None:
+            until = self.election.takeover_in()
+            if until >= 0:
+                delay = min(delay, until + 0.005)
         return delay
 
     async def _become_primary(self) -> None:

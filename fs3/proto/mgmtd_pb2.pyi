@@ -185,18 +185,20 @@ class User(_message.Message):
     def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., admin: _Optional[bool] = ..., root: _Optional[bool] = ..., token_count: _Optional[int] = ...) -> None: ...
 
 class MgmtdLease(_message.Message):
-    __slots__ = ("node_id", "address", "epoch", "expires_at", "acquired_at")
+    __slots__ = ("node_id", "address", "epoch", "expires_at", "acquired_at", "renewals")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     ACQUIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    RENEWALS_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     address: str
     epoch: int
     expires_at: float
     acquired_at: float
-    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_at: _Optional[float] = ..., acquired_at: _Optional[float] = ...) -> None: ...
+    renewals: int
+    def __init__(self, node_id: _Optional[int] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_at: _Optional[float] = ..., acquired_at: _Optional[float] = ..., renewals: _Optional[int] = ...) -> None: ...
 
 class StoredToken(_message.Message):
     __slots__ = ("digest", "created_at", "expires_at")

@@ -452,7 +452,7 @@ async def test_chain_updates_survive_a_late_lease_renewal(admin: Admin) -> None:
 
         election.tick = late_tick  # the election loop's next renewal waits
         try:
-            election._held.expires_at = time.time()  # past the trust margin
+            election._trusted_until = 0.0  # past the trust margin
             assert not admin.server.is_primary()
             await asyncio.sleep(0.4)  # several chain-update intervals pass without a trusted lease
         finally:

@@ -83,19 +83,24 @@ class Clock:
 async def test_lease_one_holder_expiry_takeover_and_fencing() -> None:
     db = await open_database("mem")
     clock = Clock()
-    a = Election(db, 1, "a:1", 10.0, clock=clock)
-    b = Election(db, 2, "b:1", 10.0, clock=clock)
+    a = Election(db, 1, "a:1", 10.0, clock=clock, monotonic=clock)
+    b = Election(db, 2, "b:1", 10.0, clock=clock, monotonic=clock)
     assert await a.tick() == (True, True)
     assert await b.tick() == (False, False)
     assert b.primary_address() == (1, "a:1")
     clock.t += 5
     assert await a.tick() == (True, False)  # extended
     clock.t += 9
-    assert await b.tick() == (False, False)  # extended at +5, so still a's at +14
-    clock.t += 2
-    assert await b.tick() == (True, True)  # expired at +15: b takes over
+    assert await b.tick() == (False, False)  # b sees the renewal of +5 only now, at +14
+    clock.t += 9
+    assert await b.tick() == (False, False)  # unchanged for 9 s of b's clock: a's still
+    assert b.primary_address() == (1, "a:1")
+    clock.t += 1
+    assert b.primary_address() == (0, "")  # unchanged for a lease: nobody known to hold it
+    assert await b.tick() == (True, True)  # unchanged for a lease: b takes over
     assert b.epoch == a.epoch + 1
-    # a still believes in its lease only until the trust margin; its writes are fenced already
+    # a stopped believing in its lease a trust margin before; its writes are fenced
+    assert not a.is_primary()
     with pytest.raises(FS3Error) as e:
         await db.run(a.check)
     assert e.value.code == StatusCode.MGMTD_LEASE_LOST
@@ -104,6 +109,64 @@ async def test_lease_one_holder_expiry_takeover_and_fencing() -> None:
     # a clean release hands over at once
     await b.release()
     assert await a.tick() == (True, True)
+    await db.close()
+
+
+async def test_lease_decisions_ignore_wall_clock_steps() -> None:
+    """Each mgmtd's wall clock may step (NTP, an operator): the lease is timed on monotonic
+    clocks. Before, (1) a holder whose clock stepped back trusted its lease for the step's length,
+    while another had taken it (two primaries); (2) a standby whose clock stepped forward took a
+    live holder's lease; (3) a holder that died with its clock ahead was replaced only when the
+    other's clock reached its expiry (no primary for the clock's lead)."""
+    db = await open_database("mem")
+    mono = Clock()
+    wall_a, wall_b = Clock(), Clock()
+    a = Election(db, 1, "a:1", 10.0, clock=wall_a, monotonic=mono)
+    b = Election(db, 2, "b:1", 10.0, clock=wall_b, monotonic=mono)
+    assert await a.tick() == (True, True)
+    assert await b.tick() == (False, False)
+    # (1) a's clock steps back 300 s and a cannot reach the store: it stops acting as primary
+    # by its trust margin (7.5 s after its renewal began), before b may take over (10 s)
+    wall_a.t -= 300
+    mono.t += 7.4
+    assert a.is_primary()
+    mono.t += 0.2
+    assert not a.is_primary()
+    mono.t += 2.5
+    assert await b.tick() == (True, True)
+    assert await a.tick() == (False, False)
+    # (2) b holds it now; a's clock steps forward 300 s: a does not take a live lease
+    wall_a.t += 600
+    for _ in range(8):
+        mono.t += 2.5
+        assert await b.tick() == (True, False)
+        assert await a.tick() == (False, False)
+    # (3) b's clock runs 300 s ahead, and b dies: a takes over a lease interval after it last
+    # saw b's record change, not when a's clock reaches the expiry b wrote
+    wall_b.t += 300
+    mono.t += 2.5
+    assert await b.tick() == (True, False)
+    assert await a.tick() == (False, False)
+    mono.t += 9.9
+    assert await a.tick() == (False, False)
+    mono.t += 0.2
+    assert await a.tick() == (True, True)
+    await db.close()
+
+
+async def test_a_standby_record_from_the_future_does_not_count() -> None:
+    """A stopping primary skips its stop fence when a standby recorded itself recently; a record
+    stamped ahead of this clock (it stepped back after the standby died) counted for ever."""
+    db = await open_database("mem")
+    mono, wall = Clock(), Clock()
+    a = Election(db, 1, "a:1", 4.0, clock=wall, monotonic=mono)
+    b = Election(db, 2, "b:1", 4.0, clock=wall, monotonic=mono)
+    assert await a.tick() == (True, True)
+    assert await b.tick() == (False, False)
+    assert await a.standbys(4.0) == [2]
+    wall.t -= 120  # b is gone (no more ticks) and the clock steps back
+    mono.t += 5
+    assert await a.standbys(4.0) == []
     await db.close()
 
 
