@@ -161,10 +161,18 @@ class StorageDaemon:
         )
         self.routing = RoutingCache(self.mgmtd, refresh_interval_s=cfg.routing_refresh_interval_s)
         await self.routing.start(first_timeout_s=cfg.mgmtd_connect_timeout_s)
-        _check_targets_known(self.routing.routing, cfg.node_id, cfg.target_ids)
+        removed = _check_targets_known(self.routing.routing, cfg.node_id, cfg.target_ids, cfg.target_paths)
+        if len(removed) == len(cfg.target_ids):
+            raise FS3Error(
+                StatusCode.MGMTD_UNKNOWN_TARGET,
+                f"every target of this node ({', '.join(map(str, sorted(removed)))}) was removed from "
+                "the cluster: nothing to serve (give it targets, or stop running it)",
+            )
         local: list[LocalTarget] = []
         broken: list[Exception] = []
         for index, (tid, path) in enumerate(zip(cfg.target_ids, cfg.target_paths, strict=True)):
+            if tid in removed:
+                continue
             p = Path(path)
 
             def on_failure(e: FS3Error, tid: int = tid) -> None:
@@ -434,22 +442,50 @@ async def _check_can_listen(host: str, port: int) -> None:
         raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def _check_targets_known(routing: Routing, node_id: int, target_ids: Sequence[int]) -> None:
+def _check_targets_known(
+    routing: Routing, node_id: int, target_ids: Sequence[int], target_paths: Sequence[str]
+) -> set[int]:
     """Refuse a configured target that mgmtd does not know or places on another node, before any
     target directory is made: mgmtd would refuse the first heartbeat for it all the same, and a
-    refused start must leave the disks as it found them (no directories of a mistyped target id)."""
-    for tid in target_ids:
+    refused start must leave the disks as it found them (no directories of a mistyped target id).
+
+    Returns the targets to leave out: those mgmtd no longer knows whose directory records that
+    they served here (removed from the cluster with ``fs3 admin remove-target``; the node's
+    config still names them until an operator edits it, and its other targets must serve on)."""
+    removed: set[int] = set()
+    for tid, path in zip(target_ids, target_paths, strict=True):
         target = routing.targets.get(tid)
         if target is None:
+            if _recorded_target(Path(path)) == str(tid):
+                log.warning(
+                    "target %d is no longer known to mgmtd (removed with fs3 admin remove-target?): "
+                    "left out; remove it from this node's config (target_ids, target_paths), and "
+                    "its directory %s once its data is not wanted",
+                    tid,
+                    path,
+                )
+                removed.add(tid)
+                continue
             raise FS3Error(
                 StatusCode.MGMTD_UNKNOWN_TARGET,
-                f"target {tid} is not known to mgmtd (create it first: fs3 admin create-targets)",
+                f"target {tid} is not known to mgmtd: create it first (fs3 admin create-targets), "
+                "or correct its id in this node's config",
             )
         if target.node_id != node_id:
             raise FS3Error(
                 StatusCode.CONFIG_INVALID,
                 f"target {tid} belongs to node {target.node_id}, not to this node {node_id}",
             )
+    return removed
+
+
+def _recorded_target(path: Path) -> str | None:
+    """The target id recorded in target directory ``path`` (None: no directory, no record, or
+    unreadable)."""
+    try:
+        return (path / _TARGET_ID_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _check_target_dir(path: Path, target_id: int) -> None:

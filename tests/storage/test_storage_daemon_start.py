@@ -123,3 +123,56 @@ async def test_a_target_whose_disk_fails_at_start_is_left_out_and_the_others_ser
         with pytest.raises(FS3Error) as e:
             await daemon.start()
         assert "Is a directory" in str(e.value)
+
+
+async def test_a_target_removed_from_the_cluster_is_left_out_at_the_next_start(tmp_path) -> None:
+    """update-chain remove and remove-target, the documented way to take a target out for good:
+    the node's config still names it, and the node's next start refused with "not known to mgmtd
+    (create it first ...)", taking every target of the node offline. A target whose directory
+    records that it served here is left out with a warning now; the others serve."""
+    from fs3.proto import mgmtd_pb2
+
+    async with Cluster(tmp_path / "c", storage_nodes=2, chains=2, replication=2) as c:
+        assert c.admin is not None
+        client = await c.storage_client()
+        node = c.nodes[0]
+        kept, gone = sorted(node.targets)  # 101 (chain 1), 102 (chain 2)
+        await c.admin.update_chain(2, gone, mgmtd_pb2.CHAIN_UPDATE_REMOVE)
+        assert c.admin is not None
+        admin = c.admin
+
+        async def removed() -> bool:  # once the chain has drained it
+            try:
+                await admin.remove_target(gone)
+            except FS3Error as e:
+                if "remove it from the chain first" not in e.message:
+                    raise
+                return False
+            return True
+
+        await wait_until(removed, 30, "the target to leave its chain and be removed")
+        c.kill_storage(0)
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        assert gone in cfg.target_ids
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        await daemon.start()
+        try:
+            assert daemon.targets is not None and list(daemon.targets.targets) == [kept]
+
+            async def kept_serves() -> bool:
+                states = {t.target_id: t.public_state for t in await admin.list_targets()}
+                return states.get(kept) == common_pb2.SERVING
+
+            await wait_until(kept_serves, 60, "the kept target to serve")
+            await client.write(1, 1, 0, 0, b"served", 1 << 20)
+            assert await client.read(1, 1, 0, 0, 6) == b"served"
+        finally:
+            await daemon.stop()
+        # a node whose every target was removed has nothing to serve: said so
+        cfg = dataclasses.replace(
+            cfg, target_ids=[gone], target_paths=[cfg.target_paths[cfg.target_ids.index(gone)]]
+        )
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        with pytest.raises(FS3Error) as e:
+            await daemon.start()
+        assert "was removed from the cluster" in e.value.message
