@@ -99,6 +99,28 @@ class MgmtdUnreachable(FS3Error):
     none). The client has logged the outage; callers log this at DEBUG."""
 
 
+#: what to do instead of using, or making, clients in a child forked while the parent had one open
+FORKED_CLIENT_ADVICE = (
+    "connect in the child only (a DataLoader's worker_init_fn, say) and close the parent's "
+    "clients before it forks, or start workers with the 'spawn' or 'forkserver' method "
+    "(multiprocessing_context='spawn' for a torch DataLoader)"
+)
+# gRPC connections (the mgmtd client's) do not survive fork(): a child of a process with one
+# open hangs or crashes in its own first gRPC call (gRPC: "Other threads are currently calling into
+# gRPC, skipping fork() handlers"). Counted here, so that such a child is told instead.
+_open_channels = 0
+_forked_with_channels = False
+
+
+def _after_fork_in_child() -> None:
+    global _open_channels, _forked_with_channels
+    _forked_with_channels = _forked_with_channels or _open_channels > 0
+    _open_channels = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class MgmtdClient:
     """A client of the mgmtd cluster. Create and use it inside one event loop; ``close`` it."""
 
@@ -129,6 +151,7 @@ class MgmtdClient:
         self._metadata = tuple(md)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, mgmtd_pb2_grpc.MgmtdStub] = {}
+        self._pid = os.getpid()
         self.primary: str | None = None  # the address the last successful call went to
         # the outage under way: when it began (monotonic), calls failed, when last logged
         self._unreachable_since: float | None = None
@@ -137,7 +160,11 @@ class MgmtdClient:
         self._outage_level = logging.WARNING if log_outages else logging.DEBUG
 
     async def close(self) -> None:
+        global _open_channels
         channels, self._channels, self._stubs = self._channels, {}, {}
+        if os.getpid() != self._pid:  # the parent's channels: not this process's to close
+            return
+        _open_channels -= len(channels)
         for ch in channels.values():
             await ch.close()
 
@@ -148,10 +175,17 @@ class MgmtdClient:
         await self.close()
 
     def _stub(self, address: str) -> mgmtd_pb2_grpc.MgmtdStub:
+        global _open_channels
         stub = self._stubs.get(address)
         if stub is None:
+            if _forked_with_channels:
+                raise RuntimeError(
+                    "this process was forked while its parent had an fs3 client open, and gRPC "
+                    f"(the mgmtd connection) does not survive that: {FORKED_CLIENT_ADVICE}"
+                )
             ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
             self._channels[address] = ch
+            _open_channels += 1
             stub = self._stubs[address] = mgmtd_pb2_grpc.MgmtdStub(ch)
         return stub
 

@@ -7,22 +7,40 @@ can use them. Imported as ``fs3.client.SyncFileSystem``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from fs3.client.filesystem import File, FileSystem, StatResult
+from fs3.client.mgmtd_client import FORKED_CLIENT_ADVICE
 from fs3.config import ClientConfig
+from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
 T = TypeVar("T")
 
 
+#: how long a close waits for the calls it cancelled to end
+_CANCEL_WAIT_S = 5.0
+
+
+def _discard(coro: Awaitable[object]) -> None:
+    """Close a coroutine that will not run (no "never awaited" warning)."""
+    close = getattr(coro, "close", None)
+    if close is not None:
+        close()
+
+
 class _LoopThread:
-    """A private event loop in a daemon thread; :meth:`run` waits for a coroutine's result."""
+    """A private event loop in a daemon thread; :meth:`run` waits for a coroutine's result.
+
+    Usable only in the process that made it: a child made by fork() has no such thread (calls
+    there fail at once, instead of waiting without end). :meth:`stop` cancels the calls under way,
+    whose callers get an error, and calls after it fail at once."""
 
     def __init__(self) -> None:
         try:
@@ -31,17 +49,58 @@ class _LoopThread:
             self.loop = uvloop.new_event_loop()
         except ImportError:
             self.loop = asyncio.new_event_loop()
+        self.pid = os.getpid()
+        self.closed = False
         self.thread = threading.Thread(target=self.loop.run_forever, name="fs3-client", daemon=True)
         self.thread.start()
 
+    def _refuse(self, coro: Awaitable[object]) -> NoReturn:
+        _discard(coro)
+        if os.getpid() != self.pid:
+            raise RuntimeError(
+                f"this fs3 client was opened before fork(), in the parent: {FORKED_CLIENT_ADVICE}"
+            )
+        raise FS3Error(StatusCode.FAILED_PRECONDITION, "the fs3 file system is closed")
+
     def run(self, coro: Awaitable[T]) -> T:
-        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        return fut.result()
+        if self.closed or os.getpid() != self.pid:
+            self._refuse(coro)
+        try:
+            fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        except RuntimeError:  # closed since the check above
+            self._refuse(coro)
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:
+            if self.closed:
+                raise FS3Error(
+                    StatusCode.CANCELLED, "the fs3 file system was closed while this call was under way"
+                ) from None
+            raise
 
     def stop(self) -> None:
+        """Cancel every call still under way (other threads' calls: they fail with CANCELLED),
+        then stop the loop and its thread. Stopping twice does nothing."""
+        if self.closed or os.getpid() != self.pid:
+            return
+        self.closed = True
+
+        async def cancel_all() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=_CANCEL_WAIT_S)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(_CANCEL_WAIT_S + 1)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError, RuntimeError):
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
-        self.loop.close()
+        if not self.thread.is_alive():
+            self.loop.close()
 
 
 class SyncFile:
@@ -102,7 +161,8 @@ class SyncFile:
         return self._loop.run(self.file.stat())
 
     def close(self) -> None:
-        self._loop.run(self.file.close())
+        if not self.file.closed:  # closing twice does nothing, also once the file system closed
+            self._loop.run(self.file.close())
 
     def __enter__(self) -> SyncFile:
         return self
@@ -118,6 +178,12 @@ class SyncFileSystem:
     def __init__(self, fs: FileSystem, loop: _LoopThread) -> None:
         self.aio = fs
         self._loop = loop
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "an fs3 SyncFileSystem cannot be pickled (it holds connections and a thread): call "
+            "SyncFileSystem.connect(config) in each worker process"
+        )
 
     @classmethod
     def connect(
@@ -241,7 +307,15 @@ class SyncFileSystem:
     def write_file(self, path: str | bytes, data: bytes, perm: int = 0o644) -> None:
         self._call(self.aio.write_file, path, data, perm)
 
+    @property
+    def closed(self) -> bool:
+        return self._loop.closed
+
     def close(self) -> None:
+        """Close every connection; calls other threads still have under way fail (CANCELLED), and
+        so does any call made after. Closing twice does nothing."""
+        if self._loop.closed or os.getpid() != self._loop.pid:
+            return
         try:
             self._call(self.aio.close)
         finally:

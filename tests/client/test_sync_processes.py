@@ -1,0 +1,168 @@
+"""The synchronous client as training scripts use it: with worker processes made by fork() (a
+DataLoader's workers), pickled for 'spawn' workers, and closed while other threads have calls under
+way. Each case runs in a Python process of its own (a hang or a crash there is reported, not
+inherited by the test run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from fs_cluster import FsCluster
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="module")]
+
+_PRELUDE = r"""
+import json, os, select, sys, threading, time
+from fs3.client import SyncFileSystem
+from fs3.errors import FS3Error
+
+CFG = sys.argv[1]
+
+
+def outcome(fn):
+    t0 = time.monotonic()
+    try:
+        got = fn()
+        what = repr(got)
+    except BaseException as e:
+        what = f"{type(e).__name__}: {e}"
+    return {"what": what, "s": round(time.monotonic() - t0, 2)}
+
+
+def in_child(fn, wait_s=20.0):
+    # fn's outcome in a child made by fork(), or "hung" when it gives none within wait_s
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, json.dumps(outcome(fn)).encode())
+        os._exit(0)
+    os.close(w)
+    ready, _, _ = select.select([r], [], [], wait_s)
+    raw = os.read(r, 1 << 16) if ready else b""
+    if not raw:
+        os.kill(pid, 9)
+    status = os.waitpid(pid, 0)[1]
+    os.close(r)
+    return json.loads(raw) if raw else {"what": f"hung or crashed (status {status})", "s": wait_s}
+"""
+
+_FORK = r"""
+out = {}
+fs = SyncFileSystem.connect(CFG)
+fs.write_file("/forked", b"parent")
+out["inherited"] = in_child(lambda: fs.read_file("/forked"))
+out["connect_while_open"] = in_child(lambda: SyncFileSystem.connect(CFG, timeout_s=10))
+out["parent_after"] = outcome(lambda: fs.read_file("/forked"))
+fs.close()
+
+
+def fresh():
+    with SyncFileSystem.connect(CFG, timeout_s=10) as child_fs:
+        return child_fs.read_file("/forked")
+
+
+out["connect_after_parent_closed"] = in_child(fresh)
+print(json.dumps(out))
+"""
+
+_CLOSE = r"""
+import pickle
+
+out = {}
+fs = SyncFileSystem.connect(CFG)
+fs.write_file("/busy", os.urandom(1 << 20))
+ended = []
+
+
+def reader():
+    try:
+        while True:
+            fs.read_batch([("/busy", 0, 1 << 20)] * 4)
+    except BaseException as e:
+        ended.append(f"{type(e).__name__}: {e}")
+
+
+threads = [threading.Thread(target=reader, daemon=True) for _ in range(4)]
+for t in threads:
+    t.start()
+time.sleep(1.0)
+out["close"] = outcome(fs.close)
+for t in threads:
+    t.join(15)
+out["threads_left"] = sum(t.is_alive() for t in threads)
+out["thread_errors"] = ended
+out["after_close"] = outcome(lambda: fs.stat("/busy"))
+out["close_again"] = outcome(fs.close)
+out["closed"] = fs.closed
+fs2 = SyncFileSystem.connect(CFG)
+out["pickle"] = outcome(lambda: pickle.dumps(fs2))
+f = fs2.open("/busy")
+f.close()
+g = fs2.open("/busy")
+fs2.close()
+out["file_close_again"] = outcome(f.close)  # closed before: nothing to do
+out["file_close_after"] = outcome(g.close)  # open when its file system closed
+print(json.dumps(out))
+"""
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FsCluster]:
+    async with FsCluster(tmp_path_factory.mktemp("fs")) as c:
+        yield c
+
+
+def _run(script: str, config: Path) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + script, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+async def test_a_forked_child_is_told_instead_of_hanging(cluster: FsCluster) -> None:
+    """A child of fork() (a DataLoader worker with the 'fork' start method) waited for ever on
+    the parent's client (its loop thread does not exist there), and a client it connected itself
+    hung or crashed in gRPC while the parent's was open. Both now fail at once and say what to do;
+    the parent's client goes on; a child forked after the parent closed its client connects."""
+    import asyncio
+
+    out = await asyncio.to_thread(_run, _FORK, cluster.client_config("fork"))
+    for case in ("inherited", "connect_while_open"):
+        got = out[case]
+        assert isinstance(got, dict)
+        assert got["what"].startswith("RuntimeError: ") and "spawn" in got["what"], out
+        assert got["s"] < 5, out
+    assert out["inherited"]["what"].find("before fork()") > 0  # type: ignore[index]
+    assert out["parent_after"] == {"what": repr(b"parent"), "s": out["parent_after"]["s"]}  # type: ignore[index]
+    assert out["connect_after_parent_closed"]["what"] == repr(b"parent"), out  # type: ignore[index]
+
+
+async def test_close_ends_other_threads_calls_and_later_calls_fail_clearly(cluster: FsCluster) -> None:
+    """close() with reads under way in other threads left them blocked for ever (the loop stopped
+    under their calls) and the interpreter could not exit; a call after close raised "Event loop
+    is closed" with a never-awaited coroutine, and a second close raised."""
+    import asyncio
+
+    out = await asyncio.to_thread(_run, _CLOSE, cluster.client_config("close"))
+    assert out["close"]["what"] == "None", out  # type: ignore[index]
+    assert out["threads_left"] == 0, out
+    errors = out["thread_errors"]
+    assert isinstance(errors, list) and len(errors) == 4, out
+    assert all(e.startswith("FS3Error") for e in errors), out
+    assert out["after_close"]["what"].startswith("FS3Error: FAILED_PRECONDITION"), out  # type: ignore[index]
+    assert "closed" in out["after_close"]["what"], out  # type: ignore[index]
+    assert out["close_again"]["what"] == "None" and out["closed"] is True, out  # type: ignore[index]
+    assert out["pickle"]["what"].startswith("TypeError: ") and "connect" in out["pickle"]["what"], out  # type: ignore[index]
+    assert out["file_close_again"]["what"] == "None", out  # type: ignore[index]
+    assert out["file_close_after"]["what"].startswith("FS3Error: FAILED_PRECONDITION"), out  # type: ignore[index]
