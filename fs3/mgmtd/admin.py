@@ -228,6 +228,7 @@ class Admin:
                         f"chain {s.chain_id}: target {tid} is already in chain {owner[tid]}",
                     )
                 owner[tid] = s.chain_id
+            self._refuse_shared_node(s.chain_id, list(s.target_ids))
             # fresh targets hold nothing yet, so each is trivially up to date
             new.append(
                 make_chain(
@@ -295,6 +296,21 @@ class Admin:
         log.info("chain targets draining chain_id=%d version=%d targets=%s", chain_id, c.version, leaving)
         return c
 
+    def _refuse_shared_node(self, chain_id: int, target_ids: list[int]) -> None:
+        """Refuse a chain with two targets on one node: a storage daemon serves one target per
+        chain (requests name the chain), so the second would never be written, and one node's
+        failure would take every copy on it."""
+        on: dict[int, int] = {}  # node -> the chain's target there
+        for tid in target_ids:
+            node = self.c.rec.targets[tid].node_id
+            if node in on:
+                raise FS3Error(
+                    StatusCode.MGMTD_INVALID_CHAIN,
+                    f"chain {chain_id}: targets {on[node]} and {tid} are both on node {node}; the "
+                    "targets of a chain must be on different nodes",
+                )
+            on[node] = tid
+
     @serialized
     async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:
         self._require_init()
@@ -310,6 +326,7 @@ class Admin:
                 raise FS3Error(
                     StatusCode.MGMTD_INVALID_CHAIN, f"chain {chain_id} has {MAX_CHAIN_LENGTH} targets"
                 )
+            self._refuse_shared_node(chain_id, [*(t.target_id for t in chain.targets), target_id])
             new = chain_state.add_target(chain_targets(chain), target_id)
         elif mode == mgmtd_pb2.CHAIN_UPDATE_REMOVE:
             self._refuse_last_once_drained(chain, target_id, "removed")

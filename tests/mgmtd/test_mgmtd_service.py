@@ -311,8 +311,9 @@ async def test_bad_chains_and_tables_are_refused(admin: Admin) -> None:
 
 async def test_concurrent_uploads_cannot_put_a_target_in_two_chains(admin: Admin) -> None:
     c = admin.client
-    await c.register_node(10, common_pb2.NODE_STORAGE)
-    await c.create_targets([mgmtd_pb2.TargetSpec(target_id=t, node_id=10) for t in range(1, 9)])
+    for node in range(10, 18):
+        await c.register_node(node, common_pb2.NODE_STORAGE)
+    await c.create_targets([mgmtd_pb2.TargetSpec(target_id=t, node_id=9 + t) for t in range(1, 9)])
     # eight uploads race, each claiming target 1 for a different chain
     results = await asyncio.gather(
         *(c.upload_chains({cid: [1, cid + 1]}) for cid in range(1, 8)), return_exceptions=True
@@ -322,6 +323,24 @@ async def test_concurrent_uploads_cannot_put_a_target_in_two_chains(admin: Admin
         r is None or (isinstance(r, FS3Error) and r.code == StatusCode.MGMTD_INVALID_CHAIN) for r in results
     )
     assert len(await c.list_chains()) == 1
+
+
+async def test_a_chain_with_two_targets_on_one_node_is_refused(admin: Admin) -> None:
+    """A storage daemon serves one target per chain (requests name the chain): a second target of
+    the chain on the same node was never written, and the node's failure took every copy on it.
+    Uploaded or added by update-chain, such a chain was accepted without a word."""
+    c = admin.client
+    for node in (10, 11):
+        await c.register_node(node, common_pb2.NODE_STORAGE)
+    await c.create_targets(
+        [mgmtd_pb2.TargetSpec(target_id=t, node_id=10 if t < 3 else 11, disk_index=t) for t in (1, 2, 3, 4)]
+    )
+    e = await expect(StatusCode.MGMTD_INVALID_CHAIN, c.upload_chains({1: [1, 3, 2]}))
+    assert "targets 1 and 2 are both on node 10" in e.message
+    await c.upload_chains({1: [1, 3]})
+    e = await expect(StatusCode.MGMTD_INVALID_CHAIN, c.update_chain(1, 4, mgmtd_pb2.CHAIN_UPDATE_ADD))
+    assert "targets 3 and 4 are both on node 11" in e.message
+    assert [t.target_id for t in (await c.list_chains())[0].targets] == [1, 3]
 
 
 # ---- routing and the chain state machine ---------------------------------------------------------
