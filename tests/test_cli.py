@@ -161,3 +161,32 @@ def test_files_that_are_not_text_are_named_not_a_traceback(tmp_path: Path) -> No
         out = fs3(*args)
         assert out.returncode != 0 and "Traceback" not in out.stderr, (args, out.stderr)
         assert str(binary) in out.stderr and ("UTF-8" in out.stderr or "not text" in out.stderr), out.stderr
+
+
+def test_admin_with_a_damaged_local_state_file_or_no_cluster_says_what_to_do(tmp_path: Path) -> None:
+    """A damaged local.json ended in a JSONDecodeError or KeyError traceback; a cluster that is not
+    up gave gRPC's "failed to connect to all addresses" and nothing on which cluster was tried."""
+    import os
+
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "cluster.secret").write_text("0123456789abcdef0123")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
+    for key in ("FS3_LOCAL_DIR", "FS3_MGMTD_ADDRESSES", "FS3_TOKEN_FILE", "FS3_TOKEN"):
+        env.pop(key, None)
+
+    def admin(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*FS3, "admin", *args], capture_output=True, text=True, timeout=60, env=env)
+
+    for content, what in (("{bad", "Expecting property name"), ("{}", "no 'host' in it")):
+        (local / "local.json").write_text(content)
+        out = admin("--local-dir", str(local), "list-chains")
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert f"cannot read {local / 'local.json'} ({what}" in out.stderr, out.stderr
+    (local / "local.json").write_text('{"host": "127.0.0.1", "ports": {"mgmtd": 1}}')
+    out = admin("--local-dir", str(local), "--timeout", "2", "list-chains")
+    assert out.returncode == EX_UNAVAILABLE, out.stderr
+    assert f"start it with: fs3 local up --dir {local}" in out.stderr, out.stderr
+    out = admin("--timeout", "2", "list-chains")  # no cluster named, none in the default directory
+    assert out.returncode == EX_UNAVAILABLE, out.stderr
+    assert "the default 127.0.0.1:8000 was tried: pass --mgmtd" in out.stderr, out.stderr

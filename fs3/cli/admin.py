@@ -169,8 +169,15 @@ def connection(args: argparse.Namespace) -> Connection:
         found = env_list(os.environ["FS3_MGMTD_ADDRESSES"])
         mgmtd = [str(a) for a in found] if isinstance(found, list) else [str(found)]
     elif local is not None:
-        state = json.loads((local / "local.json").read_text())
-        mgmtd = [f"{state['host']}:{state['ports']['mgmtd']}"]
+        try:
+            state = json.loads((local / "local.json").read_text())
+            mgmtd = [f"{state['host']}:{state['ports']['mgmtd']}"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            what = f"no {e} in it" if isinstance(e, KeyError) else str(e)
+            raise UsageError(
+                f"cannot read {local / 'local.json'} ({what}): the fs3 local cluster's state file; "
+                "pass --mgmtd, or --local-dir for another cluster"
+            ) from None
     mgmtd = [a.strip() for a in mgmtd if a.strip()] or [DEFAULT_MGMTD]
     token: str | None = None
     token_file = args.token_file or os.environ.get("FS3_TOKEN_FILE")
@@ -359,6 +366,24 @@ def _has_credentials(args: argparse.Namespace) -> bool:
     return bool(conn.token)
 
 
+def _unreachable_hint(args: argparse.Namespace) -> str:
+    """What to check when mgmtd did not answer: which cluster was tried, and how to name another."""
+    try:
+        conn = connection(args)
+    except UsageError:
+        return ""
+    named = args.mgmtd or os.environ.get("FS3_MGMTD_ADDRESSES")
+    if conn.local_dir is not None and not named:
+        d = conn.local_dir
+        return f" (is the fs3 local cluster in {d} running? start it with: fs3 local up --dir {d})"
+    if conn.mgmtd == [DEFAULT_MGMTD] and not named:
+        return (
+            f" (no cluster was named, so the default {DEFAULT_MGMTD} was tried: pass --mgmtd or "
+            "$FS3_MGMTD_ADDRESSES, or --local-dir or $FS3_LOCAL_DIR for a local cluster's directory)"
+        )
+    return ""
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 admin``; returns the exit status."""
     args = parser().parse_args(argv)
@@ -374,6 +399,8 @@ def main(argv: list[str]) -> int:
             args
         ):
             hint = " (no token given: --token-file, $FS3_TOKEN_FILE or --local-dir)"
+        elif e.code in UNREACHABLE:
+            hint = _unreachable_hint(args)
         print(f"fs3 admin {cmd.name}: {e}{hint}", file=sys.stderr)
         return EX_UNAVAILABLE if e.code in UNREACHABLE else EX_FAILED
     except OSError as e:
