@@ -571,6 +571,9 @@ def main(argv: list[str]) -> int:
         return 2
     if args.log_level:
         cfg.log.level = args.log_level
+    if not os.path.lexists(args.mountpoint):
+        sys.stderr.write(f"fs3 mount: {args.mountpoint} does not exist (create it first: mkdir -p)\n")
+        return 2
     if not os.path.isdir(args.mountpoint):
         sys.stderr.write(f"fs3 mount: {args.mountpoint} is not a directory\n")
         return 2
@@ -582,6 +585,12 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"fs3 mount: cannot open log file {cfg.log.file}: {e.strerror}\n")
         return 2
     log_env_overrides(ClientConfig)
+    with contextlib.suppress(OSError):
+        if os.listdir(args.mountpoint):
+            sys.stderr.write(
+                f"fs3 mount: warning: {args.mountpoint} is not empty; what it holds is hidden while "
+                "fs3 is mounted over it\n"
+            )
     ready: Callable[[], None] = lambda: None  # noqa: E731
     failed: Callable[[], None] = lambda: None  # noqa: E731
     if not args.foreground:

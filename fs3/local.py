@@ -339,6 +339,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     mounting = bool(st.mount) and not args.no_mount
     if mounting:
         _check_fuse(st.mount)
+        if os.path.exists(st.mount) and not os.path.isdir(st.mount):
+            bad = st.mount
+            if earlier_mount is not None:  # the --mount just given: not kept
+                st.mount = earlier_mount
+                st.save(lc.state_file)
+            raise LocalError(f"mount point {bad} is not a directory", EX_USAGE)
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:
@@ -481,9 +487,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         out["routing_error"] = str(e)
     # every daemon runs, and mgmtd answers (a stopped or hung one runs, and serves nobody)
     services_up = all(procs[n] for n in lc.service_names()) and "routing_error" not in out
+    # a mount that is there and fails every access is a failure too (not mounted at all is not:
+    # an up with --no-mount)
+    healthy = services_up and out.get("mount_state") not in ("stale", "not answering")
     if args.json:
         print(json.dumps(out, indent=2))
-        return 0 if services_up else EX_FAILED
+        return 0 if healthy else EX_FAILED
     _say(f"fs3 local cluster in {lc.root}")
     for name, pid in procs.items():
         if name == "mount" and not st.mount:
@@ -511,7 +520,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             _say(f"  chain {cid}: " + " -> ".join(f"{t}:{s}" for t, s in targets))
     elif "routing_error" in out:
         _say(f"  routing: {out['routing_error']}")
-    return 0 if services_up else EX_FAILED
+    return 0 if healthy else EX_FAILED
 
 
 # -- down -----------------------------------------------------------------------------------------

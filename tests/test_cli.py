@@ -35,6 +35,9 @@ def test_unknown_subcommand_is_a_usage_error():
     out = fs3("frobnicate")
     assert out.returncode == 2
     assert "invalid choice" in out.stderr
+    out = fs3()  # named the parser's internal "args" as missing
+    assert out.returncode == 2 and "args" not in out.stderr
+    assert out.stderr.splitlines()[-1] == "fs3: error: a COMMAND is needed; 'fs3 --help' lists them"
 
 
 def test_missing_subcommands_say_so():
@@ -126,8 +129,10 @@ def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -
             f'mgmtd_addresses = ["127.0.0.1:{silent.getsockname()[1]}"]\nrpc_timeout_s = 60.0\n'
             f'[log]\nfile = "{log}"\n'
         )
+        mnt = tmp_path / "mnt"  # empty: no warning that files are hidden
+        mnt.mkdir()
         p = subprocess.Popen(
-            [*FS3, "mount", str(tmp_path), "--config", str(cfg)], stderr=subprocess.PIPE, text=True
+            [*FS3, "mount", str(mnt), "--config", str(cfg)], stderr=subprocess.PIPE, text=True
         )
         try:
             children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
@@ -190,3 +195,24 @@ def test_admin_with_a_damaged_local_state_file_or_no_cluster_says_what_to_do(tmp
     out = admin("--timeout", "2", "list-chains")  # no cluster named, none in the default directory
     assert out.returncode == EX_UNAVAILABLE, out.stderr
     assert "the default 127.0.0.1:8000 was tried: pass --mgmtd" in out.stderr, out.stderr
+
+
+def test_mount_and_umount_name_a_missing_directory_and_warn_of_a_non_empty_one(tmp_path) -> None:
+    """A missing mount point was "not a directory" (mount) and "not a mount point" (umount); a
+    non-empty one was mounted over without a word, its files hidden."""
+    missing = tmp_path / "nope"
+    out = fs3("mount", str(missing))
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"fs3 mount: {missing} does not exist (create it first: mkdir -p)"
+    out = fs3("umount", str(missing))
+    assert out.returncode == 1 and out.stderr.strip() == f"fs3 umount: {missing} does not exist"
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("hidden while mounted")
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text('mgmtd_addresses = ["127.0.0.1:1"]\nrpc_timeout_s = 1.0\n')
+    out = fs3("mount", str(full), "--config", str(cfg), "--foreground")
+    assert out.returncode == 1  # no cluster there; the warning came first
+    assert out.stderr.splitlines()[0] == (
+        f"fs3 mount: warning: {full} is not empty; what it holds is hidden while fs3 is mounted over it"
+    ), out.stderr

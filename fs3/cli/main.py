@@ -62,7 +62,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    if not argv:  # argparse would name its internal "args" among what is missing
+        parser.print_usage(sys.stderr)
+        print("fs3: error: a COMMAND is needed; 'fs3 --help' lists them", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     sub = SUBCOMMANDS[args.command]
     if importlib.util.find_spec(sub.module) is None:
         print(

@@ -16,6 +16,7 @@ Exit status: 0 unmounted, 1 not unmounted (the reason on standard error), 2 usag
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fs3.cli.fuse_mounts import (
@@ -50,7 +51,8 @@ def main(argv: list[str]) -> int:
     where = resolved(args.mountpoint)
     fstype = mount_type(where)
     if fstype is None:
-        sys.stderr.write(f"fs3 umount: {where} is not a mount point\n")
+        what = "is not a mount point" if os.path.lexists(where) else "does not exist"
+        sys.stderr.write(f"fs3 umount: {where} {what}\n")
         return 1
     if fstype != FS3_MOUNT_TYPE:
         sys.stderr.write(f"fs3 umount: {where} is not an fs3 mount ({fstype}); not touched\n")

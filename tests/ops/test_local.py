@@ -186,12 +186,19 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
         f"'Transport endpoint is not connected'; remove it with 'fusermount3 -u {mnt}' or "
         f"'fs3 local down --dir {local_dir}')"
     ) in stale.stdout, stale.stdout
-    stale = json.loads(fs3("local", "status", "--dir", str(local_dir), "--json").stdout)
+    assert stale.returncode == 1  # a mount failing every access is no healthy cluster (it was 0)
+    stale_json = fs3("local", "status", "--dir", str(local_dir), "--json")
+    assert stale_json.returncode == 1
+    stale = json.loads(stale_json.stdout)
     assert stale["mount_state"] == "stale" and stale["mounted"] is False
-    # a --mount that does not work (a file is no mount point) is not kept as the cluster's
+    # a --mount that does not work (a file is no mount point) is not kept as the cluster's, and
+    # is refused before anything starts (it was "cannot create mount point ...: File exists",
+    # once every daemon had started)
     (tmp_path / "a-file").write_text("")
     bad = fs3("local", "up", "--dir", str(local_dir), "--mount", str(tmp_path / "a-file"), "--timeout", "30")
-    assert bad.returncode != 0 and "a-file" in bad.stderr, bad.stdout + bad.stderr
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert f"mount point {tmp_path / 'a-file'} is not a directory" in bad.stderr, bad.stdout + bad.stderr
+    assert "mgmtd" not in bad.stdout, bad.stdout
     assert json.loads((local_dir / "local.json").read_text())["mount"] == str(mnt)
     again = fs3("local", "up", "--dir", str(local_dir), "--timeout", "30")
     assert again.returncode == 0, again.stdout + again.stderr
