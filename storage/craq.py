@@ -45,7 +45,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
@@ -239,6 +239,53 @@ class Replicator:
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
         cid = chunk_id(key.inode_id, key.chunk_index)
+        return await self._chain_update_locked(t, req, op, cid)
+
+    @contextlib.contextmanager
+    def _room_to_sync(self, t: LocalTarget) -> Iterator[None]:
+        """Around what this target itself stores of a forward or a resync copy: a refusal for want
+        of space while it is SYNCING takes it offline (see :meth:`_no_room_to_sync`)."""
+        try:
+            yield
+        except FS3Error as e:
+            if e.code not in _NO_ROOM or t.public_state != common_pb2.SYNCING:
+                raise
+            self._no_room_to_sync(t, e)
+            # the predecessor retries its forward (not so a space refusal, which would fail the
+            # client's write) until the chain goes on without this target
+            raise FS3Error(
+                StatusCode.STORAGE_TARGET_OFFLINE,
+                f"target {t.target_id} went offline: no room for chain {t.chain_id}'s data ({e.message})",
+            ) from None
+
+    def _no_room_to_sync(self, t: LocalTarget, error: FS3Error) -> None:
+        """A SYNCING target whose disk cannot take the chain's data: refusing the chain's writes
+        would fail every client write of the chain while its SERVING replicas have room, and the
+        resync would fill the disk and fail on and on. It goes offline instead (until the daemon
+        restarts), and the chain goes on without it."""
+        if t.failed:
+            return
+        log.error(
+            "target has no room for its chain's data while syncing: taken offline so that the "
+            "chain's writes go on; free space or remove it from the chain (fs3 admin update-chain "
+            "--mode remove), then restart this daemon target_id=%d chain_id=%d error=%s",
+            t.target_id,
+            t.chain_id,
+            error,
+        )
+        self.targets.fail(
+            t.target_id,
+            FS3Error(
+                error.code, f"target {t.target_id} has no room for chain {t.chain_id}'s data: {error.message}"
+            ),
+        )
+
+    async def _chain_update_locked(
+        self, t: LocalTarget, req: storage_pb2.UpdateReq, op: Op, cid: bytes
+    ) -> storage_pb2.IOResult:
+        """:meth:`chain_update` under the chunk's lock."""
+        io = req.io
+        key = io.key
         eng = t.engine
         async with self.locks.hold(t.target_id, cid):
             # Checked again now the lock is held: the update may have waited for it (behind its own
@@ -253,37 +300,16 @@ class Replicator:
                         StatusCode.STORAGE_ROUTING_STALE,
                         f"target {t.target_id} is not syncing; it takes no resync copies",
                     )
-                if op.type == storage_pb2.UPDATE_REMOVE:
-                    await eng.remove_range(cid, cid + b"\0")
-                    return io_result(None, key.chain_version)
-                if req.lost:
-                    meta = await eng.mark_lost(
-                        cid,
-                        chunk_size=op.chunk_size,
-                        chain_ver=key.chain_version,
-                        version=io.update_version,
-                        length=op.length,
-                        crc=op.crc,
-                    )
-                    return io_result(meta, key.chain_version)
-                assert op.data is not None
-                meta = await eng.replace(
-                    cid,
-                    op.data,
-                    chunk_size=op.chunk_size,
-                    chain_ver=key.chain_version,
-                    version=io.update_version,
-                    commit=True,
-                    checksum=op.crc,
-                )
-                return io_result(meta, key.chain_version)
+                with self._room_to_sync(t):
+                    return await self._resync_copy(t, io, op, cid, lost=req.lost)
             # Resync copies (above) and settles are not refused (see UpdateReq), nor a version this
             # replica holds already: a retried forward whose answer was lost must get that answer,
             # or the predecessor would drop a version the chain below it has.
             meta = eng.engine.get_meta(cid)
             committed, pending = (meta.committed_ver, meta.pending_ver) if meta else (0, 0)
             if not req.settle and io.update_version > committed and io.update_version != pending:
-                _check_room(t, op)
+                with self._room_to_sync(t):
+                    _check_room(t, op)
             result = await self._update_locked(
                 t, cid, key.chain_id, op, io.update_version, settle=req.settle, tag=req.tag
             )
@@ -293,6 +319,38 @@ class Replicator:
         self.results.store(req.tag, result)
         self._settled(t, cid, io.update_version, result)
         return result
+
+    async def _resync_copy(
+        self, t: LocalTarget, io: storage_pb2.UpdateIO, op: Op, cid: bytes, *, lost: bool
+    ) -> storage_pb2.IOResult:
+        """Install a resync copy (the predecessor's committed chunk, or its removal, or the record
+        that no replica could read it) as committed at once. The chunk's lock is held."""
+        key = io.key
+        eng = t.engine
+        if op.type == storage_pb2.UPDATE_REMOVE:
+            await eng.remove_range(cid, cid + b"\0")
+            return io_result(None, key.chain_version)
+        if lost:
+            meta = await eng.mark_lost(
+                cid,
+                chunk_size=op.chunk_size,
+                chain_ver=key.chain_version,
+                version=io.update_version,
+                length=op.length,
+                crc=op.crc,
+            )
+            return io_result(meta, key.chain_version)
+        assert op.data is not None
+        meta = await eng.replace(
+            cid,
+            op.data,
+            chunk_size=op.chunk_size,
+            chain_ver=key.chain_version,
+            version=io.update_version,
+            commit=True,
+            checksum=op.crc,
+        )
+        return io_result(meta, key.chain_version)
 
     def _check_still_replica(self, t: LocalTarget, chain_id: int, version: int) -> None:
         """A forwarded update, once it holds the chunk's lock: the chain must still be at the
@@ -1053,6 +1111,10 @@ def read_error(e: Exception) -> FS3Error:
 def _check_deadline(deadline: float | None) -> None:
     if deadline is not None and asyncio.get_running_loop().time() >= deadline:
         raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed: nothing more changed")
+
+
+#: a target's refusals for want of space (the space kept free, or a disk found full)
+_NO_ROOM = frozenset({StatusCode.STORAGE_SPACE_KEPT, StatusCode.STORAGE_NO_SPACE})
 
 
 def _check_room(t: LocalTarget, op: Op) -> None:

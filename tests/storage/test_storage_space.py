@@ -9,12 +9,13 @@ remains to be settled (and made to appear) later.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, storage_on_tmpfs
+from cluster import Cluster, storage_on_tmpfs, wait_until
 
 from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
 from fs3.errors import FS3Error, StatusCode
@@ -131,3 +132,48 @@ async def forward_replace(
     io.length, io.crc32c = len(data), crc32c(data)
     address = node_address(routing, target_id, backend=True)
     return await client.rpc.call(address, STORAGE_SERVICE["Update"], req, payload=data, timeout=10)
+
+
+@pytest.mark.parametrize("disks", [2], ids=["small-tail"], indirect=True)
+async def test_a_syncing_target_without_room_goes_offline_and_its_chain_writes_on(
+    disks: tuple[Path, int],
+) -> None:
+    """A target added to (or returning to) a chain on a disk too small for the chain's data: the
+    resync filled the disk and failed on and on, and the target, SYNCING, refused every forwarded
+    write for space, so every client write of the chain failed with ENOSPC although its SERVING
+    replicas had room (only removing the target from the chain helped). It goes offline now, and
+    the chain's writes go on without it."""
+    root, small = disks
+    async with Cluster(root, storage_extra={"keep_free": 0.25}) as c:
+        assert c.admin is not None
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        (target,) = c.nodes[small].targets
+        c.kill_storage(small)
+        await c.wait_chains(
+            lambda ch: target not in ch.serving and len(ch.serving) == 2, 30, "the chain without it"
+        )
+        written: dict[int, bytes] = {}
+        for i in range(30):  # 30 MiB: more than its 24 MiB disk holds
+            written[i] = os.urandom(CHUNK)
+            await client.write(chain_id, INODE, i, 0, written[i], CHUNK)
+        proc = c.start_storage(small)
+
+        async def syncing_or_out() -> bool:
+            if "no room for its chain's data while syncing" in proc.log():
+                return True
+            states = {t.target_id: t.public_state for t in (await c.routing()).chain(chain_id).targets}
+            return states.get(target) == common_pb2.SYNCING
+
+        await wait_until(syncing_or_out, 60, "it to sync")
+        for i in range(30, 45):  # while it syncs, runs out of room, and goes offline
+            written[i] = os.urandom(CHUNK)
+            await asyncio.wait_for(client.write(chain_id, INODE, i, 0, written[i], CHUNK), 60)
+        await wait_until(
+            lambda: "no room for its chain's data while syncing" in proc.log(), 30, "it to say so"
+        )
+        routing = await c.routing()
+        chain = routing.chain(chain_id)
+        assert target not in chain.serving and len(chain.serving) == 2
+        for i, data in written.items():
+            assert await client.read(chain_id, INODE, i, 0, CHUNK) == data
