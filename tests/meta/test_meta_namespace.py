@@ -651,3 +651,77 @@ async def test_reads_and_writes_leave_no_reference_cycles(tree: Tree) -> None:
         del made
     assert frames(found) == []
     assert found == [], sorted({type(o).__name__ for o in found})
+
+
+async def test_two_clients_using_one_request_id_each_get_their_own_outcome(tree: Tree) -> None:
+    """Clients draw request ids from their clocks, so two may send the same one: records are kept
+    per client, or one client's create would be answered with the other's inode and never done."""
+    s = tree.store
+    a = await s.create(ALICE, tree["/pub"], b"from-a", 0o644, 0o200, idem=(81, 5))
+    b = await s.create(ALICE, tree["/pub"], b"from-b", 0o644, 0o200, idem=(82, 5))
+    assert a.inode.id != b.inode.id
+    assert (await s.lookup(ALICE, tree["/pub"], b"from-a")).id == a.inode.id
+    assert (await s.lookup(ALICE, tree["/pub"], b"from-b")).id == b.inode.id
+    await s.unlink(ALICE, tree["/pub"], b"from-a", idem=(81, 6))
+    await s.unlink(ALICE, tree["/pub"], b"from-b", idem=(82, 6))
+    for name in (b"from-a", b"from-b"):
+        with pytest.raises(FS3Error) as e:
+            await s.lookup(ALICE, tree["/pub"], name)
+        assert e.value.code == StatusCode.NOT_FOUND
+
+
+async def test_a_sticky_directorys_owner_may_remove_and_rename_others_entries(tree: Tree) -> None:
+    """In a sticky directory the entry's owner, the directory's owner and root may remove or
+    rename an entry; anyone else gets EPERM (only that last case was tested)."""
+    s = tree.store
+    carol = Credentials(1002, 1002)
+    d = (await s.mkdir(ALICE, tree["/pub"], b"alices_tmp", 0o1777)).id
+    for name in (b"b1", b"b2", b"b3"):
+        await s.create(BOB, d, name, 0o644)
+    for attempt in (s.unlink(carol, d, b"b1"), s.rename(carol, d, b"b2", d, b"carols")):
+        with pytest.raises(FS3Error) as e:
+            await attempt
+        assert e.value.code == StatusCode.META_NOT_PERMITTED
+    await s.unlink(ALICE, d, b"b1")  # the directory's owner
+    await s.rename(ALICE, d, b"b2", d, b"alices")
+    await s.unlink(BOB, d, b"b3")  # the entry's owner
+    entries, _, _ = await s.readdir(ROOT, d)
+    assert [e.name for e in entries] == [b"alices"]
+
+
+async def test_names_of_exactly_255_bytes_are_names(tree: Tree) -> None:
+    """NAME_MAX is 255: a name of 255 bytes is valid everywhere (only 256 was tested)."""
+    s = tree.store
+    name, other = b"n" * 255, b"m" * 255
+    await s.create(ALICE, tree["/pub"], name, 0o644)
+    assert (await s.lookup(ALICE, tree["/pub"], name)).type == m.INODE_FILE
+    await s.rename(ALICE, tree["/pub"], name, tree["/pub"], other)
+    d = await s.mkdir(ALICE, tree["/pub"], name, 0o755)
+    assert (await s.lookup(ALICE, tree["/pub"], name)).id == d.id
+    with pytest.raises(FS3Error) as e:
+        await s.create(ALICE, tree["/pub"], name + b"x", 0o644)
+    assert e.value.code == StatusCode.META_NAME_TOO_LONG
+
+
+async def test_readdir_says_more_only_when_there_is_more(tree: Tree) -> None:
+    """A page that ends at the directory's last entry says there is no more (an exact fit took an
+    extra, empty round trip)."""
+    s = tree.store
+    d = (await s.mkdir(ROOT, ROOT_ID, b"exact", 0o755)).id
+    for i in range(8):
+        await s.create(ROOT, d, f"e{i}".encode(), 0o644)
+    entries, _, more = await s.readdir(ROOT, d, b"", 8)
+    assert len(entries) == 8 and more is False
+    await s.create(ROOT, d, b"e8", 0o644)
+    entries, _, more = await s.readdir(ROOT, d, b"", 8)
+    assert len(entries) == 8 and more is True
+
+
+def test_root_may_execute_only_a_file_someone_may_execute() -> None:
+    from fs3.meta.permissions import X_OK, allowed
+
+    for mode, ok in ((0o644, False), (0o744, True), (0o654, True), (0o645, True)):
+        f = m.Inode(id=9, type=m.INODE_FILE, mode=mode, uid=1000, gid=1000)
+        assert allowed(f, ROOT, X_OK) is ok, oct(mode)
+    d = m.Inode(id=10, type=m.INODE_DIRECTORY, mode=0o600, uid=1000, gid=1000)
+    assert allowed(d, ROOT, X_OK)  # a directory's search permission: root always has it

@@ -104,6 +104,35 @@ async def test_a_sync_sends_what_the_successor_lacks_then_sync_done(predecessor)
     assert (done.target_id, done.chain_id, done.chain_version) == (2, 1, 1)
 
 
+@pytest.mark.parametrize("differs", [False, True], ids=["same-bytes", "other-bytes"])
+async def test_a_successor_copy_with_other_bytes_is_sent_again(predecessor, differs: bool) -> None:
+    """A successor's copy with the committed version and length of ours but other bytes (its
+    CRC32C differs) is not ours: it is sent again; one that matches in every way is not."""
+    worker, t, rpc = predecessor
+    cid = chunk_id(INODE, 0)
+    theirs = storage_pb2.ChunkMeta(
+        committed_version=1,
+        length=len(b"old content"),
+        crc32c=crc32c(b"OLD CONTENT" if differs else b"old content"),
+        chunk_size=CHUNK,
+        chunk_id=cid,
+    )
+    theirs.key.inode_id, theirs.key.chunk_index = split_chunk_id(cid)
+    real_call = rpc.call
+
+    async def call(address, method, req, *, payload=None, **kw):  # type: ignore[no-untyped-def]
+        if method.name == "DumpChunkMeta":
+            rpc.calls.append((method.name, req, None))
+            return storage_pb2.DumpChunkMetaRsp(chunks=[theirs]), None
+        return await real_call(address, method, req, payload=payload, **kw)
+
+    rpc.call = call
+    await worker._sync_once(t, 2, "2")
+    sent = [payload for name, _, payload in rpc.calls if name == "Update"]
+    assert sent == ([b"old content"] if differs else [])
+    assert rpc.names()[-1] == "SyncDone"
+
+
 async def test_a_successor_that_left_the_chain_during_the_comparison_is_not_declared_synced(
     predecessor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

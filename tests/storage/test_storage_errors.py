@@ -97,6 +97,28 @@ async def test_malformed_and_refused_requests(tmp_path):
         garbage = Method(write.service_id, write.id, "Write", rpc_pb2.EchoRequest, storage_pb2.IOResult)
         e = await call(head, garbage, rpc_pb2.EchoRequest(data=b"\xff" * 64))
         assert e.code == StatusCode.RPC_BAD_MESSAGE
+        # an older chain version is refused on every path, not only by a client's write at the head:
+        # a forwarded update at the middle, a truncate and a removal at the head
+        await client.write(chain_id, 5, 0, 0, data, CHUNK)
+        stale = chain.version - 1
+        assert stale >= 1
+        upd = storage_pb2.UpdateReq(target_id=chain.targets[1].target_id)
+        upd.io.CopyFrom(write_req(chain_id, stale, data[::-1], update_version=2).io)
+        upd.io.key.inode_id = 5
+        e = await call(middle, STORAGE_SERVICE["Update"], upd, data[::-1])
+        assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH, e
+        trunc = storage_pb2.TruncateChunksReq(
+            chain_id=chain_id, chain_version=stale, inode_id=5, chunk_size=CHUNK, length=0
+        )
+        e = await call(head, STORAGE_SERVICE["TruncateChunks"], trunc)
+        assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH, e
+        remove = storage_pb2.RemoveChunksReq(chain_id=chain_id, chain_version=stale, inode_id=5)
+        e = await call(head, STORAGE_SERVICE["RemoveChunks"], remove)
+        assert e.code == StatusCode.STORAGE_CHAIN_VERSION_MISMATCH, e
+        assert await client.read(chain_id, 5, 0, 0, CHUNK) == data
+        for target in chain.targets:
+            (meta,) = await client.dump_chunk_meta(target.target_id, 5)
+            assert (meta.committed_version, meta.pending_version, meta.length) == (1, 0, len(data))
         # nothing of all that reached the chunks; the chain still works
         await client.write(chain_id, 3, 0, 0, data, CHUNK)
         assert await client.read(chain_id, 3, 0, 0, CHUNK) == data
