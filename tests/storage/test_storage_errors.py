@@ -177,3 +177,34 @@ def test_daemon_with_mismatched_target_ids_exits_with_one_line(tmp_path):
     r = _run_storage(tmp_path, target_paths=[str(tmp_path / "a"), str(tmp_path / "b")], target_ids=[1])
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1 and "target_ids" in r.stderr, r.stderr
+
+
+async def test_bytes_damaged_on_the_way_fail_the_clients_read(tmp_path):
+    """The client checks each read against the CRC32C the replica sent with it: bytes changed
+    between the replica and the client are an error, never data (no test damaged them)."""
+    import os
+
+    from fs3.client.storage_client import RetryPolicy
+
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1) as c:
+        client = await c.storage_client(retry=RetryPolicy(total_s=2.0, rpc_timeout_s=1.0))
+        chain_id = c.chain_ids[0]
+        data = os.urandom(CHUNK)
+        await client.write(chain_id, 7, 0, 0, data, CHUNK)
+        assert await client.read(chain_id, 7, 0, 0, CHUNK) == data
+        real = client.rpc.call
+
+        async def damaging(address, method, req, **kw):  # type: ignore[no-untyped-def]
+            rsp, body = await real(address, method, req, **kw)
+            if method.name == "BatchRead" and body is not None and len(body):
+                view = memoryview(body)
+                if view.readonly:
+                    body = bytearray(body)
+                    view = memoryview(body)
+                view[len(view) // 2] ^= 0x01
+            return rsp, body
+
+        client.rpc.call = damaging
+        with pytest.raises(FS3Error) as e:
+            await client.read(chain_id, 7, 0, 0, CHUNK)
+        assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
