@@ -525,6 +525,8 @@ class FileSystem:
         if self._session is not None:
             await self._session.stop()
         await self.meta.close()  # before the connections end: it would close sessions again
+        if self._session is not None:
+            await self._session.end()  # after meta closed what it could
         await self.routing.stop()
         await self.mgmtd.close()
         await self.rpc.close()

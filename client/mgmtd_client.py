@@ -330,6 +330,9 @@ class MgmtdClient:
             ),
         )
 
+    async def end_session(self, client_id: str) -> None:
+        await self.call("EndClientSession", mgmtd_pb2.EndClientSessionRequest(client_id=client_id))
+
     async def verify_token(self, token: str) -> mgmtd_pb2.User:
         return (await self.call("VerifyToken", mgmtd_pb2.VerifyTokenRequest(token=token))).user
 
@@ -665,6 +668,16 @@ class ClientSessionKeeper:
 
     async def stop(self) -> None:
         await self._loop.stop()
+
+    async def end(self, timeout_s: float = 2.0) -> None:
+        """Tell mgmtd the session is over (after :meth:`stop`): it leaves mgmtd's list of live
+        clients now, not a session timeout later. A mgmtd that cannot be told (unreachable, or
+        older) lets it expire as before."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.client.end_session(self.session.client_id)
+        except (FS3Error, TimeoutError) as e:
+            log.debug("client session end not told to mgmtd client_id=%s error=%s", self.session.client_id, e)
 
     def vouches_for(self, since: float) -> bool:
         """Whether mgmtd has held this client's session without a break since ``since`` (a

@@ -1022,6 +1022,20 @@ class Cluster:
         self._extended_mono[s.client_id] = self._mono()
         return lost
 
+    def end_session(self, client_id: str, owner: int | None = None) -> None:
+        """A client ended its session (``owner`` as in :meth:`extend_session`); ending one that
+        is gone already does nothing."""
+        old = self.sessions.get(client_id)
+        if old is None:
+            return
+        if owner is not None and old.uid != owner:
+            raise FS3Error(
+                StatusCode.PERMISSION_DENIED, f"client session {client_id} belongs to uid {old.uid}"
+            )
+        del self.sessions[client_id]
+        self._extended_mono.pop(client_id, None)
+        log.info("client session ended client_id=%s host=%s", client_id, old.hostname)
+
 
 def _render(chain: mgmtd_pb2.ChainInfo) -> str:
     return (

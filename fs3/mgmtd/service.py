@@ -211,6 +211,17 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         return reply
 
     @rpc(Access.ANY)
+    async def EndClientSession(
+        self, request: mgmtd_pb2.EndClientSessionRequest, caller: Caller
+    ) -> mgmtd_pb2.MgmtdEmpty:
+        cluster = self.server.cluster_or_raise()
+        owner = None
+        if caller.user is not None and not caller.service and not caller.user.root:
+            owner = caller.user.uid  # a user ends its own sessions only
+        cluster.end_session(request.client_id, owner)
+        return mgmtd_pb2.MgmtdEmpty()
+
+    @rpc(Access.ANY)
     async def VerifyToken(self, request: mgmtd_pb2.VerifyTokenRequest, caller: Caller) -> mgmtd_pb2.UserReply:
         return mgmtd_pb2.UserReply(user=await self.server.verify_token(request.token))
 

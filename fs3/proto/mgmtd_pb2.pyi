@@ -362,6 +362,12 @@ class ExtendClientSessionReply(_message.Message):
     session_lost: bool
     def __init__(self, routing_version: _Optional[int] = ..., config: _Optional[_Union[ConfigInfo, _Mapping]] = ..., session_timeout_s: _Optional[float] = ..., session_lost: _Optional[bool] = ...) -> None: ...
 
+class EndClientSessionRequest(_message.Message):
+    __slots__ = ("client_id",)
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+
 class ListClientSessionsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

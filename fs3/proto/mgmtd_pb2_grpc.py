@@ -59,6 +59,11 @@ class MgmtdStub:
                 request_serializer=fs3_dot_proto_dot_mgmtd__pb2.ExtendClientSessionRequest.SerializeToString,
                 response_deserializer=fs3_dot_proto_dot_mgmtd__pb2.ExtendClientSessionReply.FromString,
                 _registered_method=True)
+        self.EndClientSession = channel.unary_unary(
+                '/fs3.Mgmtd/EndClientSession',
+                request_serializer=fs3_dot_proto_dot_mgmtd__pb2.EndClientSessionRequest.SerializeToString,
+                response_deserializer=fs3_dot_proto_dot_mgmtd__pb2.MgmtdEmpty.FromString,
+                _registered_method=True)
         self.VerifyToken = channel.unary_unary(
                 '/fs3.Mgmtd/VerifyToken',
                 request_serializer=fs3_dot_proto_dot_mgmtd__pb2.VerifyTokenRequest.SerializeToString,
@@ -222,6 +227,12 @@ class MgmtdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExtendClientSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndClientSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -411,6 +422,11 @@ def add_MgmtdServicer_to_server(servicer, server):
                     servicer.ExtendClientSession,
                     request_deserializer=fs3_dot_proto_dot_mgmtd__pb2.ExtendClientSessionRequest.FromString,
                     response_serializer=fs3_dot_proto_dot_mgmtd__pb2.ExtendClientSessionReply.SerializeToString,
+            ),
+            'EndClientSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndClientSession,
+                    request_deserializer=fs3_dot_proto_dot_mgmtd__pb2.EndClientSessionRequest.FromString,
+                    response_serializer=fs3_dot_proto_dot_mgmtd__pb2.MgmtdEmpty.SerializeToString,
             ),
             'VerifyToken': grpc.unary_unary_rpc_method_handler(
                     servicer.VerifyToken,
@@ -678,6 +694,33 @@ class Mgmtd:
             '/fs3.Mgmtd/ExtendClientSession',
             fs3_dot_proto_dot_mgmtd__pb2.ExtendClientSessionRequest.SerializeToString,
             fs3_dot_proto_dot_mgmtd__pb2.ExtendClientSessionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndClientSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.Mgmtd/EndClientSession',
+            fs3_dot_proto_dot_mgmtd__pb2.EndClientSessionRequest.SerializeToString,
+            fs3_dot_proto_dot_mgmtd__pb2.MgmtdEmpty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -339,3 +339,16 @@ def _settling(queued) -> list:  # type: ignore[no-untyped-def]
 
 async def _no_tasks(queued) -> bool:  # type: ignore[no-untyped-def]
     return not _settling(queued)
+
+
+async def test_a_closed_client_leaves_mgmtds_list_of_live_clients_at_once(tmp_path) -> None:
+    """A client that closed its file system (an unmount, a script's end) stayed in `fs3 admin
+    list-clients` for a whole session timeout (5 minutes by default): it tells mgmtd now."""
+    async with FsCluster(tmp_path, chains=1, stripe=1, mgmtd_extra={"client_session_timeout_s": 300.0}) as c:
+        watcher = await c.connect()
+        fs = await c.connect()
+        live = {s.client_id for s in await watcher.mgmtd.list_client_sessions()}
+        assert {str(fs.meta.client_id), str(watcher.meta.client_id)} <= live
+        await fs.close()
+        live = {s.client_id for s in await watcher.mgmtd.list_client_sessions()}
+        assert str(fs.meta.client_id) not in live and str(watcher.meta.client_id) in live
