@@ -112,6 +112,8 @@ CASES: list[tuple[str, Case, int]] = [
     ("mkdir-no-write", lambda s, t: s.mkdir(BOB, t["/pub/alice_dir"], b"d", 0o755), errno.EACCES),
     ("mkdir-parent-missing", lambda s, t: s.mkdir(ROOT, 55_555_555, b"d", 0o755), errno.ENOENT),
     ("mkdir-slash", lambda s, t: s.mkdir(ROOT, ROOT_ID, b"a/b", 0o755), errno.EINVAL),
+    ("mkdir-parent-not-dir", lambda s, t: s.mkdir(ROOT, t["/full/f"], b"d", 0o755), errno.ENOTDIR),
+    ("mkdir-name-too-long", lambda s, t: s.mkdir(ROOT, ROOT_ID, b"d" * 256, 0o755), errno.ENAMETOOLONG),
     (
         "mknod-chr-not-root",
         lambda s, t: s.mknod(ALICE, t["/pub"], b"c", S_IFCHR | 0o644, 0x0501),
@@ -124,6 +126,7 @@ CASES: list[tuple[str, Case, int]] = [
     ("symlink-exists", lambda s, t: s.symlink(ROOT, ROOT_ID, b"sym", b"x"), errno.EEXIST),
     ("symlink-no-write", lambda s, t: s.symlink(ALICE, t["/ro"], b"l", b"x"), errno.EACCES),
     ("readlink-not-symlink", lambda s, t: s.readlink(t["/full/f"]), errno.EINVAL),
+    ("readlink-unknown", lambda s, t: s.readlink(123_456_789), errno.ENOENT),
     # link
     ("link-dir", lambda s, t: s.link(ROOT, t["/pub"], ROOT_ID, b"pub2"), errno.EPERM),
     ("link-exists", lambda s, t: s.link(ROOT, t["/full/f"], ROOT_ID, b"pub"), errno.EEXIST),
