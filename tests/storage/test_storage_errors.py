@@ -208,3 +208,28 @@ async def test_bytes_damaged_on_the_way_fail_the_clients_read(tmp_path):
         with pytest.raises(FS3Error) as e:
             await client.read(chain_id, 7, 0, 0, CHUNK)
         assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
+
+
+async def test_reads_are_spread_over_the_serving_replicas(tmp_path):
+    """Reads go to the SERVING replica with the fewest reads in flight, then the fewest served:
+    one after another they take turns; at once, they spread (no test looked at where reads went)."""
+    import asyncio
+    import os
+
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        data = os.urandom(CHUNK)
+        await client.write(chain_id, 8, 0, 0, data, CHUNK)
+        routing = await c.routing()
+        replicas = {node_address(routing, t.target_id) for t in routing.chain(chain_id).targets}
+        assert len(replicas) == 3
+        before = {a: client._served.get(a, 0) for a in replicas}  # noqa: SLF001
+        for _ in range(9):
+            assert await client.read(chain_id, 8, 0, 0, CHUNK) == data
+        after = {a: client._served.get(a, 0) for a in replicas}  # noqa: SLF001
+        assert {a: after[a] - before[a] for a in replicas} == dict.fromkeys(replicas, 3)
+        reads = await asyncio.gather(*(client.read(chain_id, 8, 0, 0, CHUNK) for _ in range(30)))
+        assert all(r == data for r in reads)
+        spread = {a: client._served.get(a, 0) - after[a] for a in replicas}  # noqa: SLF001
+        assert sum(spread.values()) == 30 and min(spread.values()) >= 5, spread
