@@ -629,12 +629,22 @@ class Admin:
         return mgmtd_pb2.ConfigInfo.FromString(raw)
 
 
+#: settings that name one node or its disks: a pushed config (for every node of a type) has none
+_PER_NODE = frozenset({"node_id", "target_ids", "target_paths"})
+
+
 def _validate_config(service: str, content: str) -> None:
     """Refuse a config the service would refuse at start: bad TOML, unknown keys, bad values."""
     try:
-        tomllib.loads(content)
+        settings = tomllib.loads(content)
     except tomllib.TOMLDecodeError as e:
         raise FS3Error(StatusCode.CONFIG_INVALID, f"not valid TOML: {e}") from None
+    if own := sorted(_PER_NODE & settings.keys()):
+        # one pushed config is every node's of the type: these would be taken for no node
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID,
+            f"{', '.join(own)}: each node's own, set in its config file, not pushed to every {service} node",
+        )
     fd, path = tempfile.mkstemp(suffix=".toml", prefix=f"fs3-{service}-")
     try:
         with os.fdopen(fd, "w") as f:

@@ -696,6 +696,15 @@ async def test_configs(admin: Admin) -> None:
     e = await expect(StatusCode.CONFIG_INVALID, c.set_config(common_pb2.NODE_STORAGE, "no_such_key = 1\n"))
     assert "no_such_key" in e.message
     await expect(StatusCode.CONFIG_INVALID, c.set_config(common_pb2.NODE_STORAGE, "= broken"))
+    # a node's identity and disks are its own: pushed to every storage node, they were accepted
+    # and then never applied anywhere
+    e = await expect(StatusCode.CONFIG_INVALID, c.set_config(common_pb2.NODE_STORAGE, "node_id = 7\n"))
+    assert "node_id: each node's own" in e.message
+    e = await expect(
+        StatusCode.CONFIG_INVALID,
+        c.set_config(common_pb2.NODE_STORAGE, 'target_ids = [1]\ntarget_paths = ["/d"]\n'),
+    )
+    assert "target_ids, target_paths" in e.message
     assert await c.get_config(common_pb2.NODE_STORAGE) is None
     assert await c.set_config(common_pb2.NODE_STORAGE, "heartbeat_interval_s = 1.5\n", "faster") == 1
     assert await c.set_config(common_pb2.NODE_STORAGE, "heartbeat_interval_s = 2.5\n") == 2
