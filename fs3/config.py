@@ -675,16 +675,38 @@ def load_config(
             raise _config_error(f"config file {p} is not valid UTF-8 (byte {e.start})") from None
     source = str(path) if path is not None else "defaults"
     cfg = _build(cls, data, source)
-    env = _env_overrides(cls, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    env = _env_overrides(cls, environ)
     if env:
+        try:
+            cfg = _build(cls, _merge(data, env), f"{source} with FS3_* environment overrides")
+        except FS3Error:
+            _name_bad_variable(cls, data, environ)
+            raise
         source = f"{source} with FS3_* environment overrides"
-        cfg = _build(cls, _merge(data, env), source)
     # rules across fields: a config that passes here is one the service starts with (the daemons,
     # config-template --check in a unit's ExecStartPre, and admin config set all ask this)
     problem = getattr(cfg, "problem", None)
     if problem is not None and (why := problem()):
         raise _config_error(f"{source}: {why}")
     return cfg
+
+
+_NO_SOURCE = "\x00source\x00"  # named by the caller instead
+
+
+def _name_bad_variable(cls: type, data: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """Raise the error of the first ``FS3_*`` variable that alone makes ``data`` invalid, naming the
+    variable (the caller raises the combined error when none does alone)."""
+    for name in sorted(environ):
+        one = _env_overrides(cls, {name: environ[name]}) if name.startswith(ENV_PREFIX) else {}
+        if not one:
+            continue
+        try:
+            _build(cls, _merge(data, one), _NO_SOURCE)
+        except FS3Error as e:
+            detail = e.message.replace(f" in {_NO_SOURCE}", "")
+            raise _config_error(f"environment variable {name}={environ[name]!r}: {detail}") from None
 
 
 def pushed_settings(cls: type, content: str, source: str) -> dict[str, Any]:
