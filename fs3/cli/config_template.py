@@ -8,7 +8,7 @@ from fs3.config import SERVICE_CONFIGS, load_config, to_toml
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fs3 config-template", description=__doc__)
+    p = argparse.ArgumentParser(prog="fs3 config-template", description=(__doc__ or "").replace("``", "'"))
     p.add_argument("service", choices=sorted(SERVICE_CONFIGS))
     p.add_argument("--check", metavar="FILE", help="validate FILE for SERVICE instead of printing a template")
     args = p.parse_args(argv)
