@@ -42,7 +42,7 @@ from time import perf_counter
 from typing import Any, TypeVar
 
 import pyfuse3
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from fs3 import metrics
 from fs3.client.file import InodeState, OpenFile, stamp
@@ -83,6 +83,7 @@ class FuseMetrics:
         self.read_bytes = 0
         self.write_bytes = 0
         self.dir_attrs_kept = 0  # directory GETATTRs answered from Fs3Operations._dir_attrs
+        self.remembered: Callable[[], int] = lambda: 0  # inodes the mount keeps something of
         self.storage = storage  # the StorageClient, for its read batch counters
         (reg or metrics.registry()).register(self)
 
@@ -112,6 +113,11 @@ class FuseMetrics:
         yield seconds
         yield CounterMetricFamily("fs3_fuse_read_bytes_total", "bytes returned by read", self.read_bytes)
         yield CounterMetricFamily("fs3_fuse_write_bytes_total", "bytes accepted by write", self.write_bytes)
+        yield GaugeMetricFamily(
+            "fs3_fuse_inodes_remembered",
+            "inodes the mount keeps a page-cache mark or directory attributes of (until the kernel forgets them)",
+            self.remembered(),
+        )
         yield CounterMetricFamily(
             "fs3_fuse_dir_attrs_kept_total",
             "GETATTRs of a directory answered with meta's answer kept since (after this mount's creates)",
@@ -354,6 +360,7 @@ class Fs3Operations(pyfuse3.Operations):
         # directory drop it. _dir_changes counts those, so a GETATTR that ran across one keeps nothing.
         self._dir_attrs: dict[int, tuple[m.Inode, float]] = {}
         self._dir_changes = 0
+        self.metrics.remembered = lambda: len(self._seen) + len(self._dir_attrs)
         self._abandoned = False
         self._releases: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving RELEASE requests
         self._releases_abandoned = False
@@ -468,6 +475,13 @@ class Fs3Operations(pyfuse3.Operations):
         return self._entry(inode, since)
 
     async def forget(self, inode_list: Any) -> None:
+        # The kernel dropped these inodes, and their page cache with them: what this mount kept of
+        # them goes too (it was kept for ever: memory grew with every file a mount ever opened).
+        # A forget of an inode the kernel still holds (a revalidation's extra lookup) costs at
+        # most one keep_cache: the next open does not trust pages it may have.
+        for inode, _ in inode_list:
+            self._seen.pop(inode, None)
+            self._dir_attrs.pop(inode, None)
         handles = self.fs.meta.handles
         if handles is not None:
             for inode, nlookup in inode_list:

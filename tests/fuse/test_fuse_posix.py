@@ -1625,3 +1625,44 @@ def _check_dir_attrs(mnt: Path, port: int, other: Path) -> None:
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o750
     (d / "after-chmod").write_bytes(b"")
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o750
+
+
+async def test_the_mount_forgets_what_it_kept_of_inodes_the_kernel_forgot(env: Env) -> None:
+    """The mount kept a page-cache mark of every file it ever opened (and attributes of
+    directories) for its whole life: its memory grew with every distinct file (soak review: about
+    0.25 KB each, never freed). What it keeps of an inode goes when the kernel forgets the inode."""
+    drop = Path("/proc/sys/vm/drop_caches")
+    if not os.access(drop, os.W_OK):
+        pytest.skip("needs root to make the kernel forget inodes (/proc/sys/vm/drop_caches)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m = await env.cluster.mount(env.mnt.parent / "mnt-forget", name="forget", metrics_port=port)
+
+    def remembered() -> float:
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        found = re.search(r"^fs3_fuse_inodes_remembered (\S+)$", page, re.M)
+        assert found, page[:2000]
+        return float(found.group(1))
+
+    def work() -> tuple[float, float]:
+        d = m.path / "churn"
+        d.mkdir()
+        for i in range(300):
+            f = d / f"f{i}"
+            f.write_bytes(b"x")
+            assert f.read_bytes() == b"x"
+        busy = remembered()
+        drop.write_text("2\n")  # the kernel forgets the inodes it does not hold
+        deadline = time.monotonic() + 20
+        while remembered() > 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = remembered()
+        shutil.rmtree(d)
+        return busy, after
+
+    try:
+        busy, after = await asyncio.to_thread(work)
+    finally:
+        assert m.unmount() == 0
+    assert busy >= 300 and after <= 20, (busy, after)
