@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -110,6 +111,7 @@ FORKED_CLIENT_ADVICE = (
 # gRPC, skipping fork() handlers"). Counted here, so that such a child is told instead.
 _open_channels = 0
 _forked_with_channels = False
+_channels_lock = threading.Lock()  # clients of several loops (threads) count together
 
 
 def _after_fork_in_child() -> None:
@@ -164,7 +166,8 @@ class MgmtdClient:
         channels, self._channels, self._stubs = self._channels, {}, {}
         if os.getpid() != self._pid:  # the parent's channels: not this process's to close
             return
-        _open_channels -= len(channels)
+        with _channels_lock:
+            _open_channels -= len(channels)
         for ch in channels.values():
             await ch.close()
 
@@ -185,7 +188,8 @@ class MgmtdClient:
                 )
             ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
             self._channels[address] = ch
-            _open_channels += 1
+            with _channels_lock:
+                _open_channels += 1
             stub = self._stubs[address] = mgmtd_pb2_grpc.MgmtdStub(ch)
         return stub
 

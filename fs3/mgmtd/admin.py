@@ -307,7 +307,8 @@ class Admin:
                 raise FS3Error(
                     StatusCode.MGMTD_INVALID_CHAIN,
                     f"chain {chain_id}: targets {on[node]} and {tid} are both on node {node}; the "
-                    "targets of a chain must be on different nodes",
+                    "targets of a chain must be on different nodes (to replace a target by another "
+                    "on its node, remove the old one from the chain first)",
                 )
             on[node] = tid
 

@@ -13,9 +13,10 @@ takeover and re-reads.
 
 Time: no decision compares one host's wall clock with another's, nor trusts a wall clock not to
 step (NTP, an operator's ``date``). The holder trusts its lease for ``lease_interval_s -
-trust_margin`` on its monotonic clock from the moment it began the renewal; another mgmtd takes the
-lease only once it has seen the same lease record, unchanged, for ``lease_interval_s`` on its own
-monotonic clock (a live holder changes it every renewal), or when the record says it was released.
+trust_margin`` on its steady clock (CLOCK_BOOTTIME: it goes on through a suspend) from the moment it
+began the renewal; another mgmtd takes the lease only once it has seen the same lease record,
+unchanged, for ``lease_interval_s`` on its own steady clock from when it read it (a live holder
+changes it every renewal), or when the record says it was released.
 So a holder whose clock steps back still stops acting as primary before anyone may take over, a
 clock stepping forward on any host does not end a live holder's lease, and a dead holder whose
 clock ran ahead is replaced within a lease interval. ``expires_at`` (wall clock) is for people.
@@ -44,6 +45,15 @@ from fs3.proto import mgmtd_pb2
 log = logging.getLogger(__name__)
 
 
+def _boottime() -> float:
+    """Seconds on a clock that goes on while the machine is suspended (CLOCK_BOOTTIME; monotonic
+    where there is none): a holder suspended past its lease must know it was away."""
+    return time.clock_gettime(_BOOTTIME)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 def decode_lease(raw: bytes | None) -> mgmtd_pb2.MgmtdLease | None:
     return None if raw is None else mgmtd_pb2.MgmtdLease.FromString(raw)
 
@@ -59,7 +69,7 @@ class Election:
         lease_interval_s: float,
         *,
         clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = _boottime,
     ) -> None:
         self._db = db
         self.node_id = node_id
@@ -108,11 +118,14 @@ class Election:
         began = self._mono()  # the holder's trust counts from here: before the store saw anything
         held = self._held
         taken: list[mgmtd_pb2.MgmtdLease] = []  # what an attempt below wrote to take the lease
-        read: list[bytes | None] = []  # the lease record as the last attempt read it
+        # the lease record as the last attempt read it, and when: a standby times a record from its
+        # read, not from the tick's start (a slow store or a busy loop between the two would count
+        # as time the holder had already used of a renewal it made after the tick began)
+        read: list[tuple[bytes | None, float]] = []
 
         async def txn(tr: Transaction) -> tuple[mgmtd_pb2.MgmtdLease | None, mgmtd_pb2.MgmtdLease]:
             raw = await tr.get(schema.LEASE_KEY)
-            read[:] = [raw]
+            read[:] = [(raw, self._mono())]
             cur = decode_lease(raw)
             # ours: the lease this mgmtd holds, or the one an attempt of this tick took, committed
             # with its outcome unknown (FoundationDB's commit_unknown_result is retried as a
@@ -164,7 +177,7 @@ class Election:
             self._trusted_until = began + self.lease_interval_s - self.trust_margin_s
             self._note_seen(won.SerializeToString(), began)
         elif read:
-            self._note_seen(read[0], began)
+            self._note_seen(*read[0])
         if noted:
             self._standby_noted = noted[-1]
         newly = won is not None and (held is None or held.epoch != won.epoch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -151,6 +152,45 @@ async def test_lease_decisions_ignore_wall_clock_steps() -> None:
     assert await a.tick() == (False, False)
     mono.t += 0.2
     assert await a.tick() == (True, True)
+    await db.close()
+
+
+async def test_a_standby_times_the_lease_record_from_when_it_read_it() -> None:
+    """A standby's tick whose read of the lease came seconds after the tick began (a slow store,
+    retries, a busy loop) timed the record it read from the tick's start: it took over while the
+    holder, which had renewed in between, still trusted its lease (two primaries)."""
+    db = await open_database("mem")
+    mono, wall = Clock(), Clock()
+
+    class SlowStore:
+        def __init__(self) -> None:
+            self.before: Any = None
+
+        async def run(self, fn: Any, **kw: Any) -> Any:
+            if self.before is not None:
+                first, self.before = self.before, None
+                await first()
+            return await db.run(fn, **kw)
+
+    slow = SlowStore()
+    holder = Election(db, 1, "h:1", 10.0, clock=wall, monotonic=mono)
+    standby = Election(slow, 2, "s:1", 10.0, clock=wall, monotonic=mono)  # type: ignore[arg-type]
+    assert await holder.tick() == (True, True)
+    assert await standby.tick() == (False, False)
+    mono.t += 2  # the standby's tick begins
+
+    async def renewal_before_the_read() -> None:
+        mono.t += 3
+        assert await holder.tick() == (True, False)  # trusted for 7.5 s more
+
+    slow.before = renewal_before_the_read
+    assert await standby.tick() == (False, False)
+    mono.t += 7  # the holder renews no more; it still trusts its lease for 0.5 s
+    assert holder.is_primary()
+    assert await standby.tick() == (False, False)
+    mono.t += 3.1  # a lease interval after the standby read the holder's last renewal
+    assert not holder.is_primary()
+    assert await standby.tick() == (True, True)
     await db.close()
 
 
