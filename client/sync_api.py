@@ -51,6 +51,10 @@ class _LoopThread:
             self.loop = asyncio.new_event_loop()
         self.pid = os.getpid()
         self.closed = False
+        # the check for closed and a call's submission are one step against stop's setting it: a
+        # call submitted after stop listed the tasks to cancel would never end
+        self._gate = threading.Lock()
+        self._calls: set[Future[Any]] = set()  # submitted and not yet done
         self.thread = threading.Thread(target=self.loop.run_forever, name="fs3-client", daemon=True)
         self.thread.start()
 
@@ -63,12 +67,11 @@ class _LoopThread:
         raise FS3Error(StatusCode.FAILED_PRECONDITION, "the fs3 file system is closed")
 
     def run(self, coro: Awaitable[T]) -> T:
-        if self.closed or os.getpid() != self.pid:
-            self._refuse(coro)
-        try:
+        with self._gate:
+            if self.closed or os.getpid() != self.pid:
+                self._refuse(coro)
             fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        except RuntimeError:  # closed since the check above
-            self._refuse(coro)
+            self._calls.add(fut)
         try:
             return fut.result()
         except concurrent.futures.CancelledError:
@@ -77,13 +80,17 @@ class _LoopThread:
                     StatusCode.CANCELLED, "the fs3 file system was closed while this call was under way"
                 ) from None
             raise
+        finally:
+            with self._gate:
+                self._calls.discard(fut)
 
     def stop(self) -> None:
         """Cancel every call still under way (other threads' calls: they fail with CANCELLED),
         then stop the loop and its thread. Stopping twice does nothing."""
-        if self.closed or os.getpid() != self.pid:
-            return
-        self.closed = True
+        with self._gate:
+            if self.closed or os.getpid() != self.pid:
+                return
+            self.closed = True  # no call is submitted from here on
 
         async def cancel_all() -> None:
             me = asyncio.current_task()
@@ -101,6 +108,10 @@ class _LoopThread:
         self.thread.join(timeout=10)
         if not self.thread.is_alive():
             self.loop.close()
+        with self._gate:
+            left = list(self._calls)
+        for fut in left:  # one whose task never ran (the loop is gone): its caller must not wait
+            fut.cancel()
 
 
 class SyncFile:
@@ -161,7 +172,9 @@ class SyncFile:
         return self._loop.run(self.file.stat())
 
     def close(self) -> None:
-        if not self.file.closed:  # closing twice does nothing, also once the file system closed
+        # closing a closed file does nothing, also once its file system is closed; closing an open
+        # file after its file system closed fails (its buffered writes could not be flushed)
+        if not self.file.closed:
             self._loop.run(self.file.close())
 
     def __enter__(self) -> SyncFile:

@@ -166,3 +166,66 @@ async def test_close_ends_other_threads_calls_and_later_calls_fail_clearly(clust
     assert out["pickle"]["what"].startswith("TypeError: ") and "connect" in out["pickle"]["what"], out  # type: ignore[index]
     assert out["file_close_again"]["what"] == "None", out  # type: ignore[index]
     assert out["file_close_after"]["what"].startswith("FS3Error: FAILED_PRECONDITION"), out  # type: ignore[index]
+
+
+async def test_a_call_submitted_while_close_runs_ends_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that passed the closed check just before close() set it, and was submitted after
+    close had listed the tasks to cancel, was never cancelled: its caller waited for ever (diff
+    review). The check and the submission are one step against close now."""
+    import asyncio
+
+    await asyncio.to_thread(_race_with_close, monkeypatch)
+
+
+def _race_with_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import threading
+    import time
+
+    from fs3.client import sync_api
+    from fs3.errors import FS3Error, StatusCode
+
+    loop = sync_api._LoopThread()  # noqa: SLF001
+
+    async def slow_to_cancel() -> None:
+        try:
+            await asyncio.sleep(100)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # cleanup on cancel (a flush, say)
+            raise
+
+    async def three_seconds() -> str:
+        await asyncio.sleep(3)
+        return "done"
+
+    real = asyncio.run_coroutine_threadsafe
+
+    def late(coro, target_loop):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "late":
+            time.sleep(0.2)  # between the closed check and the submission
+        return real(coro, target_loop)
+
+    monkeypatch.setattr(sync_api.asyncio, "run_coroutine_threadsafe", late)
+    outcomes: dict[str, object] = {}
+
+    def call(name: str, make) -> None:  # type: ignore[no-untyped-def]
+        try:
+            outcomes[name] = loop.run(make())
+        except BaseException as e:  # noqa: BLE001 - recorded for the assertions
+            outcomes[name] = e
+
+    under_way = threading.Thread(target=call, args=("under_way", slow_to_cancel))
+    under_way.start()
+    time.sleep(0.1)
+    submitting = threading.Thread(target=call, args=("late", three_seconds), name="late")
+    submitting.start()
+    time.sleep(0.05)
+    loop.stop()
+    for t in (under_way, submitting):
+        t.join(10)
+        assert not t.is_alive()
+    for name in ("under_way", "late"):
+        e = outcomes[name]
+        assert isinstance(e, FS3Error) and e.code in (StatusCode.CANCELLED, StatusCode.FAILED_PRECONDITION), (
+            outcomes
+        )
