@@ -320,6 +320,14 @@ class Replicator:
         self._settled(t, cid, io.update_version, result)
         return result
 
+    async def _apply(
+        self, t: LocalTarget, cid: bytes, op: Op, version: int | None, chain_ver: int, tail: bool
+    ) -> tuple[str, ChunkMeta | None, ChunkMeta | None]:
+        """``apply_op`` of this target's own copy of an update, in its I/O threads; a SYNCING
+        target's disk found full by it takes the target offline (see :meth:`_room_to_sync`)."""
+        with self._room_to_sync(t):
+            return await self._run(t, apply_op, t.engine.engine, cid, op, version, chain_ver, tail)
+
     async def _resync_copy(
         self, t: LocalTarget, io: storage_pb2.UpdateIO, op: Op, cid: bytes, *, lost: bool
     ) -> storage_pb2.IOResult:
@@ -421,7 +429,7 @@ class Replicator:
                     return await self._update_parallel(
                         t, cid, chain_id, op, parallel, chain_ver, serving, tag
                     )
-            kind, meta, new = await self._run(t, apply_op, eng, cid, op, version, chain_ver, tail)
+            kind, meta, new = await self._apply(t, cid, op, version, chain_ver, tail)
             if kind == "settle":
                 assert meta is not None
                 await self._settle_locked(t, cid, chain_id, meta, serving)
@@ -479,9 +487,7 @@ class Replicator:
         replica and fails the write only.)
         """
         key = (t.target_id, cid)
-        stored = asyncio.ensure_future(
-            self._run(t, apply_op, t.engine.engine, cid, op, version, chain_ver, False)
-        )
+        stored = asyncio.ensure_future(self._apply(t, cid, op, version, chain_ver, False))
         self._applying[key] = stored
         stored.add_done_callback(functools.partial(self._local_done, t, cid))
         try:
