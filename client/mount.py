@@ -1,7 +1,7 @@
 """``fs3 mount MOUNTPOINT [--config PATH] [--foreground] [-o OPTIONS]``: the FUSE mount.
 
 Connects to the cluster (:class:`fs3.client.FileSystem`), mounts with pyfuse3 on asyncio and serves
-until unmounted: by ``fusermount3 -u`` / ``umount``, or by SIGTERM or SIGINT, after which it flushes
+until unmounted: by ``fusermount3 -u`` / ``umount``, or by SIGTERM, SIGINT or SIGHUP, after which it flushes
 and closes every open file, unmounts, and exits 0. Requests that only read and are still waiting
 ``READ_GRACE_S`` after that (on storage that does not answer) are ended with ENOTCONN, not waited
 for; writes and flushes are. The closes of files left open get ``UNMOUNT_CLOSE_WAIT_S`` together
@@ -55,7 +55,7 @@ from fs3.cli.fuse_mounts import (
     unmount,
 )
 from fs3.config import ClientConfig, load_config
-from fs3.daemon import apply_pushed_config, hot_log_level, log_env_overrides
+from fs3.daemon import STOP_SIGNALS, apply_pushed_config, ensure_std_fds, hot_log_level, log_env_overrides
 from fs3.errors import FS3Error, StatusCode
 
 if TYPE_CHECKING:
@@ -321,7 +321,7 @@ async def serve(
             log.info("unmount requested by signal")
             pyfuse3.terminate()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:  # SIGHUP too: a closed terminal unmounts cleanly, not a dead mount
         loop.add_signal_handler(sig, stop)
     fd = fuse_device_fd()
     ending = loop.create_task(end_reads_when_over(fd, stopping, ops))
@@ -543,6 +543,7 @@ def _replace_dead_mount(path: str) -> bool:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 mount``; returns the exit status."""
+    ensure_std_fds()
     args = _parser().parse_args(argv)
     options = [o.strip() for group in args.options for o in group.split(",") if o.strip()]
     if any(o.split("=", 1)[0] == "max_read" for o in options):

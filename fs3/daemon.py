@@ -35,7 +35,9 @@ from fs3.proto import mgmtd_pb2
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "STOP_SIGNALS",
     "apply_overrides",
+    "ensure_std_fds",
     "parser",
     "read_secret",
     "run",
@@ -113,15 +115,61 @@ def stack_dump_on_signal() -> None:
     faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
 
 
+#: signals that stop a daemon cleanly: SIGHUP too (a closed terminal, or a supervisor's
+#: "reload", which fs3 has none of: a config change takes a restart, or ``fs3 admin config set``)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class StopSignals:
+    """A daemon's stop signals, from before it starts until it has stopped (:func:`run`): the
+    first asks for the stop (and, before the daemon serves, cuts its start short: it stops and
+    exits 0); any later one is logged and ignored, so that the stop under way (a storage daemon
+    telling mgmtd its targets go, draining its disks) is not cut short by the default action of a
+    second signal. SIGKILL ends a daemon at once."""
+
+    def __init__(self, main: asyncio.Task[Any]) -> None:
+        self.requested = asyncio.Event()
+        self.serving = False  # wait_for_shutdown reached: the start is over
+        self.by = ""
+        self._main = main
+        self._loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            self._loop.add_signal_handler(sig, self._on, sig)
+
+    def _on(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if self.requested.is_set():
+            log.warning("%s while stopping: the stop goes on (SIGKILL ends the process at once)", name)
+            return
+        self.by = name
+        self.requested.set()
+        if not self.serving:
+            log.info("shutdown requested by %s while starting", name)
+            self._main.cancel()
+
+    def remove(self) -> None:
+        for sig in STOP_SIGNALS:
+            self._loop.remove_signal_handler(sig)
+
+
+_signals: StopSignals | None = None  # the running daemon's (see run)
+
+
 async def wait_for_shutdown(db: Database | None = None, *, check_s: float = 1.0) -> int:
-    """Return 0 once SIGTERM or SIGINT arrives, or 1 once ``db`` can commit nothing any more
-    (:meth:`fs3.kv.Database.failure`, e.g. after an fsync error): a daemon that could only answer
-    errors exits, so that clients fail over to another and its supervisor restarts it (reopening
-    the store recovers its last durable state)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    """Return 0 once a stop signal arrives (:data:`STOP_SIGNALS`), or 1 once ``db`` can commit
+    nothing any more (:meth:`fs3.kv.Database.failure`, e.g. after an fsync error): a daemon that
+    could only answer errors exits, so that clients fail over to another and its supervisor
+    restarts it (reopening the store recovers its last durable state). Under :func:`run` the
+    signals are its :class:`StopSignals`; called alone, it handles them itself meanwhile."""
+    shared = _signals
+    if shared is not None:
+        shared.serving = True
+        stop = shared.requested
+    else:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stop.set)
     try:
         while not stop.is_set():
             failure = db.failure() if db is not None else None
@@ -132,10 +180,32 @@ async def wait_for_shutdown(db: Database | None = None, *, check_s: float = 1.0)
                 async with asyncio.timeout(check_s):
                     await stop.wait()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    log.info("shutdown requested")
+        if shared is None:
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+    log.info("shutdown requested" + (f" by {shared.by}" if shared is not None and shared.by else ""))
     return 0
+
+
+def ensure_std_fds() -> None:
+    """Open /dev/null on standard input, output or error where the process was started without
+    them (``>&-``, some supervisors): a descriptor the process opens later would take that number
+    (the event loop's epoll did), its log lines would go to it, and uvloop aborts at exit when it
+    closes a descriptor below 3 (every daemon exited by SIGABRT, or at once)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    # Python made no sys.stdout / sys.stderr for a descriptor closed at its start (None): writes
+    # to them (an error line, a warning) would raise
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - for the process's life
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - for the process's life
 
 
 def parser(
@@ -244,6 +314,7 @@ def run(
     serve: Callable[..., Awaitable[int]],
 ) -> int:
     """Run one daemon to completion and return its exit status (see the module docstring)."""
+    ensure_std_fds()
     args = args_parser.parse_args(argv)
     try:
         cfg = apply_overrides(load_config(config_class, args.config), args)
@@ -267,8 +338,22 @@ def run(
         runner = asyncio.run
 
     async def serving() -> int:
+        global _signals
         stack_dump_on_signal()
-        return await serve(cfg, port_file=args.port_file)
+        main = asyncio.current_task()
+        assert main is not None
+        signals = _signals = StopSignals(main)
+        try:
+            return await serve(cfg, port_file=args.port_file)
+        except asyncio.CancelledError:
+            if not signals.requested.is_set() or signals.serving:
+                raise
+            main.uncancel()
+            log.info("stopped before it served (%s)", signals.by)
+            return 0
+        finally:
+            signals.remove()
+            _signals = None
 
     try:
         return runner(serving())

@@ -6,7 +6,8 @@ routing info, and (with ``authenticate``) verifies users' tokens with mgmtd and 
 user connections (a token instead of the cluster secret: see :mod:`fs3.meta.service`); with
 ``mgmtd_addresses = []`` it runs alone (no layouts with chains, and ``authenticate`` must be off).
 
-Exits 0 after a clean shutdown on SIGTERM or SIGINT, and non-zero with one line on standard error
+Exits 0 after a clean shutdown on SIGTERM, SIGINT or SIGHUP (also one that comes while it
+starts), and non-zero with one line on standard error
 when it cannot start (unreadable or invalid config, port in use, store that cannot be opened), or
 with 1 once its store can commit nothing any more (an fsync error: see fs3.kv.lmdb_engine).
 """
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
-    """Run one meta daemon until SIGTERM/SIGINT. Raises FS3Error when it cannot start."""
+    """Run one meta daemon until a stop signal (SIGTERM, SIGINT, SIGHUP). Raises FS3Error when it cannot start."""
     from fs3 import metrics
     from fs3.meta.daemon import MetaDaemon
 

@@ -333,7 +333,8 @@ class StorageDaemon:
                 await self.agent.beat()
         except (FS3Error, TimeoutError) as e:  # mgmtd unreachable: it finds out by the timeout
             if not (isinstance(e, FS3Error) and e.code == StatusCode.MGMTD_NODE_DISABLED):  # out already
-                log.warning("could not tell mgmtd that this node's targets go offline error=%s", e)
+                why = e if isinstance(e, FS3Error) else f"no answer within {_LEAVE_S:g} s"
+                log.warning("could not tell mgmtd that this node's targets go offline error=%s", why)
 
     # -- callbacks --------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """``fs3 storage`` / ``python -m fs3.storage``: run the storage daemon.
 
-Exits 0 after a clean shutdown on SIGTERM or SIGINT, and non-zero with one line on standard error
+Exits 0 after a clean shutdown on SIGTERM, SIGINT or SIGHUP (also one that comes while it
+starts), and non-zero with one line on standard error
 when it cannot start (invalid config, unreadable secret, port in use, a target directory that
 cannot be created or written, a target directory that belongs to another target).
 """
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 async def serve(cfg: StorageConfig, *, port_file: str | None = None) -> int:
-    """Run one storage daemon until SIGTERM/SIGINT. Raises FS3Error when it cannot start."""
+    """Run one storage daemon until a stop signal (SIGTERM, SIGINT, SIGHUP). Raises FS3Error when it cannot start."""
     from fs3 import metrics
     from fs3.storage.daemon import StorageDaemon
 

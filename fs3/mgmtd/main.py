@@ -1,6 +1,7 @@
 """``fs3 mgmtd`` / ``python -m fs3.mgmtd``: run the cluster manager daemon.
 
-Exits 0 after a clean shutdown on SIGTERM or SIGINT, and non-zero with one line on standard error
+Exits 0 after a clean shutdown on SIGTERM, SIGINT or SIGHUP (also one that comes while it
+starts), and non-zero with one line on standard error
 when it cannot start (unreadable or invalid config, port in use, store that cannot be opened).
 """
 
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 async def serve(cfg: MgmtdConfig, *, port_file: str | None = None) -> int:
-    """Run one mgmtd until SIGTERM/SIGINT. Raises FS3Error when it cannot start."""
+    """Run one mgmtd until a stop signal (SIGTERM, SIGINT, SIGHUP). Raises FS3Error when it cannot start."""
     from fs3.kv import open_database
     from fs3.mgmtd.server import MgmtdServer
 
