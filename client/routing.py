@@ -167,6 +167,10 @@ class Routing:
 Listener = Callable[[Routing], None]
 
 
+#: how often a routing refresh that keeps failing the same way is warned of
+REFRESH_WARN_EVERY_S = 60.0
+
+
 class RoutingCache:
     """The newest routing info, refreshed in the background and early on demand."""
 
@@ -182,6 +186,8 @@ class RoutingCache:
         self.min_refresh_gap_s = min_refresh_gap_s
         self.routing: Routing = Routing.empty()
         self.last_refresh: float = 0.0  # monotonic time of the last successful poll
+        # refreshes failing the same way since the last warning, and when that was (monotonic)
+        self._failing: tuple[StatusCode, float, int] | None = None
         self._updated = asyncio.Condition()
         self._listeners: list[Listener] = []
         self._loop = Periodic(
@@ -221,6 +227,9 @@ class RoutingCache:
             timeout_s=timeout_s,
         )
         self.last_refresh = time.monotonic()
+        if self._failing is not None:
+            log.info("routing refresh works again after %d more failures", self._failing[2])
+            self._failing = None
         if reply.HasField("info") and reply.info.version > self.routing.version:
             self._install(Routing(reply.info))
         return self.routing
@@ -261,6 +270,20 @@ class RoutingCache:
         if isinstance(e, MgmtdUnreachable):
             log.debug("routing refresh failed error=%s", e)  # the mgmtd client says so
         elif isinstance(e, FS3Error):
-            log.warning("routing refresh failed error=%s", e)
+            # a failure that goes on (a revoked token: every poll, every 2 s) is said once a minute
+            now = time.monotonic()
+            failing = self._failing
+            if failing is None or failing[0] != e.code or now - failing[1] >= REFRESH_WARN_EVERY_S:
+                more = ""
+                if failing is not None and failing[2]:
+                    more = (
+                        f" ({failing[2]} more failures since the last warning)"
+                        if failing[0] == e.code
+                        else f" (after {failing[2]} more {failing[0].name} failures)"
+                    )
+                log.warning("routing refresh failed error=%s%s", e, more)
+                self._failing = (e.code, now, 0)
+            else:
+                self._failing = (failing[0], failing[1], failing[2] + 1)
         else:
             log.exception("routing refresh failed")

@@ -566,3 +566,26 @@ async def test_a_new_primary_loads_the_newest_config_of_each_type(admin: Admin) 
         common_pb2.NODE_STORAGE: (3, "heartbeat_interval_s = 3.0\n"),
         common_pb2.NODE_META: (1, "session_timeout_s = 60.0\n"),
     }
+
+
+def test_a_routing_refresh_failing_on_and_on_is_warned_of_once_a_minute(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mount whose token was revoked logged 'routing refresh failed' at every poll (every 2 s,
+    for ever): the same failure is said once a minute now, with how often it came meanwhile."""
+    from fs3.client import routing as routing_mod
+
+    now = [100.0]
+    monkeypatch.setattr(routing_mod.time, "monotonic", lambda: now[0])
+    cache = RoutingCache(SimpleNamespace(), refresh_interval_s=2.0)  # type: ignore[arg-type]
+    revoked = FS3Error(StatusCode.UNAUTHENTICATED, "invalid or expired token")
+    with caplog.at_level("WARNING", logger="fs3.client.routing"):
+        for _ in range(31):  # a minute of polls, and one more
+            cache._refresh_failed(revoked)  # noqa: SLF001
+            now[0] += 2.0
+        cache._refresh_failed(FS3Error(StatusCode.PERMISSION_DENIED, "other"))  # noqa: SLF001
+    warned = [r.getMessage() for r in caplog.records if "routing refresh failed" in r.getMessage()]
+    assert len(warned) == 3, warned
+    assert "(29 more failures since the last warning)" not in warned[0]
+    assert "(29 more failures since the last warning)" in warned[1]
+    assert "PERMISSION_DENIED" in warned[2] and "since the last warning" not in warned[2]
