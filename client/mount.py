@@ -595,6 +595,11 @@ def main(argv: list[str]) -> int:
     ready: Callable[[], None] = lambda: None  # noqa: E731
     failed: Callable[[], None] = lambda: None  # noqa: E731
     if not args.foreground:
+        if not cfg.log.file:
+            sys.stderr.write(
+                "fs3 mount: note: no log.file in the config, so the mount's log is discarded once it "
+                "runs in the background (set log.file, or run it with --foreground)\n"
+            )
         ready, failed = _detach(cfg.log.file)
     try:
         return _run(cfg, os.path.realpath(args.mountpoint), options, ready, lambda: _unlock(lock))

@@ -111,6 +111,8 @@ def test_a_detached_mount_that_fails_says_why_once(tmp_path) -> None:
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1].startswith("fs3 mount: mgmtd 127.0.0.1:1: "), out.stderr
     assert "did not come up" not in out.stderr and "see the log" not in out.stderr, out.stderr
+    # with no log file, what a mount in the background logs is discarded: said, once, up front
+    assert out.stderr.count("the mount's log is discarded once it runs in the background") == 1, out.stderr
 
 
 def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -> None:

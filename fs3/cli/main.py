@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EX_UNAVAILABLE
+    # No fs3 command needs gRPC in a forked child, and a non-root mount forks (libfuse runs
+    # fusermount3) after its mgmtd client started: gRPC's fork handlers printed a line of their
+    # own on the user's terminal. Set before the command imports gRPC.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     module = importlib.import_module(sub.module)
     try:
         return int(module.main(args.args) or 0)
