@@ -165,6 +165,21 @@ def read_token(path: str) -> str:
     return Path(path).read_text().strip() if path else ""
 
 
+def _credentials_hint(config: ClientConfig) -> str:
+    """Which of the config's credentials mgmtd refused, and what to look at."""
+    if config.user_auth:
+        return f"the user token in token_file {config.token_file} (a new one: fs3 admin user-token)"
+    if config.cluster_secret_file:
+        return (
+            f"the cluster secret in {config.cluster_secret_file} (or, for a client not trusted with "
+            "it: user_auth = true and a token_file)"
+        )
+    return (
+        "no cluster_secret_file is set, so the development secret was tried (set the cluster's "
+        "secret file, or user_auth = true and a token_file)"
+    )
+
+
 def _token_of(config: ClientConfig) -> str:
     """The token in ``config.token_file``; CONFIG_INVALID when it cannot be read."""
     try:
@@ -466,10 +481,12 @@ class FileSystem:
                 coalesce_turns=config.read_coalesce_turns,
                 capabilities=meta.capabilities,
             )
-        except BaseException:
+        except BaseException as e:
             await routing.stop()
             await mgmtd.close()
             await rpc.close()
+            if isinstance(e, FS3Error) and e.code == StatusCode.UNAUTHENTICATED:
+                raise FS3Error(e.code, f"{e.message}: {_credentials_hint(config)}") from None
             raise
         fs = cls(config, rpc=rpc, mgmtd=mgmtd, routing=routing, meta=meta, storage=storage)
         routing.add_listener(fs._routing_changed)

@@ -319,3 +319,21 @@ async def test_user_auth_needs_a_token(tmp_path: Path) -> None:
         load_config(MetaConfig, cfg)
     assert err.value.code == StatusCode.CONFIG_INVALID and "capability_ttl_s" in err.value.message
     assert load_config(MetaConfig, None, environ={}).capability_ttl_s == 600.0
+
+
+async def test_refused_credentials_name_the_file_and_what_to_do(tmp_path: Path) -> None:
+    """'malformed token' or 'wrong cluster secret' alone left a user guessing which file, and that a
+    client not trusted with the cluster secret needs user_auth = true and a token."""
+    async with FsCluster(tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1) as c:
+        garbage = tmp_path / "garbage.token"
+        garbage.write_text("not-a-token\n")
+        user = c.client_config("user", user_auth=True, token_file=str(garbage), cluster_secret_file="")
+        with pytest.raises(FS3Error) as e:
+            await FileSystem.connect(load_config(ClientConfig, user, environ={}), timeout_s=10)
+        assert e.value.code == StatusCode.UNAUTHENTICATED
+        assert f"the user token in token_file {garbage}" in e.value.message, e.value.message
+        no_secret = c.client_config("nosecret", cluster_secret_file="")
+        with pytest.raises(FS3Error) as e:
+            await FileSystem.connect(load_config(ClientConfig, no_secret, environ={}), timeout_s=10)
+        assert e.value.code == StatusCode.UNAUTHENTICATED
+        assert "no cluster_secret_file is set" in e.value.message and "user_auth = true" in e.value.message
