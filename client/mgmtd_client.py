@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 
 from fs3.background import Periodic
+from fs3.clock import boottime as session_clock  # sessions are timed on it (see fs3.clock)
 from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode
 from fs3.net.auth import mgmtd_credential
 from fs3.proto import common_pb2, mgmtd_pb2, mgmtd_pb2_grpc
@@ -619,15 +620,6 @@ class NodeAgent:
         elif self.last_error is None or self.last_error.code != e.code:
             log.warning("heartbeat failed node_id=%d error=%s", self.node_id, e)
         self.last_error = e
-
-
-def session_clock() -> float:
-    """Seconds on a clock that counts the time this machine was suspended (CLOCK_BOOTTIME where
-    there is one), so that a client asleep past its session timeout knows it was away."""
-    return time.clock_gettime(_BOOTTIME)
-
-
-_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 class ClientSessionKeeper:

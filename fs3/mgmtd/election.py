@@ -36,6 +36,7 @@ import struct
 import time
 from collections.abc import Callable
 
+from fs3.clock import boottime
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import prefix_end
 from fs3.kv.base import Database, ReadView, Transaction
@@ -43,15 +44,6 @@ from fs3.mgmtd import schema
 from fs3.proto import mgmtd_pb2
 
 log = logging.getLogger(__name__)
-
-
-def _boottime() -> float:
-    """Seconds on a clock that goes on while the machine is suspended (CLOCK_BOOTTIME; monotonic
-    where there is none): a holder suspended past its lease must know it was away."""
-    return time.clock_gettime(_BOOTTIME)
-
-
-_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 def decode_lease(raw: bytes | None) -> mgmtd_pb2.MgmtdLease | None:
@@ -69,7 +61,7 @@ class Election:
         lease_interval_s: float,
         *,
         clock: Callable[[], float] = time.time,
-        monotonic: Callable[[], float] = _boottime,
+        monotonic: Callable[[], float] = boottime,
     ) -> None:
         self._db = db
         self.node_id = node_id
