@@ -406,6 +406,22 @@ class FileSystem:
         # session ends meta did not answer, sent again in the background (see _end_again)
         self._ending_again: set[asyncio.Task[None]] = set()
         self._end_again_now = asyncio.Event()
+        self._closed = False
+        # its connections (gRPC channels, sockets) belong to this loop: see _check_loop
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+
+    def _check_loop(self, what: str) -> None:
+        """Refuse ``what`` in another event loop than the one this file system was made in:
+        there its connections' calls would be left to a loop that no longer runs (a close would
+        wait out its timeouts and leave gRPC calls that never start)."""
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError(
+                f"FileSystem.{what}() called in another event loop than the one it was connected "
+                "in: use a FileSystem in its own loop (or fs3.client.SyncFileSystem from threads)"
+            )
 
     @classmethod
     async def connect(
@@ -524,7 +540,10 @@ class FileSystem:
 
     async def close(self) -> None:
         """Close every connection (open files are not flushed: close them first). File closes
-        that were cancelled and go on in the background end first."""
+        that were cancelled and go on in the background end first. Closing again does nothing."""
+        if self._closed:
+            return
+        self._check_loop("close")
         while self._closing:
             await asyncio.wait(list(self._closing))
         if self._ending_again:  # one more try each, at once, then they are left to meta's expiry
@@ -547,6 +566,7 @@ class FileSystem:
         await self.routing.stop()
         await self.mgmtd.close()
         await self.rpc.close()
+        self._closed = True
 
     async def __aenter__(self) -> FileSystem:
         return self

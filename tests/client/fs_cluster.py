@@ -227,9 +227,15 @@ class FsCluster:
         return mnt
 
     async def stop(self) -> None:
+        # a client made in another event loop (a test's own, with this cluster a fixture of a
+        # longer-lived loop) cannot be closed here: the test that made it must close it
+        foreign: list[str] = []
         for fs in self._clients:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(fs.close(), 10)
+            except Exception as e:  # noqa: BLE001 - else a client of a test that already failed
+                if isinstance(e, RuntimeError) and "another event loop" in str(e):
+                    foreign.append(str(e))
         self._clients.clear()
         for mnt in self.mounts:
             if mnt.proc.alive():
@@ -243,6 +249,8 @@ class FsCluster:
         await self.cluster.stop()
         for mnt in self.mounts:
             force_unmount(mnt.path)
+        if foreign:
+            raise RuntimeError(f"{len(foreign)} client(s) left open by a test in its own loop: {foreign[0]}")
 
     def logs(self, tail: int = 4000) -> str:
         return self.cluster.logs(tail)

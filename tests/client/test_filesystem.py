@@ -561,3 +561,13 @@ async def test_a_truncate_by_another_client_under_an_open_writer_holds(
     await f.close()
     assert (await other.stat("/rotated.log")).st_size == 15
     assert await other.read_file("/rotated.log") == b"after rotation\n"
+
+
+async def test_a_filesystem_refuses_to_close_in_another_event_loop(cluster: FsCluster) -> None:
+    """A FileSystem's connections belong to the loop it was connected in: closed from another
+    loop it says so at once, instead of waiting out its calls' timeouts on a loop that does not
+    run them (and leaving gRPC calls that never start); in its own loop it then closes."""
+    fs = await cluster.connect()
+    with pytest.raises(RuntimeError, match="another event loop"):
+        await asyncio.to_thread(asyncio.run, fs.close())
+    await fs.close()

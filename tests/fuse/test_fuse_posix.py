@@ -258,9 +258,10 @@ async def test_fsync_on_one_descriptor_writes_out_the_others(env: Env) -> None:
     try:
         os.write(fd, b"w" * 100_000)  # buffered in the mount, length not reported
         os.fsync(reader)
-        other = await env.cluster.connect()
-        assert (await other.stat("/synced-by-another-fd")).st_size == 100_000
-        assert await other.read_file("/synced-by-another-fd") == b"w" * 100_000
+        # closed here, in this test's event loop: its connections are of this loop
+        async with await env.cluster.connect() as other:
+            assert (await other.stat("/synced-by-another-fd")).st_size == 100_000
+            assert await other.read_file("/synced-by-another-fd") == b"w" * 100_000
     finally:
         os.close(reader)
         os.close(fd)
