@@ -598,15 +598,23 @@ class Fs3Operations(pyfuse3.Operations):
         # Nothing to set is chown(f, -1, -1) (the kernel sends ATTR_CTIME alone as an empty
         # SETATTR): Linux moves ctime and nothing else, for any caller; meta does the same.
         meta = self.meta(ctx)
-        if list(kw) == ["mode"] and ctx.uid != 0 and await self._drops_privileges_only(inode, kw["mode"]):
-            # The kernel clearing setuid/setgid on a write by a user who may write but does not own
-            # the file (file_remove_privs, with ATTR_FORCE: authorized already). A chmod(2) by a
-            # non-owner never gets here (the kernel refuses it), so this is that kill, made as the
-            # mount (meta would refuse the caller a chmod, and the write would fail with EIO).
-            meta = self.fs.meta
+        kill_privs: int | None = None
+        if "mode" in kw and ctx.uid != 0 and await self._drops_privileges_only(inode, kw["mode"]):
+            # The kernel clearing setuid/setgid on a write or truncate by a user who may write but
+            # does not own the file (file_remove_privs / do_truncate, with ATTR_FORCE: authorized
+            # already). A chmod(2) by a non-owner never gets here (the kernel refuses it), so this
+            # is that kill, made as the mount (meta would refuse the caller a chmod, and the write
+            # would fail with EIO, the truncate with EPERM). A truncate sends it with the size: the
+            # size (and times) go as the caller, checked as theirs, and the kill after them.
+            if list(kw) == ["mode"]:
+                meta = self.fs.meta
+            else:
+                kill_privs = kw.pop("mode")
         since = stamp()
         with self._changing(inode):
             ino = await meta.setattr(inode, **kw)
+            if kill_privs is not None:
+                ino = await self.fs.meta.setattr(inode, mode=kill_privs)
         st = self.fs._states.get(inode)  # the one open now (the reports above waited)
         if fields.update_size and st is not None:
             st.truncated(attr.st_size)

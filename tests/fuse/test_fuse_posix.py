@@ -488,6 +488,35 @@ def test_writes_clear_setuid_and_a_chmod_after_them_holds(env: Env) -> None:
     assert stat.S_IMODE((d / "mine").stat().st_mode) == 0o4755
 
 
+def test_a_truncate_by_a_writer_who_is_not_the_owner_clears_setuid(env: Env) -> None:
+    """truncate(2) and ftruncate(2) of a setuid/setgid file by a user who may write it but does not
+    own it succeed and drop both bits, as on Linux (the kernel sends the bits' kill with the new
+    size in one request; meta would refuse that user the mode part)."""
+    d = env.mnt / "killpriv-truncate"
+    d.mkdir()
+    d.chmod(0o777)
+    as_user = "setpriv --reuid=4321 --regid=4321 --clear-groups"
+    for name, how in (
+        ("by-path", "os.truncate('by-path', 2)"),
+        ("by-fd", "fd = os.open('by-fd', os.O_WRONLY); os.ftruncate(fd, 2); os.close(fd)"),
+    ):
+        f = d / name
+        f.write_bytes(b"abcdef")
+        f.chmod(0o6777)
+        sh(f'{as_user} {sys.executable} -c "import os; {how}"', d)
+        time.sleep(1.1)  # the kernel's attribute cache
+        assert f.read_bytes() == b"ab", name
+        assert stat.S_IMODE(f.stat().st_mode) == 0o777, name
+    # a user who may not write the file is still refused, and the bits stay
+    f = d / "not-theirs"
+    f.write_bytes(b"abcdef")
+    f.chmod(0o6755)
+    r = sh(f"{as_user} {sys.executable} -c \"import os; os.truncate('not-theirs', 2)\"", d, check=False)
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r
+    assert f.read_bytes() == b"abcdef"
+    assert stat.S_IMODE(f.stat().st_mode) == 0o6755
+
+
 async def test_two_mounts_see_each_others_files(env: Env) -> None:
     other = await env.cluster.mount(env.mnt.parent / "mnt2", name="mount2")
     try:
