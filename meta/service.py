@@ -543,14 +543,19 @@ def _bind(req: Any, ctx: CallContext) -> None:
     acting for the users of its host) may name any, as a header token of it may. Either way the
     header carries the connection's token, which the authenticator checks as for any request (so
     a token revoked since the connection opened stops working here too). A non-root user's request
-    id is made its own (:func:`fs3.net.auth.user_scoped_id`): a retry is answered with the result
-    recorded under its client and request id, which another user must not be able to name."""
+    id is made its own (:func:`fs3.net.auth.user_scoped_id`), and so is the one a SettleRequest
+    asks about: a retry is answered with the result recorded under its client and request id,
+    which another user must not be able to name (nor read, nor settle)."""
     user = ctx.user
     hdr = req.hdr
     hdr_user = hdr.user
     if not user.root:
         if hdr.request_id:
             hdr.request_id = user_scoped_id(user.uid, hdr.request_id)
+        if isinstance(req, m.SettleRequestReq) and req.request_id:
+            # the request id it asks about, made its own as that request's was: its own request
+            # is found, and another user's record (whose scoped id anyone can compute) is not
+            req.request_id = user_scoped_id(user.uid, req.request_id)
         hdr_user.uid = user.uid
         hdr_user.gid = user.gid
         del hdr_user.groups[:]

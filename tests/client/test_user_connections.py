@@ -23,6 +23,7 @@ from fs3.client.meta_client import InodeHandles
 from fs3.client.storage_client import StorageClient
 from fs3.config import ClientConfig, MetaConfig, load_config
 from fs3.errors import FS3Error, StatusCode
+from fs3.net.auth import user_scoped_id
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
@@ -154,6 +155,38 @@ async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(u
     await alice.chmod("/alice/secret", 0o644)
     assert await bob.read_file("/alice/secret") == data
     await expect_errno(errno.EACCES, bob.open("/alice/secret", "r+"))
+
+
+async def test_a_user_settles_its_own_requests_and_not_another_users(users: Users) -> None:
+    """SettleRequest (what became of a request a client gave up on) finds a user's own request,
+    whose record meta keeps under the user's scoped request id; another user naming that client
+    and scoped id (anyone can compute it) neither reads its recorded reply nor settles it."""
+    alice, bob = await users.connect("alice"), await users.connect("bob")
+    drawn: list[int] = []
+    draw = alice.meta._next_request_id
+
+    def record() -> int:
+        drawn.append(draw())
+        return drawn[-1]
+
+    alice.meta._next_request_id = record  # type: ignore[method-assign]
+    await alice.mkdir("/alice/plans")
+    made = drawn[-1]
+    later = draw() + 1000  # an id alice's client has not used yet
+    alice.meta._next_request_id = draw  # type: ignore[method-assign]
+    plans = (await alice.stat("/alice/plans")).st_ino
+
+    # bob, posing as alice's client, asks about her records by their scoped ids
+    bob.meta.client_id = alice.meta.client_id
+    for rid in (made, later):
+        rsp = await bob.meta.call("SettleRequest", m.SettleRequestReq(request_id=user_scoped_id(ALICE, rid)))
+        assert not rsp.done and not rsp.response
+    # alice's own: done, with the reply she missed; and her next request is not settled away
+    rsp = await alice.meta.call("SettleRequest", m.SettleRequestReq(request_id=made))
+    assert rsp.done and m.InodeRsp.FromString(rsp.response).inode.id == plans
+    alice.meta._next_request_id = lambda: later  # type: ignore[method-assign]
+    await alice.mkdir("/alice/more")
+    assert (await alice.stat("/alice/more")).st_ino
 
 
 async def test_another_user_cannot_reach_a_file_by_id_past_a_private_directory(users: Users) -> None:
