@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from fs3.cli import seconds
 from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
 from fs3.net.auth import TOKEN_CACHE_S, TOKEN_STALE_S
+from fs3.net.server import USER_RECHECK_S
 from fs3.proto import common_pb2, mgmtd_pb2
 
 if TYPE_CHECKING:
@@ -631,8 +632,10 @@ async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
 # what a removal or revocation of tokens leaves for a while (fs3.net.auth.TokenCache)
 _CACHED = (
     f" (a server that checked one of its tokens in the last {TOKEN_CACHE_S:.0f} s takes it until "
-    "its cache of token checks expires, and one that cannot reach mgmtd then, until it can, for up "
-    f"to its token_stale_s, {TOKEN_STALE_S / 3600:g} h by default)"
+    f"its cache of token checks expires, a connection open on it until its next check up to "
+    f"{USER_RECHECK_S:.0f} s later: {TOKEN_CACHE_S + USER_RECHECK_S:.0f} s in all; and one that "
+    "cannot reach mgmtd then, until it can, for up to its token_stale_s, "
+    f"{TOKEN_STALE_S / 3600:g} h by default)"
 )
 
 

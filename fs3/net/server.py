@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 _MAX_ERROR_MESSAGE = 1024
 _WARN_REJECTIONS = 10  # per connection
+# how often an open user connection's token is checked again while it is used (the verifier's
+# own cache may answer for a while longer): a revoked token loses its open connections
+USER_RECHECK_S = 30.0
 # The reply to calls that a stopping server cancels or no longer starts: UNAVAILABLE, which every
 # client retries (after a backoff, elsewhere where it can), not CANCELLED, which a client takes as
 # final (its own RpcClient raises CANCELLED once closed).
@@ -689,9 +692,7 @@ class RpcServer:
         # user tokens being checked at once, and the most (more handshakes are refused)
         self._user_checks = 0
         self.max_user_checks = 64
-        # how often a user connection's token is checked again while it is used (verify_user's
-        # own cache may answer for a while longer): a revoked token loses its open connections
-        self.user_recheck_s = 30.0
+        self.user_recheck_s = USER_RECHECK_S
         # A host whose peers had this many tokens refused within the window gets its further
         # unknown tokens refused unasked until the window passes (tokens this server accepted
         # lately still get in: a user sharing that host is not locked out).
