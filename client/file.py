@@ -751,6 +751,11 @@ class OpenFile:
 
     async def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: short at the end of the file, holes read as zeros."""
+        if offset < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
+        # no more than the file holds there: a length far past the end (a "read it all" with a
+        # huge length) must not cost a buffer of that length
+        length = min(length, self.state.size - offset)
         if length <= 0:
             return b""
         pool = self.storage.rpc.pool

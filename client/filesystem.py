@@ -234,6 +234,8 @@ class File:
     async def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (short at the end of the file)."""
         self._check_readable()
+        if length < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {length}")
         if offset + length > self.handle.state.size:
             # another client may have extended the file since it was opened: look again at the end
             await self.fs._refresh(self.handle)

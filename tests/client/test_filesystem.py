@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from cluster import expect_errno
 from fs_cluster import FsCluster
 
 from fs3.client import FileSystem, SyncFileSystem
@@ -571,3 +572,26 @@ async def test_a_filesystem_refuses_to_close_in_another_event_loop(cluster: FsCl
     with pytest.raises(RuntimeError, match="another event loop"):
         await asyncio.to_thread(asyncio.run, fs.close())
     await fs.close()
+
+
+async def test_a_read_far_past_the_end_costs_only_what_the_file_holds(
+    fs: FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pread/read of a huge length (a "read it all") on a small file return its bytes and take a
+    buffer of no more than they are, as os.pread does; a negative length is EINVAL."""
+    await fs.write_file("/tiny", b"0123456789")
+    pool = fs.storage.rpc.pool
+    acquire = pool.acquire
+
+    def bounded(n: int):  # type: ignore[no-untyped-def]
+        assert n <= 1 << 20, f"a buffer of {n} bytes for a 10-byte file"
+        return acquire(n)
+
+    monkeypatch.setattr(pool, "acquire", bounded)
+    async with await fs.open("/tiny") as f:
+        assert await f.pread(1 << 40, 0) == b"0123456789"
+        assert await f.pread(1 << 40, 4) == b"456789"
+        assert await f.pread(1 << 40, 100) == b""
+        assert await f.read(1 << 36) == b"0123456789"
+        await expect_errno(errno.EINVAL, f.pread(-1, 0))
+    assert await fs.read_batch([("/tiny", 2, 1 << 40)]) == [b"23456789"]
