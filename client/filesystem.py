@@ -409,21 +409,11 @@ class FileSystem:
         self._ending_again: set[asyncio.Task[None]] = set()
         self._end_again_now = asyncio.Event()
         self._closed = False
-        # its connections (gRPC channels, sockets) belong to this loop: see _check_loop
+        # its connections (gRPC channels, sockets) belong to this loop: see close
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-
-    def _check_loop(self, what: str) -> None:
-        """Refuse ``what`` in another event loop than the one this file system was made in:
-        there its connections' calls would be left to a loop that no longer runs (a close would
-        wait out its timeouts and leave gRPC calls that never start)."""
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise RuntimeError(
-                f"FileSystem.{what}() called in another event loop than the one it was connected "
-                "in: use a FileSystem in its own loop (or fs3.client.SyncFileSystem from threads)"
-            )
 
     @classmethod
     async def connect(
@@ -545,7 +535,13 @@ class FileSystem:
         that were cancelled and go on in the background end first. Closing again does nothing."""
         if self._closed:
             return
-        self._check_loop("close")
+        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
+            # its connections' calls would go to a loop that no longer runs: the close would wait
+            # out their timeouts and leave gRPC calls that never start
+            raise RuntimeError(
+                "FileSystem.close() called in another event loop than the one it was connected "
+                "in: use a FileSystem in its own loop (or fs3.client.SyncFileSystem from threads)"
+            )
         while self._closing:
             await asyncio.wait(list(self._closing))
         if self._ending_again:  # one more try each, at once, then they are left to meta's expiry

@@ -676,9 +676,6 @@ class ClientSessionKeeper:
                 await self.client.end_session(self.session.client_id)
         except (FS3Error, TimeoutError) as e:
             log.debug("client session end not told to mgmtd client_id=%s error=%s", self.session.client_id, e)
-            # a call cut short leaves gRPC's own task to end it: let it run now, before the
-            # caller (a closing file system) goes on to close the loop under it
-            await asyncio.sleep(0)
 
     def vouches_for(self, since: float) -> bool:
         """Whether mgmtd has held this client's session without a break since ``since`` (a
