@@ -72,7 +72,9 @@ def run_threads(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=os.environ.get("FS3_BENCH_PROG"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--dir", type=Path, help="target directory (default: a temporary one, removed after)")
     parser.add_argument("--threads", default="1,4", help="comma-separated thread counts")

@@ -256,7 +256,11 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=os.environ.get("FS3_BENCH_PROG"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mount", type=Path, help="an existing fs3 mount (default: start a cluster and mount it)")
     p.add_argument("--mount-pid", type=int, action="append", default=[], help="with --mount: its process")
     p.add_argument(

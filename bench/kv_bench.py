@@ -183,7 +183,11 @@ async def main_async(args: argparse.Namespace) -> tuple[list[list[Result]], floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=os.environ.get("FS3_BENCH_PROG"),
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     parser.add_argument("--engine", default="lmdb", choices=["lmdb", "mem", "fdb"])
     parser.add_argument("--path", help="lmdb directory (default: a fresh temporary one)")
     parser.add_argument("--cluster-file", help="fdb cluster file")

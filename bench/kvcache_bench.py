@@ -112,7 +112,11 @@ def _cases(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=os.environ.get("FS3_BENCH_PROG"),
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--sizes", default="64K,1M", help="comma-separated value sizes")
     p.add_argument("--keys", type=int, default=256, help="keys per size")
     p.add_argument("--batch", type=int, default=32, help="keys per get_many")

@@ -327,7 +327,7 @@ def start_daemon(tmp: Path) -> tuple[subprocess.Popen, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=os.environ.get("FS3_BENCH_PROG"), description=__doc__.split("\n\n")[0])
     p.add_argument("--address", help="host:port of a running meta server (default: start one)")
     p.add_argument("--secret-file", help="the cluster secret (default: the development secret)")
     p.add_argument("--clients", default="1,16", help="comma-separated client counts")

@@ -165,7 +165,9 @@ async def bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=os.environ.get("FS3_BENCH_PROG"), description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--duration", type=float, default=3.0, help="seconds measured per case")
     parser.add_argument("--only", help="comma-separated case names: " + ",".join(c.name for c in CASES))
     parser.add_argument("--in-flight", type=int, help="override calls in flight for bulk cases")

@@ -226,7 +226,7 @@ def summarize(results: list[dict]) -> list[dict]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=os.environ.get("FS3_BENCH_PROG"), description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--depth", type=int, default=32, help="requests in flight")
     p.add_argument("--chains", type=int, default=3)

@@ -53,6 +53,8 @@ def main(argv: list[str]) -> int:
         print(f"fs3 bench: no benchmark {argv[0]!r}; one of {', '.join(found)}", file=sys.stderr)
         return 2
     script = folder / f"{name}_bench.py"
-    # exec replaces this process, so the benchmark's exit status and signals are the command's own
+    # exec replaces this process, so the benchmark's exit status and signals are the command's own;
+    # the benchmark's usage names it as this command (its argparse prog), not as its script
+    os.environ["FS3_BENCH_PROG"] = f"fs3 bench {name}"
     os.execv(sys.executable, [sys.executable, str(script), *argv[1:]])
     return 0  # not reached
