@@ -29,9 +29,10 @@ def _unescape(field: str) -> str:
     return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
-    """(major, minor, file system type) of what is mounted at ``path``, from /proc/self/mountinfo;
-    None if nothing (the topmost mount when several are stacked).
+def _mountinfo_entry(path: str) -> tuple[int, int, str, int | None] | None:
+    """(major, minor, file system type, ``user_id``) of what is mounted at ``path``, from
+    /proc/self/mountinfo; None if nothing (the topmost mount when several are stacked). ``user_id``
+    is the uid a FUSE mount was made by (its super option), None for other file systems.
 
     Read from the mount table rather than by ``os.path.ismount``, which stats the mount point and
     would hang on a FUSE server that does not answer."""
@@ -45,8 +46,13 @@ def _mountinfo_entry(path: str) -> tuple[int, int, str] | None:
                 if len(parts) > 4 and _unescape(parts[4]) == target:
                     major, minor = parts[2].split(":")
                     # optional fields end at " - ", then: fs type, source, super options
-                    fstype = parts[parts.index("-") + 1] if "-" in parts else ""
-                    found = (int(major), int(minor), fstype)
+                    sep = parts.index("-") if "-" in parts else len(parts)
+                    fstype = parts[sep + 1] if sep + 1 < len(parts) else ""
+                    supers = parts[sep + 3].split(",") if sep + 3 < len(parts) else []
+                    owner = next(
+                        (int(o[8:]) for o in supers if o[8:].isdigit() and o.startswith("user_id=")), None
+                    )
+                    found = (int(major), int(minor), fstype, owner)
     except OSError:
         return None
     return found
@@ -63,6 +69,12 @@ def mount_device(path: str) -> tuple[int, int] | None:
     names its connection under :data:`FUSECTL`."""
     entry = _mountinfo_entry(path)
     return entry[:2] if entry is not None else None
+
+
+def mount_owner(path: str) -> int | None:
+    """The uid that made the FUSE mount at ``path`` (only it and root may unmount it), or None."""
+    entry = _mountinfo_entry(path)
+    return entry[3] if entry is not None else None
 
 
 def fuse_connections() -> tuple[Path | None, str]:

@@ -9,7 +9,8 @@ unmounts, lazily where busy: the way out of a mount that hangs every command tou
 stuck mount had buffered and not written is lost, as with any forced unmount.
 
 Whether something is mounted, and what, is read from the mount table, never by a stat of the
-mount point (which never returns on a stuck mount). Only fs3 mounts (``fuse.fs3``) are touched.
+mount point (which never returns on a stuck mount). Only fs3 mounts (``fuse.fs3``) are touched,
+and only by root or the user who mounted them (another user is told whose mount it is).
 Exit status: 0 unmounted, 1 not unmounted (the reason on standard error), 2 usage.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import sys
 
 from fs3.cli.fuse_mounts import (
@@ -25,6 +27,7 @@ from fs3.cli.fuse_mounts import (
     fuse_connections,
     is_mounted,
     mount_device,
+    mount_owner,
     mount_type,
     resolved,
     unmount,
@@ -46,6 +49,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def user_name(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid with no account here."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     where = resolved(args.mountpoint)
@@ -56,6 +67,13 @@ def main(argv: list[str]) -> int:
         return 1
     if fstype != FS3_MOUNT_TYPE:
         sys.stderr.write(f"fs3 umount: {where} is not an fs3 mount ({fstype}); not touched\n")
+        return 1
+    owner = mount_owner(where)
+    if owner is not None and os.geteuid() not in (0, owner):
+        # fusermount3 would refuse it too, with "entry ... not found in /etc/mtab"
+        sys.stderr.write(
+            f"fs3 umount: {where} was mounted by {user_name(owner)}; only that user or root can unmount it\n"
+        )
         return 1
     device = mount_device(where)
     if args.force:

@@ -875,9 +875,12 @@ def _kill_and_mount_again(m: Mount) -> None:
         force_unmount(m.path)
 
 
-def _fs3_umount(*args: str) -> subprocess.CompletedProcess:
+def _fs3_umount(*args: str, as_user: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fs3.cli.main", "umount", *args], capture_output=True, text=True, timeout=60
+        [*as_user, sys.executable, "-m", "fs3.cli.main", "umount", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -886,7 +889,8 @@ async def test_fs3_umount_unmounts_refuses_a_busy_mount_and_forces_a_stuck_one(
 ) -> None:
     """``fs3 umount``: a mount in use is refused (busy) and stays; ``--force`` detaches it; a mount
     whose process is stopped (every request on it would hang) goes with ``--force`` at once; an
-    idle mount goes and its process exits cleanly; what is not an fs3 mount is not touched."""
+    idle mount goes and its process exits cleanly; what is not an fs3 mount is not touched; another
+    user's unmount, forced or not, is refused, saying who mounted it."""
     busy = await env.cluster.mount(env.mnt.parent / "mnt-umount-busy", name="umount-busy")
     stuck = await env.cluster.mount(env.mnt.parent / "mnt-umount-stuck", name="umount-stuck")
     idle = await env.cluster.mount(env.mnt.parent / "mnt-umount-idle", name="umount-idle")
@@ -897,6 +901,14 @@ def _check_fs3_umount(busy: Mount, stuck: Mount, idle: Mount, tmp_path: Path) ->
     sleeper = subprocess.Popen(["sleep", "120"], cwd=busy.path)
     assert stuck.proc.popen is not None
     try:
+        other = ("setpriv", "--reuid=4321", "--regid=4321", "--clear-groups")
+        for force in ((), ("--force",)):
+            r = _fs3_umount(*force, str(busy.path), as_user=other)
+            assert r.returncode == 1, r.stderr
+            assert f"{busy.path} was mounted by root (uid 0); only that user or root can" in r.stderr, (
+                r.stderr
+            )
+            assert is_mounted(busy.path)
         r = _fs3_umount(str(busy.path))
         assert r.returncode == 1 and "is still mounted" in r.stderr and "--force" in r.stderr, r.stderr
         assert is_mounted(busy.path)
