@@ -148,6 +148,11 @@ class Trims:
         return run
 
 
+def _shown(names: list[bytes]) -> str:
+    """A path from the root, as an error message names it (see quote_name)."""
+    return quote_name(b"/" + b"/".join(names), limit=256)
+
+
 class Namespace:
     """The metadata of one file system in a KV store, usable in-process (see :class:`MetaStore`)."""
 
@@ -300,22 +305,35 @@ class Namespace:
             rv = tr.snapshot
             follows = 0
             todo = [c for c in path.split(b"/") if c][::-1]
+            # the path resolved so far (symlinks replaced by their targets), for errors to name
+            walked: list[bytes] = []
             cur = await inodes.load(rv, schema.ROOT_ID)
             while todo:
                 name = todo.pop()
                 if cur.type != DIRECTORY:
-                    raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"inode {cur.id} is not a directory")
+                    raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{_shown(walked)} is not a directory")
                 parent = cur
-                cur = await self._child(rv, cred, cur.id, name)
+                try:
+                    cur = await self._child(rv, cred, cur.id, name)
+                except FS3Error as e:
+                    shown = _shown([*walked, name])
+                    if e.code == StatusCode.NOT_FOUND:
+                        raise FS3Error(e.code, f"{shown} does not exist") from None
+                    raise FS3Error(e.code, f"{shown}: {e.message}") from None
+                walked.append(name)
                 if cur.type == SYMLINK and (todo or follow):
                     follows += 1
                     if follows > MAX_SYMLINK_FOLLOWS:
-                        raise FS3Error(StatusCode.META_TOO_MANY_SYMLINKS, "too many levels of symlinks")
+                        raise FS3Error(
+                            StatusCode.META_TOO_MANY_SYMLINKS,
+                            f"{_shown(walked)}: too many levels of symlinks",
+                        )
                     target = cur.symlink_target
                     todo.extend([c for c in target.split(b"/") if c][::-1])
+                    walked = [] if target.startswith(b"/") else walked[:-1]
                     cur = await inodes.load(rv, schema.ROOT_ID) if target.startswith(b"/") else parent
             if must_dir and cur.type != DIRECTORY:
-                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"inode {cur.id} is not a directory")
+                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{_shown(walked)} is not a directory")
             return inodes.public(await inodes.complete(rv, cur))
 
         return await self.db.run(fn, read_only=True)

@@ -321,6 +321,28 @@ async def test_symlinks_resolve(tree: Tree) -> None:
     assert await s.readlink(tree["/sym"]) == b"/pub/alice_file"
 
 
+@pytest.mark.parametrize(
+    ("path", "cred", "code", "message"),
+    [
+        (b"/full/f/x", ROOT, StatusCode.META_NOT_DIRECTORY, "'/full/f' is not a directory"),
+        (b"/full/f/", ROOT, StatusCode.META_NOT_DIRECTORY, "'/full/f' is not a directory"),
+        (b"/pub/nope/x", ROOT, StatusCode.NOT_FOUND, "'/pub/nope' does not exist"),
+        (b"/sym/x", ROOT, StatusCode.META_NOT_DIRECTORY, "'/pub/alice_file' is not a directory"),
+        (b"/noexec/x", BOB, StatusCode.PERMISSION_DENIED, "'/noexec/x': uid 1001 lacks"),
+        (b"/loop1", ROOT, StatusCode.META_TOO_MANY_SYMLINKS, "'/loop1': too many levels of symlinks"),
+    ],
+)
+async def test_a_path_lookup_error_names_the_path_where_it_failed(
+    tree: Tree, path: bytes, cred: Credentials, code: StatusCode, message: str
+) -> None:
+    """What ``fs3 admin stat``, ``ls`` and native clients show: the path (symlinks resolved) at
+    which resolving stopped, not an inode number."""
+    with pytest.raises(FS3Error) as e:
+        await tree.store.lookup_path(cred, path)
+    assert e.value.code == code
+    assert e.value.message.startswith(message), e.value.message
+
+
 async def test_xattrs_fill_an_inode_only_as_far_as_it_still_grows(tree: Tree) -> None:
     """The cap counted names and values only: 8,000-odd small xattrs passed it and made the inode
     99,999 bytes, one short of the store's value limit (FoundationDB's 100,000), after which a
