@@ -58,6 +58,13 @@ from .target_map import UPTODATE, LocalTarget
 log = logging.getLogger(__name__)
 
 _CONCURRENCY = 8
+# A successor resynced at a chain version is not resynced again at that version for this long: it
+# shows SYNCING in this daemon's routing until mgmtd, told by its heartbeat, makes it SERVING (a
+# new chain version) and pushes that; one still SYNCING after this is resynced again.
+SYNCED_HOLD_S = 30.0
+# A run stopped by these found the chain changed under it (a target came, went or moved): an
+# interrupted run, not a failed one; the next scan starts one for the new chain if it needs it.
+_CHAIN_CHANGED = frozenset({StatusCode.STORAGE_ROUTING_STALE, StatusCode.STORAGE_CHAIN_VERSION_MISMATCH})
 # Tries to copy a chunk that another replica had to supply while updates kept changing it here.
 _COPY_ATTEMPTS = 3
 
@@ -76,6 +83,10 @@ class ResyncWorker:
         self.targets = replicator.targets
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._retry_at: dict[tuple[int, int], float] = {}
+        # (chain, successor) -> (chain version, when) of the last resync that finished: this
+        # daemon's routing shows the successor SYNCING at that version until mgmtd's next push,
+        # and a second run then would only be refused by the successor (see _scan)
+        self._synced: dict[tuple[int, int], tuple[int, float]] = {}
         self._loop = Periodic(
             "fs3-resync", self._scan_step, interval_s, on_error=lambda _e: log.exception("resync scan failed")
         )
@@ -97,7 +108,10 @@ class ResyncWorker:
         )
         self.m_bytes = metrics.counter("fs3_storage_sync_sent_bytes", "bytes resync sent", ("target",), reg)
         self.m_runs = metrics.counter(
-            "fs3_storage_sync_runs", "resyncs finished, by outcome", ("target", "outcome"), reg
+            "fs3_storage_sync_runs",
+            "resyncs finished, by outcome: done, failed, or interrupted (the chain changed during the run)",
+            ("target", "outcome"),
+            reg,
         )
         self.m_repaired = metrics.counter(
             "fs3_storage_sync_repaired_chunks",
@@ -149,6 +163,9 @@ class ResyncWorker:
                 continue
             if now < self._retry_at.get(key, 0.0):
                 continue
+            synced = self._synced.get(key)
+            if synced is not None and synced[0] == chain.version and now < synced[1] + SYNCED_HOLD_S:
+                continue  # done at this version; routing has not caught up with that yet
             self._tasks[key] = asyncio.create_task(
                 self._sync(t, succ.target_id), name=f"fs3-resync-{t.chain_id}-{succ.target_id}"
             )
@@ -177,16 +194,26 @@ class ResyncWorker:
         key = (t.chain_id, succ_id)
         label = str(succ_id)
         started = time.monotonic()
+        version = self.targets.chain(t.chain_id).version
         try:
-            stats = await self._sync_once(t, succ_id, label)
+            stats = await self._sync_once(t, succ_id, version, label)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self._retry_at[key] = time.monotonic() + 1.0
-            self.m_runs.labels(label, "failed").inc()
+            interrupted = isinstance(e, FS3Error) and e.code in _CHAIN_CHANGED
+            self.m_runs.labels(label, "interrupted" if interrupted else "failed").inc()
             level = logging.INFO if isinstance(e, FS3Error) else logging.ERROR
-            log.log(level, "resync failed chain_id=%d target_id=%d error=%s", t.chain_id, succ_id, e)
+            log.log(
+                level,
+                "resync %s chain_id=%d target_id=%d error=%s",
+                "interrupted" if interrupted else "failed",
+                t.chain_id,
+                succ_id,
+                e,
+            )
             return
+        self._synced[key] = (version, time.monotonic())
         self.m_runs.labels(label, "done").inc()
         log.log(
             logging.ERROR if stats[3] else logging.INFO,
@@ -197,10 +224,12 @@ class ResyncWorker:
             time.monotonic() - started,
         )
 
-    async def _sync_once(self, t: LocalTarget, succ_id: int, label: str) -> tuple[int, int, int, int]:
-        """One sync of ``succ_id`` from ``t``: (chunks compared, sent, removed, lost)."""
+    async def _sync_once(
+        self, t: LocalTarget, succ_id: int, version: int, label: str
+    ) -> tuple[int, int, int, int]:
+        """One sync of ``succ_id`` from ``t`` at chain version ``version``: (chunks compared,
+        sent, removed, lost)."""
         rep = self.replicator
-        version = self.targets.chain(t.chain_id).version
         address = node_address(self.targets.routing, succ_id, backend=True)
         log.info(
             "resync start chain_id=%d from=%d to=%d chain_version=%d",

@@ -95,7 +95,7 @@ async def predecessor(tmp_path: Path):
 
 async def test_a_sync_sends_what_the_successor_lacks_then_sync_done(predecessor) -> None:
     worker, t, rpc = predecessor
-    stats = await worker._sync_once(t, 2, "2")
+    stats = await worker._sync_once(t, 2, worker.targets.chain(t.chain_id).version, "2")
     assert stats == (1, 1, 0, 0)
     assert rpc.names() == ["SyncStart", "DumpChunkMeta", "Update", "SyncDone"]
     _, update, payload = rpc.calls[2]
@@ -127,7 +127,7 @@ async def test_a_successor_copy_with_other_bytes_is_sent_again(predecessor, diff
         return await real_call(address, method, req, payload=payload, **kw)
 
     rpc.call = call
-    await worker._sync_once(t, 2, "2")
+    await worker._sync_once(t, 2, worker.targets.chain(t.chain_id).version, "2")
     sent = [payload for name, _, payload in rpc.calls if name == "Update"]
     assert sent == ([b"old content"] if differs else [])
     assert rpc.names()[-1] == "SyncDone"
@@ -149,7 +149,7 @@ async def test_a_successor_that_left_the_chain_during_the_comparison_is_not_decl
         return real(*args)
 
     monkeypatch.setattr(resync, "_differing", slow_differing)
-    sync = asyncio.create_task(worker._sync_once(t, 2, "2"))
+    sync = asyncio.create_task(worker._sync_once(t, 2, worker.targets.chain(t.chain_id).version, "2"))
     try:
         assert await asyncio.to_thread(entered.wait, 30)
         worker.targets.apply_routing(routing(2, OFFLINE))
@@ -165,7 +165,7 @@ async def test_a_successor_that_left_the_chain_during_the_comparison_is_not_decl
     assert "SyncDone" not in rpc.names() and "Update" not in rpc.names()
     # the next sync starts afresh at version 3 and finds the missed chunk
     rpc.calls.clear()
-    assert await worker._sync_once(t, 2, "2") == (2, 2, 0, 0)
+    assert await worker._sync_once(t, 2, worker.targets.chain(t.chain_id).version, "2") == (2, 2, 0, 0)
     assert sorted(p for name, _, p in rpc.calls if name == "Update") == [b"missed", b"old content"]
     assert rpc.calls[-1][0] == "SyncDone" and rpc.calls[-1][1].chain_version == 3
 
@@ -227,7 +227,7 @@ async def test_a_write_the_tail_commits_across_a_successors_return_reaches_it(
         assert await asyncio.to_thread(entered.wait, 30)
         monkeypatch.setattr(craq, "apply_op", real)
         worker.targets.apply_routing(routing(3, SYNCING))  # the successor is back
-        await worker._sync_once(t, 2, "2")
+        await worker._sync_once(t, 2, worker.targets.chain(t.chain_id).version, "2")
         assert rpc.names() == ["SyncStart", "DumpChunkMeta", "SyncDone"]  # nothing looked missing
     finally:
         release.set()
