@@ -344,6 +344,11 @@ class StorageService:
     ) -> storage_pb2.SyncStartRsp:
         if ctx.user is not None:
             raise self._members_only("SyncStart")
+        return await self._timed("SyncStart", self._sync_start(request, ctx))
+
+    async def _sync_start(
+        self, request: storage_pb2.SyncStartReq, ctx: CallContext
+    ) -> storage_pb2.SyncStartRsp:
         t = self.targets.target(request.target_id)
         await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
         if t.chain_id != request.chain_id or t.public_state != common_pb2.SYNCING or t.local_state != ONLINE:
@@ -373,6 +378,9 @@ class StorageService:
         without this target meanwhile, and vouches for nothing."""
         if ctx.user is not None:
             raise self._members_only("SyncDone")
+        return await self._timed("SyncDone", self._sync_done(request, ctx))
+
+    async def _sync_done(self, request: storage_pb2.SyncDoneReq, ctx: CallContext) -> storage_pb2.SyncDoneRsp:
         t = self.targets.target(request.target_id)
         await self.rep.check_chain_version(t, request.chain_id, request.chain_version, who="sync predecessor")
         if t.public_state != common_pb2.SYNCING or t.local_state == 3:
@@ -395,6 +403,11 @@ class StorageService:
     ) -> storage_pb2.SpaceInfoRsp:
         if ctx.user is not None:
             raise self._members_only("SpaceInfo")
+        return await self._timed("SpaceInfo", self._space_info(request, ctx))
+
+    async def _space_info(
+        self, request: storage_pb2.SpaceInfoReq, ctx: CallContext
+    ) -> storage_pb2.SpaceInfoRsp:
         ids = list(request.target_ids) or list(self.targets.targets)
         rsp = storage_pb2.SpaceInfoRsp()
         for tid in ids:
@@ -417,6 +430,11 @@ class StorageService:
     ) -> storage_pb2.DumpChunkMetaRsp:
         if ctx.user is not None:
             raise self._members_only("DumpChunkMeta")
+        return await self._timed("DumpChunkMeta", self._dump_chunk_meta(request, ctx))
+
+    async def _dump_chunk_meta(
+        self, request: storage_pb2.DumpChunkMetaReq, ctx: CallContext
+    ) -> storage_pb2.DumpChunkMetaRsp:
         t = self.targets.target(request.target_id)
         limit = min(request.limit or DUMP_PAGE, DUMP_PAGE)
         begin, end = file_range(request.inode_id) if request.inode_id else (b"", None)

@@ -166,6 +166,10 @@ async def test_resync_progress_is_exported(tmp_path):
         await asyncio.sleep(2.0)
         text = await c.scrape(c.node_of_target(pred).index)
         assert f'fs3_storage_sync_runs_total{{outcome="failed",target="{tail}"}}' not in text, text
+        # the successor counts the sync's calls among its requests, as it does every other call
+        text = await c.scrape(node.index)
+        for method in ("SyncStart", "DumpChunkMeta", "SyncDone"):
+            assert f'fs3_storage_requests_total{{code="OK",method="{method}"}}' in text, method
         await verify(
             c,
             client,
