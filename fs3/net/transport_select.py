@@ -150,10 +150,11 @@ class AutoTransport(Transport):
         peer = f"{address[0]}:{address[1]}"
         if choice.transport == "tcp":
             log.debug("transport chosen peer=%s transport=tcp reason=%s", peer, choice.reason)
-            self._record(peer, choice)
-            return await self.tcp.connect(
+            conn = await self.tcp.connect(
                 address, receiver_factory, limits=limits, connect_timeout=connect_timeout
             )
+            self._record(peer, choice)  # once connected: a refused attempt is no connection
+            return conn
         assert self.rdma is not None
         conn = await self.rdma.connect(
             address, receiver_factory, limits=limits, connect_timeout=connect_timeout
@@ -193,10 +194,11 @@ class ConfiguredTcpTransport(TcpTransport):
         connect_timeout: float = 10.0,
     ) -> Connection:
         log.debug("transport chosen peer=%s:%d transport=tcp reason=%s", *address, R_CONFIGURED)
-        self.metrics.record("tcp", R_CONFIGURED)
-        return await super().connect(
+        conn = await super().connect(
             address, receiver_factory, limits=limits, connect_timeout=connect_timeout
         )
+        self.metrics.record("tcp", R_CONFIGURED)  # once connected: a refused attempt is no connection
+        return conn
 
 
 def make_transport(

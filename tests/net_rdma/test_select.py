@@ -142,6 +142,28 @@ async def _echo(client: RpcClient, server: RpcServer) -> None:
     assert bytes(payload) == data
 
 
+@pytest.mark.parametrize(("mode", "reason"), [("tcp", "configured"), ("auto", "no_local_device")])
+async def test_a_refused_connection_is_not_counted_as_opened(mode: str, reason: str) -> None:
+    """A peer that is down refuses every reconnect: those attempts are no connections (the
+    counter rose by dozens while one storage daemon was down for seconds)."""
+    reg = CollectorRegistry()
+    transport = make_transport(mode, inventory=NO_DEVICE, metrics_sink=TransportMetrics(reg))
+    server = await _serve(TcpTransport())
+    address = server.address
+    await server.stop()
+    async with RpcClient(SECRET, transport=transport) as client:
+        for _ in range(3):
+            with pytest.raises(FS3Error):
+                await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
+        assert _count(reg, "tcp", reason) == 0
+        server = await _serve(TcpTransport())
+        try:
+            await _echo(client, server)
+        finally:
+            await server.stop()
+    assert _count(reg, "tcp", reason) == 1
+
+
 async def test_both_sides_with_devices_use_rdma(caplog: pytest.LogCaptureFixture) -> None:
     fabric, reg = Fabric(), CollectorRegistry()
     sink = TransportMetrics(reg)
