@@ -132,6 +132,14 @@ class FuseMetrics:
             yield CounterMetricFamily(
                 "fs3_client_batched_reads_total", "reads sent in those batches", self.storage.batched_reads
             )
+            retries = CounterMetricFamily(
+                "fs3_client_storage_retries_total",
+                "storage calls that failed and were tried again (another replica, new routing), by error",
+                labels=["op", "code"],
+            )
+            for (op, code), n in list(self.storage.retries.items()):
+                retries.add_metric([op, code], n)
+            yield retries
 
 
 _BUCKETS = metrics.LATENCY_BUCKETS

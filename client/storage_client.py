@@ -344,6 +344,9 @@ class StorageClient:
         self._reading = 0  # small reads of read_into at storage now
         self.batches = 0  # batches read_into sent, and the reads in them (for metrics)
         self.batched_reads = 0
+        # (operation, status code name) -> calls that failed and were tried again (for metrics):
+        # retries hide the errors from the caller, not the trouble
+        self.retries: dict[tuple[str, str], int] = {}
 
     # -- chunk updates ----------------------------------------------------------------------------
 
@@ -446,7 +449,7 @@ class StorageClient:
                     return IOResult.from_pb(rsp)
 
             return await self._with_retry(
-                f"update chain={chain_id} inode={inode_id:#x}/{chunk_index}", attempt, chain_id
+                "update", f"chain={chain_id} inode={inode_id:#x}/{chunk_index}", attempt, chain_id
             )
         finally:
             self._channels.release(channel)
@@ -465,9 +468,7 @@ class StorageClient:
             )
             return rsp.removed
 
-        return await self._with_retry(
-            f"remove chunks chain={chain_id} inode={inode_id:#x}", attempt, chain_id
-        )
+        return await self._with_retry("remove", f"chain={chain_id} inode={inode_id:#x}", attempt, chain_id)
 
     async def truncate_chunks(
         self, chain_id: int, inode_id: int, chunk_size: int, length: int, *, timeout_s: float | None = None
@@ -495,7 +496,7 @@ class StorageClient:
             return rsp
 
         return await self._with_retry(
-            f"truncate chain={chain_id} inode={inode_id:#x}", attempt, chain_id, total_s=timeout_s
+            "truncate", f"chain={chain_id} inode={inode_id:#x}", attempt, chain_id, total_s=timeout_s
         )
 
     # -- reads ------------------------------------------------------------------------------------
@@ -638,6 +639,7 @@ class StorageClient:
                     if not _retryable(e):
                         raise
                     last, retry = e, True
+                    self._retried("read", e)
                     failed.pop(i, None)  # every replica was tried: start over with fresh routing
                     continue
                 groups.setdefault(address, []).append((i, target))
@@ -670,6 +672,7 @@ class StorageClient:
                     elif not _retryable(e):
                         raise e
                     last, retry = e, True
+                    self._retried("read", e)
                     failed.setdefault(i, set()).add(target)
             if refused:
                 # refused before anything was read: once more, with fresh ones from meta
@@ -809,7 +812,7 @@ class StorageClient:
             )
 
         return await self._with_retry(
-            f"query last chunk chain={chain_id} inode={inode_id:#x}", attempt, chain_id
+            "query_last_chunk", f"chain={chain_id} inode={inode_id:#x}", attempt, chain_id
         )
 
     async def space_info(self, node_id: int, target_ids: Sequence[int] = ()) -> list[storage_pb2.TargetSpace]:
@@ -904,8 +907,13 @@ class StorageClient:
         for cid in chain_ids:
             routing.chain(cid)
 
+    def _retried(self, op: str, e: FS3Error) -> None:
+        key = (op, e.code.name)
+        self.retries[key] = self.retries.get(key, 0) + 1
+
     async def _with_retry(  # type: ignore[no-untyped-def]
         self,
+        op: str,
         what: str,
         attempt: Callable[[Routing], object],
         chain_id: int | None = None,
@@ -928,8 +936,9 @@ class StorageClient:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise
+                self._retried(op, e)
                 if tries == 1 or tries % 10 == 0:
-                    log.info("retrying %s tries=%d error=%s", what, tries, e)
+                    log.info("retrying %s %s tries=%d error=%s", op, what, tries, e)
                 self.routing.refresh_soon()
                 if e.code in _ROUTING_CODES:
                     # a newer routing usually explains the error: wait briefly for one

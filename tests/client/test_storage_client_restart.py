@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from cluster import wait_until
+from prometheus_client import CollectorRegistry
 
+from fs3.client.fuse_ops import FuseMetrics
 from fs3.client.routing import Routing
 from fs3.client.storage_client import STORAGE_SERVICE, RetryPolicy, StorageClient, crc32c
 from fs3.errors import FS3Error, StatusCode
@@ -184,6 +186,12 @@ async def test_a_range_write_that_fails_returns_only_once_every_chunk_write_ende
         data[:] = b"Z" * len(data)  # the caller reuses its buffer
         await asyncio.sleep(0.5)
         assert [(i, p[:1]) for i, p in received if i == 1] == [(1, b"A"), (1, b"A")]
+        # the retry is counted, and a mount's /metrics shows it (retries hide errors, not trouble)
+        assert client.retries == {("update", "UNAVAILABLE"): 1}
+        reg = CollectorRegistry()
+        FuseMetrics(reg, client)
+        sample = {"op": "update", "code": "UNAVAILABLE"}
+        assert reg.get_sample_value("fs3_client_storage_retries_total", sample) == 1
     finally:
         await rpc.close()
         await server.stop()
