@@ -97,12 +97,29 @@ def cleanup_local(d: Path) -> None:
     _abort_mount(state.get("mount", ""))
 
 
-def dashboard_metrics() -> set[str]:
-    """The metric names the Grafana dashboard's queries use (histogram suffixes removed)."""
-    dash = json.loads((REPO / "deploy" / "grafana" / "fs3.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+def _metric_names(exprs: list[str]) -> set[str]:
+    """The fs3 metric names PromQL expressions use (histogram suffixes removed)."""
     names = set()
     for e in exprs:
         for name in re.findall(r"\bfs3_[a-z_]+", e):
             names.add(re.sub(r"_(bucket|count|sum)$", "", name))
     return names
+
+
+def dashboard_metrics() -> set[str]:
+    """The metric names the Grafana dashboard's queries use (histogram suffixes removed)."""
+    dash = json.loads((REPO / "deploy" / "grafana" / "fs3.json").read_text())
+    return _metric_names([t["expr"] for p in dash["panels"] for t in p.get("targets", [])])
+
+
+def alert_rules() -> list[dict]:
+    """The rules of deploy/prometheus/fs3-alerts.yml."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "deploy" / "prometheus" / "fs3-alerts.yml").read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def alert_metrics() -> set[str]:
+    """The metric names the alerting rules' expressions use."""
+    return _metric_names([rule["expr"] for rule in alert_rules()])

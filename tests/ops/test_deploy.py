@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ops_helpers import REPO, dashboard_metrics, fs3
+from ops_helpers import REPO, alert_metrics, alert_rules, dashboard_metrics, fs3
 
 from fs3.cli.main import SUBCOMMANDS
 from fs3.config import SERVICE_CONFIGS
@@ -140,6 +140,29 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     ours = [line for line in out.stderr.splitlines() if "fs3" in line]
     assert not ours, "\n".join(ours)
+
+
+def test_alert_rules_are_valid() -> None:
+    """deploy/prometheus/fs3-alerts.yml: each rule named once, with a severity and a summary, over
+    fs3 metrics (the cluster tests check the names against what the daemons export); promtool,
+    where installed, checks the PromQL and the file as Prometheus loads it."""
+    rules = alert_rules()
+    names = [r["alert"] for r in rules]
+    assert names and len(names) == len(set(names))
+    for r in rules:
+        assert r["labels"]["severity"] in ("critical", "warning"), r
+        assert r["annotations"]["summary"] and r["annotations"]["description"], r
+        assert "fs3_" in r["expr"], r
+    assert "fs3_storage_target_low_space" in alert_metrics()  # what deploy/README.md advises
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        out = subprocess.run(
+            [promtool, "check", "rules", str(DEPLOY / "prometheus" / "fs3-alerts.yml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_dashboard_is_valid() -> None:

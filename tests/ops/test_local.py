@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from ops_helpers import dashboard_metrics, fs3, wait_for
+from ops_helpers import alert_metrics, dashboard_metrics, fs3, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from fs3.cli.fuse_mounts import is_mounted
@@ -252,9 +252,10 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     if mount_metrics is None:
         pytest.xfail(f"fs3 mount does not serve /metrics on the client's metrics_port yet ({why})")
     exported = {f.name for f in text_string_to_metric_families(mount_metrics)}
-    wanted = {n.removesuffix("_total") for n in dashboard_metrics() if n.startswith("fs3_fuse_")}
+    queried = dashboard_metrics() | alert_metrics()
+    wanted = {n.removesuffix("_total") for n in queried if n.startswith(("fs3_fuse_", "fs3_client_"))}
     assert wanted and wanted <= exported, (
-        f"dashboard queries FUSE metrics the mount lacks: {wanted - exported}"
+        f"the dashboard or alert rules query mount metrics the mount lacks: {wanted - exported}"
     )
 
 

@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from ops_helpers import dashboard_metrics
+from ops_helpers import alert_metrics, dashboard_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from fs3.storage.chunk_files import file_fsync_persists_names
@@ -122,15 +122,16 @@ def test_kv_group_commit_metrics(small_cluster: Path, name: str) -> None:
     assert value["fs3_kv_fsync_seconds"] > 0 and value["fs3_kv_commit_conflicts"] >= 0, value
 
 
-def test_dashboard_queries_name_exported_metrics(small_cluster: Path) -> None:
+def test_dashboard_and_alert_queries_name_exported_metrics(small_cluster: Path) -> None:
     exported: set[str] = set()
     for name in ("mgmtd", "meta", "storage-10001", "storage-10002"):
         exported |= set(scrape(small_cluster, name))
-    wanted = {
-        n for n in dashboard_metrics() if n.startswith(("fs3_mgmtd_", "fs3_storage_", "fs3_meta_", "fs3_kv_"))
-    }
-    missing = {n for n in wanted if n.removesuffix("_total") not in exported and n not in exported}
-    assert not missing, f"dashboard queries metrics no daemon exports: {sorted(missing)}"
+    daemons = ("fs3_mgmtd_", "fs3_storage_", "fs3_meta_", "fs3_kv_")
+    for what, names in (("dashboard", dashboard_metrics()), ("alert rules", alert_metrics())):
+        wanted = {n for n in names if n.startswith(daemons)}
+        assert wanted, what
+        missing = {n for n in wanted if n.removesuffix("_total") not in exported and n not in exported}
+        assert not missing, f"the {what} query metrics no daemon exports: {sorted(missing)}"
 
 
 def test_meta_read_session_metrics(small_cluster: Path) -> None:
