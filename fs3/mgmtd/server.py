@@ -13,6 +13,7 @@ import contextlib
 import logging
 import socket
 import time
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -38,6 +39,7 @@ FENCE_WAIT_MAX_S = 10.0
 
 class _Metrics:
     def __init__(self, reg: CollectorRegistry) -> None:
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.is_primary = metrics.gauge("fs3_mgmtd_is_primary", "1 while this mgmtd holds the lease", reg=reg)
         self.routing_version = metrics.gauge(
             "fs3_mgmtd_routing_version", "current routing info version", reg=reg
@@ -47,12 +49,29 @@ class _Metrics:
             "fs3_mgmtd_chain_updates_total", "chain versions published", reg=reg
         )
         self.targets = metrics.gauge("fs3_mgmtd_targets", "targets by public state", ("state",), reg=reg)
+        self.requests = metrics.counter(
+            "fs3_mgmtd_requests", "mgmtd requests by method and outcome", ("method", "code"), reg
+        )
+        self.request_seconds = metrics.histogram(
+            "fs3_mgmtd_request_seconds", "mgmtd request latency", ("method",), reg
+        )
         self.stop_fence = metrics.gauge(
             "fs3_mgmtd_stop_fence_seconds",
             "seconds until the stop fence this primary honours ends (no node is failed before it "
             "and a heartbeat timeout have passed); 0 when there is none",
             reg=reg,
         )
+
+    def request(self, method: str, code: str, seconds: float) -> None:
+        """One RPC answered (``code``: OK or the FS3Error's status name)."""
+        children = self._children.get((method, code))
+        if children is None:  # labels() takes a lock and builds a key: looked up once
+            children = self._children[(method, code)] = (
+                self.requests.labels(method, code),
+                self.request_seconds.labels(method),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 def _check_bindable(host: str, port: int) -> None:
@@ -100,6 +119,11 @@ class MgmtdServer:
         self._role_event = asyncio.Event()
         self._metrics: _Metrics | None = None
         self._metrics_server = None
+
+    def count_request(self, method: str, code: str, seconds: float) -> None:
+        """An RPC answered (see fs3.mgmtd.service.rpc): fs3_mgmtd_requests_total, ..._seconds."""
+        if self._metrics is not None:
+            self._metrics.request(method, code, seconds)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import enum
 import functools
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -81,18 +82,24 @@ def rpc(access: Access, *, primary: bool = True) -> Callable[[Handler], Callable
     def deco(fn: Handler) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
         async def wrapper(self: MgmtdServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            start = time.perf_counter()
             try:
                 if primary:
                     self.server.require_primary()
                 caller = await self.authorize(context, access)
-                return await fn(self, request, caller)
+                reply = await fn(self, request, caller)
             except FS3Error as e:
+                self.server.count_request(fn.__name__, e.code.name, time.perf_counter() - start)
                 await abort(context, e)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a bug: answer INTERNAL and keep serving
                 log.exception("rpc failed method=%s", fn.__name__)
+                self.server.count_request(fn.__name__, StatusCode.INTERNAL.name, time.perf_counter() - start)
                 await abort(context, FS3Error(StatusCode.INTERNAL, f"{type(e).__name__}: {e}"))
+            else:
+                self.server.count_request(fn.__name__, StatusCode.OK.name, time.perf_counter() - start)
+                return reply
 
         return wrapper
 

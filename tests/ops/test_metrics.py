@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from ops_helpers import alert_metrics, dashboard_metrics
+from ops_helpers import alert_metrics, dashboard_metrics, fs3
 from prometheus_client.parser import text_string_to_metric_families
 
 from fs3.storage.chunk_files import file_fsync_persists_names
@@ -32,6 +32,23 @@ def test_mgmtd_metrics(small_cluster: Path) -> None:
     assert states.get("SERVING") == 2
     assert m["fs3_mgmtd_routing_version"][0].value > 0
     assert m["fs3_mgmtd_stop_fence_seconds"][0].value == 0  # none: its first start
+
+
+def test_mgmtd_counts_and_times_its_requests(small_cluster: Path) -> None:
+    """Every RPC by method and outcome, with its latency: the daemons' heartbeats and routing
+    reads, and a call refused for want of credentials."""
+    state = json.loads((small_cluster / "local.json").read_text())
+    address = f"{state['host']}:{state['ports']['mgmtd']}"
+    refused = fs3("admin", "--mgmtd", address, "--timeout", "10", "user-list")
+    assert refused.returncode != 0
+    m = scrape(small_cluster, "mgmtd")
+    count = {(s.labels["method"], s.labels["code"]): s.value for s in m["fs3_mgmtd_requests"]}
+    assert count.get(("Heartbeat", "OK"), 0) > 0 and count.get(("GetRoutingInfo", "OK"), 0) > 0, count
+    assert count.get(("ListUsers", "UNAUTHENTICATED"), 0) >= 1, count
+    seconds = {
+        s.labels["method"]: s.value for s in m["fs3_mgmtd_request_seconds"] if s.name.endswith("_count")
+    }
+    assert seconds["Heartbeat"] >= count[("Heartbeat", "OK")], seconds
 
 
 @pytest.mark.parametrize("node", ["storage-10001", "storage-10002"])
