@@ -13,13 +13,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from fs3.errors import FS3Error, StatusCode
 
 log = logging.getLogger(__name__)
+
+# prometheus_client's counters and histograms would each add a ``*_created`` series (a gauge of
+# when the series began), which fs3's own collectors (FUSE, storage targets) do not: a page of
+# twice the series, the two kinds inconsistent. Prometheus does not need them.
+disable_created_metrics()
 
 _registry: CollectorRegistry | None = None
 _lock = threading.Lock()

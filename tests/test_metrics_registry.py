@@ -25,6 +25,8 @@ def test_scrape_shows_counters_and_histograms():
         srv.close()
     assert 'fs3_test_requests_total{op="stat"} 3.0' in body
     assert 'fs3_test_request_seconds_bucket{le="0.0025",op="stat"} 1.0' in body
+    # no *_created series beside them (fs3's own collectors have none either)
+    assert "_created" not in body, body
 
 
 def test_port_in_use_is_a_clear_error():
