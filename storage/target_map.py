@@ -376,8 +376,9 @@ class Lease:
         if self._lapsed_at is None and self._confirmed > 0:
             self._lapsed_at = now = time.monotonic()
             log.warning(
-                "lease from mgmtd ran out: this node's targets refuse reads and writes until mgmtd "
-                "accepts a heartbeat (last accepted one sent %.1f s ago, heartbeat timeout %.1f s)",
+                "lease from mgmtd ran out: this node's targets refuse reads until mgmtd accepts a "
+                "heartbeat (writes go on, fenced by chain versions; last accepted heartbeat sent "
+                "%.1f s ago, heartbeat timeout %.1f s)",
                 now - self._confirmed,
                 self.timeout_s,
             )
