@@ -1069,15 +1069,29 @@ def _lost(chunk_id: bytes, v: ChunkVersion) -> FS3Error:
     )
 
 
+class DamagedCopy(FS3Error):
+    """STORAGE_CHECKSUM_MISMATCH for an update that had to read this replica's copy of version
+    ``version`` (its base) and could not: the bytes fail their checksums, or the file is missing.
+    The chain may still hold good copies (see ``Replicator.repair_damaged``)."""
+
+    def __init__(self, code: int, message: str = "", version: int = 0) -> None:
+        super().__init__(code, message)
+        self.version = version
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (int(self.code), self.message, self.version))
+
+
 @contextlib.contextmanager
 def _cannot_update(chunk_id: bytes, v: ChunkVersion) -> Iterator[None]:
     """CorruptVersion, met reading ``v`` to build on it, as the error an update fails with."""
     try:
         yield
     except CorruptVersion as exc:
-        raise FS3Error(
+        raise DamagedCopy(
             StatusCode.STORAGE_CHECKSUM_MISMATCH,
             f"chunk {chunk_id.hex()} version {v.version}: {exc}; cannot update it",
+            v.version,
         ) from None
 
 

@@ -74,8 +74,9 @@ from .chain_ops import (
     removed_result,
     split_chunk_id,
 )
+from .chunk_engine import DamagedCopy
 from .chunk_files import DirectRead, WouldBlock
-from .chunk_meta import ChunkMeta, check_chunk_size
+from .chunk_meta import ChunkMeta, check_chunk_size, crc32c
 from .target_map import UPTODATE, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,107 @@ class Replicator:
         holds only its own target's threads)."""
         return await asyncio.get_running_loop().run_in_executor(t.engine.executor, fn, *args)
 
+    # -- damaged copies ---------------------------------------------------------------------------
+
+    async def fetch_copy(self, t: LocalTarget, cid: bytes, meta: ChunkMeta) -> bytes | None:
+        """The committed version ``meta`` names, read from another SERVING replica of the chain and
+        checked against ``meta`` (version, length, CRC32C); None where none has it. Not under the
+        chunk's lock: a replica asked for its copy may ask this one which version is committed."""
+        v = meta.committed
+        assert v is not None
+        chain = self.targets.chain(t.chain_id)
+        for other in chain.targets:
+            if other.target_id == t.target_id or other.public_state != common_pb2.SERVING:
+                continue
+            req = storage_pb2.BatchReadReq()
+            io = req.ios.add(offset=0, length=v.length)
+            io.key.chain_id = t.chain_id
+            io.key.chain_version = chain.version
+            io.key.inode_id, io.key.chunk_index = split_chunk_id(cid)
+            try:
+                rsp, payload = await self.rpc.call(
+                    node_address(self.targets.routing, other.target_id, backend=True),
+                    STORAGE_SERVICE["BatchRead"],
+                    req,
+                    timeout=self.rpc_timeout_s,
+                )
+            except FS3Error as e:
+                log.warning(
+                    "could not ask for a copy of a damaged chunk target_id=%d chunk=%s error=%s",
+                    other.target_id,
+                    cid.hex(),
+                    e,
+                )
+                continue
+            res = rsp.results[0] if len(rsp.results) == 1 else None
+            if res is None or res.status.code != StatusCode.OK:
+                continue
+            data = bytes(payload[res.payload_offset : res.payload_offset + res.length]) if payload else b""
+            if res.committed_version == v.version and len(data) == v.length and crc32c(data) == v.crc:
+                log.info(
+                    "found a good copy of a damaged chunk chunk=%s version=%d target_id=%d",
+                    cid.hex(),
+                    v.version,
+                    other.target_id,
+                )
+                return data
+        return None
+
+    async def repair_copy(
+        self, t: LocalTarget, cid: bytes, meta: ChunkMeta, data: bytes, *, why: str
+    ) -> bool:
+        """Replace this target's unreadable copy of the committed version ``meta`` names with
+        ``data`` (checked against it already), unless a pending version would be dropped with it
+        (the chain settles that one). The chunk's lock is held. A failure only leaves it unreadable.
+        Whether it was replaced."""
+        v = meta.committed
+        if v is None or meta.pending is not None:
+            return False
+        try:
+            await t.engine.replace(
+                cid,
+                data,
+                chunk_size=meta.chunk_size,
+                chain_ver=v.chain_ver,
+                version=v.version,
+                commit=True,
+                checksum=v.crc,
+            )
+        except FS3Error as e:
+            log.warning(
+                "could not repair a damaged chunk (%s) target_id=%d chunk=%s error=%s",
+                why,
+                t.target_id,
+                cid.hex(),
+                e,
+            )
+            return False
+        log.warning(
+            "repaired a damaged chunk from another replica (%s) target_id=%d chunk=%s version=%d",
+            why,
+            t.target_id,
+            cid.hex(),
+            v.version,
+        )
+        return True
+
+    async def repair_damaged(self, t: LocalTarget, cid: bytes, version: int, *, why: str) -> bool:
+        """Replace this target's unreadable copy of committed version ``version`` of chunk ``cid``
+        with another SERVING replica's (see :meth:`fetch_copy`), for an update that must build on it
+        or a read that failed on it. Not under the chunk's lock. Whether the copy here was
+        replaced; not where the chunk has moved on meanwhile, has a pending version, or no other
+        replica has a good copy."""
+        meta = await t.engine.get_meta(cid)
+        if meta is None or meta.committed_ver != version or meta.pending is not None:
+            return False
+        data = await self.fetch_copy(t, cid, meta)
+        if data is None:
+            return False
+        async with self.locks.hold(t.target_id, cid):
+            if await t.engine.get_meta(cid) != meta:
+                return False  # an update or another repair changed it meanwhile
+            return await self.repair_copy(t, cid, meta, data, why=why)
+
     # -- chain version checks ---------------------------------------------------------------------
 
     async def local_target(self, chain_id: int, version: int, *, who: str) -> LocalTarget:
@@ -202,19 +304,34 @@ class Replicator:
         if cached is not None:
             return cached
         cid = chunk_id(key.inode_id, key.chunk_index)
-        async with self.locks.hold(t.target_id, cid):
-            cached = self.results.lookup(req.tag)  # the first try may have finished meanwhile
-            if cached is not None:
-                return cached
-            chain = self.targets.chain(key.chain_id)
-            if chain.version != key.chain_version:
-                raise FS3Error(
-                    StatusCode.STORAGE_CHAIN_VERSION_MISMATCH,
-                    f"chain {key.chain_id} changed to version {chain.version} while the update waited",
-                )
-            self.targets.check_head(t, chain)
-            _check_room(t, op)  # after the retry cache: a retry of a done write is answered
-            result = await self._update_locked(t, cid, key.chain_id, op, None, tag=req.tag)
+        repaired = False
+        while True:
+            async with self.locks.hold(t.target_id, cid):
+                cached = self.results.lookup(req.tag)  # the first try may have finished meanwhile
+                if cached is not None:
+                    return cached
+                chain = self.targets.chain(key.chain_id)
+                if chain.version != key.chain_version:
+                    raise FS3Error(
+                        StatusCode.STORAGE_CHAIN_VERSION_MISMATCH,
+                        f"chain {key.chain_id} changed to version {chain.version} while the update waited",
+                    )
+                self.targets.check_head(t, chain)
+                _check_room(t, op)  # after the retry cache: a retry of a done write is answered
+                try:
+                    result = await self._update_locked(t, cid, key.chain_id, op, None, tag=req.tag)
+                    break
+                except DamagedCopy as e:
+                    # This replica's copy of the chunk, which the update builds on, is damaged; the
+                    # successors' may be good (theirs are repaired by a whole-chunk forward, see
+                    # _forward). Repaired from theirs once, outside the lock, the update goes on.
+                    if repaired:
+                        raise
+                    damaged = e.version
+                    message = e.message
+            repaired = await self.repair_damaged(t, cid, damaged, why="an update builds on it")
+            if not repaired:
+                raise FS3Error(StatusCode.STORAGE_CHECKSUM_MISMATCH, message)
         self.results.store(req.tag, result)
         return result
 

@@ -51,7 +51,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, storage_pb2
 
 from .chain_ops import split_chunk_id
-from .chunk_meta import ChunkMeta, crc32c
+from .chunk_meta import ChunkMeta
 from .craq import Replicator
 from .target_map import UPTODATE, LocalTarget
 
@@ -325,7 +325,7 @@ class ResyncWorker:
                 data = fetched[1] if fetched is not None and fetched[0] == meta else None
                 repaired = data is not None
                 if data is not None:
-                    await self._repair(t, cid, meta, data)
+                    await rep.repair_copy(t, cid, meta, data, why="resync")
                 else:
                     try:
                         data = (await t.engine.read(cid, 0, None, version=meta.committed_ver)).data
@@ -349,7 +349,7 @@ class ResyncWorker:
                     return "sent"
             # Outside the lock: a replica asked for its copy may ask this one, the chain's last
             # SERVING target, which version is committed, and that takes the lock.
-            copy = await self._fetch_copy(t, cid, meta)
+            copy = await rep.fetch_copy(t, cid, meta)
             if copy is not None:
                 fetched = (meta, copy)
                 continue
@@ -409,74 +409,6 @@ class ResyncWorker:
             timeout=rep.rpc_timeout_s,
         )
         self.m_sent.labels(label).inc()
-
-    async def _fetch_copy(self, t: LocalTarget, cid: bytes, meta: ChunkMeta) -> bytes | None:
-        """The committed version ``meta`` names, read from another SERVING replica of the chain and
-        checked against ``meta`` (version, length, CRC32C); None where none has it."""
-        v = meta.committed
-        assert v is not None
-        chain = self.targets.chain(t.chain_id)
-        rep = self.replicator
-        for other in chain.targets:
-            if other.target_id == t.target_id or other.public_state != common_pb2.SERVING:
-                continue
-            req = storage_pb2.BatchReadReq()
-            io = req.ios.add(offset=0, length=v.length)
-            io.key.chain_id = t.chain_id
-            io.key.chain_version = chain.version
-            io.key.inode_id, io.key.chunk_index = split_chunk_id(cid)
-            try:
-                rsp, payload = await rep.rpc.call(
-                    node_address(self.targets.routing, other.target_id, backend=True),
-                    STORAGE_SERVICE["BatchRead"],
-                    req,
-                    timeout=rep.rpc_timeout_s,
-                )
-            except FS3Error as e:
-                log.warning(
-                    "resync could not ask for a copy target_id=%d chunk=%s error=%s",
-                    other.target_id,
-                    cid.hex(),
-                    e,
-                )
-                continue
-            res = rsp.results[0] if len(rsp.results) == 1 else None
-            if res is None or res.status.code != StatusCode.OK:
-                continue
-            data = bytes(payload[res.payload_offset : res.payload_offset + res.length]) if payload else b""
-            if res.committed_version == v.version and len(data) == v.length and crc32c(data) == v.crc:
-                log.info(
-                    "resync found a good copy chunk=%s version=%d target_id=%d",
-                    cid.hex(),
-                    v.version,
-                    other.target_id,
-                )
-                return data
-        return None
-
-    async def _repair(self, t: LocalTarget, cid: bytes, meta: ChunkMeta, data: bytes) -> None:
-        """Replace this target's unreadable copy of the committed version ``meta`` names with
-        ``data`` (checked against it already), unless a pending version would be dropped with it
-        (the chain settles that one). The chunk's lock is held. A failure only leaves it unreadable."""
-        v = meta.committed
-        if v is None or meta.pending is not None:
-            return
-        try:
-            await t.engine.replace(
-                cid,
-                data,
-                chunk_size=meta.chunk_size,
-                chain_ver=v.chain_ver,
-                version=v.version,
-                commit=True,
-                checksum=v.crc,
-            )
-        except FS3Error as e:
-            log.warning(
-                "resync could not repair chunk target_id=%d chunk=%s error=%s", t.target_id, cid.hex(), e
-            )
-            return
-        log.info("resync repaired chunk target_id=%d chunk=%s version=%d", t.target_id, cid.hex(), v.version)
 
 
 def _differing(metas: list[ChunkMeta], remote: dict[bytes, storage_pb2.ChunkMeta]) -> tuple[list[bytes], int]:

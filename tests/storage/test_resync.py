@@ -385,3 +385,34 @@ async def test_a_chunk_no_replica_can_read_is_recorded_lost_and_the_resync_finis
             await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
         await verify(c, client, chain_id, INODE, model)
         assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}
+
+
+def damage_chunk_file(c: Cluster, target_id: int, index: int) -> None:
+    """Flip bytes in the middle of a target's data file of chunk ``index`` of INODE (bit rot)."""
+    path = c.node_of_target(target_id).targets[target_id]
+    (f,) = (path / "chunks").glob(f"*/{chunk_id(INODE, index).hex()}.*")
+    with open(f, "r+b") as fh:
+        fh.seek(f.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+async def test_an_update_at_a_head_whose_copy_is_damaged_repairs_it_from_the_chain(tmp_path) -> None:
+    """A small write builds on the chunk's committed bytes: at a head whose copy fails its
+    checksums (or whose file is gone), it failed, again and again, although the other replicas
+    held good copies. The head repairs its copy from theirs and the write goes on."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(2)}
+        for i, data in model.items():
+            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        head = (await c.routing()).chain(chain_id).targets[0].target_id
+        lose_chunk_file(c, head, 0)
+        damage_chunk_file(c, head, 1)
+        for i in model:
+            await client.write(chain_id, INODE, i, 100, b"HELLOWORLD", CHUNK)
+            model[i][100:110] = b"HELLOWORLD"
+        await verify(c, client, chain_id, INODE, model)
+        assert await stop_and_read_chunks(c, head) == {i: bytes(d) for i, d in model.items()}
