@@ -114,6 +114,11 @@ def _local_error(stored: asyncio.Future) -> BaseException | None:  # type: ignor
     return stored.exception()
 
 
+# Repairs of damaged copies that failed reads start at once (Replicator.repair_soon): at most this
+# many (a disk whose every chunk fails would otherwise start one per chunk read)
+MAX_READ_REPAIRS = 8
+
+
 class Replicator:
     """The CRAQ protocol for the targets of one daemon.
 
@@ -147,6 +152,8 @@ class Replicator:
         self._pending_tags: dict[tuple[int, bytes], tuple[int, storage_pb2.UpdateTag]] = {}
         # Native AIO for the cold reads of multi-read requests, and of a slow disk (read_many)
         self.aio = aio
+        # (target, chunk) -> the repair a failed read started (see repair_soon)
+        self._repairs: dict[tuple[int, bytes], asyncio.Task[None]] = {}
 
     async def _run(self, t: LocalTarget, fn, *args):  # type: ignore[no-untyped-def]
         """``fn(*args)`` in the I/O threads of ``t`` (each target has its own: a disk that hangs
@@ -253,6 +260,41 @@ class Replicator:
             if await t.engine.get_meta(cid) != meta:
                 return False  # an update or another repair changed it meanwhile
             return await self.repair_copy(t, cid, meta, data, why=why)
+
+    def repair_soon(self, t: LocalTarget, cid: bytes) -> bool:
+        """A read found this target's copy of chunk ``cid`` damaged (the reader was answered
+        STORAGE_CHECKSUM_MISMATCH and reads another replica): repair it from another replica in
+        the background, one repair per chunk at a time, at most MAX_READ_REPAIRS at once. Whether
+        a repair started."""
+        key = (t.target_id, cid)
+        if key in self._repairs or len(self._repairs) >= MAX_READ_REPAIRS:
+            return False
+        task = asyncio.get_running_loop().create_task(self._read_repair(t, cid), name="fs3-read-repair")
+        self._repairs[key] = task
+        task.add_done_callback(lambda _: self._repairs.pop(key, None))
+        return True
+
+    async def _read_repair(self, t: LocalTarget, cid: bytes) -> None:
+        try:
+            meta = await t.engine.get_meta(cid)
+            v = meta.committed if meta is not None else None
+            # a version the chain lost has no good copy anywhere; a pending one is the chain's to settle
+            if v is None or v.lost or meta.pending is not None:  # type: ignore[union-attr]
+                return
+            await self.repair_damaged(t, cid, v.version, why="a read failed on it")
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a repair that fails leaves the copy as it was
+            log.exception("read repair failed target_id=%d chunk=%s", t.target_id, cid.hex())
+
+    async def stop_repairs(self) -> None:
+        """Cancel the repairs that failed reads started (at the daemon's stop)."""
+        tasks = list(self._repairs.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     # -- chain version checks ---------------------------------------------------------------------
 

@@ -93,6 +93,7 @@ class StorageDaemon:
         self.routing: RoutingCache | None = None
         self.agent: NodeAgent | None = None
         self.resync: ResyncWorker | None = None
+        self.replicator: Replicator | None = None
         self.lease = Lease()
         self.port = 0
         self._engines: list[AsyncChunkEngine] = []
@@ -277,6 +278,8 @@ class StorageDaemon:
             await self._usage.stop()
         if self.resync is not None:
             await self.resync.stop()
+        if self.replicator is not None:
+            await self.replicator.stop_repairs()
         if self.agent is not None:
             await self.agent.stop()
             await self._leave()

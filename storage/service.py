@@ -25,7 +25,7 @@ from fs3.net import CallContext, inline
 from fs3.net.auth import user_scoped_id
 from fs3.proto import common_pb2, storage_pb2
 
-from .chain_ops import file_range, split_chunk_id
+from .chain_ops import chunk_id, file_range, split_chunk_id
 from .chunk_files import lent_buffer, release_read
 from .chunk_meta import ChunkMeta
 from .craq import AioPlan, Replicator, read_error
@@ -69,6 +69,14 @@ class StorageService:
         self.m_latency = metrics.histogram(
             "fs3_storage_request_seconds", "storage request latency", ("method",), reg
         )
+        self.m_damaged = metrics.counter(
+            "fs3_storage_damaged_reads",
+            "reads that found this target's copy of a chunk damaged (failing its checksums, file missing, or "
+            "lost): the reader is sent to another replica and the copy repaired from one",
+            ("target",),
+            reg,
+        )
+        self._damaged: dict[int, Any] = {}
         # the labelled children, looked up once (labels() takes a lock and builds a key every call)
         self._ops: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
@@ -250,7 +258,7 @@ class StorageService:
         rsp = storage_pb2.BatchReadRsp()
         parts: list[bytes] = []
         pos = 0
-        for o in outcomes:
+        for io, o in zip(request.ios, outcomes, strict=True):
             res = rsp.results.add()
             if isinstance(o, BaseException):
                 if not isinstance(o, FS3Error):
@@ -258,6 +266,8 @@ class StorageService:
                         raise o
                     log.error("read failed", exc_info=o)
                     o = FS3Error(StatusCode.INTERNAL, repr(o))
+                elif o.code == StatusCode.STORAGE_CHECKSUM_MISMATCH:
+                    self._damaged_read(io.key, o)
                 res.status.code = int(o.code)
                 res.status.message = o.message
                 continue
@@ -284,6 +294,29 @@ class StorageService:
         for part in parts:
             release_read(part)
         return rsp, joined
+
+    def _damaged_read(self, key: storage_pb2.ChunkKey, error: FS3Error) -> None:
+        """A read found this daemon's copy of a chunk damaged (its bytes fail their checksums, its
+        file is missing, or the chain lost the version): the reader goes to another replica; this
+        copy is counted, and repaired from another replica in the background."""
+        try:
+            t = self.targets.of_chain(key.chain_id)
+        except FS3Error:
+            return
+        counter = self._damaged.get(t.target_id)
+        if counter is None:
+            counter = self._damaged[t.target_id] = self.m_damaged.labels(str(t.target_id))
+        counter.inc()
+        if self.rep.repair_soon(t, chunk_id(key.inode_id, key.chunk_index)):
+            log.warning(
+                "read found a damaged copy, repairing it from another replica target_id=%d "
+                "chain_id=%d inode=%#x chunk_index=%d error=%s",
+                t.target_id,
+                key.chain_id,
+                key.inode_id,
+                key.chunk_index,
+                error.message,
+            )
 
     async def query_committed(
         self, request: storage_pb2.QueryCommittedReq, payload: memoryview | None, ctx: CallContext

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from chain_workload import CHUNK, PinnedClient, verify
-from cluster import Cluster
+from cluster import Cluster, wait_until
 from prometheus_client import CollectorRegistry
 
 from fs3.client.routing import Routing
@@ -416,3 +416,32 @@ async def test_an_update_at_a_head_whose_copy_is_damaged_repairs_it_from_the_cha
             model[i][100:110] = b"HELLOWORLD"
         await verify(c, client, chain_id, INODE, model)
         assert await stop_and_read_chunks(c, head) == {i: bytes(d) for i, d in model.items()}
+
+
+async def test_a_read_that_finds_a_damaged_copy_repairs_it_and_counts_it(tmp_path) -> None:
+    """A read of a replica whose copy fails its checksums (or whose file is gone) is answered
+    from another replica; the damaged copy was left so until a whole-chunk write, unseen on the
+    storage side. The daemon counts it, logs it and repairs it from another replica."""
+    async with Cluster(tmp_path / "c", metrics=True) as c:
+        client = await c.storage_client()
+        pinned = await c.storage_client()
+        pinned.__class__ = PinnedClient
+        chain_id = c.chain_ids[0]
+        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(2)}
+        for i, data in model.items():
+            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        tail = (await c.routing()).chain(chain_id).targets[-1].target_id
+        damage_chunk_file(c, tail, 0)
+        lose_chunk_file(c, tail, 1)
+        pinned.pin = tail
+        for i, data in model.items():
+            assert await pinned.read(chain_id, INODE, i, 0, CHUNK) == bytes(data)
+        index = c.node_of_target(tail).index
+
+        async def repaired() -> bool:
+            return c.nodes[index].proc.log().count("repaired a damaged chunk from another replica") == 2
+
+        await wait_until(repaired, 30, "the tail's copies to be repaired")
+        assert c.nodes[index].proc.log().count("read found a damaged copy, repairing it") == 2
+        assert metric(await c.scrape(index), "fs3_storage_damaged_reads_total", tail) == 2
+        assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}

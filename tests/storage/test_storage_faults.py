@@ -7,6 +7,7 @@ import asyncio
 import os
 import random
 import struct
+from pathlib import Path
 
 import pytest
 from chain_workload import BLOCK, CHUNK, PinnedClient, Workload, finish_workers, verify, wait_progress
@@ -356,7 +357,8 @@ async def test_a_replica_missing_a_chunk_file_is_repaired_by_the_next_write(tmp_
 async def test_a_read_a_damaged_replica_fails_is_served_by_another(tmp_path):
     """A replica whose copy of a chunk fails its checksum (here: its data file is gone) answers a
     read with a checksum error; the client reads that chunk from another replica instead of
-    failing with EIO. Only when every replica's copy is damaged does the read fail."""
+    failing with EIO, and the damaged replica repairs its copy from a good one. Only when every
+    replica's copy is damaged does the read fail."""
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
@@ -372,9 +374,15 @@ async def test_a_read_a_damaged_replica_fails_is_served_by_another(tmp_path):
                 f.unlink()
         for _ in range(12):  # the reads go to every replica in turn (by load)
             assert await client.read(chain_id, inode, 0, 0, CHUNK) == data
-        victim = targets[2]
-        for f in (c.node_of_target(victim).targets[victim] / "chunks").glob(name):
-            f.unlink()
+
+        def files_of(victim: int) -> list[Path]:
+            return list((c.node_of_target(victim).targets[victim] / "chunks").glob(name))
+
+        # the damaged replicas repaired their copies from the good one (see Replicator.repair_soon)
+        await wait_until(lambda: all(files_of(v) for v in targets[:2]), 30, "the copies to be repaired")
+        for victim in targets:
+            for f in files_of(victim):
+                f.unlink()
         with pytest.raises(FS3Error) as e:
             await client.read(chain_id, inode, 0, 0, CHUNK)
         assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
