@@ -225,6 +225,10 @@ class ChunkEngine:
                     log.warning("target %s", note)
                 self.recovery: RecoveryReport
                 self.recovery, self._next_file_id = recover(self._store, self._files)
+                # chunk -> data files recovery found missing (see damaged)
+                self._missing: dict[bytes, set[int]] = {}
+                for chunk_id, file_id in self.recovery.missing_files:
+                    self._missing.setdefault(chunk_id, set()).add(file_id)
                 # committed small overwrites, and a crash between a commit and its fold: fold them
                 for start in range(0, len(self.recovery.layered), _FOLD_BATCH):
                     self._fold(self.recovery.layered[start : start + _FOLD_BATCH])
@@ -245,6 +249,17 @@ class ChunkEngine:
         )
 
     # -- state ------------------------------------------------------------------------------------
+
+    def damaged(self, meta: ChunkMeta) -> bool:
+        """Whether this target's copy of ``meta``'s committed version cannot be read because a
+        data file of it was missing when the target opened (its reads fail; a resync, told so by
+        DumpChunkMeta, sends the chain's copy, which has new files). Bytes that fail their
+        checksums are found by reads instead (see ``Replicator.repair_soon``)."""
+        missing = self._missing.get(meta.chunk_id)
+        v = meta.committed
+        if not missing or v is None or v.lost or v.removal:
+            return False
+        return v.file_id in missing or (v.layered and v.overlay_file_id in missing)
 
     @property
     def failure(self) -> FS3Error | None:

@@ -422,11 +422,13 @@ def _differing(metas: list[ChunkMeta], remote: dict[bytes, storage_pb2.ChunkMeta
 
 
 def _same(mine: ChunkMeta, theirs: storage_pb2.ChunkMeta) -> bool:
-    """Whether the successor's copy matches our committed version (and has nothing pending)."""
+    """Whether the successor's copy matches our committed version (and has nothing pending, and
+    can be read there)."""
     return (
         mine.committed is not None
         and mine.pending is None
         and theirs.pending_version == 0
+        and not theirs.damaged
         and theirs.committed_version == mine.committed_ver
         and theirs.length == mine.committed.length
         and theirs.crc32c == mine.committed.crc

@@ -490,6 +490,7 @@ class StorageService:
                 chunk_size=m.chunk_size,
                 chunk_id=m.chunk_id,
                 lost=m.committed is not None and m.committed.lost,
+                damaged=eng.damaged(m),
             )
             c.key.chain_id = t.chain_id
             c.key.inode_id, c.key.chunk_index = split_chunk_id(m.chunk_id)

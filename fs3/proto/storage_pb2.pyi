@@ -357,7 +357,7 @@ class SpaceInfoRsp(_message.Message):
     def __init__(self, targets: _Optional[_Iterable[_Union[TargetSpace, _Mapping]]] = ...) -> None: ...
 
 class ChunkMeta(_message.Message):
-    __slots__ = ("key", "committed_version", "pending_version", "chain_version", "length", "crc32c", "chunk_size", "chunk_id", "lost")
+    __slots__ = ("key", "committed_version", "pending_version", "chain_version", "length", "crc32c", "chunk_size", "chunk_id", "lost", "damaged")
     KEY_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +367,7 @@ class ChunkMeta(_message.Message):
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
     key: ChunkKey
     committed_version: int
     pending_version: int
@@ -376,7 +377,8 @@ class ChunkMeta(_message.Message):
     chunk_size: int
     chunk_id: bytes
     lost: bool
-    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., committed_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., chain_version: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_id: _Optional[bytes] = ..., lost: _Optional[bool] = ...) -> None: ...
+    damaged: bool
+    def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., committed_version: _Optional[int] = ..., pending_version: _Optional[int] = ..., chain_version: _Optional[int] = ..., length: _Optional[int] = ..., crc32c: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunk_id: _Optional[bytes] = ..., lost: _Optional[bool] = ..., damaged: _Optional[bool] = ...) -> None: ...
 
 class DumpChunkMetaReq(_message.Message):
     __slots__ = ("target_id", "inode_id", "after", "limit")

@@ -445,3 +445,23 @@ async def test_a_read_that_finds_a_damaged_copy_repairs_it_and_counts_it(tmp_pat
         assert c.nodes[index].proc.log().count("read found a damaged copy, repairing it") == 2
         assert metric(await c.scrape(index), "fs3_storage_damaged_reads_total", tail) == 2
         assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}
+
+
+async def test_a_copy_whose_file_went_missing_while_its_daemon_was_down_is_resynced(tmp_path) -> None:
+    """A daemon restarting with a data file missing (an operator, fsck) logged it and then passed
+    the resync, which compares metadata only: the damaged copy stayed until a whole-chunk write.
+    DumpChunkMeta says the copy is damaged and the resync sends the chain's."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(3)}
+        for i, data in model.items():
+            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        tail = (await c.routing()).chain(chain_id).targets[-1].target_id
+        c.kill_storage(c.node_of_target(tail).index)
+        await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the tail to go")
+        lose_chunk_file(c, tail, 1)
+        await c.restart_storage(c.node_of_target(tail).index)
+        await c.wait_all_serving(60)
+        await verify(c, client, chain_id, INODE, model)
+        assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}
