@@ -259,33 +259,81 @@ async def stat(conn: Connection, args: argparse.Namespace) -> Result:
 
 
 def compare_replicas(
-    index: int, chain_id: int, chain_targets: list[int], found: dict[int, Any]
+    index: int,
+    chain_id: int,
+    chain_targets: list[int],
+    found: dict[int, Any],
+    damaged: dict[int, str] | None = None,
 ) -> dict[str, Any]:
     """One chunk's row: ``ok`` when every target of its chain holds the same committed version,
-    length and CRC32C, or none holds the chunk (a hole); ``MISMATCH`` otherwise. ``found`` maps a
-    target id to its ChunkMeta for this chunk."""
+    length and CRC32C, or none holds the chunk (a hole); ``MISMATCH`` otherwise; ``DAMAGED`` when
+    they agree but some replica's bytes cannot be read back as its metadata says. ``found`` maps a
+    target id to its ChunkMeta for this chunk, ``damaged`` a target id to what reading it found."""
+    damaged = damaged or {}
     states = {(m.committed_version, m.length, m.crc32c) for m in found.values()}
     complete = all(t in found for t in chain_targets)
     ok = not found or (len(states) == 1 and complete)
+    replicas = []
+    for t in chain_targets:
+        if t not in found:
+            replicas.append(f"{t}:missing")
+            continue
+        m = found[t]
+        bad = f" DAMAGED ({damaged[t]})" if t in damaged else ""
+        replicas.append(f"{t}:v{m.committed_version}/{m.length}/{m.crc32c:08x}{bad}")
     return {
         "chunk": index,
         "chain_id": chain_id,
-        "status": "ok" if ok else "MISMATCH",
-        "replicas": [
-            f"{t}:v{found[t].committed_version}/{found[t].length}/{found[t].crc32c:08x}"
-            if t in found
-            else f"{t}:missing"
-            for t in chain_targets
-        ],
+        "status": "MISMATCH" if not ok else "DAMAGED" if damaged else "ok",
+        "replicas": replicas,
     }
+
+
+async def _read_back(storage: Any, chain_id: int, target_id: int, m: Any) -> str | None:
+    """Read ``target_id``'s copy of the chunk ``m`` (its ChunkMeta) describes: None when its bytes
+    are its committed version's (the daemon checks every block's CRC32C, and the whole chunk's
+    is checked here), else what is wrong. Errors of reaching the daemon are raised."""
+    from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
+    from fs3.proto import storage_pb2
+
+    routing = storage.routing.routing
+    req = storage_pb2.BatchReadReq()
+    io = req.ios.add(offset=0, length=m.length)
+    io.key.chain_id = chain_id
+    io.key.chain_version = routing.chain(chain_id).version
+    io.key.inode_id, io.key.chunk_index = m.key.inode_id, m.key.chunk_index
+    rsp, payload = await storage.rpc.call(
+        node_address(routing, target_id),
+        STORAGE_SERVICE["BatchRead"],
+        req,
+        timeout=storage.retry.rpc_timeout_s,
+    )
+    res = rsp.results[0]
+    if res.status.code == StatusCode.STORAGE_CHECKSUM_MISMATCH:
+        return res.status.message or StatusCode.STORAGE_CHECKSUM_MISMATCH.name
+    if res.status.code != StatusCode.OK:
+        raise FS3Error(res.status.code, res.status.message)
+    if res.committed_version != m.committed_version:
+        return None  # written since its metadata was listed: not this check's to judge
+    data = payload[res.payload_offset : res.payload_offset + res.length] if payload else b""
+    if len(data) != m.length or crc32c(data) != m.crc32c:
+        return f"read back {len(data)} bytes of CRC32C {crc32c(data):08x}"
+    return None
 
 
 def _checksum_args(p: argparse.ArgumentParser) -> None:
     _path_arg(p)
+    p.add_argument(
+        "--metadata-only",
+        action="store_true",
+        help="compare the replicas' chunk metadata only, without reading every replica's bytes back",
+    )
 
 
 @command(
-    "checksum", "compare every replica of every chunk of a file (version, length, CRC32C)", _checksum_args
+    "checksum",
+    "compare every replica of every chunk of a file (version, length, CRC32C) and read each back",
+    _checksum_args,
 )
 async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
     async with filesystem(conn) as (routing, meta, storage):
@@ -300,11 +348,21 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
         progress = Progress(f"checksum {args.path}", len(targets))
         replicas: dict[int, dict[int, Any]] = {}  # chunk index → target → meta
         unreachable: list[str] = []
+        damaged: dict[int, dict[int, str]] = {}  # chunk index → target → what reading it found
         for cid, tid in targets:
             try:
-                for cm in await storage.dump_chunk_meta(tid, ino.id):
-                    if cm.key.chain_id == cid:
-                        replicas.setdefault(cm.key.chunk_index, {})[tid] = cm
+                metas = [cm for cm in await storage.dump_chunk_meta(tid, ino.id) if cm.key.chain_id == cid]
+                for cm in metas:
+                    replicas.setdefault(cm.key.chunk_index, {})[tid] = cm
+                    # a copy the daemon knows it cannot read (a data file missing at its start)
+                    if cm.damaged:
+                        damaged.setdefault(cm.key.chunk_index, {})[tid] = "its data file is missing"
+                if not args.metadata_only:
+                    for cm in metas:
+                        if cm.length and tid not in damaged.get(cm.key.chunk_index, {}):
+                            why = await _read_back(storage, cid, tid, cm)
+                            if why is not None:
+                                damaged.setdefault(cm.key.chunk_index, {})[tid] = why
             except FS3Error as e:
                 unreachable.append(f"{tid}: {e}")
             progress.step()
@@ -312,9 +370,8 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
     rows = []
     for index in range(total):
         cid = lay.chains[index % len(lay.chains)]
-        rows.append(
-            compare_replicas(index, cid, [t.target_id for t in r.chain(cid).targets], replicas.get(index, {}))
-        )
+        chain_targets = [t.target_id for t in r.chain(cid).targets]
+        rows.append(compare_replicas(index, cid, chain_targets, replicas.get(index, {}), damaged.get(index)))
     mismatches = sum(row["status"] != "ok" for row in rows)
     status = EX_MISMATCH if mismatches or unreachable else 0
     if args.json:
@@ -328,7 +385,8 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
         return Result(value=report, status=status)
     summary = (
         f"{args.path}: {total} chunks on {len(chains)} chains, {len(targets)} targets asked, "
-        f"{mismatches} chunks differ" + (f"; unreachable: {'; '.join(unreachable)}" if unreachable else "")
+        f"{mismatches} chunks differ or are damaged"
+        + (f"; unreachable: {'; '.join(unreachable)}" if unreachable else "")
     )
     return Result(rows, ["chunk", "chain_id", "status", "replicas"], message=summary, status=status)
 

@@ -52,6 +52,40 @@ def test_stat_layout_and_checksum_with_two_replicas(small_cluster: Path) -> None
     assert len({r.split(":", 1)[1] for r in report["chunks"][0]["replicas"]}) == 1
 
 
+def test_checksum_reads_every_replica_back_and_finds_a_damaged_one(small_cluster: Path) -> None:
+    """Replicas whose metadata agree but whose bytes on one disk are damaged: the metadata
+    comparison alone said ok (exit 0); reading each replica back finds the damaged copy, and that
+    read has its daemon repair it from the other replica."""
+    asyncio.run(_write(small_cluster, "/damaged.bin", bytes(range(256)) * 400))
+    st = admin_json(small_cluster, "stat", "/damaged.bin", "--layout")
+    victim = st["chunks"][0]["targets"][0]["target_id"]
+    (path,) = small_cluster.glob(f"storage/*/target-{victim}/chunks/*/{st['inode']:016x}{0:016x}.*")
+    with open(path, "r+b") as f:
+        f.seek(50_000)
+        f.write(b"\xff\x00\xff")
+    quick = fs3("admin", "checksum", "/damaged.bin", "--metadata-only", "--local-dir", str(small_cluster))
+    assert quick.returncode == 0, quick.stdout + quick.stderr
+    out = fs3("admin", "checksum", "/damaged.bin", "--local-dir", str(small_cluster), "--json")
+    assert out.returncode == 3, out.stdout + out.stderr  # EX_MISMATCH
+    report = json.loads(out.stdout)
+    (row,) = report["chunks"]
+    assert report["mismatches"] == 1 and row["status"] == "DAMAGED", row
+    (bad,) = [r for r in row["replicas"] if "DAMAGED" in r]
+    assert bad.startswith(f"{victim}:"), row
+    # the read that found it had the daemon repair its copy from the other replica
+    wait_for(
+        lambda: fs3("admin", "checksum", "/damaged.bin", "--local-dir", str(small_cluster)).returncode == 0,
+        30,
+        "the damaged copy to be repaired",
+        interval_s=0.5,
+    )
+
+
+async def _write(cluster: Path, path: str, data: bytes) -> None:
+    async with await connect(cluster) as fs:
+        await fs.write_file(path, data)
+
+
 def test_gc_list_shows_a_file_unlinked_while_open(small_cluster: Path) -> None:
     async def scenario() -> int:
         async with await connect(small_cluster) as fs:
