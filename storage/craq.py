@@ -114,6 +114,9 @@ def _local_error(stored: asyncio.Future) -> BaseException | None:  # type: ignor
     return stored.exception()
 
 
+# Tries of a client update at a head whose copy of the chunk is damaged, each after a repair
+# (Replicator.client_update)
+_DAMAGED_TRIES = 3
 # Repairs of damaged copies that failed reads start at once (Replicator.repair_soon): at most this
 # many (a disk whose every chunk fails would otherwise start one per chunk read)
 MAX_READ_REPAIRS = 8
@@ -154,6 +157,7 @@ class Replicator:
         self.aio = aio
         # (target, chunk) -> the repair a failed read started (see repair_soon)
         self._repairs: dict[tuple[int, bytes], asyncio.Task[None]] = {}
+        self._repairs_stopped = False
 
     async def _run(self, t: LocalTarget, fn, *args):  # type: ignore[no-untyped-def]
         """``fn(*args)`` in the I/O threads of ``t`` (each target has its own: a disk that hangs
@@ -172,7 +176,7 @@ class Replicator:
         for other in chain.targets:
             if other.target_id == t.target_id or other.public_state != common_pb2.SERVING:
                 continue
-            req = storage_pb2.BatchReadReq()
+            req = storage_pb2.BatchReadReq(for_repair=True)
             io = req.ios.add(offset=0, length=v.length)
             io.key.chain_id = t.chain_id
             io.key.chain_version = chain.version
@@ -251,7 +255,13 @@ class Replicator:
         replaced; not where the chunk has moved on meanwhile, has a pending version, or no other
         replica has a good copy."""
         meta = await t.engine.get_meta(cid)
-        if meta is None or meta.committed_ver != version or meta.pending is not None:
+        if (
+            meta is None
+            or meta.committed is None
+            or meta.committed.lost  # no replica had it: nothing to ask for
+            or meta.committed_ver != version
+            or meta.pending is not None
+        ):
             return False
         data = await self.fetch_copy(t, cid, meta)
         if data is None:
@@ -267,28 +277,32 @@ class Replicator:
         the background, one repair per chunk at a time, at most MAX_READ_REPAIRS at once. Whether
         a repair started."""
         key = (t.target_id, cid)
-        if key in self._repairs or len(self._repairs) >= MAX_READ_REPAIRS:
+        if self._repairs_stopped or key in self._repairs or len(self._repairs) >= MAX_READ_REPAIRS:
             return False
-        task = asyncio.get_running_loop().create_task(self._read_repair(t, cid), name="fs3-read-repair")
+        meta = t.engine.engine.get_meta(cid)  # (LMDB, as the reads on the loop)
+        v = meta.committed if meta is not None else None
+        # a version the chain lost has no good copy anywhere; a pending one is the chain's to settle
+        if v is None or v.lost or meta.pending is not None:  # type: ignore[union-attr]
+            return False
+        task = asyncio.get_running_loop().create_task(
+            self._read_repair(t, cid, v.version), name="fs3-read-repair"
+        )
         self._repairs[key] = task
         task.add_done_callback(lambda _: self._repairs.pop(key, None))
         return True
 
-    async def _read_repair(self, t: LocalTarget, cid: bytes) -> None:
+    async def _read_repair(self, t: LocalTarget, cid: bytes, version: int) -> None:
         try:
-            meta = await t.engine.get_meta(cid)
-            v = meta.committed if meta is not None else None
-            # a version the chain lost has no good copy anywhere; a pending one is the chain's to settle
-            if v is None or v.lost or meta.pending is not None:  # type: ignore[union-attr]
-                return
-            await self.repair_damaged(t, cid, v.version, why="a read failed on it")
+            await self.repair_damaged(t, cid, version, why="a read failed on it")
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a repair that fails leaves the copy as it was
             log.exception("read repair failed target_id=%d chunk=%s", t.target_id, cid.hex())
 
     async def stop_repairs(self) -> None:
-        """Cancel the repairs that failed reads started (at the daemon's stop)."""
+        """Cancel the repairs that failed reads started, and start no more (at the daemon's stop,
+        once its servers have stopped)."""
+        self._repairs_stopped = True
         tasks = list(self._repairs.values())
         for task in tasks:
             task.cancel()
@@ -346,8 +360,9 @@ class Replicator:
         if cached is not None:
             return cached
         cid = chunk_id(key.inode_id, key.chunk_index)
-        repaired = False
+        tries = 0
         while True:
+            tries += 1
             async with self.locks.hold(t.target_id, cid):
                 cached = self.results.lookup(req.tag)  # the first try may have finished meanwhile
                 if cached is not None:
@@ -366,14 +381,13 @@ class Replicator:
                 except DamagedCopy as e:
                     # This replica's copy of the chunk, which the update builds on, is damaged; the
                     # successors' may be good (theirs are repaired by a whole-chunk forward, see
-                    # _forward). Repaired from theirs once, outside the lock, the update goes on.
-                    if repaired:
+                    # _forward). Repaired from theirs, outside the lock, the update goes on.
+                    if tries == _DAMAGED_TRIES:
                         raise
                     damaged = e.version
-                    message = e.message
-            repaired = await self.repair_damaged(t, cid, damaged, why="an update builds on it")
-            if not repaired:
-                raise FS3Error(StatusCode.STORAGE_CHECKSUM_MISMATCH, message)
+            # An update of the same chunk waiting meanwhile may have repaired it first (this repair
+            # then finds the chunk changed and does nothing): the next try tells.
+            await self.repair_damaged(t, cid, damaged, why="an update builds on it")
         self.results.store(req.tag, result)
         return result
 
@@ -1219,6 +1233,42 @@ class Replicator:
 
         return sum(await asyncio.gather(*(one(m) for m in metas)))
 
+    async def _truncate_last(
+        self,
+        t: LocalTarget,
+        req: storage_pb2.TruncateChunksReq,
+        cid: bytes,
+        rest: int,
+        deadline: float | None,
+    ) -> bool:
+        """Cut the chunk the new length ends inside to ``rest`` bytes (see truncate_chunks):
+        whether it holds anything."""
+        async with self.locks.hold(t.target_id, cid):
+            _check_deadline(deadline)
+            meta = await t.engine.get_meta(cid)
+            if meta is not None and meta.chunk_size != req.chunk_size:
+                raise FS3Error(
+                    StatusCode.INVALID_ARGUMENT,
+                    f"chunk {cid.hex()} has chunk size {meta.chunk_size}, not {req.chunk_size}",
+                )
+            if meta is not None and meta.pending is not None:
+                # A pending version (of a write whose forward failed) is committed by whatever
+                # comes next: settled now, the truncate applies on top of it; left, the next
+                # update would settle it over the truncate and bring the bytes cut back.
+                self.targets.check_head(t, self.targets.chain(req.chain_id))
+                meta = await self._settle_locked(t, cid, req.chain_id, meta, True)
+            if meta is None or meta.committed is None:
+                return False
+            if meta.committed.length != rest:
+                await self._update_locked(
+                    t,
+                    cid,
+                    req.chain_id,
+                    Op(storage_pb2.UPDATE_TRUNCATE, req.chunk_size, length=rest),
+                    None,
+                )
+            return True
+
     async def truncate_chunks(
         self, req: storage_pb2.TruncateChunksReq, deadline: float | None = None
     ) -> storage_pb2.TruncateChunksRsp:
@@ -1236,30 +1286,17 @@ class Replicator:
         truncated = False
         if rest:
             cid = chunk_id(req.inode_id, last_index)
-            async with self.locks.hold(t.target_id, cid):
-                _check_deadline(deadline)
-                meta = await t.engine.get_meta(cid)
-                if meta is not None and meta.chunk_size != req.chunk_size:
-                    raise FS3Error(
-                        StatusCode.INVALID_ARGUMENT,
-                        f"chunk {cid.hex()} has chunk size {meta.chunk_size}, not {req.chunk_size}",
-                    )
-                if meta is not None and meta.pending is not None:
-                    # A pending version (of a write whose forward failed) is committed by whatever
-                    # comes next: settled now, the truncate applies on top of it; left, the next
-                    # update would settle it over the truncate and bring the bytes cut back.
-                    self.targets.check_head(t, self.targets.chain(req.chain_id))
-                    meta = await self._settle_locked(t, cid, req.chain_id, meta, True)
-                if meta is not None and meta.committed is not None:
-                    if meta.committed.length != rest:
-                        await self._update_locked(
-                            t,
-                            cid,
-                            req.chain_id,
-                            Op(storage_pb2.UPDATE_TRUNCATE, req.chunk_size, length=rest),
-                            None,
-                        )
-                    truncated = True
+            for tries in range(1, _DAMAGED_TRIES + 1):
+                try:
+                    truncated = await self._truncate_last(t, req, cid, rest, deadline)
+                    break
+                except DamagedCopy as e:
+                    # this replica's copy, whose kept bytes the truncate reads, is damaged: repaired
+                    # from another replica outside the lock (see client_update), then again
+                    if tries == _DAMAGED_TRIES:
+                        raise
+                    damaged = e.version
+                await self.repair_damaged(t, cid, damaged, why="a truncate builds on it")
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
 
 

@@ -278,8 +278,6 @@ class StorageDaemon:
             await self._usage.stop()
         if self.resync is not None:
             await self.resync.stop()
-        if self.replicator is not None:
-            await self.replicator.stop_repairs()
         if self.agent is not None:
             await self.agent.stop()
             await self._leave()
@@ -289,6 +287,8 @@ class StorageDaemon:
             await self.server.stop()
         if self.backend_server is not None:
             await self.backend_server.stop()
+        if self.replicator is not None:
+            await self.replicator.stop_repairs()  # once no read can start another
         if self.rpc is not None:
             await self.rpc.close()
         if self.mgmtd is not None:

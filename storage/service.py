@@ -266,7 +266,7 @@ class StorageService:
                         raise o
                     log.error("read failed", exc_info=o)
                     o = FS3Error(StatusCode.INTERNAL, repr(o))
-                elif o.code == StatusCode.STORAGE_CHECKSUM_MISMATCH:
+                elif o.code == StatusCode.STORAGE_CHECKSUM_MISMATCH and not request.for_repair:
                     self._damaged_read(io.key, o)
                 res.status.code = int(o.code)
                 res.status.message = o.message

@@ -177,14 +177,16 @@ class ReadIO(_message.Message):
     def __init__(self, key: _Optional[_Union[ChunkKey, _Mapping]] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., rdma: _Optional[_Union[RdmaBuf, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class BatchReadReq(_message.Message):
-    __slots__ = ("user", "ios", "verify_checksum")
+    __slots__ = ("user", "ios", "verify_checksum", "for_repair")
     USER_FIELD_NUMBER: _ClassVar[int]
     IOS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    FOR_REPAIR_FIELD_NUMBER: _ClassVar[int]
     user: _common_pb2.UserInfo
     ios: _containers.RepeatedCompositeFieldContainer[ReadIO]
     verify_checksum: bool
-    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., ios: _Optional[_Iterable[_Union[ReadIO, _Mapping]]] = ..., verify_checksum: _Optional[bool] = ...) -> None: ...
+    for_repair: bool
+    def __init__(self, user: _Optional[_Union[_common_pb2.UserInfo, _Mapping]] = ..., ios: _Optional[_Iterable[_Union[ReadIO, _Mapping]]] = ..., verify_checksum: _Optional[bool] = ..., for_repair: _Optional[bool] = ...) -> None: ...
 
 class ReadResult(_message.Message):
     __slots__ = ("status", "length", "payload_offset", "crc32c", "committed_version")

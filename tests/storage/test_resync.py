@@ -411,9 +411,13 @@ async def test_an_update_at_a_head_whose_copy_is_damaged_repairs_it_from_the_cha
         head = (await c.routing()).chain(chain_id).targets[0].target_id
         lose_chunk_file(c, head, 0)
         damage_chunk_file(c, head, 1)
-        for i in model:
-            await client.write(chain_id, INODE, i, 100, b"HELLOWORLD", CHUNK)
-            model[i][100:110] = b"HELLOWORLD"
+        # two writes to each chunk at once: the one that waits while the other repairs goes on
+        writes = [(i, off) for i in model for off in (100, 300)]
+        await asyncio.gather(
+            *(client.write(chain_id, INODE, i, off, b"HELLOWORLD", CHUNK) for i, off in writes)
+        )
+        for i, off in writes:
+            model[i][off : off + 10] = b"HELLOWORLD"
         await verify(c, client, chain_id, INODE, model)
         assert await stop_and_read_chunks(c, head) == {i: bytes(d) for i, d in model.items()}
 
@@ -465,3 +469,38 @@ async def test_a_copy_whose_file_went_missing_while_its_daemon_was_down_is_resyn
         await c.wait_all_serving(60)
         await verify(c, client, chain_id, INODE, model)
         assert await stop_and_read_chunks(c, tail) == {i: bytes(d) for i, d in model.items()}
+
+
+async def test_replicas_that_are_all_damaged_do_not_set_each_others_repairs_off(tmp_path) -> None:
+    """A repair reads the other replicas' copies; one whose copy is damaged too took that read
+    for a failed read of its own and started a repair, which read the first, and so on: dozens of
+    repairs within a second from one client read. A read made for a repair starts none."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        await client.write(chain_id, INODE, 0, 0, os.urandom(CHUNK // 2), CHUNK)
+        for target in c.chain_targets[chain_id]:
+            lose_chunk_file(c, target, 0)
+        with pytest.raises(FS3Error) as e:
+            await client.read(chain_id, INODE, 0, 0, CHUNK)
+        assert e.value.code == StatusCode.STORAGE_CHECKSUM_MISMATCH
+        await asyncio.sleep(1.0)
+        started = sum(n.proc.log().count("read found a damaged copy") for n in c.nodes)
+        assert started == 3, started  # one per replica the client read
+
+
+async def test_a_truncate_at_a_head_whose_copy_is_damaged_repairs_it_from_the_chain(tmp_path) -> None:
+    """A truncate that cuts inside a chunk reads the bytes it keeps: at a head whose copy is
+    damaged it failed (EIO on the file's truncate) while the other replicas held good copies."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        data = os.urandom(CHUNK // 2)
+        await client.write(chain_id, INODE, 0, 0, data, CHUNK)
+        head = (await c.routing()).chain(chain_id).targets[0].target_id
+        damage_chunk_file(c, head, 0)
+        rsp = await client.truncate_chunks(chain_id, INODE, CHUNK, CHUNK // 4 + 5)
+        assert rsp.truncated
+        model = {0: bytearray(data[: CHUNK // 4 + 5])}
+        await verify(c, client, chain_id, INODE, model)
+        assert await stop_and_read_chunks(c, head) == {0: bytes(model[0])}
