@@ -289,6 +289,10 @@ def compare_replicas(
     }
 
 
+class _NotReadBack(Exception):
+    """A replica's copy that could not be read back now, for a reason other than damage."""
+
+
 async def _read_back(storage: Any, chain_id: int, target_id: int, m: Any) -> str | None:
     """Read ``target_id``'s copy of the chunk ``m`` (its ChunkMeta) describes: None when its bytes
     are its committed version's (the daemon checks every block's CRC32C, and the whole chunk's
@@ -312,7 +316,9 @@ async def _read_back(storage: Any, chain_id: int, target_id: int, m: Any) -> str
     if res.status.code == StatusCode.STORAGE_CHECKSUM_MISMATCH:
         return res.status.message or StatusCode.STORAGE_CHECKSUM_MISMATCH.name
     if res.status.code != StatusCode.OK:
-        raise FS3Error(res.status.code, res.status.message)
+        # not readable there now (a SYNCING target, the chunk removed or cut meanwhile): not read
+        # back, which the report says; the metadata comparison still covers it
+        raise _NotReadBack(f"{target_id}/chunk {m.key.chunk_index}: {StatusCode(res.status.code).name}")
     if res.committed_version != m.committed_version:
         return None  # written since its metadata was listed: not this check's to judge
     data = payload[res.payload_offset : res.payload_offset + res.length] if payload else b""
@@ -348,6 +354,7 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
         progress = Progress(f"checksum {args.path}", len(targets))
         replicas: dict[int, dict[int, Any]] = {}  # chunk index → target → meta
         unreachable: list[str] = []
+        not_read: list[str] = []  # copies not read back now (see _read_back)
         damaged: dict[int, dict[int, str]] = {}  # chunk index → target → what reading it found
         for cid, tid in targets:
             try:
@@ -360,7 +367,11 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
                 if not args.metadata_only:
                     for cm in metas:
                         if cm.length and tid not in damaged.get(cm.key.chunk_index, {}):
-                            why = await _read_back(storage, cid, tid, cm)
+                            try:
+                                why = await _read_back(storage, cid, tid, cm)
+                            except _NotReadBack as e:
+                                not_read.append(str(e))
+                                continue
                             if why is not None:
                                 damaged.setdefault(cm.key.chunk_index, {})[tid] = why
             except FS3Error as e:
@@ -381,12 +392,14 @@ async def checksum(conn: Connection, args: argparse.Namespace) -> Result:
             "chunks": rows,
             "mismatches": mismatches,
             "unreachable": unreachable,
+            "not_read_back": not_read,
         }
         return Result(value=report, status=status)
     summary = (
         f"{args.path}: {total} chunks on {len(chains)} chains, {len(targets)} targets asked, "
         f"{mismatches} chunks differ or are damaged"
         + (f"; unreachable: {'; '.join(unreachable)}" if unreachable else "")
+        + (f"; not read back now: {'; '.join(not_read)}" if not_read else "")
     )
     return Result(rows, ["chunk", "chain_id", "status", "replicas"], message=summary, status=status)
 

@@ -480,10 +480,11 @@ class RdmaTransport(Transport):
             side.close()
             if not self.tcp_fallback:
                 raise FS3Error(StatusCode.RPC_CONNECT_FAILED, f"{peer} speaks TCP only") from None
-            self._chose(peer, "tcp", "peer listens for TCP only")
-            return await self._tcp.connect(
+            conn = await self._tcp.connect(
                 address, receiver_factory, limits=limits, connect_timeout=connect_timeout
             )
+            self._chose(peer, "tcp", "peer listens for TCP only")  # once connected (see transport_select)
+            return conn
         except BaseException as e:
             if side is not None and side.conn is not None:
                 side.conn.abort()  # destroys the queue pair too
