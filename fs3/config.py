@@ -402,6 +402,21 @@ class StorageConfig:
     resync_interval_s: float = opt(
         0.5, doc="how often to look for SYNCING successors to resync", check=_seconds
     )
+    scrub_mib_per_s: float = opt(
+        16.0,
+        doc="scrub: read every committed chunk copy of this daemon's targets back at most this fast "
+        "(MiB/s for the whole daemon), repairing the damaged ones from another replica (reads "
+        "repair the copies they find damaged; scrub finds those nobody reads); 0: never",
+        check=_non_negative,
+    )
+    scrub_interval_s: float = opt(
+        86400.0,
+        doc="a scrub pass starts this long after the previous one started (at once if that one took longer)",
+        check=_seconds,
+    )
+    scrub_start_delay_s: float = opt(
+        600.0, doc="the first scrub pass starts this long after the daemon starts", check=_non_negative
+    )
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     token_stale_s: float = opt(
         3600.0,

@@ -43,6 +43,7 @@ from .async_engine import AsyncChunkEngine
 from .chunk_engine import EngineOptions
 from .craq import Replicator
 from .resync import ResyncWorker
+from .scrub import Scrubber
 from .service import StorageService
 from .target_map import OFFLINE, Lease, LocalTarget, TargetMap
 
@@ -94,6 +95,7 @@ class StorageDaemon:
         self.agent: NodeAgent | None = None
         self.resync: ResyncWorker | None = None
         self.replicator: Replicator | None = None
+        self.scrub: Scrubber | None = None
         self.lease = Lease()
         self.port = 0
         self._engines: list[AsyncChunkEngine] = []
@@ -216,6 +218,13 @@ class StorageDaemon:
             aio=self.aio,
         )
         self.resync = ResyncWorker(replicator, interval_s=cfg.resync_interval_s, registry=self.registry)
+        self.scrub = Scrubber(
+            replicator,
+            bytes_per_s=cfg.scrub_mib_per_s * (1 << 20),
+            interval_s=cfg.scrub_interval_s,
+            start_delay_s=cfg.scrub_start_delay_s,
+            registry=self.registry,
+        )
         service = StorageService(replicator, self.registry, capabilities=CapabilityVerifier(secret))
         # Clients that hold no cluster secret connect with their user token (checked with mgmtd) and
         # read and write what meta's capabilities let them; the backend listener is for the chain.
@@ -257,6 +266,7 @@ class StorageDaemon:
         )
         await self.agent.start()
         self.resync.start()
+        self.scrub.start()
         self._usage = Periodic("fs3-storage-usage", self._usage_pass, max(self.cfg.heartbeat_interval_s, 1.0))
         self._usage.start()
         self._usage.wake()  # the first figures now, not one interval later
@@ -278,6 +288,8 @@ class StorageDaemon:
             await self._usage.stop()
         if self.resync is not None:
             await self.resync.stop()
+        if self.scrub is not None:
+            await self.scrub.stop()
         if self.agent is not None:
             await self.agent.stop()
             await self._leave()

@@ -504,3 +504,26 @@ async def test_a_truncate_at_a_head_whose_copy_is_damaged_repairs_it_from_the_ch
         model = {0: bytearray(data[: CHUNK // 4 + 5])}
         await verify(c, client, chain_id, INODE, model)
         assert await stop_and_read_chunks(c, head) == {0: bytes(model[0])}
+
+
+async def test_scrub_finds_and_repairs_damaged_copies_nobody_reads(tmp_path) -> None:
+    """Reads repair the damaged copies they meet; a copy nobody reads rotted unseen. The scrubber
+    reads every committed copy back and repairs the damaged ones from another replica."""
+    scrub = {"scrub_mib_per_s": 1000.0, "scrub_start_delay_s": 0.2, "scrub_interval_s": 0.5}
+    async with Cluster(tmp_path / "c", metrics=True, storage_extra=scrub) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(3)}
+        for i, data in model.items():
+            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        _, middle, tail = (t.target_id for t in (await c.routing()).chain(chain_id).targets)
+        damage_chunk_file(c, tail, 0)
+        lose_chunk_file(c, middle, 1)
+
+        async def repaired() -> bool:
+            texts = {t: await c.scrape(c.node_of_target(t).index) for t in (middle, tail)}
+            return all(metric(texts[t], "fs3_storage_scrub_repaired_chunks_total", t) == 1 for t in texts)
+
+        await wait_until(repaired, 30, "scrub to repair both copies")
+        for target in (middle, tail):
+            assert await stop_and_read_chunks(c, target) == {i: bytes(d) for i, d in model.items()}

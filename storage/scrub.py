@@ -1,0 +1,169 @@
+"""Scrub: read every committed chunk copy of this daemon's targets back, slowly, and repair the
+damaged ones.
+
+Every read checks the CRC32C of each block it reads, and a read that finds this daemon's copy
+damaged has it repaired from another replica (``Replicator.repair_soon``); but a copy nobody reads
+(a checkpoint kept for months) could rot unseen on one disk while its other replicas rot on
+theirs. The scrubber reads each target's committed chunks in id order, at most ``bytes_per_s``
+for the whole daemon, through the same checked read as clients; a copy that fails (its bytes, or a
+missing file) is counted, logged and repaired from another SERVING replica
+(``Replicator.repair_damaged``). A pass starts ``start_delay_s`` after the daemon starts and then
+every ``interval_s`` (back to back when a pass takes longer). Only targets that are SERVING and up
+to date are scrubbed: a SYNCING one is being made whole by its resync.
+
+A read races with updates: the version it reads may be replaced (its files removed) while it
+reads. A failure counts only when the chunk's metadata is still what it was when the read began.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+
+from prometheus_client import CollectorRegistry
+
+from fs3 import metrics
+from fs3.errors import FS3Error, StatusCode
+from fs3.proto import common_pb2
+
+from .chunk_meta import ChunkMeta
+from .craq import Replicator
+from .target_map import UPTODATE, LocalTarget
+
+log = logging.getLogger(__name__)
+
+_PAGE = 256  # chunk metadata read per trip to a target's I/O threads
+
+
+class Scrubber:
+    """Reads every committed chunk copy back, ``bytes_per_s`` at most (see the module docstring)."""
+
+    def __init__(
+        self,
+        replicator: Replicator,
+        *,
+        bytes_per_s: float,
+        interval_s: float,
+        start_delay_s: float,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.replicator = replicator
+        self.targets = replicator.targets
+        self.bytes_per_s = bytes_per_s
+        self.interval_s = interval_s
+        self.start_delay_s = start_delay_s
+        self._task: asyncio.Task[None] | None = None
+        reg = registry or metrics.registry()
+        self.m_bytes = metrics.counter(
+            "fs3_storage_scrub_bytes", "bytes of committed chunk copies scrub read back", ("target",), reg
+        )
+        self.m_damaged = metrics.counter(
+            "fs3_storage_scrub_damaged_chunks",
+            "chunk copies scrub found damaged (failing their checksums, or a file missing)",
+            ("target",),
+            reg,
+        )
+        self.m_repaired = metrics.counter(
+            "fs3_storage_scrub_repaired_chunks",
+            "damaged chunk copies scrub had repaired from another replica",
+            ("target",),
+            reg,
+        )
+        self.m_passes = metrics.counter("fs3_storage_scrub_passes", "scrub passes finished", (), reg)
+
+    def start(self) -> None:
+        if self.bytes_per_s > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="fs3-scrub")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        await asyncio.sleep(self.start_delay_s)
+        while True:
+            began = time.monotonic()
+            try:
+                await self.scrub_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the next pass tries again
+                log.exception("scrub pass failed")
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    async def scrub_pass(self) -> tuple[int, int]:
+        """Read every SERVING target's committed chunks back once: (chunks read, damaged found)."""
+        began = time.monotonic()
+        read = damaged = 0
+        for t in list(self.targets.targets.values()):
+            r, d = await self._scrub_target(t)
+            read += r
+            damaged += d
+        self.m_passes.inc()
+        log.info("scrub pass done chunks=%d damaged=%d seconds=%.1f", read, damaged, time.monotonic() - began)
+        return read, damaged
+
+    @staticmethod
+    def _scrubbable(t: LocalTarget) -> bool:
+        return not t.failed and t.public_state == common_pb2.SERVING and t.local_state == UPTODATE
+
+    async def _scrub_target(self, t: LocalTarget) -> tuple[int, int]:
+        label = str(t.target_id)
+        eng = t.engine.engine
+        after = b""
+        read = damaged = 0
+        while self._scrubbable(t):
+
+            def page(begin: bytes = after) -> list[ChunkMeta]:
+                return list(itertools.islice(eng.iter_metas(begin, None), _PAGE))
+
+            metas = await self.replicator._run(t, page)
+            for meta in metas:
+                if not self._scrubbable(t):
+                    break
+                v = meta.committed
+                if v is None or v.removal or v.lost or meta.pending is not None:
+                    continue  # nothing to read, nothing any replica could give, the chain's to settle
+                read += 1
+                if not await self._check(t, meta):
+                    damaged += 1
+                self.m_bytes.labels(label).inc(v.length)
+                await asyncio.sleep(v.length / self.bytes_per_s)
+            if len(metas) < _PAGE:
+                break
+            after = metas[-1].chunk_id + b"\0"
+        return read, damaged
+
+    async def _check(self, t: LocalTarget, meta: ChunkMeta) -> bool:
+        """Read ``meta``'s committed version back; repair it if damaged. Whether it was sound."""
+        v = meta.committed
+        assert v is not None
+        cid = meta.chunk_id
+        try:
+            await t.engine.read(cid, 0, None, version=v.version)
+            return True
+        except FS3Error as e:
+            if e.code != StatusCode.STORAGE_CHECKSUM_MISMATCH:
+                raise
+            if await t.engine.get_meta(cid) != meta:
+                return True  # an update replaced the version while it was read: not damage
+            error = e
+        label = str(t.target_id)
+        self.m_damaged.labels(label).inc()
+        log.warning(
+            "scrub found a damaged copy, repairing it from another replica target_id=%d chunk=%s "
+            "version=%d error=%s",
+            t.target_id,
+            cid.hex(),
+            v.version,
+            error.message,
+        )
+        if await self.replicator.repair_damaged(t, cid, v.version, why="scrub"):
+            self.m_repaired.labels(label).inc()
+        return False
