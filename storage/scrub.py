@@ -150,7 +150,12 @@ class Scrubber:
             return True
         except FS3Error as e:
             if e.code != StatusCode.STORAGE_CHECKSUM_MISMATCH:
-                raise
+                # a disk error (the engine takes the target offline, which ends its scrub) or the
+                # like: not this copy's damage
+                log.warning(
+                    "scrub could not read a chunk target_id=%d chunk=%s error=%s", t.target_id, cid.hex(), e
+                )
+                return True
             if await t.engine.get_meta(cid) != meta:
                 return True  # an update replaced the version while it was read: not damage
             error = e
