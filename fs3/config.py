@@ -403,10 +403,11 @@ class StorageConfig:
         0.5, doc="how often to look for SYNCING successors to resync", check=_seconds
     )
     scrub_mib_per_s: float = opt(
-        16.0,
+        0.0,
         doc="scrub: read every committed chunk copy of this daemon's targets back at most this fast "
-        "(MiB/s for the whole daemon), repairing the damaged ones from another replica (reads "
-        "repair the copies they find damaged; scrub finds those nobody reads); 0: never",
+        "(MiB/s for the whole daemon; 16 is a gentle rate), repairing those failing their checksums "
+        "from another replica (reads repair the copies they find damaged; scrub finds those nobody "
+        "reads). A read error (EIO) takes the target offline, as for a client's read. 0: off",
         check=_non_negative,
     )
     scrub_interval_s: float = opt(

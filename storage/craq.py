@@ -279,7 +279,10 @@ class Replicator:
         key = (t.target_id, cid)
         if self._repairs_stopped or key in self._repairs or len(self._repairs) >= MAX_READ_REPAIRS:
             return False
-        meta = t.engine.engine.get_meta(cid)  # (LMDB, as the reads on the loop)
+        try:
+            meta = t.engine.engine.get_meta(cid)  # (LMDB, as the reads on the loop)
+        except FS3Error:  # the target failed or closed meanwhile: nothing to repair here
+            return False
         v = meta.committed if meta is not None else None
         # a version the chain lost has no good copy anywhere; a pending one is the chain's to settle
         if v is None or v.lost or meta.pending is not None:  # type: ignore[union-attr]

@@ -4,15 +4,18 @@ damaged ones.
 Every read checks the CRC32C of each block it reads, and a read that finds this daemon's copy
 damaged has it repaired from another replica (``Replicator.repair_soon``); but a copy nobody reads
 (a checkpoint kept for months) could rot unseen on one disk while its other replicas rot on
-theirs. The scrubber reads each target's committed chunks in id order, at most ``bytes_per_s``
-for the whole daemon, through the same checked read as clients; a copy that fails (its bytes, or a
-missing file) is counted, logged and repaired from another SERVING replica
+theirs. The scrubber (off unless ``scrub_mib_per_s`` is set) reads each target's committed chunks
+in id order, at most ``bytes_per_s`` for the whole daemon (each chunk costing at least
+CHUNK_COST_MIN), through the same checked read as clients; a copy that fails its checksums (or
+misses a file) is counted, logged and repaired from another SERVING replica
 (``Replicator.repair_damaged``). A pass starts ``start_delay_s`` after the daemon starts and then
 every ``interval_s`` (back to back when a pass takes longer). Only targets that are SERVING and up
 to date are scrubbed: a SYNCING one is being made whole by its resync.
 
 A read races with updates: the version it reads may be replaced (its files removed) while it
-reads. A failure counts only when the chunk's metadata is still what it was when the read began.
+reads. Each chunk's metadata is read again just before its read, and a failure counts only when
+that metadata is unchanged after it. A read error of the disk (EIO) takes the target offline, as
+a client's read does (see ``ChunkEngine._error``): not repaired here.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from .target_map import UPTODATE, LocalTarget
 log = logging.getLogger(__name__)
 
 _PAGE = 256  # chunk metadata read per trip to a target's I/O threads
+# the least a chunk costs of the scrub's rate, however small
+CHUNK_COST_MIN = 64 << 10
+# what a read of a version an update replaced or removed meanwhile fails with
+_CHANGED = frozenset({StatusCode.STORAGE_CHUNK_NOT_FOUND, StatusCode.STORAGE_CHUNK_VERSION_MISMATCH})
 
 
 class Scrubber:
@@ -102,7 +109,13 @@ class Scrubber:
         began = time.monotonic()
         read = damaged = 0
         for t in list(self.targets.targets.values()):
-            r, d = await self._scrub_target(t)
+            try:
+                r, d = await self._scrub_target(t)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the other targets are scrubbed all the same
+                log.exception("scrub of a target failed target_id=%d", t.target_id)
+                continue
             read += r
             damaged += d
         self.m_passes.inc()
@@ -124,17 +137,21 @@ class Scrubber:
                 return list(itertools.islice(eng.iter_metas(begin, None), _PAGE))
 
             metas = await self.replicator._run(t, page)
-            for meta in metas:
+            for listed in metas:
                 if not self._scrubbable(t):
                     break
-                v = meta.committed
-                if v is None or v.removal or v.lost or meta.pending is not None:
+                # as it is now: the page may be minutes old at the rate limit
+                meta = await t.engine.get_meta(listed.chunk_id)
+                v = meta.committed if meta is not None else None
+                if v is None or v.removal or v.lost or meta.pending is not None:  # type: ignore[union-attr]
                     continue  # nothing to read, nothing any replica could give, the chain's to settle
                 read += 1
-                if not await self._check(t, meta):
+                if not await self._check(t, meta):  # type: ignore[arg-type]
                     damaged += 1
                 self.m_bytes.labels(label).inc(v.length)
-                await asyncio.sleep(v.length / self.bytes_per_s)
+                # each chunk costs at least CHUNK_COST_MIN of the rate: small ones cost more than
+                # their bytes (a trip to the I/O threads, the metadata)
+                await asyncio.sleep(max(v.length, CHUNK_COST_MIN) / self.bytes_per_s)
             if len(metas) < _PAGE:
                 break
             after = metas[-1].chunk_id + b"\0"
@@ -149,6 +166,8 @@ class Scrubber:
             await t.engine.read(cid, 0, None, version=v.version)
             return True
         except FS3Error as e:
+            if e.code in _CHANGED:
+                return True  # an update replaced or removed the version meanwhile
             if e.code != StatusCode.STORAGE_CHECKSUM_MISMATCH:
                 # a disk error (the engine takes the target offline, which ends its scrub) or the
                 # like: not this copy's damage
