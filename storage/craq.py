@@ -45,7 +45,8 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TypeVar
 
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
@@ -80,6 +81,8 @@ from .chunk_meta import ChunkMeta, check_chunk_size, crc32c
 from .target_map import UPTODATE, LocalTarget, TargetMap
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 MAX_CHUNK_BYTES = 64 << 20
 # Reads up to this size may be served on the event loop thread (Replicator.read_now): a metadata
@@ -313,6 +316,26 @@ class Replicator:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    async def _repairing(
+        self, t: LocalTarget, cid: bytes, attempt: Callable[[], Awaitable[T]], *, why: str
+    ) -> T:
+        """``attempt()``: an update or a truncate at the head, taking the chunk's lock. Where it
+        finds this replica's copy of the chunk, which it builds on, damaged (DamagedCopy), the copy
+        is repaired from another replica (the successors' are repaired by a whole-chunk forward,
+        see _forward) outside the lock, and it runs again, _DAMAGED_TRIES times in all. An update
+        of the same chunk waiting meanwhile may have repaired it first (this repair then finds the
+        chunk changed and does nothing): the next try tells."""
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return await attempt()
+            except DamagedCopy as e:
+                if tries == _DAMAGED_TRIES:
+                    raise
+                damaged = e.version
+            await self.repair_damaged(t, cid, damaged, why=why)
+
     # -- chain version checks ---------------------------------------------------------------------
 
     async def local_target(self, chain_id: int, version: int, *, who: str) -> LocalTarget:
@@ -363,13 +386,12 @@ class Replicator:
         if cached is not None:
             return cached
         cid = chunk_id(key.inode_id, key.chunk_index)
-        tries = 0
-        while True:
-            tries += 1
+
+        async def attempt() -> tuple[storage_pb2.IOResult, bool]:
             async with self.locks.hold(t.target_id, cid):
                 cached = self.results.lookup(req.tag)  # the first try may have finished meanwhile
                 if cached is not None:
-                    return cached
+                    return cached, False
                 chain = self.targets.chain(key.chain_id)
                 if chain.version != key.chain_version:
                     raise FS3Error(
@@ -378,20 +400,11 @@ class Replicator:
                     )
                 self.targets.check_head(t, chain)
                 _check_room(t, op)  # after the retry cache: a retry of a done write is answered
-                try:
-                    result = await self._update_locked(t, cid, key.chain_id, op, None, tag=req.tag)
-                    break
-                except DamagedCopy as e:
-                    # This replica's copy of the chunk, which the update builds on, is damaged; the
-                    # successors' may be good (theirs are repaired by a whole-chunk forward, see
-                    # _forward). Repaired from theirs, outside the lock, the update goes on.
-                    if tries == _DAMAGED_TRIES:
-                        raise
-                    damaged = e.version
-            # An update of the same chunk waiting meanwhile may have repaired it first (this repair
-            # then finds the chunk changed and does nothing): the next try tells.
-            await self.repair_damaged(t, cid, damaged, why="an update builds on it")
-        self.results.store(req.tag, result)
+                return await self._update_locked(t, cid, key.chain_id, op, None, tag=req.tag), True
+
+        result, fresh = await self._repairing(t, cid, attempt, why="an update builds on it")
+        if fresh:
+            self.results.store(req.tag, result)
         return result
 
     # -- forwarded updates (successors) -----------------------------------------------------------
@@ -1289,17 +1302,12 @@ class Replicator:
         truncated = False
         if rest:
             cid = chunk_id(req.inode_id, last_index)
-            for tries in range(1, _DAMAGED_TRIES + 1):
-                try:
-                    truncated = await self._truncate_last(t, req, cid, rest, deadline)
-                    break
-                except DamagedCopy as e:
-                    # this replica's copy, whose kept bytes the truncate reads, is damaged: repaired
-                    # from another replica outside the lock (see client_update), then again
-                    if tries == _DAMAGED_TRIES:
-                        raise
-                    damaged = e.version
-                await self.repair_damaged(t, cid, damaged, why="a truncate builds on it")
+            truncated = await self._repairing(
+                t,
+                cid,
+                lambda: self._truncate_last(t, req, cid, rest, deadline),
+                why="a truncate builds on it",
+            )
         return storage_pb2.TruncateChunksRsp(removed=removed, truncated=truncated)
 
 
