@@ -48,6 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
+from fs3.background import cancel_and_wait
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
 from fs3.errors import FS3Error, StatusCode
@@ -309,12 +310,8 @@ class Replicator:
         """Cancel the repairs that failed reads started, and start no more (at the daemon's stop,
         once its servers have stopped)."""
         self._repairs_stopped = True
-        tasks = list(self._repairs.values())
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for task in list(self._repairs.values()):
+            await cancel_and_wait(task)  # (_read_repair logs its own errors)
 
     async def _repairing(
         self, t: LocalTarget, cid: bytes, attempt: Callable[[], Awaitable[T]], *, why: str

@@ -21,7 +21,6 @@ a client's read does (see ``ChunkEngine._error``): not repaired here.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -29,6 +28,7 @@ import time
 from prometheus_client import CollectorRegistry
 
 from fs3 import metrics
+from fs3.background import cancel_and_wait
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
 
@@ -88,9 +88,7 @@ class Scrubber:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         await asyncio.sleep(self.start_delay_s)
