@@ -39,6 +39,8 @@ from .target_map import UPTODATE, LocalTarget
 log = logging.getLogger(__name__)
 
 _PAGE = 256  # chunk metadata read per trip to a target's I/O threads
+# bytes of a chunk read back at once (each read checks the checksum blocks it covers)
+READ_WINDOW = 4 << 20
 # the least a chunk costs of the scrub's rate, however small
 CHUNK_COST_MIN = 64 << 10
 # what a read of a version an update replaced or removed meanwhile fails with
@@ -161,7 +163,9 @@ class Scrubber:
         assert v is not None
         cid = meta.chunk_id
         try:
-            await t.engine.read(cid, 0, None, version=v.version)
+            # in windows: a 64 MiB chunk read whole would cost twice that in memory for a moment
+            for offset in range(0, v.length, READ_WINDOW):
+                await t.engine.read(cid, offset, min(READ_WINDOW, v.length - offset), version=v.version)
             return True
         except FS3Error as e:
             if e.code in _CHANGED:
