@@ -278,6 +278,14 @@ async def test_sync_done_needs_the_sync_start_of_its_chain_version(successor) ->
 # -- real daemons: a chunk the predecessor cannot read ---------------------------------------------
 
 
+async def write_chunks(client, chain_id: int, count: int, size: int) -> dict[int, bytearray]:  # type: ignore[no-untyped-def]
+    """Chunks 0 .. count-1 of INODE, ``size`` random bytes each, written: the model of them."""
+    model = {i: bytearray(os.urandom(size)) for i in range(count)}
+    for i, data in model.items():
+        await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+    return model
+
+
 def lose_chunk_file(c: Cluster, target_id: int, index: int) -> None:
     """Delete a target's data files of chunk ``index`` of INODE (a lost file, not a failed disk)."""
     path = c.node_of_target(target_id).targets[target_id]
@@ -309,9 +317,7 @@ async def test_a_chunk_the_predecessor_cannot_read_is_resynced_from_another_repl
     async with Cluster(tmp_path / "c", metrics=True) as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
-        model = {i: bytearray(os.urandom(CHUNK // 4)) for i in range(4)}
-        for i, data in model.items():
-            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        model = await write_chunks(client, chain_id, 4, CHUNK // 4)
         head, middle, tail = (t.target_id for t in (await c.routing()).chain(chain_id).targets)
         c.kill_storage(c.node_of_target(tail).index)
         await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the tail to go")
@@ -337,9 +343,7 @@ async def test_a_chunk_no_replica_can_read_is_recorded_lost_and_the_resync_finis
         pinned = await c.storage_client()
         pinned.__class__ = PinnedClient
         chain_id = c.chain_ids[0]
-        model = {i: bytearray(os.urandom(CHUNK // 4)) for i in range(4)}
-        for i, data in model.items():
-            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        model = await write_chunks(client, chain_id, 4, CHUNK // 4)
         head, tail = (t.target_id for t in (await c.routing()).chain(chain_id).targets)
         pinned.pin = tail
         c.kill_storage(c.node_of_target(tail).index)
@@ -405,9 +409,7 @@ async def test_an_update_at_a_head_whose_copy_is_damaged_repairs_it_from_the_cha
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
-        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(2)}
-        for i, data in model.items():
-            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        model = await write_chunks(client, chain_id, 2, CHUNK // 2)
         head = (await c.routing()).chain(chain_id).targets[0].target_id
         lose_chunk_file(c, head, 0)
         damage_chunk_file(c, head, 1)
@@ -431,9 +433,7 @@ async def test_a_read_that_finds_a_damaged_copy_repairs_it_and_counts_it(tmp_pat
         pinned = await c.storage_client()
         pinned.__class__ = PinnedClient
         chain_id = c.chain_ids[0]
-        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(2)}
-        for i, data in model.items():
-            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        model = await write_chunks(client, chain_id, 2, CHUNK // 2)
         tail = (await c.routing()).chain(chain_id).targets[-1].target_id
         damage_chunk_file(c, tail, 0)
         lose_chunk_file(c, tail, 1)
@@ -458,9 +458,7 @@ async def test_a_copy_whose_file_went_missing_while_its_daemon_was_down_is_resyn
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
-        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(3)}
-        for i, data in model.items():
-            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        model = await write_chunks(client, chain_id, 3, CHUNK // 2)
         tail = (await c.routing()).chain(chain_id).targets[-1].target_id
         c.kill_storage(c.node_of_target(tail).index)
         await c.wait_chains(lambda ch: len(ch.serving) == 2, what="the tail to go")
@@ -513,9 +511,7 @@ async def test_scrub_finds_and_repairs_damaged_copies_nobody_reads(tmp_path) -> 
     async with Cluster(tmp_path / "c", metrics=True, storage_extra=scrub) as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
-        model = {i: bytearray(os.urandom(CHUNK // 2)) for i in range(3)}
-        for i, data in model.items():
-            await client.write(chain_id, INODE, i, 0, bytes(data), CHUNK)
+        model = await write_chunks(client, chain_id, 3, CHUNK // 2)
         # a chunk of 9 MiB, read back in windows: damaged in its middle one
         model[3] = bytearray(os.urandom(9 << 20))
         await client.write(chain_id, INODE, 3, 0, bytes(model[3]), 16 << 20)
