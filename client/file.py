@@ -67,6 +67,8 @@ DEFAULT_CHUNK_SIZE = 1 << 20
 SCATTER_RUN_BYTES = 256 << 10
 #: chunk writes one flush of the scattered buffer keeps in flight
 SCATTER_PARALLEL = 16
+#: reads made again with meta's new length when it moved after a read found a hole (see read_into)
+_RECHECKS = 3
 
 _stamps = itertools.count(1)
 
@@ -286,6 +288,9 @@ class OpenFile:
         self.unconfirmed = False
         self.lost_writes = False  # and writes it had not reported yet: its fsync or close says EIO
         self.checking: asyncio.Future[None] | None = None  # the guard's check with meta, in flight
+        # The FileSystem's refresh of the file's length from meta, awaited when a read found a hole
+        # (see read_into): another client may have truncated the file.
+        self.recheck: Callable[[OpenFile], Awaitable[None]] | None = None
 
     def _chain_of(self, chunk_index: int) -> int:
         if not self._stripe:
@@ -715,13 +720,31 @@ class OpenFile:
 
     async def read_into(self, offset: int, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes at ``offset`` into ``buf`` (a writable byte view); returns
-        how many: short at the end of the file, holes read as zeros."""
+        how many: short at the end of the file, holes read as zeros.
+
+        A chunk shorter than the range asked of it is a hole, or the file was truncated by another
+        client since this one took its length: meta's length is asked again (``recheck``) and,
+        where it moved, the read is made again with it, so that bytes cut off by a truncate come
+        back as a short read (the end of the file), not as zeros that were never written."""
         if offset < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
+        for _ in range(_RECHECKS):
+            size = self.state.size
+            n, hole = await self._read_once(offset, buf, size)
+            if not hole or self.recheck is None:
+                break
+            await self.recheck(self)
+            if self.state.size == size:
+                break  # meta's length has not moved: the zeros are holes
+        return n
+
+    async def _read_once(self, offset: int, buf: memoryview, size: int) -> tuple[int, bool]:
+        """:meth:`read_into` with the file's length taken as ``size``: how many bytes, and whether
+        a chunk came back short (a hole, read as zeros)."""
         state = self.state
-        length = min(len(buf), state.size - offset)
+        length = min(len(buf), size - offset)
         if length <= 0:
-            return 0
+            return 0, False
         # what this client wrote and storage may not have yet goes over what storage returns
         pieces = await state.buffered(offset, offset + length) if not state.settled else ()
         index, within = divmod(offset, self.chunk_size)
@@ -747,7 +770,7 @@ class OpenFile:
             await self.guard(self)
         for at, data in pieces:
             buf[at - offset : at - offset + len(data)] = data
-        return length
+        return length, hole
 
     async def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: short at the end of the file, holes read as zeros."""

@@ -620,6 +620,7 @@ class FileSystem:
             budget=self._scatter_budget,
         )
         h.guard = self._guard
+        h.recheck = self._refresh
         h.checked_at = opened_at
         h.unconfirmed = queued
         h.state.handles.add(h)

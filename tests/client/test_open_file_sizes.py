@@ -54,6 +54,31 @@ async def test_a_reader_follows_another_clients_appends_and_truncates(
     await r.close()
 
 
+async def test_a_read_after_another_client_truncated_is_short_not_zeros(
+    fs: FileSystem, other: FileSystem
+) -> None:
+    """A reader holding its handle while another client truncates the file, or writes it again
+    shorter, reads to the new end (a short read, as on a local file system or NFS), not zeros up
+    to the length it knew: those bytes were never written. Holes still read as zeros."""
+    data = os.urandom(600 << 10)  # three chunks and a part
+    await other.write_file("/cut", data)
+    r = await fs.open("/cut")
+    assert r.size == len(data)
+    await other.truncate("/cut", 300 << 10)  # inside the second chunk
+    assert await r.pread(len(data), 0) == data[: 300 << 10]
+    await other.truncate("/cut", 0)
+    assert await r.pread(100, 0) == b""
+    await other.write_file("/cut", b"z" * 50)  # truncated, then 50 bytes
+    assert await r.pread(100, 0) == b"z" * 50
+    await r.close()
+    async with await other.open("/cut", "r+") as w:
+        await w.pwrite(b"end", 600 << 10)  # chunk 2; chunk 1 is a hole
+    r = await fs.open("/cut")
+    assert await r.pread(4096, 300 << 10) == bytes(4096)
+    assert await r.pread(100, (600 << 10) - 10) == bytes(10) + b"end"
+    await r.close()
+
+
 async def test_a_writers_own_old_length_does_not_come_back_after_another_client_truncated(
     fs: FileSystem, other: FileSystem
 ) -> None:

@@ -744,6 +744,31 @@ async def test_a_reader_holding_a_file_open_never_reads_zeros_where_another_moun
         assert reader.unmount() == 0
 
 
+async def test_a_reader_holding_a_file_open_reads_short_where_another_mount_truncated(env: Env) -> None:
+    """A reader holds a file open in one mount while another mount truncates it, or writes it
+    again shorter (O_TRUNC): its reads end at the new end, as a local file system's do, rather
+    than returning zeros up to the length its mount knew (for up to attr_timeout_s)."""
+    other = await env.cluster.mount(env.mnt.parent / "mnt-cut", name="cut")
+    try:
+        path = env.mnt / "cut"
+        await asyncio.to_thread(path.write_bytes, b"x" * 100)
+        fd = os.open(other.path / "cut", os.O_RDONLY)
+        try:
+            await asyncio.to_thread(os.truncate, path, 0)
+            assert await asyncio.to_thread(os.pread, fd, 4096, 0) == b""
+        finally:
+            os.close(fd)
+        await asyncio.to_thread(path.write_bytes, b"y" * 100)
+        fd = os.open(other.path / "cut", os.O_RDONLY)
+        try:
+            await asyncio.to_thread(path.write_bytes, b"z" * 50)
+            assert await asyncio.to_thread(os.pread, fd, 4096, 0) == b"z" * 50
+        finally:
+            os.close(fd)
+    finally:
+        assert other.unmount() == 0
+
+
 def _append(path: Path, data: bytes) -> None:
     with open(path, "ab") as f:
         f.write(data)
