@@ -57,6 +57,7 @@ class StatusCode(enum.IntEnum):
     KV_RETRY_LIMIT = 204
     KV_TXN_CLOSED = 205
     KV_STORE_FAILED = 206
+    KV_STORE_FULL = 207
 
     # metadata / POSIX namespace (300-399)
     META_NOT_DIRECTORY = 300
@@ -140,6 +141,7 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.KV_VALUE_TOO_LARGE: _errno.E2BIG,
     StatusCode.KV_TXN_TOO_LARGE: _errno.E2BIG,
     StatusCode.KV_RETRY_LIMIT: _errno.EIO,
+    StatusCode.KV_STORE_FULL: _errno.ENOSPC,
     StatusCode.META_NOT_DIRECTORY: _errno.ENOTDIR,
     StatusCode.META_IS_DIRECTORY: _errno.EISDIR,
     StatusCode.META_NOT_EMPTY: _errno.ENOTEMPTY,

@@ -82,7 +82,7 @@ from pathlib import Path
 import lmdb
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv.lmdb_engine import errno_of
+from fs3.kv.lmdb_engine import errno_of, file_system_full, lmdb_eio
 
 from .chunk_files import (
     ChunkFiles,
@@ -803,7 +803,9 @@ class ChunkEngine:
                 f"{what} on target {self.path}: {exc} (a passing shortage or an interruption: "
                 "the target stays online, retry)",
             )
-        if code == errno.EDQUOT or (code == errno.ENOSPC and self._file_system_full()):
+        # LMDB answers a write of its pages that a full disk cut short with EIO
+        lmdb_full = lmdb_eio(exc) and file_system_full(str(self.path))
+        if code == errno.EDQUOT or (code == errno.ENOSPC and self._file_system_full()) or lmdb_full:
             log.warning("target full, target stays online path=%s op=%s error=%r", self.path, what, exc)
             return FS3Error(
                 StatusCode.STORAGE_NO_SPACE,

@@ -63,6 +63,13 @@ READER_CHECK_S = 10.0
 # Bound one batch's latency and the size of one LMDB write transaction.
 MAX_BATCH = 4096
 MAX_BATCH_BYTES = 64 << 20
+#: Once the room ahead of LMDB's data (see FileExtender) is below this and cannot be extended (the
+#: disk is full, or the map), only transactions that remove something are committed: the rest fail
+#: with KV_STORE_FULL (ENOSPC), so that unlinks, rmdirs and garbage collection, which need a few
+#: new pages themselves (LMDB copies on write), can still free room.
+RESERVE = 2 << 20
+#: A file system with less than this available counts as full (see file_system_full).
+FULL_BYTES = 2 * MAX_BATCH_BYTES
 
 Batch = list[tuple[CommitRequest, asyncio.Future[None]]]
 
@@ -76,6 +83,27 @@ def errno_of(exc: OSError | lmdb.Error) -> int | None:
     if isinstance(code, int) and code > 0:
         return code
     return next((e for e in (errno.ENOSPC, errno.EDQUOT) if os.strerror(e) in str(exc)), None)
+
+
+def lmdb_eio(exc: BaseException) -> bool:
+    """Whether ``exc`` is LMDB's EIO (py-lmdb raises a system error it has no class for as the plain
+    lmdb.Error, with only strerror's text to tell which): a failed write of pages or fdatasync,
+    and also a write of pages that a full disk cut short (see :func:`file_system_full`)."""
+    return type(exc) is lmdb.Error and (
+        getattr(exc, "code", None) == errno.EIO or os.strerror(errno.EIO) in str(exc)
+    )
+
+
+def file_system_full(path: str) -> bool:
+    """Whether the file system holding ``path`` has less than FULL_BYTES left for this process
+    (the blocks kept for root count for root). LMDB reports a write of its pages that the disk cut
+    short as EIO: on a file system this full, that is ENOSPC, not a failing disk."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    return blocks * st.f_frsize < FULL_BYTES
 
 
 def _disk_failure(exc: OSError | lmdb.Error) -> bool:
@@ -128,7 +156,8 @@ class _Committer:
 
     def __init__(self, env: lmdb.Environment, path: str, rejoin_s: float) -> None:
         self._env = env
-        self._extender = FileExtender(env, path)
+        self._extender = FileExtender(env, path, min_free=0)
+        self._reserve = min(RESERVE, env.info()["map_size"] // 16)  # a small map keeps less
         self._path = path
         self._rejoin_s = rejoin_s
         self._queue: list[tuple[CommitRequest, asyncio.Future[None]]] = []
@@ -250,12 +279,19 @@ class _Committer:
         start = time.perf_counter()
         try:
             with self._env.begin(write=True) as txn:
-                self._extender.extend_if_needed()  # under the write lock, see FileExtender
+                room = self._extender.extend_if_needed()  # under the write lock, see FileExtender
+                if room < self._reserve:
+                    room += self._extender.reusable()
+                full = room < self._reserve
                 view = WriteView(txn)
                 validated = conflicts = 0
                 for req, fut in batch:
                     # A caller that gave up will not look at the outcome; skipping is allowed.
                     if fut.cancelled():
+                        continue
+                    req.refused = None
+                    if full and not req.frees:
+                        req.refused = self._full_error(room)
                         continue
                     validated += 1
                     if not validate_and_apply(view, req):
@@ -270,10 +306,18 @@ class _Committer:
                 # dead processes' readers were keeping freed pages from reuse
                 return self._commit(batch, retried=True)
             size = self._env.info()["map_size"]
-            return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is full (map_size {size})")
+            return FS3Error(
+                StatusCode.KV_STORE_FULL,
+                f"kv store {self._path} is full (map_size {size}): remove entries, or restart with a larger map_size",
+            )
         except (lmdb.Error, OSError) as e:
-            if errno_of(e) in (errno.ENOSPC, errno.EDQUOT):
-                return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed, the disk is full: {e}")
+            if errno_of(e) in (errno.ENOSPC, errno.EDQUOT) or (
+                # LMDB answers a short write of its pages with EIO: on a full disk that is ENOSPC
+                lmdb_eio(e) and file_system_full(self._path)
+            ):
+                return FS3Error(
+                    StatusCode.KV_STORE_FULL, f"kv commit failed, the disk of {self._path} is full: {e}"
+                )
             if _disk_failure(e):
                 # LMDB's own fsync of the batch's pages, or a write, failed: the disk is not to be
                 # trusted with the batches before it either (see the module docstring)
@@ -283,6 +327,13 @@ class _Committer:
         except Exception as e:  # an LMDB failure fails the batch, never the thread
             log.exception("kv commit failed path=%s batch=%d", self._path, len(batch))
             return FS3Error(StatusCode.KV_STORE_FAILED, f"kv commit failed: {e!r}")
+
+    def _full_error(self, room: int) -> FS3Error:
+        return FS3Error(
+            StatusCode.KV_STORE_FULL,
+            f"kv store {self._path} is full ({room >> 10} KiB left, kept for removals): "
+            "free space on its disk (or raise map_size) to write again",
+        )
 
     def _check_readers(self) -> int:
         """Clear the reader slots of dead processes; how many there were."""
@@ -400,11 +451,14 @@ class FileExtender:
     """
 
     LOW = 4 << 20  # extend when less than this is left ...
-    STEP = 8 << 20  # ... by this much ...
-    MIN_FREE = 1 << 30  # ... while the file system has this much free
+    STEP = 8 << 20  # ... by this much (no further than the map), while the file system has
+    # ``min_free`` left: the kv store's committer extends whatever is left (the room is its reserve
+    # for removals, see RESERVE); a storage target keeps its disk for chunks below MIN_FREE
+    MIN_FREE = 1 << 30
 
-    def __init__(self, env: lmdb.Environment, path: str) -> None:
+    def __init__(self, env: lmdb.Environment, path: str, *, min_free: int = MIN_FREE) -> None:
         self._env = env
+        self._min_free = min_free
         self._page = env.stat()["psize"]
         self._fd = os.open(os.path.join(path, "data.mdb"), os.O_WRONLY | os.O_CLOEXEC)
         self._zeros = bytes(1 << 20)
@@ -412,31 +466,43 @@ class FileExtender:
         # extender), so while this says there is room there is, and no fstat is needed per commit.
         self._size = os.fstat(self._fd).st_size
 
-    def extend_if_needed(self) -> None:
+    def extend_if_needed(self) -> int:
+        """Extend the room ahead of LMDB's data if it runs low; return the room there is (bytes
+        zero-filled past the last page, no further than the map): little once the disk (or the
+        map) is full, which the committer's reserve goes by."""
         info = self._env.info()
         used = (info["last_pgno"] + 1) * self._page
+        limit = info["map_size"]
         if self._size - used >= self.LOW:
-            return
+            return min(self._size, limit) - used
         size = self._size = os.fstat(self._fd).st_size
         if size - used >= self.LOW:
-            return
-        fs = os.fstatvfs(self._fd)
-        if fs.f_bavail * fs.f_frsize < self.MIN_FREE:
-            return  # a small or nearly full file system: LMDB grows the file itself, as without us
+            return min(size, limit) - used
+        if self._min_free:
+            fs = os.fstatvfs(self._fd)
+            if fs.f_bavail * fs.f_frsize < self._min_free:
+                return max(0, min(size, limit) - used)  # LMDB grows the file itself, as without us
         start = max(size, used)
-        end = min(start + self.STEP, info["map_size"])
+        end = min(start + self.STEP, limit)
         try:
             for offset in range(start, end, len(self._zeros)):
-                os.pwrite(self._fd, self._zeros, offset)
+                os.pwrite(self._fd, self._zeros[: end - offset], offset)
             os.fdatasync(self._fd)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            # Filled up meanwhile: the space ahead is only a speed-up, so LMDB grows the file
-            # itself as it would without us, and reports a full disk when it really is one.
+            # The disk is full: what was written counts, nothing more can be had
             self._size = os.fstat(self._fd).st_size
-            return
+            return max(0, min(self._size, limit) - used)
         self._size = max(size, end)
+        return max(0, min(self._size, limit) - used)
+
+    def reusable(self) -> int:
+        """Roughly how many bytes of the data file LMDB may reuse (pages freed by transactions,
+        not those of the main database): room for commits to come once the file cannot grow."""
+        st, info = self._env.stat(), self._env.info()
+        held = 2 + st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]  # two meta pages
+        return max(0, info["last_pgno"] + 1 - held) * self._page
 
     def close(self) -> None:
         os.close(self._fd)
@@ -459,6 +525,8 @@ def _resolve(items: Batch, error: FS3Error | None, rejoin: _Rejoin | None) -> No
     for req, fut in items:
         if fut.done():
             continue
+        if error is None:
+            error = req.refused
         if error is not None:
             fut.set_exception(FS3Error(error.code, error.message))
         elif req.ok:

@@ -163,6 +163,13 @@ class CommitRequest:
     size: int = 0
     # Filled in by the engine.
     ok: bool = field(default=False)
+    # The engine did not apply it, for this reason (a full store; see lmdb_engine's reserve).
+    refused: FS3Error | None = field(default=None)
+
+    @property
+    def frees(self) -> bool:
+        """Whether it removes anything (a clear, a range clear): what a full store still takes."""
+        return bool(self.clears) or any(op is None for op in self.points.values())
 
 
 def validate(store: Store, req: CommitRequest) -> bool:

@@ -41,6 +41,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KV_RETRY_LIMIT: _ClassVar[StatusCode]
     KV_TXN_CLOSED: _ClassVar[StatusCode]
     KV_STORE_FAILED: _ClassVar[StatusCode]
+    KV_STORE_FULL: _ClassVar[StatusCode]
     META_NOT_DIRECTORY: _ClassVar[StatusCode]
     META_IS_DIRECTORY: _ClassVar[StatusCode]
     META_NOT_EMPTY: _ClassVar[StatusCode]
@@ -138,6 +139,7 @@ KV_TXN_TOO_LARGE: StatusCode
 KV_RETRY_LIMIT: StatusCode
 KV_TXN_CLOSED: StatusCode
 KV_STORE_FAILED: StatusCode
+KV_STORE_FULL: StatusCode
 META_NOT_DIRECTORY: StatusCode
 META_IS_DIRECTORY: StatusCode
 META_NOT_EMPTY: StatusCode

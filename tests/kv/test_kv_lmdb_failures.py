@@ -10,13 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
 import pytest
 
 from fs3.daemon import wait_for_shutdown
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, to_errno
 from fs3.kv import Database, Transaction, lmdb_engine, open_database, open_database_sync
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,3 +199,104 @@ def test_a_reader_killed_mid_transaction_does_not_keep_freed_pages_from_reuse(
             if stream:
                 stream.close()
         asyncio.run(db.close())
+
+
+async def test_a_full_store_refuses_what_adds_with_enospc_and_still_takes_removals(tmp_path: Path) -> None:
+    """A store that cannot grow (here its map; a full disk alike) refuses transactions that only
+    add with KV_STORE_FULL, which is ENOSPC, and keeps the last of its room for those that remove
+    something: an unlink, a garbage collection. The store stays up, and once removals have freed
+    pages, adding works again."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=16 << 20)
+    try:
+        value = os.urandom(50_000)
+        stored = 0
+        with pytest.raises(FS3Error) as full:
+            for n in range(1000):
+                await put(db, b"k%04d" % n, value)
+                stored += 1
+        assert full.value.code == StatusCode.KV_STORE_FULL and "full" in full.value.message
+        assert to_errno(full.value.code) == errno.ENOSPC
+        assert 100 < stored < 320
+        assert db.failure() is None
+        assert await get(db, b"k0000") == value
+
+        async def remove_and_add(tr: Transaction) -> None:
+            tr.clear(b"k0000")
+            tr.set(b"moved", b"x")  # a rename: removes a name, adds another
+
+        await db.run(remove_and_add)
+        for n in range(1, stored // 2):
+
+            async def remove(tr: Transaction, key: bytes = b"k%04d" % n) -> None:
+                tr.clear(key)
+
+            await db.run(remove)
+        for n in range(stored, stored + 20):
+            await put(db, b"k%04d" % n, value)  # the freed pages are used again
+        assert await get(db, b"k%04d" % (stored + 19)) == value and await get(db, b"moved") == b"x"
+    finally:
+        await db.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB ext4 file system of its own (a loop device), unmounted after the test; skips where
+    it cannot be made (needs root, mkfs.ext4 and loop devices)."""
+    image, mnt = tmp_path / "disk.img", tmp_path / "disk"
+    mnt.mkdir()
+    image.touch()
+    os.truncate(image, 48 << 20)
+    try:
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+        mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot make an ext4 file system here: {exc}")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a loop device here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+async def test_a_store_whose_disk_fills_up_refuses_with_enospc_and_stays_up(small_disk: Path) -> None:
+    """The disk under the store fills up (other files took it): commits that would add fail with
+    KV_STORE_FULL (ENOSPC), not as a failed disk (LMDB says EIO when a full disk cuts a write of
+    its pages short, which stopped meta and mgmtd for good), removals still commit, and once space
+    is freed adding works again, without a restart."""
+    db = await open_database("lmdb", path=str(small_disk / "kv"))
+    try:
+        await put(db, b"first", b"x")
+        st = os.statvfs(small_disk)
+        _fill(small_disk / "filler", st.f_bfree * st.f_frsize - (6 << 20))  # all but 6 MiB
+        value = os.urandom(50_000)
+        stored = 0
+        with pytest.raises(FS3Error) as full:
+            for n in range(1000):
+                await put(db, b"k%04d" % n, value)
+                stored += 1
+        assert full.value.code == StatusCode.KV_STORE_FULL, full.value
+        assert to_errno(full.value.code) == errno.ENOSPC
+        assert stored > 10
+        assert db.failure() is None
+        for n in range(stored // 2):
+
+            async def remove(tr: Transaction, key: bytes = b"k%04d" % n) -> None:
+                tr.clear(key)
+
+            await db.run(remove)
+        os.unlink(small_disk / "filler")
+        for n in range(stored, stored + 100):
+            await put(db, b"k%04d" % n, value)
+        assert await get(db, b"first") == b"x" and await get(db, b"k%04d" % (stored + 99)) == value
+        assert db.failure() is None
+    finally:
+        await db.close()
+
+
+def _fill(path: Path, nbytes: int) -> None:
+    piece = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(nbytes >> 20):
+            f.write(piece)
+        os.fsync(f.fileno())

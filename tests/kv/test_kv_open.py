@@ -79,7 +79,7 @@ async def test_lmdb_full_store_fails_cleanly_and_stays_usable(tmp_path: Path) ->
         return_exceptions=True,
     )
     assert isinstance(outcomes[0], FS3Error)
-    assert outcomes[0].code == StatusCode.KV_STORE_FAILED
+    assert outcomes[0].code == StatusCode.KV_STORE_FULL
     assert "full" in outcomes[0].message
     assert outcomes[1:] == [None] * 10
     await db.run(lambda tr: _set(tr, b"small", b"ok"))

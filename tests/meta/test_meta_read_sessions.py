@@ -243,7 +243,7 @@ async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(t
         assert not rs.accepting(2.0) and rs.queued == 1
         with pytest.raises(FS3Error) as e:
             await s.open(ROOT, f, 0)
-        assert e.value.code == StatusCode.KV_STORE_FAILED
+        assert e.value.code == StatusCode.KV_STORE_FULL
         # room again: the kept batch goes in
         await db.run(clear)
         await asyncio.wait_for(rs.settled(), 10)
