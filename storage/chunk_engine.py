@@ -125,6 +125,10 @@ _TRANSIENT_ERRNOS = frozenset(
 # free is not full: the device under it ran out (a thin-provisioned volume, a loop device whose
 # backing file system is full), which is a disk failure.
 _NOT_FULL_FRACTION = 1 / 8
+# See ChunkEngine.roomy: the free space a whole-chunk write needs beyond its own bytes to be
+# stored while it is forwarded, and how often that is looked at (300 MiB/s fill 30 MiB meanwhile).
+ROOMY_MARGIN = 64 << 20
+ROOMY_RECHECK_S = 0.1
 # Modifications of one chunk serialize on one of these (held only for local I/O, never across a
 # call out, so it cannot deadlock with the service's per-chunk lock that spans the chain).
 _LOCK_STRIPES = 1024
@@ -199,6 +203,8 @@ class ChunkEngine:
         self.options = options or EngineOptions()
         self._on_failure = on_failure
         self._failure: FS3Error | None = None
+        self._free_seen = 0  # free bytes (root's blocks counted) at the last look of roomy()
+        self._free_seen_until = 0.0
         self._closed = False
         self._fid_lock = threading.Lock()
         self._chunk_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
@@ -754,6 +760,21 @@ class ChunkEngine:
                 f"target {self.path} has {free >> 20} MiB free, and keeps {keep:.1%} of its file "
                 f"system free: {nbytes} more bytes refused (remove files to make room)",
             )
+
+    def roomy(self, nbytes: int) -> bool:
+        """Whether the file system has room for ``nbytes`` and ROOMY_MARGIN more (blocks reserved
+        for root counted), from a statvfs at most every ROOMY_RECHECK_S. A write stored while it
+        is forwarded (craq's parallel update) must not find the disk full here, where its
+        successors may have taken it: that takes the target offline. Without this room it is
+        stored first and forwarded after, and a full disk fails it with ENOSPC alone."""
+        now = time.monotonic()
+        if now >= self._free_seen_until:
+            try:
+                self._free_seen = self._room()[3]
+            except OSError:
+                self._free_seen = 0
+            self._free_seen_until = now + ROOMY_RECHECK_S
+        return self._free_seen - nbytes >= ROOMY_MARGIN
 
     def _room(self) -> tuple[int, int, int, int]:
         """(capacity, free, available, free_total) bytes of the target's file system: free to

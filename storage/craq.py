@@ -611,7 +611,7 @@ class Replicator:
             tail = chain.successor(t.target_id) is None
             if not tail and op.type == storage_pb2.UPDATE_WRITE and op.offset == 0 and not op.extents:
                 parallel = parallel_version(eng.get_meta(cid), op, version)
-                if parallel:
+                if parallel and eng.roomy(op.length):
                     return await self._update_parallel(
                         t, cid, chain_id, op, parallel, chain_ver, serving, tag
                     )
@@ -826,6 +826,7 @@ class Replicator:
         whether ``t`` was SERVING when the round began (see :meth:`_check_round`). ``settle``: the
         version finishes a pending one, which no successor refuses for space."""
         deadline = time.monotonic() + self.forward_timeout_s
+        no_room_until: float | None = None  # see NO_SPACE_RETRY_S
         backoff = 0.02
         whole: tuple[bytes, int] | None = None
         while True:
@@ -906,6 +907,16 @@ class Replicator:
                     StatusCode.STORAGE_SPACE_KEPT,  # a successor keeping its free space: the write fails
                 ):
                     raise
+                if e.code == StatusCode.STORAGE_NO_SPACE:
+                    now = time.monotonic()
+                    if no_room_until is None:
+                        no_room_until = now + NO_SPACE_RETRY_S
+                    elif now >= no_room_until:
+                        raise FS3Error(
+                            StatusCode.STORAGE_NO_SPACE,
+                            f"forwarding chunk {cid.hex()} v{version} of chain {chain_id}: target "
+                            f"{succ.target_id} has no space: {e.message}",
+                        ) from None
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise FS3Error(
@@ -1325,6 +1336,11 @@ def _check_deadline(deadline: float | None) -> None:
 
 #: a target's refusals for want of space (the space kept free, or a disk found full)
 _NO_ROOM = frozenset({StatusCode.STORAGE_SPACE_KEPT, StatusCode.STORAGE_NO_SPACE})
+#: how long a forward retries a successor whose disk is full (STORAGE_NO_SPACE) before the update
+#: fails with it (ENOSPC to the client; the version stays pending, settled once there is room):
+#: retried for the whole forward timeout, the client's own deadline (as long) ran out first and
+#: its write failed after a minute with ETIMEDOUT
+NO_SPACE_RETRY_S = 2.0
 
 
 def _check_room(t: LocalTarget, op: Op) -> None:
@@ -1332,7 +1348,7 @@ def _check_room(t: LocalTarget, op: Op) -> None:
     before anything of it is stored: STORAGE_SPACE_KEPT, which the client reports as ENOSPC and a
     predecessor passes back without retrying, dropping its pending copy (``_drop_refused``). A
     disk found full by the write itself (other users of it, or a race) is STORAGE_NO_SPACE: the
-    target stays online (ChunkEngine._error), and the predecessor retries until its forward
-    timeout, the version left pending to be settled once there is room."""
+    target stays online (ChunkEngine._error), and the predecessor retries for NO_SPACE_RETRY_S,
+    then fails the update with it, the version left pending to be settled once there is room."""
     if op.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
         t.engine.engine.check_room(op.length)

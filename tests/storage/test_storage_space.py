@@ -177,3 +177,36 @@ async def test_a_syncing_target_without_room_goes_offline_and_its_chain_writes_o
         assert target not in chain.serving and len(chain.serving) == 2
         for i, data in written.items():
             assert await client.read(chain_id, INODE, i, 0, CHUNK) == data
+
+
+@pytest.mark.parametrize("disks", [2], ids=["small-successor"], indirect=True)
+async def test_a_successor_whose_disk_is_full_fails_the_write_with_enospc(disks: tuple[Path, int]) -> None:
+    """No space kept free (keep_free 0), and a successor's disk (the middle's or the tail's, as
+    the chain's order came out) fills up: the write that finds it full fails with
+    STORAGE_NO_SPACE (ENOSPC) after a short retry, not after the predecessors retried it for their
+    whole forward timeout (the client's own deadline ran out first: ETIMEDOUT after a minute); and
+    a middle does not store a whole chunk while forwarding it once its disk is nearly full (its
+    disk found full then took the target offline until a restart). The chain stays SERVING,
+    acknowledged chunks read back, and once chunks are removed writes go through again."""
+    root, _ = disks
+    async with Cluster(root, storage_extra={"keep_free": 0}) as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        written: dict[int, bytes] = {}
+        with pytest.raises(FS3Error) as err:
+            for i in range(64):  # 64 MiB: far more than the tail's 24 MiB
+                data = os.urandom(CHUNK)
+                await client.write(chain_id, INODE, i, 0, data, CHUNK)
+                written[i] = data
+        e = err.value
+        assert e.code == StatusCode.STORAGE_NO_SPACE and e.errno == errno.ENOSPC, e
+        assert "no space" in e.message.lower() or "No space left" in e.message, e
+        assert 10 <= len(written) <= 24, len(written)
+        chain = (await c.routing()).chain(chain_id)
+        assert [t.public_state for t in chain.targets] == [common_pb2.SERVING] * 3
+        for i, data in written.items():
+            assert await client.read(chain_id, INODE, i, 0, CHUNK) == data
+        await client.remove_chunks(chain_id, INODE, 0, len(written) // 2)
+        data = os.urandom(CHUNK)
+        await client.write(chain_id, INODE, 100, 0, data, CHUNK)
+        assert await client.read(chain_id, INODE, 100, 0, CHUNK) == data
