@@ -21,7 +21,7 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from fs3.errors import FS3Error, StatusCode
@@ -131,14 +131,41 @@ class KvCommitMetrics:
     keeps no counters. Batch size is ``transactions / batches``; commit latency
     ``commit_seconds / batches``; a rising conflict share means callers contend for keys."""
 
-    def __init__(self, stats: Callable[[], Any], reg: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], Any],
+        reg: CollectorRegistry | None = None,
+        space: Callable[[], Any] | None = None,
+    ) -> None:
         self._stats = stats
+        self._space = space
         (reg or registry()).register(self)
 
     def collect(self) -> Iterator[Metric]:
+        room = self._space() if self._space is not None else None
+        if room is not None:
+            for name, doc, value in (
+                ("fs3_kv_store_used_bytes", "bytes of the metadata store holding data", room.used_bytes),
+                (
+                    "fs3_kv_store_limit_bytes",
+                    "the most the metadata store may hold (map_size)",
+                    room.limit_bytes,
+                ),
+                (
+                    "fs3_kv_store_disk_free_bytes",
+                    "free bytes of the file system holding the metadata store",
+                    room.disk_free_bytes,
+                ),
+            ):
+                yield GaugeMetricFamily(name, doc, value=value)
         st = self._stats()
         if st is None:
             return
+        yield CounterMetricFamily(
+            "fs3_kv_commit_refused",
+            "transactions refused because the store was full (ENOSPC; removals still go through)",
+            value=st.refused,
+        )
         for name, doc, value in (
             ("fs3_kv_commit_batches", "write transactions the group commit ran", st.batches),
             (

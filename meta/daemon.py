@@ -189,7 +189,7 @@ class MetaDaemon:
             capabilities=self.capabilities,
             handles=HandleSealer(self.secret or DEV_SECRET),
         ).register(self.server, self.registry)
-        metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
+        metrics.KvCommitMetrics(self.db.commit_stats, self.registry, space=self.db.space)
         ReadSessionMetrics(self.store.read_sessions, self.registry)
         if cfg.metrics_port:
             self.metrics_server = metrics.serve(cfg.metrics_port, cfg.listen_host, self.registry)

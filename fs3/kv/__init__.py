@@ -46,6 +46,7 @@ from fs3.kv.base import (
     Database,
     KeyValue,
     ReadView,
+    StoreSpace,
     Transaction,
     prefix_end,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Database",
     "KeyValue",
     "ReadView",
+    "StoreSpace",
     "Transaction",
     "open_database",
     "open_database_sync",

@@ -119,6 +119,15 @@ class CommitStats(NamedTuple):
     commit_seconds: float  # time in write transactions: validation, writes and the data flush
     fsyncs: int  # flushes that made committed batches durable before their callers heard
     fsync_seconds: float  # time in those flushes
+    refused: int = 0  # transactions refused because the store was full (KV_STORE_FULL)
+
+
+class StoreSpace(NamedTuple):
+    """Room in a store on a disk of this machine (the ``lmdb`` engine's)."""
+
+    used_bytes: int  # pages holding data (those LMDB may reuse not counted)
+    limit_bytes: int  # the most it may hold (LMDB's map_size)
+    disk_free_bytes: int  # free on the file system holding it
 
 
 class Database(abc.ABC):
@@ -127,6 +136,10 @@ class Database(abc.ABC):
     def commit_stats(self) -> CommitStats | None:
         """Group commit counters of this process (see :class:`CommitStats`), or None where the
         engine keeps none."""
+        return None
+
+    def space(self) -> StoreSpace | None:
+        """Room in the store (see :class:`StoreSpace`), or None where the engine cannot tell."""
         return None
 
     def failure(self) -> FS3Error | None:

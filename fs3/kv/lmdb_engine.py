@@ -49,7 +49,7 @@ import time
 import lmdb
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv.base import CommitStats, Database, Transaction
+from fs3.kv.base import CommitStats, Database, StoreSpace, Transaction
 from fs3.kv.lmdb_layout import Snapshot, WriteView
 from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
 
@@ -178,6 +178,7 @@ class _Committer:
         self._batches = 0
         self._transactions = 0
         self._conflicts = 0
+        self._refused = 0
         self._commit_seconds = 0.0
         self._fsyncs = 0
         self._fsync_seconds = 0.0
@@ -213,8 +214,22 @@ class _Committer:
         with self._flush_cond:
             fsyncs, fsync_seconds = self._fsyncs, self._fsync_seconds
         return CommitStats(
-            self._batches, self._transactions, self._conflicts, self._commit_seconds, fsyncs, fsync_seconds
+            self._batches,
+            self._transactions,
+            self._conflicts,
+            self._commit_seconds,
+            fsyncs,
+            fsync_seconds,
+            self._refused,
         )
+
+    def space(self) -> StoreSpace:
+        info = self._env.info()
+        psize = self._env.stat()["psize"]
+        used = (info["last_pgno"] + 1) * psize - self._extender.reusable()
+        st = os.statvfs(self._path)
+        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+        return StoreSpace(used, info["map_size"], free)
 
     def stop(self) -> None:
         """Commit and flush whatever is queued, then end the threads (blocks until they have)."""
@@ -292,6 +307,7 @@ class _Committer:
                     req.refused = None
                     if full and not req.frees:
                         req.refused = self._full_error(room)
+                        self._refused += 1
                         continue
                     validated += 1
                     if not validate_and_apply(view, req):
@@ -633,6 +649,10 @@ class LmdbDatabase(Database):
     def failure(self) -> FS3Error | None:
         shared = self._shared
         return None if shared is None else shared.committer.failure
+
+    def space(self) -> StoreSpace | None:
+        shared = self._shared
+        return None if shared is None else shared.committer.space()
 
     async def close(self) -> None:
         env, self._shared = self._shared, None

@@ -153,7 +153,7 @@ class MgmtdServer:
         self._metrics.stop_fence.set_function(
             lambda: self.cluster.fence_left() if self.cluster is not None else 0.0
         )
-        metrics.KvCommitMetrics(self.db.commit_stats, self.registry)
+        metrics.KvCommitMetrics(self.db.commit_stats, self.registry, space=self.db.space)
         await server.start()
         self._server = server
         self.election = Election(self.db, self.cfg.node_id, self.address, self.cfg.lease_interval_s)

@@ -218,6 +218,10 @@ async def test_a_full_store_refuses_what_adds_with_enospc_and_still_takes_remova
         assert to_errno(full.value.code) == errno.ENOSPC
         assert 100 < stored < 320
         assert db.failure() is None
+        stats, room = db.commit_stats(), db.space()
+        assert stats is not None and stats.refused >= 1  # fs3_kv_commit_refused_total
+        assert room is not None and room.limit_bytes == 16 << 20
+        assert stored * 50_000 < room.used_bytes < room.limit_bytes and room.disk_free_bytes > 0
         assert await get(db, b"k0000") == value
 
         async def remove_and_add(tr: Transaction) -> None:
