@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 END_AGAIN_FIRST_S = 1.0
 END_AGAIN_MAX_S = 30.0
 END_AGAIN_AT_CLOSE_S = 5.0
+#: how long a read that found a hole waits for meta's length (see FileSystem._recheck)
+RECHECK_S = 1.0
 
 _TYPE_BITS = {
     m.INODE_FILE: stat_mod.S_IFREG,
@@ -620,7 +622,7 @@ class FileSystem:
             budget=self._scatter_budget,
         )
         h.guard = self._guard
-        h.recheck = self._refresh
+        h.recheck = self._recheck
         h.checked_at = opened_at
         h.unconfirmed = queued
         h.state.handles.add(h)
@@ -783,6 +785,20 @@ class FileSystem:
         if flags & os.O_APPEND:
             f.pos = f.size
         return f
+
+    async def _recheck(self, h: OpenFile) -> None:
+        """A read of ``h`` found a hole: take meta's length again (another client may have
+        truncated the file; see ``OpenFile.read_into``). Meta not answering within RECHECK_S, or
+        failing, leaves the length as it was and the hole reads as zeros, as before: meta's
+        downtime must not fail (or stall) reads of sparse files."""
+        try:
+            await asyncio.wait_for(self._refresh(h), RECHECK_S)
+        except FS3Error as e:
+            if e.code in (StatusCode.SESSION_LOST, StatusCode.NOT_FOUND):
+                raise
+            log.debug("length recheck failed inode=%d error=%s", h.inode_id, e)
+        except TimeoutError:
+            log.debug("length recheck: meta did not answer in %.1f s inode=%d", RECHECK_S, h.inode_id)
 
     async def _refresh(self, h: OpenFile) -> None:
         """Take meta's current view of ``h``'s file (its settled length; this client's unreported
