@@ -61,6 +61,8 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 BLOCK_SIZE = 1 << 20  # st_blksize: tools size their I/O by it (cp, stdio)
 _USER_XATTR = b"user."
 _GROUPS_TTL_S = 2.0
+# meta's refusals that a caller's changed groups may have made (see Fs3Operations._groups_changed)
+_DENIED = frozenset({StatusCode.PERMISSION_DENIED, StatusCode.META_NOT_PERMITTED})
 _NOW_SLACK_NS = 1_000_000_000
 
 
@@ -288,7 +290,12 @@ def _translate(fn: F) -> F:
         if task is not None:
             self._reads.add(task)
         try:
-            return await fn(self, *args, **kw)
+            try:
+                return await fn(self, *args, **kw)
+            except FS3Error as e:
+                if e.code not in _DENIED or not self._groups_changed(args[-1] if args else kw.get("ctx")):
+                    raise
+                return await fn(self, *args, **kw)  # again, as the caller is now (nothing was done)
         except asyncio.CancelledError:
             if task is None or not self._abandoned or task.uncancel() > 0:
                 raise
@@ -394,6 +401,15 @@ class Fs3Operations(pyfuse3.Operations):
             self._groups.clear()
         self._groups[pid] = (now + _GROUPS_TTL_S, groups)
         return groups
+
+    def _groups_changed(self, ctx: object) -> bool:
+        """Meta refused a request of ``ctx``'s process: whether the supplementary groups it was
+        sent with (cached for _GROUPS_TTL_S) are no longer the process's own. A file server that
+        switches identity in place (seteuid, setgroups) got EACCES the kernel had not given it."""
+        if not isinstance(ctx, pyfuse3.RequestContext) or not ctx.uid:
+            return False
+        hit = self._groups.pop(ctx.pid, None)
+        return hit is not None and self._groups_of(ctx.pid) != hit[1]
 
     def meta(self, ctx: pyfuse3.RequestContext | None) -> MetaClient:
         """The meta client acting as the caller of a request (the mount's own identity without one)."""

@@ -408,6 +408,37 @@ def test_non_owner_denied(env: Env) -> None:
     assert r.returncode != 0 and "Operation not permitted" in r.stderr
 
 
+_GROUPS_CHANGE = """
+import os, sys
+os.chdir(sys.argv[1])  # the mount (the directories above it are root's alone)
+os.setgroups([4321]); os.setegid(4321); os.seteuid(4321)
+try:
+    os.stat("missing")  # a request of this process reaches the mount
+except FileNotFoundError:
+    pass
+os.seteuid(0); os.setgroups([4322]); os.seteuid(4321)  # a file server's switch: now in group 4322
+os.close(os.open("group-only/f", os.O_CREAT | os.O_WRONLY, 0o644))
+os.mkdir("group-only/sub")
+print("ok")
+"""
+
+
+def test_a_process_that_changed_its_groups_is_allowed_what_they_allow(env: Env) -> None:
+    """A process that changes its supplementary groups in place (a file server's seteuid and
+    setgroups, newgrp-like tools that exec) and then creates in a directory only its new group may
+    write: the kernel allows it, and meta must too (it was asked with the groups the mount had
+    cached for the process, for up to 2 s: EACCES)."""
+    d = env.mnt / "group-only"
+    d.mkdir()
+    os.chown(d, 0, 4322)
+    d.chmod(0o770)
+    r = subprocess.run(
+        [sys.executable, "-c", _GROUPS_CHANGE, str(env.mnt)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+    assert (d / "f").stat().st_uid == 4321 and (d / "sub").is_dir()
+
+
 _LIST_AFTER_CHMOD = """
 import ctypes, os, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
