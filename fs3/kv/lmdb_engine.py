@@ -541,10 +541,9 @@ def _resolve(items: Batch, error: FS3Error | None, rejoin: _Rejoin | None) -> No
     for req, fut in items:
         if fut.done():
             continue
-        if error is None:
-            error = req.refused
-        if error is not None:
-            fut.set_exception(FS3Error(error.code, error.message))
+        failed = error if error is not None else req.refused
+        if failed is not None:
+            fut.set_exception(FS3Error(failed.code, failed.message))
         elif req.ok:
             fut.set_result(None)
         else:

@@ -224,17 +224,23 @@ async def test_a_full_store_refuses_what_adds_with_enospc_and_still_takes_remova
         assert stored * 50_000 < room.used_bytes < room.limit_bytes and room.disk_free_bytes > 0
         assert await get(db, b"k0000") == value
 
+        async def remove(tr: Transaction, key: bytes) -> None:
+            tr.clear(key)
+
+        # one batch: the refusal of the one that adds is its own, the removal commits
+        outcomes = await asyncio.gather(
+            put(db, b"refused", value), db.run(lambda tr: remove(tr, b"k0001")), return_exceptions=True
+        )
+        assert isinstance(outcomes[0], FS3Error) and outcomes[0].code == StatusCode.KV_STORE_FULL
+        assert outcomes[1] is None and await get(db, b"k0001") is None
+
         async def remove_and_add(tr: Transaction) -> None:
             tr.clear(b"k0000")
             tr.set(b"moved", b"x")  # a rename: removes a name, adds another
 
         await db.run(remove_and_add)
-        for n in range(1, stored // 2):
-
-            async def remove(tr: Transaction, key: bytes = b"k%04d" % n) -> None:
-                tr.clear(key)
-
-            await db.run(remove)
+        for n in range(2, stored // 2):
+            await db.run(lambda tr, key=b"k%04d" % n: remove(tr, key))
         for n in range(stored, stored + 20):
             await put(db, b"k%04d" % n, value)  # the freed pages are used again
         assert await get(db, b"k%04d" % (stored + 19)) == value and await get(db, b"moved") == b"x"
