@@ -514,8 +514,9 @@ class FileExtender:
         return max(0, min(self._size, limit) - used)
 
     def reusable(self) -> int:
-        """Roughly how many bytes of the data file LMDB may reuse (pages freed by transactions,
-        not those of the main database): room for commits to come once the file cannot grow."""
+        """Roughly how many bytes of the data file LMDB may reuse (pages freed by transactions:
+        not the main database's, in an environment without named databases, as the kv store's):
+        room for commits to come once the file cannot grow."""
         st, info = self._env.stat(), self._env.info()
         held = 2 + st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]  # two meta pages
         return max(0, info["last_pgno"] + 1 - held) * self._page
