@@ -94,6 +94,12 @@ def lmdb_eio(exc: BaseException) -> bool:
     )
 
 
+def _need(batch: Batch) -> int:
+    """A generous bound on the new bytes of pages ``batch`` may write (LMDB copies each page it
+    changes, and the branch pages above it)."""
+    return sum(2 * req.size + (64 << 10) for req, _ in batch)
+
+
 def file_system_full(path: str) -> bool:
     """Whether the file system holding ``path`` has less than FULL_BYTES left for this process
     (the blocks kept for root count for root). LMDB reports a write of its pages that the disk cut
@@ -292,6 +298,7 @@ class _Committer:
         """Validate and apply ``batch`` in one LMDB write transaction; an error means none of it
         was committed."""
         start = time.perf_counter()
+        room: int | None = None  # zeroed bytes ahead of LMDB's data when the batch began
         try:
             with self._env.begin(write=True) as txn:
                 room = self._extender.extend_if_needed()  # under the write lock, see FileExtender
@@ -328,8 +335,10 @@ class _Committer:
             )
         except (lmdb.Error, OSError) as e:
             if errno_of(e) in (errno.ENOSPC, errno.EDQUOT) or (
-                # LMDB answers a short write of its pages with EIO: on a full disk that is ENOSPC
-                lmdb_eio(e) and file_system_full(self._path)
+                # LMDB answers a short write of its pages with EIO: ENOSPC, where the disk is full
+                # and the batch may have needed more than the zeros ahead of LMDB's data (writes
+                # into those cannot run out of space: an EIO there is the disk's)
+                lmdb_eio(e) and file_system_full(self._path) and (room is None or room < _need(batch))
             ):
                 return FS3Error(
                     StatusCode.KV_STORE_FULL, f"kv commit failed, the disk of {self._path} is full: {e}"
@@ -516,8 +525,14 @@ class FileExtender:
     def reusable(self) -> int:
         """Roughly how many bytes of the data file LMDB may reuse (pages freed by transactions:
         not the main database's, in an environment without named databases, as the kv store's):
-        room for commits to come once the file cannot grow."""
+        room for commits to come once the file cannot grow. None at all while a reader holds a
+        snapshot older than the last commit: the pages freed since are not free to it, and
+        counting them let additions take the room kept for removals."""
         st, info = self._env.stat(), self._env.info()
+        for line in self._env.readers().splitlines()[1:]:
+            txnid = line.split()[-1]
+            if txnid != "-" and int(txnid) < info["last_txnid"]:
+                return 0
         held = 2 + st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]  # two meta pages
         return max(0, info["last_pgno"] + 1 - held) * self._page
 

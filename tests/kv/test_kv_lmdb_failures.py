@@ -81,11 +81,16 @@ class _CommitFailsOnce:
     ],
     ids=["eio", "panic", "bad-valsize"],
 )
+@pytest.mark.parametrize("nearly_full", [False, True], ids=["room", "nearly-full-disk"])
 async def test_a_disk_error_of_lmdb_s_own_commit_fails_the_store(
-    tmp_path: Path, error: lmdb.Error, fatal: bool
+    tmp_path: Path, error: lmdb.Error, fatal: bool, nearly_full: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An EIO of LMDB's own fsync or page writes may have lost earlier batches' pages too (see
-    the fsync test below): it fails the store as an fsync error does, not only its batch."""
+    the fsync test below): it fails the store as an fsync error does, not only its batch. Also on a
+    nearly full disk, when the batch fitted in the zeros kept ahead of LMDB's data (only a write
+    past them can have met a full disk)."""
+    if nearly_full:
+        monkeypatch.setattr(lmdb_engine, "file_system_full", lambda path: True)
     db = await open_database("lmdb", path=str(tmp_path / "kv"))
     try:
         committer = db._shared.committer  # noqa: SLF001
@@ -246,6 +251,38 @@ async def test_a_full_store_refuses_what_adds_with_enospc_and_still_takes_remova
         assert await get(db, b"k%04d" % (stored + 19)) == value and await get(db, b"moved") == b"x"
     finally:
         await db.close()
+
+
+async def test_a_reader_holding_old_pages_keeps_a_full_store_refusing_additions(tmp_path: Path) -> None:
+    """Pages that removals freed while a reader holds an older snapshot are not free for LMDB to
+    use yet: a full store does not count them as room, so additions stay refused (and the room
+    kept for removals stays theirs) until the reader is done."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=16 << 20)
+    try:
+        value = os.urandom(50_000)
+        stored = 0
+        with pytest.raises(FS3Error):
+            for n in range(1000):
+                await put(db, b"k%04d" % n, value)
+                stored += 1
+        reader = db.create_transaction()
+        assert await reader.get(b"k0000") == value  # holds its snapshot
+        for n in range(30):
+            await db.run(lambda tr, key=b"k%04d" % n: _clear(tr, key))
+        with pytest.raises(FS3Error) as refused:
+            await put(db, b"new", value)
+        assert refused.value.code == StatusCode.KV_STORE_FULL
+        for n in range(30, 40):  # the room kept for removals is still there
+            await db.run(lambda tr, key=b"k%04d" % n: _clear(tr, key))
+        reader.cancel()
+        await put(db, b"new", value)  # the freed pages count once nobody holds them
+        assert await get(db, b"new") == value
+    finally:
+        await db.close()
+
+
+async def _clear(tr: Transaction, key: bytes) -> None:
+    tr.clear(key)
 
 
 @pytest.fixture
