@@ -763,14 +763,15 @@ class ChunkEngine:
 
     def roomy(self, nbytes: int) -> bool:
         """Whether the file system has room for ``nbytes`` and ROOMY_MARGIN more (blocks reserved
-        for root counted), from a statvfs at most every ROOMY_RECHECK_S. A write stored while it
+        for root counted for root only), from a statvfs at most every ROOMY_RECHECK_S. A write stored while it
         is forwarded (craq's parallel update) must not find the disk full here, where its
         successors may have taken it: that takes the target offline. Without this room it is
         stored first and forwarded after, and a full disk fails it with ENOSPC alone."""
         now = time.monotonic()
         if now >= self._free_seen_until:
             try:
-                self._free_seen = self._room()[3]
+                room = self._room()
+                self._free_seen = room[3] if os.geteuid() == 0 else room[1]  # root's blocks for root
             except OSError:
                 self._free_seen = 0
             self._free_seen_until = now + ROOMY_RECHECK_S
@@ -825,7 +826,7 @@ class ChunkEngine:
                 "the target stays online, retry)",
             )
         # LMDB answers a write of its pages that a full disk cut short with EIO
-        lmdb_full = lmdb_eio(exc) and file_system_full(str(self.path))
+        lmdb_full = lmdb_eio(exc) and self._store.tight and file_system_full(str(self.path))
         if code == errno.EDQUOT or (code == errno.ENOSPC and self._file_system_full()) or lmdb_full:
             log.warning("target full, target stays online path=%s op=%s error=%r", self.path, what, exc)
             return FS3Error(

@@ -103,6 +103,9 @@ class ChunkMetaStore:
             readahead=False,  # random point lookups; readahead would only evict useful pages
         )
         self._group_lock = threading.Lock()
+        # the last write transaction began with less room ahead of LMDB's data than the extender
+        # keeps where it can (FileExtender.LOW): it may have had to grow the file
+        self.tight = False
         self._queue: list[_Change] = []
         self._leading = False  # a leader is committing a group
         self._committing = 0  # the size of that group
@@ -211,7 +214,9 @@ class ChunkMetaStore:
         applied = 0
         start = time.perf_counter()
         with self._env.begin(write=True) as txn:
-            self._extender.extend_if_needed()  # under the write lock, as it must be
+            # under the write lock, as it must be; the room left says whether an EIO of this
+            # transaction may be a full disk's (see ChunkEngine._error)
+            self.tight = self._extender.extend_if_needed() < FileExtender.LOW
             stats = self._stats(txn)
             used, count, max_fid = stats.used, stats.chunk_count, stats.max_file_id
             for c in group:
