@@ -132,6 +132,9 @@ class InodeState:
     #: held by an O_APPEND write from taking the length as its offset until its bytes count in the
     #: length, so appends of this client's tasks and handles each get a range of their own
     appending: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: until when (monotonic) reads that find holes do not ask meta for the length again: meta did
+    #: not answer the last time (see FileSystem._recheck)
+    recheck_quiet_until: float = 0.0
 
     @property
     def size(self) -> int:
@@ -760,17 +763,20 @@ class OpenFile:
                 sinks.append(buf[pos : pos + io.length])
                 pos += io.length
             got = await self.storage.batch_read_into(ios, sinks)
-        hole = False
+        short: list[tuple[int, int]] = []  # file ranges storage did not have
+        at = offset
         for io, sink, n in zip(ios, sinks, got, strict=True):
             if n < io.length:
                 sink[n:] = bytes(io.length - n)  # a hole, or past the end of a chunk
-                hole = True
-        if hole and self.guard is not None:
+                short.append((at + n, at + io.length))
+            at += io.length
+        if short and self.guard is not None:
             # zeros, unless the chunks are gone because meta collected the file meanwhile
             await self.guard(self)
         for at, data in pieces:
             buf[at - offset : at - offset + len(data)] = data
-        return length, hole
+        # a hole this client's own unflushed writes fill is no sign of another client's truncate
+        return length, any(not _covered(b, e, pieces) for b, e in short)
 
     async def read(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes at ``offset``: short at the end of the file, holes read as zeros."""
@@ -787,6 +793,18 @@ class OpenFile:
         data = bytes(memoryview(buf)[:n])
         pool.release(buf)
         return data
+
+
+def _covered(begin: int, end: int, pieces: Sequence[tuple[int, memoryview]]) -> bool:
+    """Whether ``pieces`` (``(offset, bytes)``) cover file bytes ``[begin, end)`` whole."""
+    near = sorted((p for p in pieces if p[0] < end and p[0] + len(p[1]) > begin), key=lambda p: p[0])
+    for at, data in near:
+        if at > begin:
+            return False
+        begin = max(begin, at + len(data))
+        if begin >= end:
+            return True
+    return begin >= end
 
 
 def _put_range(ranges: list[list], offset: int, data: memoryview) -> int:  # type: ignore[type-arg]

@@ -77,6 +77,8 @@ END_AGAIN_MAX_S = 30.0
 END_AGAIN_AT_CLOSE_S = 5.0
 #: how long a read that found a hole waits for meta's length (see FileSystem._recheck)
 RECHECK_S = 1.0
+#: and, once meta did not answer it, how long such reads of that file do not ask again
+RECHECK_QUIET_S = 10.0
 
 _TYPE_BITS = {
     m.INODE_FILE: stat_mod.S_IFREG,
@@ -790,15 +792,21 @@ class FileSystem:
         """A read of ``h`` found a hole: take meta's length again (another client may have
         truncated the file; see ``OpenFile.read_into``). Meta not answering within RECHECK_S, or
         failing, leaves the length as it was and the hole reads as zeros, as before: meta's
-        downtime must not fail (or stall) reads of sparse files."""
+        downtime must not fail reads of sparse files, and stalls one of them per RECHECK_QUIET_S
+        and file at most."""
+        state = h.state
+        if time.monotonic() < state.recheck_quiet_until:
+            return
         try:
             await asyncio.wait_for(self._refresh(h), RECHECK_S)
+            return
         except FS3Error as e:
             if e.code in (StatusCode.SESSION_LOST, StatusCode.NOT_FOUND):
                 raise
             log.debug("length recheck failed inode=%d error=%s", h.inode_id, e)
         except TimeoutError:
             log.debug("length recheck: meta did not answer in %.1f s inode=%d", RECHECK_S, h.inode_id)
+        state.recheck_quiet_until = time.monotonic() + RECHECK_QUIET_S
 
     async def _refresh(self, h: OpenFile) -> None:
         """Take meta's current view of ``h``'s file (its settled length; this client's unreported

@@ -222,12 +222,24 @@ async def test_a_queued_sessions_check_with_meta_out_of_reach_leaves_it_to_mgmtd
         reader = await fs.open("/sparse")
         assert reader.handle.unconfirmed
         meta = c.meta_procs[0].popen.pid  # type: ignore[union-attr]
+        stats: list[int] = []
+        real = fs.meta.stat
+
+        async def counted(inode_id: int) -> object:
+            stats.append(inode_id)
+            return await real(inode_id)
+
+        fs.meta.stat = counted  # type: ignore[method-assign]
         os.kill(meta, signal.SIGSTOP)
         try:
             assert await reader.pread(4096, 0) == bytes(4096)
             assert reader.handle.unconfirmed and not reader.handle.session_lost
+            # the hole's length recheck went unanswered: the next hole read does not wait again
+            assert await reader.pread(4096, 8192) == bytes(4096)
+            assert len(stats) == 1
         finally:
             os.kill(meta, signal.SIGCONT)
+            del fs.meta.stat
         assert await reader.pread(4096, 0) == bytes(4096)  # asked again, and confirmed
         assert not reader.handle.unconfirmed
         await reader.close()

@@ -79,6 +79,28 @@ async def test_a_read_after_another_client_truncated_is_short_not_zeros(
     await r.close()
 
 
+async def test_reads_of_this_clients_own_unflushed_bytes_ask_meta_nothing(
+    fs: FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storage has nothing yet where this client wrote (its bytes are buffered): that is no hole
+    that another client's truncate may have made, and the read asks meta for no length."""
+    f = await fs.open("/own", "w+")
+    await f.pwrite(b"x" * 100, 0)
+    stats: list[int] = []
+    real = fs.meta.stat
+
+    async def counted(inode_id: int) -> object:
+        stats.append(inode_id)
+        return await real(inode_id)
+
+    monkeypatch.setattr(fs.meta, "stat", counted)
+    for _ in range(5):
+        assert await f.pread(100, 0) == b"x" * 100
+    assert stats == []
+    monkeypatch.undo()
+    await f.close()
+
+
 async def test_a_writers_own_old_length_does_not_come_back_after_another_client_truncated(
     fs: FileSystem, other: FileSystem
 ) -> None:
