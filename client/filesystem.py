@@ -49,6 +49,7 @@ import os
 import socket
 import stat as stat_mod
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 END_AGAIN_FIRST_S = 1.0
 END_AGAIN_MAX_S = 30.0
 END_AGAIN_AT_CLOSE_S = 5.0
+#: how long FileSystem.close waits for the Files still open to close (flush) first
+CLOSE_FILES_S = 30.0
 #: how long a read that found a hole waits for meta's length (see FileSystem._recheck)
 RECHECK_S = 1.0
 #: and, once meta did not answer it, how long such reads of that file do not ask again
@@ -155,6 +158,8 @@ def _split(path: str | bytes) -> tuple[bytes, bytes, bool]:
     off: the parent's path, ".." and symlinks in it included, is for meta to resolve as the kernel
     would ("a/link/.." is the parent of where link points, not "a"; "missing/.." does not exist)."""
     p = os.fsencode(path)
+    if not p:
+        raise FS3Error(StatusCode.NOT_FOUND, "the empty path names nothing")
     if not p.startswith(b"/"):
         p = b"/" + p
     stripped = p.rstrip(b"/")
@@ -215,6 +220,10 @@ class File:
         self.flags = flags
         self.pos = 0
         self.closed = False
+        # read() and readinto() of tasks (or threads, through SyncFileSystem) sharing this File
+        # take their ranges one after another, as reads of a shared descriptor do: each got the
+        # same bytes while the position moved on past others never returned
+        self._reading = asyncio.Lock()
 
     @property
     def inode_id(self) -> int:
@@ -248,23 +257,25 @@ class File:
     async def read(self, length: int | None = -1) -> bytes:
         """Up to ``length`` bytes (all to the end when negative or None) from the current position."""
         self._check_readable()
-        if length is None or length < 0:
-            await self.fs._refresh(self.handle)
-            length = max(0, self.handle.state.size - self.pos)
-        data = await self.pread(length, self.pos)
-        self.pos += len(data)
-        return data
+        async with self._reading:
+            if length is None or length < 0:
+                await self.fs._refresh(self.handle)
+                length = max(0, self.handle.state.size - self.pos)
+            data = await self.pread(length, self.pos)
+            self.pos += len(data)
+            return data
 
     async def readinto(self, buf: bytearray | memoryview) -> int:
         """Read up to ``len(buf)`` bytes from the current position into ``buf``, without a copy
         where storage can put them there; returns how many (0 at the end of the file)."""
         self._check_readable()
         view = memoryview(buf).cast("B")
-        if self.pos + len(view) > self.handle.state.size:
-            await self.fs._refresh(self.handle)  # another client may have extended the file
-        n = await self.handle.read_into(self.pos, view)
-        self.pos += n
-        return n
+        async with self._reading:
+            if self.pos + len(view) > self.handle.state.size:
+                await self.fs._refresh(self.handle)  # another client may have extended the file
+            n = await self.handle.read_into(self.pos, view)
+            self.pos += n
+            return n
 
     async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write ``data`` at ``offset`` (buffered); returns its length."""
@@ -307,6 +318,8 @@ class File:
         overlap one another. If a piece fails, the first error is raised once every piece has
         ended (written or failed)."""
         self._check()
+        if concurrency < 1:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"concurrency {concurrency}: at least 1")
         sem = asyncio.Semaphore(concurrency)
 
         async def one(offset: int, data: bytes | bytearray | memoryview) -> int:
@@ -404,6 +417,8 @@ class FileSystem:
         self.meta = meta
         self.storage = storage
         self._states: dict[int, InodeState] = {}
+        # open Files, closed (flushed) by close() as Python closes its files at exit
+        self._files: weakref.WeakSet[File] = weakref.WeakSet()
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
         self._session: ClientSessionKeeper | None = None
@@ -535,8 +550,9 @@ class FileSystem:
                 self.meta._current %= len(found)
 
     async def close(self) -> None:
-        """Close every connection (open files are not flushed: close them first). File closes
-        that were cancelled and go on in the background end first. Closing again does nothing."""
+        """Close the Files still open (flushing what they wrote, for up to CLOSE_FILES_S: their
+        writes were lost without a word), then every connection. File closes that were cancelled
+        and go on in the background end first. Closing again does nothing."""
         if self._closed:
             return
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
@@ -546,6 +562,7 @@ class FileSystem:
                 "FileSystem.close() called in another event loop than the one it was connected "
                 "in: use a FileSystem in its own loop (or fs3.client.SyncFileSystem from threads)"
             )
+        await self._close_files()
         while self._closing:
             await asyncio.wait(list(self._closing))
         if self._ending_again:  # one more try each, at once, then they are left to meta's expiry
@@ -570,6 +587,27 @@ class FileSystem:
         await self.rpc.close()
         self._closed = True
 
+    async def _close_files(self) -> None:
+        files = [f for f in list(self._files) if not f.closed]
+        if not files:
+            return
+        closes = [asyncio.ensure_future(f.close()) for f in files]
+        done, left = await asyncio.wait(closes, timeout=CLOSE_FILES_S)
+        for task in left:
+            task.cancel()
+        failed = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+        if left or failed:
+            log.warning(
+                "files left open at close: %d closed, %d failed (%s), %d did not finish in %.0f s: "
+                "what they wrote may be lost",
+                len(done) - len(failed),
+                len(failed),
+                failed[0] if failed else "-",
+                len(left),
+                CLOSE_FILES_S,
+            )
+        await asyncio.gather(*left, return_exceptions=True)
+
     async def __aenter__(self) -> FileSystem:
         return self
 
@@ -580,6 +618,8 @@ class FileSystem:
 
     async def _lookup(self, path: str | bytes, follow: bool = True) -> m.Inode:
         p = os.fsencode(path)
+        if not p:
+            raise FS3Error(StatusCode.NOT_FOUND, "the empty path names nothing")  # as os does
         if not p.startswith(b"/"):
             p = b"/" + p
         return await self.meta.lookup_path(p, follow)
@@ -784,6 +824,7 @@ class FileSystem:
             if st is not None:
                 st.truncated(0)
         f = File(self, self._handle(inode, session_id, flags, since, opened_at, queued), p, flags)
+        self._files.add(f)
         if flags & os.O_APPEND:
             f.pos = f.size
         return f
@@ -1108,6 +1149,17 @@ class FileSystem:
 
     async def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
         """Make a directory (and its missing parents with ``parents``, ignoring existing ones)."""
+        p = os.fsencode(path)
+        if p and (not p.strip(b"/") or p.rstrip(b"/").rsplit(b"/", 1)[-1] in (b".", b"..")):
+            # the root, or a name for a directory that exists already whatever it is: EEXIST, as
+            # mkdir(2) says (makedirs goes on, as os.makedirs does)
+            if parents:
+                head = p.rstrip(b"/").rpartition(b"/")[0]  # "a/b" of "a/b/.."
+                if head and not await self.exists(head):
+                    await self.mkdir(head, mode, parents=True)
+                if (await self._lookup(p)).type == m.INODE_DIRECTORY:
+                    return
+            raise FS3Error(StatusCode.ALREADY_EXISTS, f"{quote_name(p)} exists")
         if parents:
             parent, _, _ = _split(path)
             if parent != b"/" and not await self.exists(parent):
@@ -1192,6 +1244,8 @@ class FileSystem:
     async def truncate(self, path: str | bytes, size: int) -> None:
         """Cut or extend a file to ``size`` bytes; the cut-off data is gone, an extension reads as
         zeros."""
+        if size < 0:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {size}")  # as truncate(2)
         inode = await self._lookup(path)
         st = self._states.get(inode.id)
         if st is not None:

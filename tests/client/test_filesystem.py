@@ -595,3 +595,54 @@ async def test_a_read_far_past_the_end_costs_only_what_the_file_holds(
         assert await f.read(1 << 36) == b"0123456789"
         await expect_errno(errno.EINVAL, f.pread(-1, 0))
     assert await fs.read_batch([("/tiny", 2, 1 << 40)]) == [b"23456789"]
+
+
+async def test_reads_of_tasks_sharing_a_file_take_ranges_one_after_another(fs: FileSystem) -> None:
+    """read() and readinto() of tasks sharing one File each get the next bytes, as reads of a
+    shared descriptor do (each got the same bytes while the position moved past others)."""
+    lines = b"".join(b"%05d\n" % i for i in range(100))
+    await fs.write_file("/shared-read", lines)
+    async with await fs.open("/shared-read") as f:
+        got = await asyncio.gather(*(f.read(6) for _ in range(60)))
+        bufs = [bytearray(6) for _ in range(40)]
+        counts = await asyncio.gather(*(f.readinto(b) for b in bufs))
+    assert counts == [6] * 40
+    assert sorted(got + [bytes(b) for b in bufs]) == [lines[i : i + 6] for i in range(0, 600, 6)]
+
+
+async def test_closing_the_file_system_closes_the_files_left_open(cluster: FsCluster) -> None:
+    """Like Python's files at exit: a File still open when its FileSystem closes is flushed and
+    closed (its writes were silently lost), and closing it afterwards does nothing."""
+    fs = await cluster.connect()
+    f = await fs.open("/left-open", "w")
+    await f.write(b"kept" * 1000)
+    await fs.close()
+    assert f.closed
+    await f.close()
+    other = await cluster.connect()
+    try:
+        assert await other.read_file("/left-open") == b"kept" * 1000
+    finally:
+        await other.close()
+
+
+async def test_paths_and_arguments_os_takes_alike(fs: FileSystem) -> None:
+    """The empty path names nothing (ENOENT); mkdir of the root or of a name ending in '.' or
+    '..' is EEXIST, and makedirs goes through such names as os.makedirs does; negative sizes and
+    a concurrency below 1 are EINVAL (the latter hung)."""
+    await expect_errno(errno.ENOENT, fs.stat(""))
+    await expect_errno(errno.ENOENT, fs.listdir(""))
+    await fs.makedirs("/")
+    await expect_errno(errno.EEXIST, fs.mkdir("/"))
+    await fs.makedirs("/mk/a")
+    await expect_errno(errno.EEXIST, fs.mkdir("/mk/a/."))
+    await expect_errno(errno.EEXIST, fs.mkdir("/mk/a/.."))
+    await fs.makedirs("/mk/a/.")
+    await fs.makedirs("/mk/b/./c")
+    await fs.makedirs("/mk/d/../e")
+    assert sorted(await fs.listdir("/mk")) == ["a", "b", "d", "e"]
+    assert await fs.listdir("/mk/b") == ["c"]
+    await fs.write_file("/mk/f", b"x")
+    await expect_errno(errno.EINVAL, fs.truncate("/mk/f", -1))
+    async with await fs.open("/mk/f", "r+") as f:
+        await expect_errno(errno.EINVAL, f.write_parallel([(0, b"y")], concurrency=0))

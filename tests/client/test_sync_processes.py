@@ -108,7 +108,7 @@ f.close()
 g = fs2.open("/busy")
 fs2.close()
 out["file_close_again"] = outcome(f.close)  # closed before: nothing to do
-out["file_close_after"] = outcome(g.close)  # open when its file system closed
+out["file_close_after"] = outcome(g.close)  # open when its file system closed, which closed it
 print(json.dumps(out))
 """
 
@@ -165,7 +165,7 @@ async def test_close_ends_other_threads_calls_and_later_calls_fail_clearly(clust
     assert out["close_again"]["what"] == "None" and out["closed"] is True, out  # type: ignore[index]
     assert out["pickle"]["what"].startswith("TypeError: ") and "connect" in out["pickle"]["what"], out  # type: ignore[index]
     assert out["file_close_again"]["what"] == "None", out  # type: ignore[index]
-    assert out["file_close_after"]["what"].startswith("FS3Error: FAILED_PRECONDITION"), out  # type: ignore[index]
+    assert out["file_close_after"]["what"] == "None", out  # type: ignore[index]
 
 
 async def test_a_call_submitted_while_close_runs_ends_too(monkeypatch: pytest.MonkeyPatch) -> None:
