@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import time
 import types
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
@@ -63,6 +64,10 @@ _WARN_REJECTIONS = 10  # per connection
 # how often an open user connection's token is checked again while it is used (the verifier's
 # own cache may answer for a while longer): a revoked token loses its open connections
 USER_RECHECK_S = 30.0
+#: user connections one uid may hold open to one server (RpcServer.max_user_connections)
+MAX_USER_CONNECTIONS = 1024
+#: connections not authenticated yet that one server keeps (RpcServer.max_handshaking)
+MAX_HANDSHAKING = 1024
 # The reply to calls that a stopping server cancels or no longer starts: UNAVAILABLE, which every
 # client retries (after a backoff, elsewhere where it can), not CANCELLED, which a client takes as
 # final (its own RpcClient raises CANCELLED once closed).
@@ -104,6 +109,40 @@ def _resume(coro: Any, pending: Any) -> Generator[Any, Any, Any]:
                 pending = coro.send(value)
             except StopIteration as stop:
                 return stop.value
+
+
+class _WarnBudget:
+    """Warnings about refused or malformed connections, at most ``burst`` per ``window_s`` per
+    server; the rest are counted and said in one line when the next window opens. Anyone who can
+    reach the port can cause them, one connection each: unlimited, 10,000 connections a second
+    wrote ~400 KiB of log a second."""
+
+    __slots__ = ("burst", "window_s", "_until", "_used", "_suppressed")
+
+    def __init__(self, burst: int = 100, window_s: float = 10.0) -> None:
+        self.burst = burst
+        self.window_s = window_s
+        self._until = 0.0
+        self._used = 0
+        self._suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        if now >= self._until:
+            if self._suppressed:
+                log.warning(
+                    "%d more warnings about refused or malformed connections in the last %.0f s "
+                    "were not logged",
+                    self._suppressed,
+                    self.window_s,
+                )
+            self._until = now + self.window_s
+            self._used = self._suppressed = 0
+        if self._used < self.burst:
+            self._used += 1
+            return True
+        self._suppressed += 1
+        return False
 
 
 class _ServerSession(FrameReceiver):
@@ -166,6 +205,10 @@ class _ServerSession(FrameReceiver):
         # peer must not make us allocate megabytes.
         conn.limits = _handshake_limits(conn.limits)
         server._sessions.add(self)
+        self._pending = True  # counted in server._pending until authenticated or gone
+        if server._pending >= server.max_handshaking:
+            self.loop.call_soon(self._refuse, "too many connections not authenticated yet")
+        server._pending += 1
 
     # ---- transport hooks ----------------------------------------------------------------------
 
@@ -200,15 +243,16 @@ class _ServerSession(FrameReceiver):
             self.conn.close()
 
     def frame_error(self, error: FrameError) -> None:
-        log.warning(
-            "bad frame peer=%s identity=%s code=%s request_id=%d fatal=%s reason=%r",
-            self.conn.peer,
-            self.identity,
-            error.code.name,
-            error.request_id,
-            error.fatal,
-            error.message,
-        )
+        if self.server._warn.allow():
+            log.warning(
+                "bad frame peer=%s identity=%s code=%s request_id=%d fatal=%s reason=%r",
+                self.conn.peer,
+                self.identity,
+                error.code.name,
+                error.request_id,
+                error.fatal,
+                error.message,
+            )
         if error.request_id:
             self._send_error(error.request_id, error.code, error.message)
         if error.fatal:
@@ -223,7 +267,10 @@ class _ServerSession(FrameReceiver):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         self.server._sessions.discard(self)
-        if not self.ready and self._step != -1:
+        self._not_pending()
+        if self.user is not None:
+            self.server._user_closed(self.user.uid)
+        if not self.ready and self._step != -1 and self.server._warn.allow():
             # e.g. a client that found we do not share its secret; refused connections logged already
             log.warning("connection closed during handshake peer=%s error=%s", self.conn.peer, exc)
         log.debug("connection closed peer=%s identity=%s error=%s", self.conn.peer, self.identity, exc)
@@ -276,7 +323,13 @@ class _ServerSession(FrameReceiver):
         except DecodeError:
             self._refuse(f"unparsable handshake step {step}")
 
+    def _not_pending(self) -> None:
+        if self._pending:
+            self._pending = False
+            self.server._pending -= 1
+
     def _authenticated(self) -> None:
+        self._not_pending()
         self.ready = True
         self._step = 0
         self.conn.limits = self.server.limits
@@ -334,6 +387,12 @@ class _ServerSession(FrameReceiver):
             self._verifying = None
             if self.conn.is_closing or self._step != -2:
                 return
+            if not server._user_opened(user.uid):
+                self._refuse(
+                    f"uid {user.uid} has {server.max_user_connections} connections open to this "
+                    "server already (max_user_connections)"
+                )
+                return
             self.user = user
             self.token = token
             server._note_accepted(token)
@@ -386,9 +445,13 @@ class _ServerSession(FrameReceiver):
             self._refuse("handshake timeout")
 
     def _refuse(self, reason: str) -> None:
-        log.warning(
-            "refusing connection peer=%s identity=%s reason=%r", self.conn.peer, self.identity or "-", reason
-        )
+        if self.server._warn.allow():
+            log.warning(
+                "refusing connection peer=%s identity=%s reason=%r",
+                self.conn.peer,
+                self.identity or "-",
+                reason,
+            )
         self.ready = False
         self._step = -1
         if not self.conn.is_closing:
@@ -699,6 +762,16 @@ class RpcServer:
         self.max_user_refusals = 20
         self.user_refusal_window_s = 10.0
         self._refusals: dict[str, list[float]] = {}  # host -> loop times of recent refusals
+        # User connections open per uid, and the most one uid may hold: each costs a descriptor
+        # and ~20 KB, and a user token's holder filled meta's 20,000 descriptors with idle ones
+        # (every new connection was refused then, cluster members' included).
+        self._user_conns: dict[int, int] = {}
+        self.max_user_connections = MAX_USER_CONNECTIONS
+        # Connections not authenticated yet, and the most at once (more are closed at once, and
+        # unlogged beyond the warning budget): each holds a descriptor until its handshake timeout.
+        self.max_handshaking = MAX_HANDSHAKING
+        self._pending = 0
+        self._warn = _WarnBudget()
         self._accepted: dict[str, float] = {}  # token -> until when it skips the limit (loop time)
         self.identity = identity
         self.transport = transport or TcpTransport()
@@ -711,6 +784,20 @@ class RpcServer:
         self._listener: Listener | None = None
         self._stopping = False
         self.add_service(SYSTEM_SERVICE, SystemService(identity, limits))
+
+    def _user_opened(self, uid: int) -> bool:
+        n = self._user_conns.get(uid, 0)
+        if n >= self.max_user_connections:
+            return False
+        self._user_conns[uid] = n + 1
+        return True
+
+    def _user_closed(self, uid: int) -> None:
+        n = self._user_conns.get(uid, 0) - 1
+        if n > 0:
+            self._user_conns[uid] = n
+        else:
+            self._user_conns.pop(uid, None)
 
     def _refused_too_often(self, host: str, token: str) -> bool:
         now = asyncio.get_running_loop().time()

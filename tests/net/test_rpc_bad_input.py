@@ -316,3 +316,28 @@ async def test_client_gives_up_on_a_server_that_never_answers_the_handshake() ->
     finally:
         release.set()
         server.close()
+
+
+def test_warnings_about_bad_connections_are_limited(
+    threaded_server: ThreadedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone who reaches the port can make a server warn, once per connection: at most a burst
+    of such warnings per window is logged, the rest counted in one line (10,000 garbage
+    connections a second wrote ~400 KiB of log a second). The server serves on."""
+    from fs3.net.server import _WarnBudget
+
+    assert threaded_server.server is not None
+    threaded_server.server._warn = _WarnBudget(burst=3, window_s=0.5)  # noqa: SLF001
+    caplog.clear()
+    for _ in range(12):
+        with rpcwire.connect(threaded_server.address) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\n\r\n" + bytes(64))
+            rpcwire.wait_closed(sock)
+    warned = [r for r in caplog.records if r.name == "fs3.net.server" and r.levelname == "WARNING"]
+    assert 1 <= len(warned) <= 3, [r.getMessage() for r in warned]
+    time.sleep(0.6)
+    with rpcwire.connect(threaded_server.address) as sock:
+        sock.sendall(bytes(64))
+        rpcwire.wait_closed(sock)
+    assert any("were not logged" in r.getMessage() for r in caplog.records)
+    check_healthy(threaded_server)

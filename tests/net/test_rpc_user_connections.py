@@ -5,6 +5,7 @@ cluster members only, and protocol violations while the token is checked are ref
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 
 import pytest
@@ -241,3 +242,52 @@ async def test_a_host_trying_made_up_tokens_is_refused_unasked_for_a_while(serve
         with pytest.raises(FS3Error):
             await c.call(server.address, PING, rpc_pb2.PingRequest())
     assert server.verifier.asked[-1] == "tok-guess-9"  # type: ignore[attr-defined]  # asked again
+
+
+async def test_one_uid_holds_at_most_max_user_connections(server: RpcServer) -> None:
+    """A user token's holder opened idle connections until meta ran out of descriptors (every new
+    connection, cluster members' too, was refused then): one uid holds max_user_connections at
+    most; a closed one frees its place; cluster members are not counted."""
+    server.max_user_connections = 3
+    clients = [RpcClient(None, token="tok-alice", limits=TEST_LIMITS) for _ in range(4)]
+    try:
+        for c in clients[:3]:
+            await c.call(server.address, PING, rpc_pb2.PingRequest())
+        with pytest.raises(FS3Error) as e:
+            await clients[3].call(server.address, PING, rpc_pb2.PingRequest())
+        assert e.value.code in (StatusCode.RPC_AUTH_FAILED, StatusCode.UNAUTHENTICATED), e.value
+        async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as member:
+            await member.call(server.address, PING, rpc_pb2.PingRequest())
+        await clients[0].close()
+        await wait_until(lambda: server._user_conns.get(1001) == 2, 10, "the closed one to count off")  # noqa: SLF001
+        await clients[3].call(server.address, PING, rpc_pb2.PingRequest())
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def test_connections_not_yet_authenticated_are_capped() -> None:
+    """More connections than max_handshaking that have not authenticated are closed at once, not
+    held (each a descriptor) until their handshake timeout; authenticated ones are not counted."""
+    server = RpcServer(SECRET, limits=dataclasses.replace(TEST_LIMITS, handshake_timeout_s=60.0))
+    await server.start(("127.0.0.1", 0))
+    server.max_handshaking = 5
+    host, port = server.address
+    idle = [await asyncio.open_connection(host, port) for _ in range(5)]
+    try:
+        async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as member:
+            with pytest.raises(FS3Error):  # refused at once, long before the handshake timeout
+                await asyncio.wait_for(member.call(server.address, PING, rpc_pb2.PingRequest()), 20)
+        reader, writer = await asyncio.open_connection(host, port)
+        await asyncio.wait_for(reader.read(), 20)  # an error frame, then the end
+        assert reader.at_eof()
+        writer.close()
+        for _, w in idle:
+            w.close()
+        await wait_until(lambda: server._pending == 0, 10, "the idle ones to count off")  # noqa: SLF001
+        async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as member:
+            await member.call(server.address, PING, rpc_pb2.PingRequest())
+    finally:
+        for _, w in idle:
+            w.close()
+        await server.stop()
