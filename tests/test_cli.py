@@ -218,3 +218,13 @@ def test_mount_and_umount_name_a_missing_directory_and_warn_of_a_non_empty_one(t
     assert out.stderr.splitlines()[0] == (
         f"fs3 mount: warning: {full} is not empty; what it holds is hidden while fs3 is mounted over it"
     ), out.stderr
+
+
+def test_local_cluster_ports_lie_below_the_ephemeral_range() -> None:
+    """`fs3 local` keeps its ports across down and up: taken from the ephemeral range, one could be
+    some connection's local port by the next up ("Address already in use" on a metrics port)."""
+    from fs3.cli.local_cluster import _ephemeral_low, free_ports
+
+    ports = free_ports("127.0.0.1", 12)
+    assert len(set(ports)) == 12
+    assert all(1024 <= p < _ephemeral_low() for p in ports), ports

@@ -3,8 +3,10 @@ daemons that run from them (see :mod:`fs3.local` for the layout)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import random
 import secrets
 import socket
 import sys
@@ -294,10 +296,28 @@ class LocalCluster:
 
 
 def free_ports(host: str, n: int) -> list[int]:
-    """``n`` distinct ports free on ``host`` now (held open together so none repeats)."""
-    socks = []
+    """``n`` distinct ports free on ``host`` now (held open together so none repeats), below the
+    kernel's ephemeral range where it can: a cluster keeps its ports across `down` and `up`, and
+    a port of that range may meanwhile be the local port of some process's connection (an `up`
+    after a `down` failed with "Address already in use" on a metrics port until it closed)."""
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        low = _ephemeral_low()
+        candidates = list(range(max(1024, low - 16384), low))
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                s.close()
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                continue
+            socks.append(s)
+        while len(socks) < n:  # none free below the range: any the kernel gives
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
@@ -305,6 +325,15 @@ def free_ports(host: str, n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def write_private(path: Path, data: bytes) -> None:
