@@ -108,8 +108,13 @@ def file_system_full(path: str) -> bool:
         st = os.statvfs(path)
     except OSError:
         return False
-    blocks = st.f_bfree if os.geteuid() == 0 else st.f_bavail
-    return blocks * st.f_frsize < FULL_BYTES
+    return free_bytes(st) < FULL_BYTES
+
+
+def free_bytes(st: os.statvfs_result) -> int:
+    """Bytes of a file system (``st``, a statvfs) this process may still write: the blocks kept
+    for root count for root."""
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
 
 
 def _disk_failure(exc: OSError | lmdb.Error) -> bool:
@@ -233,9 +238,7 @@ class _Committer:
         info = self._env.info()
         psize = self._env.stat()["psize"]
         used = (info["last_pgno"] + 1) * psize - self._extender.reusable()
-        st = os.statvfs(self._path)
-        free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
-        return StoreSpace(used, info["map_size"], free)
+        return StoreSpace(used, info["map_size"], free_bytes(os.statvfs(self._path)))
 
     def stop(self) -> None:
         """Commit and flush whatever is queued, then end the threads (blocks until they have)."""
