@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import math
 import os
@@ -82,6 +83,9 @@ CLOSE_FILES_S = 30.0
 RECHECK_S = 1.0
 #: and, once meta did not answer it, how long such reads of that file do not ask again
 RECHECK_QUIET_S = 10.0
+# File.readline reads this much ahead of the position, kept for the next lines until the File
+# seeks or writes
+LINE_BLOCK = 64 << 10
 
 _TYPE_BITS = {
     m.INODE_FILE: stat_mod.S_IFREG,
@@ -224,10 +228,37 @@ class File:
         # take their ranges one after another, as reads of a shared descriptor do: each got the
         # same bytes while the position moved on past others never returned
         self._reading = asyncio.Lock()
+        # (offset, bytes) that readline read past the position; dropped when this File seeks or writes
+        self._ahead: tuple[int, bytes] | None = None
 
     @property
     def inode_id(self) -> int:
         return self.handle.inode_id
+
+    @property
+    def name(self) -> str:
+        """The path the file was opened by, as a file object's ``name`` is."""
+        return os.fsdecode(self.path)
+
+    def readable(self) -> bool:
+        self._check()
+        return self.flags & os.O_ACCMODE != os.O_WRONLY
+
+    def writable(self) -> bool:
+        self._check()
+        return self.flags & os.O_ACCMODE != os.O_RDONLY
+
+    def seekable(self) -> bool:
+        self._check()
+        return True
+
+    def isatty(self) -> bool:
+        self._check()
+        return False
+
+    def fileno(self) -> int:
+        """There is none (the file is not the kernel's): io.UnsupportedOperation, as io.BytesIO says."""
+        raise io.UnsupportedOperation("an fs3 native file has no file descriptor")
 
     @property
     def size(self) -> int:
@@ -277,14 +308,66 @@ class File:
             self.pos += n
             return n
 
+    async def readline(self, size: int | None = -1) -> bytes:
+        """The bytes from the position through the next newline (fewer at the end of the file or
+        when ``size`` bytes came first); b"" at the end. Reads LINE_BLOCK bytes at a time and keeps
+        what it read past the line for the next calls until this File seeks or writes, as a
+        buffered reader does (another writer's changes to those bytes show after that, or to read
+        and pread, which always ask storage)."""
+        self._check_readable()
+        limit = -1 if size is None or size < 0 else size
+        async with self._reading:
+            start = self.pos
+            line = bytearray()
+            while limit < 0 or len(line) < limit:
+                at = start + len(line)
+                ahead = self._ahead
+                if ahead is None or not ahead[0] <= at < ahead[0] + len(ahead[1]):
+                    data = await self.pread(LINE_BLOCK, at)
+                    if not data:
+                        break
+                    ahead = self._ahead = (at, data)
+                block, off = ahead[1], at - ahead[0]
+                end = len(block) if limit < 0 else min(len(block), off + limit - len(line))
+                nl = block.find(b"\n", off, end)
+                if nl >= 0:
+                    line += block[off : nl + 1]
+                    break
+                line += block[off:end]
+            self.pos = start + len(line)
+            return bytes(line)
+
+    async def readlines(self, hint: int | None = -1) -> list[bytes]:
+        """The lines to the end of the file (or until ``hint`` bytes were read), as io's readlines."""
+        lines: list[bytes] = []
+        total = 0
+        while hint is None or hint <= 0 or total < hint:
+            line = await self.readline()
+            if not line:
+                break
+            lines.append(line)
+            total += len(line)
+        return lines
+
+    def __aiter__(self) -> File:
+        return self
+
+    async def __anext__(self) -> bytes:
+        line = await self.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line
+
     async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write ``data`` at ``offset`` (buffered); returns its length."""
         self._check()
+        self._ahead = None
         return await self.handle.write(offset, data)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write at the current position (at the end with O_APPEND) and advance it."""
         self._check()
+        self._ahead = None
         if self.flags & os.O_APPEND:
             state = self.handle.state
             # the length is the offset, and counts this write only once handle.write returns:
@@ -318,6 +401,7 @@ class File:
         overlap one another. If a piece fails, the first error is raised once every piece has
         ended (written or failed)."""
         self._check()
+        self._ahead = None
         if concurrency < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"concurrency {concurrency}: at least 1")
         sem = asyncio.Semaphore(concurrency)
@@ -336,6 +420,7 @@ class File:
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
         self._check()
+        self._ahead = None
         if whence == os.SEEK_SET:
             pos = offset
         elif whence == os.SEEK_CUR:
@@ -358,6 +443,7 @@ class File:
         handle's write session; returns the new length. As ftruncate(2), EINVAL for a handle not
         open for writing or a negative size."""
         self._check()
+        self._ahead = None
         if not self.handle.writable:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "the file is not open for writing")
         size = self.pos if size is None else size
@@ -780,6 +866,9 @@ class FileSystem:
         """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE)."""
         p = os.fsencode(path)
         since, opened_at = stamp(), session_clock()
+        if flags & os.O_CREAT and p.endswith(b"/"):
+            # open(2): a name with a trailing slash is a directory, which O_CREAT cannot make
+            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)}: O_CREAT of a directory name")
         if flags & os.O_CREAT:
             for _ in range(MAX_SYMLINK_FOLLOWS + 1):
                 parent, name = await self._parent(p)
@@ -1143,8 +1232,10 @@ class FileSystem:
         async for e in self.meta.listdir(inode.id):
             yield e
 
-    async def listdir(self, path: str | bytes = "/") -> list[str]:
-        """The names in a directory, sorted."""
+    async def listdir(self, path: str | bytes = "/") -> list[str] | list[bytes]:
+        """The names in a directory, sorted: bytes for a bytes path, as os.listdir gives."""
+        if isinstance(path, bytes):
+            return [e.name async for e in self.scandir(path)]
         return [os.fsdecode(e.name) async for e in self.scandir(path)]
 
     async def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import crc32c as _crc32c
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, call_os_flavoured
 from fs3.proto import meta_pb2 as m
 
 if TYPE_CHECKING:
@@ -406,7 +406,7 @@ class SyncKVCache:
 
     def __init__(self, fs: SyncFileSystem, root: str = "/kvcache", **options: Any) -> None:
         self._fs = fs
-        self.aio = KVCache(fs.aio, root, **options)
+        self.aio = call_os_flavoured(KVCache, fs.aio, root, **options)
 
     def _run(self, coro: Awaitable[T]) -> T:
         return self._fs._loop.run(coro)
@@ -430,7 +430,7 @@ class SyncKVCache:
         return self._run(self.aio.delete(key))
 
     def path_of(self, key: bytes | str) -> str:
-        return self.aio.path_of(key)
+        return call_os_flavoured(self.aio.path_of, key)
 
     def usage(self) -> CacheUsage:
         return self._run(self.aio.usage())

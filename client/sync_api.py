@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TypeVar
 from fs3.client.filesystem import File, FileSystem, StatResult
 from fs3.client.mgmtd_client import FORKED_CLIENT_ADVICE
 from fs3.config import ClientConfig
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, call_os_flavoured
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
@@ -67,6 +67,11 @@ class _LoopThread:
         raise FS3Error(StatusCode.FAILED_PRECONDITION, "the fs3 file system is closed")
 
     def run(self, coro: Awaitable[T]) -> T:
+        """Run ``coro`` on the loop and wait for its result; an FS3Error it raises comes out as the
+        matching OSError subclass that is still an FS3Error (:func:`os_flavoured`)."""
+        return call_os_flavoured(self._run, coro)
+
+    def _run(self, coro: Awaitable[T]) -> T:
         with self._gate:
             if self.closed or os.getpid() != self.pid:
                 self._refuse(coro)
@@ -139,6 +144,49 @@ class SyncFile:
     def readinto(self, buf: bytearray | memoryview) -> int:
         return self._loop.run(self.file.readinto(buf))
 
+    # what io's binary files also offer, so that pickle.load, io.TextIOWrapper, zipfile, tarfile,
+    # numpy and torch take an fs3 file where they take a local one
+    read1 = read
+    readinto1 = readinto
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._loop.run(self.file.readline(size))
+
+    def readlines(self, hint: int | None = -1) -> list[bytes]:
+        return self._loop.run(self.file.readlines(hint))
+
+    def __iter__(self) -> SyncFile:
+        return self
+
+    def __next__(self) -> bytes:
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+    def writelines(self, lines: Iterable[bytes | bytearray | memoryview]) -> None:
+        for line in lines:
+            self.write(line)
+
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+    def readable(self) -> bool:
+        return call_os_flavoured(self.file.readable)
+
+    def writable(self) -> bool:
+        return call_os_flavoured(self.file.writable)
+
+    def seekable(self) -> bool:
+        return call_os_flavoured(self.file.seekable)
+
+    def isatty(self) -> bool:
+        return call_os_flavoured(self.file.isatty)
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
     def pread(self, length: int, offset: int) -> bytes:
         return self._loop.run(self.file.pread(length, offset))
 
@@ -154,10 +202,10 @@ class SyncFile:
         return self._loop.run(self.file.write_parallel(list(pieces), concurrency))
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self.file.seek(offset, whence)
+        return call_os_flavoured(self.file.seek, offset, whence)
 
     def tell(self) -> int:
-        return self.file.tell()
+        return call_os_flavoured(self.file.tell)
 
     def truncate(self, size: int | None = None) -> int:
         return self._loop.run(self.file.truncate(size))
@@ -234,7 +282,7 @@ class SyncFileSystem:
     def exists(self, path: str | bytes) -> bool:
         return self._call(self.aio.exists, path)
 
-    def listdir(self, path: str | bytes = "/") -> list[str]:
+    def listdir(self, path: str | bytes = "/") -> list[str] | list[bytes]:
         return self._call(self.aio.listdir, path)
 
     def scandir(self, path: str | bytes) -> list[m.DirEntry]:

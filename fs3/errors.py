@@ -13,6 +13,11 @@ from __future__ import annotations
 import copy
 import enum
 import errno as _errno
+import os as _os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class StatusCode(enum.IntEnum):
@@ -220,6 +225,70 @@ class FS3Error(Exception):
 
     def __reduce__(self):  # keep the code when pickled across processes
         return (type(self), (int(self.code), self.message))
+
+
+# The native Python API (SyncFileSystem, SyncFile, SyncKVCache) raises its errors as these: each is
+# an FS3Error and also the OSError subclass Python itself raises for the same errno, so that
+# ``except FileNotFoundError`` (or ``except OSError``) catches a missing file as it does with
+# ``open()``. Only at that boundary: inside the services an OSError means a failed system call (a
+# socket, a disk), and an FS3Error from a peer must not be caught as one.
+def _os_flavour(base: type[OSError]) -> type[FS3Error]:
+    name = "FS3" + base.__name__ if base is not OSError else "FS3OSError"
+
+    def __init__(self: FS3Error, code: int, message: str = "") -> None:
+        FS3Error.__init__(self, code, message)
+        self.strerror = _os.strerror(self.errno)  # type: ignore[misc]
+
+    cls = type(name, (FS3Error, base), {"__init__": __init__, "__module__": __name__, "__qualname__": name})
+    globals()[name] = cls  # importable by name, so that pickling keeps the class
+    return cls
+
+
+_OS_FLAVOURS: dict[type[OSError], type[FS3Error]] = {}
+
+
+def os_flavoured(error: FS3Error) -> FS3Error:
+    """``error`` as an instance of the OSError subclass its errno selects (FileNotFoundError for
+    ENOENT, PermissionError for EACCES, plain OSError for EIO) that is still an FS3Error with the
+    same code and message; ``error`` itself when it already is one."""
+    if isinstance(error, OSError):
+        return error
+    base = type(OSError(error.errno, ""))
+    cls = _OS_FLAVOURS.get(base)
+    if cls is None:
+        cls = _OS_FLAVOURS[base] = _os_flavour(base)
+    return cls(error.code, error.message)
+
+
+def call_os_flavoured(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    """``fn(*args, **kw)``, an FS3Error it raises coming out as :func:`os_flavoured` makes it (with
+    the same traceback): how the native synchronous API calls whatever may fail."""
+    try:
+        return fn(*args, **kw)
+    except FS3Error as e:
+        raise os_flavoured(e).with_traceback(e.__traceback__) from None
+
+
+for _base in (
+    OSError,
+    BlockingIOError,
+    ChildProcessError,
+    ConnectionError,
+    BrokenPipeError,
+    ConnectionAbortedError,
+    ConnectionRefusedError,
+    ConnectionResetError,
+    FileExistsError,
+    FileNotFoundError,
+    InterruptedError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    ProcessLookupError,
+    TimeoutError,
+):
+    _OS_FLAVOURS[_base] = _os_flavour(_base)
+del _base
 
 
 def fresh_error(error: BaseException) -> BaseException:

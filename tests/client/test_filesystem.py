@@ -646,3 +646,121 @@ async def test_paths_and_arguments_os_takes_alike(fs: FileSystem) -> None:
     await expect_errno(errno.EINVAL, fs.truncate("/mk/f", -1))
     async with await fs.open("/mk/f", "r+") as f:
         await expect_errno(errno.EINVAL, f.write_parallel([(0, b"y")], concurrency=0))
+
+
+async def test_the_sync_api_raises_the_oserror_python_raises(cluster: FsCluster) -> None:
+    """SyncFileSystem's errors are the OSError subclasses open() and os raise for the same mistake
+    (``except FileNotFoundError`` catches a missing file) and still FS3Errors with their codes; an
+    O_CREAT open of a name with a trailing slash is EISDIR, as open(2) says (it was ENOENT, or
+    EEXIST for an existing directory); listdir of a bytes path lists bytes, as os.listdir does."""
+    await asyncio.to_thread(_sync_errors, cluster.client_config("sync-errors"))
+
+
+def _sync_errors(config: Path) -> None:
+    import pickle
+
+    from fs3.errors import StatusCode
+
+    with SyncFileSystem.connect(config) as fs:
+        with pytest.raises(FileNotFoundError) as missing:
+            fs.stat("/no-such-file")
+        assert isinstance(missing.value, FS3Error) and missing.value.code == StatusCode.NOT_FOUND
+        assert missing.value.errno == errno.ENOENT and missing.value.strerror == os.strerror(errno.ENOENT)
+        again = pickle.loads(pickle.dumps(missing.value))
+        assert type(again) is type(missing.value) and again.code == StatusCode.NOT_FOUND
+        with pytest.raises(FileNotFoundError):
+            fs.open("/no-such-file")
+        fs.makedirs("/errs/d")
+        fs.write_file("/errs/f", b"x")
+        with pytest.raises(FileExistsError):
+            fs.mkdir("/errs/d")
+        with pytest.raises(NotADirectoryError):
+            fs.listdir("/errs/f")
+        with pytest.raises(IsADirectoryError):
+            fs.open("/errs/d")
+        for name in ("/errs/new/", "/errs/f/", "/errs/d/"):
+            for mode in ("w", "x", "a"):
+                with pytest.raises(IsADirectoryError):
+                    fs.open(name, mode)
+        assert not fs.exists("/errs/new")
+        with pytest.raises(OSError) as closed, fs.open("/errs/f") as f:
+            f.close()
+            f.seek(0)
+        assert closed.value.errno == errno.EBADF
+        assert fs.listdir(b"/errs") == [b"d", b"f"] and fs.listdir("/errs") == ["d", "f"]
+
+
+async def test_native_files_serve_as_python_binary_files(cluster: FsCluster) -> None:
+    """pickle.load, line iteration, io.TextIOWrapper with csv, zipfile and tarfile take a SyncFile as they
+    take a local binary file (pickle.load needs readline; TextIOWrapper readable() and read1)."""
+    await asyncio.to_thread(_sync_file_objects, cluster.client_config("sync-files"))
+
+
+def _sync_file_objects(config: Path) -> None:
+    import csv
+    import io
+    import pickle
+    import tarfile
+    import zipfile
+
+    with SyncFileSystem.connect(config) as fs:
+        obj = {"n": list(range(5000)), "text": "line\n" * 100, "blob": b"\n" * 70_000}
+        with fs.open("/obj.pkl", "wb") as f:
+            pickle.dump(obj, f, protocol=0)  # protocol 0 is line-based: readline throughout
+        with fs.open("/obj.pkl", "rb") as f:
+            assert pickle.load(f) == obj
+        with fs.open("/obj.pkl", "rb") as f:
+            assert b"".join(f) == fs.read_file("/obj.pkl")
+            assert (f.readable(), f.writable(), f.seekable(), f.isatty(), f.name) == (
+                True,
+                False,
+                True,
+                False,
+                "/obj.pkl",
+            )
+            with pytest.raises(io.UnsupportedOperation):
+                f.fileno()
+        with fs.open("/rows.csv", "w") as f:
+            text = io.TextIOWrapper(f, "utf-8", newline="")
+            csv.writer(text).writerows([i, f"v{i}"] for i in range(10_000))
+            text.flush()
+            text.detach()
+        with fs.open("/rows.csv") as f:
+            rows = list(csv.reader(io.TextIOWrapper(f, "utf-8", newline="")))
+        assert rows == [[str(i), f"v{i}"] for i in range(10_000)]
+        with fs.open("/a.zip", "wb") as f, zipfile.ZipFile(f, "w") as z:
+            z.writestr("inner.txt", "hello\n" * 1000)
+        with fs.open("/a.zip", "rb") as f, zipfile.ZipFile(f) as z:
+            assert z.namelist() == ["inner.txt"] and z.read("inner.txt") == b"hello\n" * 1000
+        member = tarfile.TarInfo("member.bin")
+        member.size = 70_000
+        with fs.open("/a.tar", "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
+            tar.addfile(member, io.BytesIO(b"m" * member.size))
+        with fs.open("/a.tar", "rb") as f, tarfile.open(fileobj=f) as tar:
+            assert tar.extractfile("member.bin").read() == b"m" * 70_000  # type: ignore[union-attr]
+
+
+async def test_readline_reads_lines_across_blocks_and_sees_its_own_writes(fs: FileSystem) -> None:
+    """readline: lines longer than the block it reads ahead, a size limit, a last line without a
+    newline, ``async for``; bytes this File writes after a readline read ahead are what the next
+    readline returns (the read-ahead is dropped), and so are bytes after a seek."""
+    from fs3.client import filesystem
+
+    long = b"L" * (filesystem.LINE_BLOCK * 2 + 10) + b"\n"
+    content = b"a\n" + long + b"bb\n\n" + b"tail"
+    await fs.write_file("/lines", content)
+    async with await fs.open("/lines") as f:
+        assert [line async for line in f] == [b"a\n", long, b"bb\n", b"\n", b"tail"]
+        assert await f.readline() == b""
+        f.seek(0)
+        assert await f.readline(1) == b"a" and await f.readline(0) == b"" and await f.readline() == b"\n"
+        assert await f.readline(5) == b"LLLLL" and f.tell() == 7
+        f.seek(len(content) - 8)
+        assert await f.readlines() == [b"bb\n", b"\n", b"tail"]
+    async with await fs.open("/lines", "r+") as f:
+        assert await f.readline() == b"a\n"
+        await f.pwrite(b"XY", 2)
+        assert await f.readline(4) == b"XYLL"
+        await fs.write_file("/lines", b"1\n2\n3\n")  # another File, then a seek: seen
+        f.seek(0)
+        assert await f.readlines() == [b"1\n", b"2\n", b"3\n"]

@@ -159,8 +159,8 @@ async def test_close_ends_other_threads_calls_and_later_calls_fail_clearly(clust
     assert out["threads_left"] == 0, out
     errors = out["thread_errors"]
     assert isinstance(errors, list) and len(errors) == 4, out
-    assert all(e.startswith("FS3Error") for e in errors), out
-    assert out["after_close"]["what"].startswith("FS3Error: FAILED_PRECONDITION"), out  # type: ignore[index]
+    assert all(e.startswith("FS3OSError: ") for e in errors), out
+    assert out["after_close"]["what"].startswith("FS3OSError: FAILED_PRECONDITION"), out  # type: ignore[index]
     assert "closed" in out["after_close"]["what"], out  # type: ignore[index]
     assert out["close_again"]["what"] == "None" and out["closed"] is True, out  # type: ignore[index]
     assert out["pickle"]["what"].startswith("TypeError: ") and "connect" in out["pickle"]["what"], out  # type: ignore[index]
