@@ -976,7 +976,9 @@ class FileSystem:
             try:
                 if h.session_lost:
                     raise _session_lost_error(h)
-                ino = await self.meta.sync(h.inode_id, h.session_id, length, wrote=wrote)
+                ino = await self.meta.sync(
+                    h.inode_id, h.session_id, length, wrote=wrote, mtime_ns=h.state.wrote_ns if wrote else 0
+                )
             except BaseException as e:
                 if not self._ended_by_meta(h, e, wrote):
                     if wrote:
@@ -1044,7 +1046,13 @@ class FileSystem:
                     # closed, as a put that comes after the close would leave it for good)
                     if h.session_lost and not await self.meta.restoring(h.inode_id, h.session_id):
                         raise _session_lost_error(h)
-                    ino = await self.meta.close_file(h.inode_id, h.session_id, length, wrote=wrote)
+                    ino = await self.meta.close_file(
+                        h.inode_id,
+                        h.session_id,
+                        length,
+                        wrote=wrote,
+                        mtime_ns=h.state.wrote_ns if wrote else 0,
+                    )
                 except FS3Error as e:
                     # meta ended the session: the close has nothing left to do but report
                     if not self._ended_by_meta(h, e, wrote):

@@ -609,9 +609,10 @@ class Fs3Operations(pyfuse3.Operations):
             or fields.update_uid
             or fields.update_gid
         ):
-            # Settle this mount's writes first: their report sets mtime to now and the length, and
-            # clears setuid/setgid (a write by a non-root opener), which must not land after (and
-            # undo) an explicit mtime, a truncate, or the mode of a chmod (install -m 4755).
+            # Settle this mount's writes first: their report sets mtime (to when they were made)
+            # and the length, and clears setuid/setgid (a write by a non-root opener), which must
+            # not land after (and undo) an explicit mtime, a truncate, or the mode of a chmod
+            # (install -m 4755).
             for h in list(st.handles):
                 await self._report(h, raise_errors=False)  # a flush error is for fsync/close
         if fields.update_size:

@@ -808,9 +808,16 @@ class MetaClient:
         return (await self.call("Capability", req)).capability
 
     async def sync(
-        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
+        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False, mtime_ns: int = 0
     ) -> m.Inode:
-        req = m.SyncReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
+        """Report a handle's written length (fsync); ``mtime_ns``: when it wrote (0: meta's now)."""
+        req = m.SyncReq(
+            inode_id=inode_id,
+            session_id=session_id,
+            written_length=written_length,
+            wrote=wrote,
+            mtime=_timespec(mtime_ns),
+        )
         return (await self.call("Sync", req)).inode
 
     async def touch_session(self, inode_id: int, session_id: int, confirm: bool = False) -> float:
@@ -823,9 +830,16 @@ class MetaClient:
         return (await self._call("Sync", req, prefer=prefer))[0].session_timeout_s
 
     async def close_file(
-        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
+        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False, mtime_ns: int = 0
     ) -> m.Inode:
-        req = m.CloseReq(inode_id=inode_id, session_id=session_id, written_length=written_length, wrote=wrote)
+        """End a session, reporting its written length; ``mtime_ns``: when it wrote (0: meta's now)."""
+        req = m.CloseReq(
+            inode_id=inode_id,
+            session_id=session_id,
+            written_length=written_length,
+            wrote=wrote,
+            mtime=_timespec(mtime_ns),
+        )
         # First to the server that queued the session's open, while that is recorded (dropped
         # when the server is lost): another one, before the open's session is written, finds none
         # (META_BAD_HANDLE, taken for an end by meta) and the session, written after, stays for
@@ -850,3 +864,8 @@ class MetaClient:
 
     async def prune_sessions(self, client_id: int) -> int:
         return (await self.call("PruneSession", m.PruneSessionReq(client_id=client_id))).pruned
+
+
+def _timespec(ns: int) -> m.Timespec | None:
+    """A time for a request's optional Timespec field (None, the field unset, for 0)."""
+    return m.Timespec(sec=ns // 1_000_000_000, nsec=ns % 1_000_000_000) if ns > 0 else None

@@ -333,7 +333,8 @@ class MetaService:
         if req.touch or req.confirm:
             ino = await self.store.touch(req.inode_id, req.session_id, write=not req.confirm)
             return m.InodeRsp(inode=ino, session_timeout_s=self.store.collector.session_timeout_s)
-        ino = await self.store.sync(req.inode_id, req.session_id, req.written_length, req.wrote)
+        mtime = req.mtime.sec * 1_000_000_000 + req.mtime.nsec if req.HasField("mtime") else 0
+        ino = await self.store.sync(req.inode_id, req.session_id, req.written_length, req.wrote, mtime)
         return m.InodeRsp(inode=ino)
 
     async def Close(self, req: m.CloseReq, _p: Any, _c: CallContext) -> m.InodeRsp:

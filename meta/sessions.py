@@ -166,10 +166,11 @@ class SessionOps(Namespace):
         return await self.db.run(once, read_only=True)
 
     async def sync(
-        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False
+        self, inode_id: int, session_id: int, written_length: int = 0, wrote: bool = False, mtime_ns: int = 0
     ) -> meta_pb2.Inode:
-        """fsync: settle the length from this session's report; the session stays open."""
-        return await self._settle(inode_id, session_id, written_length, wrote, close=False, mtime_ns=0)
+        """fsync: settle the length from this session's report; the session stays open. ``mtime_ns``
+        as :meth:`end_session` takes it."""
+        return await self._settle(inode_id, session_id, written_length, wrote, close=False, mtime_ns=mtime_ns)
 
     async def touch(self, inode_id: int, session_id: int, write: bool = True) -> meta_pb2.Inode:
         """Check that session ``session_id`` of ``inode_id`` is still open (META_BAD_HANDLE if not)
@@ -305,8 +306,11 @@ class SessionOps(Namespace):
                 else:
                     length = written
                 # a time of the client's choosing only for the owner or root, as utimensat has it
-                # (a writer may set only "now"); sessions opened by anyone else take meta's clock
-                given = mtime_ns if session.fsetid or session.uid == ino.uid else 0
+                # (a writer may set only "now"); sessions opened by anyone else take meta's clock.
+                # The client gives when it wrote the bytes (their report comes at close, fsync or
+                # a flush, later), never after now: a client clock ahead of meta's would put a
+                # file's mtime in everyone's future (make: "Clock skew detected")
+                given = min(mtime_ns, now) if session.fsetid or session.uid == ino.uid else 0
                 _record_write(ino, session, length, given or now, now)
                 inodes.store(tr, ino)
             session.truncate_version = ino.truncate_version

@@ -537,7 +537,7 @@ class CloseReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., mtime: _Optional[_Union[Timespec, _Mapping]] = ...) -> None: ...
 
 class SyncReq(_message.Message):
-    __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "touch", "confirm")
+    __slots__ = ("hdr", "inode_id", "session_id", "written_length", "wrote", "touch", "confirm", "mtime")
     HDR_FIELD_NUMBER: _ClassVar[int]
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -545,6 +545,7 @@ class SyncReq(_message.Message):
     WROTE_FIELD_NUMBER: _ClassVar[int]
     TOUCH_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    MTIME_FIELD_NUMBER: _ClassVar[int]
     hdr: MetaRequestHeader
     inode_id: int
     session_id: int
@@ -552,7 +553,8 @@ class SyncReq(_message.Message):
     wrote: bool
     touch: bool
     confirm: bool
-    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., touch: _Optional[bool] = ..., confirm: _Optional[bool] = ...) -> None: ...
+    mtime: Timespec
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., written_length: _Optional[int] = ..., wrote: _Optional[bool] = ..., touch: _Optional[bool] = ..., confirm: _Optional[bool] = ..., mtime: _Optional[_Union[Timespec, _Mapping]] = ...) -> None: ...
 
 class PruneSessionReq(_message.Message):
     __slots__ = ("hdr", "client_id")

@@ -528,6 +528,35 @@ async def test_a_file_being_written_shows_its_writes_times(fs: FileSystem) -> No
     assert (await fs.stat("/timed")).st_mtime_ns >= before
 
 
+async def test_a_files_mtime_is_when_it_was_written_not_when_the_writes_were_reported(
+    cluster: FsCluster, fs: FileSystem
+) -> None:
+    """mtime is the time of the last write, as a local file system keeps it: the report to meta
+    that comes later (fsync, close) does not move it (it did, to the report's time: a file
+    looked modified after its last write). ctime is when meta recorded the change."""
+    f = await fs.open("/when", "w")
+    await f.write(b"a" * 1000)
+    wrote = time.time_ns()
+    await asyncio.sleep(1.5)
+    await f.fsync()
+    synced = (await fs.stat("/when")).st_mtime_ns
+    assert wrote - 1_000_000_000 < synced <= wrote, (synced, wrote)
+    await asyncio.sleep(1.5)
+    await f.close()  # nothing written since the fsync
+    other = await cluster.connect()
+    try:
+        assert (await other.stat("/when")).st_mtime_ns == synced
+        g = await fs.open("/when", "r+")
+        await g.pwrite(b"b", 0)
+        wrote = time.time_ns()
+        await asyncio.sleep(1.5)
+        await g.close()
+        st = await other.stat("/when")
+        assert wrote - 1_000_000_000 < st.st_mtime_ns <= wrote and st.st_ctime_ns > wrote, st
+    finally:
+        await other.close()
+
+
 async def test_an_appender_kept_open_appends_after_another_clients_appends(
     cluster: FsCluster, fs: FileSystem
 ) -> None:

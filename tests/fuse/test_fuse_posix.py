@@ -220,7 +220,8 @@ def test_stat_while_writer_open_and_after_close(env: Env) -> None:
         os.close(fd)
     assert os.stat(p).st_size == 5 * 300_000
     assert sh("stat -c %s growing", env.mnt).stdout.strip() == str(5 * 300_000)
-    # and its times move with each write, not only at the writer's next report (close, fsync)
+    # and its times move with each write, not only at the writer's next report (close, fsync);
+    # that report, later, leaves mtime at the write's time (it moved it to the report's)
     os.utime(p, ns=(10**18, 10**18))
     fd = os.open(p, os.O_WRONLY)
     try:
@@ -228,9 +229,15 @@ def test_stat_while_writer_open_and_after_close(env: Env) -> None:
         os.write(fd, b"more")
         for st in (os.fstat(fd), os.stat(p)):
             assert st.st_mtime_ns >= before and st.st_ctime_ns >= before
+        written = os.stat(p).st_mtime_ns
+        time.sleep(1.2)
+        os.fsync(fd)
+        assert os.stat(p).st_mtime_ns == written
+        time.sleep(1.2)
     finally:
         os.close(fd)
-    assert os.stat(p).st_mtime_ns >= before
+    assert os.stat(p).st_mtime_ns == written
+    assert sh("stat -c %Y growing", env.mnt).stdout.strip() == str(written // 10**9)
 
 
 def test_open_with_o_trunc_drops_what_another_descriptor_buffered(env: Env) -> None:
