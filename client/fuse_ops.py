@@ -32,6 +32,7 @@ import errno
 import functools
 import logging
 import os
+import signal
 import stat as stat_mod
 import sys
 import time
@@ -154,6 +155,37 @@ UNMOUNT_CLOSE_WAIT_S = 5.0
 _ABANDONABLE = frozenset(
     {"lookup", "getattr", "read", "readdir", "opendir", "readlink", "statfs", "getxattr", "listxattr"}
 )
+
+# Requests whose caller may be killed while they wait: once one has waited INTERRUPT_AFTER_S, the
+# caller is looked at every INTERRUPT_CHECK_S, and if a fatal signal is pending for it (kill -9, or
+# Ctrl-C of a program that does not catch SIGINT) the request is ended with EINTR. The kernel waits
+# for a request this mount has taken without letting the caller die (pyfuse3 has no FUSE_INTERRUPT):
+# a read waiting on storage that does not answer held a killed process for the client's whole
+# retry budget (60 s). Only what reads, and fsync and flush (their buffered writes go on in the
+# background and are flushed at release): ending anything else half done would leave this mount's
+# view of a change meta may have made.
+_INTERRUPTIBLE = _ABANDONABLE | {"fsync", "flush"}
+_BY_HANDLE = frozenset({"read", "readdir", "fsync", "flush"})  # the caller is the handle's opener
+INTERRUPT_AFTER_S = 1.0
+INTERRUPT_CHECK_S = 0.5
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def _dying(pid: int) -> bool:
+    """Whether process (or thread) ``pid`` has a fatal signal pending: the kernel marks every thread
+    of a process being killed with SIGKILL, for a SIGKILL and for any signal whose default action
+    kills and that the process does not catch. A pid that is gone is not (a handle's opener may
+    have exited while a child it forked reads on)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False
+
 
 _DIR_ATTRS_MAX = 4096  # directories whose attributes a mount keeps (Fs3Operations._dir_attrs)
 _DOTS = 2  # "." and ".." open a listing (offsets 1 and 2 resume after them)
@@ -282,13 +314,25 @@ def _translate(fn: F) -> F:
     name = fn.__name__
 
     abandonable = name in _ABANDONABLE
+    interruptible = name in _INTERRUPTIBLE
+    by_handle = name in _BY_HANDLE
 
     @functools.wraps(fn)
     async def wrapper(self: Fs3Operations, *args: Any, **kw: Any) -> Any:
         start = perf_counter()
-        task = asyncio.current_task() if abandonable else None
+        task = asyncio.current_task() if interruptible else None
         if task is not None:
-            self._reads.add(task)
+            if abandonable:
+                self._reads.add(task)
+            if by_handle:
+                pid = self._openers.get(args[0], 0)
+            else:
+                ctx = args[-1] if args else kw.get("ctx")
+                pid = getattr(ctx, "pid", 0)
+            if pid:
+                self._waiting[task] = (pid, start)
+                if self._watchdog is None:
+                    self._watchdog = asyncio.get_running_loop().create_task(self._watch_callers())
         try:
             try:
                 return await fn(self, *args, **kw)
@@ -297,7 +341,12 @@ def _translate(fn: F) -> F:
                     raise
                 return await fn(self, *args, **kw)  # again, as the caller is now (nothing was done)
         except asyncio.CancelledError:
-            if task is None or not self._abandoned or task.uncancel() > 0:
+            if task is not None and task in self._interrupted:
+                if task.uncancel() > 0:
+                    raise
+                self.metrics.error(name, errno.EINTR)
+                raise pyfuse3.FUSEError(errno.EINTR) from None  # the caller is being killed
+            if task is None or not abandonable or not self._abandoned or task.uncancel() > 0:
                 raise
             self.metrics.error(name, errno.ENOTCONN)
             raise pyfuse3.FUSEError(errno.ENOTCONN) from None  # the worker serves on (or ends)
@@ -320,8 +369,11 @@ def _translate(fn: F) -> F:
         finally:
             if task is not None:
                 self._reads.discard(task)
+                self._waiting.pop(task, None)
+                interrupted = task in self._interrupted
+                self._interrupted.discard(task)
                 if (
-                    self._abandoned
+                    (self._abandoned or interrupted)
                     and task.cancelling()
                     and not isinstance(sys.exception(), asyncio.CancelledError)
                 ):
@@ -379,6 +431,26 @@ class Fs3Operations(pyfuse3.Operations):
         self._abandoned = False
         self._releases: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving RELEASE requests
         self._releases_abandoned = False
+        self._openers: dict[int, int] = {}  # file and directory handle -> the pid that opened it
+        self._waiting: dict[asyncio.Task[Any], tuple[int, float]] = {}  # _INTERRUPTIBLE: caller, start
+        self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled for a caller being killed
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def _watch_callers(self) -> None:
+        """While _INTERRUPTIBLE requests wait, end those whose caller is being killed (EINTR)."""
+        try:
+            while self._waiting:
+                await asyncio.sleep(INTERRUPT_CHECK_S)
+                now = perf_counter()
+                # looked at and cancelled in one step: no request ends in between, so each task
+                # cancelled is still serving the request it was listed for
+                for task, (pid, start) in list(self._waiting.items()):
+                    if now - start >= INTERRUPT_AFTER_S and task not in self._interrupted and _dying(pid):
+                        log.info("a request's caller is being killed: ended with EINTR pid=%d", pid)
+                        self._interrupted.add(task)
+                        task.cancel()
+        finally:
+            self._watchdog = None
 
     def init(self) -> None:
         # The kernel applies the INIT reply (which caps the mount's readahead at the 128 KiB it
@@ -722,9 +794,10 @@ class Fs3Operations(pyfuse3.Operations):
 
     # -- files ------------------------------------------------------------------------------------
 
-    def _file_info(self, handle: OpenFile, flags: int) -> pyfuse3.FileInfo:
+    def _file_info(self, handle: OpenFile, flags: int, pid: int) -> pyfuse3.FileInfo:
         fh = self._new_fh()
         self._handles[fh] = handle
+        self._openers[fh] = pid
         inode = handle.state.inode
         mark = _cache_mark(inode)
         keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
@@ -751,7 +824,7 @@ class Fs3Operations(pyfuse3.Operations):
         handle = self.fs._handle(rsp.inode, rsp.session_id, flags, since, opened_at, rsp.session_queued)
         if flags & os.O_TRUNC:
             handle.state.truncated(0)
-        return self._file_info(handle, flags)
+        return self._file_info(handle, flags, ctx.pid)
 
     @_translate
     async def create(
@@ -770,7 +843,7 @@ class Fs3Operations(pyfuse3.Operations):
             handle.state.truncated(0)
         if flags & os.O_TRUNC or rsp.created:
             self._seen.pop(rsp.inode.id, None)
-        return self._file_info(handle, flags), self._entry(rsp.inode, since)
+        return self._file_info(handle, flags, ctx.pid), self._entry(rsp.inode, since)
 
     @_translate
     async def read(self, fh: int, off: int, size: int) -> memoryview | bytes:
@@ -837,6 +910,7 @@ class Fs3Operations(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh)
         self._appending.discard(fh)
+        self._openers.pop(fh, None)
         task = asyncio.current_task()
         assert task is not None
         self._releases.add(task)
@@ -872,6 +946,7 @@ class Fs3Operations(pyfuse3.Operations):
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()
         self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)))
+        self._openers[fh] = ctx.pid
         return fh
 
     @_translate
@@ -932,6 +1007,7 @@ class Fs3Operations(pyfuse3.Operations):
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
+        self._openers.pop(fh, None)
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None  # every namespace change is durable once meta acknowledged it

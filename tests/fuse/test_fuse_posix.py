@@ -1771,3 +1771,61 @@ async def test_the_mount_forgets_what_it_kept_of_inodes_the_kernel_forgot(env: E
     finally:
         assert m.unmount() == 0
     assert busy >= 300 and after <= 20, (busy, after)
+
+
+_BLOCKED_READ = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # as dd or cat: Ctrl-C kills
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
+print("reading", flush=True)
+os.pread(fd, 1 << 20, 0)
+"""
+_BLOCKED_FSYNC = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"k" * (1 << 20))
+print("syncing", flush=True)
+os.fsync(fd)
+"""
+
+
+async def test_a_caller_waiting_on_stopped_storage_can_be_killed(env: Env) -> None:
+    """A read or fsync the mount had taken while storage did not answer held its caller in the
+    kernel's uninterruptible wait, killed or not, for the client's whole retry budget (60 s): now
+    the mount ends the request (EINTR) once the caller has a fatal signal pending, and the caller
+    dies at once. Nothing is lost: the killed writer's buffered bytes reach storage later (at
+    release), and the mount serves on."""
+    data = os.urandom(1 << 20)
+    await asyncio.to_thread((env.mnt / "kill-read").write_bytes, data)
+    storage = [n.proc.pid for n in env.cluster.cluster.nodes if n.proc is not None]
+    procs: list[asyncio.subprocess.Process] = []
+    for pid in storage:
+        os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+        for script, name, sig in (
+            (_BLOCKED_READ, "kill-read", signal.SIGINT),
+            (_BLOCKED_FSYNC, "kill-fsync", signal.SIGKILL),
+        ):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", script, str(env.mnt / name), stdout=subprocess.PIPE
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            await proc.stdout.readline()
+            await asyncio.sleep(1.5)  # in the mount's hands, waiting on storage
+            assert proc.returncode is None, name
+            proc.send_signal(sig)
+            start = time.monotonic()
+            returncode = await asyncio.wait_for(proc.wait(), 30)
+            assert (returncode, name) == (-sig, name)
+            assert time.monotonic() - start < 10, name  # (it was about 60 s)
+    finally:
+        for pid in storage:
+            os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert await asyncio.to_thread((env.mnt / "kill-read").read_bytes) == data
+    await wait_until(lambda: os.stat(env.mnt / "kill-fsync").st_size == 1 << 20, timeout_s=60)
+    assert await asyncio.to_thread((env.mnt / "kill-fsync").read_bytes) == b"k" * (1 << 20)
