@@ -1753,11 +1753,17 @@ async def test_the_mount_forgets_what_it_kept_of_inodes_the_kernel_forgot(env: E
     def work() -> tuple[float, float]:
         d = m.path / "churn"
         d.mkdir()
-        for i in range(300):
-            f = d / f"f{i}"
-            f.write_bytes(b"x")
-            assert f.read_bytes() == b"x"
-        busy = remembered()
+        held = []  # held open while counted: another test's drop_caches cannot make them go
+        try:
+            for i in range(300):
+                f = d / f"f{i}"
+                f.write_bytes(b"x")
+                assert f.read_bytes() == b"x"
+                held.append(os.open(f, os.O_RDONLY))
+            busy = remembered()
+        finally:
+            for fd in held:
+                os.close(fd)
         drop.write_text("2\n")  # the kernel forgets the inodes it does not hold
         deadline = time.monotonic() + 20
         while remembered() > 20 and time.monotonic() < deadline:
