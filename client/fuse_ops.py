@@ -156,35 +156,41 @@ _ABANDONABLE = frozenset(
     {"lookup", "getattr", "read", "readdir", "opendir", "readlink", "statfs", "getxattr", "listxattr"}
 )
 
-# Requests whose caller may be killed while they wait: once one has waited INTERRUPT_AFTER_S, the
-# caller is looked at every INTERRUPT_CHECK_S, and if a fatal signal is pending for it (kill -9, or
-# Ctrl-C of a program that does not catch SIGINT) the request is ended with EINTR. The kernel waits
-# for a request this mount has taken without letting the caller die (pyfuse3 has no FUSE_INTERRUPT):
-# a read waiting on storage that does not answer held a killed process for the client's whole
-# retry budget (60 s). Only what reads, and fsync and flush (their buffered writes go on in the
+# Requests whose caller may be stopped while they wait: once one has waited INTERRUPT_AFTER_S, the
+# caller is looked at every INTERRUPT_CHECK_S, and if a signal that asks it to stop is pending for
+# it (_STOPPING: kill -9; Ctrl-C, whether the program dies of it or catches it, as Python does to
+# raise KeyboardInterrupt; SIGTERM, SIGHUP, SIGQUIT) and not blocked, the request is ended with
+# EINTR. The kernel waits for a request this mount has taken without letting the caller go
+# (pyfuse3 passes on no FUSE_INTERRUPT): a read waiting on storage that does not answer held a
+# killed process for the client's whole retry budget (60 s). Only what reads, and fsync and flush (their buffered writes go on in the
 # background and are flushed at release): ending anything else half done would leave this mount's
 # view of a change meta may have made.
 _INTERRUPTIBLE = _ABANDONABLE | {"fsync", "flush"}
 _BY_HANDLE = frozenset({"read", "readdir", "fsync", "flush"})  # the caller is the handle's opener
 INTERRUPT_AFTER_S = 1.0
 INTERRUPT_CHECK_S = 0.5
+_STOPPING = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
 _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
-def _dying(pid: int) -> bool:
-    """Whether process (or thread) ``pid`` has a fatal signal pending: the kernel marks every thread
-    of a process being killed with SIGKILL, for a SIGKILL and for any signal whose default action
-    kills and that the process does not catch. A pid that is gone is not (a handle's opener may
-    have exited while a child it forked reads on)."""
+def _stopping(pid: int) -> bool:
+    """Whether process (or thread) ``pid`` has a signal pending that asks it to stop: SIGKILL (the
+    kernel marks every thread of a process being killed so, for a kill -9 and for any signal whose
+    default action kills and that the process does not catch), or one of _STOPPING that it does
+    not block (a handler waits for the syscall's end to run). A pid that is gone has none (a
+    handle's opener may have exited while a child it forked reads on)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read()
     except OSError:
         return False
+    pending = blocked = 0
     for line in status.splitlines():
-        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
-            return True
-    return False
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            pending |= int(line.split()[1], 16)
+        elif line.startswith(b"SigBlk:"):
+            blocked = int(line.split()[1], 16)
+    return bool(pending & _SIGKILL_BIT or pending & ~blocked & _STOPPING)
 
 
 _DIR_ATTRS_MAX = 4096  # directories whose attributes a mount keeps (Fs3Operations._dir_attrs)
@@ -345,7 +351,7 @@ def _translate(fn: F) -> F:
                 if task.uncancel() > 0:
                     raise
                 self.metrics.error(name, errno.EINTR)
-                raise pyfuse3.FUSEError(errno.EINTR) from None  # the caller is being killed
+                raise pyfuse3.FUSEError(errno.EINTR) from None  # the caller is asked to stop
             if task is None or not abandonable or not self._abandoned or task.uncancel() > 0:
                 raise
             self.metrics.error(name, errno.ENOTCONN)
@@ -433,11 +439,11 @@ class Fs3Operations(pyfuse3.Operations):
         self._releases_abandoned = False
         self._openers: dict[int, int] = {}  # file and directory handle -> the pid that opened it
         self._waiting: dict[asyncio.Task[Any], tuple[int, float]] = {}  # _INTERRUPTIBLE: caller, start
-        self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled for a caller being killed
+        self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled for a caller asked to stop
         self._watchdog: asyncio.Task[None] | None = None
 
     async def _watch_callers(self) -> None:
-        """While _INTERRUPTIBLE requests wait, end those whose caller is being killed (EINTR)."""
+        """While _INTERRUPTIBLE requests wait, end those whose caller is asked to stop (EINTR)."""
         try:
             while self._waiting:
                 await asyncio.sleep(INTERRUPT_CHECK_S)
@@ -445,8 +451,8 @@ class Fs3Operations(pyfuse3.Operations):
                 # looked at and cancelled in one step: no request ends in between, so each task
                 # cancelled is still serving the request it was listed for
                 for task, (pid, start) in list(self._waiting.items()):
-                    if now - start >= INTERRUPT_AFTER_S and task not in self._interrupted and _dying(pid):
-                        log.info("a request's caller is being killed: ended with EINTR pid=%d", pid)
+                    if now - start >= INTERRUPT_AFTER_S and task not in self._interrupted and _stopping(pid):
+                        log.info("a request's caller is asked to stop: ended with EINTR pid=%d", pid)
                         self._interrupted.add(task)
                         task.cancel()
         finally:
