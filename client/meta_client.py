@@ -637,12 +637,17 @@ class MetaClient:
         return (await self.call("Stat", m.StatReq(inode_id=inode_id))).inode
 
     async def batch_stat(self, inode_ids: Sequence[int]) -> list[m.Inode | FS3Error]:
-        """Each inode, or the FS3Error its stat raised."""
-        rsp = await self.call("BatchStat", m.BatchStatReq(inode_ids=inode_ids))
-        return [
-            ino if st.code == 0 else FS3Error(st.code, st.message)
-            for ino, st in zip(rsp.inodes, rsp.errors, strict=True)
-        ]
+        """Each inode, or the FS3Error its stat raised; any number of them, asked MAX_BATCH_STAT
+        at a time (meta refuses more in one request)."""
+        out: list[m.Inode | FS3Error] = []
+        for start in range(0, len(inode_ids), MAX_BATCH_STAT):
+            req = m.BatchStatReq(inode_ids=inode_ids[start : start + MAX_BATCH_STAT])
+            rsp = await self.call("BatchStat", req)
+            out += [
+                ino if st.code == 0 else FS3Error(st.code, st.message)
+                for ino, st in zip(rsp.inodes, rsp.errors, strict=True)
+            ]
+        return out
 
     async def lookup(self, parent: int, name: bytes) -> m.Inode:
         return (await self.call("Lookup", m.LookupReq(parent=parent, name=name))).inode

@@ -313,8 +313,14 @@ def quote_name(name: bytes, limit: int = 64) -> str:
     escapes (``\\xe9``, ``\\n``, ``\\\\``), so the text names exactly one byte string; a name longer
     than ``limit`` bytes is cut there and ends in "...".
     """
-    text = "".join(map(_shown_char, name[:limit].decode("utf-8", errors="surrogateescape")))
+    text = shown_name(name[:limit])
     return f"'{text}...'" if len(name) > limit else f"'{text}'"
+
+
+def shown_name(name: bytes) -> str:
+    """A name as text that names exactly one byte string, whole and unquoted, escaped as
+    :func:`quote_name` escapes it (a listing's column: ``\\n``, not a line break; ``\\xe9``, not U+FFFD)."""
+    return "".join(map(_shown_char, name.decode("utf-8", errors="surrogateescape")))
 
 
 def _shown_char(c: str) -> str:

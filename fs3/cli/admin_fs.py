@@ -28,7 +28,7 @@ from fs3.cli.admin import (
     positive,
     u32,
 )
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, shown_name
 from fs3.proto import common_pb2
 
 TYPE_NAMES = {1: "file", 2: "dir", 3: "symlink"}
@@ -106,7 +106,8 @@ async def ls(conn: Connection, args: argparse.Namespace) -> Result:
         else:
             names = [e async for e in meta.listdir(node.id)]
             inodes = await meta.batch_stat([e.inode_id for e in names]) if names else []
-            entries = [(e.name.decode(errors="replace"), i) for e, i in zip(names, inodes, strict=True)]
+            # names as text that tells them apart (not UTF-8, a newline: escaped, as ls -b shows them)
+            entries = [(shown_name(e.name), i) for e, i in zip(names, inodes, strict=True)]
     rows = []
     for name, ino in entries:
         if isinstance(ino, FS3Error):  # removed between readdir and stat
