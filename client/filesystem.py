@@ -338,10 +338,11 @@ class File:
             return bytes(line)
 
     async def readlines(self, hint: int | None = -1) -> list[bytes]:
-        """The lines to the end of the file (or until ``hint`` bytes were read), as io's readlines."""
+        """The lines to the end of the file, or until they add up to more than ``hint`` bytes (when
+        positive), as io's readlines."""
         lines: list[bytes] = []
         total = 0
-        while hint is None or hint <= 0 or total < hint:
+        while hint is None or hint <= 0 or total <= hint:
             line = await self.readline()
             if not line:
                 break
@@ -867,7 +868,12 @@ class FileSystem:
         p = os.fsencode(path)
         since, opened_at = stamp(), session_clock()
         if flags & os.O_CREAT and p.endswith(b"/"):
-            # open(2): a name with a trailing slash is a directory, which O_CREAT cannot make
+            # open(2): a name with a trailing slash is a directory, which O_CREAT cannot make; the
+            # walk to its parent fails first where it fails (ENOENT, ENOTDIR), as the kernel's does
+            if (await self._lookup(_split(p)[0])).type != m.INODE_DIRECTORY:
+                raise FS3Error(
+                    StatusCode.META_NOT_DIRECTORY, f"{quote_name(p)}: its parent is not a directory"
+                )
             raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)}: O_CREAT of a directory name")
         if flags & os.O_CREAT:
             for _ in range(MAX_SYMLINK_FOLLOWS + 1):

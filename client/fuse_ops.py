@@ -157,40 +157,70 @@ _ABANDONABLE = frozenset(
 )
 
 # Requests whose caller may be stopped while they wait: once one has waited INTERRUPT_AFTER_S, the
-# caller is looked at every INTERRUPT_CHECK_S, and if a signal that asks it to stop is pending for
-# it (_STOPPING: kill -9; Ctrl-C, whether the program dies of it or catches it, as Python does to
-# raise KeyboardInterrupt; SIGTERM, SIGHUP, SIGQUIT) and not blocked, the request is ended with
-# EINTR. The kernel waits for a request this mount has taken without letting the caller go
-# (pyfuse3 passes on no FUSE_INTERRUPT): a read waiting on storage that does not answer held a
-# killed process for the client's whole retry budget (60 s). Only what reads, and fsync and flush (their buffered writes go on in the
+# caller is looked at every INTERRUPT_CHECK_S and the request is ended with EINTR if the caller is
+# being killed (SIGKILL pending: kill -9, or a signal whose default action kills and that it does
+# not catch, such as Ctrl-C of dd or cat), or, for requests that only read, if a signal asking it
+# to stop that it catches is pending and not blocked (_STOPPING: SIGINT, SIGTERM, SIGQUIT; Python
+# raises KeyboardInterrupt then). The kernel waits for a request this mount has taken without
+# letting the caller go (pyfuse3 passes on no FUSE_INTERRUPT): a read waiting on storage that does
+# not answer held a killed process for the client's whole retry budget (60 s). Only what reads,
+# and fsync and flush (for a killed caller only: a program that goes on must not see an fsync or a
+# close fail with EINTR because of a signal it handles; their buffered writes go on in the
 # background and are flushed at release): ending anything else half done would leave this mount's
-# view of a change meta may have made.
+# view of a change meta may have made. SIGHUP is not taken for a stop: daemons catch it to reload.
 _INTERRUPTIBLE = _ABANDONABLE | {"fsync", "flush"}
-_BY_HANDLE = frozenset({"read", "readdir", "fsync", "flush"})  # the caller is the handle's opener
+_KILL_ONLY = frozenset({"fsync", "flush"})
+# pyfuse3 gives these no request context: the caller is taken to be the handle's opener, for a
+# caught signal only while that process is blocked in a system call on a descriptor of the file
+# (a child that inherited the descriptor may be the caller instead)
+_BY_HANDLE = frozenset({"read", "readdir", "fsync", "flush"})
 INTERRUPT_AFTER_S = 1.0
 INTERRUPT_CHECK_S = 0.5
-_STOPPING = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
+_STOPPING = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT))
 _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
-def _stopping(pid: int) -> bool:
-    """Whether process (or thread) ``pid`` has a signal pending that asks it to stop: SIGKILL (the
-    kernel marks every thread of a process being killed so, for a kill -9 and for any signal whose
-    default action kills and that the process does not catch), or one of _STOPPING that it does
-    not block (a handler waits for the syscall's end to run). A pid that is gone has none (a
-    handle's opener may have exited while a child it forked reads on)."""
+def _pending(pid: int) -> tuple[bool, bool]:
+    """Whether process (or thread) ``pid`` is being killed (SIGKILL pending: the kernel marks every
+    thread of a process being killed so), and whether a signal of _STOPPING is pending that it
+    does not block (its handler waits for the system call's end). A pid that is gone has neither
+    (a handle's opener may have exited while a child it forked reads on)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read()
     except OSError:
-        return False
+        return False, False
     pending = blocked = 0
     for line in status.splitlines():
         if line.startswith((b"SigPnd:", b"ShdPnd:")):
             pending |= int(line.split()[1], 16)
         elif line.startswith(b"SigBlk:"):
             blocked = int(line.split()[1], 16)
-    return bool(pending & _SIGKILL_BIT or pending & ~blocked & _STOPPING)
+    return bool(pending & _SIGKILL_BIT), bool(pending & ~blocked & _STOPPING)
+
+
+def _blocked_on(pid: int, inode: int) -> bool:
+    """Whether process ``pid`` is in a system call whose first or second argument is a descriptor of
+    inode ``inode`` (/proc/PID/syscall, then the descriptor's fdinfo; False where either cannot be
+    read: another user's process, say)."""
+    try:
+        with open(f"/proc/{pid}/syscall", "rb") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    if len(fields) < 3 or fields[0] in (b"running", b"-1"):
+        return False
+    for arg in fields[1:3]:
+        try:
+            fd = int(arg, 16)
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+                info = f.read()
+        except (ValueError, OSError):
+            continue
+        for line in info.splitlines():
+            if line.startswith(b"ino:") and int(line.split()[1]) == inode:
+                return True
+    return False
 
 
 _DIR_ATTRS_MAX = 4096  # directories whose attributes a mount keeps (Fs3Operations._dir_attrs)
@@ -330,13 +360,14 @@ def _translate(fn: F) -> F:
         if task is not None:
             if abandonable:
                 self._reads.add(task)
+            inode = 0
             if by_handle:
-                pid = self._openers.get(args[0], 0)
+                pid, inode = self._openers.get(args[0], (0, 0))
             else:
                 ctx = args[-1] if args else kw.get("ctx")
                 pid = getattr(ctx, "pid", 0)
             if pid:
-                self._waiting[task] = (pid, start)
+                self._waiting[task] = (pid, start, name in _KILL_ONLY, inode)
                 if self._watchdog is None:
                     self._watchdog = asyncio.get_running_loop().create_task(self._watch_callers())
         try:
@@ -347,15 +378,20 @@ def _translate(fn: F) -> F:
                     raise
                 return await fn(self, *args, **kw)  # again, as the caller is now (nothing was done)
         except asyncio.CancelledError:
-            if task is not None and task in self._interrupted:
-                if task.uncancel() > 0:
-                    raise
-                self.metrics.error(name, errno.EINTR)
-                raise pyfuse3.FUSEError(errno.EINTR) from None  # the caller is asked to stop
-            if task is None or not abandonable or not self._abandoned or task.uncancel() > 0:
+            interrupted = task is not None and task in self._interrupted
+            abandoned = task is not None and abandonable and self._abandoned
+            if task is None or not (interrupted or abandoned):
                 raise
-            self.metrics.error(name, errno.ENOTCONN)
-            raise pyfuse3.FUSEError(errno.ENOTCONN) from None  # the worker serves on (or ends)
+            # one uncancel for each cancel this wrapper answers for (the watchdog's and the
+            # abandon's may both have come): the request must be answered, not left to pyfuse3
+            left = task.uncancel()
+            if interrupted and abandoned and left > 0:
+                left = task.uncancel()
+            if left > 0:
+                raise
+            code = errno.ENOTCONN if abandoned else errno.EINTR  # the session is over / caller stops
+            self.metrics.error(name, code)
+            raise pyfuse3.FUSEError(code) from None  # the worker serves on (or ends)
         except FS3Error as e:
             self.errors.failed(name, e)
             code = to_errno(e.code)
@@ -437,8 +473,10 @@ class Fs3Operations(pyfuse3.Operations):
         self._abandoned = False
         self._releases: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving RELEASE requests
         self._releases_abandoned = False
-        self._openers: dict[int, int] = {}  # file and directory handle -> the pid that opened it
-        self._waiting: dict[asyncio.Task[Any], tuple[int, float]] = {}  # _INTERRUPTIBLE: caller, start
+        # file and directory handle -> the pid that opened it, and the inode
+        self._openers: dict[int, tuple[int, int]] = {}
+        # _INTERRUPTIBLE requests waiting: caller, start, only a kill ends it, inode (by handle)
+        self._waiting: dict[asyncio.Task[Any], tuple[int, float, bool, int]] = {}
         self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled for a caller asked to stop
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -450,8 +488,11 @@ class Fs3Operations(pyfuse3.Operations):
                 now = perf_counter()
                 # looked at and cancelled in one step: no request ends in between, so each task
                 # cancelled is still serving the request it was listed for
-                for task, (pid, start) in list(self._waiting.items()):
-                    if now - start >= INTERRUPT_AFTER_S and task not in self._interrupted and _stopping(pid):
+                for task, (pid, start, kill_only, inode) in list(self._waiting.items()):
+                    if now - start < INTERRUPT_AFTER_S or task in self._interrupted:
+                        continue
+                    killed, asked = _pending(pid)
+                    if killed or (asked and not kill_only and (not inode or _blocked_on(pid, inode))):
                         log.info("a request's caller is asked to stop: ended with EINTR pid=%d", pid)
                         self._interrupted.add(task)
                         task.cancel()
@@ -803,7 +844,7 @@ class Fs3Operations(pyfuse3.Operations):
     def _file_info(self, handle: OpenFile, flags: int, pid: int) -> pyfuse3.FileInfo:
         fh = self._new_fh()
         self._handles[fh] = handle
-        self._openers[fh] = pid
+        self._openers[fh] = (pid, handle.inode_id)
         inode = handle.state.inode
         mark = _cache_mark(inode)
         keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
@@ -952,7 +993,7 @@ class Fs3Operations(pyfuse3.Operations):
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()
         self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)))
-        self._openers[fh] = ctx.pid
+        self._openers[fh] = (ctx.pid, inode)
         return fh
 
     @_translate

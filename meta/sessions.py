@@ -308,9 +308,15 @@ class SessionOps(Namespace):
                 # a time of the client's choosing only for the owner or root, as utimensat has it
                 # (a writer may set only "now"); sessions opened by anyone else take meta's clock.
                 # The client gives when it wrote the bytes (their report comes at close, fsync or
-                # a flush, later), never after now: a client clock ahead of meta's would put a
-                # file's mtime in everyone's future (make: "Clock skew detected")
-                given = min(mtime_ns, now) if session.fsetid or session.uid == ino.uid else 0
+                # a flush, later), by its clock, kept between two times of meta's: not after now
+                # (a client clock ahead would put the file's mtime in everyone's future: make's
+                # "Clock skew detected"), and not before the session opened nor before the mtime
+                # a write recorded already (another client's, later than this one's last: mtime
+                # must not go back; a clock behind would make a new file look older than its
+                # sources). An mtime in the future set by utime does not hold a write back.
+                given = 0
+                if mtime_ns and (session.fsetid or session.uid == ino.uid):
+                    given = min(max(mtime_ns, session.opened_ns, min(ino.mtime_ns, now)), now)
                 _record_write(ino, session, length, given or now, now)
                 inodes.store(tr, ino)
             session.truncate_version = ino.truncate_version

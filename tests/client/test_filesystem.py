@@ -553,6 +553,16 @@ async def test_a_files_mtime_is_when_it_was_written_not_when_the_writes_were_rep
         await g.close()
         st = await other.stat("/when")
         assert wrote - 1_000_000_000 < st.st_mtime_ns <= wrote and st.st_ctime_ns > wrote, st
+        # two clients write: the one that reports last wrote first, and mtime does not go back
+        # to its write (diff review: it went back 2 s, before the other client's recorded write)
+        g = await fs.open("/when", "r+")
+        await g.pwrite(b"c", 0)
+        await asyncio.sleep(1.2)
+        async with await other.open("/when", "r+") as h:
+            await h.pwrite(b"d", 1)
+        later = (await other.stat("/when")).st_mtime_ns
+        await g.close()
+        assert (await other.stat("/when")).st_mtime_ns >= later
     finally:
         await other.close()
 
@@ -711,6 +721,10 @@ def _sync_errors(config: Path) -> None:
             for mode in ("w", "x", "a"):
                 with pytest.raises(IsADirectoryError):
                     fs.open(name, mode)
+        with pytest.raises(FileNotFoundError):  # the walk to the parent fails first, as open(2)'s
+            fs.open("/errs/nodir/x/", "w")
+        with pytest.raises(NotADirectoryError):
+            fs.open("/errs/f/x/", "w")
         assert not fs.exists("/errs/new")
         with pytest.raises(OSError) as closed, fs.open("/errs/f") as f:
             f.close()
@@ -786,6 +800,10 @@ async def test_readline_reads_lines_across_blocks_and_sees_its_own_writes(fs: Fi
         assert await f.readline(5) == b"LLLLL" and f.tell() == 7
         f.seek(len(content) - 8)
         assert await f.readlines() == [b"bb\n", b"\n", b"tail"]
+        f.seek(len(content) - 8)
+        assert await f.readlines(3) == [b"bb\n", b"\n"]  # io: until the lines exceed the hint
+        f.seek(len(content) - 8)
+        assert await f.readlines(2) == [b"bb\n"]
     async with await fs.open("/lines", "r+") as f:
         assert await f.readline() == b"a\n"
         await f.pwrite(b"XY", 2)

@@ -1798,6 +1798,18 @@ print("syncing", flush=True)
 os.fsync(fd)
 """
 
+_FSYNC_CATCHING_SIGTERM = """
+import ctypes, os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: None)  # a daemon's handler (SA_RESTART)
+signal.siginterrupt(signal.SIGTERM, False)
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"t" * 4096)
+print("syncing", flush=True)
+rc = libc.fsync(fd)  # not os.fsync, which retries EINTR itself
+print(rc, ctypes.get_errno(), flush=True)
+"""
+
 
 async def test_a_caller_waiting_on_stopped_storage_can_be_killed(env: Env) -> None:
     """A read or fsync the mount had taken while storage did not answer held its caller in the
@@ -1840,3 +1852,26 @@ async def test_a_caller_waiting_on_stopped_storage_can_be_killed(env: Env) -> No
     assert await asyncio.to_thread((env.mnt / "kill-read").read_bytes) == data
     await wait_until(lambda: os.stat(env.mnt / "kill-fsync").st_size == 1 << 20, timeout_s=60)
     assert await asyncio.to_thread((env.mnt / "kill-fsync").read_bytes) == b"k" * (1 << 20)
+    # a signal the caller catches and goes on after does not fail its fsync with EINTR (diff
+    # review: a daemon's SIGHUP or SIGTERM handler did): only a kill ends an fsync or a close
+    for pid in storage:
+        os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FSYNC_CATCHING_SIGTERM, str(env.mnt / "caught"), stdout=subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        await proc.stdout.readline()
+        await asyncio.sleep(1.5)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(2.5)  # past the mount's look at its caller
+    finally:
+        for pid in storage:
+            os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert out.decode().split() == ["0", "0"], out  # fsync succeeded once storage was back
