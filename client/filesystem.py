@@ -934,7 +934,7 @@ class FileSystem:
         if time.monotonic() < state.recheck_quiet_until:
             return
         try:
-            await asyncio.wait_for(self._refresh(h), RECHECK_S)
+            await asyncio.wait_for(self._refresh(h, settled=True), RECHECK_S)
             return
         except FS3Error as e:
             if e.code in (StatusCode.SESSION_LOST, StatusCode.NOT_FOUND):
@@ -944,17 +944,19 @@ class FileSystem:
             log.debug("length recheck: meta did not answer in %.1f s inode=%d", RECHECK_S, h.inode_id)
         state.recheck_quiet_until = time.monotonic() + RECHECK_QUIET_S
 
-    async def _refresh(self, h: OpenFile) -> None:
+    async def _refresh(self, h: OpenFile, *, settled: bool = False) -> None:
         """Take meta's current view of ``h``'s file (its settled length; this client's unreported
-        writes still count through the handles)."""
+        writes still count through the handles); ``settled`` as :meth:`stat_held` takes it."""
         since = stamp()
-        h.state.refresh(await self.stat_held(h.inode_id), since)
+        h.state.refresh(await self.stat_held(h.inode_id, settled=settled), since)
 
-    async def stat_held(self, inode_id: int) -> m.Inode:
+    async def stat_held(self, inode_id: int, *, settled: bool = False) -> m.Inode:
         """Meta's inode ``inode_id``. Of a file this client holds open, NOT_FOUND means it was
-        collected, which meta does only once it has ended the handles' sessions: SESSION_LOST."""
+        collected, which meta does only once it has ended the handles' sessions: SESSION_LOST.
+        ``settled``: once the truncates of the file meta is making have ended (after a read found
+        a hole: its chunks may be gone to a truncate not yet committed)."""
         try:
-            return await self.meta.stat(inode_id)
+            return await self.meta.stat(inode_id, settled=settled)
         except FS3Error as e:
             st = self._states.get(inode_id)
             if e.code == StatusCode.NOT_FOUND and st is not None:

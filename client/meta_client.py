@@ -633,8 +633,9 @@ class MetaClient:
 
     # ---- reads ---------------------------------------------------------------------------------
 
-    async def stat(self, inode_id: int) -> m.Inode:
-        return (await self.call("Stat", m.StatReq(inode_id=inode_id))).inode
+    async def stat(self, inode_id: int, *, settled: bool = False) -> m.Inode:
+        """The inode; ``settled``: once the truncates of the file meta is making have ended."""
+        return (await self.call("Stat", m.StatReq(inode_id=inode_id, settled=settled))).inode
 
     async def batch_stat(self, inode_ids: Sequence[int]) -> list[m.Inode | FS3Error]:
         """Each inode, or the FS3Error its stat raised; any number of them, asked MAX_BATCH_STAT

@@ -94,7 +94,10 @@ class MetaService:
         if self._known(req.hdr.user) is None:
             await self._credentials(req.hdr.user)
         rsp = m.InodeRsp()
-        await self.store.stat(req.inode_id, into=rsp.inode)
+        if req.settled:
+            await self.store.settled_stat(req.inode_id, into=rsp.inode)
+        else:
+            await self.store.stat(req.inode_id, into=rsp.inode)
         return rsp
 
     async def BatchStat(self, req: m.BatchStatReq, _p: Any, _c: CallContext) -> m.BatchStatRsp:

@@ -275,12 +275,14 @@ class LookupPathReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., path: _Optional[bytes] = ..., follow: _Optional[bool] = ...) -> None: ...
 
 class StatReq(_message.Message):
-    __slots__ = ("hdr", "inode_id")
+    __slots__ = ("hdr", "inode_id", "settled")
     HDR_FIELD_NUMBER: _ClassVar[int]
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
     hdr: MetaRequestHeader
     inode_id: int
-    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ...) -> None: ...
+    settled: bool
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., settled: _Optional[bool] = ...) -> None: ...
 
 class BatchStatReq(_message.Message):
     __slots__ = ("hdr", "inode_ids")

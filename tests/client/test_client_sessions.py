@@ -225,9 +225,9 @@ async def test_a_queued_sessions_check_with_meta_out_of_reach_leaves_it_to_mgmtd
         stats: list[int] = []
         real = fs.meta.stat
 
-        async def counted(inode_id: int) -> object:
+        async def counted(inode_id: int, **kw: bool) -> object:
             stats.append(inode_id)
-            return await real(inode_id)
+            return await real(inode_id, **kw)
 
         fs.meta.stat = counted  # type: ignore[method-assign]
         os.kill(meta, signal.SIGSTOP)

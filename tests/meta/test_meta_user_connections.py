@@ -6,6 +6,7 @@ engine), with and without request metrics (two ways into the handlers)."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from collections.abc import AsyncIterator
@@ -248,8 +249,11 @@ async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta
     await alice.setattr(top.id, mode=0o700)
     up = await bob.lookup(sub.id, b"..")
     assert (up.id, up.handle) == (top.id, b"")
-    # more ids than a BatchStat may name are refused before any handle is checked
-    await expect_errno(errno.EINVAL, bob.batch_stat(list(range(10_000, 14_097))))
+    # more ids than a BatchStat may name are refused before any handle is checked (the client's
+    # batch_stat asks at most that many at a time: the request is made here by hand)
+    await expect_errno(
+        errno.EINVAL, bob.call("BatchStat", m.BatchStatReq(inode_ids=list(range(10_000, 14_097))))
+    )
 
     # a root token's connection and cluster members name any inode by id
     for client in (meta.user("tok-root", uid=1002, gid=100), meta.member):
@@ -259,7 +263,8 @@ async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta
 async def test_a_close_sets_a_time_of_the_callers_choosing_only_for_the_owner(meta: Meta) -> None:
     """CloseReq may carry the write's mtime. A writer who is not the owner may set only "now" (as
     utimensat has it, and meta's Setattr): the time it sends is not taken (it was, so any writer
-    could date a file as it liked); the owner's is."""
+    could date a file as it liked); the owner's is, kept between the session's open and meta's
+    now (a time before the open, from a client clock behind, is the open's)."""
     d = await meta.member.mkdir(ROOT_ID, b"shared-times", 0o777)
     f = (await meta.member.create(d.id, b"f", 0o666)).inode  # root's, others may write
     bob = meta.user("tok-bob", 1002, 100)
@@ -268,18 +273,25 @@ async def test_a_close_sets_a_time_of_the_callers_choosing_only_for_the_owner(me
         await bob.setattr(f.id, atime_ns=5, mtime_ns=5)
     assert e.value.errno == errno.EPERM
 
-    async def close_with_mtime(client: MetaClient, inode_id: int) -> None:
+    async def close_with_mtime(client: MetaClient, inode_id: int, ahead_ns: int = 0) -> int:
+        """Open, then close saying the write was made ``ahead_ns`` after the open (by meta's
+        clock, this process's); returns that time."""
         opened = await client.open(inode_id, os.O_RDWR)
+        wrote = inode_now() + ahead_ns
+        await asyncio.sleep(0.3)
         req = m.CloseReq(inode_id=inode_id, session_id=opened.session_id, written_length=1, wrote=True)
-        req.mtime.sec = 86400
+        req.mtime.sec, req.mtime.nsec = divmod(wrote, 10**9)
         await client.call("Close", req, request_id=True)
+        return wrote
 
-    await close_with_mtime(bob, f.id)
-    assert (await meta.member.stat(f.id)).mtime_ns != 86400 * 10**9
+    given = await close_with_mtime(bob, f.id, 100_000_000)
+    assert (await meta.member.stat(f.id)).mtime_ns > given  # meta's now at the close
     await reach(bob, b"/shared-times")
     mine = (await bob.create(d.id, b"bobs", 0o644)).inode
-    await close_with_mtime(bob, mine.id)
-    assert (await meta.member.stat(mine.id)).mtime_ns == 86400 * 10**9
+    given = await close_with_mtime(bob, mine.id, 100_000_000)
+    assert (await meta.member.stat(mine.id)).mtime_ns == given
+    before_open = await close_with_mtime(bob, mine.id, -86_400 * 10**9)
+    assert (await meta.member.stat(mine.id)).mtime_ns > before_open + 86_000 * 10**9
 
 
 async def test_opens_bring_capabilities_for_the_rights_they_checked(meta: Meta) -> None:
