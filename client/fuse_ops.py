@@ -159,9 +159,9 @@ _ABANDONABLE = frozenset(
 # Requests whose caller may be stopped while they wait: once one has waited INTERRUPT_AFTER_S, the
 # caller is looked at every INTERRUPT_CHECK_S and the request is ended with EINTR if the caller is
 # being killed (SIGKILL pending: kill -9, or a signal whose default action kills and that it does
-# not catch, such as Ctrl-C of dd or cat), or, for requests that only read, if a signal asking it
-# to stop that it catches is pending and not blocked (_STOPPING: SIGINT, SIGTERM, SIGQUIT; Python
-# raises KeyboardInterrupt then). The kernel waits for a request this mount has taken without
+# not catch, such as Ctrl-C of dd or cat), or, for requests that only read and name their caller
+# (a stat, a lookup: not read or readdir), if a signal asking it to stop that it catches is
+# pending and not blocked (_STOPPING: SIGINT, SIGTERM, SIGQUIT; Python raises KeyboardInterrupt). The kernel waits for a request this mount has taken without
 # letting the caller go (pyfuse3 passes on no FUSE_INTERRUPT): a read waiting on storage that does
 # not answer held a killed process for the client's whole retry budget (60 s). Only what reads,
 # and fsync and flush (for a killed caller only: a program that goes on must not see an fsync or a
@@ -170,9 +170,9 @@ _ABANDONABLE = frozenset(
 # view of a change meta may have made. SIGHUP is not taken for a stop: daemons catch it to reload.
 _INTERRUPTIBLE = _ABANDONABLE | {"fsync", "flush"}
 _KILL_ONLY = frozenset({"fsync", "flush"})
-# pyfuse3 gives these no request context: the caller is taken to be the handle's opener, for a
-# caught signal only while that process is blocked in a system call on a descriptor of the file
-# (a child that inherited the descriptor may be the caller instead)
+# pyfuse3 gives these no request context: the caller is taken to be the handle's opener, and only
+# a kill ends them (a child that inherited the descriptor may be the caller instead, and must not
+# get EINTR for a signal its parent handles)
 _BY_HANDLE = frozenset({"read", "readdir", "fsync", "flush"})
 INTERRUPT_AFTER_S = 1.0
 INTERRUPT_CHECK_S = 0.5
@@ -197,30 +197,6 @@ def _pending(pid: int) -> tuple[bool, bool]:
         elif line.startswith(b"SigBlk:"):
             blocked = int(line.split()[1], 16)
     return bool(pending & _SIGKILL_BIT), bool(pending & ~blocked & _STOPPING)
-
-
-def _blocked_on(pid: int, inode: int) -> bool:
-    """Whether process ``pid`` is in a system call whose first or second argument is a descriptor of
-    inode ``inode`` (/proc/PID/syscall, then the descriptor's fdinfo; False where either cannot be
-    read: another user's process, say)."""
-    try:
-        with open(f"/proc/{pid}/syscall", "rb") as f:
-            fields = f.read().split()
-    except OSError:
-        return False
-    if len(fields) < 3 or fields[0] in (b"running", b"-1"):
-        return False
-    for arg in fields[1:3]:
-        try:
-            fd = int(arg, 16)
-            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
-                info = f.read()
-        except (ValueError, OSError):
-            continue
-        for line in info.splitlines():
-            if line.startswith(b"ino:") and int(line.split()[1]) == inode:
-                return True
-    return False
 
 
 _DIR_ATTRS_MAX = 4096  # directories whose attributes a mount keeps (Fs3Operations._dir_attrs)
@@ -352,6 +328,7 @@ def _translate(fn: F) -> F:
     abandonable = name in _ABANDONABLE
     interruptible = name in _INTERRUPTIBLE
     by_handle = name in _BY_HANDLE
+    kill_only = name in _KILL_ONLY or by_handle
 
     @functools.wraps(fn)
     async def wrapper(self: Fs3Operations, *args: Any, **kw: Any) -> Any:
@@ -360,14 +337,13 @@ def _translate(fn: F) -> F:
         if task is not None:
             if abandonable:
                 self._reads.add(task)
-            inode = 0
             if by_handle:
-                pid, inode = self._openers.get(args[0], (0, 0))
+                pid = self._openers.get(args[0], 0)
             else:
                 ctx = args[-1] if args else kw.get("ctx")
                 pid = getattr(ctx, "pid", 0)
             if pid:
-                self._waiting[task] = (pid, start, name in _KILL_ONLY, inode)
+                self._waiting[task] = (pid, start, kill_only)
                 if self._watchdog is None:
                     self._watchdog = asyncio.get_running_loop().create_task(self._watch_callers())
         try:
@@ -473,10 +449,9 @@ class Fs3Operations(pyfuse3.Operations):
         self._abandoned = False
         self._releases: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving RELEASE requests
         self._releases_abandoned = False
-        # file and directory handle -> the pid that opened it, and the inode
-        self._openers: dict[int, tuple[int, int]] = {}
-        # _INTERRUPTIBLE requests waiting: caller, start, only a kill ends it, inode (by handle)
-        self._waiting: dict[asyncio.Task[Any], tuple[int, float, bool, int]] = {}
+        self._openers: dict[int, int] = {}  # file and directory handle -> the pid that opened it
+        # _INTERRUPTIBLE requests waiting: the caller, since when, whether only a kill ends it
+        self._waiting: dict[asyncio.Task[Any], tuple[int, float, bool]] = {}
         self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled for a caller asked to stop
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -488,11 +463,11 @@ class Fs3Operations(pyfuse3.Operations):
                 now = perf_counter()
                 # looked at and cancelled in one step: no request ends in between, so each task
                 # cancelled is still serving the request it was listed for
-                for task, (pid, start, kill_only, inode) in list(self._waiting.items()):
+                for task, (pid, start, kill_only) in list(self._waiting.items()):
                     if now - start < INTERRUPT_AFTER_S or task in self._interrupted:
                         continue
                     killed, asked = _pending(pid)
-                    if killed or (asked and not kill_only and (not inode or _blocked_on(pid, inode))):
+                    if killed or (asked and not kill_only):
                         log.info("a request's caller is asked to stop: ended with EINTR pid=%d", pid)
                         self._interrupted.add(task)
                         task.cancel()
@@ -844,7 +819,7 @@ class Fs3Operations(pyfuse3.Operations):
     def _file_info(self, handle: OpenFile, flags: int, pid: int) -> pyfuse3.FileInfo:
         fh = self._new_fh()
         self._handles[fh] = handle
-        self._openers[fh] = (pid, handle.inode_id)
+        self._openers[fh] = pid
         inode = handle.state.inode
         mark = _cache_mark(inode)
         keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
@@ -993,7 +968,7 @@ class Fs3Operations(pyfuse3.Operations):
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()
         self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)))
-        self._openers[fh] = (ctx.pid, inode)
+        self._openers[fh] = ctx.pid
         return fh
 
     @_translate
