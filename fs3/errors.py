@@ -233,7 +233,7 @@ class FS3Error(Exception):
 # ``open()``. Only at that boundary: inside the services an OSError means a failed system call (a
 # socket, a disk), and an FS3Error from a peer must not be caught as one.
 def _os_flavour(base: type[OSError]) -> type[FS3Error]:
-    name = "FS3" + base.__name__ if base is not OSError else "FS3OSError"
+    name = "FS3" + base.__name__  # FS3OSError, FS3FileNotFoundError, ...
 
     def __init__(self: FS3Error, code: int, message: str = "") -> None:
         FS3Error.__init__(self, code, message)
