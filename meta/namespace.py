@@ -688,14 +688,12 @@ class Namespace:
         cut. Between a truncate's trim of storage and its commit the chunks are gone while the
         length is still the old one, and the hole would have read as zeros that were never written
         (a reader of a file another process rewrites with O_TRUNC got 4 KiB of zeros in 6% of its
-        reads). A truncate run by another meta process is not waited for."""
-        deadline = asyncio.get_running_loop().time() + TRUNCATE_WAIT_S
-        while (busy := self._truncating.get(inode_id)) is not None:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                break
+        reads). A truncate run by another meta process is not waited for, nor one that began
+        after this call (the hole was found before it)."""
+        busy = self._truncating.get(inode_id)
+        if busy is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(busy[1].wait(), left)
+                await asyncio.wait_for(busy[1].wait(), TRUNCATE_WAIT_S)
         return await self.stat(inode_id, into)
 
     async def _trim(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
