@@ -159,20 +159,19 @@ _ABANDONABLE = frozenset(
 # Requests whose caller may be stopped while they wait: once one has waited INTERRUPT_AFTER_S, the
 # caller is looked at every INTERRUPT_CHECK_S and the request is ended with EINTR if the caller is
 # being killed (SIGKILL pending: kill -9, or a signal whose default action kills and that it does
-# not catch, such as Ctrl-C of dd or cat), or, for requests that only read and name their caller
-# (a stat, a lookup: not read or readdir), if a signal asking it to stop that it catches is
-# pending and not blocked (_STOPPING: SIGINT, SIGTERM, SIGQUIT; Python raises KeyboardInterrupt). The kernel waits for a request this mount has taken without
-# letting the caller go (pyfuse3 passes on no FUSE_INTERRUPT): a read waiting on storage that does
-# not answer held a killed process for the client's whole retry budget (60 s). Only what reads,
-# and fsync and flush (for a killed caller only: a program that goes on must not see an fsync or a
-# close fail with EINTR because of a signal it handles; their buffered writes go on in the
-# background and are flushed at release): ending anything else half done would leave this mount's
-# view of a change meta may have made. SIGHUP is not taken for a stop: daemons catch it to reload.
+# not catch, such as Ctrl-C of dd or cat), or, for a request that names its caller (a stat, a
+# lookup), if a signal asking it to stop that it catches is pending and not blocked (_STOPPING:
+# SIGINT, SIGTERM, SIGQUIT; Python raises KeyboardInterrupt; not SIGHUP, which daemons catch to
+# reload). The kernel waits for a request this mount has taken without letting the caller go
+# (pyfuse3 passes on no FUSE_INTERRUPT): a read waiting on storage that does not answer held a
+# killed process for the client's whole retry budget (60 s). Only what reads, and fsync and flush
+# (their buffered writes go on in the background and are flushed at release): ending anything else
+# half done would leave this mount's view of a change meta may have made.
 _INTERRUPTIBLE = _ABANDONABLE | {"fsync", "flush"}
-_KILL_ONLY = frozenset({"fsync", "flush"})
 # pyfuse3 gives these no request context: the caller is taken to be the handle's opener, and only
 # a kill ends them (a child that inherited the descriptor may be the caller instead, and must not
-# get EINTR for a signal its parent handles)
+# get EINTR for a signal its parent handles; nor may a program that goes on see an fsync or a
+# close fail for a signal it handles)
 _BY_HANDLE = frozenset({"read", "readdir", "fsync", "flush"})
 INTERRUPT_AFTER_S = 1.0
 INTERRUPT_CHECK_S = 0.5
@@ -328,7 +327,6 @@ def _translate(fn: F) -> F:
     abandonable = name in _ABANDONABLE
     interruptible = name in _INTERRUPTIBLE
     by_handle = name in _BY_HANDLE
-    kill_only = name in _KILL_ONLY or by_handle
 
     @functools.wraps(fn)
     async def wrapper(self: Fs3Operations, *args: Any, **kw: Any) -> Any:
@@ -343,7 +341,7 @@ def _translate(fn: F) -> F:
                 ctx = args[-1] if args else kw.get("ctx")
                 pid = getattr(ctx, "pid", 0)
             if pid:
-                self._waiting[task] = (pid, start, kill_only)
+                self._waiting[task] = (pid, start, by_handle)
                 if self._watchdog is None:
                     self._watchdog = asyncio.get_running_loop().create_task(self._watch_callers())
         try:
@@ -450,7 +448,7 @@ class Fs3Operations(pyfuse3.Operations):
         self._releases: set[asyncio.Task[Any]] = set()  # pyfuse3 workers serving RELEASE requests
         self._releases_abandoned = False
         self._openers: dict[int, int] = {}  # file and directory handle -> the pid that opened it
-        # _INTERRUPTIBLE requests waiting: the caller, since when, whether only a kill ends it
+        # _INTERRUPTIBLE requests waiting: caller, since when, by handle (then only a kill ends it)
         self._waiting: dict[asyncio.Task[Any], tuple[int, float, bool]] = {}
         self._interrupted: set[asyncio.Task[Any]] = set()  # cancelled for a caller asked to stop
         self._watchdog: asyncio.Task[None] | None = None
@@ -463,11 +461,11 @@ class Fs3Operations(pyfuse3.Operations):
                 now = perf_counter()
                 # looked at and cancelled in one step: no request ends in between, so each task
                 # cancelled is still serving the request it was listed for
-                for task, (pid, start, kill_only) in list(self._waiting.items()):
+                for task, (pid, start, by_handle) in list(self._waiting.items()):
                     if now - start < INTERRUPT_AFTER_S or task in self._interrupted:
                         continue
                     killed, asked = _pending(pid)
-                    if killed or (asked and not kill_only):
+                    if killed or (asked and not by_handle):
                         log.info("a request's caller is asked to stop: ended with EINTR pid=%d", pid)
                         self._interrupted.add(task)
                         task.cancel()
