@@ -34,6 +34,13 @@ after a crash). Eviction is explicit: :meth:`KVCache.evict` removes the entries 
 modification time until the cache fits a byte budget, and the temporary files of puts that died.
 With ``touch_on_get=True`` a hit refreshes the entry's modification time (one metadata update per
 hit), which makes eviction least-recently-used instead of oldest-written-first.
+
+Permissions: shard directories and entries take the permission bits of the cache's root directory
+as the first put of a :class:`KVCache` finds it (directories all of them, setgid and sticky
+included; entries the read and write bits), so a root made group-writable and setgid (``chmod 2775``,
+group the team's) is a cache every member of that group can put into, replace and evict, whoever
+made a shard first. A root that does not exist yet is made 0755 (entries 0644), writable by its
+maker alone. ``dir_mode`` and ``file_mode`` set the bits instead.
 """
 
 from __future__ import annotations
@@ -169,6 +176,8 @@ class KVCache:
         concurrency: int = 64,
         touch_on_get: bool = False,
         tmp_grace_s: float = 600.0,
+        dir_mode: int | None = None,
+        file_mode: int | None = None,
     ) -> None:
         if not root.startswith("/"):
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"the cache root must be an absolute path: {root!r}")
@@ -179,6 +188,15 @@ class KVCache:
         self.tmp_grace_s = tmp_grace_s
         self._sem = asyncio.Semaphore(concurrency)
         self._shards_made: set[str] = set()
+        for what, mode in (("dir_mode", dir_mode), ("file_mode", file_mode)):
+            if mode is not None and not 0 <= mode <= 0o7777:
+                raise FS3Error(
+                    StatusCode.INVALID_ARGUMENT, f"{what} must be permission bits (0 to 0o7777): {mode!r}"
+                )
+        self._modes_given = (dir_mode, file_mode)
+        self._dir_mode, self._file_mode = 0o755, 0o644  # until _learn_modes has settled them
+        self._modes_learned = False
+        self._modes_lock = asyncio.Lock()
 
     def path_of(self, key: bytes | str) -> str:
         """Where ``key``'s entry lives."""
@@ -202,14 +220,14 @@ class KVCache:
             await self._ensure_shard(shard)
             try:
                 try:
-                    await self.fs.write_file(tmp, data, 0o644)
+                    await self.fs.write_file(tmp, data, self._file_mode)
                 except FS3Error as e:
                     if e.code != StatusCode.NOT_FOUND:
                         raise
                     # the shard directory went away (someone removed the cache): make it again
                     self._shards_made.discard(shard)
                     await self._ensure_shard(shard)
-                    await self.fs.write_file(tmp, data, 0o644)
+                    await self.fs.write_file(tmp, data, self._file_mode)
                 await self.fs.rename(tmp, f"{shard}/{name}")
             except BaseException:
                 try:
@@ -223,10 +241,31 @@ class KVCache:
         await asyncio.gather(*(self.put(k, v) for k, v in items))
 
     async def _ensure_shard(self, shard: str) -> None:
+        await self._learn_modes()
         if shard in self._shards_made:
             return
-        await self.fs.mkdir(shard, 0o755, parents=True)
+        await self.fs.mkdir(shard, self._dir_mode, parents=True)
         self._shards_made.add(shard)
+
+    async def _learn_modes(self) -> None:
+        """Settle the modes of new shards and entries (see the module docstring), once."""
+        if self._modes_learned:
+            return
+        async with self._modes_lock:  # the first put asks; those racing it wait for its answer
+            if self._modes_learned:
+                return
+            dir_mode, file_mode = self._modes_given
+            if dir_mode is None or file_mode is None:
+                try:
+                    root = (await self.fs.stat(self.root)).st_mode & 0o7777
+                except FS3Error as e:
+                    if e.code != StatusCode.NOT_FOUND:
+                        raise
+                    root = 0o755  # what the first shard's mkdir makes it
+                dir_mode = root if dir_mode is None else dir_mode
+                file_mode = root & 0o666 if file_mode is None else file_mode
+            self._dir_mode, self._file_mode = dir_mode, file_mode
+            self._modes_learned = True
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove ``key``'s entry; False if there was none."""

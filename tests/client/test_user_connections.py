@@ -19,12 +19,13 @@ from fs3 import capability
 from fs3.capability import CapabilityIssuer
 from fs3.client.file import chain_of
 from fs3.client.filesystem import FileSystem
+from fs3.client.kvcache import KVCache
 from fs3.client.meta_client import InodeHandles
 from fs3.client.storage_client import StorageClient
 from fs3.config import ClientConfig, MetaConfig, load_config
 from fs3.errors import FS3Error, StatusCode
 from fs3.net.auth import user_scoped_id
-from fs3.proto import common_pb2
+from fs3.proto import common_pb2, mgmtd_pb2
 from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(180)
@@ -124,6 +125,43 @@ async def test_a_user_works_on_its_own_files_as_itself(users: Users) -> None:
     # nor is she an admin at mgmtd
     await expect_errno(errno.EACCES, alice.mgmtd.list_nodes())
     await expect_errno(errno.EACCES, alice.mgmtd.add_user(2000, "mallory"))
+
+
+async def test_a_kv_cache_in_a_group_directory_is_shared_by_the_group(users: Users) -> None:
+    """Shards and entries take the cache root's bits: the first user to fill a shard made it 0755
+    and every other user's put, delete and evict of a key in it failed with EACCES."""
+    assert users.c.cluster.admin is not None
+    await users.c.cluster.admin.set_user(mgmtd_pb2.SetUserRequest(uid=BOB, set_groups=True, groups=[ALICE]))
+    await users.admin.mkdir("/team", 0o775)
+    await users.admin.chown("/team", 0, ALICE)
+    await users.admin.chmod("/team", 0o2775)
+    alice, bob = await users.connect("alice"), await users.connect("bob")
+    mine, theirs = KVCache(alice, "/team"), KVCache(bob, "/team")
+    keys = [f"key-{i}".encode() for i in range(12)]  # as many shards, nearly all first made by alice
+    await mine.put_many((k, b"alice's " + k) for k in keys)
+    await theirs.put_many((k, b"bob's " + k) for k in keys)  # replaces each of her entries
+    assert await mine.get_many(keys) == [b"bob's " + k for k in keys]
+    shard, entry = (
+        await users.admin.stat(mine.path_of(keys[0]).rsplit("/", 1)[0]),
+        await users.admin.stat(mine.path_of(keys[0])),
+    )
+    assert (shard.st_mode & 0o7777, shard.st_uid, shard.st_gid) == (0o2775, ALICE, ALICE)
+    assert (entry.st_mode & 0o7777, entry.st_uid, entry.st_gid) == (0o664, BOB, ALICE)
+    await mine.put(keys[1], b"alice again")  # and back: she replaces bob's entry in her shard
+    assert await theirs.delete(keys[1]) is True
+    assert (await theirs.evict(0)).removed == len(keys) - 1
+    assert await mine.get_many(keys) == [None] * len(keys)
+    # a root made by its first put is its maker's alone, as before; modes may also be given
+    await KVCache(alice, "/alice/kv").put(b"k", b"v")
+    await expect_errno(errno.EACCES, KVCache(bob, "/alice/kv").put(b"k", b"bob's"))
+    assert await KVCache(bob, "/alice/kv").get(b"k") == b"v"
+    private = KVCache(alice, "/team/private", dir_mode=0o700, file_mode=0o600)
+    await private.put(b"k", b"v")
+    assert (await alice.stat(private.path_of(b"k"))).st_mode & 0o7777 == 0o600
+    await expect_errno(errno.EACCES, KVCache(bob, "/team/private").get(b"k"))
+    with pytest.raises(FS3Error) as e:
+        KVCache(alice, "/team", file_mode=0o10000)
+    assert e.value.code == StatusCode.INVALID_ARGUMENT
 
 
 async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(users: Users) -> None:
