@@ -248,6 +248,8 @@ async def check_member_token(fs: FileSystem, token: str, *, serves_others: bool)
     try:
         user = await fs.mgmtd.verify_token(token)
     except FS3Error as e:
+        if e.retryable:
+            raise  # mgmtd unreachable: not the token's fault (exit 1, started again)
         raise FS3Error(
             StatusCode.CONFIG_INVALID, f"the token in token_file is refused: {e.message}"
         ) from None
@@ -609,6 +611,8 @@ def main(argv: list[str]) -> int:
             log.error("mount failed: %s", reason)
         sys.stderr.write(f"fs3 mount: {reason}\n")
         failed()
-        return 1
+        # 2, as for a config that does not load: one found wrong as the mount started (a refused
+        # token, a secret file that is missing), which the unit does not start again for
+        return 2 if isinstance(e, FS3Error) and e.code == StatusCode.CONFIG_INVALID else 1
     except KeyboardInterrupt:
         return 130

@@ -361,6 +361,8 @@ def run(
         if log_cfg.file:  # otherwise the log is standard error, where the line goes anyway
             log.error("%s failed to start: %s", service, e.message)
         sys.stderr.write(f"fs3 {service}: {e.message}\n")
-        return 1
+        # a config the daemon found wrong only once it ran (a store path, a target directory):
+        # the units do not start it again for 2 (RestartPreventExitStatus), starting cannot help
+        return 2 if e.code == StatusCode.CONFIG_INVALID else 1
     except KeyboardInterrupt:
         return 130

@@ -22,7 +22,7 @@ from fs3.client.storage_client import StorageClient
 from fs3.config import MetaConfig
 from fs3.daemon import apply_pushed_config, hot_log_level
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv import Database, open_database
+from fs3.kv import Database, open_daemon_store
 from fs3.meta.auth import Authenticator, TokenAuthenticator, TrustingAuthenticator
 from fs3.meta.handles import HandleSealer
 from fs3.meta.layout import ChainAllocator, ChainTable
@@ -117,14 +117,7 @@ class MetaDaemon:
         cfg = self.cfg
         _check_bindable(cfg.listen_host, cfg.listen_port)
         if self.db is None:
-            if cfg.kv.engine == "lmdb" and not cfg.kv.path:
-                raise FS3Error(StatusCode.CONFIG_INVALID, "kv.path must name a directory for the lmdb engine")
-            try:
-                self.db = await open_database(cfg.kv)
-            except (OSError, TypeError, ValueError, ImportError) as e:
-                raise FS3Error(
-                    StatusCode.CONFIG_INVALID, f"cannot open the {cfg.kv.engine} store: {e}"
-                ) from None
+            self.db = await open_daemon_store(cfg.kv)
         try:
             await self._start()
         except BaseException:

@@ -130,6 +130,13 @@ class StorageDaemon:
         cfg = self.cfg
         if problem := cfg.problem():  # a config made in code, not loaded (load_config asks too)
             raise FS3Error(StatusCode.CONFIG_INVALID, problem)
+        if not cfg.target_paths:  # the template's default, valid to load, nothing to serve
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                "no targets: target_paths (and target_ids) name none; a storage node serves at least "
+                "one (a directory on each of its disks, with the target id made for it by fs3 admin "
+                "create-targets)",
+            )
         loop = asyncio.get_running_loop()
         # What is wrong here is said at once, before the wait for mgmtd; nothing is made on disk
         # until mgmtd has confirmed that every target is this node's.

@@ -65,7 +65,7 @@ def test_config_check_reports_unknown_key(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text("listen_port = 1\nlisten_prot = 2\n")
     out = fs3("config-template", "meta", "--check", str(path))
-    assert out.returncode == 1
+    assert out.returncode == 2  # as the daemon exits for it
     assert "unknown key 'listen_prot'" in out.stderr and str(path) in out.stderr
 
 
@@ -228,3 +228,15 @@ def test_local_cluster_ports_lie_below_the_ephemeral_range() -> None:
     ports = free_ports("127.0.0.1", 12)
     assert len(set(ports)) == 12
     assert all(1024 <= p < _ephemeral_low() for p in ports), ports
+
+
+def test_admin_arguments_that_meant_something_else_are_usage_errors() -> None:
+    """A --mgmtd without a port dialled port 443; --stripe 0 was taken for no --stripe at all
+    (with another option it was dropped without a word, alone it said none was named)."""
+    out = fs3("admin", "--mgmtd", "127.0.0.1", "list-nodes")
+    assert out.returncode == 2 and "'127.0.0.1', not host:port" in out.stderr, out.stderr
+    for flag in ("--stripe", "--chain-table", "--chunk-size"):
+        out = fs3("admin", "--mgmtd", "127.0.0.1:1", "set-layout", "/", flag, "0", "--stripe", "2")
+        if flag == "--stripe":  # the last one counts
+            out = fs3("admin", "--mgmtd", "127.0.0.1:1", "set-layout", "/", "--chunk-size", "1M", flag, "0")
+        assert out.returncode == 2 and f"{flag} must be from 1 to" in out.stderr, out.stderr

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fs3.cli import positive_seconds
-from fs3.config import env_list
+from fs3.config import _host_port, env_list
 from fs3.errors import FS3Error, StatusCode
 
 EX_OK = 0
@@ -179,6 +179,9 @@ def connection(args: argparse.Namespace) -> Connection:
                 "pass --mgmtd, or --local-dir for another cluster"
             ) from None
     mgmtd = [a.strip() for a in mgmtd if a.strip()] or [DEFAULT_MGMTD]
+    for address in mgmtd:  # as the daemons' configs take them (a bare host went to port 443)
+        if why := _host_port(address):
+            raise UsageError(f"--mgmtd (or $FS3_MGMTD_ADDRESSES) {why}")
     token: str | None = None
     token_file = args.token_file or os.environ.get("FS3_TOKEN_FILE")
     if token_file:

@@ -140,14 +140,14 @@ def _set_layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chunk-size",
         type=parse_size,
-        default=0,
+        default=None,
         help="chunk size of files created in it later: a power of two from 64K to 64M",
     )
     p.add_argument(
-        "--stripe", type=natural, default=0, help="chains each file created in it later spreads over"
+        "--stripe", type=natural, default=None, help="chains each file created in it later spreads over"
     )
     p.add_argument(
-        "--chain-table", type=u32, default=0, help="chain table those files take their chains from"
+        "--chain-table", type=u32, default=None, help="chain table those files take their chains from"
     )
 
 
@@ -157,13 +157,19 @@ def _set_layout_args(p: argparse.ArgumentParser) -> None:
     _set_layout_args,
 )
 async def set_layout(conn: Connection, args: argparse.Namespace) -> Result:
-    if not (0 <= args.stripe < 1 << 32 and 0 <= args.chain_table < 1 << 32 and args.chunk_size < 1 << 63):
-        raise UsageError("--stripe and --chain-table must be from 0 to 4294967295, --chunk-size below 2**63")
-    if not (args.chunk_size or args.stripe or args.chain_table):
+    if args.chunk_size is None and args.stripe is None and args.chain_table is None:
         raise UsageError("name at least one of --chunk-size, --stripe, --chain-table")
+    # 0 is what the request says for "keep this one": given, it was taken for not given at all
+    for flag, value, top in (
+        ("--stripe", args.stripe, 1 << 32),
+        ("--chain-table", args.chain_table, 1 << 32),
+        ("--chunk-size", args.chunk_size, 1 << 63),
+    ):
+        if value is not None and not 0 < value < top:
+            raise UsageError(f"{flag} must be from 1 to {top - 1}, not {value}")
     async with filesystem(conn) as (routing, meta, _storage):
         node = await meta.lookup_path(args.path.encode())
-        ino = await meta.set_layout(node.id, args.chain_table, args.chunk_size, args.stripe)
+        ino = await meta.set_layout(node.id, args.chain_table or 0, args.chunk_size or 0, args.stripe or 0)
         lay = ino.layout
         try:
             chains = (

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from fs3.config import SERVICE_CONFIGS, load_config, to_toml
+from fs3.errors import FS3Error
 
 
 def main(argv: list[str]) -> int:
@@ -14,7 +16,11 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cls = SERVICE_CONFIGS[args.service]
     if args.check:
-        load_config(cls, args.check)
+        try:
+            load_config(cls, args.check)
+        except FS3Error as e:
+            sys.stderr.write(f"fs3 config-template: {e.message}\n")
+            return 2  # as the daemon's own exit for a bad config
         print(f"{args.check}: valid {args.service} config")
         return 0
     doc = (cls.__doc__ or "").strip()

@@ -62,6 +62,7 @@ __all__ = [
     "ReadView",
     "StoreSpace",
     "Transaction",
+    "open_daemon_store",
     "open_database",
     "open_database_sync",
     "prefix_end",
@@ -151,3 +152,35 @@ async def open_database(
         map_size=map_size,
         max_readers=max_readers,
     )
+
+
+async def open_daemon_store(kv: Any) -> Database:
+    """Open the store of a daemon's ``kv`` config section (mgmtd's, meta's), or raise
+    FS3Error(CONFIG_INVALID) saying what is wrong with it.
+
+    An lmdb store's own directory is made if missing, never its parents: the store's parent is on
+    its disk, and a disk that failed to mount at boot (or a mistyped path) leaves no parent; making
+    the path there would start an empty store, and a meta on an empty store would serve clients an
+    empty file system of its own (whose new files' chunk ids are those of the real one's)."""
+    return await asyncio.to_thread(_open_daemon_store, kv)
+
+
+def _open_daemon_store(kv: Any) -> Database:
+    from pathlib import Path
+
+    from fs3.errors import FS3Error, StatusCode
+
+    if kv.engine == "lmdb":
+        if not kv.path:
+            raise FS3Error(StatusCode.CONFIG_INVALID, "kv.path must name a directory for the lmdb engine")
+        path = Path(kv.path)
+        if not path.exists() and not path.parent.is_dir():
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"kv.path {path}: its parent {path.parent} is not an existing directory (is the "
+                "store's disk mounted? make the parent once; fs3 creates only the store's directory)",
+            )
+    try:
+        return open_database_sync(kv)
+    except (OSError, TypeError, ValueError, ImportError) as e:
+        raise FS3Error(StatusCode.CONFIG_INVALID, f"cannot open the {kv.engine} store: {e}") from None

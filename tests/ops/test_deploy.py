@@ -89,8 +89,11 @@ def test_unit_runs_a_command_that_accepts_its_config_template(path: Path) -> Non
     template = DEPLOY / "config" / f"{CONFIG_OF[command]}.toml"
     check = fs3("config-template", CONFIG_OF[command], "--check", str(template))
     assert check.returncode == 0, check.stderr
-    # the unit validates the installed file the same way before starting
-    assert f"config-template {CONFIG_OF[command]} --check {config}" in svc["ExecStartPre"]
+    # A bad config is not started again: the daemon exits 2 for it, which the unit names. (Not
+    # checked in an ExecStartPre, as it was: systemd restarts a unit whose ExecStartPre failed,
+    # whatever the status, so a typo was retried every few seconds for ever.)
+    assert svc["RestartPreventExitStatus"] == "2"
+    assert not any("--check" in pre for pre in svc.get("ExecStartPre", "").splitlines())
     if command == "mount":
         # the unit's process must be the one serving the mount: a detaching fs3 mount's first
         # process exits 0, which Type=simple takes for the end of the service (systemd unmounts)

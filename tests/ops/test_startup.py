@@ -106,6 +106,30 @@ def test_unwritable_directory(tmp_path: Path, service: str) -> None:
 
 
 @pytest.mark.parametrize("service", DAEMONS)
+def test_a_store_or_target_on_a_disk_that_is_not_there_is_a_bad_config(tmp_path: Path, service: str) -> None:
+    """A store path whose parent is missing (an unmounted disk, a typo) is refused, as a target's
+    was: mgmtd and meta made the whole path and started on an empty store (meta served clients a
+    new, empty file system); and a config found wrong as the daemon starts exits 2, which the
+    units do not restart (it was 1, restarted every few seconds for ever)."""
+    missing = tmp_path / "unmounted-disk" / "fs3"
+    cfg = config(tmp_path, service)
+    text = cfg.read_text()
+    if service == "storage":
+        text = text.replace(str(tmp_path / "target-1"), str(missing / "target-1"))
+    else:
+        text = text.replace(str(tmp_path / f"kv-{service}"), str(missing / "kv"))
+    cfg.write_text(text)
+    out = run_daemon(service, cfg)
+    line = the_line(out, service)
+    assert out.returncode == 2 and str(missing) in line and "mounted" in line, line
+    assert not missing.exists()
+    if service == "storage":  # and a storage node given no target at all
+        cfg.write_text(text.replace(f'target_paths = ["{missing / "target-1"}"]\ntarget_ids = [1]\n', ""))
+        out = run_daemon(service, cfg)
+        assert out.returncode == 2 and "no targets" in the_line(out, service)
+
+
+@pytest.mark.parametrize("service", DAEMONS)
 def test_unwritable_log_file(tmp_path: Path, service: str) -> None:
     bad = write(tmp_path / "a-file", "") / "daemon.log"
     cfg = config(tmp_path, service)
