@@ -317,6 +317,17 @@ class MgmtdClient:
         )
         return r.routing_version
 
+    async def claim_file_system(
+        self, node_id: int, file_system_id: str, store: str
+    ) -> mgmtd_pb2.FileSystemRecord:
+        """Meta, before it serves: the file system its store holds is the cluster's (see
+        fs3.mgmtd.cluster.Cluster.claim_file_system)."""
+        r = await self.call(
+            "ClaimFileSystem",
+            mgmtd_pb2.ClaimFileSystemRequest(node_id=node_id, file_system_id=file_system_id, store=store),
+        )
+        return r.recorded
+
     async def heartbeat(self, request: mgmtd_pb2.HeartbeatRequest) -> mgmtd_pb2.HeartbeatReply:
         return await self.call("Heartbeat", request)
 

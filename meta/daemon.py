@@ -165,6 +165,8 @@ class MetaDaemon:
             idem_ttl_s=cfg.idem_ttl_s,
             live_clients=self._live_clients if self.mgmtd is not None else None,
         )
+        if self.mgmtd is not None:
+            await self._claim_file_system()
         await self.store.start()
         # Clients on user connections (a user token, not the cluster secret) only where tokens are
         # verified: a trusting meta would let them act as anyone.
@@ -210,6 +212,25 @@ class MetaDaemon:
             )
             await self.agent.start()
         log.info("meta serving node_id=%d port=%d engine=%s", cfg.node_id, self.port, cfg.kv.engine)
+
+    async def _claim_file_system(self) -> None:
+        """Serve only the cluster's file system: tell mgmtd the id this store holds, before the
+        root directory is made in a new store (see Cluster.claim_file_system)."""
+        assert self.store is not None and self.mgmtd is not None
+        kv = self.cfg.kv
+        where = {"lmdb": kv.path, "fdb": f"FoundationDB {kv.cluster_file or '(default cluster file)'}"}.get(
+            kv.engine, f"a {kv.engine} store"
+        )
+        fs_id = await self.store.file_system_id()
+        try:
+            await self.mgmtd.claim_file_system(self.cfg.node_id, fs_id, where)
+        except FS3Error as e:
+            if e.code == StatusCode.FAILED_PRECONDITION:
+                raise FS3Error(StatusCode.CONFIG_INVALID, e.message) from None
+            if e.code not in (StatusCode.NOT_IMPLEMENTED, StatusCode.RPC_UNKNOWN_METHOD):
+                raise
+            # an mgmtd older than this meta (upgraded after it): nothing to check against yet
+            log.warning("mgmtd does not check file system ids (older than this meta): not checked")
 
     def _hot_settings(self) -> dict[str, Callable[[Any], None]]:
         """What a config pushed by mgmtd changes while meta runs (see apply_pushed_config): the

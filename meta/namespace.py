@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import logging
 import random
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
@@ -216,6 +217,23 @@ class Namespace:
             return meta_pb2.SettleRequestRsp(done=False)
 
         return await self.db.run(fn)
+
+    async def file_system_id(self) -> str:
+        """The id of the file system this store holds, made now if it has none yet (a new store,
+        or one made before stores had ids)."""
+        made: list[str] = []
+
+        async def fn(tr: Transaction) -> str:
+            if (raw := await tr.get(schema.FILE_SYSTEM_ID_KEY)) is not None:
+                return raw.decode("ascii")
+            made[:] = [uuid.uuid4().hex]
+            tr.set(schema.FILE_SYSTEM_ID_KEY, made[0].encode("ascii"))
+            return made[0]
+
+        fs_id = await self.db.run(fn)
+        if made and made[0] == fs_id:
+            log.info("this store's file system is given the id %s", fs_id)
+        return fs_id
 
     async def ensure_root(self, mode: int = 0o755) -> None:
         """Create the root directory (owned by root) unless it exists."""

@@ -41,6 +41,9 @@ ROOT_ID = 1
 """The root directory's inode id; allocated ids are far above it (see :mod:`fs3.meta.idalloc`)."""
 
 INODE_COUNT_KEY = SING + b"meta-inode-count"
+# the id this store's file system was given when it was made (ASCII), told to mgmtd before a meta
+# serves it (Namespace.file_system_id, fs3.mgmtd.cluster.Cluster.claim_file_system)
+FILE_SYSTEM_ID_KEY = SING + b"meta-file-system-id"
 
 _U64 = struct.Struct(">Q")
 _U64x2 = struct.Struct(">QQ")

@@ -105,6 +105,7 @@ class Records:
     configs: dict[int, mgmtd_pb2.ConfigInfo] = field(default_factory=dict)  # newest per node type
     routing_version: int = 0
     initialized: bool = False
+    file_system: mgmtd_pb2.FileSystemRecord | None = None  # see claim_file_system
     # wall time before which no node is failed (a clean stop's promise), and that fence's length
     fence_at: float = 0.0
     fence_s: float = 0.0
@@ -185,6 +186,8 @@ async def load_records(tr: Transaction) -> Records:
             r.configs[node_type] = mgmtd_pb2.ConfigInfo.FromString(kv.value)
     r.routing_version = schema.decode_u64(await tr.get(schema.ROUTING_VERSION_KEY))
     r.initialized = await tr.get(schema.CLUSTER_KEY) is not None
+    if (raw := await tr.get(schema.FILE_SYSTEM_KEY)) is not None:
+        r.file_system = mgmtd_pb2.FileSystemRecord.FromString(raw)
     r.fence_at, r.fence_s = schema.decode_fence(await tr.get(schema.FENCE_KEY))
     return r
 
@@ -465,6 +468,47 @@ class Cluster:
             return
         await self._put_node(node)
         log.info("node registered node_id=%d type=%s", node.node_id, common_pb2.NodeType.Name(node.type))
+
+    @serialized
+    async def claim_file_system(self, req: mgmtd_pb2.ClaimFileSystemRequest) -> mgmtd_pb2.FileSystemRecord:
+        """Check that a meta node's store holds the cluster's file system, before it serves; the
+        first store to be told about is the cluster's from then on.
+
+        Meta nodes share one store (FoundationDB, or lmdb on one host), so they all hold the same
+        file system id. One that holds another is on a store of its own: most likely an empty one
+        made on the bare mount point of a disk that did not mount, or at a mistyped kv.path. It
+        would serve clients an empty namespace, and the chunks of the files made there would have
+        the ids of the real file system's (inode ids restart), overwriting its data."""
+        if not req.file_system_id or len(req.file_system_id) > 64 or len(req.store) > 4096:
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, "a file system id of 1 to 64 characters is needed")
+        recorded = self.rec.file_system
+        if recorded is not None:
+            if recorded.file_system_id == req.file_system_id:
+                return recorded
+            raise FS3Error(
+                StatusCode.FAILED_PRECONDITION,
+                f"meta node {req.node_id}'s store ({req.store or 'unnamed'}) holds file system "
+                f"{req.file_system_id}, not this cluster's, {recorded.file_system_id} (first served by "
+                f"meta node {recorded.node_id} from {recorded.store or 'an unnamed store'}): is kv.path "
+                "right, and its disk mounted? Every meta node of a cluster serves one store "
+                "(FoundationDB, or lmdb on one host)",
+            )
+        record = mgmtd_pb2.FileSystemRecord(
+            file_system_id=req.file_system_id, node_id=req.node_id, store=req.store, claimed_at=self.wall()
+        )
+
+        async def fn(tr: Transaction) -> Apply:
+            tr.set(schema.FILE_SYSTEM_KEY, record.SerializeToString())
+            return lambda: setattr(self.rec, "file_system", record)
+
+        await self.write(fn, routing=False)
+        log.info(
+            "file system recorded file_system_id=%s meta_node=%d store=%s",
+            req.file_system_id,
+            req.node_id,
+            req.store,
+        )
+        return record
 
     async def _put_node(self, node: mgmtd_pb2.NodeInfo) -> None:
         async def fn(tr: Transaction) -> Apply:

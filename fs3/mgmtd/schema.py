@@ -39,6 +39,7 @@ SING = b"SING"
 LEASE_KEY = SING + b"mgmtd-lease"
 ROUTING_VERSION_KEY = SING + b"mgmtd-routing-version"
 CLUSTER_KEY = SING + b"mgmtd-cluster"
+FILE_SYSTEM_KEY = SING + b"mgmtd-file-system"  # a FileSystemRecord (Cluster.claim_file_system)
 FENCE_KEY = SING + b"mgmtd-fence"
 STANDBY_PREFIX = SING + b"mgmtd-standby-"
 

@@ -184,6 +184,13 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         self.server.metrics_heartbeat()
         return await self.server.cluster_or_raise().heartbeat(request)
 
+    @rpc(Access.SERVICE)
+    async def ClaimFileSystem(
+        self, request: mgmtd_pb2.ClaimFileSystemRequest, caller: Caller
+    ) -> mgmtd_pb2.ClaimFileSystemReply:
+        recorded = await self.server.cluster_or_raise().claim_file_system(request)
+        return mgmtd_pb2.ClaimFileSystemReply(recorded=recorded)
+
     # ---- everyone ------------------------------------------------------------------------------
 
     @rpc(Access.ANY)

@@ -226,6 +226,18 @@ class ClusterRecord(_message.Message):
     created_at: float
     def __init__(self, cluster_id: _Optional[str] = ..., created_at: _Optional[float] = ...) -> None: ...
 
+class FileSystemRecord(_message.Message):
+    __slots__ = ("file_system_id", "node_id", "store", "claimed_at")
+    FILE_SYSTEM_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_AT_FIELD_NUMBER: _ClassVar[int]
+    file_system_id: str
+    node_id: int
+    store: str
+    claimed_at: float
+    def __init__(self, file_system_id: _Optional[str] = ..., node_id: _Optional[int] = ..., store: _Optional[str] = ..., claimed_at: _Optional[float] = ...) -> None: ...
+
 class GetPrimaryRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -259,6 +271,22 @@ class RegisterNodeReply(_message.Message):
     ROUTING_VERSION_FIELD_NUMBER: _ClassVar[int]
     routing_version: int
     def __init__(self, routing_version: _Optional[int] = ...) -> None: ...
+
+class ClaimFileSystemRequest(_message.Message):
+    __slots__ = ("node_id", "file_system_id", "store")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FILE_SYSTEM_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    node_id: int
+    file_system_id: str
+    store: str
+    def __init__(self, node_id: _Optional[int] = ..., file_system_id: _Optional[str] = ..., store: _Optional[str] = ...) -> None: ...
+
+class ClaimFileSystemReply(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: FileSystemRecord
+    def __init__(self, recorded: _Optional[_Union[FileSystemRecord, _Mapping]] = ...) -> None: ...
 
 class UnregisterNodeRequest(_message.Message):
     __slots__ = ("node_id",)

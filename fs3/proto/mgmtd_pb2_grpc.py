@@ -49,6 +49,11 @@ class MgmtdStub:
                 request_serializer=fs3_dot_proto_dot_mgmtd__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=fs3_dot_proto_dot_mgmtd__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.ClaimFileSystem = channel.unary_unary(
+                '/fs3.Mgmtd/ClaimFileSystem',
+                request_serializer=fs3_dot_proto_dot_mgmtd__pb2.ClaimFileSystemRequest.SerializeToString,
+                response_deserializer=fs3_dot_proto_dot_mgmtd__pb2.ClaimFileSystemReply.FromString,
+                _registered_method=True)
         self.GetRoutingInfo = channel.unary_unary(
                 '/fs3.Mgmtd/GetRoutingInfo',
                 request_serializer=fs3_dot_proto_dot_mgmtd__pb2.GetRoutingInfoRequest.SerializeToString,
@@ -215,6 +220,14 @@ class MgmtdServicer:
 
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClaimFileSystem(self, request, context):
+        """A meta node, before it serves: the file system its store holds is the cluster's (the first
+        one told is recorded); FAILED_PRECONDITION if it is another.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -412,6 +425,11 @@ def add_MgmtdServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=fs3_dot_proto_dot_mgmtd__pb2.HeartbeatRequest.FromString,
                     response_serializer=fs3_dot_proto_dot_mgmtd__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'ClaimFileSystem': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimFileSystem,
+                    request_deserializer=fs3_dot_proto_dot_mgmtd__pb2.ClaimFileSystemRequest.FromString,
+                    response_serializer=fs3_dot_proto_dot_mgmtd__pb2.ClaimFileSystemReply.SerializeToString,
             ),
             'GetRoutingInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRoutingInfo,
@@ -640,6 +658,33 @@ class Mgmtd:
             '/fs3.Mgmtd/Heartbeat',
             fs3_dot_proto_dot_mgmtd__pb2.HeartbeatRequest.SerializeToString,
             fs3_dot_proto_dot_mgmtd__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimFileSystem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fs3.Mgmtd/ClaimFileSystem',
+            fs3_dot_proto_dot_mgmtd__pb2.ClaimFileSystemRequest.SerializeToString,
+            fs3_dot_proto_dot_mgmtd__pb2.ClaimFileSystemReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,7 +20,10 @@ from fs3.client.mgmtd_client import MgmtdClient
 from fs3.config import KvConfig, MetaConfig, MgmtdConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database
+from fs3.meta import schema as meta_schema
 from fs3.meta.daemon import MetaDaemon
+from fs3.meta.permissions import Credentials
+from fs3.meta.store import MetaStore
 from fs3.mgmtd.server import MgmtdServer
 from fs3.net import RpcClient
 from fs3.net.service import Method
@@ -122,6 +125,79 @@ async def test_tokens_layouts_and_registration(cluster: Cluster) -> None:
     finally:
         for c in (alice, as_root, impostor, nobody):
             await c.close()
+
+
+async def test_a_meta_on_a_store_of_another_file_system_is_refused(tmp_path: Path) -> None:
+    """A meta whose kv.path named an empty store (a disk that did not mount under an existing
+    directory, a typo) made a new root there and served it: clients failing over to it saw an
+    empty file system, and its new files' chunk ids were the real one's. Now the first store's
+    file system id is recorded in mgmtd and a meta on another is refused before it serves."""
+    mdb = await open_database("mem")
+    mgmtd = MgmtdServer(
+        MgmtdConfig(node_id=1, listen_port=0, lease_interval_s=0.8, kv=KvConfig(engine="mem")), mdb
+    )
+    await mgmtd.start()
+    bootstrap = MgmtdClient([mgmtd.address], timeout_s=5)
+    admin: MgmtdClient | None = None
+    daemons: list[MetaDaemon] = []
+
+    async def meta(node_id: int, path: Path) -> MetaDaemon:
+        d = MetaDaemon(
+            MetaConfig(
+                node_id=node_id,
+                listen_port=0,
+                mgmtd_addresses=[mgmtd.address],
+                authenticate=False,
+                kv=KvConfig(engine="lmdb", path=str(path)),
+            )
+        )
+        await d.start()
+        daemons.append(d)
+        return d
+
+    async def names(d: MetaDaemon) -> list[bytes]:
+        client = MetaClient([f"127.0.0.1:{d.port}"], timeout_s=5)
+        try:
+            return sorted([e.name async for e in client.listdir(ROOT_ID)])
+        finally:
+            await client.close()
+
+    try:
+        await wait_until(mgmtd.is_primary)
+        admin = MgmtdClient([mgmtd.address], token=await bootstrap.init_cluster("test"), timeout_s=5)
+        # a store made before stores had an id (or without mgmtd): it is given one, recorded
+        real = tmp_path / "kv"
+        old = MetaStore(await open_database("lmdb", path=str(real)))
+        await old.start(background=False)
+        await old.mkdir(Credentials(0, 0), ROOT_ID, b"precious", 0o755)
+        await old.db.close()
+        first = await meta(100, real)
+        assert await names(first) == [b"precious"]
+        empty = tmp_path / "bare-mount-point" / "kv"
+        empty.parent.mkdir()
+        with pytest.raises(FS3Error) as e:
+            await meta(101, empty)
+        assert e.value.code == StatusCode.CONFIG_INVALID
+        assert str(empty) in e.value.message and str(real) in e.value.message and "mounted" in e.value.message
+        assert 101 not in {n.node_id for n in await admin.list_nodes()}
+        probe = MetaStore(await open_database("lmdb", path=str(empty)))
+        try:  # no root directory was made there
+            assert await probe.db.run(lambda tr: tr.get(meta_schema.inode_key(ROOT_ID))) is None
+        finally:
+            await probe.db.close()
+        # another meta on the same store serves the same file system, as does the first restarted
+        assert await names(await meta(102, real)) == [b"precious"]
+        await first.stop()
+        daemons.remove(first)
+        assert await names(await meta(100, real)) == [b"precious"]
+    finally:
+        for d in daemons:
+            await d.stop()
+        await bootstrap.close()
+        if admin is not None:
+            await admin.close()
+        await mgmtd.stop(grace_s=0)
+        await mdb.close()
 
 
 @pytest.fixture
