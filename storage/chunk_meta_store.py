@@ -290,13 +290,24 @@ class ChunkMetaStore:
                 txn.put(b"stats", _STATS.pack(0, 0, 0))
             elif _FORMAT.unpack(raw)[0] == FORMAT_VERSION:
                 pass
-            elif _FORMAT.unpack(raw)[0] in READABLE_FORMATS:
+            elif (found := _FORMAT.unpack(raw)[0]) in READABLE_FORMATS:
                 # older formats are subsets of this one: from now on the target may hold either
                 txn.put(b"format", _FORMAT.pack(FORMAT_VERSION))
+                log.warning(
+                    "target metadata %s upgraded from format %d to %d: the fs3 versions that wrote "
+                    "format %d cannot open this target any more (a rollback of this node needs this "
+                    "version or a newer one)",
+                    path,
+                    found,
+                    FORMAT_VERSION,
+                    found,
+                )
             else:
+                newer = found > FORMAT_VERSION
                 raise FS3Error(
                     StatusCode.STORAGE_IO_ERROR,
-                    f"target metadata {path} has format {_FORMAT.unpack(raw)[0]}, not {FORMAT_VERSION}",
+                    f"target metadata {path} has format {found}, not {FORMAT_VERSION}"
+                    + (" (written by a newer fs3: run that version or a later one)" if newer else ""),
                 )
 
 

@@ -99,6 +99,12 @@ class _ClientSession(FrameReceiver):
                 )
                 step, msg = await self._handshake_step(auth.CLIENT_HELLO, hello.SerializeToString())
                 if token:
+                    if step == auth.SERVER_HELLO:  # it answered as to a cluster member: no tokens
+                        raise FS3Error(
+                            StatusCode.RPC_AUTH_FAILED,
+                            f"{self.conn.peer} does not take user tokens (an fs3 older than this client? "
+                            "upgrade the servers first, or connect with the cluster secret)",
+                        )
                     if step != auth.AUTH_OK:
                         raise FS3Error(StatusCode.RPC_AUTH_FAILED, f"unexpected handshake step {step}")
                     self.conn.peer_authenticated()

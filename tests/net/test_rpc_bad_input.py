@@ -341,3 +341,24 @@ def test_warnings_about_bad_connections_are_limited(
         rpcwire.wait_closed(sock)
     assert any("were not logged" in r.getMessage() for r in caplog.records)
     check_healthy(threaded_server)
+
+
+async def test_a_token_client_told_by_a_server_that_takes_no_tokens_says_so() -> None:
+    """A server from before user connections answers a token's hello as a member's (a server
+    hello): the client said only 'unexpected handshake step 2'."""
+
+    async def old_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await rpcwire.accept_handshake(reader, writer)
+        writer.close()
+
+    server = await asyncio.start_server(old_server, "127.0.0.1", 0)
+    address = server.sockets[0].getsockname()[:2]
+    try:
+        async with RpcClient(None, token="fs3u.1.x", connect_timeout=2) as client:
+            with pytest.raises(FS3Error) as e:
+                await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
+        assert e.value.code == StatusCode.RPC_AUTH_FAILED
+        assert "does not take user tokens (an fs3 older than this client?" in e.value.message, e.value
+    finally:
+        server.close()

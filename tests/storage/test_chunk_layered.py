@@ -17,6 +17,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.storage.chunk_engine import ChunkEngine, EngineOptions
 from fs3.storage.chunk_files import release_read
 from fs3.storage.chunk_meta import (
+    FORMAT_VERSION,
     ChunkMeta,
     ChunkVersion,
     block_crcs,
@@ -330,7 +331,9 @@ def test_several_ranges_never_build_on_a_corrupt_base_or_fold_a_corrupt_run(engi
     assert engine.get_meta(cid(1)).committed == layered
 
 
-def test_records_of_an_older_format_are_updated_in_place(tmp_path: Path) -> None:
+def test_records_of_an_older_format_are_updated_in_place(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A target from the previous build holds records with its format's first byte: they read,
     and the changes that replace them (here the fold at opening, then updates) find them as they
     are (a record is compared decoded when its format differs, not byte for byte)."""
@@ -355,6 +358,21 @@ def test_records_of_an_older_format_are_updated_in_place(tmp_path: Path) -> None
         assert not eng.get_meta(cid(1)).committed.layered and eng.read(cid(1)).data == new
         write(eng, cid(2), 10, b"updated")
         assert eng.read(cid(2)).data == old[:10] + b"updated" + old[17:]
+    # the upgrade is said, with what it means for a rollback (it was silent)
+    assert any(
+        r.levelname == "WARNING"
+        and "upgraded from format 3" in r.getMessage()
+        and "cannot open" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
+    # a target of a newer format than this build reads names what to run
+    store = ChunkEngine(tmp_path)
+    with store._store._env.begin(write=True) as txn:  # noqa: SLF001
+        txn.put(b"format", struct.pack("<I", FORMAT_VERSION + 1), db=store._store._target)  # noqa: SLF001
+    store.close()
+    with pytest.raises(FS3Error) as err:
+        ChunkEngine(tmp_path)
+    assert "written by a newer fs3" in err.value.message
 
 
 def test_a_whole_rewrite_of_a_layered_version_does_not_fold_it(engine: ChunkEngine) -> None:
