@@ -84,6 +84,8 @@ class NodeRuntime:
     incarnation: int = 0
     sequence: int = 0
     pid: int = 0
+    hostname: str = ""
+    duplicate_logged: tuple[str, int] | None = None  # the other process named in the last warning
 
 
 @dataclass(slots=True)
@@ -554,6 +556,26 @@ class Cluster:
             # declared failed, it is a new process.
             req.incarnation != rt.incarnation and rt.status == mgmtd_pb2.NODE_STATUS_FAILED
         ):
+            if req.incarnation < rt.incarnation and (req.hostname, req.pid) != (rt.hostname, rt.pid):
+                # Not a late heartbeat of the process now accepted: another one, still running.
+                # Two processes with one node id (a copied config), the newer one taking over.
+                this, other = f"{req.hostname or '?'} pid {req.pid}", f"{rt.hostname or '?'} pid {rt.pid}"
+                if rt.duplicate_logged != (req.hostname, req.pid):
+                    rt.duplicate_logged = (req.hostname, req.pid)
+                    log.warning(
+                        "node %d is run by two processes: %s, refused, and %s, started later and "
+                        "accepted (two configs with node_id %d?)",
+                        req.node_id,
+                        this,
+                        other,
+                        req.node_id,
+                    )
+                raise FS3Error(
+                    StatusCode.MGMTD_STALE_HEARTBEAT,
+                    f"node {req.node_id} is also run by another process ({other}), started after this "
+                    f"one ({this}), whose heartbeats mgmtd takes now: a node id must be unique (two "
+                    f"configs with node_id {req.node_id}?)",
+                )
             raise FS3Error(
                 StatusCode.MGMTD_STALE_HEARTBEAT,
                 f"heartbeat ({req.incarnation}, {req.sequence}) of node {req.node_id} is not newer "
@@ -595,14 +617,15 @@ class Cluster:
         self._note_listening(now)
         if req.incarnation < rt.incarnation:
             log.warning(
-                "node %d: new incarnation %d numbered below the failed one's %d (clock set back?)",
+                "node %d: new incarnation %d numbered below the failed one's %d (clock set back, or "
+                "two processes with this node id?)",
                 req.node_id,
                 req.incarnation,
                 rt.incarnation,
             )
         rt.incarnation, rt.sequence = req.incarnation, req.sequence
         rt.last_heartbeat = rt.heard_at = now
-        rt.pid = req.pid
+        rt.pid, rt.hostname = req.pid, req.hostname
         changed = False
         if rt.status != mgmtd_pb2.NODE_STATUS_ACTIVE:
             log.info("node active node_id=%d", req.node_id)

@@ -229,6 +229,13 @@ async def test_bad_heartbeats_are_refused(admin: Admin) -> None:
     old.incarnation -= 1
     old.sequence += 100
     await expect(StatusCode.MGMTD_STALE_HEARTBEAT, c.heartbeat(old))
+    # an older process still beating as this node (a second daemon with a copied node_id, the
+    # newer one accepted): said so, naming both (it was 'not newer than the last one accepted')
+    twin = mgmtd_pb2.HeartbeatRequest()
+    twin.CopyFrom(old)
+    twin.hostname, twin.pid = "other-host", req.pid + 1
+    e = await expect(StatusCode.MGMTD_STALE_HEARTBEAT, c.heartbeat(twin))
+    assert "also run by another process" in e.message and "other-host pid" in e.message, e.message
     # a target that belongs to another node: passed over too
     node.local[111] = common_pb2.UPTODATE
     await node.heartbeat()
