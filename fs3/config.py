@@ -155,7 +155,11 @@ class RdmaConfig:
     device_filter: list[str] = opt(
         doc="RDMA devices (mlx5_0) or ports (mlx5_0:1) to use; empty = every active port", factory=list
     )
-    gid_index: int = opt(-1, doc="GID table index (-1 = a RoCE v2 IPv4 GID, or 0 on InfiniBand)")
+    gid_index: int = opt(
+        -1,
+        doc="GID table index (-1 = a RoCE v2 IPv4 GID, or 0 on InfiniBand)",
+        check=lambda v: None if -1 <= v <= 255 else "must be -1 (pick one) or an index 0..255",
+    )
     traffic_class: int = opt(0, doc="IP traffic class / DSCP << 2 of RoCE packets (QoS)", check=_byte)
     service_level: int = opt(
         0, doc="InfiniBand service level", check=lambda v: None if 0 <= v <= 15 else "must be 0..15"
@@ -173,7 +177,9 @@ class RdmaConfig:
         check=lambda v: None if 4 <= v <= 4096 else "must be 4..4096",
     )
     inline_payload_bytes: int = opt(
-        65536, doc="payloads up to this size travel in SENDs; larger ones are pulled with RDMA READ"
+        65536,
+        doc="payloads up to this size travel in SENDs; larger ones are pulled with RDMA READ",
+        check=_non_negative,
     )
     max_onesided_per_nic: int = opt(
         256, doc="outstanding RDMA READ/WRITE operations per NIC", check=_positive
@@ -281,7 +287,9 @@ class MetaConfig:
     # the root directory takes these three when the file system is made, and every new directory
     # its parent's: afterwards 'fs3 admin set-layout' changes a directory's, not these
     default_chain_table: int = opt(
-        1, doc="chain table of the root directory's layout when the file system is made (see set-layout)"
+        1,
+        doc="chain table of the root directory's layout when the file system is made (see set-layout)",
+        check=lambda v: None if 0 < v < 1 << 32 else "must be a chain table id 1..4294967295",
     )
     default_chunk_size: int = opt(
         1 << 20,
@@ -364,7 +372,7 @@ class StorageConfig:
         16,
         doc="threads doing each target's disk I/O (each target has its own: a disk that hangs "
         "holds only its own)",
-        check=_positive,
+        check=lambda v: None if 0 < v <= 1024 else "must be 1..1024",
     )
     disk_stall_s: float = opt(
         30.0,

@@ -63,6 +63,11 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("[kv]\nmap_size = 99999999999999999999\n", "at most 2^46"),  # an OverflowError at start
         ('mgmtd_addresses = ["m1:8000", "m2"]\n', "not host:port"),
         ('mgmtd_addresses = ["m1:99999"]\n', "port 1..65535"),  # gRPC dialled port 34463
+        # passed the check, to be found (or not) only when used
+        ("default_chain_table = 0\n", "chain table id 1.."),
+        ("default_chain_table = -5\n", "chain table id 1.."),
+        ("[rdma]\ngid_index = -99\n", "must be -1"),
+        ("[rdma]\ninline_payload_bytes = -1\n", "must be >= 0"),
     ],
 )
 def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
