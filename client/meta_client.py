@@ -82,6 +82,8 @@ MAX_END_READ_SESSIONS = 4096
 #: intervals up to SETTLE_MAX_S while meta cannot be reached (see QueuedSessions.settle)
 SETTLE_FIRST_S = 1.0
 SETTLE_MAX_S = 30.0
+#: how long a request given up on waits for meta to say what became of it (MetaClient._call)
+SETTLE_NOW_S = 5.0
 
 
 class QueuedSessions:
@@ -609,12 +611,43 @@ class MetaClient:
                 # up, so that the next one does not start with a server that just failed it
                 self._current += 1
                 if time.monotonic() >= deadline:
+                    if request_id and method != "SettleRequest":
+                        settled = await self._settled(hdr.request_id, meth)
+                        if settled is not None:
+                            if handles is not None:
+                                for name in RETURNED_INODES[method]:
+                                    value = getattr(settled[0], name)
+                                    handles.learn((value,) if isinstance(value, m.Inode) else value)
+                            return settled
                     raise
                 tried += 1
                 if tried % max(len(self.addresses), 1) == 0:
                     await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
                     backoff = min(backoff * 2, 0.5)
                 timeout = min(self.rpc_timeout_s, deadline - time.monotonic())
+
+    async def _settled(self, request_id: int, meth: Any) -> tuple[Any, Address] | None:
+        """A request given up on, after failures that leave its outcome unknown (no answer in
+        time: meta may have done it, the answer lost or late, as when the network returns near the
+        end of the budget): one try, at most SETTLE_NOW_S, to ask meta what became of it. Done:
+        its response, which the caller gets instead of an error for something that happened. Not
+        done: None, and it never will be (the question leaves a record that stops any attempt
+        still on its way), so the error the caller gets is the truth; None too when meta cannot
+        be asked."""
+        req = m.SettleRequestReq(request_id=request_id)
+        req.hdr.user.CopyFrom(self.user)
+        req.hdr.client_id = self.client_id
+        parsed = _parsed_address(self._address())
+        try:
+            rsp, _ = await self.rpc.call(
+                parsed, self._methods["SettleRequest"], req, timeout=min(SETTLE_NOW_S, self.rpc_timeout_s)
+            )
+        except FS3Error:
+            return None
+        if not rsp.done:
+            return None
+        log.info("a request given up on had been done request_id=%d method=%s", request_id, meth.name)
+        return meth.response.FromString(rsp.response), parsed
 
     def _address(self) -> str:
         """The meta server to call now. ``addresses`` may be shared with other clients (a mount's

@@ -130,3 +130,85 @@ async def test_a_call_that_gives_up_on_a_hung_server_leaves_the_next_call_to_ano
         await client.close()
         await server_a.stop()
         await server_b.stop()
+
+
+class HoldingProxy:
+    """A TCP proxy to a server whose answers it can hold back (``hold``) and then let through,
+    late (``release``): an answer lost or late while the network is out."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.open = asyncio.Event()
+        self.open.set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    def hold(self) -> None:
+        self.open.clear()
+
+    def release(self) -> None:
+        self.open.set()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.target)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, gated: bool) -> None:
+            try:
+                while data := await r.read(1 << 16):
+                    if gated:
+                        await self.open.wait()
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                w.close()
+
+        for task in (pipe(client_r, server_w, False), pipe(server_r, client_w, True)):
+            t = asyncio.ensure_future(task)
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def test_a_change_whose_answer_came_too_late_is_answered_not_failed(tmp_path) -> None:
+    """A mkdir (any change) that meta made but whose answer arrived after the client's budget (the
+    network back just as it ran out) failed with ETIMEDOUT, and the directory was there. The
+    client now asks meta what became of it: done, its answer; not done, never (so the error is
+    true)."""
+    from fs3.client.meta_client import ROOT_ID
+    from fs3.config import KvConfig, MetaConfig
+    from fs3.meta.daemon import MetaDaemon
+
+    meta = MetaDaemon(
+        MetaConfig(listen_port=0, mgmtd_addresses=[], authenticate=False, kv=KvConfig(engine="mem"))
+    )
+    await meta.start()
+    proxy = HoldingProxy(("127.0.0.1", meta.port))
+    client = MetaClient([await proxy.start()], timeout_s=1.0, rpc_timeout_s=1.0)
+    try:
+        await client.stat(ROOT_ID)  # connected and authenticated before the answers are held
+        proxy.hold()
+        asyncio.get_running_loop().call_later(1.5, proxy.release)  # after the budget of 1 s
+        made = await client.mkdir(ROOT_ID, b"late", 0o755)
+        assert made.id and (await client.lookup(ROOT_ID, b"late")).id == made.id
+        # one meta cannot be asked about (it is gone) fails, as before
+        await meta.stop()
+        with pytest.raises(FS3Error) as e:
+            await client.mkdir(ROOT_ID, b"never", 0o755)
+        assert e.value.retryable or e.value.code == StatusCode.DEADLINE_EXCEEDED
+    finally:
+        await client.close()
+        await proxy.stop()
+        await meta.stop()
