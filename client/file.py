@@ -597,6 +597,10 @@ class OpenFile:
             # either (with the bytes of the write that raises it).
             error.__traceback__ = None
             e = fresh_error(error)
+            if isinstance(e, FS3Error) and e.code == StatusCode.DEADLINE_EXCEEDED:
+                # storage not answering past the retries: a failed write-back, EIO as Linux
+                # reports one (the README's promise), not the ETIMEDOUT of a call that timed out
+                e = FS3Error(StatusCode.UNAVAILABLE, f"write-back failed: {e.message}")
         log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
         self._failed = True
         if self._write_error is None:

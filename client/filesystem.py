@@ -991,6 +991,11 @@ class FileSystem:
                 if not self._ended_by_meta(h, e, wrote):
                     if wrote:
                         h.untake_length(failed)
+                    if error is not None and isinstance(e, Exception):
+                        # the write-back error is the caller's to hear (it is heard once), not the
+                        # report's (made again at the next fsync or close): after a failed flush
+                        # meta asks storage for the length, which fails too while storage is away
+                        raise error from None
                     raise
             else:
                 h.state.install(ino)

@@ -415,6 +415,30 @@ async def test_a_hung_meta_server_is_failed_over_from(tmp_path: Path) -> None:
             os.kill(popen.pid, signal.SIGCONT)
 
 
+async def test_a_write_back_that_storage_never_answered_is_eio(tmp_path: Path) -> None:
+    """Storage that stops answering past the client's retries fails a buffered write's flush as
+    Linux reports a failed write-back, EIO (the README says so); it was ETIMEDOUT, the errno of a
+    call that timed out."""
+    from fs3.client.storage_client import RetryPolicy
+
+    async with FsCluster(tmp_path, chains=1, stripe=1) as c:
+        fs = await c.connect(rpc_timeout_s=3.0)  # meta's report of the length fails too, sooner
+        fs.storage.retry = RetryPolicy(total_s=2.0, rpc_timeout_s=1.0)
+        f = await fs.open("/wb", "w")
+        await f.write(b"x" * 5000)  # buffered
+        stopped = [p.popen.pid for p in c.cluster.procs if p.name.startswith("storage-") and p.popen]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(FS3Error) as e:
+                await f.fsync()
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        assert e.value.errno == errno.EIO and "write-back failed" in e.value.message, e.value
+        await f.close()
+
+
 @pytest.mark.timeout(300)
 async def test_calls_to_a_hung_meta_server_fail_over_when_mgmtd_declares_it_failed(tmp_path: Path) -> None:
     """A call in flight to a meta server that hangs ends when mgmtd declares the server failed
