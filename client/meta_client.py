@@ -611,7 +611,14 @@ class MetaClient:
                 # up, so that the next one does not start with a server that just failed it
                 self._current += 1
                 if time.monotonic() >= deadline:
-                    if request_id and method != "SettleRequest":
+                    # (Not on user connections: a recorded response lacks the handles and the
+                    # capability meta adds to each answer, replayed ones included, not to this.)
+                    if (
+                        request_id
+                        and method != "SettleRequest"
+                        and handles is None
+                        and self.capabilities is None
+                    ):
                         settled = await self._settled(hdr.request_id, meth)
                         if settled is not None:
                             if handles is not None:
@@ -646,8 +653,14 @@ class MetaClient:
             return None
         if not rsp.done:
             return None
+        done = meth.response.FromString(rsp.response)
+        if getattr(done, "session_queued", False):
+            # a session the meta process that made it has yet to write, and that the open's
+            # caller must follow to that process (QueuedSessions.opened): not this way; the
+            # caller's error has the open settled and its session closed, as before
+            return None
         log.info("a request given up on had been done request_id=%d method=%s", request_id, meth.name)
-        return meth.response.FromString(rsp.response), parsed
+        return done, parsed
 
     def _address(self) -> str:
         """The meta server to call now. ``addresses`` may be shared with other clients (a mount's

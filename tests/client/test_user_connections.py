@@ -10,6 +10,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster import expect_errno, wait_until
@@ -162,6 +163,35 @@ async def test_a_kv_cache_in_a_group_directory_is_shared_by_the_group(users: Use
     with pytest.raises(FS3Error) as e:
         KVCache(alice, "/team", file_mode=0o10000)
     assert e.value.code == StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_user_connections_change_whose_answer_was_lost_fails_as_it_did(users: Users) -> None:
+    """A member client asks meta what became of a change whose answer was lost and returns its
+    recorded result; on a user connection that result lacks the handle (and capability) meta adds
+    to every answer it sends, so the user got EACCES on the directory it had just made. There the
+    change fails as before (the caller looks it up again), and no handle-less inode is returned."""
+    alice = await users.connect("alice")
+    mc = alice.meta
+    home = (await alice.stat("/alice")).inode.id
+    real = mc.rpc.call
+
+    async def answer_lost(address: Any, meth: Any, req: Any, **kw: Any) -> Any:
+        rsp = await real(address, meth, req, **kw)
+        if meth.name in ("Mkdir", "Create"):
+            raise FS3Error(StatusCode.DEADLINE_EXCEEDED, "answer lost")
+        return rsp
+
+    mc.rpc.call = answer_lost  # type: ignore[method-assign]
+    mc.timeout_s = 0.5
+    try:
+        await expect_errno(errno.ETIMEDOUT, mc.mkdir(home, b"made", 0o755))
+        await expect_errno(errno.ETIMEDOUT, alice.write_file("/alice/f.bin", b"hello"))
+    finally:
+        mc.rpc.call = real  # type: ignore[method-assign]
+    made = (await alice.stat("/alice/made")).inode  # looked up again: with its handle
+    assert made.handle and (await mc.stat(made.id)).id == made.id
+    await alice.write_file("/alice/f.bin", b"hello")
+    assert await alice.read_file("/alice/f.bin") == b"hello"
 
 
 async def test_another_user_can_neither_open_nor_read_nor_write_a_private_file(users: Users) -> None:
