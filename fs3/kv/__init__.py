@@ -36,6 +36,7 @@ See :mod:`fs3.kv.base` for the semantics every engine provides.
 from __future__ import annotations
 
 import asyncio
+import errno
 from typing import Any
 
 from fs3.kv.base import (
@@ -183,4 +184,13 @@ def _open_daemon_store(kv: Any) -> Database:
     try:
         return open_database_sync(kv)
     except (OSError, TypeError, ValueError, ImportError) as e:
-        raise FS3Error(StatusCode.CONFIG_INVALID, f"cannot open the {kv.engine} store: {e}") from None
+        # A disk error or a full disk is no config's fault: the daemon fails (exit 1), and is
+        # started again; a path that cannot be the store's is (exit 2, not started again).
+        transient = isinstance(e, OSError) and e.errno in (
+            errno.EIO,
+            errno.ENOSPC,
+            errno.ENOMEM,
+            errno.EAGAIN,
+        )
+        code = StatusCode.UNAVAILABLE if transient else StatusCode.CONFIG_INVALID
+        raise FS3Error(code, f"cannot open the {kv.engine} store: {e}") from None
