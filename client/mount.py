@@ -444,30 +444,45 @@ def _mount_lock(mountpoint: str) -> int | None:
     mount is in it (a fork inherits it). None, with a warning, where no lock file can be made."""
     directory = _lock_dir()
     name = hashlib.sha256(os.fsencode(mountpoint)).hexdigest()[:32]
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(errno.EPERM, "not a directory of this user")
-        fd = os.open(
-            os.path.join(directory, f"mount-{name}.lock"),
-            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-    except OSError as e:
-        sys.stderr.write(
-            f"fs3 mount: warning: no mount lock in {directory} ({e.strerror}): another mount "
-            "started on this directory at the same moment would not be refused\n"
-        )
-        return None
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
+    path = os.path.join(directory, f"mount-{name}.lock")
+    while True:
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            st = os.lstat(directory)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise OSError(errno.EPERM, "not a directory of this user")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            sys.stderr.write(
+                f"fs3 mount: warning: no mount lock in {directory} ({e.strerror}): another mount "
+                "started on this directory at the same moment would not be refused\n"
+            )
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        # The holder before us removes the file as it lets go (else one file per mount point
+        # ever used piles up): the lock is ours only if the file is still the one at the path.
+        held = os.fstat(fd)
+        try:
+            there = os.lstat(path)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino):
+            _lock_paths[fd] = path
+            return fd
+        os.close(fd)
+
+
+_lock_paths: dict[int, str] = {}  # a held mount lock's file, removed as it is let go
 
 
 def _unlock(fd: int | None) -> None:
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    """Let go of a lock of :func:`_mount_lock` (again: nothing)."""
+    if fd is None or (path := _lock_paths.pop(fd, None)) is None:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)  # while still held: whoever waits for it sees it gone, and makes another
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _signal_name(number: int) -> str:
@@ -559,6 +574,14 @@ def main(argv: list[str]) -> int:
     # another fs3 mount starting on this directory now would pass the check below too, and the two
     # would stack: the check and the mount are done under a lock per directory
     lock = _mount_lock(resolved(where))
+    try:
+        return _mount_locked(args, options, where, lock)
+    finally:
+        _unlock(lock)  # at the latest (the mount lets go of it once it is in the mount table)
+
+
+def _mount_locked(args: argparse.Namespace, options: list[str], where: str, lock: int | None) -> int:
+    """:func:`main` once it holds the lock of mounts on ``where``."""
     # a FUSE mount there already (a dead or hung fs3 mount, most likely), from the mount table,
     # before anything starts: a stat of a dead FUSE mount fails (ENOTCONN, "not a directory"
     # below) and one of a hung mount never returns

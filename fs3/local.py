@@ -78,7 +78,14 @@ def _wait_port(d: Daemon, port_file: Path, timeout_s: float) -> int:
             pass
         code = d.exited()
         if code is not None:
-            raise LocalError(f"{d.name} exited with status {code}: {d.last_error()} (log: {d.log_file})")
+            why = d.last_error()
+            hint = (
+                " (a cluster keeps the ports chosen when it was made, in local.json: something else "
+                "listens on that one now; stop it, or start a new cluster in another --dir)"
+                if "in use" in why.lower()
+                else ""
+            )
+            raise LocalError(f"{d.name} exited with status {code}: {why}{hint} (log: {d.log_file})")
         if time.monotonic() > deadline:
             raise LocalError(f"{d.name} did not start within {timeout_s:.0f}s (log: {d.log_file})")
         time.sleep(0.05)
@@ -219,6 +226,17 @@ def _check_fuse(mount: str) -> None:
         )
 
 
+def _check_not_anothers_mount(lc: LocalCluster | None, mount: str) -> None:
+    """Refuse, before anything starts, a mount point where another fs3 mount than ``lc``'s is
+    alive (the cluster was started, then stopped again, to find it in :func:`_mount`)."""
+    ours = lc is not None and lc.daemon("mount").pid() is not None
+    if not ours and mount_type(mount) == FS3_MOUNT_TYPE and answers(mount, 2.0):
+        raise LocalError(
+            f"{mount} is mounted by another fs3 (not this cluster's mount); unmount it or pick --mount",
+            EX_USAGE,
+        )
+
+
 def _mount(lc: LocalCluster, timeout_s: float) -> str:
     st = lc.load()
     if not st.mount:
@@ -287,6 +305,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         _check_fuse(st.mount)
         if st.mount and os.path.exists(st.mount) and not os.path.isdir(st.mount):
             raise LocalError(f"--mount {st.mount} is not a directory", EX_USAGE)
+        if st.mount:
+            _check_not_anothers_mount(None, st.mount)  # a new cluster has no mount of its own
         try:
             free_ports(st.host, 1)
         except OSError as e:
@@ -339,6 +359,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     mounting = bool(st.mount) and not args.no_mount
     if mounting:
         _check_fuse(st.mount)
+        _check_not_anothers_mount(lc, st.mount)
         if os.path.exists(st.mount) and not os.path.isdir(st.mount):
             bad = st.mount
             if earlier_mount is not None:  # the --mount just given: not kept
@@ -541,10 +562,17 @@ def cmd_down(args: argparse.Namespace) -> int:
             abort(st.mount)  # a server stuck in the kernel (or dead) cannot be stopped otherwise
         elif not ours:
             foreign = True  # alive but not served by this cluster's mount daemon: not ours
+    users = _users_of(st.mount) if st.mount and not foreign and is_mounted(st.mount) else []
     # the mount first: on SIGTERM it flushes its write buffers and unmounts itself
     killed = stop_all([lc.daemon("mount")], timeout_s=args.timeout)
     if st.mount and not foreign:
         unmount(st.mount)
+        if users:  # unmounted lazily (by the mount, or here): said, as `fs3 umount` refuses it
+            _say(
+                f"fs3 local: {st.mount} was in use (pids {', '.join(map(str, users[:10]))}"
+                f"{', ...' if len(users) > 10 else ''}): detached; those processes now get "
+                "'Transport endpoint is not connected' there"
+            )
     elif foreign:
         _say(f"fs3 local: left {st.mount} mounted: another fs3 serves it, not this cluster")
     daemons = [lc.daemon(n) for n in reversed(lc.service_names())]
@@ -555,12 +583,69 @@ def cmd_down(args: argparse.Namespace) -> int:
         f"fs3 local: stopped the cluster in {lc.root}"
         + (f" (killed after {args.timeout:.0f}s: {', '.join(killed)})" if killed else "")
     )
+    for pid, where in _other_mounts(lc):
+        _say(
+            f"fs3 local: warning: {where} (pid {pid}) is another mount of this cluster, left up: every "
+            f"access there fails while the cluster is stopped; unmount it: fs3 umount {where}"
+        )
     if args.purge:
         _purge(lc)
         _say(f"fs3 local: purged {lc.root}")
     else:
         _say(f"  data kept; 'fs3 local up --dir {lc.root}' starts it again")
     return 0
+
+
+def _users_of(mount: str) -> list[int]:
+    """Processes with their working directory, root or an open file under ``mount`` (read from
+    /proc: nothing asks the mount)."""
+    top = mount.rstrip("/") or "/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            links = [entry / "cwd", entry / "root", *(entry / "fd").iterdir()]
+        except OSError:
+            continue
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if target == top or target.startswith(top + "/"):
+                found.append(int(entry.name))
+                break
+    return sorted(found)
+
+
+def _other_mounts(lc: LocalCluster) -> list[tuple[int, str]]:
+    """``fs3 mount`` processes of this cluster's client config (not its own mount, stopped by
+    now): (pid, mount point as its command line names it)."""
+    config = os.path.realpath(lc.root / "config" / "client.toml")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if "mount" not in args:
+            continue
+        named = None
+        for i, a in enumerate(args):
+            if a == "--config" and i + 1 < len(args):
+                named = args[i + 1]
+            elif a.startswith("--config="):
+                named = a.split("=", 1)[1]
+        if named is None or os.path.realpath(os.path.join(cwd, named)) != config:
+            continue
+        rest = args[args.index("mount") + 1 :]
+        where = next((a for a in rest if not a.startswith("-") and a != named), None)
+        found.append((int(entry.name), os.path.normpath(os.path.join(cwd, where)) if where else "?"))
+    return found
 
 
 def _purge(lc: LocalCluster) -> None:
@@ -692,6 +777,8 @@ def main(argv: list[str]) -> int:
         code = EX_UNAVAILABLE if e.code == StatusCode.UNAVAILABLE else EX_FAILED
         print(f"fs3 local {args.action}: {e}", file=sys.stderr)
         return code
+    except BrokenPipeError:
+        raise  # the reader of the output went away (`fs3 local status | head`): fs3's main says so
     except OSError as e:  # e.g. a daemon's program cannot be run, a file cannot be written
         what = f"{e.strerror or e}: {e.filename}" if e.filename else f"{e.strerror or e}"
         print(f"fs3 local {args.action}: {what}", file=sys.stderr)

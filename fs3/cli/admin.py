@@ -9,6 +9,9 @@ Connection settings, first found wins:
   ``--secret-file`` / ``$FS3_CLUSTER_SECRET_FILE`` / the local cluster's secret (needed by
   init-cluster, and by ls/stat/checksum to speak fs3 RPC to meta and storage).
 
+A ``--local-dir`` given on the command line names the cluster: its settings come before the
+``$FS3_*`` variables (not before other flags), which would otherwise reach another cluster.
+
 Output is a table for people, or JSON with ``--json`` (an object or a list of objects per command).
 Exit status: 0 done, 1 the operation failed (one line on standard error says why), 2 usage error,
 69 a service could not be reached, 3 ``checksum`` found replicas that differ (or could not read
@@ -22,7 +25,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,11 +165,13 @@ def connection(args: argparse.Namespace) -> Connection:
     """Resolve the connection settings (see the module docstring)."""
     local = _local_dir(args)
     mgmtd: list[str] = []
+    # the cluster a --local-dir flag names is the one meant, whatever the environment says
+    env: Mapping[str, str] = {} if args.local_dir else os.environ
     if args.mgmtd:
         mgmtd = args.mgmtd.split(",")
-    elif os.environ.get("FS3_MGMTD_ADDRESSES"):
+    elif env.get("FS3_MGMTD_ADDRESSES"):
         # the same forms the daemons and clients take (fs3.config): a TOML array or a comma list
-        found = env_list(os.environ["FS3_MGMTD_ADDRESSES"])
+        found = env_list(env["FS3_MGMTD_ADDRESSES"])
         mgmtd = [str(a) for a in found] if isinstance(found, list) else [str(found)]
     elif local is not None:
         try:
@@ -183,17 +188,17 @@ def connection(args: argparse.Namespace) -> Connection:
         if why := _host_port(address):
             raise UsageError(f"--mgmtd (or $FS3_MGMTD_ADDRESSES) {why}")
     token: str | None = None
-    token_file = args.token_file or os.environ.get("FS3_TOKEN_FILE")
+    token_file = args.token_file or env.get("FS3_TOKEN_FILE")
     if token_file:
         token = _read_file(token_file, "token file")
         if not token:
             raise UsageError(f"token file {token_file} is empty")
-    elif os.environ.get("FS3_TOKEN"):
-        token = os.environ["FS3_TOKEN"].strip()
+    elif env.get("FS3_TOKEN"):
+        token = env["FS3_TOKEN"].strip()
     elif local is not None and (local / "admin.token").exists():
         token = _read_file(local / "admin.token", "token file")
     secret: bytes | None = None
-    secret_file = args.secret_file or os.environ.get("FS3_CLUSTER_SECRET_FILE")
+    secret_file = args.secret_file or env.get("FS3_CLUSTER_SECRET_FILE")
     if not secret_file and local is not None:
         secret_file = str(local / "cluster.secret")
     if secret_file:

@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import stat
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -69,6 +70,11 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
     listed = fs3("admin", "list-chains", "--local-dir", str(local_dir), "--json")
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 2
+    # the cluster --local-dir names, whatever FS3_* variables another cluster's shell exported
+    # (they won: the command reached that cluster, exit 0, with its chains)
+    elsewhere = {"FS3_MGMTD_ADDRESSES": "127.0.0.1:1", "FS3_TOKEN": "fs3u.1.not-this-clusters"}
+    named = fs3("admin", "list-chains", "--local-dir", str(local_dir), "--json", env=elsewhere)
+    assert named.returncode == 0 and named.stdout == listed.stdout, named.stderr
     check = fs3("admin", "checksum", "/survivor.bin", "--local-dir", str(local_dir), "--json")
     assert check.returncode == 0, check.stdout + check.stderr
     report = json.loads(check.stdout)
@@ -230,6 +236,8 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
         clash = fs3("local", "up", "--dir", str(other), "--mount", str(mnt), "--timeout", "30",
                     "--storage-nodes", "1", "--replicas", "1")  # fmt: skip
         assert clash.returncode != 0 and "mounted by another fs3" in clash.stderr, clash.stdout + clash.stderr
+        # said before anything started (the whole new cluster came up first, then went again)
+        assert "mgmtd" not in clash.stdout and not (other / "local.json").exists(), clash.stdout
         assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
         left = fs3("local", "down", "--dir", str(other))
         assert left.returncode == 0, left.stdout + left.stderr
@@ -246,8 +254,22 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     except OSError as e:
         mount_metrics = None
         why = str(e)
-    down = fs3("local", "down", "--dir", str(local_dir))
+    # down says what it leaves behind: a process using the mount (it had to be detached), and a
+    # second mount of the cluster (which fails every access once the cluster is stopped)
+    user = subprocess.Popen(["sleep", "60"], cwd=mnt)
+    second.mkdir(exist_ok=True)
+    more = fs3("mount", str(second), "--config", str(local_dir / "config" / "client.toml"))
+    assert more.returncode == 0, more.stdout + more.stderr
+    try:
+        down = fs3("local", "down", "--dir", str(local_dir))
+    finally:
+        user.kill()
+        user.wait()
+        if is_mounted(str(second)):
+            fs3("umount", "--force", str(second))
     assert down.returncode == 0, down.stderr
+    assert f"{mnt} was in use (pids {user.pid})" in down.stdout, down.stdout
+    assert f"warning: {second} (pid " in down.stdout and f"fs3 umount {second}" in down.stdout, down.stdout
     assert not is_mounted(str(mnt))
     if mount_metrics is None:
         pytest.xfail(f"fs3 mount does not serve /metrics on the client's metrics_port yet ({why})")
