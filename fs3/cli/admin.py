@@ -116,6 +116,7 @@ class Connection:
     local_dir: Path | None
     timeout_s: float
     _mgmtd_client: Any = None
+    token_source: str = ""  # where the token came from, for messages
 
     def mgmtd_client(self, *, with_secret: bool = False):  # type: ignore[no-untyped-def]
         """A MgmtdClient with the token (or, for init-cluster, the cluster secret)."""
@@ -189,14 +190,18 @@ def connection(args: argparse.Namespace) -> Connection:
             raise UsageError(f"--mgmtd (or $FS3_MGMTD_ADDRESSES) {why}")
     token: str | None = None
     token_file = args.token_file or env.get("FS3_TOKEN_FILE")
+    source = ""
     if token_file:
         token = _read_file(token_file, "token file")
         if not token:
             raise UsageError(f"token file {token_file} is empty")
+        source = f"{'--token-file' if args.token_file else '$FS3_TOKEN_FILE'} {token_file}"
     elif env.get("FS3_TOKEN"):
         token = env["FS3_TOKEN"].strip()
+        source = "$FS3_TOKEN"
     elif local is not None and (local / "admin.token").exists():
         token = _read_file(local / "admin.token", "token file")
+        source = f"the local cluster's {local / 'admin.token'}"
     secret: bytes | None = None
     secret_file = args.secret_file or env.get("FS3_CLUSTER_SECRET_FILE")
     if not secret_file and local is not None:
@@ -205,7 +210,7 @@ def connection(args: argparse.Namespace) -> Connection:
         secret = _read_file(secret_file, "cluster secret file").encode()
         if len(secret) < 16:
             raise UsageError(f"cluster secret file {secret_file}: a secret has at least 16 bytes")
-    return Connection(mgmtd, token, secret, local, args.timeout)
+    return Connection(mgmtd, token, secret, local, args.timeout, token_source=source)
 
 
 # -- output ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fs3.cli import seconds
 from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
+from fs3.mgmtd.users import MAX_TOKENS_PER_USER, TOKEN_PREFIX
 from fs3.net.auth import TOKEN_CACHE_S, TOKEN_STALE_S
 from fs3.net.server import USER_RECHECK_S
 from fs3.proto import common_pb2, mgmtd_pb2
@@ -612,20 +613,103 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
     return Result(rows, ["uid", "name", "gid", "groups", "admin", "root", "tokens"])
 
 
+def _user_set_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("uid", type=u32)
+    p.add_argument("--name", default="", help="a new name")
+    p.add_argument("--gid", type=u32, default=None, help="a new primary group")
+    p.add_argument(
+        "--groups",
+        default=None,
+        help="the supplementary groups, comma-separated, in place of its own ('' = none)",
+    )
+    p.add_argument(
+        "--admin", action=argparse.BooleanOptionalAction, default=None, help="may use the admin API"
+    )
+    p.add_argument(
+        "--root", action=argparse.BooleanOptionalAction, default=None, help="may act as any uid towards meta"
+    )
+
+
+@command("user-set", "change a user's name, groups or flags; its tokens stay valid", _user_set_args)
+async def user_set(conn: Connection, args: argparse.Namespace) -> Result:
+    req = mgmtd_pb2.SetUserRequest(uid=args.uid, name=args.name)
+    if args.gid is not None:
+        req.gid = args.gid
+    if args.groups is not None:
+        req.set_groups = True
+        req.groups.extend(int_list(args.groups, "--groups", u32) if args.groups.strip() else [])
+    if args.admin is not None:
+        req.admin = args.admin
+    if args.root is not None:
+        req.root = args.root
+    if not (
+        args.name or args.gid is not None or req.set_groups or req.HasField("admin") or req.HasField("root")
+    ):
+        raise UsageError("name at least one of --name, --gid, --groups, --admin/--no-admin, --root/--no-root")
+    u = await conn.mgmtd_client().set_user(req)
+    return Result(
+        value={
+            "uid": u.uid,
+            "name": u.name,
+            "gid": u.gid,
+            "groups": list(u.groups),
+            "admin": u.admin,
+            "root": u.root,
+        },
+        message=f"user {u.name} (uid {u.uid}) changed{_CACHED.replace('takes it', 'acts on what it knew')}",
+    )
+
+
 def _user_token_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=u32)
     p.add_argument("--ttl", type=seconds, default=0.0, help="seconds the token is valid (default: no expiry)")
     p.add_argument("--invalidate", action="store_true", help="revoke the user's other tokens")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="--invalidate: also when that revokes the token this command uses",
+    )
     _token_out(p)
+
+
+def _own_token(conn: Connection, uid: int) -> bool:
+    """Whether this command runs with a token of ``uid`` (a local cluster's mount uses it too)."""
+    return bool(conn.token) and (conn.token or "").startswith(f"{TOKEN_PREFIX}.{uid}.")
+
+
+def _refuse_own_token(conn: Connection, uid: int, what: str) -> None:
+    if _own_token(conn, uid):
+        raise UsageError(
+            f"{what} revokes the token this command uses ({conn.token_source or 'given'}): the next "
+            "admin command, and a mount using the same token (a local cluster's does), would be "
+            "refused. Give the new token to them first, or pass --force"
+        )
 
 
 @command("user-token", "issue a new token for a user", _user_token_args)
 async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
+    client = conn.mgmtd_client()
+    note = ""
+    if args.invalidate:
+        if not args.force:
+            _refuse_own_token(conn, args.uid, f"user-token {args.uid} --invalidate")
+    elif (await client.get_user(args.uid)).token_count >= MAX_TOKENS_PER_USER:
+        note = (
+            f"; its oldest token was revoked: a user keeps at most {MAX_TOKENS_PER_USER}, and a job "
+            "still using that one is refused from now on (see user-list)"
+        )
     with _token_out_ready(args.token_out):
-        token = await conn.mgmtd_client().issue_token(args.uid, args.ttl, args.invalidate)
-    what = f"token issued for uid {args.uid}"
+        token = await client.issue_token(args.uid, args.ttl, args.invalidate)
+    what = f"token issued for uid {args.uid}" + (
+        f", valid {args.ttl:g} s (until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(time.time() + args.ttl))})"
+        if args.ttl
+        else ""
+    )
     return _token_result(
-        token, args, {"uid": args.uid}, what + (f", the others revoked{_CACHED}" if args.invalidate else "")
+        token,
+        args,
+        {"uid": args.uid},
+        what + (f", the others revoked{_CACHED}" if args.invalidate else "") + note,
     )
 
 
@@ -643,8 +727,15 @@ def _uid_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=u32)
 
 
-@command("user-remove", "delete a user and its tokens", _uid_arg)
+def _user_remove_args(p: argparse.ArgumentParser) -> None:
+    _uid_arg(p)
+    p.add_argument("--force", action="store_true", help="also when it is the user this command runs as")
+
+
+@command("user-remove", "delete a user and its tokens", _user_remove_args)
 async def user_remove(conn: Connection, args: argparse.Namespace) -> Result:
+    if not args.force:
+        _refuse_own_token(conn, args.uid, f"user-remove {args.uid}")
     await conn.mgmtd_client().remove_user(args.uid)
     return Result(value={"removed": args.uid}, message=f"user {args.uid} removed{_CACHED}")
 

@@ -87,7 +87,7 @@ def test_every_command_has_help() -> None:
     assert set(admin.COMMANDS) >= {
         "init-cluster", "list-nodes", "list-targets", "list-chains", "create-targets", "upload-chains",
         "upload-chain-table", "offline-target", "remove-target", "update-chain", "rotate-lastsrv",
-        "user-add", "user-list", "user-token", "gen-chains", "config", "ls", "stat", "checksum", "gc-list",
+        "user-add", "user-list", "user-set", "user-token", "gen-chains", "config", "ls", "stat", "checksum", "gc-list",
     }  # fmt: skip
     for name in admin.COMMANDS:
         with pytest.raises(SystemExit) as e:
@@ -366,6 +366,24 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     # alice is no admin: the admin API refuses her token
     denied = fs3("admin", "list-nodes", "--mgmtd", mgmtd.address, "--token-file", str(token_file))
     assert denied.returncode == 1 and "PERMISSION" in denied.stderr.upper()
+    # groups and flags change in place, her tokens still valid (there was no command for it:
+    # only a removal and a new user, which revoked every token of hers and failed her jobs)
+    changed = mgmtd.json("user-set", "1000", "--groups", "30", "--gid", "7", "--admin")
+    assert changed["groups"] == [30] and changed["gid"] == 7 and changed["admin"], changed
+    assert mgmtd.json("user-set", "1000", "--no-admin", "--groups", "")["groups"] == []
+    assert mgmtd.admin("user-set", "1000").returncode == 2  # nothing to change: a usage error
+    users = {u["uid"]: u for u in mgmtd.json("user-list")}
+    assert (users[1000]["gid"], users[1000]["admin"], users[1000]["tokens"]) == (7, False, 2)
+    # a 17th token revokes her oldest: said (it was silent, and a job on the oldest failed)
+    for _ in range(14):
+        assert "oldest token was revoked" not in mgmtd.admin("user-token", "1000").stdout
+    full = mgmtd.admin("user-token", "1000")
+    assert full.returncode == 0 and "its oldest token was revoked: a user keeps at most 16" in full.stdout
+    # revoking the token this command runs with is refused unless forced
+    own = mgmtd.admin("user-token", "0", "--invalidate")
+    assert own.returncode == 2 and f"the token this command uses (--token-file {mgmtd.token})" in own.stderr
+    assert mgmtd.admin("user-remove", "0").returncode == 2
+    assert mgmtd.admin("list-nodes").returncode == 0  # still the admin
     removed = mgmtd.admin("user-remove", "1000")
     assert removed.returncode == 0 and "cache of token checks" in removed.stdout  # not at once
     assert 1000 not in {u["uid"] for u in mgmtd.json("user-list")}
