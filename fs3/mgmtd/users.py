@@ -52,12 +52,16 @@ def parse_token(token: str) -> tuple[int, bytes]:
 
 def token_matches(stored: mgmtd_pb2.StoredUser, digest: bytes, now: float) -> bool:
     """Whether ``digest`` is one of the user's live tokens (constant time per comparison)."""
-    ok = False
+    return _live_token(stored, digest, now) is not None
+
+
+def _live_token(stored: mgmtd_pb2.StoredUser, digest: bytes, now: float) -> mgmtd_pb2.StoredToken | None:
+    found = None
     for t in stored.tokens:
         live = t.expires_at == 0 or t.expires_at > now
         if hmac.compare_digest(t.digest, digest) and live:
-            ok = True
-    return ok
+            found = t
+    return found
 
 
 def public_user(stored: mgmtd_pb2.StoredUser, now: float) -> mgmtd_pb2.User:
@@ -78,9 +82,12 @@ async def verify_token(rv: ReadView, token: str, now: float) -> mgmtd_pb2.User:
     """The user a token belongs to; UNAUTHENTICATED when it is malformed, unknown or expired."""
     uid, digest = parse_token(token)
     stored = await load_user(rv, uid)
-    if stored is None or not token_matches(stored, digest, now):
+    live = None if stored is None else _live_token(stored, digest, now)
+    if stored is None or live is None:
         raise FS3Error(StatusCode.UNAUTHENTICATED, "invalid or expired token")
-    return public_user(stored, now)
+    user = public_user(stored, now)
+    user.token_expires_at = live.expires_at
+    return user
 
 
 def check_user_fields(name: str, groups: Sequence[int]) -> None:

@@ -175,6 +175,13 @@ class TokenCache:
             raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
         now = time.monotonic()
         hit = self._users.get(token)
+        if hit is not None and 0 < getattr(hit[1], "token_expires_at", 0) <= time.time():
+            # its expiry is known: it ends then, whether mgmtd can be asked or not (a cached answer,
+            # or mgmtd's last one while it is away, kept an expired token working for up to
+            # token_stale_s)
+            self._users.pop(token, None)
+            self._unconfirmed.discard(token)
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "invalid or expired token (it expired)")
         if hit is not None and now - hit[0] <= self.ttl_s:
             return hit[1]
         refused = self._refused.get(token)

@@ -119,6 +119,26 @@ async def test_a_verified_token_stands_while_mgmtd_cannot_answer() -> None:
         USERS["alice-token"] = mgmtd_pb2.User(uid=1000, gid=1000, groups=[500, 501])
 
 
+async def test_a_token_ends_when_it_expires_whether_mgmtd_answers_or_not() -> None:
+    """mgmtd says when the token it verifies expires: a server ends it then, also on an answer it
+    has cached and while mgmtd cannot be asked (an expired 20 s token kept working for as long as
+    mgmtd was unreachable, up to token_stale_s)."""
+    v = Verifier()
+    cache = TokenCache(v, ttl_s=0.3, negative_ttl_s=60, recheck_wait_s=0.05, stale_s=3600)
+    USERS["short-token"] = mgmtd_pb2.User(uid=1001, gid=1001, token_expires_at=time.time() + 0.8)
+    try:
+        assert (await cache.user_of("short-token")).uid == 1001
+        v.down = True  # mgmtd away from here on
+        await asyncio.sleep(0.4)
+        assert (await cache.user_of("short-token")).uid == 1001  # stale, not expired: stands
+        await asyncio.sleep(0.5)
+        with pytest.raises(FS3Error) as e:
+            await cache.user_of("short-token")
+        assert e.value.code == StatusCode.UNAUTHENTICATED and "expired" in e.value.message
+    finally:
+        del USERS["short-token"]
+
+
 async def test_a_check_of_a_new_token_ends_with_its_caller() -> None:
     """A token never verified is checked in its caller (a handshake): a peer that hangs up ends
     the check, so the server's bound on checks in flight at mgmtd holds."""

@@ -141,7 +141,9 @@ async def test_tokens_expire_and_can_be_revoked(admin: Admin) -> None:
     first = await admin.client.add_user(1000, "alice")
     short = await admin.client.issue_token(1000, ttl_s=0.3)
     c = admin.client
-    assert (await c.verify_token(short)).uid == 1000
+    verified = await c.verify_token(short)
+    assert verified.uid == 1000 and time.time() < verified.token_expires_at < time.time() + 1
+    assert (await c.verify_token(first)).token_expires_at == 0  # never: said so
     assert (await c.get_user(1000)).token_count == 2
     await wait_until(lambda: time.time() > 0, 1)  # clock sanity
     deadline = time.monotonic() + 5
