@@ -110,6 +110,11 @@ def split_range(layout: meta_pb2.Layout, inode_id: int, offset: int, length: int
     return out
 
 
+# (inode, error) -> when a failed flush of it may be logged again: a writer going on against a
+# revoked token or a full disk failed every flush, each said (twice a second)
+_flush_failures_said: dict[tuple[int, str], float] = {}
+
+
 @dataclass(slots=True)
 class InodeState:
     """What one client knows about a file it has open: its handles and the length they imply."""
@@ -601,7 +606,13 @@ class OpenFile:
                 # storage not answering past the retries: a failed write-back, EIO as Linux
                 # reports one (the README's promise), not the ETIMEDOUT of a call that timed out
                 e = FS3Error(StatusCode.UNAVAILABLE, f"write-back failed: {e.message}")
-        log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
+        now = time.monotonic()
+        key = (self.inode_id, str(e))
+        if _flush_failures_said.get(key, 0.0) <= now:  # once a minute per file and error
+            if len(_flush_failures_said) >= 1024:
+                _flush_failures_said.clear()
+            _flush_failures_said[key] = now + 60.0
+            log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
         self._failed = True
         if self._write_error is None:
             self._write_error = e

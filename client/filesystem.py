@@ -554,6 +554,11 @@ class FileSystem:
                     + (f" ({config.token_file} is empty)" if config.token_file else ""),
                 )
             rpc = RpcClient(None, token=token, identity=identity, connections_per_peer=2, transport=transport)
+            # a server refusing the token later (revoked, expired) says which one, and what to do
+            rpc.refusal_hint = (
+                f"{_credentials_hint(config)}; this client read it when it started: restart it with "
+                "the new token"
+            )
             mgmtd = MgmtdClient(config.mgmtd_addresses, token=token, timeout_s=timeout_s)
         else:
             secret = read_secret(config.cluster_secret_file) or DEV_SECRET

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -61,6 +62,9 @@ Reply = tuple[Any, memoryview | None]
 
 # pending entry: [future, response class, destination buffer or None, deadline]
 _FUT, _RESP, _INTO, _DEADLINE = range(4)
+
+
+_refusals_said: dict[tuple[str, str], float] = {}  # (server, error) -> when it may be logged again
 
 
 class _ClientSession(FrameReceiver):
@@ -337,7 +341,21 @@ class _ClientSession(FrameReceiver):
                 self._protocol_error("unexpected handshake frame")
             elif flags & F_ERROR:
                 err = _decode_status(message)
-                log.warning("connection refused by server peer=%s error=%s", self.conn.peer, err)
+                if self.client.refusal_hint and err.code == StatusCode.RPC_AUTH_FAILED:
+                    err = FS3Error(err.code, f"{err.message}: {self.client.refusal_hint}")
+                # once a minute per server and error: a client whose token was revoked retries
+                # (each caller's call) on and on, and said so three times a second
+                key = (str(self.conn.peer), str(err))
+                now = time.monotonic()
+                if _refusals_said.get(key, 0.0) <= now:
+                    if len(_refusals_said) >= 256:
+                        _refusals_said.clear()
+                    _refusals_said[key] = now + 60.0
+                    log.warning(
+                        "connection refused by server peer=%s error=%s (said again in 60 s at most)",
+                        self.conn.peer,
+                        err,
+                    )
                 waiter.set_exception(err)
             else:
                 waiter.set_result((method_id, bytes(message)))
@@ -441,6 +459,7 @@ class RpcClient:
             raise ValueError("an RpcClient needs either the cluster secret or a user token")
         self._secret = None if secret is None else auth.check_secret(secret)
         self.token = token
+        self.refusal_hint = ""  # added to a refusal of this client's credentials (RPC_AUTH_FAILED)
         self.identity = identity
         self.transport = transport or TcpTransport()
         self.limits = limits

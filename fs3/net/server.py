@@ -117,17 +117,29 @@ class _WarnBudget:
     reach the port can cause them, one connection each: unlimited, 10,000 connections a second
     wrote ~400 KiB of log a second."""
 
-    __slots__ = ("burst", "window_s", "_until", "_used", "_suppressed")
+    __slots__ = ("burst", "window_s", "_until", "_used", "_suppressed", "repeat_s", "_said")
 
-    def __init__(self, burst: int = 100, window_s: float = 10.0) -> None:
+    def __init__(self, burst: int = 100, window_s: float = 10.0, repeat_s: float = 60.0) -> None:
         self.burst = burst
         self.window_s = window_s
         self._until = 0.0
         self._used = 0
         self._suppressed = 0
+        # the same warning about the same peer (a client whose token was revoked, retrying on and
+        # on) is said once per repeat_s, the repeats counted with the rest
+        self.repeat_s = repeat_s
+        self._said: dict[object, float] = {}
 
-    def allow(self) -> bool:
+    def allow(self, what: object = None) -> bool:
         now = time.monotonic()
+        if what is not None:
+            if now < self._said.get(what, 0.0):
+                self._suppressed += 1
+                return False
+            if len(self._said) >= 1024:
+                self._said = {k: t for k, t in self._said.items() if t > now}
+            if len(self._said) < 1024:
+                self._said[what] = now + self.repeat_s
         if now >= self._until:
             if self._suppressed:
                 log.warning(
@@ -377,7 +389,8 @@ class _ServerSession(FrameReceiver):
                 self._verifying = None
                 if e.code == StatusCode.UNAUTHENTICATED:
                     server._note_refusal(host)
-                self._refuse(f"user token refused: {e.message}")
+                uid = token.split(".")[1] if token.count(".") >= 2 else "?"
+                self._refuse(f"user token of uid {uid[:10]} refused: {e.message}")
                 return
             except Exception as e:  # a bug in the verifier: refuse, and say so
                 self._verifying = None
@@ -445,7 +458,7 @@ class _ServerSession(FrameReceiver):
             self._refuse("handshake timeout")
 
     def _refuse(self, reason: str) -> None:
-        if self.server._warn.allow():
+        if self.server._warn.allow((self.identity, reason)):
             log.warning(
                 "refusing connection peer=%s identity=%s reason=%r",
                 self.conn.peer,

@@ -343,6 +343,23 @@ def test_warnings_about_bad_connections_are_limited(
     check_healthy(threaded_server)
 
 
+def test_the_same_refusal_of_the_same_peer_is_said_once_a_minute() -> None:
+    """A client whose token was revoked retries on and on: its refusal was logged twice a second
+    by every server it reached (452 lines in a few minutes on meta); now once per repeat_s, the
+    repeats counted in the window's summary line."""
+    from fs3.net.server import _WarnBudget
+
+    budget = _WarnBudget(burst=100, window_s=0.2, repeat_s=60.0)
+    refusal = ("client-1", "user token of uid 1000 refused: invalid or expired token")
+    assert budget.allow(refusal)
+    assert not any(budget.allow(refusal) for _ in range(50))
+    assert budget.allow(("client-2", refusal[1]))  # another peer: said
+    assert budget.allow(("client-1", "handshake timeout"))  # another reason: said
+    time.sleep(0.25)
+    assert budget.allow()  # the window's summary counts the 50 repeats
+    assert not budget.allow(refusal)
+
+
 async def test_a_token_client_told_by_a_server_that_takes_no_tokens_says_so() -> None:
     """A server from before user connections answers a token's hello as a member's (a server
     hello): the client said only 'unexpected handshake step 2'."""

@@ -72,11 +72,14 @@ async def test_a_user_connection_acts_as_its_tokens_user(server: RpcServer) -> N
 
 async def test_a_bad_token_is_refused(server: RpcServer, caplog: pytest.LogCaptureFixture) -> None:
     async with RpcClient(None, token="tok-mallory", limits=TEST_LIMITS) as client:
+        # what the client adds (FileSystem: which token_file, and to restart with a new one)
+        client.refusal_hint = "the user token in token_file /x"
         with pytest.raises(FS3Error) as e:
             await client.call(server.address, PING, rpc_pb2.PingRequest())
     assert e.value.code == StatusCode.RPC_AUTH_FAILED
+    assert e.value.message.endswith(": the user token in token_file /x"), e.value
     assert "tok-mallory" in server.verifier.asked  # type: ignore[attr-defined]
-    assert any("user token refused: unknown token" in r.getMessage() for r in caplog.records)
+    assert any("refused: unknown token" in r.getMessage() for r in caplog.records)
     await poll(lambda: server.connection_count == 0, what="the refused connection to close")
 
 
