@@ -597,9 +597,14 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def _users_of(mount: str) -> list[int]:
-    """Processes with their working directory, root or an open file under ``mount`` (read from
-    /proc: nothing asks the mount)."""
+    """Processes with their working directory, root or an open file in the file system mounted
+    at ``mount`` (not the directory under it, which a process may have entered before the mount
+    went up). Called on a mount that answers."""
     top = mount.rstrip("/") or "/"
+    try:
+        device = os.stat(top).st_dev
+    except OSError:
+        return []
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -614,6 +619,11 @@ def _users_of(mount: str) -> list[int]:
             except OSError:
                 continue
             if target == top or target.startswith(top + "/"):
+                try:
+                    if os.stat(link).st_dev != device:
+                        continue
+                except OSError:
+                    continue
                 found.append(int(entry.name))
                 break
     return sorted(found)
@@ -643,7 +653,17 @@ def _other_mounts(lc: LocalCluster) -> list[tuple[int, str]]:
         if named is None or os.path.realpath(os.path.join(cwd, named)) != config:
             continue
         rest = args[args.index("mount") + 1 :]
-        where = next((a for a in rest if not a.startswith("-") and a != named), None)
+        where = None
+        takes_value = ("-o", "--config", "--log-level")
+        skip = False
+        for a in rest:  # the positional argument, as fs3 mount's parser takes it
+            if skip:
+                skip = False
+            elif a in takes_value:
+                skip = True
+            elif not a.startswith("-"):
+                where = a
+                break
         found.append((int(entry.name), os.path.normpath(os.path.join(cwd, where)) if where else "?"))
     return found
 

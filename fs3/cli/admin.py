@@ -385,7 +385,7 @@ def _unreachable_hint(args: argparse.Namespace) -> str:
         conn = connection(args)
     except UsageError:
         return ""
-    named = args.mgmtd or os.environ.get("FS3_MGMTD_ADDRESSES")
+    named = args.mgmtd or (None if args.local_dir else os.environ.get("FS3_MGMTD_ADDRESSES"))
     if conn.local_dir is not None and not named:
         d = conn.local_dir
         return f" (is the fs3 local cluster in {d} running? start it with: fs3 local up --dir {d})"

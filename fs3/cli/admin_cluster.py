@@ -694,6 +694,8 @@ async def user_token(conn: Connection, args: argparse.Namespace) -> Result:
         if not args.force:
             _refuse_own_token(conn, args.uid, f"user-token {args.uid} --invalidate")
     elif (await client.get_user(args.uid)).token_count >= MAX_TOKENS_PER_USER:
+        if not args.force:  # the oldest may be the one in use here
+            _refuse_own_token(conn, args.uid, f"a 17th token for uid {args.uid} (its oldest goes)")
         note = (
             f"; its oldest token was revoked: a user keeps at most {MAX_TOKENS_PER_USER}, and a job "
             "still using that one is refused from now on (see user-list)"

@@ -86,7 +86,8 @@ async def verify_token(rv: ReadView, token: str, now: float) -> mgmtd_pb2.User:
     if stored is None or live is None:
         raise FS3Error(StatusCode.UNAUTHENTICATED, "invalid or expired token")
     user = public_user(stored, now)
-    user.token_expires_at = live.expires_at
+    if live.expires_at:
+        user.token_expires_in_s = max(live.expires_at - now, 1e-6)  # live: something is left
     return user
 
 

@@ -165,7 +165,8 @@ class TokenCache:
     def cached(self, token: str) -> Any:
         """The user of ``token`` if known and fresh, else None (refusals included)."""
         hit = self._users.get(token)
-        if hit is None or time.monotonic() - hit[0] > self.ttl_s:
+        now = time.monotonic()
+        if hit is None or now - hit[0] > self.ttl_s or _expired(hit, now):
             return None
         return hit[1]
 
@@ -175,7 +176,7 @@ class TokenCache:
             raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
         now = time.monotonic()
         hit = self._users.get(token)
-        if hit is not None and 0 < getattr(hit[1], "token_expires_at", 0) <= time.time():
+        if hit is not None and _expired(hit, now):
             # its expiry is known: it ends then, whether mgmtd can be asked or not (a cached answer,
             # or mgmtd's last one while it is away, kept an expired token working for up to
             # token_stale_s)
@@ -242,6 +243,13 @@ class TokenCache:
             self._unconfirmed.discard(token)
             log.info("mgmtd confirmed a token of uid %d again", getattr(user, "uid", -1))
         return user
+
+
+def _expired(hit: tuple[float, Any], now: float) -> bool:
+    """Whether a kept answer's token has expired: the seconds mgmtd said it had left, counted
+    from when the answer came (monotonic, this host's: mgmtd's clock need not agree)."""
+    left = getattr(hit[1], "token_expires_in_s", 0)
+    return 0 < left and now - hit[0] >= left
 
 
 def _outcome(task: asyncio.Task[Any]) -> BaseException | None:

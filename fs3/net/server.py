@@ -458,7 +458,8 @@ class _ServerSession(FrameReceiver):
             self._refuse("handshake timeout")
 
     def _refuse(self, reason: str) -> None:
-        if self.server._warn.allow((self.identity, reason)):
+        # keyed by the peer's host too: the identity is whatever the client says
+        if self.server._warn.allow((str(self.conn.peer).rpartition(":")[0], self.identity, reason)):
             log.warning(
                 "refusing connection peer=%s identity=%s reason=%r",
                 self.conn.peer,

@@ -120,23 +120,30 @@ async def test_a_verified_token_stands_while_mgmtd_cannot_answer() -> None:
 
 
 async def test_a_token_ends_when_it_expires_whether_mgmtd_answers_or_not() -> None:
-    """mgmtd says when the token it verifies expires: a server ends it then, also on an answer it
-    has cached and while mgmtd cannot be asked (an expired 20 s token kept working for as long as
-    mgmtd was unreachable, up to token_stale_s)."""
+    """mgmtd says how long the token it verifies has left: a server ends it then, also on an answer
+    it keeps (meta's fast path asks cached() first) and while mgmtd cannot be asked (an expired
+    20 s token kept working for as long as mgmtd was unreachable, up to token_stale_s). Counted
+    on the server's own monotonic clock from the answer: a server whose wall clock runs ahead of
+    mgmtd's does not end it early."""
     v = Verifier()
     cache = TokenCache(v, ttl_s=0.3, negative_ttl_s=60, recheck_wait_s=0.05, stale_s=3600)
-    USERS["short-token"] = mgmtd_pb2.User(uid=1001, gid=1001, token_expires_at=time.time() + 0.8)
+    USERS["short-token"] = mgmtd_pb2.User(uid=1001, gid=1001, token_expires_in_s=0.8)
+    USERS["long-token"] = mgmtd_pb2.User(uid=1002, gid=1002, token_expires_in_s=30)
     try:
         assert (await cache.user_of("short-token")).uid == 1001
+        assert (await cache.user_of("long-token")).uid == 1002
+        assert cache.cached("short-token") is not None
         v.down = True  # mgmtd away from here on
         await asyncio.sleep(0.4)
         assert (await cache.user_of("short-token")).uid == 1001  # stale, not expired: stands
         await asyncio.sleep(0.5)
+        assert cache.cached("short-token") is None  # meta's fast path does not take it either
         with pytest.raises(FS3Error) as e:
             await cache.user_of("short-token")
         assert e.value.code == StatusCode.UNAUTHENTICATED and "expired" in e.value.message
+        assert (await cache.user_of("long-token")).uid == 1002  # others: until their own time
     finally:
-        del USERS["short-token"]
+        del USERS["short-token"], USERS["long-token"]
 
 
 async def test_a_check_of_a_new_token_ends_with_its_caller() -> None:

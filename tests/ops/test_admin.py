@@ -383,6 +383,11 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     own = mgmtd.admin("user-token", "0", "--invalidate")
     assert own.returncode == 2 and f"the token this command uses (--token-file {mgmtd.token})" in own.stderr
     assert mgmtd.admin("user-remove", "0").returncode == 2
+    # so is a 17th token of the command's own uid, whose oldest token (maybe this one) would go
+    while mgmtd.json("user-list")[0]["tokens"] < 16:
+        assert mgmtd.admin("user-token", "0").returncode == 0
+    seventeenth = mgmtd.admin("user-token", "0")
+    assert seventeenth.returncode == 2 and "its oldest goes" in seventeenth.stderr, seventeenth.stderr
     assert mgmtd.admin("list-nodes").returncode == 0  # still the admin
     removed = mgmtd.admin("user-remove", "1000")
     assert removed.returncode == 0 and "cache of token checks" in removed.stdout  # not at once
