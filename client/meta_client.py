@@ -621,10 +621,6 @@ class MetaClient:
                     ):
                         settled = await self._settled(hdr.request_id, meth)
                         if settled is not None:
-                            if handles is not None:
-                                for name in RETURNED_INODES[method]:
-                                    value = getattr(settled[0], name)
-                                    handles.learn((value,) if isinstance(value, m.Inode) else value)
                             return settled
                     raise
                 tried += 1
