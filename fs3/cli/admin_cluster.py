@@ -596,18 +596,21 @@ async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
     )
 
 
+def _user_fields(u: mgmtd_pb2.User) -> dict[str, Any]:
+    return {
+        "uid": u.uid,
+        "name": u.name,
+        "gid": u.gid,
+        "groups": list(u.groups),
+        "admin": u.admin,
+        "root": u.root,
+    }
+
+
 @command("user-list", "users with groups and flags")
 async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
     rows = [
-        {
-            "uid": u.uid,
-            "name": u.name,
-            "gid": u.gid,
-            "groups": list(u.groups),
-            "admin": u.admin,
-            "root": u.root,
-            "tokens": u.token_count,
-        }
+        {**_user_fields(u), "tokens": u.token_count}
         for u in sorted(await conn.mgmtd_client().list_users(), key=lambda u: u.uid)
     ]
     return Result(rows, ["uid", "name", "gid", "groups", "admin", "root", "tokens"])
@@ -648,14 +651,7 @@ async def user_set(conn: Connection, args: argparse.Namespace) -> Result:
         raise UsageError("name at least one of --name, --gid, --groups, --admin/--no-admin, --root/--no-root")
     u = await conn.mgmtd_client().set_user(req)
     return Result(
-        value={
-            "uid": u.uid,
-            "name": u.name,
-            "gid": u.gid,
-            "groups": list(u.groups),
-            "admin": u.admin,
-            "root": u.root,
-        },
+        value=_user_fields(u),
         message=f"user {u.name} (uid {u.uid}) changed{_CACHED.replace('takes it', 'acts on what it knew')}",
     )
 
