@@ -58,6 +58,7 @@ from typing import Any
 
 from fs3.client.storage_client import ReadRequest, StorageClient
 from fs3.errors import FS3Error, StatusCode, fresh_error
+from fs3.log import Repeats
 from fs3.proto import meta_pb2
 
 log = logging.getLogger(__name__)
@@ -110,9 +111,9 @@ def split_range(layout: meta_pb2.Layout, inode_id: int, offset: int, length: int
     return out
 
 
-# (inode, error) -> when a failed flush of it may be logged again: a writer going on against a
-# revoked token or a full disk failed every flush, each said (twice a second)
-_flush_failures_said: dict[tuple[int, str], float] = {}
+# a failed flush, by (inode, error), said once a minute: a writer going on against a revoked
+# token or a full disk failed every flush, each said (twice a second)
+_flush_failures = Repeats()
 
 
 @dataclass(slots=True)
@@ -606,12 +607,7 @@ class OpenFile:
                 # storage not answering past the retries: a failed write-back, EIO as Linux
                 # reports one (the README's promise), not the ETIMEDOUT of a call that timed out
                 e = FS3Error(StatusCode.UNAVAILABLE, f"write-back failed: {e.message}")
-        now = time.monotonic()
-        key = (self.inode_id, str(e))
-        if _flush_failures_said.get(key, 0.0) <= now:  # once a minute per file and error
-            if len(_flush_failures_said) >= 1024:
-                _flush_failures_said.clear()
-            _flush_failures_said[key] = now + 60.0
+        if _flush_failures.due((self.inode_id, str(e))):
             log.warning("background flush failed inode=%#x error=%s", self.inode_id, e)
         self._failed = True
         if self._write_error is None:

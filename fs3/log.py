@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 from fs3.config import LogConfig
@@ -23,6 +24,29 @@ class _ServiceFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.service = self.service
+        return True
+
+
+class Repeats:
+    """Which warnings to say now: each key (what, about whom) once per ``every_s``, the repeats in
+    between left out; at most ``keep`` keys remembered (all forgotten when full: then a repeat is
+    said once more). For warnings a failure repeats as often as a client retries."""
+
+    __slots__ = ("every_s", "keep", "_next")
+
+    def __init__(self, every_s: float = 60.0, keep: int = 1024) -> None:
+        self.every_s = every_s
+        self.keep = keep
+        self._next: dict[object, float] = {}  # key -> when it may be said again (monotonic)
+
+    def due(self, key: object) -> bool:
+        """Whether to say ``key``'s warning now (if so, not again for ``every_s``)."""
+        now = time.monotonic()
+        if self._next.get(key, 0.0) > now:
+            return False
+        if len(self._next) >= self.keep:
+            self._next.clear()
+        self._next[key] = now + self.every_s
         return True
 
 

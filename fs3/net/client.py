@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.log import Repeats
 from fs3.net import auth
 from fs3.net.buffers import BufferPool, default_pool
 from fs3.net.frame import (
@@ -64,7 +64,7 @@ Reply = tuple[Any, memoryview | None]
 _FUT, _RESP, _INTO, _DEADLINE = range(4)
 
 
-_refusals_said: dict[tuple[str, str], float] = {}  # (server, error) -> when it may be logged again
+_refusals = Repeats(keep=256)  # handshake refusals said, by (server, error)
 
 
 class _ClientSession(FrameReceiver):
@@ -345,12 +345,7 @@ class _ClientSession(FrameReceiver):
                     err = FS3Error(err.code, f"{err.message}: {self.client.refusal_hint}")
                 # once a minute per server and error: a client whose token was revoked retries
                 # (each caller's call) on and on, and said so three times a second
-                key = (str(self.conn.peer), str(err))
-                now = time.monotonic()
-                if _refusals_said.get(key, 0.0) <= now:
-                    if len(_refusals_said) >= 256:
-                        _refusals_said.clear()
-                    _refusals_said[key] = now + 60.0
+                if _refusals.due((str(self.conn.peer), str(err))):
                     log.warning(
                         "connection refused by server peer=%s error=%s (said again in 60 s at most)",
                         self.conn.peer,

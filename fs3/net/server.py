@@ -31,6 +31,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from fs3.errors import FS3Error, StatusCode
+from fs3.log import Repeats
 from fs3.net import auth
 from fs3.net.buffers import BufferPool, default_pool
 from fs3.net.frame import (
@@ -128,18 +129,13 @@ class _WarnBudget:
         # the same warning about the same peer (a client whose token was revoked, retrying on and
         # on) is said once per repeat_s, the repeats counted with the rest
         self.repeat_s = repeat_s
-        self._said: dict[object, float] = {}
+        self._said = Repeats(repeat_s)
 
     def allow(self, what: object = None) -> bool:
+        if what is not None and not self._said.due(what):
+            self._suppressed += 1
+            return False
         now = time.monotonic()
-        if what is not None:
-            if now < self._said.get(what, 0.0):
-                self._suppressed += 1
-                return False
-            if len(self._said) >= 1024:
-                self._said = {k: t for k, t in self._said.items() if t > now}
-            if len(self._said) < 1024:
-                self._said[what] = now + self.repeat_s
         if now >= self._until:
             if self._suppressed:
                 log.warning(
