@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import getpass
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -247,12 +248,8 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
     d = lc.daemon("mount")
     if d.pid() is not None and is_mounted(str(mp)):
         return f"mount: {mp} already mounted (pid {d.pid()})"
+    _check_not_anothers_mount(lc, str(mp))  # (again: one may have come up meanwhile)
     if d.pid() is None and mount_type(str(mp)) == FS3_MOUNT_TYPE:
-        if answers(str(mp), 2.0):
-            # alive, and not served by this cluster's mount daemon: someone else's fs3 mount
-            raise LocalError(
-                f"{mp} is mounted by another fs3 (not this cluster's mount); unmount it or pick --mount"
-            )
         # an earlier mount of ours whose process died ("transport endpoint is not connected")
         abort(str(mp))
         unmount(str(mp))
@@ -596,6 +593,14 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _processes() -> Iterator[tuple[int, Path]]:
+    """Every other process's pid and /proc directory."""
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != me:
+            yield int(entry.name), entry
+
+
 def _users_of(mount: str) -> list[int]:
     """Processes with their working directory, root or an open file in the file system mounted
     at ``mount`` (not the directory under it, which a process may have entered before the mount
@@ -606,9 +611,7 @@ def _users_of(mount: str) -> list[int]:
     except OSError:
         return []
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for pid, entry in _processes():
         try:
             links = [entry / "cwd", entry / "root", *(entry / "fd").iterdir()]
         except OSError:
@@ -624,19 +627,22 @@ def _users_of(mount: str) -> list[int]:
                         continue
                 except OSError:
                     continue
-                found.append(int(entry.name))
+                found.append(pid)
                 break
     return sorted(found)
 
 
 def _other_mounts(lc: LocalCluster) -> list[tuple[int, str]]:
     """``fs3 mount`` processes of this cluster's client config (not its own mount, stopped by
-    now): (pid, mount point as its command line names it)."""
+    now): (pid, mount point), their command lines read by fs3 mount's own parser."""
+    if importlib.util.find_spec(MOUNT_MODULE) is None:
+        return []  # no fs3 mount in this build: none runs
+    from fs3.client.mount import _parser
+
+    parser = _parser()
     config = os.path.realpath(lc.root / "config" / "client.toml")
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for pid, entry in _processes():
         try:
             args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
             cwd = os.readlink(entry / "cwd")
@@ -644,27 +650,14 @@ def _other_mounts(lc: LocalCluster) -> list[tuple[int, str]]:
             continue
         if "mount" not in args:
             continue
-        named = None
-        for i, a in enumerate(args):
-            if a == "--config" and i + 1 < len(args):
-                named = args[i + 1]
-            elif a.startswith("--config="):
-                named = a.split("=", 1)[1]
-        if named is None or os.path.realpath(os.path.join(cwd, named)) != config:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # not a mount's command line: quietly
+                parsed = parser.parse_known_args(args[args.index("mount") + 1 :])[0]
+        except SystemExit:
             continue
-        rest = args[args.index("mount") + 1 :]
-        where = None
-        takes_value = ("-o", "--config", "--log-level")
-        skip = False
-        for a in rest:  # the positional argument, as fs3 mount's parser takes it
-            if skip:
-                skip = False
-            elif a in takes_value:
-                skip = True
-            elif not a.startswith("-"):
-                where = a
-                break
-        found.append((int(entry.name), os.path.normpath(os.path.join(cwd, where)) if where else "?"))
+        if not parsed.config or os.path.realpath(os.path.join(cwd, parsed.config)) != config:
+            continue
+        found.append((pid, os.path.normpath(os.path.join(cwd, parsed.mountpoint))))
     return found
 
 
