@@ -37,6 +37,10 @@ What a caller may rely on:
   with the user token in ``token_file``, meta acts for it only as the token's user, and storage
   serves it the files meta lets it open, through capabilities (:mod:`fs3.capability`) that its
   opens bring and that it renews with meta as they run out (EACCES once access is lost).
+- A client using the token in ``token_file`` looks at that file every ``TOKEN_CHECK_S`` and takes
+  up a new token written there (``fs3 admin user-token UID --token-out FILE``) once mgmtd says it
+  is the same user's, for its later calls and connections: a token that expires or is revoked
+  is replaced without a restart.
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ CLOSE_FILES_S = 30.0
 RECHECK_S = 1.0
 #: and, once meta did not answer it, how long such reads of that file do not ask again
 RECHECK_QUIET_S = 10.0
+#: how often a client using token_file looks whether a new token was written there
+TOKEN_CHECK_S = 5.0
 # File.readline reads this much ahead of the position, kept for the next lines until the File
 # seeks or writes
 LINE_BLOCK = 64 << 10
@@ -176,6 +182,21 @@ def _split(path: str | bytes) -> tuple[bytes, bytes, bool]:
 def read_token(path: str) -> str:
     """The user token in ``path`` ('' when ``path`` is '')."""
     return Path(path).read_text().strip() if path else ""
+
+
+def _file_mark(path: str) -> tuple[int, int, int] | None:
+    """What tells a rewritten or replaced file from the one seen before (None: not there now)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _token_uid(token: str) -> int | None:
+    """The uid a token names (tokens are ``fs3u.UID.SECRET``), None for a malformed one."""
+    parts = token.split(".")
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def _credentials_hint(config: ClientConfig) -> str:
@@ -515,6 +536,10 @@ class FileSystem:
         self._ending_again: set[asyncio.Task[None]] = set()
         self._end_again_now = asyncio.Event()
         self._closed = False
+        # the token in config.token_file in use, and the task taking up a new one written there
+        self._token = ""
+        self._token_watch: asyncio.Task[None] | None = None
+        self._token_listeners: list[Callable[[str, str], None]] = []
         # its connections (gRPC channels, sockets) belong to this loop: see close
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -556,8 +581,8 @@ class FileSystem:
             rpc = RpcClient(None, token=token, identity=identity, connections_per_peer=2, transport=transport)
             # a server refusing the token later (revoked, expired) says which one, and what to do
             rpc.refusal_hint = (
-                f"{_credentials_hint(config)}; this client read it when it started: restart it with "
-                "the new token"
+                f"{_credentials_hint(config)}; this client takes up a new token written to that file "
+                f"within {TOKEN_CHECK_S:.0f} s"
             )
             mgmtd = MgmtdClient(config.mgmtd_addresses, token=token, timeout_s=timeout_s)
         else:
@@ -624,7 +649,76 @@ class FileSystem:
             ),
         )
         await fs._session.start(strict=False)
+        if token and config.token_file:
+            fs._token = token
+            fs._token_watch = asyncio.ensure_future(fs._watch_token(config.token_file))
         return fs
+
+    def on_token_changed(self, callback: Callable[[str, str], None]) -> None:
+        """Have ``callback(old, new)`` hear each new token taken up from ``token_file`` (after
+        this client's own calls and connections use it): a mount updates its callers' clients."""
+        self._token_listeners.append(callback)
+
+    async def _watch_token(self, path: str) -> None:
+        """Take up each new token written to ``path`` (see the module docstring). A token mgmtd
+        refuses, or one of another user (this client acts as one user from start to end), is
+        warned about and not used; one mgmtd could not be asked about is looked at again."""
+        seen = _file_mark(path)
+        while True:
+            await asyncio.sleep(TOKEN_CHECK_S)
+            mark = _file_mark(path)
+            if mark is None or mark == seen:  # missing: being replaced, or gone (the old one stays)
+                continue
+            try:
+                token = read_token(path)
+            except (OSError, UnicodeDecodeError) as e:
+                log.warning("cannot read token_file %s, still using the token read before: %s", path, e)
+                seen = mark
+                continue
+            if not token or token == self._token:  # written empty first, or rewritten unchanged
+                seen = mark
+                continue
+            try:
+                await self._use_token(path, token)
+            except asyncio.CancelledError:
+                raise
+            except FS3Error as e:
+                if e.code in (StatusCode.UNAUTHENTICATED, StatusCode.CONFIG_INVALID):
+                    log.warning(
+                        "token_file %s holds a new token that is not used, the one read before is: %s",
+                        path,
+                        e.message,
+                    )
+                    seen = mark
+                else:  # mgmtd not answering: asked again next time
+                    log.info("cannot check the new token in token_file %s yet: %s", path, e.message)
+                continue
+            seen = mark
+
+    async def _use_token(self, path: str, token: str) -> None:
+        owner = await self.mgmtd.verify_token(token)
+        uid = _token_uid(self._token)
+        if uid is not None and owner.uid != uid:
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"it is uid {owner.uid}'s token, and this client acts as uid {uid} (restart it to "
+                "act as another user)",
+            )
+        old, self._token = self._token, token
+        if self.rpc.token:  # user connections prove the token when they open: open new ones
+            self.rpc.token = token
+            self.rpc.retire_connections()
+        if self.config.user_auth:
+            self.mgmtd.set_token(token)
+        for user in (self.meta.user, self.storage.user):
+            if user.token == old:
+                user.token = token
+        for callback in self._token_listeners:
+            try:
+                callback(old, token)
+            except Exception:
+                log.exception("a token listener failed")
+        log.info("token_file %s changed: using its new token (uid %d) from now on", path, owner.uid)
 
     def on_pushed_config(self, callback: Callable[[mgmtd_pb2.ConfigInfo], None]) -> None:
         """Have ``callback`` hear each newer client config mgmtd pushes (``fs3 admin config set
@@ -669,6 +763,9 @@ class FileSystem:
                     len(left),
                 )
             await asyncio.gather(*left, return_exceptions=True)
+        if self._token_watch is not None:
+            self._token_watch.cancel()
+            await asyncio.gather(self._token_watch, return_exceptions=True)
         if self._session is not None:
             await self._session.stop()
         await self.meta.close()  # before the connections end: it would close sessions again

@@ -503,6 +503,14 @@ class Fs3Operations(pyfuse3.Operations):
         hit = self._groups.pop(ctx.pid, None)
         return hit is not None and self._groups_of(ctx.pid) != hit[1]
 
+    def use_token(self, old: str, new: str) -> None:
+        """The mount's FileSystem took up a new token from token_file: its callers' requests
+        carry it from now on too."""
+        self.token = new
+        for client in self._metas.values():
+            if client.user.token == old:
+                client.user.token = new
+
     def meta(self, ctx: pyfuse3.RequestContext | None) -> MetaClient:
         """The meta client acting as the caller of a request (the mount's own identity without one)."""
         if ctx is None:

@@ -199,8 +199,16 @@ class MgmtdClient:
             return list(self.addresses)
         return [self.primary] + [a for a in self.addresses if a != self.primary]
 
-    async def call(self, method: str, request: Any, *, timeout_s: float | None = None) -> Any:
-        """Send ``request`` to the primary's ``method``, following redirects and failing over."""
+    async def call(
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout_s: float | None = None,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+    ) -> Any:
+        """Send ``request`` to the primary's ``method``, following redirects and failing over;
+        ``metadata`` replaces this client's credentials for the call."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         last: FS3Error | None = None
         backoff = 0.05
@@ -215,7 +223,7 @@ class MgmtdClient:
                 try:
                     reply = await getattr(self._stub(address), method)(
                         request,
-                        metadata=self._metadata,
+                        metadata=self._metadata if metadata is None else metadata,
                         timeout=min(self.rpc_timeout_s, remaining),
                         wait_for_ready=False,
                     )
@@ -349,8 +357,19 @@ class MgmtdClient:
     async def end_session(self, client_id: str) -> None:
         await self.call("EndClientSession", mgmtd_pb2.EndClientSessionRequest(client_id=client_id))
 
+    def set_token(self, token: str) -> None:
+        """Send ``token`` with later calls instead of the one given at start (the user's token
+        file changed: see ``fs3.client.filesystem``)."""
+        md = [(k, v) for k, v in self._metadata if k != TOKEN_METADATA_KEY]
+        self._metadata = ((TOKEN_METADATA_KEY, token), *md) if token else tuple(md)
+
     async def verify_token(self, token: str) -> mgmtd_pb2.User:
-        return (await self.call("VerifyToken", mgmtd_pb2.VerifyTokenRequest(token=token))).user
+        """Whose ``token`` is (UNAUTHENTICATED if nobody's). The call carries that token as its
+        credential, not this client's: a client whose own token has expired can still ask about
+        the new one it was given."""
+        md = tuple((k, v) for k, v in self._metadata if k != TOKEN_METADATA_KEY)
+        request = mgmtd_pb2.VerifyTokenRequest(token=token)
+        return (await self.call("VerifyToken", request, metadata=((TOKEN_METADATA_KEY, token), *md))).user
 
     async def get_config(self, node_type: int, version: int = 0) -> mgmtd_pb2.ConfigInfo | None:
         r = await self.call("GetConfig", mgmtd_pb2.GetConfigRequest(node_type=node_type, version=version))

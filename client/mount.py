@@ -308,6 +308,7 @@ async def serve(
         file_cfg = copy.deepcopy(cfg)
         fs.on_pushed_config(lambda info: apply_pushed_config("client", cfg, file_cfg, info, hot_log_level()))
         ops = Fs3Operations(fs, cfg, token, on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb))
+        fs.on_token_changed(ops.use_token)
         pyfuse3.init(ops, mountpoint, opts)
     except BaseException:
         await fs.close()

@@ -58,6 +58,10 @@ from fs3.proto import common_pb2, rpc_pb2
 
 log = logging.getLogger(__name__)
 
+# How long a retired connection (see RpcClient.retire_connections) waits for its calls in flight,
+# each bounded by its own deadline, before it is closed under them.
+RETIRE_MAX_S = 120.0
+
 Reply = tuple[Any, memoryview | None]
 
 # pending entry: [future, response class, destination buffer or None, deadline]
@@ -468,6 +472,7 @@ class RpcClient:
         self._single: dict[Address, _ClientSession] = {}
         self._closed = False
         self._lost_listeners: list[Callable[[Address], None]] = []
+        self._retiring: dict[_ClientSession, asyncio.Task[None]] = {}
 
     def on_connection_lost(self, listener: Callable[[Address], None]) -> None:
         """Call ``listener(address)`` whenever a connection to ``address`` ends (the peer went
@@ -688,12 +693,47 @@ class RpcClient:
             dropped += 1
         return dropped
 
+    def retire_connections(self) -> int:
+        """Have later calls open new connections (with the ``token`` set now: a user connection
+        proves its token once, at its handshake), and close each connection open now once its
+        calls in flight have ended, which they do as usual. Returns how many were retired."""
+        sessions = {s for p in self._peers.values() for s in p.slots if s is not None}
+        sessions.update(self._single.values())
+        for peer in self._peers.values():
+            peer.slots = [None] * len(peer.slots)
+        self._single.clear()
+        retired = 0
+        for s in sessions:
+            if s.closed or s in self._retiring:
+                continue
+            s.ready = False  # not picked again, even through a stale reference
+            self._retiring[s] = asyncio.ensure_future(self._retire(s))
+            retired += 1
+        return retired
+
+    async def _retire(self, session: _ClientSession) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + RETIRE_MAX_S
+            # each call in flight ends by its reply, its deadline or the connection's loss
+            while session.pending and not session.closed and (left := until - loop.time()) > 0:
+                await asyncio.wait([e[_FUT] for e in session.pending.values()], timeout=left)
+            if not session.closed:
+                await close_connections([session.conn], "server")
+        finally:
+            self._retiring.pop(session, None)
+
     async def close(self) -> None:
         """Close every connection; calls in flight fail with RPC_CONNECTION_CLOSED. Requests still
         queued go out first, for up to ``CLOSE_GRACE_S``; a peer not reading them by then (a
         stopped process) has its connection aborted and they are dropped."""
         self._closed = True
+        retired, retiring = list(self._retiring), list(self._retiring.values())
+        for task in retiring:
+            task.cancel()  # their connections close below, with the others
+        await asyncio.gather(*retiring, return_exceptions=True)
         sessions = [s for p in self._peers.values() for s in p.slots if s is not None]
+        sessions += [s for s in retired if not s.closed]
         connecting = [f for p in self._peers.values() for f in p.connecting if f is not None]
         self._peers.clear()
         self._single.clear()

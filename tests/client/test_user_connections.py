@@ -5,6 +5,7 @@ token's user, and storage serves it only the files meta issued it a capability f
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from fs_cluster import FsCluster
 
 from fs3 import capability
 from fs3.capability import CapabilityIssuer
+from fs3.client import filesystem
 from fs3.client.file import chain_of
 from fs3.client.filesystem import FileSystem
 from fs3.client.kvcache import KVCache
@@ -438,3 +440,44 @@ async def test_refused_credentials_name_the_file_and_what_to_do(tmp_path: Path) 
             await FileSystem.connect(load_config(ClientConfig, no_secret, environ={}), timeout_s=10)
         assert e.value.code == StatusCode.UNAUTHENTICATED
         assert "no cluster_secret_file is set" in e.value.message and "user_auth = true" in e.value.message
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``path`` the way a careful operator does: a new file renamed over the old one."""
+    new = path.with_name(path.name + ".new")
+    new.write_text(text)
+    os.replace(new, path)
+
+
+async def test_a_new_token_in_token_file_is_taken_up_without_a_restart(
+    users: Users, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client read its token once: when it expired or was revoked, the client (a mount serving a
+    training job) failed every call until restarted. It now takes up a token written to its
+    token_file, once mgmtd says it is the same user's."""
+    monkeypatch.setattr(filesystem, "TOKEN_CHECK_S", 0.1, raising=False)
+    alice = await users.connect("alice")
+    await alice.write_file("/alice/before.bin", b"before", perm=0o600)
+    # Another user's token, and garbage, are not taken up: she stays herself (bob may not create
+    # in her home), and her token works on.
+    assert users.c.cluster.admin is not None
+    bob_token = users.tokens["bob"].read_text()
+    for wrong in (bob_token, "fs3u.1000.not-a-token\n", bob_token):
+        _replace(users.tokens["alice"], wrong)
+        await asyncio.sleep(0.5)
+        await alice.write_file("/alice/still-alice.bin", b"x")
+        assert (await alice.stat("/alice/still-alice.bin")).st_uid == ALICE
+    # The admin issues her a new token and revokes the old one; her meta server restarts, so
+    # her connections to it open again and prove a token afresh (a server that keeps one open
+    # asks mgmtd again within a minute, and closes it once its token is refused).
+    new = await users.c.cluster.admin.issue_token(ALICE, invalidate_existing=True)
+    _replace(users.tokens["alice"], new + "\n")
+    users.c.kill_meta(0)
+    users.c.start_meta(0)
+    assert await alice.read_file("/alice/before.bin") == b"before"
+    data = os.urandom(1_500_000)
+    await alice.write_file("/alice/after.bin", data, perm=0o600)
+    assert await alice.read_file("/alice/after.bin") == data
+    assert alice.rpc.token == new and alice.meta.user.uid == ALICE
+    # her old connections closed once idle: every one open now proved the new token
+    assert not alice.rpc._retiring

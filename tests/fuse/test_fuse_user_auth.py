@@ -165,3 +165,35 @@ async def test_a_member_mount_on_any_token_starts_where_meta_does_not_authentica
         m = await c.mount(tmp_path / "mnt", token_file=str(token))
         await asyncio.to_thread((m.path / "by-root").write_bytes, b"r")
         assert (await asyncio.to_thread(os.stat, m.path / "by-root")).st_uid == 0
+
+
+async def test_a_member_mount_takes_up_a_new_token_written_to_its_token_file(tmp_path: Path) -> None:
+    """A mount read its token once: once the token was revoked (or expired), every request got
+    EACCES until the mount was restarted under the job using it. It now takes up the token written
+    to its token_file (within TOKEN_CHECK_S), for its own requests and each caller's."""
+    async with FsCluster(
+        tmp_path, storage_nodes=1, chains=1, replication=1, stripe=1, meta_extra={"authenticate": True}
+    ) as c:
+        assert c.cluster.admin is not None
+        host_token = tmp_path / "host.token"
+        host_token.write_text(await c.cluster.admin.add_user(990, "mount-host", root=True))
+        m = await c.mount(tmp_path / "mnt", token_file=str(host_token))
+        await asyncio.to_thread((m.path / "before").write_bytes, b"1")
+        new = await c.cluster.admin.issue_token(990, invalidate_existing=True)
+        replacement = tmp_path / "host.token.new"
+        replacement.write_text(new + "\n")
+        os.replace(replacement, host_token)
+        # a restarted meta has no cached answer about the revoked token: it asks mgmtd
+        c.kill_meta(0)
+        c.start_meta(0)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await asyncio.to_thread((m.path / "after").write_bytes, b"2")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        assert await asyncio.to_thread((m.path / "before").read_bytes) == b"1"
+        assert (await asyncio.to_thread(os.stat, m.path / "after")).st_size == 1

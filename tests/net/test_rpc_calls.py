@@ -581,3 +581,31 @@ async def test_closing_the_client_fails_calls_in_flight(rpc_server: RpcServer) -
         await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
     assert e.value.code == StatusCode.CANCELLED
     await poll(lambda: rpc_server.connection_count == 0, what="the server to see the connection go")
+
+
+async def test_retired_connections_finish_their_calls_then_close(rpc_server: RpcServer) -> None:
+    """After a credential change later calls go over new connections, while the calls in flight
+    on the old ones end as usual; the old ones close once they have (nothing is aborted)."""
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    async with RpcClient(SECRET, limits=TEST_LIMITS, connections_per_peer=2) as client:
+        for _ in range(2):
+            await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
+        await asyncio.gather(
+            *(client.call(rpc_server.address, PING, rpc_pb2.PingRequest()) for _ in range(20))
+        )
+        await poll(lambda: rpc_server.connection_count == 2, what="two connections")
+        blocked = asyncio.ensure_future(
+            client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(data=b"b"), timeout=10)
+        )
+        await poll(lambda: handlers.blocked == 1, what="the call to reach the handler")
+        assert client.retire_connections() == 2
+        assert client.retire_connections() == 0  # retiring already
+        # the idle one closes at once, the busy one stays open for its call
+        await poll(lambda: rpc_server.connection_count == 1, what="the idle retired connection to close")
+        response, _ = await client.call(rpc_server.address, ECHO, rpc_pb2.EchoRequest(data=b"new"))
+        assert response.data == b"new"
+        assert rpc_server.connection_count == 2  # a new one, and the busy old one
+        handlers.gate.set()
+        assert (await blocked)[0].data == b"b"
+        await poll(lambda: rpc_server.connection_count == 1, what="the busy retired connection to close")
+        assert not client._retiring
