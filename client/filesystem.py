@@ -70,6 +70,7 @@ from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error, StatusCode, fresh_error, quote_name
 from fs3.net import RpcClient
 from fs3.net.auth import read_secret
+from fs3.net.transport import format_address
 from fs3.net.transport_select import make_transport
 from fs3.proto import common_pb2, mgmtd_pb2
 from fs3.proto import meta_pb2 as m
@@ -1507,7 +1508,7 @@ def meta_addresses(routing: Any) -> list[str]:
     for node in routing.nodes_of_type(common_pb2.NODE_META):
         for ep in node.endpoints:
             if ep.transport in ("", "tcp"):
-                out.append(f"{ep.host}:{ep.port}")
+                out.append(format_address(ep.host, ep.port))
                 break
     return sorted(out)
 

@@ -213,6 +213,9 @@ class MgmtdClient:
         last: FS3Error | None = None
         backoff = 0.05
         hinted: str | None = None
+        # addresses this call could not reach: a standby's redirect to one (a primary advertising
+        # an address that does not work from here) is not followed again, the list goes on instead
+        unreachable: set[str] = set()
         while True:
             candidates = [hinted] if hinted else self._order()
             hinted = None
@@ -231,7 +234,7 @@ class MgmtdClient:
                     err, primary = decode_error(e)
                     if err.code == StatusCode.MGMTD_NOT_PRIMARY:
                         last = err
-                        if primary and primary != address:
+                        if primary and primary != address and primary not in unreachable:
                             hinted = primary
                             break
                         continue
@@ -243,6 +246,7 @@ class MgmtdClient:
                         if method in _NOT_IDEMPOTENT and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                             raise err from None
                         last = FS3Error(StatusCode.UNAVAILABLE, f"mgmtd {address}: {e.details()}")
+                        unreachable.add(address)
                         if self.primary == address:
                             self.primary = None
                         continue

@@ -73,6 +73,8 @@ def _host_port(v: str) -> str | None:
     host, sep, port = v.rpartition(":")
     if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
         return f"has {v!r}, not host:port with a port 1..65535"
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        return f"has {v!r}: an IPv6 address goes in brackets, as in [::1]:8000"
     return None
 
 
@@ -223,7 +225,9 @@ class MgmtdConfig:
     chain_update_interval_s: float = opt(1.0, doc="how often chain states are recomputed", check=_seconds)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
     advertise_host: str = opt(
-        "", doc="host that nodes and clients use to reach this mgmtd ('' = listen_host)"
+        "",
+        doc="host that nodes and clients use to reach this mgmtd ('' = listen_host; this host's "
+        "name when that is a wildcard such as 0.0.0.0 or ::)",
     )
     client_session_timeout_s: float = opt(
         300.0, doc="client sessions not extended for this long expire", check=_seconds
@@ -249,6 +253,11 @@ class MetaConfig:
     node_id: int = opt(100, doc="this node's id, unique in the cluster", check=_positive)
     listen_host: str = opt("127.0.0.1", doc="address the fs3 RPC service binds")
     listen_port: int = opt(8100, doc="fs3 RPC port (0 = any free port)", check=_port)
+    advertise_host: str = opt(
+        "",
+        doc="host that nodes and clients use to reach this meta ('' = listen_host; this host's name "
+        "when that is a wildcard such as 0.0.0.0 or ::)",
+    )
     mgmtd_addresses: list[str] = opt(
         doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_addresses
     )
@@ -330,6 +339,11 @@ class StorageConfig:
     listen_host: str = opt("127.0.0.1", doc="address for client traffic")
     listen_port: int = opt(8200, doc="fs3 RPC port for client traffic (0 = any free port)", check=_port)
     backend_host: str = opt("", doc="address for chain-replication traffic ('' = listen_host)")
+    advertise_host: str = opt(
+        "",
+        doc="host that clients and other storage daemons use to reach this one ('' = listen_host; "
+        "this host's name when that is a wildcard such as 0.0.0.0 or ::)",
+    )
     backend_port: int = opt(0, doc="port for chain-replication traffic (0 = share listen_port)", check=_port)
     mgmtd_addresses: list[str] = opt(
         doc="host:port of every mgmtd", factory=lambda: ["127.0.0.1:8000"], check=_some_addresses

@@ -59,6 +59,7 @@ from fs3.cli.local_cluster import (
 )
 from fs3.errors import FS3Error, StatusCode
 from fs3.net.auth import read_secret
+from fs3.net.transport import format_address
 
 MOUNT_MODULE = "fs3.client.mount"
 
@@ -152,7 +153,7 @@ async def _give_root_to_user(lc: LocalCluster) -> None:
     root_token = lc.admin_token_file.read_text().strip()
     secret = read_secret(str(lc.secret_file))
     user = common_pb2.UserInfo(uid=0, gid=0, token=root_token)
-    async with MetaClient([f"{st.host}:{st.ports['meta']}"], secret, user=user) as meta:
+    async with MetaClient([format_address(st.host, st.ports["meta"])], secret, user=user) as meta:
         await meta.setattr(ROOT_ID, uid=os.getuid(), gid=os.getgid())
 
 
@@ -430,8 +431,8 @@ def _print_where(lc: LocalCluster) -> None:
     _say(
         "\n".join(
             [
-                f"  mgmtd:   {st.mgmtd_address} (metrics http://{st.host}:{st.ports['mgmtd_metrics']}/metrics)",
-                f"  meta:    {st.host}:{st.ports['meta']}",
+                f"  mgmtd:   {st.mgmtd_address} (metrics http://{format_address(st.host, st.ports['mgmtd_metrics'])}/metrics)",
+                f"  meta:    {format_address(st.host, st.ports['meta'])}",
                 f"  configs: {lc.config_dir}   logs: {lc.log_dir}",
                 f"  token:   {lc.user_token_file}   secret: {lc.secret_file}",
                 f"  admin:   {fs3} admin --local-dir {lc.root} list-chains",
@@ -515,7 +516,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for name, pid in procs.items():
         if name == "mount" and not st.mount:
             continue
-        where = f", {st.host}:{st.ports[name]}" if name in st.ports else ""
+        where = f", {format_address(st.host, st.ports[name])}" if name in st.ports else ""
         _say(f"  {name:<14} {f'running, pid {pid}{where}' if pid else 'stopped'}")
     if st.mount:
         state = out["mount_state"]

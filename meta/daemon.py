@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ from fs3.meta.service import MetaService
 from fs3.meta.storage_io import ChunkStore, NoStorage, StorageChunks
 from fs3.meta.store import MetaStore
 from fs3.net import RpcClient, RpcServer
+from fs3.net.transport import advertised_host, check_bindable, format_address
 from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
@@ -38,20 +38,6 @@ log = logging.getLogger(__name__)
 
 # how long a stop waits for the queued read sessions before it closes its connections
 _SETTLE_AT_STOP_S = 5.0
-
-
-def _check_bindable(host: str, port: int) -> None:
-    """Fail with one clear message when the port is taken, before anything else is set up."""
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, type_, proto, _, addr = infos[0]
-        with socket.socket(family, type_, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(addr)
-    except OSError as e:
-        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 class MetaDaemon:
@@ -115,7 +101,7 @@ class MetaDaemon:
 
     async def start(self) -> None:
         cfg = self.cfg
-        _check_bindable(cfg.listen_host, cfg.listen_port)
+        check_bindable(cfg.listen_host, cfg.listen_port)
         if self.db is None:
             self.db = await open_daemon_store(cfg.kv)
         try:
@@ -192,12 +178,11 @@ class MetaDaemon:
             host, self.port = await self.server.start((cfg.listen_host, cfg.listen_port))
         except OSError as e:
             raise FS3Error(
-                StatusCode.UNAVAILABLE, f"cannot listen on {cfg.listen_host}:{cfg.listen_port}: {e.strerror}"
+                StatusCode.UNAVAILABLE,
+                f"cannot listen on {format_address(cfg.listen_host, cfg.listen_port)}: {e.strerror}",
             ) from None
         if self.routing is not None and self.mgmtd is not None:
-            advertise = (
-                cfg.listen_host if cfg.listen_host not in ("0.0.0.0", "::", "") else socket.gethostname()
-            )
+            advertise = advertised_host(cfg.listen_host, cfg.advertise_host)
             self.agent = NodeAgent(
                 self.mgmtd,
                 cfg.node_id,

@@ -15,7 +15,6 @@ import copy
 import dataclasses
 import logging
 import os
-import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ from fs3.daemon import apply_pushed_config, hot_log_level
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
 from fs3.net.auth import TokenCache
+from fs3.net.transport import WILDCARDS, advertised_host, check_bindable, format_address
 from fs3.net.transport_select import TransportMetrics, make_transport
 from fs3.proto import common_pb2
 
@@ -148,9 +148,9 @@ class StorageDaemon:
                     raise
                 # a disk that fails (EIO reading its directory): its target is left out below
                 log.error("target directory unreadable target_id=%d error=%s", tid, e.message)
-        await _check_can_listen(cfg.listen_host, cfg.listen_port)
+        check_bindable(cfg.listen_host, cfg.listen_port)
         if cfg.backend_port:
-            await _check_can_listen(cfg.backend_host or cfg.listen_host, cfg.backend_port)
+            check_bindable(cfg.backend_host or cfg.listen_host, cfg.backend_port)
         secret = self.secret or DEV_SECRET
         if self.secret is None:
             log.warning(
@@ -243,7 +243,8 @@ class StorageDaemon:
         )
         self.server.add_service(STORAGE_SERVICE, service)
         self.port = await _listen(self.server, cfg.listen_host, cfg.listen_port)
-        endpoints = [common_pb2.Endpoint(host=_advertised(cfg.listen_host), port=self.port, transport="tcp")]
+        advertise = advertised_host(cfg.listen_host, cfg.advertise_host)
+        endpoints = [common_pb2.Endpoint(host=advertise, port=self.port, transport="tcp")]
         if cfg.backend_port:
             # chain replication on its own network: same service, second listener, second endpoint
             host = cfg.backend_host or cfg.listen_host
@@ -253,7 +254,12 @@ class StorageDaemon:
             self.backend_server.add_service(STORAGE_SERVICE, service)
             self.backend_port = await _listen(self.backend_server, host, cfg.backend_port)
             endpoints.append(
-                common_pb2.Endpoint(host=_advertised(host), port=self.backend_port, transport="tcp")
+                common_pb2.Endpoint(
+                    # a backend address of its own, or where clients reach it
+                    host=advertise if host in WILDCARDS else host,
+                    port=self.backend_port,
+                    transport="tcp",
+                )
             )
 
         self.routing.add_listener(self._routing_changed)
@@ -436,33 +442,13 @@ class StorageDaemon:
                 t.engine.engine.fail_if_stalled(limit)  # its on_failure tells the target map
 
 
-def _advertised(host: str) -> str:
-    return host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
-
-
 async def _listen(server: RpcServer, host: str, port: int) -> int:
     try:
         return (await server.start((host, port)))[1]
     except OSError as e:
-        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
-
-
-async def _check_can_listen(host: str, port: int) -> None:
-    """Bind ``port`` and let it go at once, so that a port in use is reported before the wait for
-    mgmtd (the servers listen only once the targets are open); the real listen can still fail."""
-    if port == 0:
-        return
-    try:
-        family, kind, proto, _, address = (
-            await asyncio.get_running_loop().getaddrinfo(
-                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )
-        )[0]
-        with socket.socket(family, kind, proto) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener binds
-            s.bind(address)
-    except OSError as e:
-        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
+        raise FS3Error(
+            StatusCode.UNAVAILABLE, f"cannot listen on {format_address(host, port)}: {e.strerror}"
+        ) from None
 
 
 def _check_targets_known(

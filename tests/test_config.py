@@ -34,10 +34,10 @@ def test_defaults_need_no_file():
 
 
 def test_file_sets_fields_and_tables(tmp_path):
-    p = write(tmp_path, 'listen_port = 9100\nmgmtd_addresses = ["a:1", "b:2"]\n[kv]\nengine = "mem"\n')
+    p = write(tmp_path, 'listen_port = 9100\nmgmtd_addresses = ["a:1", "[::1]:2"]\n[kv]\nengine = "mem"\n')
     cfg = load_config(MetaConfig, p, environ={})
     assert cfg.listen_port == 9100
-    assert cfg.mgmtd_addresses == ["a:1", "b:2"]
+    assert cfg.mgmtd_addresses == ["a:1", "[::1]:2"]
     assert cfg.kv == KvConfig(engine="mem")
 
 
@@ -63,6 +63,10 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("[kv]\nmap_size = 99999999999999999999\n", "at most 2^46"),  # an OverflowError at start
         ('mgmtd_addresses = ["m1:8000", "m2"]\n', "not host:port"),
         ('mgmtd_addresses = ["m1:99999"]\n', "port 1..65535"),  # gRPC dialled port 34463
+        # an IPv6 address without brackets: "::1" passed as host ":" port 1, gRPC dialled port 443
+        ('mgmtd_addresses = ["::1"]\n', "goes in brackets"),
+        ('mgmtd_addresses = ["::1:8000"]\n', "goes in brackets"),
+        ('mgmtd_addresses = ["fd00::2"]\n', "goes in brackets"),
         # passed the check, to be found (or not) only when used
         ("default_chain_table = 0\n", "chain table id 1.."),
         ("default_chain_table = -5\n", "chain table id 1.."),

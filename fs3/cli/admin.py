@@ -33,6 +33,7 @@ from typing import Any
 from fs3.cli import positive_seconds
 from fs3.config import _host_port, env_list
 from fs3.errors import FS3Error, StatusCode
+from fs3.net.transport import format_address
 
 EX_OK = 0
 EX_FAILED = 1
@@ -177,7 +178,7 @@ def connection(args: argparse.Namespace) -> Connection:
     elif local is not None:
         try:
             state = json.loads((local / "local.json").read_text())
-            mgmtd = [f"{state['host']}:{state['ports']['mgmtd']}"]
+            mgmtd = [format_address(state["host"], state["ports"]["mgmtd"])]
         except (OSError, ValueError, KeyError, TypeError) as e:
             what = f"no {e} in it" if isinstance(e, KeyError) else str(e)
             raise UsageError(

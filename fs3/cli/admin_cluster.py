@@ -16,6 +16,7 @@ from fs3.cli.admin import Connection, Result, UsageError, command, int_list, nat
 from fs3.mgmtd.users import MAX_TOKENS_PER_USER, TOKEN_PREFIX
 from fs3.net.auth import TOKEN_CACHE_S, TOKEN_STALE_S
 from fs3.net.server import USER_RECHECK_S
+from fs3.net.transport import format_address
 from fs3.proto import common_pb2, mgmtd_pb2
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ async def list_nodes(conn: Connection, args: argparse.Namespace) -> Result:
             "status": _node_status(n.status),
             "hostname": n.hostname,
             "pid": n.pid or "",
-            "endpoints": [f"{e.host}:{e.port}" for e in n.endpoints],
+            "endpoints": [format_address(e.host, e.port) for e in n.endpoints],
             "heartbeat_age_s": round(n.last_heartbeat_age_s, 1) if n.pid else "",  # none heard: no age
             "disabled": n.disabled,
         }

@@ -29,6 +29,7 @@ from fs3.cli.admin import (
     u32,
 )
 from fs3.errors import FS3Error, StatusCode, shown_name
+from fs3.net.transport import format_address
 from fs3.proto import common_pb2
 
 TYPE_NAMES = {1: "file", 2: "dir", 3: "symlink"}
@@ -50,7 +51,9 @@ async def filesystem(conn: Connection) -> AsyncIterator[Any]:
     routing = RoutingCache(mgmtd, refresh_interval_s=5.0)
     await routing.start(first_timeout_s=conn.timeout_s)
     metas = routing.routing.nodes_of_type(common_pb2.NODE_META)
-    addresses = [f"{e.host}:{e.port}" for n in metas for e in n.endpoints if e.transport in ("", "tcp")]
+    addresses = [
+        format_address(e.host, e.port) for n in metas for e in n.endpoints if e.transport in ("", "tcp")
+    ]
     if not addresses:
         await routing.stop()
         raise FS3Error(StatusCode.UNAVAILABLE, "no active meta server in routing info")

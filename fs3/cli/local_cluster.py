@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fs3.cli.daemons import Daemon
+from fs3.net.transport import format_address
 
 EX_FAILED = 1
 EX_USAGE = 2
@@ -91,7 +92,7 @@ class LocalState:
 
     @property
     def mgmtd_address(self) -> str:
-        return f"{self.host}:{self.ports['mgmtd']}"
+        return format_address(self.host, self.ports["mgmtd"])
 
 
 class LocalCluster:
@@ -301,6 +302,7 @@ def free_ports(host: str, n: int) -> list[int]:
     a port of that range may meanwhile be the local port of some process's connection (an `up`
     after a `down` failed with "Address already in use" on a metrics port until it closed)."""
     socks: list[socket.socket] = []
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         low = _ephemeral_low()
         candidates = list(range(max(1024, low - 16384), low))
@@ -308,7 +310,7 @@ def free_ports(host: str, n: int) -> list[int]:
         for port in candidates:
             if len(socks) == n:
                 break
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(family, socket.SOCK_STREAM)
             try:
                 s.bind((host, port))
             except OSError as e:
@@ -318,7 +320,7 @@ def free_ports(host: str, n: int) -> list[int]:
                 continue
             socks.append(s)
         while len(socks) < n:  # none free below the range: any the kernel gives
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(family, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from typing import Any
 
@@ -29,6 +28,7 @@ from fs3.mgmtd.admin import Admin
 from fs3.mgmtd.cluster import Cluster, Timing
 from fs3.mgmtd.election import Election
 from fs3.mgmtd.service import HealthServicer, MgmtdServicer, NotPrimaryError
+from fs3.net.transport import advertised_host, check_bindable, format_address
 from fs3.proto import common_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -75,23 +75,6 @@ class _Metrics:
         children[1].observe(seconds)
 
 
-def _check_bindable(host: str, port: int) -> None:
-    """Fail with one clear message when the port is taken, before gRPC's C core logs its own."""
-    if port == 0:
-        return
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError as e:
-        raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
-    family, type_, proto, _, addr = infos[0]
-    with socket.socket(family, type_, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError as e:
-            raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {host}:{port}: {e.strerror}") from None
-
-
 class MgmtdServer:
     """One mgmtd process: ``await start()``, later ``await stop()``."""
 
@@ -135,8 +118,8 @@ class MgmtdServer:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         _add_checked(mgmtd_pb2_grpc.add_MgmtdServicer_to_server, MgmtdServicer(self), server)
         _add_checked(health_pb2_grpc.add_HealthServicer_to_server, HealthServicer(self), server)
-        where = f"{self.cfg.listen_host}:{self.cfg.listen_port}"
-        _check_bindable(self.cfg.listen_host, self.cfg.listen_port)
+        where = format_address(self.cfg.listen_host, self.cfg.listen_port)
+        check_bindable(self.cfg.listen_host, self.cfg.listen_port)
         try:
             port = server.add_insecure_port(where)
         except RuntimeError as e:
@@ -144,10 +127,7 @@ class MgmtdServer:
         if port == 0:
             raise FS3Error(StatusCode.UNAVAILABLE, f"cannot listen on {where} (address in use?)")
         self.port = port
-        host = self.cfg.advertise_host or self.cfg.listen_host
-        if host in ("", "0.0.0.0", "::", "[::]"):
-            host = socket.gethostname()  # a wildcard is no address for others to dial
-        self.address = f"{host}:{port}"
+        self.address = format_address(advertised_host(self.cfg.listen_host, self.cfg.advertise_host), port)
         if self.cfg.metrics_port:
             self._metrics_server = metrics.serve(self.cfg.metrics_port, self.cfg.listen_host, self.registry)
         self._metrics = _Metrics(self.registry)

@@ -50,6 +50,7 @@ from fs3.net.transport import (
     Listener,
     ReceiverFactory,
     Transport,
+    bind_socket,
 )
 
 log = logging.getLogger(__name__)
@@ -744,12 +745,13 @@ class TcpTransport(Transport):
     ) -> TcpListener:
         loop = asyncio.get_running_loop()
         host, port = address
-        server = await loop.create_server(
-            lambda: TcpConnection(loop, limits, receiver_factory, server_side=True),
-            host,
-            port,
-            reuse_address=True,
-            backlog=1024,
-        )
+
+        def protocol() -> TcpConnection:
+            return TcpConnection(loop, limits, receiver_factory, server_side=True)
+
+        if host == "::":  # asyncio would make it IPv6 only: see bind_socket
+            server = await loop.create_server(protocol, sock=bind_socket(host, port), backlog=1024)
+        else:
+            server = await loop.create_server(protocol, host, port, reuse_address=True, backlog=1024)
         bound = server.sockets[0].getsockname()
         return TcpListener(server, (bound[0], bound[1]))

@@ -17,9 +17,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import TypeAlias
 
+from fs3.errors import FS3Error, StatusCode
 from fs3.net.frame import DEFAULT_LIMITS, FrameError, RpcLimits
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,56 @@ def parse_address(address: str | Address) -> Address:
     if not sep or not port.isdigit():
         raise ValueError(f"address must be host:port, got {address!r}")
     return host.strip("[]"), int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets (``[::1]:8000``): the form gRPC (mgmtd) dials and
+    :func:`parse_address` and the config checks take."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def advertised_host(listen_host: str, advertise_host: str = "") -> str:
+    """The host others dial to reach a daemon listening on ``listen_host``: ``advertise_host`` if
+    set, else the listen address, unless that is a wildcard (no address to dial), then this
+    host's name."""
+    if advertise_host:
+        return advertise_host
+    return socket.gethostname() if listen_host in WILDCARDS else listen_host
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` as a listener binds it (SO_REUSEADDR). The IPv6
+    wildcard ``::`` takes IPv4 connections too (dual stack), as gRPC's does: a daemon told to
+    listen everywhere is reachable at its host name's IPv4 address."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    s = socket.socket(family, kind, proto)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and host == "::":
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.bind(address)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def check_bindable(host: str, port: int) -> None:
+    """Fail with one clear message (UNAVAILABLE) when ``port`` cannot be listened on, e.g. taken,
+    before a daemon sets anything else up; the real listen can still fail."""
+    if port == 0:
+        return
+    try:
+        bind_socket(host, port).close()
+    except OSError as e:
+        raise FS3Error(
+            StatusCode.UNAVAILABLE, f"cannot listen on {format_address(host, port)}: {e.strerror}"
+        ) from None
 
 
 class FrameReceiver(abc.ABC):

@@ -45,9 +45,8 @@ async def wait_until(
 
 def mgmtd_config(node_id: int = 1, port: int = 0, **overrides) -> MgmtdConfig:
     kv = overrides.pop("kv", KvConfig(engine="mem"))
-    return MgmtdConfig(
-        node_id=node_id, listen_host="127.0.0.1", listen_port=port, kv=kv, **{**FAST, **overrides}
-    )
+    host = overrides.pop("listen_host", "127.0.0.1")
+    return MgmtdConfig(node_id=node_id, listen_host=host, listen_port=port, kv=kv, **{**FAST, **overrides})
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -1007,3 +1008,39 @@ async def test_a_lease_longer_than_storage_leases_outlast_is_warned_of(
     await inproc.start(1, lease_interval_s=8.0, heartbeat_timeout_s=10.0)
     assert any("over half of heartbeat_timeout_s" in r.getMessage() for r in caplog.records)
     assert MgmtdConfig().lease_interval_s <= MgmtdConfig().heartbeat_timeout_s / 2
+
+
+async def test_a_redirect_to_an_address_that_does_not_work_from_here_is_not_followed_again(
+    inproc: InProcess,
+) -> None:
+    """A standby names the primary by the address the primary advertises; where that does not
+    work from the client (a host name that does not resolve here, an IPv6 address on an IPv4-only
+    host), the client went back to the standby, was redirected again, and never tried the next
+    address of its list, the primary's own: every call failed until its deadline."""
+    primary = await inproc.start(1, advertise_host="primary.invalid")
+    await inproc.primary()
+    standby = await inproc.start(2)
+    assert primary.address == f"primary.invalid:{primary.port}"
+    client = MgmtdClient([standby.address, f"127.0.0.1:{primary.port}"], timeout_s=10)
+    inproc.clients.append(client)
+    await client.init_cluster()
+    assert client.primary == f"127.0.0.1:{primary.port}"
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="this host has no IPv6")
+async def test_mgmtd_listens_and_is_reached_over_ipv6(inproc: InProcess) -> None:
+    """gRPC takes an IPv6 address only in brackets: mgmtd on ::1 failed to start ("Misformatted
+    domain name"), and on :: advertised an address no client could dial."""
+    server = await inproc.start(1, listen_host="::1")
+    await inproc.primary()
+    assert server.address == f"[::1]:{server.port}"
+    client = MgmtdClient([server.address], timeout_s=10)
+    inproc.clients.append(client)
+    await client.init_cluster()
+    assert (await client.get_primary()).address == server.address
+    # the IPv6 wildcard takes IPv4 as well
+    both = await inproc.start(2, listen_host="::")
+    for address in (f"127.0.0.1:{both.port}", f"[::1]:{both.port}"):
+        c = MgmtdClient([address], timeout_s=10)
+        inproc.clients.append(c)
+        assert (await c.get_primary()).address == server.address

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import hashlib
 import os
+import socket
 import sys
 
 import pytest
@@ -609,3 +610,18 @@ async def test_retired_connections_finish_their_calls_then_close(rpc_server: Rpc
         assert (await blocked)[0].data == b"b"
         await poll(lambda: rpc_server.connection_count == 1, what="the busy retired connection to close")
         assert not client._retiring
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="this host has no IPv6")
+async def test_a_server_on_the_ipv6_wildcard_takes_ipv4_too() -> None:
+    """asyncio makes a TCP listener on :: IPv6 only, while a daemon on a wildcard advertises its
+    host name, which resolves to an IPv4 address: no client or peer could reach it."""
+    server = RpcServer(SECRET, limits=TEST_LIMITS)
+    _, port = await server.start(("::", 0))
+    try:
+        async with RpcClient(SECRET, limits=TEST_LIMITS) as client:
+            for host in ("127.0.0.1", "::1"):
+                response, _ = await client.call((host, port), PING, rpc_pb2.PingRequest())
+                assert response.identity
+    finally:
+        await server.stop()

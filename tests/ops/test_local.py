@@ -166,6 +166,26 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.skipif(not socket.has_ipv6, reason="this host has no IPv6")
+@pytest.mark.timeout(180)
+def test_a_cluster_on_ipv6_loopback(local_dir: Path) -> None:
+    """Every daemon on ::1: mgmtd could not listen there (gRPC takes an IPv6 address only in
+    brackets), `fs3 local up --host ::1` was refused, and addresses were shown unbracketed."""
+    up = fs3("local", "up", "--dir", str(local_dir), "--no-mount", "--host", "::1",
+             "--storage-nodes", "2", "--replicas", "2", "--targets-per-node", "1")  # fmt: skip
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "mgmtd:   [::1]:" in up.stdout, up.stdout
+    data = os.urandom((1 << 20) + 17)
+    asyncio.run(_write(local_dir, "/v6.bin", data))
+    assert asyncio.run(_read(local_dir, "/v6.bin")) == data
+    nodes = fs3("admin", "list-nodes", "--local-dir", str(local_dir), "--json")
+    assert nodes.returncode == 0, nodes.stderr
+    endpoints = [e for n in json.loads(nodes.stdout) for e in n["endpoints"]]
+    assert len(endpoints) == 3 and all(e.startswith("[::1]:") for e in endpoints), endpoints
+    check = fs3("admin", "checksum", "/v6.bin", "--local-dir", str(local_dir))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("fs3.client.mount") is None, reason="fs3 mount is not in this build"
 )
