@@ -128,23 +128,27 @@ def mounted_over(path: str, *, fuse_only: bool = False) -> str | None:
     return f"{path} is already a mount point ({fstype or 'unknown type'})"
 
 
-def answers(path: str, timeout_s: float) -> bool:
-    """Whether a stat of ``path`` returns within ``timeout_s``; done by a child process, so that a
-    FUSE server that never answers leaves a stuck child behind rather than a stuck ``fs3 local``."""
-    child = subprocess.Popen(["stat", "-c", "%i", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        return child.wait(timeout_s) == 0
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return False
-
-
 # exits with the errno of a stat and an open of directory argv[1] (0 if both succeed); the open is
 # a request to the server whatever the kernel has cached of the directory's attributes
 _STAT_ERRNO = (
     "import os, sys\ntry:\n os.stat(sys.argv[1])\n os.close(os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY))\n"
     "except OSError as e:\n sys.exit(e.errno or 1)"
 )
+
+
+def answers(path: str, timeout_s: float) -> bool:
+    """Whether a stat and an open of directory ``path`` succeed within ``timeout_s``: the open
+    reaches a FUSE server whatever the kernel has cached (a stat alone was answered from the
+    cache for up to attr_timeout_s after the server died). Done by a child process, so that a
+    server that never answers leaves a stuck child behind rather than a stuck ``fs3 local``."""
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-c", _STAT_ERRNO, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        return child.wait(timeout_s) == 0
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return False
 
 
 def dead(path: str, timeout_s: float = 5.0) -> bool:

@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -20,9 +21,21 @@ import pytest
 from ops_helpers import alert_metrics, dashboard_metrics, fs3, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from fs3.cli.fuse_mounts import is_mounted
+from fs3.cli.fuse_mounts import answers, is_mounted
 
 SMALL = ["--storage-nodes", "3", "--replicas", "3", "--targets-per-node", "2"]
+
+
+def _procs_of(mount_point: str) -> list[tuple[int, Path]]:
+    """The processes whose command line names ``mount_point``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and mount_point.encode() in (d / "cmdline").read_bytes().split(b"\0"):
+                found.append((int(d.name), d))
+        except OSError:
+            pass
+    return found
 
 
 def _procs(d: Path) -> dict[str, int | None]:
@@ -267,6 +280,25 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
         for pid_file in (other / "run").glob("*.pid"):
             with contextlib.suppress(ValueError, OSError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+    # a mount that died while the kernel still holds its root's attributes (attr_timeout_s): a
+    # stat answered from that cache, so `up` took this cluster's dead mount for another fs3's
+    # live one, and refused to replace it
+    cached = tmp_path / "cached"
+    cached.mkdir()
+    config = tmp_path / "cached.toml"
+    text = (local_dir / "config" / "client.toml").read_text()
+    config.write_text(re.sub(r"(?m)^attr_timeout_s = .*$", "attr_timeout_s = 300.0", text))
+    try:
+        assert fs3("mount", str(cached), "--config", str(config)).returncode == 0
+        pid = next(p for p, d in _procs_of(str(cached)) if b"mount" in (d / "cmdline").read_bytes())
+        os.stat(cached)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the mount process to die")
+        assert os.stat(cached).st_ino == 1  # from the cache
+        assert not answers(str(cached), 5.0)
+    finally:
+        if is_mounted(str(cached)):
+            fs3("umount", "--force", str(cached))
     port = json.loads((local_dir / "local.json").read_text())["ports"]["client_metrics"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
