@@ -309,7 +309,17 @@ async def serve(
         fs.on_pushed_config(lambda info: apply_pushed_config("client", cfg, file_cfg, info, hot_log_level()))
         ops = Fs3Operations(fs, cfg, token, on_init=lambda: tune_mount(mountpoint, cfg.read_ahead_kb))
         fs.on_token_changed(ops.use_token)
-        pyfuse3.init(ops, mountpoint, opts)
+        try:
+            pyfuse3.init(ops, mountpoint, opts)
+        except RuntimeError as e:
+            if "fuse_session_new" not in str(e):
+                raise
+            # libfuse said which on standard error ("fuse: unknown option(s)"): an option to mend,
+            # exit 2 like a bad config (the unit does not start it again)
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"libfuse refused the mount options ({', '.join(sorted(o for o in options if o))}): {e}",
+            ) from None
     except BaseException:
         await fs.close()
         raise
@@ -493,9 +503,10 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
-    """Fork. The parent waits for the child's word and exits with it: 0 once the mount is up, 1
-    once the child has printed why it failed (on the standard error they share until then), and
+def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[int], None]]:
+    """Fork. The parent waits for the child's word and exits with it: 0 once the mount is up, the
+    child's status (1, or 2 for a config or option to mend) once it has printed why it failed (on
+    the standard error they share until then), and
     when the child ends without a word (killed, or a traceback), its status with a line that says
     where to look. The child goes on, with its two words: ``(ready, failed)``."""
     r, w = os.pipe()
@@ -508,6 +519,8 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
             os._exit(0)
         if word == b"0":
             os._exit(1)  # the reason is printed already
+        if word == b"2":
+            os._exit(2)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])  # the pipe closed: it has ended
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
         where = f" (see the log: {log_file})" if log_file else ""
@@ -531,7 +544,7 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[], None]]:
         os.close(w)
         os.dup2(devnull, 2)  # stderr stays open until the parent has its word, for its sake
 
-    return lambda: tell(b"1"), lambda: tell(b"0")
+    return lambda: tell(b"1"), lambda code: tell(b"2" if code == 2 else b"0")
 
 
 def _replace_dead_mount(path: str) -> bool:
@@ -619,7 +632,7 @@ def _mount_locked(args: argparse.Namespace, options: list[str], where: str, lock
                 "fs3 is mounted over it\n"
             )
     ready: Callable[[], None] = lambda: None  # noqa: E731
-    failed: Callable[[], None] = lambda: None  # noqa: E731
+    failed: Callable[[int], None] = lambda code: None  # noqa: E731
     if not args.foreground:
         if not cfg.log.file:
             sys.stderr.write(
@@ -634,9 +647,10 @@ def _mount_locked(args: argparse.Namespace, options: list[str], where: str, lock
         if cfg.log.file:  # otherwise the log is standard error, where the line below goes anyway
             log.error("mount failed: %s", reason)
         sys.stderr.write(f"fs3 mount: {reason}\n")
-        failed()
         # 2, as for a config that does not load: one found wrong as the mount started (a refused
         # token, a secret file that is missing), which the unit does not start again for
-        return 2 if isinstance(e, FS3Error) and e.code == StatusCode.CONFIG_INVALID else 1
+        code = 2 if isinstance(e, FS3Error) and e.code == StatusCode.CONFIG_INVALID else 1
+        failed(code)
+        return code
     except KeyboardInterrupt:
         return 130

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from fs3.cli import seconds
 from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
+from fs3.errors import FS3Error, StatusCode
 from fs3.mgmtd.users import MAX_TOKENS_PER_USER, TOKEN_PREFIX
 from fs3.net.auth import TOKEN_CACHE_S, TOKEN_STALE_S
 from fs3.net.server import USER_RECHECK_S
@@ -782,7 +783,12 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
         )
     if not args.file:
         raise UsageError("config set needs a FILE")
-    load_config(SERVICE_CONFIGS[args.service], args.file, environ={})  # refuse what the service would
+    try:  # refuse what the service would: a file to mend, exit 2 like the other usage errors
+        load_config(SERVICE_CONFIGS[args.service], args.file, environ={})
+    except FS3Error as e:
+        if e.code != StatusCode.CONFIG_INVALID:
+            raise
+        raise UsageError(e.message) from None
     content = _read_text(args.file)
     version = await client.set_config(node_type, content, args.desc)
     if args.service == "mgmtd":

@@ -1874,3 +1874,25 @@ async def test_a_caller_waiting_on_stopped_storage_can_be_killed(env: Env) -> No
             proc.kill()
             await proc.wait()
     assert out.decode().split() == ["0", "0"], out  # fsync succeeded once storage was back
+
+
+def test_an_option_libfuse_does_not_know_is_a_usage_error(env: Env) -> None:
+    """fs3 mount -o bogus exited 1, as for a cluster that could not be reached, so systemd started
+    it again and again; an option to mend exits 2, in the background as in the foreground."""
+    path = env.mnt.parent / "mnt-bogus"
+    path.mkdir()
+    base = [sys.executable, "-m", "fs3.cli.main", "mount", str(path), "--config", str(env.mount.config)]
+    try:
+        for extra in ([], ["--foreground"]):
+            r = subprocess.run([*base, *extra, "-o", "bogus"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2, r.stderr
+            assert "libfuse refused the mount options (bogus)" in r.stderr, r.stderr
+            deadline = time.monotonic() + 30  # a background mount's process ends after its word
+            while _pids_serving(path):
+                assert time.monotonic() < deadline, "the failed mount's process did not end"
+                time.sleep(0.05)
+            assert not is_mounted(path)
+    finally:
+        for pid in _pids_serving(path):
+            os.kill(pid, signal.SIGKILL)
+        force_unmount(path)
