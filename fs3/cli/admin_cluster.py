@@ -609,13 +609,34 @@ def _user_fields(u: mgmtd_pb2.User) -> dict[str, Any]:
     }
 
 
-@command("user-list", "users with groups and flags")
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _token_fields(u: mgmtd_pb2.User) -> dict[str, Any]:
+    """A user's live tokens: how many, the first to expire (the table's column), and each one."""
+    expiring = [t.expires_at for t in u.tokens if t.expires_at]
+    if not u.token_count:
+        first = "-"
+    else:
+        first = _utc(min(expiring)) if expiring else "never"
+    return {
+        "tokens": u.token_count,
+        "first_expiry": first,
+        "token_list": [
+            {"created": _utc(t.created_at), "expires": _utc(t.expires_at) if t.expires_at else "never"}
+            for t in u.tokens
+        ],
+    }
+
+
+@command("user-list", "users with groups and flags, and when their tokens expire")
 async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
     rows = [
-        {**_user_fields(u), "tokens": u.token_count}
+        {**_user_fields(u), **_token_fields(u)}
         for u in sorted(await conn.mgmtd_client().list_users(), key=lambda u: u.uid)
     ]
-    return Result(rows, ["uid", "name", "gid", "groups", "admin", "root", "tokens"])
+    return Result(rows, ["uid", "name", "gid", "groups", "admin", "root", "tokens", "first_expiry"])
 
 
 def _user_set_args(p: argparse.ArgumentParser) -> None:

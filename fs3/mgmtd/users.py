@@ -64,10 +64,17 @@ def _live_token(stored: mgmtd_pb2.StoredUser, digest: bytes, now: float) -> mgmt
     return found
 
 
-def public_user(stored: mgmtd_pb2.StoredUser, now: float) -> mgmtd_pb2.User:
+def public_user(stored: mgmtd_pb2.StoredUser, now: float, *, tokens: bool = True) -> mgmtd_pb2.User:
+    """The user as the admin API shows it: its live tokens counted and, with ``tokens``, listed
+    (when made, when they expire; never their digests)."""
     u = mgmtd_pb2.User()
     u.CopyFrom(stored.user)
-    u.token_count = sum(1 for t in stored.tokens if t.expires_at == 0 or t.expires_at > now)
+    live = sorted(
+        (t for t in stored.tokens if t.expires_at == 0 or t.expires_at > now), key=lambda t: t.created_at
+    )
+    u.token_count = len(live)
+    if tokens:
+        u.tokens.extend(mgmtd_pb2.TokenInfo(created_at=t.created_at, expires_at=t.expires_at) for t in live)
     return u
 
 
@@ -85,7 +92,7 @@ async def verify_token(rv: ReadView, token: str, now: float) -> mgmtd_pb2.User:
     live = None if stored is None else _live_token(stored, digest, now)
     if stored is None or live is None:
         raise FS3Error(StatusCode.UNAUTHENTICATED, "invalid or expired token")
-    user = public_user(stored, now)
+    user = public_user(stored, now, tokens=False)
     if live.expires_at:
         user.token_expires_in_s = max(live.expires_at - now, 1e-6)  # live: something is left
     return user

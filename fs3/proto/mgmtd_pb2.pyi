@@ -167,7 +167,7 @@ class ClientSession(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., description: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., uid: _Optional[int] = ..., type: _Optional[_Union[_common_pb2.NodeType, str]] = ..., started_at: _Optional[float] = ..., extended_at: _Optional[float] = ...) -> None: ...
 
 class User(_message.Message):
-    __slots__ = ("uid", "name", "gid", "groups", "admin", "root", "token_count", "token_expires_in_s")
+    __slots__ = ("uid", "name", "gid", "groups", "admin", "root", "token_count", "token_expires_in_s", "tokens")
     UID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class User(_message.Message):
     ROOT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     uid: int
     name: str
     gid: int
@@ -184,7 +185,16 @@ class User(_message.Message):
     root: bool
     token_count: int
     token_expires_in_s: float
-    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., admin: _Optional[bool] = ..., root: _Optional[bool] = ..., token_count: _Optional[int] = ..., token_expires_in_s: _Optional[float] = ...) -> None: ...
+    tokens: _containers.RepeatedCompositeFieldContainer[TokenInfo]
+    def __init__(self, uid: _Optional[int] = ..., name: _Optional[str] = ..., gid: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ..., admin: _Optional[bool] = ..., root: _Optional[bool] = ..., token_count: _Optional[int] = ..., token_expires_in_s: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[TokenInfo, _Mapping]]] = ...) -> None: ...
+
+class TokenInfo(_message.Message):
+    __slots__ = ("created_at", "expires_at")
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    created_at: float
+    expires_at: float
+    def __init__(self, created_at: _Optional[float] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class MgmtdLease(_message.Message):
     __slots__ = ("node_id", "address", "epoch", "expires_at", "acquired_at", "renewals")

@@ -4,6 +4,7 @@ output formats and the exit statuses."""
 from __future__ import annotations
 
 import asyncio
+import calendar
 import itertools
 import json
 import re
@@ -361,8 +362,18 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     users = {u["uid"]: u for u in mgmtd.json("user-list")}
     assert users[1000]["name"] == "alice" and users[1000]["groups"] == [10, 20] and not users[1000]["admin"]
+    assert users[1000]["first_expiry"] == "never" and users[1000]["token_list"][0]["expires"] == "never"
     tok = mgmtd.json("user-token", "1000")
     assert tok["token"] and tok["token"] != token_file.read_text().strip()
+    # when each token expires: user-list showed only how many there were
+    before = time.time()
+    assert mgmtd.admin("user-token", "1000", "--ttl", "7200").returncode == 0
+    alice = next(u for u in mgmtd.json("user-list") if u["uid"] == 1000)
+    expiry = calendar.timegm(time.strptime(alice["first_expiry"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert before + 7200 - 5 <= expiry <= time.time() + 7200 + 5, alice
+    assert [t["expires"] for t in alice["token_list"]] == ["never", "never", alice["first_expiry"]]
+    table = mgmtd.admin("user-list").stdout
+    assert "FIRST_EXPIRY" in table and alice["first_expiry"] in table, table
     # alice is no admin: the admin API refuses her token
     denied = fs3("admin", "list-nodes", "--mgmtd", mgmtd.address, "--token-file", str(token_file))
     assert denied.returncode == 1 and "PERMISSION" in denied.stderr.upper()
@@ -373,9 +384,9 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert mgmtd.json("user-set", "1000", "--no-admin", "--groups", "")["groups"] == []
     assert mgmtd.admin("user-set", "1000").returncode == 2  # nothing to change: a usage error
     users = {u["uid"]: u for u in mgmtd.json("user-list")}
-    assert (users[1000]["gid"], users[1000]["admin"], users[1000]["tokens"]) == (7, False, 2)
+    assert (users[1000]["gid"], users[1000]["admin"], users[1000]["tokens"]) == (7, False, 3)
     # a 17th token revokes her oldest: said (it was silent, and a job on the oldest failed)
-    for _ in range(14):
+    for _ in range(13):
         assert "oldest token was revoked" not in mgmtd.admin("user-token", "1000").stdout
     full = mgmtd.admin("user-token", "1000")
     assert full.returncode == 0 and "its oldest token was revoked: a user keeps at most 16" in full.stdout
