@@ -200,6 +200,22 @@ def _token_uid(token: str) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+def _local_cluster_config() -> str | None:
+    """Without a config: the ``fs3 local`` cluster's client config in its default directory
+    (``$FS3_LOCAL_DIR``, else ``~/.local/share/fs3/local``), as ``fs3 admin`` takes that cluster
+    without flags, unless ``$FS3_MGMTD_ADDRESSES`` names a cluster; None (the built-in defaults,
+    mgmtd on 127.0.0.1:8000) where there is none."""
+    if os.environ.get("FS3_MGMTD_ADDRESSES"):
+        return None
+    from fs3.cli.local_cluster import default_dir
+
+    path = default_dir() / "config" / "client.toml"
+    if not path.is_file():
+        return None
+    log.info("no client config given: using the fs3 local cluster's, %s", path)
+    return str(path)
+
+
 def _credentials_hint(config: ClientConfig) -> str:
     """Which of the config's credentials mgmtd refused, and what to look at."""
     if config.user_auth:
@@ -555,10 +571,13 @@ class FileSystem:
         user: common_pb2.UserInfo | None = None,
         timeout_s: float = 30.0,
     ) -> FileSystem:
-        """Connect to the cluster ``config`` names (a ClientConfig, a TOML path, or None for the
-        defaults and ``FS3_*`` overrides). ``user`` defaults to this process's uid, gid and groups
+        """Connect to the cluster ``config`` names (a ClientConfig, a TOML path, or None: the
+        ``fs3 local`` cluster's client config if there is one, see :func:`_local_cluster_config`,
+        else the defaults; ``FS3_*`` variables override either). ``user`` defaults to this process's uid, gid and groups
         with the token in ``token_file``; with ``config.user_auth`` (connections authenticated by
         that token, not the cluster secret) a non-root token's user instead."""
+        if config is None:
+            config = _local_cluster_config()
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)
         token = _token_of(config) if config.user_auth or user is None else ""

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cluster import free_port
 from ops_helpers import alert_metrics, dashboard_metrics, fs3, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -484,3 +485,24 @@ def test_a_non_root_user_gets_an_admin_token_and_the_root_directory(local_dir: P
     assert st.returncode == 0, st.stderr
     assert (json.loads(st.stdout)["uid"], json.loads(st.stdout)["gid"]) == (4242, 4343)
     assert json.loads((local_dir / "local.json").read_text())["root_owner_set"] is True
+
+
+def test_the_native_client_without_a_config_finds_the_local_cluster(
+    small_cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fs3 admin takes the fs3 local cluster without flags; SyncFileSystem.connect() dialled
+    127.0.0.1:8000 instead and failed after its timeout. A cluster named in the environment
+    still wins."""
+    from fs3.client import SyncFileSystem
+    from fs3.errors import FS3Error
+
+    monkeypatch.setenv("FS3_LOCAL_DIR", str(small_cluster))
+    monkeypatch.delenv("FS3_MGMTD_ADDRESSES", raising=False)
+    fs = SyncFileSystem.connect(timeout_s=30)
+    try:
+        assert len(fs.read_file("/m.bin")) == 100_000
+    finally:
+        fs.close()
+    monkeypatch.setenv("FS3_MGMTD_ADDRESSES", f"127.0.0.1:{free_port()}")
+    with pytest.raises(FS3Error):
+        SyncFileSystem.connect(timeout_s=2)
