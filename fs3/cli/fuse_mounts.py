@@ -128,18 +128,19 @@ def mounted_over(path: str, *, fuse_only: bool = False) -> str | None:
     return f"{path} is already a mount point ({fstype or 'unknown type'})"
 
 
-# exits with the errno of a stat and an open of directory argv[1] (0 if both succeed); the open is
-# a request to the server whatever the kernel has cached of the directory's attributes
+# exits with the errno of a stat and a statfs of argv[1] (0 if both succeed); the statfs is a request
+# to the server whatever the kernel has cached, and needs no permission on the directory itself
+# (an open of it did: a root directory of mode 0311 was "not answering" to other users)
 _STAT_ERRNO = (
-    "import os, sys\ntry:\n os.stat(sys.argv[1])\n os.close(os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY))\n"
+    "import os, sys\ntry:\n os.stat(sys.argv[1])\n os.statvfs(sys.argv[1])\n"
     "except OSError as e:\n sys.exit(e.errno or 1)"
 )
 
 
 def answers(path: str, timeout_s: float) -> bool:
-    """Whether a stat and an open of directory ``path`` succeed within ``timeout_s``: the open
-    reaches a FUSE server whatever the kernel has cached (a stat alone was answered from the
-    cache for up to attr_timeout_s after the server died). Done by a child process, so that a
+    """Whether a stat and a statfs of ``path`` succeed within ``timeout_s``: the statfs reaches a
+    FUSE server whatever the kernel has cached (a stat alone was answered from the cache for up
+    to attr_timeout_s after the server died). Done by a child process, so that a
     server that never answers leaves a stuck child behind rather than a stuck ``fs3 local``."""
     child = subprocess.Popen(
         [sys.executable, "-I", "-c", _STAT_ERRNO, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -152,7 +153,7 @@ def answers(path: str, timeout_s: float) -> bool:
 
 
 def dead(path: str, timeout_s: float = 5.0) -> bool:
-    """Whether the FUSE mount at ``path`` has nobody serving it: a stat or an open of it fails
+    """Whether the FUSE mount at ``path`` has nobody serving it: a stat or a statfs of it fails
     with ENOTCONN, twice, as after its server died (killed, out of memory) or its connection was
     aborted. A mount that answers, or does not answer within ``timeout_s`` (a server alive but
     stuck), is not dead; nor is one whose server, stopping, ended the probe's request with ENOTCONN

@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 # How long a retired connection (see RpcClient.retire_connections) waits for its calls in flight,
 # each bounded by its own deadline, before it is closed under them.
 RETIRE_MAX_S = 120.0
+RETIRE_GRACE_S = 0.5
 
 Reply = tuple[Any, memoryview | None]
 
@@ -646,10 +647,17 @@ class RpcClient:
                 address, make, limits=self.limits, connect_timeout=self.connect_timeout
             )
             assert session is not None
-            await session.handshake(self._secret, self.identity, self.connect_timeout, self.token)
+            token = self.token
+            await session.handshake(self._secret, self.identity, self.connect_timeout, token)
             if self._closed:
                 session.conn.abort()
                 raise FS3Error(StatusCode.CANCELLED, "client is closed")
+            if token != self.token:
+                # the token changed during the handshake (retire_connections did not see this
+                # connection): it serves the calls waiting for it, and retires with them
+                session.ready = False
+                self._retiring[session] = asyncio.ensure_future(self._retire(session))
+                return session
             peer.slots[slot] = session
             if self.connections_per_peer == 1:
                 self._single[address] = session
@@ -715,9 +723,17 @@ class RpcClient:
         try:
             loop = asyncio.get_running_loop()
             until = loop.time() + RETIRE_MAX_S
-            # each call in flight ends by its reply, its deadline or the connection's loss
-            while session.pending and not session.closed and (left := until - loop.time()) > 0:
-                await asyncio.wait([e[_FUT] for e in session.pending.values()], timeout=left)
+            while not session.closed and (left := until - loop.time()) > 0:
+                if session.pending:
+                    # each call in flight ends by its reply, its deadline or the connection's loss
+                    await asyncio.wait([e[_FUT] for e in session.pending.values()], timeout=left)
+                    continue
+                # callers that took this connection before it retired (a connect they waited for,
+                # room to send) start their calls on it: a grace without one, then it closes
+                started = session._next_id
+                await asyncio.sleep(min(RETIRE_GRACE_S, left))
+                if session._next_id == started and not session.pending:
+                    break
             if not session.closed:
                 await close_connections([session.conn], "server")
         finally:

@@ -294,3 +294,26 @@ async def test_connections_not_yet_authenticated_are_capped() -> None:
         for _, w in idle:
             w.close()
         await server.stop()
+
+
+async def test_a_connection_opening_while_the_token_changes_retires_after_its_calls(
+    server: RpcServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """retire_connections saw only open connections: one still proving the old token joined the
+    pool once its handshake ended, and served every later call with that token (closed by the
+    server once the token was revoked: the outage the new token was to avoid)."""
+    monkeypatch.setitem(USERS, "tok-alice-2", USERS["tok-alice"])
+    verifier = server.verifier  # type: ignore[attr-defined]
+    verifier.gate = asyncio.Event()
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
+        first = asyncio.ensure_future(client.call(server.address, PING, rpc_pb2.PingRequest()))
+        await poll(lambda: verifier.asked == ["tok-alice"], what="the handshake to be checked")
+        client.token = "tok-alice-2"
+        assert client.retire_connections() == 0  # nothing open yet
+        verifier.gate.set()
+        await first  # served by the connection it waited for
+        ctx = await _served_context(server, client)
+        assert ctx.token == "tok-alice-2"  # type: ignore[attr-defined]
+        await poll(lambda: server.connection_count == 1, what="the old connection to close")
+        ctx = await _served_context(server, client)
+        assert ctx.token == "tok-alice-2"  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ import signal
 import socket
 import stat
 import subprocess
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from cluster import free_port
 from ops_helpers import alert_metrics, dashboard_metrics, fs3, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
+from fs3.cli import fuse_mounts
 from fs3.cli.fuse_mounts import answers, is_mounted
 
 SMALL = ["--storage-nodes", "3", "--replicas", "3", "--targets-per-node", "2"]
@@ -284,14 +286,39 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     # a mount that died while the kernel still holds its root's attributes (attr_timeout_s): a
     # stat answered from that cache, so `up` took this cluster's dead mount for another fs3's
     # live one, and refused to replace it
-    cached = tmp_path / "cached"
-    cached.mkdir()
+    # (where other users can reach it: pytest's directories are root's alone)
+    cached = Path(tempfile.mkdtemp(prefix="fs3-test-cached-"))
+    cached.chmod(0o755)
     config = tmp_path / "cached.toml"
     text = (local_dir / "config" / "client.toml").read_text()
     config.write_text(re.sub(r"(?m)^attr_timeout_s = .*$", "attr_timeout_s = 300.0", text))
     try:
         assert fs3("mount", str(cached), "--config", str(config)).returncode == 0
         pid = next(p for p, d in _procs_of(str(cached)) if b"mount" in (d / "cmdline").read_bytes())
+        # a live mount answers a user who may not read its root (an open of the root, the probe
+        # once, was EACCES for one: the mount was "not answering", and down aborted it)
+        os.chmod(cached, 0o311)
+        try:
+            probe = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid",
+                    "65534",
+                    "--regid",
+                    "65534",
+                    "--clear-groups",
+                    "/usr/bin/python3",
+                    "-I",
+                    "-c",
+                    fuse_mounts._STAT_ERRNO,
+                    str(cached),
+                ],  # fmt: skip
+                capture_output=True,
+                timeout=30,
+            )
+            assert probe.returncode == 0, probe
+        finally:
+            os.chmod(cached, 0o755)
         os.stat(cached)
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the mount process to die")
@@ -300,6 +327,8 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     finally:
         if is_mounted(str(cached)):
             fs3("umount", "--force", str(cached))
+        if not is_mounted(str(cached)):
+            cached.rmdir()
     port = json.loads((local_dir / "local.json").read_text())["ports"]["client_metrics"]
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
