@@ -42,7 +42,16 @@ from typing import Any
 
 from fs3.cli import positive_seconds
 from fs3.cli.daemons import Daemon, stop_all
-from fs3.cli.fuse_mounts import FS3_MOUNT_TYPE, abort, answers, is_mounted, mount_type, mounted_over, unmount
+from fs3.cli.fuse_mounts import (
+    FS3_MOUNT_TYPE,
+    abort,
+    answers,
+    is_mounted,
+    mount_type,
+    mounted_over,
+    resolved,
+    unmount,
+)
 from fs3.cli.local_cluster import (
     CHAIN_TABLE,
     EX_FAILED,
@@ -331,8 +340,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"{st.replicas} replicas; {' '.join(differs)} would need 'fs3 local down --purge' first",
                 EX_USAGE,
             )
-        new = os.path.realpath(Path(args.mount).expanduser()) if args.mount else ""
-        if new and os.path.realpath(new) != os.path.realpath(st.mount or "/"):
+        # resolved without a stat of the mount point: with this cluster's meta down (the reason
+        # for this up, often) a stat through the live mount waits out the mount's meta timeout
+        new = resolved(str(Path(args.mount).expanduser())) if args.mount else ""
+        if new and new != (st.mount or "/"):
             if conflict := lc.mount_conflict(new):
                 raise LocalError(conflict, EX_USAGE)
             running = lc.daemon("mount").pid() if st.mount else None
@@ -358,7 +369,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if mounting:
         _check_fuse(st.mount)
         _check_not_anothers_mount(lc, st.mount)
-        if os.path.exists(st.mount) and not os.path.isdir(st.mount):
+        if not is_mounted(st.mount) and os.path.exists(st.mount) and not os.path.isdir(st.mount):
             bad = st.mount
             if earlier_mount is not None:  # the --mount just given: not kept
                 st.mount = earlier_mount

@@ -99,9 +99,10 @@ def fuse_connections() -> tuple[Path | None, str]:
     return Path(FUSECTL), ""
 
 
-def resolved(path: str) -> str:
-    """``path`` made absolute with its symlinks resolved, without a stat of ``path`` itself: a stat
-    of a stuck FUSE mount point never returns (a readlink of a directory does not reach its
+def resolved(path: str, _hops: int = 40) -> str:
+    """``path`` made absolute with its symlinks resolved, without a stat of ``path`` itself, nor
+    of what a symlink there names: a stat of a stuck FUSE mount point never returns, and one of a
+    mount whose meta is down waits out its timeout (a readlink of a directory does not reach its
     server)."""
     parent, name = os.path.split(os.path.abspath(path))
     where = os.path.join(os.path.realpath(parent), name)
@@ -109,7 +110,9 @@ def resolved(path: str) -> str:
         target = os.readlink(where)
     except OSError:  # not a symlink (EINVAL), or gone
         return where
-    return os.path.realpath(os.path.join(os.path.dirname(where), target))
+    if _hops == 0:  # a loop: as realpath leaves it
+        return os.path.realpath(where)
+    return resolved(os.path.join(os.path.dirname(where), target), _hops - 1)
 
 
 def is_mounted(path: str) -> bool:

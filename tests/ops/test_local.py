@@ -246,6 +246,18 @@ def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     assert again.returncode == 0, again.stdout + again.stderr
     assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
 
+    # meta dies under the live mount: up starts it again without a stat through the mount (each
+    # waited out the mount's 30 s meta timeout: up took 30-120 s, with the mount's users failing)
+    meta_pid = _procs(local_dir)["meta"]
+    assert meta_pid
+    os.kill(meta_pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{meta_pid}"), 10, "meta to die")
+    restarted = fs3(
+        "local", "up", "--dir", str(local_dir), "--mount", str(link), "--timeout", "20", timeout=25
+    )
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert (mnt / "hello.txt").read_bytes() == b"hello through FUSE\n"
+
     # the client.toml it wrote mounts the cluster a second time, beside its own mount
     second = tmp_path / "second"
     second.mkdir()
