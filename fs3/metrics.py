@@ -81,6 +81,20 @@ def registry() -> CollectorRegistry:
         return _registry
 
 
+_made: dict[str, Any] = {}
+_made_lock = threading.Lock()  # not _lock: what is made takes that one (registry())
+
+
+def process_wide(key: str, make: Callable[[], Any]) -> Any:
+    """This process's one ``make()`` for ``key`` (metrics registered in the process registry),
+    made once even when threads ask at once: a second registration of the same names raises
+    prometheus_client's DuplicateTimeseries (native clients connecting from several threads)."""
+    with _made_lock:
+        if key not in _made:
+            _made[key] = make()
+        return _made[key]
+
+
 def counter(
     name: str, doc: str, labels: tuple[str, ...] = (), reg: CollectorRegistry | None = None
 ) -> Counter:

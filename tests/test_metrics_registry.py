@@ -40,3 +40,40 @@ def test_port_in_use_is_a_clear_error():
 
 def test_process_registry_is_one_object():
     assert metrics.registry() is metrics.registry()
+
+
+def test_clients_made_by_many_threads_at_once_register_their_metrics_once(monkeypatch):
+    """Each FileSystem.connect makes a transport, whose counter the first one registers in the
+    process registry: threads connecting at once each registered it, and all but one failed with
+    prometheus_client's DuplicateTimeseries."""
+    import sys
+    import threading
+
+    from fs3.net import transport_select
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between the check and the registration
+    try:
+        for _ in range(20):
+            monkeypatch.setattr(metrics, "_registry", CollectorRegistry(auto_describe=True))
+            monkeypatch.setattr(metrics, "_made", {}, raising=False)
+            monkeypatch.setattr(transport_select, "_default_metrics", None, raising=False)
+            start = threading.Barrier(32)
+            made, errors = [], []
+
+            def connect() -> None:
+                start.wait()
+                try:
+                    made.append(transport_select.make_transport("tcp"))
+                except Exception as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=connect) for _ in range(32)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert not errors, errors[:3]
+            assert len(made) == 32
+    finally:
+        sys.setswitchinterval(old_interval)

@@ -87,15 +87,10 @@ class TransportMetrics:
         self.connections.labels(transport, reason).inc()
 
 
-_default_metrics: TransportMetrics | None = None
-
-
 def default_metrics() -> TransportMetrics:
-    """The process registry's transport counter (created on first use)."""
-    global _default_metrics
-    if _default_metrics is None:
-        _default_metrics = TransportMetrics()
-    return _default_metrics
+    """The process registry's transport counter (created on first use, by one thread)."""
+    made: TransportMetrics = metrics.process_wide("fs3_net_transport", TransportMetrics)
+    return made
 
 
 class AutoTransport(Transport):

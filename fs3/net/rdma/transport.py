@@ -158,16 +158,13 @@ class RdmaMetrics:
 
 
 _TRACKED: weakref.WeakSet[RdmaTransport] = weakref.WeakSet()
-_PROCESS_METRICS: RdmaMetrics | None = None
 
 
 def track(transport: RdmaTransport) -> None:
     """Report ``transport`` in the process registry's ``fs3_net_rdma_*`` (what a daemon's /metrics
     serves); the collector is registered once, with the first transport."""
-    global _PROCESS_METRICS
     _TRACKED.add(transport)
-    if _PROCESS_METRICS is None:
-        _PROCESS_METRICS = RdmaMetrics(lambda: list(_TRACKED))
+    metrics.process_wide("fs3_net_rdma", lambda: RdmaMetrics(lambda: list(_TRACKED)))
 
 
 class NicRuntime:
