@@ -61,14 +61,14 @@ def test_clients_made_by_many_threads_at_once_register_their_metrics_once(monkey
             start = threading.Barrier(32)
             made, errors = [], []
 
-            def connect() -> None:
+            def connect(start: threading.Barrier, made: list, errors: list) -> None:
                 start.wait()
                 try:
                     made.append(transport_select.make_transport("tcp"))
                 except Exception as e:
                     errors.append(e)
 
-            threads = [threading.Thread(target=connect) for _ in range(32)]
+            threads = [threading.Thread(target=connect, args=(start, made, errors)) for _ in range(32)]
             for t in threads:
                 t.start()
             for t in threads:
