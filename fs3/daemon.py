@@ -17,6 +17,7 @@ import faulthandler
 import gc
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -187,6 +188,45 @@ async def wait_for_shutdown(db: Database | None = None, *, check_s: float = 1.0)
     return 0
 
 
+#: how often a daemon counts its open files, and the share of its limit (RLIMIT_NOFILE) above which
+#: it warns: out of descriptors, it refuses connections without a word (uvloop, like libuv, closes
+#: each as it accepts it), and its targets' files cannot be opened
+OPEN_FILES_CHECK_S = 30.0
+OPEN_FILES_WARN = 0.9
+
+
+def _open_files() -> int | None:
+    """How many file descriptors this process holds; None when it cannot count them for want of
+    one (the listing needs a descriptor itself)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # not the listing's own
+    except OSError:
+        return None
+
+
+async def watch_open_files(check_s: float = OPEN_FILES_CHECK_S) -> None:
+    """Warn while this process holds most of the file descriptors its limit allows (and once it
+    no longer does); fs3_process_open_fds and fs3_process_max_fds say the same to Prometheus."""
+    near = False
+    while True:
+        await asyncio.sleep(check_s)
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        used = _open_files()
+        if limit == resource.RLIM_INFINITY:
+            continue
+        over = used is None or used >= limit * OPEN_FILES_WARN
+        if over and not near:
+            log.warning(
+                "open files near the limit: %s of %d (RLIMIT_NOFILE): new connections and files "
+                "fail once none are left; raise LimitNOFILE (the units set 1048576) or ulimit -n",
+                "all" if used is None else used,
+                limit,
+            )
+        elif near and not over:
+            log.info("open files below the limit again: %d of %d", used, limit)
+        near = over
+
+
 def ensure_std_fds() -> None:
     """Open /dev/null on standard input, output or error where the process was started without
     them (``>&-``, some supervisors): a descriptor the process opens later would take that number
@@ -343,6 +383,7 @@ def run(
         main = asyncio.current_task()
         assert main is not None
         signals = _signals = StopSignals(main)
+        watching = asyncio.get_running_loop().create_task(watch_open_files())
         try:
             return await serve(cfg, port_file=args.port_file)
         except asyncio.CancelledError:
@@ -352,6 +393,7 @@ def run(
             log.info("stopped before it served (%s)", signals.by)
             return 0
         finally:
+            watching.cancel()
             signals.remove()
             _signals = None
 

@@ -18,6 +18,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     start_http_server,
 )
@@ -78,6 +79,10 @@ def registry() -> CollectorRegistry:
     with _lock:
         if _registry is None:
             _registry = CollectorRegistry(auto_describe=True)
+            # the process's CPU, memory and open files against its limit (fs3_process_open_fds,
+            # fs3_process_max_fds, fs3_process_resident_memory_bytes...): a daemon out of file
+            # descriptors refuses connections without a word (uvloop closes them as it accepts)
+            ProcessCollector(namespace="fs3", registry=_registry)
         return _registry
 
 

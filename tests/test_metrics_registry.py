@@ -77,3 +77,48 @@ def test_clients_made_by_many_threads_at_once_register_their_metrics_once(monkey
             assert len(made) == 32
     finally:
         sys.setswitchinterval(old_interval)
+
+
+_NEAR_LIMIT = """
+import asyncio, logging, os, resource, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(message)s")
+from prometheus_client import generate_latest
+from fs3 import daemon, metrics
+
+async def main():
+    used = len(os.listdir("/proc/self/fd")) - 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    watching = asyncio.create_task(daemon.watch_open_files(0.05))
+    await asyncio.sleep(0.3)
+    print("OPENING", flush=True)
+    files = [open(os.devnull) for _ in range(18)]
+    await asyncio.sleep(0.3)
+    print(generate_latest(metrics.registry()).decode(), flush=True)
+    for f in files:
+        f.close()
+    await asyncio.sleep(0.3)
+    watching.cancel()
+
+asyncio.run(main())
+"""
+
+
+def test_a_daemon_says_when_its_open_files_near_their_limit() -> None:
+    """Out of file descriptors, meta refused connections without a word (uvloop closes them as it
+    accepts them): clients waited out their deadline and the operator had nothing to see. A
+    daemon now warns near the limit, and exports its open files against it."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NEAR_LIMIT], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    before, after = r.stdout.split("OPENING", 1)
+    assert "open files near the limit" not in before, r.stdout
+    assert "WARNING open files near the limit" in after and "LimitNOFILE" in after, r.stdout
+    assert "INFO open files below the limit again" in after.split("WARNING", 1)[1], r.stdout
+    gauges = {
+        line.split()[0]: float(line.split()[1])
+        for line in after.splitlines()
+        if line.startswith(("fs3_process_open_fds", "fs3_process_max_fds"))
+    }
+    assert gauges["fs3_process_open_fds"] >= 0.9 * gauges["fs3_process_max_fds"] > 0, gauges

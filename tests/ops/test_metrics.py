@@ -143,7 +143,7 @@ def test_dashboard_and_alert_queries_name_exported_metrics(small_cluster: Path) 
     exported: set[str] = set()
     for name in ("mgmtd", "meta", "storage-10001", "storage-10002"):
         exported |= set(scrape(small_cluster, name))
-    daemons = ("fs3_mgmtd_", "fs3_storage_", "fs3_meta_", "fs3_kv_")
+    daemons = ("fs3_mgmtd_", "fs3_storage_", "fs3_meta_", "fs3_kv_", "fs3_process_")
     for what, names in (("dashboard", dashboard_metrics()), ("alert rules", alert_metrics())):
         wanted = {n for n in names if n.startswith(daemons)}
         assert wanted, what
