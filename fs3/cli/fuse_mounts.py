@@ -104,7 +104,14 @@ def resolved(path: str, _hops: int = 40) -> str:
     of what a symlink there names: a stat of a stuck FUSE mount point never returns, and one of a
     mount whose meta is down waits out its timeout (a readlink of a directory does not reach its
     server)."""
-    parent, name = os.path.split(os.path.abspath(path))
+    # absolute, with any '..' left for realpath, which takes it after the symlink before it, as
+    # the kernel does (abspath dropped 'link/..' as text)
+    full = os.path.join(os.getcwd(), path).rstrip("/") or "/"
+    while os.path.basename(full) == "." and full != "/":
+        full = os.path.dirname(full).rstrip("/") or "/"
+    parent, name = os.path.split(full)
+    if name in ("", ".."):  # the root, or a parent of something: not a mount point to spare
+        return os.path.realpath(full)
     where = os.path.join(os.path.realpath(parent), name)
     try:
         target = os.readlink(where)

@@ -1896,3 +1896,32 @@ def test_an_option_libfuse_does_not_know_is_a_usage_error(env: Env) -> None:
         for pid in _pids_serving(path):
             os.kill(pid, signal.SIGKILL)
         force_unmount(path)
+
+
+def test_mount_point_paths_resolve_as_the_kernel_resolves_them(tmp_path: Path) -> None:
+    """resolved() names a mount point without a stat of it (one through a mount whose meta is down
+    waits out its timeout); it took 'link/..' away as text before following the link, so
+    'fs3 local up --mount s/../../mnt' named another directory than the kernel does."""
+    from fs3.cli.fuse_mounts import resolved
+
+    (tmp_path / "d1" / "d2").mkdir(parents=True)
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "s").symlink_to(tmp_path / "d1" / "d2")
+    (tmp_path / "rel").symlink_to("d1/d2/../../mnt")  # relative, with '..' after a symlink-free part
+    (tmp_path / "d1" / "up").symlink_to("../s/../../mnt")
+    (tmp_path / "loop").symlink_to("loop")
+    for path in (
+        "s/../../mnt",
+        "mnt/",
+        "mnt/.",
+        "./mnt",
+        "rel",
+        "d1/up",
+        "mnt/..",
+        "s/..",
+        "loop",
+        "missing",
+    ):
+        full = str(tmp_path / path)
+        assert resolved(full) == os.path.realpath(full), path
+    assert resolved("/") == "/"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -158,13 +159,20 @@ class RdmaMetrics:
 
 
 _TRACKED: weakref.WeakSet[RdmaTransport] = weakref.WeakSet()
+_TRACKED_LOCK = threading.Lock()  # transports are made, and /metrics scraped, on several threads
+
+
+def _tracked() -> list[RdmaTransport]:
+    with _TRACKED_LOCK:
+        return list(_TRACKED)
 
 
 def track(transport: RdmaTransport) -> None:
     """Report ``transport`` in the process registry's ``fs3_net_rdma_*`` (what a daemon's /metrics
     serves); the collector is registered once, with the first transport."""
-    _TRACKED.add(transport)
-    metrics.process_wide("fs3_net_rdma", lambda: RdmaMetrics(lambda: list(_TRACKED)))
+    with _TRACKED_LOCK:
+        _TRACKED.add(transport)
+    metrics.process_wide("fs3_net_rdma", lambda: RdmaMetrics(_tracked))
 
 
 class NicRuntime:
