@@ -573,9 +573,10 @@ class FileSystem:
     ) -> FileSystem:
         """Connect to the cluster ``config`` names (a ClientConfig, a TOML path, or None: the
         ``fs3 local`` cluster's client config if there is one, see :func:`_local_cluster_config`,
-        else the defaults; ``FS3_*`` variables override either). ``user`` defaults to this process's uid, gid and groups
-        with the token in ``token_file``; with ``config.user_auth`` (connections authenticated by
-        that token, not the cluster secret) a non-root token's user instead."""
+        else the defaults; ``FS3_*`` variables override either). ``user`` defaults to this
+        process's uid, gid and groups with the token in ``token_file``; with ``config.user_auth``
+        (connections authenticated by that token, not the cluster secret) a non-root token's user
+        instead."""
         if config is None:
             config = _local_cluster_config()
         if not isinstance(config, ClientConfig):
@@ -712,6 +713,9 @@ class FileSystem:
                     seen = mark
                 else:  # mgmtd not answering: asked again next time
                     log.info("cannot check the new token in token_file %s yet: %s", path, e.message)
+                continue
+            except Exception:  # a bug here must not end the watch: the file is looked at again
+                log.exception("taking up the new token in token_file %s failed", path)
                 continue
             seen = mark
 

@@ -506,9 +506,9 @@ def _signal_name(number: int) -> str:
 def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[int], None]]:
     """Fork. The parent waits for the child's word and exits with it: 0 once the mount is up, the
     child's status (1, or 2 for a config or option to mend) once it has printed why it failed (on
-    the standard error they share until then), and
-    when the child ends without a word (killed, or a traceback), its status with a line that says
-    where to look. The child goes on, with its two words: ``(ready, failed)``."""
+    the standard error they share until then), and when the child ends without a word (killed, or
+    a traceback), its status with a line that says where to look. The child goes on, with its two
+    words: ``(ready, failed(status))``."""
     r, w = os.pipe()
     pid = os.fork()
     if pid:
