@@ -715,8 +715,10 @@ class Replicator:
         """Done callback of the local half of a parallel update, run before any read of the chunk
         here goes on (reads wait for ``stored`` through callbacks added after this one): ends the
         wait, and if the local write failed, takes the target offline unless every replica refuses
-        the update alike. At once, not when the forward returns: the successors may commit the
-        version meanwhile, and this replica, holding no pending version, would serve the old one."""
+        the update alike: for a passing reason (UNAVAILABLE: EMFILE...) until a resync has brought
+        it up to date (``TargetMap.rejoin``), for a disk error until its daemon restarts. At once,
+        not when the forward returns: the successors may commit the version meanwhile, and this
+        replica, holding no pending version, would serve the old one."""
         key = (t.target_id, cid)
         if self._applying.get(key) is stored:
             del self._applying[key]
@@ -727,6 +729,17 @@ class Replicator:
             log.error(
                 "parallel update failed here target_id=%d chunk=%s", t.target_id, cid.hex(), exc_info=error
             )
+        elif error.code == StatusCode.UNAVAILABLE:
+            # a passing shortage (EMFILE...): the engine is sound, only this chunk may be behind
+            # its successors; a resync brings it up to date without a restart
+            self.targets.rejoin(
+                t.target_id,
+                FS3Error(
+                    error.code,
+                    f"could not store chunk {cid.hex()}, which its successor may hold: {error.message}",
+                ),
+            )
+            return
         self.targets.fail(
             t.target_id,
             FS3Error(
@@ -983,6 +996,9 @@ class Replicator:
                 # once it is stored here (pending), the usual rule below serves the right one
                 # (waited for, not awaited: its error is not this read's, nor kept in its frames)
                 await asyncio.wait((applying,))
+                # a failed one took the target out (_local_done): what is committed here may be
+                # older than what its successors committed
+                self.targets.check_readable(t)
             outcome = await self._run(
                 t, functools.partial(read_or_meta, lease=True), eng, cid, rio.offset, rio.length
             )

@@ -178,6 +178,17 @@ class TargetMap:
         self.set_state(t, OFFLINE, "disk error")
         t.local_state = OFFLINE
 
+    def rejoin(self, target_id: int, error: FS3Error) -> None:
+        """A call failed here for a passing reason (too many open files...) in a way that may have
+        left the target behind its chain: OFFLINE, as a restarted target is, so that mgmtd takes
+        it out of its chain and it comes back through a resync from its predecessor (the startup
+        protocol, see the module docstring), with no restart. Meanwhile it serves nothing."""
+        t = self.targets.get(target_id)
+        if t is None or t.failed or t.local_state == OFFLINE:
+            return
+        log.warning("target leaves its chain to be resynced target_id=%d error=%s", target_id, error.message)
+        self.set_state(t, OFFLINE, "may lack a write its chain took")
+
     # -- heartbeats -------------------------------------------------------------------------------
 
     def heartbeat_reports(self) -> list[mgmtd_pb2.TargetHeartbeat]:

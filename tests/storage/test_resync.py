@@ -530,3 +530,36 @@ async def test_scrub_finds_and_repairs_damaged_copies_nobody_reads(tmp_path) -> 
         await wait_until(repaired, 30, "scrub to repair both copies")
         for target in (middle, tail):
             assert await stop_and_read_chunks(c, target) == {i: bytes(d) for i, d in model.items()}
+
+
+async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_for_good(
+    tmp_path: Path,
+) -> None:
+    """A parallel whole-chunk write that failed at the head for a passing reason (EMFILE: the
+    storage daemon at its open-files limit) took the head's target offline until its daemon was
+    restarted, though the engine was sound. The target now leaves its chain, is resynced from its
+    predecessor, and serves again with nothing restarted; no replica serves a stale chunk."""
+    import resource
+
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client()
+        chain_id = c.chain_ids[0]
+        model = await write_chunks(client, chain_id, 2, CHUNK // 2)
+        head = (await c.routing()).chain(chain_id).targets[0].target_id
+        proc = c.node_of_target(head).proc
+        assert proc is not None and proc.popen is not None
+        pid = proc.popen.pid
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        # no descriptor left for a new chunk file (its connections are open already)
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")), hard))
+        try:
+            for i in range(2, 6):  # whole chunks from offset 0: stored and forwarded at once
+                model[i] = bytearray(os.urandom(CHUNK))
+                await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
+            await c.wait_chains(lambda ch: head not in ch.serving, what="the head to leave its chain")
+        finally:
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+        routing = await c.wait_all_serving(90)
+        assert head in routing.chain(chain_id).serving
+        assert proc.popen.poll() is None  # the same process: nothing was restarted
+        await verify(c, client, chain_id, INODE, model)
