@@ -189,6 +189,30 @@ class SpaceInfo:
     free_total: int = 0  # free counting the blocks reserved for root (f_bfree): df's "not used"
 
 
+class StallClock:
+    """Where the disk-stall check counts a call's time from: the call's start, unless this process
+    was not running since (stopped by SIGSTOP, its VM paused): a check that comes much later than
+    its interval restarts the count, since the time nothing here ran says nothing about the disk
+    (a storage daemon resumed after 45 s took a sound target offline for good)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.since = 0.0
+        self._last: float | None = None
+
+    def tick(self, now: float | None = None) -> float:
+        """The time of this check (monotonic); returns ``since`` for ``fail_if_stalled``."""
+        now = time.monotonic() if now is None else now
+        if self._last is not None and now - self._last > max(5 * self.interval_s, 5.0):
+            log.info(
+                "the stall check ran %.1f s late (the process was not running): counting afresh",
+                now - self._last,
+            )
+            self.since = now
+        self._last = now
+        return self.since
+
+
 class ChunkEngine:
     """The chunks of one target. Opening it runs recovery; see :attr:`recovery`."""
 
@@ -291,14 +315,20 @@ class ChunkEngine:
             return what, now - began
         return None
 
-    def fail_if_stalled(self, limit_s: float, now: float | None = None) -> FS3Error | None:
+    def fail_if_stalled(
+        self, limit_s: float, now: float | None = None, since: float = 0.0
+    ) -> FS3Error | None:
         """Take the target offline if a call has been under way longer than ``limit_s`` (a disk
         that hangs: its calls neither return nor fail, and its chains would wait for them without
-        end); the error, or None."""
+        end), counting from ``since`` at the earliest (a monotonic time: see
+        :class:`StallClock`); the error, or None."""
+        now = time.monotonic() if now is None else now
         stalled = self.stalled_call(now)
-        if stalled is None or stalled[1] <= limit_s or self._failure is not None or self._closed:
+        if stalled is None or self._failure is not None or self._closed:
             return None
-        what, seconds = stalled
+        what, seconds = stalled[0], min(stalled[1], now - since)
+        if seconds <= limit_s:
+            return None
         return self._fail(what, TimeoutError(f"the disk has not answered for {seconds:.1f} s"))
 
     def close(self) -> None:

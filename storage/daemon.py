@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,7 +41,7 @@ from fs3.proto import common_pb2
 
 from .aio import AioReader, open_aio
 from .async_engine import AsyncChunkEngine
-from .chunk_engine import EngineOptions
+from .chunk_engine import EngineOptions, StallClock
 from .craq import Replicator
 from .resync import ResyncWorker
 from .scrub import Scrubber
@@ -104,6 +105,7 @@ class StorageDaemon:
         self.aio: AioReader | None = None
         self._usage: Periodic | None = None
         self._stalls: Periodic | None = None
+        self._stall_clock = StallClock(1.0)
 
     async def start(self) -> None:
         try:
@@ -285,6 +287,7 @@ class StorageDaemon:
         self._usage.wake()  # the first figures now, not one interval later
         if cfg.disk_stall_s:
             interval = min(1.0, cfg.disk_stall_s / 4)
+            self._stall_clock = StallClock(interval)
             self._stalls = Periodic("fs3-storage-stalls", self._stall_pass, interval)
             self._stalls.start()
         log.info(
@@ -437,9 +440,11 @@ class StorageDaemon:
         its target offline then; one that hangs never answers). A Periodic step."""
         assert self.targets is not None
         limit = self.cfg.disk_stall_s
+        now = time.monotonic()
+        since = self._stall_clock.tick(now)
         for t in list(self.targets.targets.values()):
             if not t.failed:
-                t.engine.engine.fail_if_stalled(limit)  # its on_failure tells the target map
+                t.engine.engine.fail_if_stalled(limit, now, since)  # its on_failure tells the target map
 
 
 async def _listen(server: RpcServer, host: str, port: int) -> int:

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from fs3.config import StorageConfig, load_config
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
-from fs3.storage.chunk_engine import ChunkEngine
+from fs3.storage.chunk_engine import ChunkEngine, StallClock
 from fs3.storage.daemon import StorageDaemon
 
 pytestmark = pytest.mark.timeout(150)
@@ -71,6 +71,36 @@ def test_a_call_left_unanswered_past_the_limit_takes_the_target_offline(tmp_path
                 eng.read(_cid(1))
             assert e.value.code == StatusCode.STORAGE_IO_ERROR and "offline" in e.value.message
             assert eng.fail_if_stalled(0.01) is None and failures == [error]  # told once
+        finally:
+            disk.set()
+            stuck.join(30)
+
+
+def test_time_the_process_did_not_run_does_not_count_as_a_stalled_disk(tmp_path: Path) -> None:
+    """A storage daemon stopped (SIGSTOP, a paused VM) for longer than disk_stall_s with a call
+    under way took that sound target offline for good as it resumed: the call's time counted the
+    pause. A check that runs much later than its interval now counts afresh from then."""
+    clock = StallClock(1.0)
+    assert clock.tick(100.0) == 0.0 and clock.tick(101.0) == 0.0  # on time: from the call's start
+    assert clock.tick(146.0) == 146.0  # 45 s late: the process was stopped
+    assert clock.tick(147.0) == 146.0
+    failures: list[FS3Error] = []
+    disk = threading.Event()
+    with ChunkEngine(tmp_path / "t", on_failure=failures.append) as eng:
+        _hang_writes(eng, disk)
+        stuck = threading.Thread(
+            target=lambda: eng.update(_cid(2), 0, b"x" * 4096, chunk_size=CHUNK, chain_ver=1, commit=True),
+            daemon=True,
+        )
+        stuck.start()
+        try:
+            deadline = time.monotonic() + 30
+            while eng.stalled_call() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            now = time.monotonic() + 45  # the call began before a 45 s pause
+            assert eng.fail_if_stalled(30.0, now, since=now - 1) is None and eng.online
+            assert eng.fail_if_stalled(30.0, now + 31, since=now - 1) is not None  # stalled since
+            assert len(failures) == 1 and not eng.online
         finally:
             disk.set()
             stuck.join(30)
