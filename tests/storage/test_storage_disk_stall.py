@@ -5,11 +5,13 @@ threads are their own, serve on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,22 +45,32 @@ def _hang_writes(engine: ChunkEngine, disk: threading.Event) -> None:
     files.write_new = write_new  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _stuck_update(engine: ChunkEngine) -> Iterator[None]:
+    """An update of ``engine`` under way on a disk that hangs, until the block ends."""
+    disk = threading.Event()
+    _hang_writes(engine, disk)
+    stuck = threading.Thread(
+        target=lambda: engine.update(_cid(2), 0, b"x" * 4096, chunk_size=CHUNK, chain_ver=1, commit=True),
+        daemon=True,
+    )
+    stuck.start()
+    try:
+        deadline = time.monotonic() + 30
+        while engine.stalled_call() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield
+    finally:
+        disk.set()
+        stuck.join(30)
+
+
 def test_a_call_left_unanswered_past_the_limit_takes_the_target_offline(tmp_path: Path) -> None:
     failures: list[FS3Error] = []
-    disk = threading.Event()
     with ChunkEngine(tmp_path / "t", on_failure=failures.append) as eng:
         eng.update(_cid(1), 0, b"before", chunk_size=CHUNK, chain_ver=1, commit=True)
         assert eng.stalled_call() is None  # nothing under way
-        _hang_writes(eng, disk)
-        stuck = threading.Thread(
-            target=lambda: eng.update(_cid(2), 0, b"x" * 4096, chunk_size=CHUNK, chain_ver=1, commit=True),
-            daemon=True,
-        )
-        stuck.start()
-        try:
-            deadline = time.monotonic() + 30
-            while eng.stalled_call() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
+        with _stuck_update(eng):
             what, seconds = eng.stalled_call()  # type: ignore[misc]
             assert what == "update" and 0 <= seconds < 60
             assert eng.fail_if_stalled(60.0) is None and eng.online  # not yet past the limit
@@ -71,9 +83,6 @@ def test_a_call_left_unanswered_past_the_limit_takes_the_target_offline(tmp_path
                 eng.read(_cid(1))
             assert e.value.code == StatusCode.STORAGE_IO_ERROR and "offline" in e.value.message
             assert eng.fail_if_stalled(0.01) is None and failures == [error]  # told once
-        finally:
-            disk.set()
-            stuck.join(30)
 
 
 def test_time_the_process_did_not_run_does_not_count_as_a_stalled_disk(tmp_path: Path) -> None:
@@ -85,25 +94,11 @@ def test_time_the_process_did_not_run_does_not_count_as_a_stalled_disk(tmp_path:
     assert clock.tick(146.0) == 146.0  # 45 s late: the process was stopped
     assert clock.tick(147.0) == 146.0
     failures: list[FS3Error] = []
-    disk = threading.Event()
-    with ChunkEngine(tmp_path / "t", on_failure=failures.append) as eng:
-        _hang_writes(eng, disk)
-        stuck = threading.Thread(
-            target=lambda: eng.update(_cid(2), 0, b"x" * 4096, chunk_size=CHUNK, chain_ver=1, commit=True),
-            daemon=True,
-        )
-        stuck.start()
-        try:
-            deadline = time.monotonic() + 30
-            while eng.stalled_call() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-            now = time.monotonic() + 45  # the call began before a 45 s pause
-            assert eng.fail_if_stalled(30.0, now, since=now - 1) is None and eng.online
-            assert eng.fail_if_stalled(30.0, now + 31, since=now - 1) is not None  # stalled since
-            assert len(failures) == 1 and not eng.online
-        finally:
-            disk.set()
-            stuck.join(30)
+    with ChunkEngine(tmp_path / "t", on_failure=failures.append) as eng, _stuck_update(eng):
+        now = time.monotonic() + 45  # the call began before a 45 s pause
+        assert eng.fail_if_stalled(30.0, now, since=now - 1) is None and eng.online
+        assert eng.fail_if_stalled(30.0, now + 31, since=now - 1) is not None  # stalled since
+        assert len(failures) == 1 and not eng.online
 
 
 async def test_a_disk_that_hangs_is_taken_offline_and_the_nodes_other_disk_serves_on(tmp_path: Path) -> None:
