@@ -609,7 +609,7 @@ async def test_retired_connections_finish_their_calls_then_close(rpc_server: Rpc
         handlers.gate.set()
         assert (await blocked)[0].data == b"b"
         await poll(lambda: rpc_server.connection_count == 1, what="the busy retired connection to close")
-        assert not client._retiring
+        await poll(lambda: not client._retiring, what="the retirements to end")
 
 
 @pytest.mark.skipif(not socket.has_ipv6, reason="this host has no IPv6")
