@@ -88,15 +88,25 @@ from fs3 import daemon, metrics
 async def main():
     used = len(os.listdir("/proc/self/fd")) - 1
     resource.setrlimit(resource.RLIMIT_NOFILE, (used + 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    said = []
+    logging.getLogger("fs3.daemon").addHandler(logging.Handler())
+    logging.getLogger("fs3.daemon").handlers[-1].emit = lambda r: said.append(r.levelname)
+
+    async def until(level):
+        for _ in range(600):  # each check is 0.05 s apart: up to 30 s on a loaded machine
+            if level in said:
+                return
+            await asyncio.sleep(0.05)
+
     watching = asyncio.create_task(daemon.watch_open_files(0.05))
     await asyncio.sleep(0.3)
     print("OPENING", flush=True)
     files = [open(os.devnull) for _ in range(18)]
-    await asyncio.sleep(0.3)
+    await until("WARNING")
     print(generate_latest(metrics.registry()).decode(), flush=True)
     for f in files:
         f.close()
-    await asyncio.sleep(0.3)
+    await until("INFO")
     watching.cancel()
 
 asyncio.run(main())
