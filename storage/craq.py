@@ -729,25 +729,17 @@ class Replicator:
             log.error(
                 "parallel update failed here target_id=%d chunk=%s", t.target_id, cid.hex(), exc_info=error
             )
-        elif error.code == StatusCode.UNAVAILABLE:
+        why = FS3Error(
+            error.code if isinstance(error, FS3Error) else StatusCode.STORAGE_IO_ERROR,
+            f"could not store chunk {cid.hex()}, which its successor may hold: "
+            + (error.message if isinstance(error, FS3Error) else repr(error)),
+        )
+        if why.code == StatusCode.UNAVAILABLE:
             # a passing shortage (EMFILE...): the engine is sound, only this chunk may be behind
             # its successors; a resync brings it up to date without a restart
-            self.targets.rejoin(
-                t.target_id,
-                FS3Error(
-                    error.code,
-                    f"could not store chunk {cid.hex()}, which its successor may hold: {error.message}",
-                ),
-            )
-            return
-        self.targets.fail(
-            t.target_id,
-            FS3Error(
-                error.code if isinstance(error, FS3Error) else StatusCode.STORAGE_IO_ERROR,
-                f"could not store chunk {cid.hex()}, which its successor may hold: "
-                + (error.message if isinstance(error, FS3Error) else repr(error)),
-            ),
-        )
+            self.targets.rejoin(t.target_id, why)
+        else:
+            self.targets.fail(t.target_id, why)
 
     async def _drop_refused(self, t: LocalTarget, cid: bytes, version: int, error: FS3Error) -> None:
         """After a successor refused pending ``version`` to keep its free space: drop it here too.

@@ -105,7 +105,7 @@ class StorageDaemon:
         self.aio: AioReader | None = None
         self._usage: Periodic | None = None
         self._stalls: Periodic | None = None
-        self._stall_clock = StallClock(1.0)
+        self._stall_clock = StallClock(min(1.0, self.cfg.disk_stall_s / 4) if self.cfg.disk_stall_s else 1.0)
 
     async def start(self) -> None:
         try:
@@ -286,9 +286,7 @@ class StorageDaemon:
         self._usage.start()
         self._usage.wake()  # the first figures now, not one interval later
         if cfg.disk_stall_s:
-            interval = min(1.0, cfg.disk_stall_s / 4)
-            self._stall_clock = StallClock(interval)
-            self._stalls = Periodic("fs3-storage-stalls", self._stall_pass, interval)
+            self._stalls = Periodic("fs3-storage-stalls", self._stall_pass, self._stall_clock.interval_s)
             self._stalls.start()
         log.info(
             "storage serving node_id=%d port=%d targets=%s",
