@@ -557,16 +557,24 @@ async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_fo
         # no descriptor left for a new chunk file (its connections are open already)
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")), hard))
         again = []
-        try:
+
+        async def write_more() -> None:
             for i in range(2, 6):  # whole chunks from offset 0: stored and forwarded at once
                 model[i] = bytearray(os.urandom(CHUNK))
                 try:
                     await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
                 except FS3Error:  # anything else the head needed a descriptor for: written again
                     again.append(i)
+
+        writes = asyncio.create_task(write_more())
+        try:
             await c.wait_chains(lambda ch: head not in ch.serving, what="the head to leave its chain")
         finally:
+            # At once, not after the writes: once out, the target is SYNCING at the chain's tail,
+            # and a write forwarded to it waits (retried for the write's whole budget) while it
+            # cannot accept its predecessor's connection.
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+            await writes
         for i in again:
             await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
         routing = await c.wait_all_serving(90)
