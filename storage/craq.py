@@ -20,6 +20,13 @@ Invariants that make retries and failures safe:
   one that skips versions with STORAGE_CHUNK_VERSION_MISMATCH, upon which the predecessor sends
   the whole chunk instead.
 - Forwarding to a SYNCING successor always sends the whole chunk (it may lack the base version).
+  A SYNCING successor that keeps failing an update for ``SYNCING_FORWARD_GRACE_S`` (it cannot
+  accept connections, out of descriptors; a link down between the two) is left behind: the
+  update commits here as at the tail, and the resync of that successor, which this replica runs
+  (the last SERVING one), starts over instead of ending (``Replicator.forward_skips``). Else every
+  write of the chain waited ``forward_timeout_s`` on a replica that serves nothing yet. Never
+  after that resync has sent its SyncDone at this chain version: the successor may then become
+  SERVING with what it holds (``Replicator.sync_done``).
 - A replica takes itself for the tail (committing without forwarding) only while it holds the
   place the update found it in: a forwarded update is checked against the chain version again
   once it holds the chunk's lock, and a replica that mgmtd took out of the chain during a round
@@ -49,7 +56,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
 from fs3.background import cancel_and_wait
-from fs3.client.routing import RoutingCache
+from fs3.client.routing import ChainView, RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient
@@ -162,6 +169,49 @@ class Replicator:
         # (target, chunk) -> the repair a failed read started (see repair_soon)
         self._repairs: dict[tuple[int, bytes], asyncio.Task[None]] = {}
         self._repairs_stopped = False
+        # (chain, SYNCING successor) -> updates not forwarded to it (see SYNCING_FORWARD_GRACE_S),
+        # and the chain version at which its resync sent SyncDone (none skipped from then on)
+        self._skips: dict[tuple[int, int], int] = {}
+        self._sync_done: dict[tuple[int, int], int] = {}
+        self._skip_logged: dict[tuple[int, int], int] = {}  # chain version of the last warning
+
+    def forward_skips(self, chain_id: int, succ_id: int) -> int:
+        """How many updates this daemon did not forward to ``succ_id``, SYNCING in ``chain_id``,
+        so far: a resync of it that saw this number change has not copied everything."""
+        return self._skips.get((chain_id, succ_id), 0)
+
+    def sync_done(self, chain_id: int, succ_id: int, chain_version: int) -> None:
+        """The resync of ``succ_id`` is sending SyncDone at ``chain_version``: every update is
+        forwarded to it from now on (at that chain version), however long it takes."""
+        self._sync_done[(chain_id, succ_id)] = chain_version
+
+    def _skip_syncing(
+        self, t: LocalTarget, chain: ChainView, succ_id: int, cid: bytes, version: int, error: FS3Error
+    ) -> bool:
+        """Leave SYNCING ``succ_id`` behind for this update (see the module docstring) where that
+        is safe: ``t`` is the chain's last SERVING target, so the resync of ``succ_id`` is this
+        daemon's, and it has not sent SyncDone at this chain version."""
+        key = (chain.chain_id, succ_id)
+        if (
+            t.local_state != UPTODATE
+            or chain.state_of(t.target_id) != common_pb2.SERVING
+            or self._sync_done.get(key) == chain.version
+        ):
+            return False
+        self._skips[key] = self._skips.get(key, 0) + 1
+        log.log(
+            logging.DEBUG if self._skip_logged.get(key) == chain.version else logging.WARNING,
+            "update not forwarded to a SYNCING target, its resync starts over target_id=%d succ=%d "
+            "chunk=%s version=%d chain_version=%d error=%s",
+            t.target_id,
+            succ_id,
+            cid.hex(),
+            version,
+            chain.version,
+            error,
+        )
+        self._skip_logged[key] = chain.version
+        return True
 
     async def _run(self, t: LocalTarget, fn, *args):  # type: ignore[no-untyped-def]
         """``fn(*args)`` in the I/O threads of ``t`` (each target has its own: a disk that hangs
@@ -830,7 +880,8 @@ class Replicator:
         it. ``meta`` (the local metadata, when known) checks the successor's checksum. ``serving``:
         whether ``t`` was SERVING when the round began (see :meth:`_check_round`). ``settle``: the
         version finishes a pending one, which no successor refuses for space."""
-        deadline = time.monotonic() + self.forward_timeout_s
+        started = time.monotonic()
+        deadline = started + self.forward_timeout_s
         no_room_until: float | None = None  # see NO_SPACE_RETRY_S
         backoff = 0.02
         whole: tuple[bytes, int] | None = None
@@ -922,7 +973,14 @@ class Replicator:
                             f"forwarding chunk {cid.hex()} v{version} of chain {chain_id}: target "
                             f"{succ.target_id} has no space: {e.message}",
                         ) from None
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                if (
+                    syncing
+                    and now - started >= SYNCING_FORWARD_GRACE_S
+                    and self._skip_syncing(t, chain, succ.target_id, cid, version, e)
+                ):
+                    return None  # committed here as at the tail; the successor's resync starts over
+                remaining = deadline - now
                 if remaining <= 0:
                     raise FS3Error(
                         StatusCode.UNAVAILABLE,
@@ -1349,6 +1407,10 @@ _NO_ROOM = frozenset({StatusCode.STORAGE_SPACE_KEPT, StatusCode.STORAGE_NO_SPACE
 #: retried for the whole forward timeout, the client's own deadline (as long) ran out first and
 #: its write failed after a minute with ETIMEDOUT
 NO_SPACE_RETRY_S = 2.0
+#: how long a replica retries forwarding an update to a SYNCING successor before it leaves that
+#: successor behind (see the module docstring): long enough for a restarting connection or a
+#: routing change to pass, short against the writes of the whole chain waiting meanwhile
+SYNCING_FORWARD_GRACE_S = 2.0
 
 
 def _check_room(t: LocalTarget, op: Op) -> None:

@@ -12,7 +12,9 @@ The last SERVING target of a chain whose successor is SYNCING runs one sync task
 
 Client writes keep flowing meanwhile: the chain forwards them to the SYNCING target as
 whole-chunk replaces (:mod:`fs3.storage.craq`), and the per-chunk lock orders each of them against
-the sync's copy of that chunk, so whichever comes last carries the newest content.
+the sync's copy of that chunk, so whichever comes last carries the newest content. An update the
+SYNCING target kept failing is committed without it (``craq.SYNCING_FORWARD_GRACE_S``): the sync
+running then ends without SyncDone, and the next one compares again, finding that chunk.
 
 That holds only while the chain stays as it was at ``SyncStart``: a successor that went OFFLINE
 meanwhile (and came back SYNCING) missed the writes committed while it was out, which the list of
@@ -230,6 +232,7 @@ class ResyncWorker:
         """One sync of ``succ_id`` from ``t`` at chain version ``version``: (chunks compared,
         sent, removed, lost)."""
         rep = self.replicator
+        skips = rep.forward_skips(t.chain_id, succ_id)
         address = node_address(self.targets.routing, succ_id, backend=True)
         log.info(
             "resync start chain_id=%d from=%d to=%d chain_version=%d",
@@ -268,7 +271,7 @@ class ResyncWorker:
         self.m_total.labels(label).set(total)
         self.m_done.labels(label).set(total - len(todo))
         try:
-            counts = await self._copy_all(t, succ_id, version, todo, label)
+            counts = await self._copy_all(t, succ_id, version, todo, label, skips)
         except BaseException:
             # no resync of it runs now: the dashboards' chunks left must not stay at this run's
             # (a finished run's stay: nothing left)
@@ -279,10 +282,11 @@ class ResyncWorker:
         return total, counts["sent"], counts["removed"], counts["lost"]
 
     async def _copy_all(
-        self, t: LocalTarget, succ_id: int, version: int, todo: list[bytes], label: str
+        self, t: LocalTarget, succ_id: int, version: int, todo: list[bytes], label: str, skips: int
     ) -> dict[str, int]:
         """Copy the chunks ``todo`` to the successor and end its sync: how many were sent,
-        removed and lost."""
+        removed and lost. ``skips``: the successor's count of updates not forwarded to it when
+        the sync started (``Replicator.forward_skips``): one more since, and it ends unfinished."""
         rep = self.replicator
         counts = {"sent": 0, "removed": 0, "lost": 0}
         pending = iter(todo)
@@ -302,6 +306,16 @@ class ResyncWorker:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
         self._check_chain(t, succ_id, version)
+        if rep.forward_skips(t.chain_id, succ_id) != skips:
+            # an update this sync may have compared the chunk of before it was written here did
+            # not reach the successor: comparing again (the next run) finds it
+            raise FS3Error(
+                StatusCode.STORAGE_ROUTING_STALE,
+                f"updates of chain {t.chain_id} were not forwarded to target {succ_id} during its "
+                "resync (it failed them): starting over",
+            )
+        # from here on (no await between the check above and this), every update waits for it
+        rep.sync_done(t.chain_id, succ_id, version)
         await rep.rpc.call(
             node_address(self.targets.routing, succ_id, backend=True),
             STORAGE_SERVICE["SyncDone"],

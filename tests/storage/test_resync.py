@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from chain_workload import CHUNK, PinnedClient, verify
-from cluster import Cluster, wait_until
+from cluster import Cluster, Proc, wait_until
 from prometheus_client import CollectorRegistry
 
 from fs3.client.routing import Routing
-from fs3.client.storage_client import crc32c
+from fs3.client.storage_client import RetryPolicy, StorageClient, crc32c
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2, mgmtd_pb2, storage_pb2
 from fs3.storage import craq, resync
@@ -532,6 +533,26 @@ async def test_scrub_finds_and_repairs_damaged_copies_nobody_reads(tmp_path) -> 
             assert await stop_and_read_chunks(c, target) == {i: bytes(d) for i, d in model.items()}
 
 
+async def head_short_of_descriptors(
+    c: Cluster, client: StorageClient, chain_id: int
+) -> tuple[dict[int, bytearray], int, Proc, Callable[[], None]]:
+    """Two chunks written, then the head's daemon left with no descriptor for a new chunk file or
+    connection (its connections along the chain are open already): the model, the head, its
+    daemon, and what gives the daemon its limit back."""
+    import resource
+
+    model = await write_chunks(client, chain_id, 2, CHUNK // 2)
+    # writes at once: every pooled connection along the chain is open before the limit
+    await asyncio.gather(*(client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK) for i in (0, 1) * 4))
+    head = (await c.routing()).chain(chain_id).targets[0].target_id
+    proc = c.node_of_target(head).proc
+    assert proc is not None and proc.popen is not None
+    pid = proc.popen.pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")), hard))
+    return model, head, proc, lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+
+
 async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_for_good(
     tmp_path: Path,
 ) -> None:
@@ -539,23 +560,10 @@ async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_fo
     storage daemon at its open-files limit) took the head's target offline until its daemon was
     restarted, though the engine was sound. The target now leaves its chain, is resynced from its
     predecessor, and serves again with nothing restarted; no replica serves a stale chunk."""
-    import resource
-
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
-        model = await write_chunks(client, chain_id, 2, CHUNK // 2)
-        # writes at once: every pooled connection along the chain is open before the limit
-        await asyncio.gather(
-            *(client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK) for i in (0, 1) * 4)
-        )
-        head = (await c.routing()).chain(chain_id).targets[0].target_id
-        proc = c.node_of_target(head).proc
-        assert proc is not None and proc.popen is not None
-        pid = proc.popen.pid
-        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-        # no descriptor left for a new chunk file (its connections are open already)
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")), hard))
+        model, head, proc, restore = await head_short_of_descriptors(c, client, chain_id)
         again = []
 
         async def write_more() -> None:
@@ -573,11 +581,47 @@ async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_fo
             # At once, not after the writes: once out, the target is SYNCING at the chain's tail,
             # and a write forwarded to it waits (retried for the write's whole budget) while it
             # cannot accept its predecessor's connection.
-            resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+            restore()
             await writes
         for i in again:
             await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
         routing = await c.wait_all_serving(90)
         assert head in routing.chain(chain_id).serving
         assert proc.popen.poll() is None  # the same process: nothing was restarted
+        await verify(c, client, chain_id, INODE, model)
+
+
+async def test_a_syncing_target_that_cannot_take_writes_does_not_hold_up_its_chain(tmp_path: Path) -> None:
+    """A target out of its chain to be resynced (SYNCING, at the tail) whose daemon could not
+    accept its predecessor's connection (out of descriptors) held up every write of its chain: the
+    predecessor retried each for forward_timeout_s (20 s here, 30 s by default), and the client's
+    deadline ran out. The predecessor now leaves it behind after SYNCING_FORWARD_GRACE_S, and the
+    resync of it starts over; once it has descriptors again it is resynced, writes included."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client(retry=RetryPolicy(total_s=15.0, rpc_timeout_s=10.0))
+        chain_id = c.chain_ids[0]
+        model, head, proc, restore = await head_short_of_descriptors(c, client, chain_id)
+        again = []
+        try:
+            model[2] = bytearray(os.urandom(CHUNK))  # fails at the head: it leaves its chain
+            try:
+                await client.write(chain_id, INODE, 2, 0, bytes(model[2]), CHUNK)
+            except FS3Error:
+                again.append(2)
+            await c.wait_chains(
+                lambda ch: ch.state_of(head) == SYNCING, what="the old head to be SYNCING at the tail"
+            )
+            for i in range(3, 7):
+                model[i] = bytearray(os.urandom(CHUNK))
+                await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
+                model[i][:4096] = os.urandom(4096)  # and a partial write, which the tail applies
+                await client.write(chain_id, INODE, i, 0, bytes(model[i][:4096]), CHUNK)
+            assert (await c.routing()).chain(chain_id).state_of(head) == SYNCING  # not resynced yet
+        finally:
+            restore()
+        for i in again:
+            await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
+        routing = await c.wait_all_serving(90)
+        assert head in routing.chain(chain_id).serving
+        assert proc.popen is not None and proc.popen.poll() is None
         await verify(c, client, chain_id, INODE, model)
