@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -533,24 +533,37 @@ async def test_scrub_finds_and_repairs_damaged_copies_nobody_reads(tmp_path) -> 
             assert await stop_and_read_chunks(c, target) == {i: bytes(d) for i, d in model.items()}
 
 
+class DescriptorLimit:
+    """The open-files limit of a daemon's process: ``clamp`` leaves it no descriptor for a new
+    file or connection, ``restore`` gives it its own back."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.soft, self.hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+
+    def clamp(self) -> None:
+        used = len(os.listdir(f"/proc/{self.pid}/fd"))
+        resource.prlimit(self.pid, resource.RLIMIT_NOFILE, (used, self.hard))
+
+    def restore(self) -> None:
+        resource.prlimit(self.pid, resource.RLIMIT_NOFILE, (self.soft, self.hard))
+
+
 async def head_short_of_descriptors(
     c: Cluster, client: StorageClient, chain_id: int
-) -> tuple[dict[int, bytearray], int, Proc, Callable[[], None]]:
+) -> tuple[dict[int, bytearray], int, Proc, DescriptorLimit]:
     """Two chunks written, then the head's daemon left with no descriptor for a new chunk file or
     connection (its connections along the chain are open already): the model, the head, its
-    daemon, and what gives the daemon its limit back."""
-    import resource
-
+    daemon, and its limit (clamped)."""
     model = await write_chunks(client, chain_id, 2, CHUNK // 2)
     # writes at once: every pooled connection along the chain is open before the limit
     await asyncio.gather(*(client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK) for i in (0, 1) * 4))
     head = (await c.routing()).chain(chain_id).targets[0].target_id
     proc = c.node_of_target(head).proc
     assert proc is not None and proc.popen is not None
-    pid = proc.popen.pid
-    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{pid}/fd")), hard))
-    return model, head, proc, lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    limit = DescriptorLimit(proc.popen.pid)
+    limit.clamp()
+    return model, head, proc, limit
 
 
 async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_for_good(
@@ -563,7 +576,7 @@ async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_fo
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
-        model, head, proc, restore = await head_short_of_descriptors(c, client, chain_id)
+        model, head, proc, limit = await head_short_of_descriptors(c, client, chain_id)
         again = []
 
         async def write_more() -> None:
@@ -581,7 +594,7 @@ async def test_a_head_short_of_file_descriptors_is_resynced_instead_of_failed_fo
             # At once, not after the writes: once out, the target is SYNCING at the chain's tail,
             # and a write forwarded to it waits (retried for the write's whole budget) while it
             # cannot accept its predecessor's connection.
-            restore()
+            limit.restore()
             await writes
         for i in again:
             await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
@@ -600,7 +613,7 @@ async def test_a_syncing_target_that_cannot_take_writes_does_not_hold_up_its_cha
     async with Cluster(tmp_path / "c") as c:
         client = await c.storage_client(retry=RetryPolicy(total_s=15.0, rpc_timeout_s=10.0))
         chain_id = c.chain_ids[0]
-        model, head, proc, restore = await head_short_of_descriptors(c, client, chain_id)
+        model, head, proc, limit = await head_short_of_descriptors(c, client, chain_id)
         again = []
         try:
             model[2] = bytearray(os.urandom(CHUNK))  # fails at the head: it leaves its chain
@@ -611,14 +624,20 @@ async def test_a_syncing_target_that_cannot_take_writes_does_not_hold_up_its_cha
             await c.wait_chains(
                 lambda ch: ch.state_of(head) == SYNCING, what="the old head to be SYNCING at the tail"
             )
-            for i in range(3, 7):
+            # its predecessor knows it (and tries to resync it): it forwards the writes below to it
+            await wait_until(
+                lambda: f"to={head} chain_version" in c.logs(tail=1 << 30), what="a resync of the old head"
+            )
+            limit.clamp()  # again: descriptors it closed since are not for its predecessor either
+            for i in range(3, 5):
                 model[i] = bytearray(os.urandom(CHUNK))
                 await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
                 model[i][:4096] = os.urandom(4096)  # and a partial write, which the tail applies
                 await client.write(chain_id, INODE, i, 0, bytes(model[i][:4096]), CHUNK)
             assert (await c.routing()).chain(chain_id).state_of(head) == SYNCING  # not resynced yet
         finally:
-            restore()
+            limit.restore()
+        assert "update not forwarded to a SYNCING target" in c.logs(tail=1 << 30)
         for i in again:
             await client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK)
         routing = await c.wait_all_serving(90)
