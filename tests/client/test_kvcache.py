@@ -164,21 +164,21 @@ async def _race_storage_reads(
 ) -> list[bool]:
     """Make ``reader``'s next storage read run ``action`` first, then wait until meta has collected
     the chunks that read asked for: the reader has looked an entry up, and it is gone."""
-    real = reader.storage.batch_read
+    real = reader.storage.batch_read_into
     raced: list[bool] = []
 
-    async def read_after(ios: Any) -> list[bytes]:
+    async def read_after(ios: Any, buffers: Any) -> list[int]:
         if not raced:
             raced.append(True)
             await action()
 
             async def collected() -> bool:
-                return not any(await real(ios))
+                return not any(await reader.storage.batch_read(ios))
 
             await wait_until(collected, 30, "the removed entry's chunks collected")
-        return await real(ios)
+        return await real(ios, buffers)
 
-    monkeypatch.setattr(reader.storage, "batch_read", read_after)
+    monkeypatch.setattr(reader.storage, "batch_read_into", read_after)
     return raced
 
 
