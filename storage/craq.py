@@ -190,12 +190,17 @@ class Replicator:
     ) -> bool:
         """Leave SYNCING ``succ_id`` behind for this update (see the module docstring) where that
         is safe: ``t`` is the chain's last SERVING target, so the resync of ``succ_id`` is this
-        daemon's, and it has not sent SyncDone at this chain version."""
+        daemon's; it has not sent SyncDone at this chain version; and mgmtd last heard the
+        successor report ONLINE (not UPTODATE, which mgmtd makes SERVING: a SyncDone at an
+        earlier version, the chain changed by an admin command since)."""
         key = (chain.chain_id, succ_id)
+        info = self.targets.routing.targets.get(succ_id)
         if (
             t.local_state != UPTODATE
             or chain.state_of(t.target_id) != common_pb2.SERVING
             or self._sync_done.get(key) == chain.version
+            or info is None
+            or info.local_state != common_pb2.ONLINE
         ):
             return False
         self._skips[key] = self._skips.get(key, 0) + 1
@@ -880,8 +885,9 @@ class Replicator:
         it. ``meta`` (the local metadata, when known) checks the successor's checksum. ``serving``:
         whether ``t`` was SERVING when the round began (see :meth:`_check_round`). ``settle``: the
         version finishes a pending one, which no successor refuses for space."""
-        started = time.monotonic()
-        deadline = started + self.forward_timeout_s
+        deadline = time.monotonic() + self.forward_timeout_s
+        # (SYNCING successor, when the first of its failed tries began): the grace it gets
+        failing: tuple[int, float] | None = None
         no_room_until: float | None = None  # see NO_SPACE_RETRY_S
         backoff = 0.02
         whole: tuple[bytes, int] | None = None
@@ -929,9 +935,10 @@ class Replicator:
             else:
                 io.type = op.type
                 io.length = op.length
+            tried = time.monotonic()
             try:
                 address = node_address(routing, succ.target_id, backend=True)
-                remaining = deadline - time.monotonic()
+                remaining = deadline - tried
                 rsp, _ = await self.rpc.call(
                     address,
                     STORAGE_SERVICE["Update"],
@@ -974,9 +981,12 @@ class Replicator:
                             f"{succ.target_id} has no space: {e.message}",
                         ) from None
                 now = time.monotonic()
+                if syncing and (failing is None or failing[0] != succ.target_id):
+                    failing = (succ.target_id, tried)
                 if (
                     syncing
-                    and now - started >= SYNCING_FORWARD_GRACE_S
+                    and failing is not None
+                    and now - failing[1] >= SYNCING_FORWARD_GRACE_S
                     and self._skip_syncing(t, chain, succ.target_id, cid, version, e)
                 ):
                     return None  # committed here as at the tail; the successor's resync starts over

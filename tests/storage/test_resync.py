@@ -40,13 +40,14 @@ SERVING, SYNCING, OFFLINE = common_pb2.SERVING, common_pb2.SYNCING, common_pb2.O
 INODE = 61
 
 
-def routing(version: int, succ_state: int) -> Routing:
-    """Chain 1 at ``version``: target 1 SERVING (node 1), then target 2 (node 2) in ``succ_state``."""
+def routing(version: int, succ_state: int, succ_local: int = ONLINE) -> Routing:
+    """Chain 1 at ``version``: target 1 SERVING (node 1), then target 2 (node 2) in ``succ_state``,
+    last heard reporting ``succ_local``."""
     info = mgmtd_pb2.RoutingInfo(version=version)
     chain = info.chains.add(chain_id=1, version=version)
-    for tid, state in ((1, SERVING), (2, succ_state)):
+    for tid, state, local in ((1, SERVING, UPTODATE), (2, succ_state, succ_local)):
         chain.targets.add(target_id=tid, public_state=state)
-        info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=state)
+        info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=state, local_state=local)
         node = info.nodes.add(node_id=tid, type=common_pb2.NODE_STORAGE)
         node.endpoints.add(host="127.0.0.1", port=9000 + tid, transport="tcp")
     return Routing(info)
@@ -92,6 +93,52 @@ async def predecessor(tmp_path: Path):
     finally:
         await engine.close()
         executor.shutdown()
+
+
+async def test_a_syncing_successor_is_left_behind_only_where_mgmtd_cannot_make_it_serving(
+    predecessor,
+) -> None:
+    """An update a SYNCING successor kept failing commits without it (craq.SYNCING_FORWARD_GRACE_S)
+    only while that cannot reach a SERVING replica: not once its resync sent SyncDone at this
+    chain version, nor while mgmtd has it reporting UPTODATE (mgmtd makes it SERVING on that)."""
+    worker, t, _ = predecessor
+    rep = worker.replicator
+    why = FS3Error(StatusCode.RPC_CONNECTION_CLOSED, "connection closed")
+
+    def left_behind(version: int, succ_local: int) -> bool:
+        worker.targets.apply_routing(routing(version, SYNCING, succ_local))
+        return rep._skip_syncing(t, worker.targets.chain(1), 2, chunk_id(INODE, 0), 2, why)
+
+    assert left_behind(1, ONLINE)
+    assert rep.forward_skips(1, 2) == 1
+    assert not left_behind(1, UPTODATE)  # a SyncDone at an older chain version, say
+    rep.sync_done(1, 2, 1)
+    assert not left_behind(1, ONLINE)
+    assert left_behind(2, ONLINE)  # out and back since: resynced anew
+    assert rep.forward_skips(1, 2) == 2
+    worker.targets.apply_routing(routing(3, SYNCING, ONLINE))
+    t.local_state = ONLINE  # not up to date itself: not the one resyncing the successor
+    assert not rep._skip_syncing(t, worker.targets.chain(1), 2, chunk_id(INODE, 0), 2, why)
+
+
+async def test_a_sync_during_which_an_update_was_left_behind_ends_without_sync_done(predecessor) -> None:
+    worker, t, rpc = predecessor
+    rep = worker.replicator
+    dump = rpc.call
+
+    async def call(address, method, req, **kw):  # type: ignore[no-untyped-def]
+        if method.name == "DumpChunkMeta":  # an update left behind while the sync runs
+            assert rep._skip_syncing(t, worker.targets.chain(1), 2, chunk_id(INODE, 5), 1, FS3Error(0, ""))
+        return await dump(address, method, req, **kw)
+
+    rpc.call = call  # type: ignore[method-assign]
+    with pytest.raises(FS3Error) as e:
+        await worker._sync_once(t, 2, 1, "2")
+    assert e.value.code == StatusCode.STORAGE_ROUTING_STALE and "starting over" in e.value.message
+    assert "SyncDone" not in rpc.names()
+    rpc.call = dump  # type: ignore[method-assign]
+    await worker._sync_once(t, 2, 1, "2")  # nothing left behind during this one
+    assert rpc.names()[-1] == "SyncDone"
 
 
 async def test_a_sync_sends_what_the_successor_lacks_then_sync_done(predecessor) -> None:
