@@ -462,9 +462,10 @@ class Replicator:
     # -- forwarded updates (successors) -----------------------------------------------------------
 
     async def chain_update(
-        self, req: storage_pb2.UpdateReq, payload: memoryview | None
+        self, req: storage_pb2.UpdateReq, payload: memoryview | None, deadline: float | None = None
     ) -> storage_pb2.IOResult:
-        """An update forwarded by the predecessor (or sent by resync)."""
+        """An update forwarded by the predecessor (or sent by resync); ``deadline`` (event loop
+        time), the predecessor's, past which it has given up on this try."""
         io = req.io
         key = io.key
         t = self.targets.target(req.target_id) if req.target_id else self.targets.of_chain(key.chain_id)
@@ -480,7 +481,7 @@ class Replicator:
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
         cid = chunk_id(key.inode_id, key.chunk_index)
-        return await self._chain_update_locked(t, req, op, cid)
+        return await self._chain_update_locked(t, req, op, cid, deadline)
 
     @contextlib.contextmanager
     def _room_to_sync(self, t: LocalTarget) -> Iterator[None]:
@@ -522,7 +523,7 @@ class Replicator:
         )
 
     async def _chain_update_locked(
-        self, t: LocalTarget, req: storage_pb2.UpdateReq, op: Op, cid: bytes
+        self, t: LocalTarget, req: storage_pb2.UpdateReq, op: Op, cid: bytes, deadline: float | None
     ) -> storage_pb2.IOResult:
         """:meth:`chain_update` under the chunk's lock."""
         io = req.io
@@ -533,6 +534,11 @@ class Replicator:
             # first try, say) while mgmtd took this target out of its place, where it would find no
             # successor and commit as the tail what no replica after its old place holds.
             self._check_still_replica(t, key.chain_id, key.chain_version)
+            if req.syncing and not req.commit:
+                # A chain write to this SYNCING target that waited past its predecessor's try:
+                # that predecessor may have gone on without it (SYNCING_FORWARD_GRACE_S), and later
+                # updates of the chunk (a removal) may reach it before this one would be applied.
+                _check_deadline(deadline)
             if req.syncing and req.commit:
                 # resync: the predecessor's committed chunk, installed as committed at once; only
                 # a SYNCING target may be overwritten like that

@@ -32,12 +32,14 @@ ALL_SERVING = [(1, SERVING), (2, SERVING), (3, SERVING)]
 
 
 def routing(version: int, order: list[tuple[int, int]], port_base: int = 9000) -> Routing:
-    """Chain 1 at ``version`` with ``order``'s targets (target n on node n, at port_base + n)."""
+    """Chain 1 at ``version`` with ``order``'s targets (target n on node n, at port_base + n), each
+    last heard reporting what its public state implies (UPTODATE where SERVING, else ONLINE)."""
     info = mgmtd_pb2.RoutingInfo(version=version)
     chain = info.chains.add(chain_id=1, version=version)
     for tid, state in order:
         chain.targets.add(target_id=tid, public_state=state)
-        info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=state)
+        local = common_pb2.UPTODATE if state == common_pb2.SERVING else common_pb2.ONLINE
+        info.targets.add(target_id=tid, node_id=tid, chain_id=1, public_state=state, local_state=local)
         node = info.nodes.add(node_id=tid, type=common_pb2.NODE_STORAGE)
         node.endpoints.add(host="127.0.0.1", port=port_base + tid, transport="tcp")
     return Routing(info)

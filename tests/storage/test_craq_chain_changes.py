@@ -37,6 +37,7 @@ from replica_harness import (
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.proto import storage_pb2
+from fs3.storage import craq
 from fs3.storage.chain_ops import check_same, chunk_id
 from fs3.storage.target_map import OFFLINE as LOCAL_OFFLINE
 
@@ -152,6 +153,49 @@ async def test_a_replica_whose_successor_leaves_during_the_forward_commits_as_th
     assert r.committed_version == 1
     assert d.engine.get_meta(CID).committed_ver == 1
     assert len(d.chain.updates) == 1
+
+
+async def test_a_syncing_successor_failing_a_forward_is_left_behind_after_a_grace(
+    daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last SERVING replica commits an update its SYNCING successor kept failing (out of
+    descriptors, say) after craq.SYNCING_FORWARD_GRACE_S, rather than for forward_timeout_s;
+    the count it keeps makes the successor's resync start over. A SERVING successor is retried."""
+    monkeypatch.setattr(craq, "SYNCING_FORWARD_GRACE_S", 0.2)
+    d = await daemon(2, [(1, SERVING), (2, SERVING), (3, SYNCING)])
+    d.rep.forward_timeout_s = 30.0
+
+    async def closed(req: storage_pb2.UpdateReq) -> None:
+        raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, "connection to target 3 closed")
+
+    d.chain.on_update = closed
+    r = await asyncio.wait_for(d.rep.chain_update(forwarded(b"z" * 10), memoryview(b"z" * 10)), 10)
+    assert r.committed_version == 1 and d.engine.get_meta(CID).committed_ver == 1
+    assert len(d.chain.updates) > 1 and all(u.syncing for u in d.chain.updates)  # retried first
+    assert d.rep.forward_skips(1, 3) == 1
+
+    d.targets.apply_routing(routing(2, [(1, SERVING), (2, SERVING), (3, SERVING)]))
+    d.rep.forward_timeout_s = 1.0
+    req = forwarded(b"w" * 10)
+    req.io.key.chain_version, req.io.update_version = 2, 2
+    with pytest.raises(FS3Error) as e:
+        await d.rep.chain_update(req, memoryview(b"w" * 10))
+    assert e.value.code == StatusCode.UNAVAILABLE
+    assert d.rep.forward_skips(1, 3) == 1
+
+
+async def test_a_forward_to_a_syncing_target_past_its_deadline_changes_nothing(daemon) -> None:
+    """Its predecessor gave up on that try, and may have gone on without this target; a removal
+    of the chunk it forwards later could otherwise be overtaken by this write."""
+    d = await daemon(2, [(1, SERVING), (2, SYNCING)])
+    req = forwarded(b"y" * 50, target_id=2, syncing=True)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(FS3Error) as e:
+        await d.rep.chain_update(req, memoryview(b"y" * 50), loop.time() - 0.001)
+    assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+    assert d.engine.get_meta(CID) is None
+    r = await d.rep.chain_update(req, memoryview(b"y" * 50), loop.time() + 10)
+    assert (r.committed_version, r.length) == (1, 50)
 
 
 # -- a replica taken out of the chain during its round ---------------------------------------------
