@@ -462,10 +462,15 @@ class Replicator:
     # -- forwarded updates (successors) -----------------------------------------------------------
 
     async def chain_update(
-        self, req: storage_pb2.UpdateReq, payload: memoryview | None, deadline: float | None = None
+        self,
+        req: storage_pb2.UpdateReq,
+        payload: memoryview | None,
+        deadline: float | None = None,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> storage_pb2.IOResult:
         """An update forwarded by the predecessor (or sent by resync); ``deadline`` (event loop
-        time), the predecessor's, past which it has given up on this try."""
+        time), the predecessor's, past which it has given up on this try, as it has once
+        ``caller_gone`` (its connection ended)."""
         io = req.io
         key = io.key
         t = self.targets.target(req.target_id) if req.target_id else self.targets.of_chain(key.chain_id)
@@ -481,7 +486,7 @@ class Replicator:
         if io.update_version < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, "forwarded update without an update version")
         cid = chunk_id(key.inode_id, key.chunk_index)
-        return await self._chain_update_locked(t, req, op, cid, deadline)
+        return await self._chain_update_locked(t, req, op, cid, deadline, caller_gone)
 
     @contextlib.contextmanager
     def _room_to_sync(self, t: LocalTarget) -> Iterator[None]:
@@ -523,7 +528,13 @@ class Replicator:
         )
 
     async def _chain_update_locked(
-        self, t: LocalTarget, req: storage_pb2.UpdateReq, op: Op, cid: bytes, deadline: float | None
+        self,
+        t: LocalTarget,
+        req: storage_pb2.UpdateReq,
+        op: Op,
+        cid: bytes,
+        deadline: float | None,
+        caller_gone: Callable[[], bool] | None,
     ) -> storage_pb2.IOResult:
         """:meth:`chain_update` under the chunk's lock."""
         io = req.io
@@ -539,6 +550,11 @@ class Replicator:
                 # that predecessor may have gone on without it (SYNCING_FORWARD_GRACE_S), and later
                 # updates of the chunk (a removal) may reach it before this one would be applied.
                 _check_deadline(deadline)
+                if caller_gone is not None and caller_gone():
+                    raise FS3Error(
+                        StatusCode.RPC_CONNECTION_CLOSED,
+                        "the predecessor's connection closed before this update was applied: not applied",
+                    )
             if req.syncing and req.commit:
                 # resync: the predecessor's committed chunk, installed as committed at once; only
                 # a SYNCING target may be overwritten like that

@@ -198,7 +198,7 @@ class StorageService:
     ) -> storage_pb2.IOResult:
         if ctx.user is not None:
             raise self._members_only("Update")
-        return await self._timed("Update", self.rep.chain_update(request, payload, ctx.deadline))
+        return await self._timed("Update", self.rep.chain_update(request, payload, ctx.deadline, ctx.closed))
 
     @inline  # a small read of a chunk with no update in flight never waits (craq.INLINE_READ_BYTES)
     async def batch_read(

@@ -189,6 +189,7 @@ class _ServerSession(FrameReceiver):
         # a user connection's user (mgmtd_pb2.User) and token; None and "" for a cluster member
         self.user: Any = None
         self.token = ""
+        self.lost = False  # the connection ended (CallContext.closed)
         self._verifying: asyncio.Task[None] | None = None
         self._recheck_at = 0.0  # when a user connection's token is next asked about (loop time)
         self.ready = False
@@ -267,7 +268,11 @@ class _ServerSession(FrameReceiver):
             # request id 0: the connection itself is going away, so the client stops using it now
             self._send_error(0, error.code, error.message)
 
+    def _is_lost(self) -> bool:
+        return self.lost
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
         if self._verifying is not None:
             self._verifying.cancel()
             self._verifying = None
@@ -525,7 +530,9 @@ class _ServerSession(FrameReceiver):
             self._release(payload)
             return
         deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
-        ctx = CallContext(self.conn.peer, self.identity, request_id, method, deadline, self.user, self.token)
+        ctx = CallContext(
+            self.conn.peer, self.identity, request_id, method, deadline, self.user, self.token, self._is_lost
+        )
         try:
             coro = handler(request, payload, ctx)
         except Exception as exc:  # a handler that is not a coroutine function after all

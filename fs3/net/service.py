@@ -98,7 +98,9 @@ class CallContext:
     time (``loop.time()`` clock) after which the caller no longer waits, or None. ``user`` is None
     for a peer that proved the cluster secret (a cluster member: a service, a trusted mount), and
     for a *user connection* (a client that authenticated with a user token, ``token``) the
-    ``mgmtd_pb2.User`` the token belongs to: its calls may act only as that user.
+    ``mgmtd_pb2.User`` the token belongs to: its calls may act only as that user. ``closed`` says
+    whether the caller's connection has ended (the caller can no longer have the reply, and may
+    have gone on without it).
     """
 
     peer: str
@@ -108,6 +110,7 @@ class CallContext:
     deadline: float | None
     user: Any = None
     token: str = ""
+    closed: Callable[[], bool] = lambda: False
 
     def remaining(self, now: float) -> float | None:
         """Seconds left before the caller's deadline, given ``now`` = ``loop.time()``."""

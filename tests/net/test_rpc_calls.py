@@ -216,6 +216,26 @@ async def test_deadlines_of_different_lengths_expire_in_order(
     assert e.value.code == StatusCode.DEADLINE_EXCEEDED
 
 
+async def test_a_handler_sees_that_its_callers_connection_closed(
+    rpc_server: RpcServer, rpc_client: RpcClient
+) -> None:
+    """``CallContext.closed``: a handler that waited (a storage daemon's forwarded update, for the
+    chunk's lock) can tell that its caller can no longer have the reply, and may have gone on."""
+    handlers = rpc_server.handlers  # type: ignore[attr-defined]
+    task = asyncio.ensure_future(
+        rpc_client.call(rpc_server.address, TEST_SERVICE["Block"], rpc_pb2.EchoRequest(), timeout=10)
+    )
+    await poll(lambda: handlers.blocked == 1, what="the call to reach the handler")
+    ctx = handlers.contexts[-1]
+    assert not ctx.closed()
+    await rpc_client.close()
+    with pytest.raises(FS3Error):
+        await task
+    await poll(ctx.closed, what="the handler to see the connection closed")
+    handlers.gate.set()
+    await poll(lambda: handlers.finished == 1, what="the handler to finish")
+
+
 @pytest.mark.parametrize("handler", ["Block", "InlineBlock"])
 async def test_cancelled_call_leaves_the_connection_usable(
     rpc_server: RpcServer, rpc_client: RpcClient, handler: str

@@ -184,7 +184,7 @@ async def test_a_syncing_successor_failing_a_forward_is_left_behind_after_a_grac
     assert d.rep.forward_skips(1, 3) == 1
 
 
-async def test_a_forward_to_a_syncing_target_past_its_deadline_changes_nothing(daemon) -> None:
+async def test_a_forward_to_a_syncing_target_given_up_on_changes_nothing(daemon) -> None:
     """Its predecessor gave up on that try, and may have gone on without this target; a removal
     of the chunk it forwards later could otherwise be overtaken by this write."""
     d = await daemon(2, [(1, SERVING), (2, SYNCING)])
@@ -194,7 +194,11 @@ async def test_a_forward_to_a_syncing_target_past_its_deadline_changes_nothing(d
         await d.rep.chain_update(req, memoryview(b"y" * 50), loop.time() - 0.001)
     assert e.value.code == StatusCode.DEADLINE_EXCEEDED
     assert d.engine.get_meta(CID) is None
-    r = await d.rep.chain_update(req, memoryview(b"y" * 50), loop.time() + 10)
+    with pytest.raises(FS3Error) as e:  # its connection closed: given up as well
+        await d.rep.chain_update(req, memoryview(b"y" * 50), loop.time() + 10, lambda: True)
+    assert e.value.code == StatusCode.RPC_CONNECTION_CLOSED
+    assert d.engine.get_meta(CID) is None
+    r = await d.rep.chain_update(req, memoryview(b"y" * 50), loop.time() + 10, lambda: False)
     assert (r.committed_version, r.length) == (1, 50)
 
 
