@@ -8,7 +8,10 @@ for the whole round, so updates of one chunk are serialized and updates of diffe
 parallel. A write of a chunk's whole content (from offset 0, at least as long as the committed
 version) is stored locally and forwarded at the same time, on the head and the middle replicas
 alike: with no base to read, only the disk can fail it locally, and a replica whose disk fails it
-after the successor may have taken it goes offline (see ``Replicator._update_parallel``).
+after the successor may have taken it goes offline (see ``Replicator._update_parallel``). A
+replica whose process is out of file descriptors (EMFILE) for an update it applies in turn leaves
+its chain too, to be resynced (``Replicator._apply``): until descriptors are back it could apply
+none, and its predecessor would retry each for ``forward_timeout_s``.
 
 Invariants that make retries and failures safe:
 
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -589,7 +593,15 @@ class Replicator:
         """``apply_op`` of this target's own copy of an update, in its I/O threads; a SYNCING
         target's disk found full by it takes the target offline (see :meth:`_room_to_sync`)."""
         with self._room_to_sync(t):
-            return await self._run(t, apply_op, t.engine.engine, cid, op, version, chain_ver, tail)
+            try:
+                return await self._run(t, apply_op, t.engine.engine, cid, op, version, chain_ver, tail)
+            except FS3Error as e:
+                if isinstance(e.__cause__, OSError) and e.__cause__.errno in _OUT_OF_DESCRIPTORS:
+                    # This process cannot open the chunk's file: no update of this target can be
+                    # applied until descriptors are back, and its predecessor (or the client)
+                    # would retry each for as long as it waits. It leaves its chain for a resync.
+                    self.targets.rejoin(t.target_id, e)
+                raise
 
     async def _resync_copy(
         self, t: LocalTarget, io: storage_pb2.UpdateIO, op: Op, cid: bytes, *, lost: bool
@@ -1439,6 +1451,9 @@ _NO_ROOM = frozenset({StatusCode.STORAGE_SPACE_KEPT, StatusCode.STORAGE_NO_SPACE
 #: retried for the whole forward timeout, the client's own deadline (as long) ran out first and
 #: its write failed after a minute with ETIMEDOUT
 NO_SPACE_RETRY_S = 2.0
+#: a local update failing with these (the process, or the machine, out of file descriptors)
+#: takes the target out of its chain to be resynced (see Replicator._apply)
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 #: how long a replica retries forwarding an update to a SYNCING successor before it leaves that
 #: successor behind (see the module docstring): long enough for a restarting connection or a
 #: routing change to pass, short against the writes of the whole chain waiting meanwhile

@@ -691,3 +691,35 @@ async def test_a_syncing_target_that_cannot_take_writes_does_not_hold_up_its_cha
         assert head in routing.chain(chain_id).serving
         assert proc.popen is not None and proc.popen.poll() is None
         await verify(c, client, chain_id, INODE, model)
+
+
+async def test_a_replica_short_of_descriptors_for_an_update_leaves_its_chain(tmp_path: Path) -> None:
+    """A middle replica that could not open a chunk's file (its daemon out of descriptors) failed
+    the update, target staying online: its predecessor retried the forward for forward_timeout_s
+    and every write of the chain failed for as long as the shortage lasted. It now leaves its chain
+    (OFFLINE, as for a parallel write's local failure: TargetMap.rejoin), writes go on without it
+    (then SYNCING, it is left behind), and it is resynced once it has descriptors again."""
+    async with Cluster(tmp_path / "c") as c:
+        client = await c.storage_client(retry=RetryPolicy(total_s=15.0, rpc_timeout_s=10.0))
+        chain_id = c.chain_ids[0]
+        model = await write_chunks(client, chain_id, 3, CHUNK // 2)
+        await asyncio.gather(
+            *(client.write(chain_id, INODE, i, 0, bytes(model[i]), CHUNK) for i in (0, 1, 2) * 3)
+        )
+        middle = (await c.routing()).chain(chain_id).targets[1].target_id
+        proc = c.node_of_target(middle).proc
+        assert proc is not None and proc.popen is not None
+        limit = DescriptorLimit(proc.popen.pid)
+        limit.clamp()
+        try:
+            for i in (0, 1, 2):  # in the middle of each chunk: applied in turn along the chain
+                model[i][1000:5000] = os.urandom(4000)
+                await client.write(chain_id, INODE, i, 1000, bytes(model[i][1000:5000]), CHUNK)
+            assert middle not in (await c.routing()).chain(chain_id).serving
+        finally:
+            limit.restore()
+        assert f"target leaves its chain to be resynced target_id={middle}" in c.logs(tail=1 << 30)
+        routing = await c.wait_all_serving(90)
+        assert middle in routing.chain(chain_id).serving
+        assert proc.popen.poll() is None
+        await verify(c, client, chain_id, INODE, model)
