@@ -596,10 +596,16 @@ class Replicator:
             try:
                 return await self._run(t, apply_op, t.engine.engine, cid, op, version, chain_ver, tail)
             except FS3Error as e:
-                if isinstance(e.__cause__, OSError) and e.__cause__.errno in _OUT_OF_DESCRIPTORS:
+                if (
+                    isinstance(e.__cause__, OSError)
+                    and e.__cause__.errno in _OUT_OF_DESCRIPTORS
+                    and t.public_state == common_pb2.SERVING
+                ):
                     # This process cannot open the chunk's file: no update of this target can be
                     # applied until descriptors are back, and its predecessor (or the client)
                     # would retry each for as long as it waits. It leaves its chain for a resync.
+                    # (Not when SYNCING: out already, it is left behind, SYNCING_FORWARD_GRACE_S;
+                    # going OFFLINE again would only change its chain over and over.)
                     self.targets.rejoin(t.target_id, e)
                 raise
 
