@@ -2,6 +2,7 @@
 
     python bench/storage_bench.py [--seconds 5] [--depth 32] [--chains 3] [--no-sync] [--json]
                                   [--runs 1] [--cases NAME,...] [--io-threads N] [--no-aio] [--dir DIR]
+                                  [--tune-malloc]
 
 Starts mgmtd and three storage daemons (tests/cluster.py) with ``--chains`` chains of three
 targets (heads on different daemons), then measures, each for ``--seconds``, with ``--depth``
@@ -21,6 +22,11 @@ each case runs N times and best and median are reported.
 Each case also reports CPU time per operation (user + system, from ``/proc/PID/stat``): of the
 storage daemons together (``daemon ms/op``) and of this client process (``client ms/op``). On a
 shared machine that figure is steadier than throughput.
+
+``--tune-malloc`` fixes glibc's malloc thresholds in the client process (``fs3.memory.tune_malloc``,
+what ``ClientConfig.tune_malloc`` does) before it starts: without it, whether each "read 1MiB"
+faults its new 1 MiB of pages in afresh depends on glibc's dynamic thresholds, and its figure
+swings from run to run.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from cluster import DEPLOYED_MGMTD_TIMING, DEPLOYED_STORAGE_TIMING, Cluster  # n
 
 from fs3.client.storage_client import ReadRequest, StorageClient  # noqa: E402
 from fs3.config import StorageConfig  # noqa: E402
+from fs3.memory import tune_malloc  # noqa: E402
 from fs3.storage.chunk_files import ext4_without_journal_note  # noqa: E402
 
 MiB = 1 << 20
@@ -249,8 +256,15 @@ def main() -> int:
     )
     p.add_argument("--no-sync", action="store_true", help="no fsync in the daemons (throwaway data)")
     p.add_argument("--dir", help="where the cluster lives (default: a temporary directory)")
+    p.add_argument(
+        "--tune-malloc",
+        action="store_true",
+        help="fix glibc's malloc thresholds in this client process (ClientConfig.tune_malloc)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.tune_malloc and not tune_malloc():
+        print("note: --tune-malloc: the C library is not glibc; nothing changed", file=sys.stderr)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-storage-bench-"))
     if (note := ext4_without_journal_note(root)) is not None:
         print(f"note: {note} (see the README)", file=sys.stderr)
@@ -273,6 +287,7 @@ def main() -> int:
                     "replication": 3,
                     "daemons": 3,
                     "sync": not args.no_sync,
+                    "tune_malloc": args.tune_malloc,
                     "results": results,
                     "summary": summary,
                 },

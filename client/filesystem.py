@@ -68,6 +68,7 @@ from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
 from fs3.errors import FS3Error, StatusCode, fresh_error, quote_name
+from fs3.memory import tune_malloc
 from fs3.net import RpcClient
 from fs3.net.auth import read_secret
 from fs3.net.transport import format_address
@@ -581,6 +582,8 @@ class FileSystem:
             config = _local_cluster_config()
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)
+        if config.tune_malloc:
+            tune_malloc()
         token = _token_of(config) if config.user_auth or user is None else ""
         if config.user_auth and config.transport == "rdma":
             raise FS3Error(
