@@ -30,8 +30,8 @@ __all__ = ["DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "tune_malloc"]
 #: glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-#: glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit)
-_MAX_MMAP_THRESHOLD = 32 << 20
+#: glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit, 512 KiB on 32-bit)
+_MAX_MMAP_THRESHOLD = 32 << 20 if ctypes.sizeof(ctypes.c_void_p) == 8 else 512 << 10
 
 DEFAULT_MMAP_THRESHOLD = 4 << 20
 DEFAULT_TRIM_THRESHOLD = 64 << 20
@@ -42,7 +42,10 @@ def tune_malloc(
 ) -> bool:
     """Fix glibc's mmap and trim thresholds (bytes) for this process (see the module's doc).
     True once set; False where the C library is not glibc (nothing is changed). A threshold out of
-    glibc's range is a ValueError: nothing is changed then either."""
+    glibc's range is a ValueError, one not an int a TypeError: nothing is changed then either."""
+    for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int (bytes), not {value!r}")
     if not 0 < mmap_threshold <= _MAX_MMAP_THRESHOLD:
         raise ValueError(f"mmap_threshold must be 1 .. {_MAX_MMAP_THRESHOLD} bytes, not {mmap_threshold}")
     if trim_threshold <= 0:

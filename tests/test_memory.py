@@ -62,3 +62,9 @@ def test_out_of_range_thresholds_are_refused_and_change_nothing() -> None:
         tune_malloc(mmap_threshold=0)
     with pytest.raises(ValueError, match="trim_threshold must be > 0 bytes, not -1"):
         tune_malloc(trim_threshold=-1)
+    # a float or a bool failed only at the second mallopt (or passed as 1 byte), after the first
+    # had changed glibc's settings (review); refused before either now
+    with pytest.raises(TypeError, match="mmap_threshold must be an int"):
+        tune_malloc(mmap_threshold=4194304.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="trim_threshold must be an int"):
+        tune_malloc(trim_threshold=True)

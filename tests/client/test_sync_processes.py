@@ -258,13 +258,13 @@ def _race_with_close(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("tuned", [True, False])
 async def test_tune_malloc_setting(cluster: FsCluster, tuned: bool) -> None:
     """An async client on the main thread reading 1 MiB blocks into new bytes faulted most of each
-    block's pages in afresh (~170 of 256 here: glibc cut its heap back between reads; the storage
+    block's pages in afresh (55 to 170 of 256 here: glibc cut its heap back between reads; the storage
     benchmark's "read 1MiB" swung between 589 and 941 MiB/s with it). With ``tune_malloc = true``
-    connect fixes glibc's thresholds and the freed blocks are reused (~11). Untuned, the count
+    connect fixes glibc's thresholds and the freed blocks are reused (11 to 13). Untuned, the count
     depends on what else the process allocated, so only the tuned one is asserted."""
     import asyncio
 
     out = await asyncio.to_thread(_run, _TUNED, cluster.client_config(f"tuned-{tuned}", tune_malloc=tuned))
     assert out["lengths"] == [1 << 20], out
     if tuned:
-        assert out["faults_per_mib"] < 48, out
+        assert out["faults_per_mib"] < 32, out
