@@ -47,7 +47,9 @@ def _check_xattr_name(name: bytes) -> None:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, "invalid xattr name")
     if len(name) > XATTR_NAME_MAX:
         raise FS3Error(StatusCode.META_XATTR_RANGE, f"xattr name of {len(name)} bytes is too long")
-    if not name.startswith(_USER) or len(name) == len(_USER):
+    if name == _USER:  # a namespace with no name in it: EINVAL on Linux's own file systems
+        raise FS3Error(StatusCode.INVALID_ARGUMENT, f"xattr name {quote_name(name)} names no attribute")
+    if not name.startswith(_USER):
         raise FS3Error(
             StatusCode.META_NOT_SUPPORTED, f"only user.* xattrs are supported, not {quote_name(name)}"
         )

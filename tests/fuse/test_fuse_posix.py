@@ -327,6 +327,9 @@ def test_xattrs_rename_and_errors(env: Env) -> None:
     with pytest.raises(OSError) as e:
         os.getxattr(p, "user.color")
     assert e.value.errno == 61  # ENODATA
+    with pytest.raises(OSError) as e:
+        os.setxattr(p, "user.", b"x")  # a namespace alone: EINVAL on ext4 and tmpfs
+    assert e.value.errno == errno.EINVAL
     q = env.mnt / "xb"
     q.write_bytes(b"2")
     os.rename(p, q)

@@ -242,6 +242,10 @@ CASES: list[tuple[str, Case, int]] = [
         lambda s, t: s.setxattr(ROOT, t["/full/f"], b"trusted.a", b"v"),
         errno.EOPNOTSUPP,
     ),
+    # "user." alone names no attribute: EINVAL, as ext4 and tmpfs answer (was EOPNOTSUPP)
+    ("setxattr-empty-user-name", lambda s, t: s.setxattr(ROOT, t["/full/f"], b"user.", b"v"), errno.EINVAL),
+    ("getxattr-empty-user-name", lambda s, t: s.getxattr(ROOT, t["/full/f"], b"user."), errno.EINVAL),
+    ("removexattr-empty-user-name", lambda s, t: s.removexattr(ROOT, t["/full/f"], b"user."), errno.EINVAL),
     ("setxattr-too-big", lambda s, t: s.setxattr(ROOT, t["/full/f"], b"user.a", b"v" * 65537), errno.E2BIG),
     (
         "setxattr-name-too-long",
