@@ -513,6 +513,7 @@ class File:
         if self.closed:
             return
         self.closed = True
+        self.fs._writers.discard(self)
         await self.fs._close(self.handle)
 
     async def __aenter__(self) -> File:
@@ -545,6 +546,9 @@ class FileSystem:
         self._states: dict[int, InodeState] = {}
         # open Files, closed (flushed) by close() as Python closes its files at exit
         self._files: weakref.WeakSet[File] = weakref.WeakSet()
+        # those open for writing, held until closed: one its caller dropped unclosed (``fs.open(p,
+        # "wb").write(data)``) was collected with its buffered writes, which nothing flushed
+        self._writers: set[File] = set()
         self._scatter_budget = ScatterBudget(config.write_scatter_total_bytes)
         self._meta_from_routing = not config.meta_addresses
         self._session: ClientSessionKeeper | None = None
@@ -804,7 +808,7 @@ class FileSystem:
         self._closed = True
 
     async def _close_files(self) -> None:
-        files = [f for f in list(self._files) if not f.closed]
+        files = [f for f in {*self._files, *self._writers} if not f.closed]
         if not files:
             return
         closes = [asyncio.ensure_future(f.close()) for f in files]
@@ -1049,6 +1053,8 @@ class FileSystem:
                 st.truncated(0)
         f = File(self, self._handle(inode, session_id, flags, since, opened_at, queued), p, flags)
         self._files.add(f)
+        if flags & 3 != os.O_RDONLY:
+            self._writers.add(f)
         if flags & os.O_APPEND:
             f.pos = f.size
         return f

@@ -7,9 +7,11 @@ can use them. Imported as ``fs3.client.SyncFileSystem``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, NoReturn, TypeVar
@@ -261,7 +263,9 @@ class SyncFileSystem:
         except BaseException:
             loop.stop()
             raise
-        return cls(fs, loop)
+        client = cls(fs, loop)
+        _OPEN_CLIENTS.add(client)
+        return client
 
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
         return self._loop.run(fn(*args, **kw))
@@ -387,6 +391,22 @@ class SyncFileSystem:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: clients not closed yet: closed at interpreter exit, so the writes of files still open there are
+#: flushed, as Python flushes its own files at exit (a script that ended without closing lost them)
+_OPEN_CLIENTS: weakref.WeakSet[SyncFileSystem] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for client in list(_OPEN_CLIENTS):
+        try:
+            client.close()
+        except Exception as e:  # noqa: BLE001 - one client's failure must not keep the others open
+            import logging
+
+            logging.getLogger(__name__).warning("closing an fs3 client at exit failed: %s", e)
 
 
 __all__ = ["SyncFile", "SyncFileSystem"]
