@@ -57,6 +57,7 @@ from fs3.cli.fuse_mounts import (
 from fs3.config import ClientConfig, load_config
 from fs3.daemon import STOP_SIGNALS, apply_pushed_config, ensure_std_fds, hot_log_level, log_env_overrides
 from fs3.errors import FS3Error, StatusCode
+from fs3.memory import glibc_function
 
 if TYPE_CHECKING:
     from fs3.client.filesystem import FileSystem
@@ -169,11 +170,9 @@ def memory_trimmer(interval_s: float, activity: Callable[[], int]) -> Periodic |
     where there is no glibc or ``interval_s`` is 0."""
     if not interval_s:
         return None
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    malloc_trim = glibc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+    if malloc_trim is None:
         return None
-    malloc_trim.argtypes = [ctypes.c_size_t]
     last = trimmed_at = activity()
 
     async def step() -> None:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import platform
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "tune_malloc"]
+__all__ = ["DEFAULT_MMAP_THRESHOLD", "DEFAULT_TRIM_THRESHOLD", "glibc_function", "tune_malloc"]
 
 #: glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -35,6 +36,20 @@ _MAX_MMAP_THRESHOLD = 32 << 20 if ctypes.sizeof(ctypes.c_void_p) == 8 else 512 <
 
 DEFAULT_MMAP_THRESHOLD = 4 << 20
 DEFAULT_TRIM_THRESHOLD = 64 << 20
+
+
+def glibc_function(name: str, argtypes: list[type], restype: type | None = None) -> Any:
+    """The C function ``name`` of glibc, typed; None where the C library is not glibc or has no
+    such function."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        fn = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return fn
 
 
 def tune_malloc(
@@ -50,15 +65,10 @@ def tune_malloc(
         raise ValueError(f"mmap_threshold must be 1 .. {_MAX_MMAP_THRESHOLD} bytes, not {mmap_threshold}")
     if trim_threshold <= 0:
         raise ValueError(f"trim_threshold must be > 0 bytes, not {trim_threshold}")
-    try:
-        mallopt = ctypes.CDLL(None).mallopt if platform.libc_ver()[0] == "glibc" else None
-    except (OSError, AttributeError):
-        mallopt = None
+    mallopt = glibc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
     if mallopt is None:
         log.info("malloc not tuned: the C library is not glibc")
         return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
     # the trim threshold first: setting either one turns glibc's dynamic thresholds off
     if not mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)):
         raise ValueError(f"glibc refused trim_threshold={trim_threshold}")
