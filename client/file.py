@@ -738,18 +738,22 @@ class OpenFile:
 
         A chunk shorter than the range asked of it is a hole, or the file was truncated by another
         client since this one took its length: meta's length is asked again (``recheck``) and,
-        where it moved, the read is made again with it, so that bytes cut off by a truncate come
-        back as a short read (the end of the file), not as zeros that were never written."""
+        where it moved or the file was truncated meanwhile, the read is made again with it, so
+        that bytes cut off by a truncate come back as a short read (the end of the file), not as
+        zeros that were never written."""
         if offset < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset {offset}")
+        state = self.state
         for _ in range(_RECHECKS):
-            size = self.state.size
+            size, truncates = state.size, state.inode.truncate_version
             n, hole = await self._read_once(offset, buf, size)
             if not hole or self.recheck is None:
                 break
             await self.recheck(self)
-            if self.state.size == size:
-                break  # meta's length has not moved: the zeros are holes
+            if state.size == size and state.inode.truncate_version == truncates:
+                break  # meta's length has not moved, nor was the file truncated: the zeros are holes
+            # a truncate since: even back at the same length (rewritten by another client between
+            # this read and the recheck), the range may hold bytes now where the read found none
         return n
 
     async def _read_once(self, offset: int, buf: memoryview, size: int) -> tuple[int, bool]:

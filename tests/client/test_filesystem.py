@@ -903,3 +903,34 @@ async def test_reads_during_another_clients_o_trunc_rewrites_never_return_zeros(
         stop.set()
         await writer.close()
         await reader.close()
+
+
+async def test_a_hole_read_during_a_whole_rewrite_to_the_same_length_is_read_again(
+    cluster: FsCluster,
+) -> None:
+    """The window left by the test above (seen once in CI): a reader's read finds the chunk a
+    rewrite's O_TRUNC removed, and before its recheck reaches meta the writer has written the file
+    again and closed it, to the length the reader knew. The length has not moved, but the file
+    was truncated (its truncate_version moved): the read is made again and returns the new bytes,
+    not zeros no version held."""
+    writer, reader = await cluster.connect(), await cluster.connect()
+    size = 1 << 20
+    try:
+        await writer.write_file("/again", b"a" * size)
+        async with await reader.open("/again") as r:
+            assert await r.pread(4096, 0) == b"a" * 4096
+            w = await writer.open("/again", "wb")  # the truncate: the chunks are gone
+            recheck = r.handle.recheck
+            assert recheck is not None
+
+            async def rewrite_then_recheck(h: object) -> None:
+                # the rewrite ends between the reader's storage read and its question to meta
+                await w.write(b"b" * size)
+                await w.close()
+                await recheck(h)
+
+            r.handle.recheck = rewrite_then_recheck
+            assert await r.pread(4096, size // 2) == b"b" * 4096
+    finally:
+        await writer.close()
+        await reader.close()
