@@ -157,7 +157,12 @@ def _decode(key: bytes, data: bytes, where: str) -> tuple[bytes | None, str]:
 
 
 def _key_bytes(key: bytes | str) -> bytes:
-    k = key.encode() if isinstance(key, str) else bytes(key)
+    if isinstance(key, str):
+        k = key.encode()
+    elif isinstance(key, bytes | bytearray | memoryview):
+        k = bytes(key)
+    else:  # bytes(3) would be three zero bytes: another key than the caller meant
+        raise TypeError(f"a cache key is bytes or str, not {type(key).__name__}")
     if not k or len(k) > MAX_KEY_BYTES:
         raise FS3Error(
             StatusCode.INVALID_ARGUMENT, f"a cache key must be 1..{MAX_KEY_BYTES} bytes, not {len(k)}"

@@ -241,6 +241,14 @@ async def test_bad_keys_and_roots_are_refused(fs: FileSystem) -> None:
         with pytest.raises(FS3Error) as e:
             await cache.put(key, b"v")
         assert e.value.code == StatusCode.INVALID_ARGUMENT
+    for bad in (3, 2.5, None):  # bytes(3) was three zero bytes: a put stored under another key
+        with pytest.raises(TypeError):
+            await cache.put(bad, b"v")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await cache.get(bad)  # type: ignore[arg-type]
+    assert await cache.get(bytes(3)) is None
+    await cache.put(bytearray(b"k"), b"v")
+    assert await cache.get("k") == b"v"
     with pytest.raises(FS3Error) as e:
         KVCache(fs, "relative/root")
     assert e.value.code == StatusCode.INVALID_ARGUMENT
