@@ -50,6 +50,7 @@ import contextlib
 import io
 import logging
 import math
+import operator
 import os
 import socket
 import stat as stat_mod
@@ -67,7 +68,7 @@ from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, session_cl
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
-from fs3.errors import FS3Error, StatusCode, fresh_error, quote_name
+from fs3.errors import FS3Error, FS3UnsupportedOperation, FS3ValueError, StatusCode, fresh_error, quote_name
 from fs3.memory import tune_malloc
 from fs3.net import RpcClient
 from fs3.net.auth import read_secret
@@ -106,6 +107,10 @@ _TYPE_BITS = {
 }
 
 
+#: st_blksize of fs3's files, in the native API and the mount: cp and stdio size their I/O by it
+BLOCK_SIZE = 1 << 20
+
+
 def mode_of(inode: m.Inode) -> int:
     """``st_mode`` of an inode: its type bits and permission bits."""
     return _TYPE_BITS.get(inode.type, 0) | (inode.mode & 0o7777)
@@ -127,6 +132,36 @@ class StatResult:
     st_ctime_ns: int
     inode: m.Inode
 
+    # the rest of os.stat_result's fields, as the mount shows them
+
+    @property
+    def st_atime(self) -> float:
+        return self.st_atime_ns / 1e9
+
+    @property
+    def st_mtime(self) -> float:
+        return self.st_mtime_ns / 1e9
+
+    @property
+    def st_ctime(self) -> float:
+        return self.st_ctime_ns / 1e9
+
+    @property
+    def st_blocks(self) -> int:
+        """512-byte blocks: the length's, rounded up (fs3 does not count a sparse file's holes
+        apart; the mount says the same)."""
+        return (self.st_size + 511) // 512
+
+    @property
+    def st_blksize(self) -> int:
+        """The I/O size that suits fs3 (tools size their reads and writes by it)."""
+        return BLOCK_SIZE
+
+    @property
+    def st_dev(self) -> int:
+        """0: the native API has no device number (a mount's files get the kernel's)."""
+        return 0
+
     @classmethod
     def of(cls, inode: m.Inode, size: int | None = None, state: InodeState | None = None) -> StatResult:
         """``inode``'s; ``state``: this client's of the open file (its length and its writes'
@@ -145,6 +180,30 @@ class StatResult:
             ctime,
             inode,
         )
+
+
+def _mode_of(flags: int) -> str:
+    """The mode Python's binary file objects show for open(2) ``flags`` (see :attr:`File.mode`)."""
+    plus = "+" if flags & os.O_ACCMODE == os.O_RDWR else ""
+    if flags & os.O_CREAT and flags & os.O_EXCL:
+        return "xb" + plus
+    if flags & os.O_APPEND:
+        return "ab" + plus
+    return "rb" + plus if plus or flags & os.O_ACCMODE == os.O_RDONLY else "wb"
+
+
+def _size_arg(size: int | None, what: str, *, negative: bool = False) -> int:
+    """A read size as Python's files take it: None or -1 for "all" (-1 returned), an integer
+    otherwise (TypeError for any other type), not below -1 unless ``negative`` (readline takes any
+    negative size as "all"; read refuses them with ValueError)."""
+    if size is None:
+        return -1
+    size = operator.index(size)
+    if size < -1 and not negative:
+        raise FS3ValueError(
+            StatusCode.INVALID_ARGUMENT, f"{what} length must be non-negative or -1, not {size}"
+        )
+    return size
 
 
 def _flags_of(mode: str) -> int:
@@ -279,6 +338,12 @@ class File:
         """The path the file was opened by, as a file object's ``name`` is."""
         return os.fsdecode(self.path)
 
+    @property
+    def mode(self) -> str:
+        """The open mode as Python's binary files show it: "rb", "wb", "ab", "xb", "rb+", "ab+",
+        "xb+" ("w+" shows as "rb+", as Python's does)."""
+        return _mode_of(self.flags)
+
     def readable(self) -> bool:
         self._check()
         return self.flags & os.O_ACCMODE != os.O_WRONLY
@@ -305,18 +370,32 @@ class File:
         this client wrote bytes meta has not counted yet)."""
         return self.handle.state.size
 
+    # A misuse Python's own files refuse is refused as they do (FS3ValueError for a closed file,
+    # FS3UnsupportedOperation for a mode that does not allow the operation, TypeError for an
+    # offset or length that is not an integer), before anything is buffered or sent.
+
     def _check(self) -> None:
         if self.closed:
-            raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is closed")
+            raise FS3ValueError(StatusCode.META_BAD_HANDLE, "I/O operation on closed file")
 
     def _check_readable(self) -> None:
         self._check()
         if self.flags & os.O_ACCMODE == os.O_WRONLY:
-            raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for reading")
+            raise FS3UnsupportedOperation(
+                StatusCode.META_BAD_HANDLE, "read: the file is not open for reading"
+            )
+
+    def _check_writable(self, what: str) -> None:
+        self._check()
+        if self.flags & os.O_ACCMODE == os.O_RDONLY:
+            raise FS3UnsupportedOperation(
+                StatusCode.META_BAD_HANDLE, f"{what}: the file is not open for writing"
+            )
 
     async def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (short at the end of the file)."""
         self._check_readable()
+        length, offset = operator.index(length), operator.index(offset)
         if length < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {length}")
         if offset + length > self.handle.state.size:
@@ -325,10 +404,11 @@ class File:
         return await self.handle.read(offset, length)
 
     async def read(self, length: int | None = -1) -> bytes:
-        """Up to ``length`` bytes (all to the end when negative or None) from the current position."""
+        """Up to ``length`` bytes (all to the end when -1 or None) from the current position."""
         self._check_readable()
+        length = _size_arg(length, "read")
         async with self._reading:
-            if length is None or length < 0:
+            if length < 0:
                 await self.fs._refresh(self.handle)
                 length = max(0, self.handle.state.size - self.pos)
             data = await self.pread(length, self.pos)
@@ -340,6 +420,8 @@ class File:
         where storage can put them there; returns how many (0 at the end of the file)."""
         self._check_readable()
         view = memoryview(buf).cast("B")
+        if view.readonly:
+            raise TypeError(f"readinto() needs a writable buffer, not {type(buf).__name__}")
         async with self._reading:
             if self.pos + len(view) > self.handle.state.size:
                 await self.fs._refresh(self.handle)  # another client may have extended the file
@@ -354,7 +436,7 @@ class File:
         buffered reader does (another writer's changes to those bytes show after that, or to read
         and pread, which always ask storage)."""
         self._check_readable()
-        limit = -1 if size is None or size < 0 else size
+        limit = max(-1, _size_arg(size, "readline", negative=True))
         async with self._reading:
             start = self.pos
             line = bytearray()
@@ -400,13 +482,14 @@ class File:
 
     async def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write ``data`` at ``offset`` (buffered); returns its length."""
-        self._check()
+        self._check_writable("write")
+        offset = operator.index(offset)
         self._ahead = None
         return await self.handle.write(offset, data)
 
     async def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write at the current position (at the end with O_APPEND) and advance it."""
-        self._check()
+        self._check_writable("write")
         self._ahead = None
         if self.flags & os.O_APPEND:
             state = self.handle.state
@@ -440,7 +523,7 @@ class File:
         storage, at most ``concurrency`` at a time; returns the bytes written. Pieces must not
         overlap one another. If a piece fails, the first error is raised once every piece has
         ended (written or failed)."""
-        self._check()
+        self._check_writable("write")
         self._ahead = None
         if concurrency < 1:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"concurrency {concurrency}: at least 1")
@@ -460,7 +543,7 @@ class File:
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
         self._check()
-        self._ahead = None
+        offset, whence = operator.index(offset), operator.index(whence)
         if whence == os.SEEK_SET:
             pos = offset
         elif whence == os.SEEK_CUR:
@@ -468,9 +551,10 @@ class File:
         elif whence == os.SEEK_END:
             pos = self.handle.state.size + offset
         else:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"bad whence {whence}")
+            raise FS3ValueError(StatusCode.INVALID_ARGUMENT, f"whence value {whence} unsupported")
         if pos < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative position {pos}")  # and stays
+        self._ahead = None
         self.pos = pos
         return pos
 
@@ -481,12 +565,14 @@ class File:
     async def truncate(self, size: int | None = None) -> int:
         """Cut or extend the file to ``size`` bytes (the current position when None) through this
         handle's write session; returns the new length. As ftruncate(2), EINVAL for a handle not
-        open for writing or a negative size."""
+        open for writing (an io.UnsupportedOperation, as Python's files raise) or a negative size."""
         self._check()
-        self._ahead = None
         if not self.handle.writable:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, "the file is not open for writing")
-        size = self.pos if size is None else size
+            raise FS3UnsupportedOperation(
+                StatusCode.INVALID_ARGUMENT, "truncate: the file is not open for writing"
+            )
+        self._ahead = None
+        size = self.pos if size is None else operator.index(size)
         if size < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {size}")
         await self.fs._truncate(self.handle.state, size, self.handle.session_id)
@@ -844,11 +930,18 @@ class FileSystem:
             p = b"/" + p
         return await self.meta.lookup_path(p, follow)
 
-    async def _parent(self, path: str | bytes, existing: bool = True) -> tuple[int, bytes]:
+    async def _parent(
+        self, path: str | bytes, existing: bool = True, root: StatusCode = StatusCode.ALREADY_EXISTS
+    ) -> tuple[int, bytes]:
         """The parent directory's inode id and the last name of ``path``. A trailing slash names
         a directory (Linux's rule): with ``existing`` (an unlink, rmdir, rename's source) what the
-        path names must be one (ENOTDIR; ENOENT when it is missing)."""
-        parent, name, slash = _split(path)
+        path names must be one (ENOTDIR; ENOENT when it is missing). The root has no parent: the
+        call fails with ``root``, the code Linux's call answers for "/" (EEXIST to make it, EBUSY
+        to remove or rename it, EISDIR to unlink it)."""
+        p = os.fsencode(path)
+        if p and not p.strip(b"/"):
+            raise FS3Error(root, f"{quote_name(p)} is the root")
+        parent, name, slash = _split(p)
         if slash and existing:
             await self._lookup(path)  # meta: ENOTDIR unless a directory
         return (await self._lookup(parent)).id, name
@@ -1000,6 +1093,8 @@ class FileSystem:
         """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE)."""
         p = os.fsencode(path)
         since, opened_at = stamp(), session_clock()
+        if flags & os.O_CREAT and p and not p.strip(b"/"):
+            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)}: O_CREAT of the root")
         if flags & os.O_CREAT and p.endswith(b"/"):
             # open(2): a name with a trailing slash is a directory, which O_CREAT cannot make; the
             # walk to its parent fails first where it fails (ENOENT, ENOTDIR), as the kernel's does
@@ -1425,11 +1520,11 @@ class FileSystem:
 
     async def rmdir(self, path: str | bytes, *, recursive: bool = False) -> None:
         """Remove an empty directory (or, with ``recursive``, a whole tree, collected later)."""
-        parent, name = await self._parent(path)
+        parent, name = await self._parent(path, root=StatusCode.META_BUSY)
         await self.meta.rmdir(parent, name, recursive)
 
     async def unlink(self, path: str | bytes) -> None:
-        parent, name = await self._parent(path)
+        parent, name = await self._parent(path, root=StatusCode.META_IS_DIRECTORY)
         await self.meta.unlink(parent, name)
 
     remove = unlink
@@ -1439,14 +1534,19 @@ class FileSystem:
     ) -> None:
         """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory); with
         ``exchange``, swap the two, which must both exist (renameat2's RENAME_EXCHANGE)."""
-        if _split(dst)[2] and not exchange:  # "dst/": a directory, or only a directory may move there
+        if (
+            os.fsencode(dst).strip(b"/") and _split(dst)[2] and not exchange
+        ):  # "dst/": a directory, or only a directory may move there
             try:
                 await self._lookup(dst)
             except FS3Error as e:
                 if e.code != StatusCode.NOT_FOUND:
                     raise
                 await self._lookup(os.fsencode(src).rstrip(b"/") + b"/")
-        (sp, sn), (dp, dn) = await asyncio.gather(self._parent(src), self._parent(dst, existing=exchange))
+        (sp, sn), (dp, dn) = await asyncio.gather(
+            self._parent(src, root=StatusCode.META_BUSY),
+            self._parent(dst, existing=exchange, root=StatusCode.META_BUSY),
+        )
         await self.meta.rename(sp, sn, dp, dn, (1 if noreplace else 0) | (2 if exchange else 0))
 
     async def symlink(self, target: str | bytes, path: str | bytes) -> None:

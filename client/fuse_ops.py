@@ -47,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from fs3 import metrics
 from fs3.client.file import InodeState, OpenFile, stamp
-from fs3.client.filesystem import FileSystem, mode_of
+from fs3.client.filesystem import BLOCK_SIZE, FileSystem, mode_of
 from fs3.client.meta_client import MetaClient
 from fs3.client.mgmtd_client import session_clock
 from fs3.config import ClientConfig
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
-BLOCK_SIZE = 1 << 20  # st_blksize: tools size their I/O by it (cp, stdio)
 _USER_XATTR = b"user."
 _GROUPS_TTL_S = 2.0
 # meta's refusals that a caller's changed groups may have made (see Fs3Operations._groups_changed)

@@ -174,6 +174,10 @@ class SyncFile:
     def name(self) -> str:
         return self.file.name
 
+    @property
+    def mode(self) -> str:
+        return self.file.mode
+
     def readable(self) -> bool:
         return call_os_flavoured(self.file.readable)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import enum
 import errno as _errno
+import io as _io
 import os as _os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -247,11 +248,27 @@ def _os_flavour(base: type[OSError]) -> type[FS3Error]:
 _OS_FLAVOURS: dict[type[OSError], type[FS3Error]] = {}
 
 
+class FS3ValueError(FS3Error, ValueError):
+    """A misuse of an open file that Python's own file objects refuse with ValueError (an
+    operation on a closed file, a bad whence, a negative read length other than -1), so that
+    code written for local files catches it as it would theirs; still an FS3Error with its code."""
+
+
+class FS3UnsupportedOperation(FS3Error, _io.UnsupportedOperation):
+    """An operation the file's open mode does not allow (a write to a file opened for reading, a
+    read of one opened only for writing): io.UnsupportedOperation, as Python's files raise it
+    (an OSError and a ValueError), and an FS3Error with its code."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        FS3Error.__init__(self, code, message)
+        self.strerror = _os.strerror(self.errno)  # type: ignore[misc]
+
+
 def os_flavoured(error: FS3Error) -> FS3Error:
     """``error`` as an instance of the OSError subclass its errno selects (FileNotFoundError for
     ENOENT, PermissionError for EACCES, plain OSError for EIO) that is still an FS3Error with the
     same code and message; ``error`` itself when it already is one."""
-    if isinstance(error, OSError):
+    if isinstance(error, OSError | ValueError):  # already Python's own kind (FS3ValueError too)
         return error
     base = type(OSError(error.errno, ""))
     cls = _OS_FLAVOURS.get(base)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import io
 import os
 import random
 import signal
 import stat
 import time
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -514,6 +516,111 @@ def _sync_roundtrip(config: Path) -> None:
         assert not fs.exists("/sync.txt")
 
 
+async def test_file_objects_refuse_misuse_as_python_files_do(cluster: FsCluster, tmp_path: Path) -> None:
+    """Each misuse of an fs3 file object raises the exception class Python's own binary file
+    raises for it (code written for local files catches it the same way), and nothing bad is
+    kept: a float position was taken and the write made there failed only at flush, its bytes
+    lost."""
+    await asyncio.to_thread(_compare_misuse, cluster.client_config("misuse"), tmp_path / "local")
+
+
+def _outcome(fn: Callable[[], object]) -> object:
+    """What ``fn`` returns, or the most specific of Python's exception classes it raises."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the class is the outcome
+        for kind in (io.UnsupportedOperation, BufferError, TypeError, ValueError):
+            if isinstance(e, kind):
+                return kind
+        assert isinstance(e, OSError), e
+        return ("OSError", e.errno)
+
+
+def _compare_misuse(config: Path, local: Path) -> None:
+    local.mkdir()
+    ops: list[tuple[str, str, Callable[[Any], object]]] = [
+        ("rb", "read -5", lambda f: f.read(-5)),
+        ("rb", "read 2.5", lambda f: f.read(2.5)),
+        ("rb", "read None", lambda f: f.read(None)),
+        ("rb", "readline 2.5", lambda f: f.readline(2.5)),
+        ("rb", "readline -7", lambda f: f.readline(-7)),
+        ("rb", "readinto bytes", lambda f: f.readinto(b"abc")),
+        ("rb", "seek 2.5", lambda f: f.seek(2.5)),
+        ("rb", "seek whence 5", lambda f: f.seek(0, 5)),
+        ("rb", "seek negative", lambda f: f.seek(-1)),
+        ("rb", "seek then tell", lambda f: (f.seek(3), f.seek(-1, 1), f.tell())),
+        ("rb", "write", lambda f: f.write(b"x")),
+        ("rb", "truncate", lambda f: f.truncate()),
+        ("ab", "read", lambda f: f.read()),
+        ("wb", "readline", lambda f: f.readline()),
+        ("r+b", "truncate 2.5", lambda f: f.truncate(2.5)),
+        ("r+b", "truncate -1", lambda f: f.truncate(-1)),
+        ("r+b", "write str", lambda f: f.write("text")),
+        ("r+b", "seek 2.5 then write", lambda f: (f.seek(2.5), f.write(b"lost"))),
+        ("rb", "mode", lambda f: f.mode),
+        ("r+b", "mode", lambda f: f.mode),
+        ("w+b", "mode", lambda f: f.mode),
+        ("ab", "mode", lambda f: f.mode),
+        ("a+b", "mode", lambda f: f.mode),
+        ("xb", "mode", lambda f: f.mode),
+    ]
+    closed_ops: list[tuple[str, Callable[[Any], object]]] = [
+        ("read", lambda f: f.read()),
+        ("write", lambda f: f.write(b"x")),
+        ("seek", lambda f: f.seek(0)),
+        ("tell", lambda f: f.tell()),
+        ("readable", lambda f: f.readable()),
+        ("flush", lambda f: f.flush()),
+        ("close again", lambda f: f.close()),
+    ]
+    with SyncFileSystem.connect(config) as fs:
+
+        def both(mode: str, op: Callable[[Any], object], fresh: bool = False) -> tuple[object, object]:
+            got = []
+            for opener, path in ((fs.open, "/misuse"), (open, str(local / "misuse"))):
+                if "x" in mode:
+                    if opener is open:
+                        os.unlink(path)
+                    else:
+                        fs.unlink(path)
+                else:
+                    with opener(path, "wb") as f:
+                        f.write(b"0123456789")
+                with opener(path, mode) as f:
+                    outcome = _outcome(lambda f=f: op(f))
+                with opener(path, "rb") as f:
+                    got.append((outcome, f.read()))  # and what the file holds after
+            return got[0], got[1]
+
+        for mode, name, op in ops:
+            ours, python = both(mode, op)
+            assert ours == python, (mode, name, ours, python)
+        for name, op in closed_ops:
+            outcomes = []
+            for opener, path in ((fs.open, "/misuse"), (open, str(local / "misuse"))):
+                f = opener(path, "r+b")
+                f.close()
+                outcomes.append(_outcome(lambda f=f, op=op: op(f)))
+            assert outcomes[0] == outcomes[1], (name, outcomes)
+        fs.write_file("/misuse", b"0123456789")
+        st = fs.stat("/misuse")
+        local_st = os.stat(local / "misuse")
+        assert (st.st_blocks, st.st_blksize, st.st_dev) == (1, 1 << 20, 0)
+        assert st.st_mtime == st.st_mtime_ns / 1e9 and isinstance(local_st.st_mtime, float)
+        assert abs(st.st_mtime - time.time()) < 60 and st.st_atime > 0 and st.st_ctime > 0
+        for root_op, code in (
+            (lambda: fs.rmdir("/"), errno.EBUSY),
+            (lambda: fs.unlink("/"), errno.EISDIR),
+            (lambda: fs.rename("/", "/elsewhere"), errno.EBUSY),
+            (lambda: fs.rename("/misuse", "//"), errno.EBUSY),
+            (lambda: fs.symlink("x", "/"), errno.EEXIST),
+            (lambda: fs.link("/misuse", "/"), errno.EEXIST),
+            (lambda: fs.mkdir("/"), errno.EEXIST),
+            (lambda: fs.open("/", "wb"), errno.EISDIR),
+        ):
+            assert _outcome(root_op) == ("OSError", code)
+
+
 async def test_storage_daemon_killed_mid_workload(tmp_path: Path) -> None:
     """Writes and reads go on through a SIGKILLed storage daemon (routing refresh, retries), and
     every acknowledged byte reads back."""
@@ -774,10 +881,10 @@ def _sync_errors(config: Path) -> None:
         with pytest.raises(NotADirectoryError):
             fs.open("/errs/f/x/", "w")
         assert not fs.exists("/errs/new")
-        with pytest.raises(OSError) as closed, fs.open("/errs/f") as f:
+        with pytest.raises(ValueError) as closed, fs.open("/errs/f") as f:  # as Python's files
             f.close()
             f.seek(0)
-        assert closed.value.errno == errno.EBADF
+        assert closed.value.errno == errno.EBADF  # type: ignore[attr-defined]
         assert fs.listdir(b"/errs") == [b"d", b"f"] and fs.listdir("/errs") == ["d", "f"]
 
 
