@@ -879,9 +879,15 @@ def _cut_range(ranges: list[list], begin: int, end: int) -> int:  # type: ignore
     return removed
 
 
-async def read_many(storage: StorageClient, pieces: Sequence[tuple[meta_pb2.Inode, int, int]]) -> list[bytes]:
+async def read_many(
+    storage: StorageClient,
+    pieces: Sequence[tuple[meta_pb2.Inode, int, int]],
+    holes: list[bool] | None = None,
+) -> list[bytes]:
     """Read many ``(inode, offset, length)`` ranges as one storage batch (one call per storage node,
-    nodes in parallel). Each range is clamped to the inode's length.
+    nodes in parallel). Each range is clamped to the inode's length. ``holes``, when given, gets a
+    flag per range: whether a chunk came back short inside it (read as zeros: a hole, or the file
+    was truncated since its length was taken; the caller may ask meta again, as read_into does).
 
     Each range is received into a buffer of its own (holes and short chunks read as zeros), then
     made bytes one at a time, its buffer let go: about the bytes returned plus one node's reply
@@ -890,7 +896,8 @@ async def read_many(storage: StorageClient, pieces: Sequence[tuple[meta_pb2.Inod
     ios: list[ReadRequest] = []
     buffers: list[bytearray | None] = []
     sinks: list[memoryview] = []
-    for inode, offset, length in pieces:
+    owners: list[int] = []  # the range each io belongs to
+    for i, (inode, offset, length) in enumerate(pieces):
         length = max(0, min(length, inode.size - offset))
         buf = bytearray(length)
         buffers.append(buf)
@@ -901,12 +908,17 @@ async def read_many(storage: StorageClient, pieces: Sequence[tuple[meta_pb2.Inod
         for io in split_range(inode.layout, inode.id, offset, length):
             ios.append(io)
             sinks.append(view[at : at + io.length])
+            owners.append(i)
             at += io.length
+    if holes is not None:
+        holes[:] = [False] * len(pieces)
     if ios:
         got = await storage.batch_read_into(ios, sinks)
-        for sink, n in zip(sinks, got, strict=True):
+        for sink, n, i in zip(sinks, got, owners, strict=True):
             if n < len(sink):
                 sink[n:] = bytes(len(sink) - n)  # a retried read may have left bytes past its end
+                if holes is not None:
+                    holes[i] = True
     sinks.clear()  # no view may hold a buffer once it is let go
     out = []
     for i, buf in enumerate(buffers):

@@ -1434,9 +1434,13 @@ class FileSystem:
             if st is not None and st.handles:
                 st.refresh(inode, since)
                 states[inode.id] = st
-        for f, _, _ in requests:
+        stale: dict[int, File] = {}
+        for f, offset, length in requests:
             if isinstance(f, File):
                 states.setdefault(f.inode_id, f.handle.state)
+                if offset + length > f.handle.state.size:
+                    stale.setdefault(f.inode_id, f)  # as pread: another client may have extended it
+        await asyncio.gather(*(self._refresh(f.handle) for f in stale.values()))
         for st in states.values():
             await st.drain()
         pieces = []
@@ -1453,7 +1457,45 @@ class FileSystem:
                 ino.CopyFrom(st.inode)
                 ino.size = st.size
             pieces.append((ino, offset, length))
-        return await read_many(self.storage, pieces)
+        holes: list[bool] = []
+        out = await read_many(self.storage, pieces, holes)
+        # A range with a hole is read again as a File's read is (see OpenFile.read_into): the file
+        # may have been truncated (and rewritten) by another client since its length was taken,
+        # and zeros that no version held must not come back inside the length.
+        again = [i for i, hole in enumerate(holes) if hole]
+        if again:
+            redone = await asyncio.gather(
+                *(self._read_hole_again(requests[i][0], pieces[i], out[i]) for i in again)
+            )
+            for i, data in zip(again, redone, strict=True):
+                out[i] = data
+        return out
+
+    async def _read_hole_again(
+        self, f: File | str | bytes, piece: tuple[m.Inode, int, int], data: bytes
+    ) -> bytes:
+        """A range of :meth:`read_batch` that found a hole (``data`` as read), read again as a
+        File's read is: through the File's handle (its length rechecked with meta), else through a
+        handle this client has open on the file, else with meta's length and truncate count taken
+        again and the range read again while they move (``data`` stands when they did not: the
+        zeros are holes)."""
+        ino, offset, length = piece
+        handle = f.handle if isinstance(f, File) else None
+        if handle is None:
+            st = self._states.get(ino.id)
+            handle = next(iter(st.handles), None) if st is not None else None
+        if handle is not None:
+            return await handle.read(offset, length)
+        for _ in range(3):
+            now = await self.meta.stat(ino.id, settled=True)
+            if now.size == ino.size and now.truncate_version == ino.truncate_version:
+                break
+            ino = now
+            holes: list[bool] = []
+            data = (await read_many(self.storage, [(ino, offset, length)], holes))[0]
+            if not holes[0]:
+                break
+        return data
 
     # -- namespace --------------------------------------------------------------------------------
 

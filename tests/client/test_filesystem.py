@@ -516,6 +516,51 @@ def _sync_roundtrip(config: Path) -> None:
         assert not fs.exists("/sync.txt")
 
 
+async def test_read_batch_of_open_files_follows_other_clients_truncates_and_appends(
+    cluster: FsCluster,
+) -> None:
+    """read_batch of an open File reads as its pread does: another client's rewrite to a shorter
+    length gives short reads, not zeros past the new end, and its appends are read (the batch took
+    the length the reader knew at open). By path too, the length is meta's."""
+    writer, reader = await cluster.connect(), await cluster.connect()
+    try:
+        await writer.write_file("/batch-shrunk", b"a" * 3_000_000)
+        await writer.write_file("/batch-grown", b"1234")
+        async with await reader.open("/batch-shrunk") as shrunk, await reader.open("/batch-grown") as grown:
+            await writer.write_file("/batch-shrunk", b"c" * 1000)
+            async with await writer.open("/batch-grown", "a") as f:
+                await f.write(b"5678")
+            got = await reader.read_batch(
+                [(shrunk, 995, 10), (shrunk, 2_000_000, 5), (grown, 0, 100), ("/batch-grown", 0, 100)]
+            )
+            assert got == [b"ccccc", b"", b"12345678", b"12345678"]
+            assert [await shrunk.pread(10, 995), await shrunk.pread(5, 2_000_000)] == [b"ccccc", b""]
+        # by path, with nothing open here: another client's truncate lands between the batch's
+        # lookup and its storage read
+        await writer.write_file("/batch-path", b"p" * 300_000)
+        storage_read = reader.storage.batch_read_into
+
+        async def truncated_first(*args: Any) -> list[int]:
+            if not truncated:
+                truncated.append(True)
+                await writer.truncate("/batch-path", 100)
+            return await storage_read(*args)
+
+        truncated: list[bool] = []
+        reader.storage.batch_read_into = truncated_first  # type: ignore[method-assign]
+        try:
+            assert await reader.read_batch([("/batch-path", 299_990, 20), ("/batch-path", 90, 20)]) == [
+                b"",
+                b"p" * 10,
+            ]
+        finally:
+            reader.storage.batch_read_into = storage_read  # type: ignore[method-assign]
+        assert truncated
+    finally:
+        await writer.close()
+        await reader.close()
+
+
 async def test_file_objects_refuse_misuse_as_python_files_do(cluster: FsCluster, tmp_path: Path) -> None:
     """Each misuse of an fs3 file object raises the exception class Python's own binary file
     raises for it (code written for local files catches it the same way), and nothing bad is
