@@ -109,9 +109,19 @@ def entry_name(key: bytes) -> str:
 
 
 def encode_entry(key: bytes, value: bytes | bytearray | memoryview) -> bytes:
-    """The bytes of an entry file holding ``value`` for ``key``."""
-    crc = _crc32c.crc32c(value, _crc32c.crc32c(key))
-    return b"".join((_HEADER.pack(_MAGIC, len(key), len(value), crc), key, value))
+    """The bytes of an entry file holding ``value`` (any buffer: its bytes, in order) for ``key``."""
+    view = _value_bytes(value)
+    crc = _crc32c.crc32c(view, _crc32c.crc32c(key))
+    return b"".join((_HEADER.pack(_MAGIC, len(key), len(view), crc), key, view))
+
+
+def _value_bytes(value: bytes | bytearray | memoryview) -> memoryview:
+    """``value``'s bytes as a flat byte view: an array('i') or a 2-D view counts its bytes, not its
+    items (the header said 2 for an array of two ints holding 8: an entry never read back)."""
+    view = memoryview(value)
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 def decode_entry(key: bytes, data: bytes, where: str) -> bytes | None:
@@ -176,7 +186,7 @@ class KVCache:
     def __init__(
         self,
         fs: FileSystem,
-        root: str = "/kvcache",
+        root: str | os.PathLike[str] = "/kvcache",
         *,
         concurrency: int = 64,
         touch_on_get: bool = False,
@@ -184,6 +194,7 @@ class KVCache:
         dir_mode: int | None = None,
         file_mode: int | None = None,
     ) -> None:
+        root = os.fsdecode(root)  # a pathlib.Path too
         if not root.startswith("/"):
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"the cache root must be an absolute path: {root!r}")
         self.fs = fs
@@ -242,8 +253,20 @@ class KVCache:
                 raise
 
     async def put_many(self, items: Iterable[tuple[bytes | str, bytes | bytearray | memoryview]]) -> None:
-        """Store many values concurrently (at most ``concurrency`` at a time)."""
-        await asyncio.gather(*(self.put(k, v) for k, v in items))
+        """Store many values concurrently (at most ``concurrency`` at a time). A key given more
+        than once keeps its last value, as a dict would. Every item is checked before any is
+        stored (a bad key or value stores nothing), and the call returns once every put has
+        ended: an error (the first) is raised then, not while other puts still run."""
+        latest: dict[bytes, bytes | bytearray | memoryview] = {}
+        for key, value in items:
+            k = _key_bytes(key)
+            memoryview(value)  # TypeError for what is no buffer, before anything is stored
+            latest.pop(k, None)  # the last one given, in its place in the order
+            latest[k] = value
+        results = await asyncio.gather(*(self.put(k, v) for k, v in latest.items()), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
 
     async def _ensure_shard(self, shard: str) -> None:
         await self._learn_modes()
@@ -448,7 +471,7 @@ class KVCache:
 class SyncKVCache:
     """The blocking face of :class:`KVCache`, over a :class:`SyncFileSystem`."""
 
-    def __init__(self, fs: SyncFileSystem, root: str = "/kvcache", **options: Any) -> None:
+    def __init__(self, fs: SyncFileSystem, root: str | os.PathLike[str] = "/kvcache", **options: Any) -> None:
         self._fs = fs
         self.aio = call_os_flavoured(KVCache, fs.aio, root, **options)
 

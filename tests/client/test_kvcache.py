@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import logging
 import os
@@ -312,3 +313,31 @@ def _sync_cache(config: Path) -> None:
         assert cache.usage().entries == 1
         assert cache.evict(0).removed == 1
         assert cache.get(b"one") is None
+
+
+async def test_values_of_any_buffer_round_trip(fs: FileSystem) -> None:
+    """A value's bytes count, not its items: an array of two ints (8 bytes) was stored with a
+    header saying 2, an entry read as a miss for ever; a 2-D view likewise. The root may be a
+    pathlib.Path."""
+    cache = KVCache(fs, Path("/kv-buffers"))  # type: ignore[arg-type]
+    ints = array.array("i", [1, 2])
+    await cache.put(b"ints", ints)
+    await cache.put(b"grid", memoryview(bytearray(b"abcdefgh")).cast("B", (2, 4)))
+    await cache.put(b"strided", memoryview(b"a-b-c-d-")[::2])
+    assert await cache.get_many([b"ints", b"grid", b"strided"]) == [ints.tobytes(), b"abcdefgh", b"abcd"]
+
+
+async def test_put_many_checks_first_keeps_the_last_value_and_returns_once_done(fs: FileSystem) -> None:
+    cache = KVCache(fs, "/kv-many")
+    with pytest.raises(TypeError):  # a value that is no buffer: nothing is stored
+        await cache.put_many([(b"first", b"1" * 1000), (b"second", None)])  # type: ignore[list-item]
+    await asyncio.sleep(0.5)
+    assert await cache.get(b"first") is None
+    await cache.put_many([(b"k", b"v%d" % i) for i in range(10)] + [(b"other", b"o")])
+    assert await cache.get_many([b"k", b"other"]) == [b"v9", b"o"]
+    # a put that fails (its shard's parent is a file) is raised once every other put has ended
+    await fs.write_file("/kv-blocked", b"a file where the cache root would be")
+    blocked = KVCache(fs, "/kv-blocked")
+    with pytest.raises(FS3Error):
+        await blocked.put_many([(b"x%d" % i, b"v") for i in range(20)])
+    assert not [t for t in asyncio.all_tasks() if "KVCache.put" in repr(t.get_coro())]
