@@ -182,6 +182,23 @@ class StatResult:
         )
 
 
+#: (uid_t)-1: chown's "leave it as it is", as -1
+_NO_ID = 0xFFFFFFFF
+
+#: lookup errors that mean a path names nothing (FileSystem.exists)
+_NAMES_NOTHING = frozenset(
+    (
+        StatusCode.NOT_FOUND,
+        StatusCode.META_NOT_DIRECTORY,
+        StatusCode.META_TOO_MANY_SYMLINKS,
+        StatusCode.META_NAME_TOO_LONG,
+        StatusCode.META_INVALID_NAME,
+        StatusCode.INVALID_ARGUMENT,
+        StatusCode.PERMISSION_DENIED,
+    )
+)
+
+
 def _mode_of(flags: int) -> str:
     """The mode Python's binary file objects show for open(2) ``flags`` (see :attr:`File.mode`)."""
     plus = "+" if flags & os.O_ACCMODE == os.O_RDWR else ""
@@ -322,6 +339,7 @@ class File:
         self.flags = flags
         self.pos = 0
         self.closed = False
+        self.bytes_name = False  # opened by a bytes path (see name)
         # read() and readinto() of tasks (or threads, through SyncFileSystem) sharing this File
         # take their ranges one after another, as reads of a shared descriptor do: each got the
         # same bytes while the position moved on past others never returned
@@ -334,9 +352,10 @@ class File:
         return self.handle.inode_id
 
     @property
-    def name(self) -> str:
-        """The path the file was opened by, as a file object's ``name`` is."""
-        return os.fsdecode(self.path)
+    def name(self) -> str | bytes:
+        """The path the file was opened by, as a file object's ``name`` is (bytes when it was
+        given as bytes)."""
+        return self.path if self.bytes_name else os.fsdecode(self.path)
 
     @property
     def mode(self) -> str:
@@ -541,7 +560,9 @@ class File:
         return written
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it."""
+        """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it. SEEK_END counts from the
+        length this client knows (``size``), not asked of meta here: ``await stat()`` first takes
+        another client's appends and truncates (the synchronous SyncFile.seek asks itself)."""
         self._check()
         offset, whence = operator.index(offset), operator.index(whence)
         if whence == os.SEEK_SET:
@@ -931,20 +952,39 @@ class FileSystem:
         return await self.meta.lookup_path(p, follow)
 
     async def _parent(
-        self, path: str | bytes, existing: bool = True, root: StatusCode = StatusCode.ALREADY_EXISTS
+        self,
+        path: str | bytes,
+        existing: bool = True,
+        root: StatusCode = StatusCode.ALREADY_EXISTS,
+        dots: tuple[StatusCode, StatusCode] | None = None,
     ) -> tuple[int, bytes]:
         """The parent directory's inode id and the last name of ``path``. A trailing slash names
         a directory (Linux's rule): with ``existing`` (an unlink, rmdir, rename's source) what the
-        path names must be one (ENOTDIR; ENOENT when it is missing). The root has no parent: the
-        call fails with ``root``, the code Linux's call answers for "/" (EEXIST to make it, EBUSY
-        to remove or rename it, EISDIR to unlink it)."""
+        path names must be one, not a symlink to one (ENOTDIR; ENOENT when it is missing).
+
+        The root has no parent, and "." and ".." as the last name name a directory that exists:
+        the call fails with ``root`` (for "." and ".." with ``dots`` when given), the code Linux's
+        call answers (EEXIST to make it, EBUSY to rename it, EISDIR to unlink it; rmdir: EBUSY,
+        EINVAL, ENOTEMPTY)."""
         p = os.fsencode(path)
         if p and not p.strip(b"/"):
             raise FS3Error(root, f"{quote_name(p)} is the root")
         parent, name, slash = _split(p)
+        if name in (b".", b".."):
+            code = root if dots is None else dots[name == b".."]
+            raise FS3Error(code, f"{quote_name(p)}: its last name is {name.decode()}")
         if slash and existing:
-            await self._lookup(path)  # meta: ENOTDIR unless a directory
+            await self._dir_named(p)
         return (await self._lookup(parent)).id, name
+
+    async def _dir_named(self, path: bytes) -> m.Inode:
+        """The directory ``path`` (given with a trailing slash) names itself: ENOTDIR for any
+        other kind, a symlink to a directory included, as Linux's unlink, rmdir and rename take
+        "name/"; ENOENT when it is missing."""
+        ino = await self._lookup(path.rstrip(b"/"), follow=False)
+        if ino.type != m.INODE_DIRECTORY:
+            raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(path)}: not a directory")
+        return ino
 
     # -- open files -------------------------------------------------------------------------------
 
@@ -1090,11 +1130,22 @@ class FileSystem:
         return await self.open_flags(path, flags, perm)
 
     async def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> File:
-        """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE)."""
+        """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE, O_NOFOLLOW:
+        ELOOP for a symlink, O_DIRECTORY: ENOTDIR for a file, EISDIR for a directory, which
+        this API does not open as a file; EINVAL with O_CREAT, as Linux 6.4 and later answer)."""
         p = os.fsencode(path)
         since, opened_at = stamp(), session_clock()
-        if flags & os.O_CREAT and p and not p.strip(b"/"):
-            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)}: O_CREAT of the root")
+        if flags & os.O_DIRECTORY:
+            if flags & os.O_CREAT:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{quote_name(p)}: O_CREAT with O_DIRECTORY")
+            if (await self._lookup(p, follow=not flags & os.O_NOFOLLOW)).type != m.INODE_DIRECTORY:
+                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(p)}: O_DIRECTORY of no directory")
+            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)} is a directory")
+        nofollow = bool(flags & os.O_NOFOLLOW) and not p.endswith(b"/")  # "link/" follows it
+        if flags & os.O_CREAT and p and (not p.strip(b"/") or _split(p)[1] in (b".", b"..")):
+            # a directory that exists (the root, "d/.", "d/.."): EEXIST with O_EXCL, as Linux answers
+            code = StatusCode.ALREADY_EXISTS if flags & os.O_EXCL else StatusCode.META_IS_DIRECTORY
+            raise FS3Error(code, f"{quote_name(p)}: O_CREAT of a directory")
         if flags & os.O_CREAT and p.endswith(b"/"):
             # open(2): a name with a trailing slash is a directory, which O_CREAT cannot make; the
             # walk to its parent fails first where it fails (ENOENT, ENOTDIR), as the kernel's does
@@ -1113,6 +1164,10 @@ class FileSystem:
                 )
                 if rsp.inode.type != m.INODE_SYMLINK:
                     break
+                if nofollow:
+                    raise FS3Error(
+                        StatusCode.META_TOO_MANY_SYMLINKS, f"{quote_name(p)} is a symlink (O_NOFOLLOW)"
+                    )
                 # As open(2) without O_NOFOLLOW: the link is followed, and a dangling one
                 # creates its target (meta opens no session on a symlink; O_EXCL was EEXIST).
                 target = rsp.inode.symlink_target or await self.meta.readlink(rsp.inode.id)
@@ -1124,7 +1179,11 @@ class FileSystem:
             inode, session_id, queued = rsp.inode, rsp.session_id, False
         else:
             for attempt in range(_OPEN_ATTEMPTS):
-                inode = await self._lookup(p)
+                inode = await self._lookup(p, follow=not nofollow)
+                if inode.type == m.INODE_SYMLINK:
+                    raise FS3Error(
+                        StatusCode.META_TOO_MANY_SYMLINKS, f"{quote_name(p)} is a symlink (O_NOFOLLOW)"
+                    )
                 if flags & os.O_TRUNC:
                     await self._drain_before_truncate(inode.id)
                 try:
@@ -1147,6 +1206,7 @@ class FileSystem:
             if st is not None:
                 st.truncated(0)
         f = File(self, self._handle(inode, session_id, flags, since, opened_at, queued), p, flags)
+        f.bytes_name = isinstance(path, bytes)
         self._files.add(f)
         if flags & 3 != os.O_RDONLY:
             self._writers.add(f)
@@ -1511,11 +1571,15 @@ class FileSystem:
         return StatResult.of(inode)
 
     async def exists(self, path: str | bytes) -> bool:
+        """Whether ``path`` names something (a symlink is followed), as os.path.exists answers:
+        False for a path that cannot name anything ("file/x", a symlink loop, a name too long,
+        a NUL byte) or that this user may not search. Errors of the cluster (meta unreachable)
+        are raised, not taken for "missing"."""
         try:
             await self._lookup(path)
         except FS3Error as e:
-            if e.code in (StatusCode.NOT_FOUND, StatusCode.META_NOT_DIRECTORY):
-                return False  # as os.path.exists: "file/x" does not exist
+            if e.code in _NAMES_NOTHING:
+                return False
             raise
         return True
 
@@ -1562,7 +1626,9 @@ class FileSystem:
 
     async def rmdir(self, path: str | bytes, *, recursive: bool = False) -> None:
         """Remove an empty directory (or, with ``recursive``, a whole tree, collected later)."""
-        parent, name = await self._parent(path, root=StatusCode.META_BUSY)
+        parent, name = await self._parent(
+            path, root=StatusCode.META_BUSY, dots=(StatusCode.INVALID_ARGUMENT, StatusCode.META_NOT_EMPTY)
+        )
         await self.meta.rmdir(parent, name, recursive)
 
     async def unlink(self, path: str | bytes) -> None:
@@ -1576,15 +1642,15 @@ class FileSystem:
     ) -> None:
         """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory); with
         ``exchange``, swap the two, which must both exist (renameat2's RENAME_EXCHANGE)."""
-        if (
-            os.fsencode(dst).strip(b"/") and _split(dst)[2] and not exchange
-        ):  # "dst/": a directory, or only a directory may move there
+        d = os.fsencode(dst)
+        if d.strip(b"/") and d.endswith(b"/") and not exchange:
+            # "dst/": a directory (not a symlink to one), or only a directory may move there
             try:
-                await self._lookup(dst)
+                await self._dir_named(d)
             except FS3Error as e:
                 if e.code != StatusCode.NOT_FOUND:
                     raise
-                await self._lookup(os.fsencode(src).rstrip(b"/") + b"/")
+                await self._dir_named(os.fsencode(src).rstrip(b"/") + b"/")
         (sp, sn), (dp, dn) = await asyncio.gather(
             self._parent(src, root=StatusCode.META_BUSY),
             self._parent(dst, existing=exchange, root=StatusCode.META_BUSY),
@@ -1596,9 +1662,11 @@ class FileSystem:
         parent, name = await self._parent(path)
         await self.meta.symlink(parent, name, os.fsencode(target))
 
-    async def readlink(self, path: str | bytes) -> str:
+    async def readlink(self, path: str | bytes) -> str | bytes:
+        """The target of symlink ``path``: bytes for a bytes path, as os.readlink answers."""
         inode = await self._lookup(path, follow=False)
-        return os.fsdecode(await self.meta.readlink(inode.id))
+        target = await self.meta.readlink(inode.id)
+        return target if isinstance(path, bytes) else os.fsdecode(target)
 
     async def link(self, src: str | bytes, dst: str | bytes) -> None:
         """Make ``dst`` a hard link to ``src``."""
@@ -1615,11 +1683,14 @@ class FileSystem:
         await self.meta.setattr((await self._lookup(path)).id, mode=mode & 0o7777)
 
     async def chown(self, path: str | bytes, uid: int = -1, gid: int = -1) -> None:
+        """As os.chown: -1 (or (uid_t)-1, 4294967295) leaves that id as it is."""
         fields = {}
-        if uid != -1:
-            fields["uid"] = uid
-        if gid != -1:
-            fields["gid"] = gid
+        for what, value in (("uid", uid), ("gid", gid)):
+            value = operator.index(value)
+            if not -1 <= value <= _NO_ID:
+                raise OverflowError(f"{what} {value} is out of range")
+            if value not in (-1, _NO_ID):
+                fields[what] = value
         await self.meta.setattr((await self._lookup(path)).id, **fields)
 
     async def utime(self, path: str | bytes, ns: tuple[int, int] | None = None) -> None:

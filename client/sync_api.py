@@ -171,7 +171,7 @@ class SyncFile:
             self.write(line)
 
     @property
-    def name(self) -> str:
+    def name(self) -> str | bytes:
         return self.file.name
 
     @property
@@ -208,6 +208,9 @@ class SyncFile:
         return self._loop.run(self.file.write_parallel(list(pieces), concurrency))
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_END and not self.file.closed:
+            # as lseek: from the file's length now, another client's appends and truncates counted
+            self._loop.run(self.file.fs._refresh(self.file.handle))
         return call_os_flavoured(self.file.seek, offset, whence)
 
     def tell(self) -> int:
@@ -323,7 +326,7 @@ class SyncFileSystem:
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
         self._call(self.aio.symlink, target, path)
 
-    def readlink(self, path: str | bytes) -> str:
+    def readlink(self, path: str | bytes) -> str | bytes:
         return self._call(self.aio.readlink, path)
 
     def link(self, src: str | bytes, dst: str | bytes) -> None:

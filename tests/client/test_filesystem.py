@@ -574,7 +574,7 @@ def _outcome(fn: Callable[[], object]) -> object:
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - the class is the outcome
-        for kind in (io.UnsupportedOperation, BufferError, TypeError, ValueError):
+        for kind in (io.UnsupportedOperation, BufferError, TypeError, ValueError, OverflowError):
             if isinstance(e, kind):
                 return kind
         assert isinstance(e, OSError), e
@@ -664,6 +664,141 @@ def _compare_misuse(config: Path, local: Path) -> None:
             (lambda: fs.open("/", "wb"), errno.EISDIR),
         ):
             assert _outcome(root_op) == ("OSError", code)
+
+
+async def test_names_ending_in_dots_slashes_and_symlinks_answer_as_linux(
+    cluster: FsCluster, tmp_path: Path
+) -> None:
+    """ "d/." and "d/.." as the name to make, remove or rename, and "symlink-to-dir/" given to
+    unlink and rename: each fails with the errno Linux gives on a local directory (unlink and
+    rename of "sl/" acted on the symlink itself; the dots were EINVAL for every call)."""
+    await asyncio.to_thread(_compare_names, cluster.client_config("names"), tmp_path / "local")
+
+
+def _compare_names(config: Path, local: Path) -> None:
+    ops: list[tuple[str, Callable[[Any, str], object]]] = []
+    for last in (".", ".."):
+        ops += [
+            (f"unlink {last}", lambda fs, r, last=last: fs.unlink(f"{r}/d/{last}")),
+            (f"rmdir {last}", lambda fs, r, last=last: fs.rmdir(f"{r}/d/{last}")),
+            (f"rename from {last}", lambda fs, r, last=last: fs.rename(f"{r}/d/{last}", f"{r}/x")),
+            (f"rename onto {last}", lambda fs, r, last=last: fs.rename(f"{r}/f", f"{r}/d/{last}")),
+            (f"symlink {last}", lambda fs, r, last=last: fs.symlink("x", f"{r}/d/{last}")),
+            (f"link {last}", lambda fs, r, last=last: fs.link(f"{r}/f", f"{r}/d/{last}")),
+            (f"open w {last}", lambda fs, r, last=last: fs.open(f"{r}/d/{last}", "wb")),
+            (f"open x {last}", lambda fs, r, last=last: fs.open(f"{r}/d/{last}", "xb")),
+        ]
+    ops += [
+        ("unlink sl/", lambda fs, r: fs.unlink(f"{r}/sl/")),
+        ("unlink d/", lambda fs, r: fs.unlink(f"{r}/d/")),
+        ("unlink f/", lambda fs, r: fs.unlink(f"{r}/f/")),
+        ("rmdir sl/", lambda fs, r: fs.rmdir(f"{r}/sl/")),
+        ("rename sl/", lambda fs, r: fs.rename(f"{r}/sl/", f"{r}/moved")),
+        ("rename f onto sl/", lambda fs, r: fs.rename(f"{r}/f", f"{r}/sl/")),
+        ("rename e onto sl/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/sl/")),
+        ("rename f onto missing/", lambda fs, r: fs.rename(f"{r}/f", f"{r}/missing/")),
+        ("rename e onto missing/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/missing/")),
+    ]
+
+    class Local:  # os's calls under the names SyncFileSystem gives them, for the same ops
+        unlink, rmdir, rename, symlink, link, listdir = (
+            os.unlink,
+            os.rmdir,
+            os.rename,
+            os.symlink,
+            os.link,
+            os.listdir,
+        )
+        open = staticmethod(open)
+
+        @staticmethod
+        def makedirs(path: str) -> None:
+            os.makedirs(path)
+
+        @staticmethod
+        def write_file(path: str, data: bytes) -> None:
+            Path(path).write_bytes(data)
+
+    with SyncFileSystem.connect(config) as fs:
+        for i, (name, op) in enumerate(ops):
+            outcomes = []
+            for target, root in ((fs, f"/names{i}"), (Local, str(local / f"n{i}"))):
+                target.makedirs(f"{root}/d/sub")
+                target.makedirs(f"{root}/e")
+                target.write_file(f"{root}/f", b"f")
+                target.symlink("d", f"{root}/sl")
+                outcome = _outcome(lambda t=target, r=root, op=op: op(t, r))
+                after = sorted(map(str, target.listdir(root))), sorted(map(str, target.listdir(f"{root}/d")))
+                outcomes.append((outcome, after))
+            assert outcomes[0] == outcomes[1], (name, outcomes)
+
+
+async def test_sync_api_answers_as_os_does(cluster: FsCluster, tmp_path: Path) -> None:
+    """exists, chown, readlink, a file's name, open_flags with O_NOFOLLOW and O_DIRECTORY, and
+    seek from the end answer as os and Python's files do on a local directory."""
+    await asyncio.to_thread(_compare_os, cluster, tmp_path / "local")
+
+
+def _open_local(path: str, flags: int) -> str | None:
+    fd = os.open(path, flags)
+    try:
+        return "a directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def _compare_os(cluster: FsCluster, local: Path) -> None:
+    local.mkdir()
+    with (
+        SyncFileSystem.connect(cluster.client_config("os-a")) as fs,
+        SyncFileSystem.connect(cluster.client_config("os-b")) as other,
+    ):
+        fs.mkdir("/os")
+        for target, root in ((fs, "/os"), (None, str(local))):
+            mk = fs.mkdir if target else os.mkdir
+            mk(f"{root}/d")
+            (fs.write_file if target else lambda p, d: Path(p).write_bytes(d))(f"{root}/f", b"0123456789")
+            for name, to in (("sl", "f"), ("sld", "d"), ("loop", "loop")):
+                (fs.symlink if target else os.symlink)(to, f"{root}/{name}")
+        # exists: False for what names nothing, as os.path.exists says
+        for rel in ("f", "sl", "d", "missing", "f/x", "loop", "a" * 300, "a\0b"):
+            assert fs.exists(f"/os/{rel}") == os.path.exists(f"{local}/{rel}"), rel
+        # open flags
+        flag_sets = [
+            os.O_RDONLY | os.O_NOFOLLOW,
+            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+            os.O_RDONLY | os.O_DIRECTORY,
+            os.O_WRONLY | os.O_DIRECTORY,
+            os.O_WRONLY | os.O_CREAT | os.O_DIRECTORY,
+        ]
+        for rel in ("f", "sl", "sld", "d"):
+            for flags in flag_sets:
+                ours = _outcome(lambda rel=rel, flags=flags: fs.open_flags(f"/os/{rel}", flags).close())
+                theirs = _outcome(lambda rel=rel, flags=flags: _open_local(f"{local}/{rel}", flags))
+                if theirs == "a directory":
+                    theirs = ("OSError", errno.EISDIR)  # which this API does not open as a file
+                assert ours == theirs, (rel, flags, ours, theirs)
+        # bytes in, bytes out
+        assert fs.readlink(b"/os/sl") == os.readlink(os.fsencode(f"{local}/sl")) == b"f"
+        assert fs.readlink("/os/sl") == "f"
+        with fs.open(b"/os/f") as f, open(os.fsencode(f"{local}/f"), "rb") as g:
+            assert isinstance(f.name, bytes) and isinstance(g.name, bytes)
+        # chown: -1 and (uid_t)-1 leave an id as it is; out of range is OverflowError
+        fs.chown("/os/f", 1234, 55)
+        fs.chown("/os/f", 2**32 - 1, -1)
+        assert (fs.stat("/os/f").st_uid, fs.stat("/os/f").st_gid) == (1234, 55)
+        for bad in (-2, 2**32):
+            assert _outcome(lambda bad=bad: fs.chown("/os/f", bad, -1)) == _outcome(
+                lambda bad=bad: os.chown(f"{local}/f", bad, -1)
+            )
+        # SEEK_END takes the length now: another client appended, then truncated
+        with fs.open("/os/f") as f:
+            with other.open("/os/f", "ab") as a:
+                a.write(b"abc")
+            assert f.seek(0, os.SEEK_END) == 13
+            other.truncate("/os/f", 2)
+            assert f.seek(-1, os.SEEK_END) == 1 and f.read() == b"1"
 
 
 async def test_storage_daemon_killed_mid_workload(tmp_path: Path) -> None:
