@@ -441,6 +441,8 @@ class Fs3Operations(pyfuse3.Operations):
         # GETATTR per create. This mount's creates fold their times in; its other changes of a
         # directory drop it. _dir_changes counts those, so a GETATTR that ran across one keeps nothing.
         self._dir_attrs: dict[int, tuple[m.Inode, float]] = {}
+        # directories this mount removed, until the kernel forgets them (see _removed_dir)
+        self._removed_dirs: dict[int, m.Inode] = {}
         self._dir_changes = 0
         self.metrics.remembered = lambda: len(self._seen) + len(self._dir_attrs)
         self._abandoned = False
@@ -605,6 +607,7 @@ class Fs3Operations(pyfuse3.Operations):
         for inode, _ in inode_list:
             self._seen.pop(inode, None)
             self._dir_attrs.pop(inode, None)
+            self._removed_dirs.pop(inode, None)
         handles = self.fs.meta.handles
         if handles is not None:
             for inode, nlookup in inode_list:
@@ -785,8 +788,20 @@ class Fs3Operations(pyfuse3.Operations):
 
     @_translate
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        meta = self.meta(ctx)
         with self._changing(all_dirs=True):  # the removed one's too (an fstat of it: nlink 0)
-            await self.meta(ctx).rmdir(parent_inode, name)
+            # which directory goes: a process may stand in it (see _removed_dir)
+            try:
+                gone: m.Inode | None = await meta.lookup(parent_inode, name)
+            except FS3Error:
+                gone = None  # the rmdir says why
+            await meta.rmdir(parent_inode, name)
+        if gone is not None and gone.type == m.INODE_DIRECTORY:
+            gone.nlink = 0
+            gone.handle = b""
+            if len(self._removed_dirs) >= _DIR_ATTRS_MAX:
+                del self._removed_dirs[next(iter(self._removed_dirs))]
+            self._removed_dirs[gone.id] = gone
 
     @_translate
     async def symlink(
@@ -1019,14 +1034,17 @@ class Fs3Operations(pyfuse3.Operations):
             d.page = min(2 * d.page, _READDIR_PAGE_MAX)
 
     def _removed_dir(self, inode: int, error: FS3Error) -> m.Inode | None:
-        """A directory removed while this mount holds it open (a shell's working directory,
-        say) answers as a local file system's does: its attributes as at its opendir with no
-        links, and an empty listing, not ENOENT. None when ``error`` is not that case."""
+        """A directory removed while this mount holds it open, or removed through this mount
+        while the kernel still holds it (a shell's working directory: ``cd d; rm -rf ../d; ls``)
+        answers as a local file system's does: its attributes as at its opendir (or removal)
+        with no links, and an empty listing, not ESTALE. None when ``error`` is not that case (a
+        directory another client removed stays ESTALE: the kernel then looks its path up again,
+        which finds what another client put in its place)."""
         if error.code != StatusCode.NOT_FOUND:
             return None
         held = next((d.dots[0][1] for d in self._dirs.values() if d.inode == inode), None)
         if held is None:
-            return None
+            return self._removed_dirs.get(inode)
         gone = m.Inode()
         gone.CopyFrom(held)
         gone.nlink = 0

@@ -1396,6 +1396,23 @@ def test_a_directory_removed_while_held_open_answers_as_a_local_one(env: Env) ->
         os.close(fd)
 
 
+def test_a_directory_removed_while_a_shell_stands_in_it_answers_as_a_local_one(env: Env) -> None:
+    """`cd d; rm -rf ../d; ls`: the listing is empty and stat of "." shows no links, as on ext4
+    (both were ESTALE: no descriptor held the directory, and meta had dropped its inode)."""
+    d = env.mnt / "cwd-dir"
+    d.mkdir()
+    (d / "f").write_bytes(b"x")
+    out = subprocess.run(
+        ["bash", "-c", "cd cwd-dir && rm -rf ../cwd-dir && ls -a; echo rc=$?; stat -c links=%h ."],
+        cwd=env.mnt,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "rc=0" in out.stdout.split() and "links=0" in out.stdout.split(), out.stdout + out.stderr
+    assert "Stale" not in out.stderr and not d.exists(), out.stderr
+
+
 def test_mkdir_modes_and_dirs_listing(env: Env) -> None:
     d = env.mnt / "listing"
     d.mkdir(mode=0o750)
