@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import logging
 import os
 import time
@@ -51,6 +52,12 @@ from .target_map import OFFLINE, Lease, LocalTarget, TargetMap
 log = logging.getLogger(__name__)
 
 _TARGET_ID_FILE = "target_id"
+# Which cluster a target directory belongs to: a fingerprint of the cluster secret (the secret
+# tells clusters apart; its fingerprint does not give it away). Target ids repeat across clusters
+# (every `fs3 local` cluster numbers its targets alike), so the id alone let a storage daemon of
+# one cluster take another cluster's directory (a config pointing at a reused disk) and resync it
+# empty.
+_OWNER_FILE = "cluster_owner"
 #: how long a stop waits for the engine calls already in the I/O threads
 _IO_DRAIN_S = 30.0
 # how long a clean stop waits for mgmtd to take its last heartbeat (see StorageDaemon._leave): a
@@ -140,11 +147,13 @@ class StorageDaemon:
                 "create-targets)",
             )
         loop = asyncio.get_running_loop()
+        secret = self.secret or DEV_SECRET
+        owner = owner_mark(secret)
         # What is wrong here is said at once, before the wait for mgmtd; nothing is made on disk
         # until mgmtd has confirmed that every target is this node's.
         for tid, path in zip(cfg.target_ids, cfg.target_paths, strict=True):
             try:
-                await loop.run_in_executor(self.pools[tid], _check_target_dir, Path(path), tid)
+                await loop.run_in_executor(self.pools[tid], _check_target_dir, Path(path), tid, owner)
             except FS3Error as e:
                 if e.code != StatusCode.STORAGE_IO_ERROR:
                     raise
@@ -153,7 +162,6 @@ class StorageDaemon:
         check_bindable(cfg.listen_host, cfg.listen_port)
         if cfg.backend_port:
             check_bindable(cfg.backend_host or cfg.listen_host, cfg.backend_port)
-        secret = self.secret or DEV_SECRET
         if self.secret is None:
             log.warning(
                 "no cluster_secret_file: peers authenticate with the built-in development secret,"
@@ -191,7 +199,7 @@ class StorageDaemon:
                 loop.call_soon_threadsafe(self._target_failed, tid, e)
 
             try:
-                await loop.run_in_executor(self.pools[tid], _claim_target_dir, p, tid)
+                await loop.run_in_executor(self.pools[tid], _claim_target_dir, p, tid, owner)
                 engine = await AsyncChunkEngine.open(
                     p,
                     EngineOptions(
@@ -500,10 +508,18 @@ def _recorded_target(path: Path) -> str | None:
         return None
 
 
-def _check_target_dir(path: Path, target_id: int) -> None:
+def owner_mark(secret: bytes) -> str:
+    """What a target directory records of the cluster that claimed it: a fingerprint of the
+    cluster secret."""
+    return hashlib.sha256(b"fs3 target directory owner\0" + secret).hexdigest()[:32]
+
+
+def _check_target_dir(path: Path, target_id: int, owner: str | None = None) -> None:
     """Check, creating nothing, that ``path`` can be target ``target_id``'s directory: its parent
     exists, and a directory already there belongs to this target (a file in it records the id on
-    first use), so a config that swaps two paths is caught at startup.
+    first use), so a config that swaps two paths is caught at startup; and to this cluster
+    (``owner``, see :func:`owner_mark`, recorded on first use too), so a config that points at
+    another cluster's directory is.
 
     Only the target directory itself is ever created, never its parents: a target's parent is on
     its disk, and a disk that failed to mount at boot leaves a bare mount point; creating the path
@@ -536,32 +552,50 @@ def _check_target_dir(path: Path, target_id: int) -> None:
                     StatusCode.CONFIG_INVALID,
                     f"target directory {path} belongs to target {recorded}, not {target_id}",
                 )
+        mark = path / _OWNER_FILE
+        if owner is not None and mark.exists() and (found := mark.read_text().strip()) != owner:
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"target directory {path} belongs to another cluster (its {_OWNER_FILE} file records "
+                f"{found or 'nothing'}, this cluster's secret gives {owner}): its chunks would be "
+                f"replaced by this cluster's; if this cluster's secret was changed on purpose, "
+                f"remove {mark} to let it claim the directory",
+            )
         if not os.access(path, os.W_OK):
             raise PermissionError(13, "Permission denied")
     except OSError as e:
         raise FS3Error(StatusCode.STORAGE_IO_ERROR, f"target directory {path}: {e.strerror or e}") from None
 
 
-def _claim_target_dir(path: Path, target_id: int) -> None:
+def _claim_target_dir(path: Path, target_id: int, owner: str | None = None) -> None:
     """Create the target directory if needed (see :func:`_check_target_dir`, asked again here) and
-    record ``target_id`` in it on first use."""
-    _check_target_dir(path, target_id)
+    record ``target_id`` and ``owner`` in it on first use (a directory of an older version, with
+    no owner recorded, is claimed by the cluster that starts it)."""
+    _check_target_dir(path, target_id, owner)
     try:
         made = not path.exists()
         path.mkdir(exist_ok=True)
-        marker = path / _TARGET_ID_FILE
-        if marker.exists():
+        records = [(_TARGET_ID_FILE, str(target_id))]
+        if owner is not None:
+            records.append((_OWNER_FILE, owner))
+        wrote = False
+        for name, text in records:
+            marker = path / name
+            if marker.exists():
+                continue
+            # durable before it counts: the rename of an unsynced file can reach the disk before
+            # its bytes, and a crash then leaves an empty id file that refuses every start after
+            tmp = path / f".{name}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, f"{text}\n".encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, marker)
+            wrote = True
+        if not wrote:
             return
-        # durable before it counts: the rename of an unsynced file can reach the disk before its
-        # bytes, and a crash then leaves an empty id file that refuses every start after
-        tmp = path / f".{_TARGET_ID_FILE}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, f"{target_id}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, marker)
         for d in (path, path.parent) if made else (path,):
             dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
             try:

@@ -11,9 +11,9 @@ from cluster import Cluster, wait_until
 from prometheus_client import CollectorRegistry
 
 from fs3.config import StorageConfig, load_config
-from fs3.errors import FS3Error
+from fs3.errors import FS3Error, StatusCode
 from fs3.proto import common_pb2
-from fs3.storage.daemon import StorageDaemon
+from fs3.storage.daemon import StorageDaemon, owner_mark
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,6 +22,10 @@ OTHER_NODE = 10009  # registered with mgmtd, with no targets of its own
 
 def _tree(root) -> list[str]:  # type: ignore[no-untyped-def]
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _contents(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize(
@@ -74,6 +78,32 @@ def test_a_target_directory_with_an_empty_id_file_is_refused_with_what_to_do(tmp
         _claim_target_dir(target, 101)
     assert "target id file" in e.value.message and "is empty" in e.value.message
     assert "write 101 into it" in e.value.message
+
+
+async def test_a_target_directory_of_another_cluster_is_refused_and_kept(tmp_path) -> None:
+    """Target ids repeat across clusters (every fs3 local cluster numbers its targets alike): a
+    storage daemon of another cluster whose config pointed at this cluster's target directory took
+    it, and its resync emptied it (found by use). The directory records which cluster claimed it
+    (a fingerprint of the cluster secret): another cluster's daemon refuses it at start and
+    leaves every file in it; a directory of an older version, with no record, is claimed."""
+    async with Cluster(tmp_path / "c", storage_nodes=1, replication=1) as c:
+        node = c.nodes[0]
+        c.kill_storage(0)
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        target = Path(cfg.target_paths[0])
+        assert (target / "cluster_owner").read_text().strip() == owner_mark(c.secret)
+        before = _contents(target)
+        other = StorageDaemon(cfg, secret=b"another-clusters-secret", registry=CollectorRegistry())
+        with pytest.raises(FS3Error) as info:
+            await other.start()
+        assert info.value.code == StatusCode.CONFIG_INVALID
+        assert "belongs to another cluster" in info.value.message, info.value.message
+        assert _contents(target) == before
+        # an older version's directory (no owner recorded) is claimed by the cluster that starts it
+        (target / "cluster_owner").unlink()
+        await c.restart_storage(0)
+        await wait_until(lambda: (target / "cluster_owner").exists(), 30, "the directory to be claimed")
+        assert (target / "cluster_owner").read_text().strip() == owner_mark(c.secret)
 
 
 async def test_a_target_whose_disk_fails_at_start_is_left_out_and_the_others_serve(tmp_path) -> None:
