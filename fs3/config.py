@@ -35,6 +35,15 @@ def _positive(v: Any) -> str | None:
     return None if v > 0 else "must be > 0"
 
 
+#: node ids travel as uint32 (NodeInfo.node_id), target ids as uint64
+MAX_NODE_ID = (1 << 32) - 1
+MAX_TARGET_ID = (1 << 64) - 1
+
+
+def _node_id(v: Any) -> str | None:
+    return None if 0 < v <= MAX_NODE_ID else f"must be from 1 to {MAX_NODE_ID}"
+
+
 def _seconds(v: Any) -> str | None:
     """A duration: more than 0 and at most 10^9 s (31 years; beyond it a TTL overflows where it
     becomes nanoseconds)."""
@@ -206,7 +215,7 @@ class RdmaConfig:
 class MgmtdConfig:
     """fs3-mgmtd: the cluster manager."""
 
-    node_id: int = opt(1, doc="this mgmtd's node id, unique among mgmtd instances", check=_positive)
+    node_id: int = opt(1, doc="this mgmtd's node id, unique among mgmtd instances", check=_node_id)
     listen_host: str = opt("127.0.0.1", doc="address the gRPC service binds")
     listen_port: int = opt(8000, doc="gRPC port (0 = any free port)", check=_port)
     cluster_id: str = opt(
@@ -250,7 +259,7 @@ class MgmtdConfig:
 class MetaConfig:
     """fs3-meta: the metadata service."""
 
-    node_id: int = opt(100, doc="this node's id, unique in the cluster", check=_positive)
+    node_id: int = opt(100, doc="this node's id, unique in the cluster", check=_node_id)
     listen_host: str = opt("127.0.0.1", doc="address the fs3 RPC service binds")
     listen_port: int = opt(8100, doc="fs3 RPC port (0 = any free port)", check=_port)
     advertise_host: str = opt(
@@ -335,7 +344,7 @@ class MetaConfig:
 class StorageConfig:
     """fs3-storage: the storage daemon."""
 
-    node_id: int = opt(10001, doc="this node's id, unique in the cluster", check=_positive)
+    node_id: int = opt(10001, doc="this node's id, unique in the cluster", check=_node_id)
     listen_host: str = opt("127.0.0.1", doc="address for client traffic")
     listen_port: int = opt(8200, doc="fs3 RPC port for client traffic (0 = any free port)", check=_port)
     backend_host: str = opt("", doc="address for chain-replication traffic ('' = listen_host)")
@@ -453,8 +462,10 @@ class StorageConfig:
         """What is wrong across fields (see :func:`load_config`), or None."""
         if len(self.target_ids) != len(self.target_paths):
             return f"{len(self.target_paths)} target_paths but {len(self.target_ids)} target_ids"
-        if len(set(self.target_ids)) != len(self.target_ids) or any(t <= 0 for t in self.target_ids):
-            return "target_ids must be distinct positive numbers"
+        if len(set(self.target_ids)) != len(self.target_ids) or any(
+            not 0 < t <= MAX_TARGET_ID for t in self.target_ids
+        ):
+            return f"target_ids must be distinct numbers from 1 to {MAX_TARGET_ID}"
         return None
 
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fs3.config import get_dotted, load_config, overriding_variables, pushed_settings, set_dotted
+from fs3.config import MAX_NODE_ID, get_dotted, load_config, overriding_variables, pushed_settings, set_dotted
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import Database
 from fs3.net.auth import read_secret
@@ -284,8 +284,10 @@ def apply_overrides(cfg: C, args: argparse.Namespace) -> C:
         cfg.kv = dataclasses.replace(cfg.kv, **{k: v for k, v in kv.items() if v is not None})  # type: ignore[attr-defined]
     if args.log_level is not None:
         cfg.log = dataclasses.replace(cfg.log, level=args.log_level)  # type: ignore[attr-defined]
-    if cfg.node_id <= 0 or not 0 <= cfg.listen_port <= 65535:  # type: ignore[attr-defined]
-        raise FS3Error(StatusCode.CONFIG_INVALID, "node id must be > 0 and port 0..65535")
+    if not 0 < cfg.node_id <= MAX_NODE_ID or not 0 <= cfg.listen_port <= 65535:  # type: ignore[attr-defined]
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID, f"node id must be from 1 to {MAX_NODE_ID} and port 0..65535"
+        )
     return cfg
 
 

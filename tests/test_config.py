@@ -54,6 +54,9 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("kv = 3\n", "must be a table"),
         ("mgmtd_addresses = 'a:1'\n", "expected a list"),
         ("gc_interval_s = -1\n", "must be > 0"),
+        # a node id travels as uint32: mgmtd logged a traceback per election round, meta crashed
+        ("node_id = 4294967296\n", "must be from 1 to 4294967295"),
+        ("node_id = 0\n", "must be from 1 to 4294967295"),
         ("default_chunk_size = 1000000\n", "must be a power of two"),  # meta refused it only later
         ("default_chunk_size = 32768\n", "'default_chunk_size'"),
         ("capability_ttl_s = inf\n", "must be a finite number"),  # TOML has inf and nan
@@ -87,8 +90,9 @@ def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
     "cls, text, needle",
     [
         (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1]\n', "2 target_paths but 1 target_ids"),
-        (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1, 1]\n', "distinct positive"),
-        (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [0]\n', "distinct positive"),
+        (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1, 1]\n', "distinct numbers from 1"),
+        (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [0]\n', "distinct numbers from 1"),
+        (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [18446744073709551616]\n', "distinct numbers from 1"),
         (MetaConfig, "authenticate = true\nmgmtd_addresses = []\n", "needs mgmtd_addresses"),
         # the daemon started and died of a ValueError in its mgmtd client
         (StorageConfig, "mgmtd_addresses = []\n", "at least one host:port"),

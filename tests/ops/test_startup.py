@@ -74,6 +74,23 @@ def test_unknown_config_key(tmp_path: Path, service: str) -> None:
 
 
 @pytest.mark.parametrize("service", DAEMONS)
+def test_a_node_id_out_of_range_is_refused_in_one_line(tmp_path: Path, service: str) -> None:
+    """A node id travels as uint32: 2^32 passed the checks, then mgmtd logged a traceback every
+    election round and never served, and meta died of a ValueError."""
+    cfg = config(tmp_path, service, "node_id = 4294967296")
+    assert "must be from 1 to 4294967295" in the_line(run_daemon(service, cfg), service)
+    cfg = config(tmp_path, service)
+    out = subprocess.run(
+        [sys.executable, "-m", "fs3.cli.main", service, "--config", str(cfg), "--node-id", "4294967296"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "node id must be from 1 to 4294967295" in out.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("service", DAEMONS)
 def test_port_in_use(tmp_path: Path, service: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
