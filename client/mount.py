@@ -512,8 +512,25 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[int], None]]:
     pid = os.fork()
     if pid:
         os.close(w)
+        # Ctrl-C (or SIGTERM, SIGHUP) while the mount comes up: the mount process has a session
+        # of its own and hears nothing of it, so this command exited 130 and the mount came up
+        # anyway. The signal is passed on (the mount stops, unmounting if it got that far), and
+        # this command ends once the mount process has, with the signal's status.
+        caught: list[int] = []
+
+        def pass_on(signum: int, _frame: object) -> None:
+            caught.append(signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, pass_on)
         with os.fdopen(r, "rb") as pipe:
             word = pipe.read(1)
+        if caught:
+            os.waitpid(pid, 0)
+            sys.stderr.write(f"fs3 mount: stopped by {_signal_name(caught[0])}\n")
+            os._exit(128 + caught[0])
         if word == b"1":
             os._exit(0)
         if word == b"0":

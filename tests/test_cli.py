@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -152,6 +153,51 @@ def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -
     assert err.splitlines() == [
         f"fs3 mount: the mount did not come up: its process was killed by SIGKILL (see the log: {log})"
     ]
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_a_mount_coming_up_stops_the_mount_too(tmp_path, sig: str) -> None:
+    """Ctrl-C on `fs3 mount` while it connected: the command exited 130 and its detached mount
+    process (a session of its own, which a terminal's Ctrl-C does not reach) went on and mounted.
+    The signal is passed on; the command ends once the mount process has."""
+    import os
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as silent:  # takes connections and never answers: the mount waits
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        cfg = tmp_path / "silent.toml"
+        cfg.write_text(f'mgmtd_addresses = ["127.0.0.1:{silent.getsockname()[1]}"]\nrpc_timeout_s = 60.0\n')
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        p = subprocess.Popen(
+            [*FS3, "mount", str(mnt), "--config", str(cfg)], stderr=subprocess.PIPE, text=True
+        )
+        child = 0
+        try:
+            children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+            deadline = time.monotonic() + 30
+            while not children.read_text().split():  # the detached mount process, once forked
+                assert time.monotonic() < deadline, "fs3 mount did not fork"
+                time.sleep(0.02)
+            child = int(children.read_text().split()[0])
+            time.sleep(0.5)  # connecting
+            p.send_signal(getattr(signal, sig))
+            err = p.communicate(timeout=30)[1]
+            assert p.returncode == 128 + getattr(signal, sig), err
+            assert err.splitlines()[-1] == f"fs3 mount: stopped by {sig}", err
+            assert (
+                not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+            )
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            if child and Path(f"/proc/{child}").exists():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
 
 
 def test_files_that_are_not_text_are_named_not_a_traceback(tmp_path: Path) -> None:
