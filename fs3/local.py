@@ -34,6 +34,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -375,6 +376,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 st.mount = earlier_mount
                 st.save(lc.state_file)
             raise LocalError(f"mount point {bad} is not a directory", EX_USAGE)
+    # SIGTERM and SIGHUP (`timeout 60 fs3 local up`, a closed terminal) end the start as Ctrl-C
+    # does, through the clean-up below: they killed this command and left the daemons it had
+    # started running
+    previous = {sig: signal.signal(sig, _exit_on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:
@@ -408,7 +413,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         _say("  every node heartbeats and every chain is SERVING")
         mount_line = _mount(lc, args.timeout) if mounting or not st.mount else "mount: skipped (--no-mount)"
     except BaseException:
-        # leave nothing half-started behind: what this command launched stops again
+        # leave nothing half-started behind: what this command launched stops again (a second
+        # SIGTERM meanwhile ends this command as it asks)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         mounted_by_us = any(d.name == "mount" for d in lc.launched)
         if mounted_by_us and is_mounted(st.mount) and not answers(st.mount, 5.0):
             abort(st.mount)
@@ -421,9 +429,17 @@ def cmd_up(args: argparse.Namespace) -> int:
             kept.mount = earlier_mount
             kept.save(lc.state_file)
         raise
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     _say("  " + mount_line)
     _print_where(lc)
     return 0
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    """A stop signal during ``fs3 local up``: SystemExit with the shell's status for it (143 for
+    SIGTERM), raised where the start is, whose clean-up then runs."""
+    raise SystemExit(128 + signum)
 
 
 def _fs3_command() -> str:

@@ -423,6 +423,49 @@ def test_up_without_dev_fuse_leaves_no_cluster_behind(local_dir: Path, monkeypat
     assert not (local_dir / "local.json").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_during_up_leaves_nothing_running(local_dir: Path, sig: signal.Signals) -> None:
+    """`timeout 60 fs3 local up` (SIGTERM), or a closed terminal (SIGHUP), while the cluster
+    starts: up ended at once and left the daemons it had started running. It cleans up as for
+    Ctrl-C, and exits with the signal's status."""
+    from ops_helpers import FS3, REPO
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FS3_")}
+    up = subprocess.Popen(
+        [*FS3, "local", "up", "--dir", str(local_dir), "--no-mount", *SMALL],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: set(_procs_naming(str(local_dir))) - {up.pid}, 60, "a daemon of the new cluster to start"
+        )
+        up.send_signal(sig)
+        err = up.communicate(timeout=60)[1]
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert up.returncode == 128 + sig, err
+    assert "Traceback" not in err, err
+    assert _procs_naming(str(local_dir)) == [], "daemons left running"
+
+
+def _procs_naming(text: str) -> list[int]:
+    """The processes whose command line mentions ``text`` (a cluster directory)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text.encode() in (d / "cmdline").read_bytes():
+                found.append(int(d.name))
+        except OSError:
+            pass
+    return found
+
+
 def test_unusable_directory_is_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory\n")
