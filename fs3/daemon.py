@@ -54,8 +54,26 @@ C = TypeVar("C")
 def write_port_file(path: str, port: int) -> None:
     """Tell a launcher which port was bound (for ``listen_port = 0``)."""
     tmp = f"{path}.tmp"
-    Path(tmp).write_text(f"{port}\n")
-    os.replace(tmp, path)  # readers never see a half-written file
+    try:
+        Path(tmp).write_text(f"{port}\n")
+        os.replace(tmp, path)  # readers never see a half-written file
+    except OSError as e:
+        raise FS3Error(
+            StatusCode.CONFIG_INVALID, f"cannot write --port-file {path}: {e.strerror or e}"
+        ) from None
+
+
+def port_file_problem(path: str) -> str | None:
+    """Why ``--port-file path`` could not be written once the daemon serves (checked before it
+    starts: a daemon that had registered and served died there, with a traceback), or None."""
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        return f"--port-file {path}: {where} is not an existing directory"
+    if os.path.isdir(path):
+        return f"--port-file {path} is a directory"
+    if not os.access(where, os.W_OK | os.X_OK):
+        return f"--port-file {path}: {where} is not writable"
+    return None
 
 
 def settle_gc() -> None:
@@ -362,6 +380,9 @@ def run(
         cfg = apply_overrides(load_config(config_class, args.config), args)
     except FS3Error as e:
         sys.stderr.write(f"fs3 {service}: {e.message}\n")
+        return 2
+    if args.port_file and (problem := port_file_problem(args.port_file)):
+        sys.stderr.write(f"fs3 {service}: {problem}\n")
         return 2
     from fs3.log import setup_logging
 

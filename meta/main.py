@@ -31,9 +31,9 @@ async def serve(cfg: MetaConfig, *, port_file: str | None = None) -> int:
     meta_daemon = MetaDaemon(cfg, secret=read_secret(cfg.cluster_secret_file), registry=metrics.registry())
     await meta_daemon.start()
     settle_gc()
-    if port_file:
-        write_port_file(port_file, meta_daemon.port)
     try:
+        if port_file:
+            write_port_file(port_file, meta_daemon.port)
         return await wait_for_shutdown(meta_daemon.db)
     finally:
         await meta_daemon.stop()

@@ -33,9 +33,9 @@ async def serve(cfg: StorageConfig, *, port_file: str | None = None) -> int:
             metrics_server.close()
         raise
     settle_gc()
-    if port_file:
-        write_port_file(port_file, storage_daemon.port)
     try:
+        if port_file:
+            write_port_file(port_file, storage_daemon.port)
         await wait_for_shutdown()
     finally:
         if metrics_server is not None:

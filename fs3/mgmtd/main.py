@@ -37,9 +37,9 @@ async def serve(cfg: MgmtdConfig, *, port_file: str | None = None) -> int:
         await db.close()
         raise
     settle_gc()
-    if port_file:
-        write_port_file(port_file, server.port)
     try:
+        if port_file:
+            write_port_file(port_file, server.port)
         return await wait_for_shutdown(db)
     finally:
         await server.stop()

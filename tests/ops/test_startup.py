@@ -91,6 +91,24 @@ def test_a_node_id_out_of_range_is_refused_in_one_line(tmp_path: Path, service: 
 
 
 @pytest.mark.parametrize("service", DAEMONS)
+def test_a_port_file_that_cannot_be_written_is_refused_before_serving(tmp_path: Path, service: str) -> None:
+    """It was found only once the daemon served (mgmtd primary, meta and storage registered), which
+    then died with a traceback and no clean stop."""
+    cfg = config(tmp_path, service)
+    for port_file, reason in (
+        (tmp_path / "missing" / "port", "is not an existing directory"),
+        (tmp_path, "is a directory"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", f"fs3.{service}", "--config", str(cfg), "--port-file", str(port_file)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 2 and reason in the_line(out, service), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("service", DAEMONS)
 def test_port_in_use(tmp_path: Path, service: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
