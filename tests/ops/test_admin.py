@@ -525,3 +525,9 @@ def test_checksum_compares_every_replica() -> None:
     assert compare_replicas(0, 9, [1, 2, 3], {**same, 3: meta(1, 100, 0xABCD)})["status"] == "MISMATCH"
     short = compare_replicas(0, 9, [1, 2, 3], {1: same[1], 2: same[2]})
     assert short["status"] == "MISMATCH" and short["replicas"][2] == "3:missing"
+    # a target that could not be asked: not missing; the others agreeing is all that can be said
+    down = compare_replicas(0, 9, [1, 2, 3], {1: same[1], 2: same[2]}, unreachable={3})
+    assert down["status"] == "unverified" and down["replicas"][2] == "3:unreachable"
+    differ = compare_replicas(0, 9, [1, 2, 3], {1: same[1], 2: meta(1, 100, 0xABCD)}, unreachable={3})
+    assert differ["status"] == "MISMATCH"
+    assert compare_replicas(0, 9, [1, 2, 3], {}, unreachable={1, 2, 3})["status"] == "unverified"

@@ -96,6 +96,24 @@ def test_up_write_down_up_data_survives_then_purge(local_dir: Path) -> None:
     report = json.loads(check.stdout)
     assert report["mismatches"] == 0 and len(report["chunks"]) == 3
     assert all(len(c["replicas"]) == 3 for c in report["chunks"])
+    # a storage daemon down: its copies are unreachable, not missing, and no chunk is a MISMATCH
+    # (it said MISMATCH and exit 3, the code for corruption); exit 69 says to ask again later
+    os.kill(procs["storage-10003"], signal.SIGKILL)
+    down = fs3("admin", "checksum", "/survivor.bin", "--local-dir", str(local_dir), "--json")
+    assert down.returncode == 69, down.stdout + down.stderr
+    report = json.loads(down.stdout)
+    assert report["mismatches"] == 0 and report["unreachable"], report
+    assert {c["status"] for c in report["chunks"]} == {"unverified"}, report
+    assert all(sum(r.endswith(":unreachable") for r in c["replicas"]) == 1 for c in report["chunks"]), report
+    again = fs3("local", "up", "--dir", str(local_dir), "--no-mount")  # starts what is not running
+    assert again.returncode == 0, again.stdout + again.stderr
+    wait_for(
+        lambda: fs3("admin", "checksum", "/survivor.bin", "--local-dir", str(local_dir)).returncode == 0,
+        60,
+        "every replica to answer again",
+        interval_s=0.5,
+    )
+    procs = _procs(local_dir)
 
     ls = fs3("admin", "ls", "/", "--local-dir", str(local_dir), "--json")
     assert ls.returncode == 0, ls.stderr
