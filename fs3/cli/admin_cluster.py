@@ -784,6 +784,8 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
     node_type = NODE_TYPES[args.service]
     if args.action == "get":
+        if args.file:
+            raise UsageError("config get takes no FILE (it prints the stored config)")
         info = await client.get_config(node_type, args.version)
         if info is None:  # a version asked for and missing is NOT_FOUND, raised above
             return Result(
@@ -804,6 +806,8 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
         )
     if not args.file:
         raise UsageError("config set needs a FILE")
+    if args.version:  # versions are mgmtd's to number: set stores the next one
+        raise UsageError("--version is for config get; config set stores the next version")
     try:  # refuse what the service would: a file to mend, exit 2 like the other usage errors
         load_config(SERVICE_CONFIGS[args.service], args.file, environ={})
     except FS3Error as e:

@@ -433,6 +433,11 @@ def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
     # a file to mend: a usage error like the others (it was 1, as for a cluster that failed)
     assert refused.returncode == 2 and "gc_intervall_s" in refused.stderr and str(bad) in refused.stderr
     assert mgmtd.admin("config", "set", "meta").returncode == 2
+    # --version is get's: given to set it was ignored, the next version stored all the same
+    versioned = mgmtd.admin("config", "set", "meta", str(good), "--version", "1")
+    assert versioned.returncode == 2 and "--version is for config get" in versioned.stderr, versioned.stderr
+    assert mgmtd.json("config", "get", "meta")["version"] == stored["version"]
+    assert mgmtd.admin("config", "get", "meta", str(good)).returncode == 2
 
 
 def test_config_get_with_nothing_stored_says_so_and_succeeds(mgmtd: Mgmtd) -> None:
