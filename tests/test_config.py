@@ -92,7 +92,11 @@ def test_bad_files_name_the_key_and_the_file(tmp_path, text, needle):
         (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1]\n', "2 target_paths but 1 target_ids"),
         (StorageConfig, 'target_paths = ["/a", "/b"]\ntarget_ids = [1, 1]\n', "distinct numbers from 1"),
         (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [0]\n', "distinct numbers from 1"),
-        (StorageConfig, 'target_paths = ["/a"]\ntarget_ids = [18446744073709551616]\n', "distinct numbers from 1"),
+        (
+            StorageConfig,
+            'target_paths = ["/a"]\ntarget_ids = [18446744073709551616]\n',
+            "distinct numbers from 1",
+        ),
         (MetaConfig, "authenticate = true\nmgmtd_addresses = []\n", "needs mgmtd_addresses"),
         # the daemon started and died of a ValueError in its mgmtd client
         (StorageConfig, "mgmtd_addresses = []\n", "at least one host:port"),
