@@ -514,14 +514,17 @@ def _detach(log_file: str) -> tuple[Callable[[], None], Callable[[int], None]]:
         os.close(w)
         # Ctrl-C (or SIGTERM, SIGHUP) while the mount comes up: the mount process has a session
         # of its own and hears nothing of it, so this command exited 130 and the mount came up
-        # anyway. The signal is passed on (the mount stops, unmounting if it got that far), and
-        # this command ends once the mount process has, with the signal's status.
+        # anyway. It is told to stop with SIGTERM whatever came here (it ends a mount process at
+        # once wherever its start is, and unmounts one that got that far; a SIGINT's
+        # KeyboardInterrupt could land where a clean-up waits on the unanswering mgmtd, and is
+        # ignored in what a shell starts in the background), and this command ends once the mount
+        # process has, with the signal's status.
         caught: list[int] = []
 
         def pass_on(signum: int, _frame: object) -> None:
             caught.append(signum)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+                os.kill(pid, signal.SIGTERM)
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, pass_on)
