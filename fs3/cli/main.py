@@ -80,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     # fusermount3) after its mgmtd client started: gRPC's fork handlers printed a line of their
     # own on the user's terminal. Set before the command imports gRPC.
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    module = importlib.import_module(sub.module)
     try:
+        # in the try: Ctrl-C while the command's modules load (grpc, protobuf: most of a short
+        # command's time) ends it as Ctrl-C later does, with 130 and no traceback
+        module = importlib.import_module(sub.module)
         return int(module.main(args.args) or 0)
     except FS3Error as e:
         print(f"fs3 {args.command}: {e}", file=sys.stderr)
