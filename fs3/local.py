@@ -270,6 +270,11 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
         raise LocalError(f"cannot create mount point {mp}: {e.strerror}") from None
     if taken := mounted_over(str(mp)):
         raise LocalError(f"{taken}, not this cluster's; unmount it or pick --mount")
+    with contextlib.suppress(OSError):
+        if os.listdir(mp):  # as fs3 mount says (its standard error goes to its log here)
+            _say(
+                f"  warning: {mp} is not empty; what it holds is hidden while the cluster is mounted over it"
+            )
     pid = d.start()
     lc.launched.append(d)
     deadline = time.monotonic() + timeout_s

@@ -226,11 +226,14 @@ def test_a_cluster_on_ipv6_loopback(local_dir: Path) -> None:
 def test_up_mounts_and_down_unmounts(local_dir: Path, tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
+    (mnt / "hidden.txt").write_bytes(b"under the mount")  # said (fs3 mount's warning went to its log)
     link = tmp_path / "link"  # named through a symlink: the mount is at what it names (it was
     link.symlink_to(mnt)  # looked for at the link's path, not found, and left running for ever)
     up = fs3("local", "up", "--dir", str(local_dir), "--mount", str(link), "--timeout", "30", *SMALL)
     assert up.returncode == 0, up.stdout + up.stderr
     assert is_mounted(str(mnt))
+    assert f"warning: {mnt} is not empty" in up.stdout, up.stdout
+    assert not (mnt / "hidden.txt").exists()
     (mnt / "hello.txt").write_bytes(b"hello through FUSE\n")
     assert asyncio.run(_read(local_dir, "/hello.txt")) == b"hello through FUSE\n"
     status = fs3("local", "status", "--dir", str(local_dir), "--json")
