@@ -90,6 +90,8 @@ CLOSE_FILES_S = 30.0
 RECHECK_S = 1.0
 #: and, once meta did not answer it, how long such reads of that file do not ask again
 RECHECK_QUIET_S = 10.0
+#: how many times read_batch reads again the ranges of files that moved while it read them
+_BATCH_RECHECKS = 3
 #: how often a client using token_file looks whether a new token was written there
 TOKEN_CHECK_S = 5.0
 # File.readline reads this much ahead of the position, kept for the next lines until the File
@@ -971,11 +973,20 @@ class FileSystem:
             raise FS3Error(root, f"{quote_name(p)} is the root")
         parent, name, slash = _split(p)
         if name in (b".", b".."):
+            await self._walk_to_dir(parent)  # ENOENT, ENOTDIR there come first, as Linux's walk
             code = root if dots is None else dots[name == b".."]
             raise FS3Error(code, f"{quote_name(p)}: its last name is {name.decode()}")
         if slash and existing:
             await self._dir_named(p)
         return (await self._lookup(parent)).id, name
+
+    async def _walk_to_dir(self, path: bytes) -> m.Inode:
+        """The directory ``path`` names (symlinks followed): ENOENT when missing, ENOTDIR when
+        it is not one, as a path walk through it fails."""
+        ino = await self._lookup(path)
+        if ino.type != m.INODE_DIRECTORY:
+            raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(path)}: not a directory")
+        return ino
 
     async def _dir_named(self, path: bytes) -> m.Inode:
         """The directory ``path`` (given with a trailing slash) names itself: ENOTDIR for any
@@ -1144,6 +1155,9 @@ class FileSystem:
         nofollow = bool(flags & os.O_NOFOLLOW) and not p.endswith(b"/")  # "link/" follows it
         if flags & os.O_CREAT and p and (not p.strip(b"/") or _split(p)[1] in (b".", b"..")):
             # a directory that exists (the root, "d/.", "d/.."): EEXIST with O_EXCL, as Linux answers
+            # (once the walk to it has not failed)
+            if p.strip(b"/"):
+                await self._walk_to_dir(_split(p)[0])
             code = StatusCode.ALREADY_EXISTS if flags & os.O_EXCL else StatusCode.META_IS_DIRECTORY
             raise FS3Error(code, f"{quote_name(p)}: O_CREAT of a directory")
         if flags & os.O_CREAT and p.endswith(b"/"):
@@ -1519,43 +1533,53 @@ class FileSystem:
             pieces.append((ino, offset, length))
         holes: list[bool] = []
         out = await read_many(self.storage, pieces, holes)
-        # A range with a hole is read again as a File's read is (see OpenFile.read_into): the file
-        # may have been truncated (and rewritten) by another client since its length was taken,
-        # and zeros that no version held must not come back inside the length.
-        again = [i for i, hole in enumerate(holes) if hole]
-        if again:
-            redone = await asyncio.gather(
-                *(self._read_hole_again(requests[i][0], pieces[i], out[i]) for i in again)
-            )
-            for i, data in zip(again, redone, strict=True):
-                out[i] = data
+        # A range that found a hole is read again as a File's read is (see OpenFile.read_into):
+        # the file may have been truncated (and rewritten) by another client since its length was
+        # taken, and zeros that no version held must not come back inside the length. Meta is
+        # asked once per file (not per range: a sparse file's thousand holes cost one question),
+        # and only the ranges of files whose length or truncate count moved are read again, as
+        # one batch, a bounded number of times.
+        for _ in range(_BATCH_RECHECKS):
+            again = [i for i, hole in enumerate(holes) if hole]
+            if not again:
+                break
+            files = {pieces[i][0].id: pieces[i][0] for i in again}
+            nows = await asyncio.gather(*(self._hole_recheck(ino) for ino in files.values()))
+            moved = {ino.id: now for ino, now in zip(files.values(), nows, strict=True) if now is not None}
+            redo = [i for i in again if pieces[i][0].id in moved]
+            if not redo:
+                break
+            for i in redo:
+                pieces[i] = (moved[pieces[i][0].id], pieces[i][1], pieces[i][2])
+            redone_holes: list[bool] = []
+            redone = await read_many(self.storage, [pieces[i] for i in redo], redone_holes)
+            holes = [False] * len(pieces)
+            for i, data, hole in zip(redo, redone, redone_holes, strict=True):
+                out[i], holes[i] = data, hole
         return out
 
-    async def _read_hole_again(
-        self, f: File | str | bytes, piece: tuple[m.Inode, int, int], data: bytes
-    ) -> bytes:
-        """A range of :meth:`read_batch` that found a hole (``data`` as read), read again as a
-        File's read is: through the File's handle (its length rechecked with meta), else through a
-        handle this client has open on the file, else with meta's length and truncate count taken
-        again and the range read again while they move (``data`` stands when they did not: the
-        zeros are holes)."""
-        ino, offset, length = piece
-        handle = f.handle if isinstance(f, File) else None
-        if handle is None:
-            st = self._states.get(ino.id)
-            handle = next(iter(st.handles), None) if st is not None else None
-        if handle is not None:
-            return await handle.read(offset, length)
-        for _ in range(3):
-            now = await self.meta.stat(ino.id, settled=True)
-            if now.size == ino.size and now.truncate_version == ino.truncate_version:
-                break
-            ino = now
-            holes: list[bool] = []
-            data = (await read_many(self.storage, [(ino, offset, length)], holes))[0]
-            if not holes[0]:
-                break
-        return data
+    async def _hole_recheck(self, ino: m.Inode) -> m.Inode | None:
+        """After ranges of file ``ino`` (as read_batch took it) found holes: the file as meta has
+        it now when its length or truncate count moved since (its ranges are read again with it),
+        else None (the zeros are holes). Through this client's handle of the file when it has one
+        (FileSystem._recheck: its length refreshed, this client's unreported writes counted);
+        meta not answering within RECHECK_S, or failing, leaves the zeros, as a File's read does."""
+        st = self._states.get(ino.id)
+        handle = next(iter(st.handles), None) if st is not None else None
+        if handle is not None and st is not None:
+            await self._recheck(handle)
+            now = m.Inode()
+            now.CopyFrom(st.inode)
+            now.size = st.size
+        else:
+            try:
+                now = await asyncio.wait_for(self.meta.stat(ino.id, settled=True), RECHECK_S)
+            except (FS3Error, TimeoutError) as e:
+                log.debug("batch read: length recheck failed inode=%d error=%r", ino.id, e)
+                return None
+        if now.size == ino.size and now.truncate_version == ino.truncate_version:
+            return None
+        return now
 
     # -- namespace --------------------------------------------------------------------------------
 
@@ -1607,6 +1631,8 @@ class FileSystem:
                     await self.mkdir(head, mode, parents=True)
                 if (await self._lookup(p)).type == m.INODE_DIRECTORY:
                     return
+            elif p.strip(b"/"):
+                await self._walk_to_dir(p.rstrip(b"/").rpartition(b"/")[0] or b"/")  # ENOENT, ENOTDIR first
             raise FS3Error(StatusCode.ALREADY_EXISTS, f"{quote_name(p)} exists")
         if parents:
             parent, _, _ = _split(path)
@@ -1653,7 +1679,10 @@ class FileSystem:
                 await self._dir_named(os.fsencode(src).rstrip(b"/") + b"/")
         (sp, sn), (dp, dn) = await asyncio.gather(
             self._parent(src, root=StatusCode.META_BUSY),
-            self._parent(dst, existing=exchange, root=StatusCode.META_BUSY),
+            # onto the root, "d/." or "d/..": with RENAME_NOREPLACE EEXIST, as Linux answers
+            self._parent(
+                dst, existing=exchange, root=StatusCode.ALREADY_EXISTS if noreplace else StatusCode.META_BUSY
+            ),
         )
         await self.meta.rename(sp, sn, dp, dn, (1 if noreplace else 0) | (2 if exchange else 0))
 

@@ -556,6 +556,30 @@ async def test_read_batch_of_open_files_follows_other_clients_truncates_and_appe
         finally:
             reader.storage.batch_read_into = storage_read  # type: ignore[method-assign]
         assert truncated
+        # a sparse file: its holes cost one question to meta per batch, not one per range (and
+        # no second storage read when nothing moved)
+        async with await writer.open("/batch-sparse", "wb") as f:
+            await f.pwrite(b"x", (8 << 20) - 1)
+        meta_stat = reader.meta.stat
+        asked: list[int] = []
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            asked.append(args[0])
+            return await meta_stat(*args, **kw)
+
+        reader.meta.stat = counted  # type: ignore[method-assign]
+        try:
+            ranges = [(i * 65536, 4096) for i in range(100)]
+            assert (
+                await reader.read_batch([("/batch-sparse", o, n) for o, n in ranges]) == [bytes(4096)] * 100
+            )
+            assert len(asked) == 1, asked
+            async with await reader.open("/batch-sparse") as sparse:
+                asked.clear()
+                assert await reader.read_batch([(sparse, o, n) for o, n in ranges]) == [bytes(4096)] * 100
+                assert len(asked) == 1, asked
+        finally:
+            reader.meta.stat = meta_stat  # type: ignore[method-assign]
     finally:
         await writer.close()
         await reader.close()
@@ -698,6 +722,17 @@ def _compare_names(config: Path, local: Path) -> None:
         ("rename e onto sl/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/sl/")),
         ("rename f onto missing/", lambda fs, r: fs.rename(f"{r}/f", f"{r}/missing/")),
         ("rename e onto missing/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/missing/")),
+        # the walk to the parent fails first: ENOENT, ENOTDIR, not the dots' answer
+        ("rmdir missing/.", lambda fs, r: fs.rmdir(f"{r}/missing/.")),
+        ("rmdir f/.", lambda fs, r: fs.rmdir(f"{r}/f/.")),
+        ("unlink missing/..", lambda fs, r: fs.unlink(f"{r}/missing/..")),
+        ("rename from missing/.", lambda fs, r: fs.rename(f"{r}/missing/.", f"{r}/x")),
+        ("symlink f/.", lambda fs, r: fs.symlink("x", f"{r}/f/.")),
+        ("open w missing/.", lambda fs, r: fs.open(f"{r}/missing/.", "wb")),
+        ("open x f/..", lambda fs, r: fs.open(f"{r}/f/..", "xb")),
+        ("mkdir missing/.", lambda fs, r: fs.mkdir(f"{r}/missing/.")),
+        ("mkdir f/..", lambda fs, r: fs.mkdir(f"{r}/f/..")),
+        ("mkdir d/.", lambda fs, r: fs.mkdir(f"{r}/d/.")),
     ]
 
     class Local:  # os's calls under the names SyncFileSystem gives them, for the same ops
@@ -716,6 +751,10 @@ def _compare_names(config: Path, local: Path) -> None:
             os.makedirs(path)
 
         @staticmethod
+        def mkdir(path: str) -> None:
+            os.mkdir(path)
+
+        @staticmethod
         def write_file(path: str, data: bytes) -> None:
             Path(path).write_bytes(data)
 
@@ -731,6 +770,12 @@ def _compare_names(config: Path, local: Path) -> None:
                 after = sorted(map(str, target.listdir(root))), sorted(map(str, target.listdir(f"{root}/d")))
                 outcomes.append((outcome, after))
             assert outcomes[0] == outcomes[1], (name, outcomes)
+        # renameat2's RENAME_NOREPLACE onto a directory that exists by its very name: EEXIST
+        for dst in ("/names0/d/.", "/names0/d/..", "/"):
+            assert _outcome(lambda dst=dst: fs.rename("/names0/f", dst, noreplace=True)) == (
+                "OSError",
+                errno.EEXIST,
+            )
 
 
 async def test_sync_api_answers_as_os_does(cluster: FsCluster, tmp_path: Path) -> None:
