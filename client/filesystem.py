@@ -59,7 +59,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from fs3.capability import CapabilityCache
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
@@ -1670,13 +1670,14 @@ class FileSystem:
         ``exchange``, swap the two, which must both exist (renameat2's RENAME_EXCHANGE)."""
         d = os.fsencode(dst)
         if d.strip(b"/") and d.endswith(b"/") and not exchange:
-            # "dst/": a directory (not a symlink to one), or only a directory may move there
+            # "dst/": a directory (not a symlink to one) if it exists, and only a directory may
+            # move there (a file onto an existing directory "d/" is ENOTDIR, as Linux answers)
             try:
                 await self._dir_named(d)
             except FS3Error as e:
                 if e.code != StatusCode.NOT_FOUND:
                     raise
-                await self._dir_named(os.fsencode(src).rstrip(b"/") + b"/")
+            await self._dir_named(os.fsencode(src).rstrip(b"/") + b"/")
         (sp, sn), (dp, dn) = await asyncio.gather(
             self._parent(src, root=StatusCode.META_BUSY),
             # onto the root, "d/." or "d/..": with RENAME_NOREPLACE EEXIST, as Linux answers
@@ -1691,6 +1692,10 @@ class FileSystem:
         parent, name = await self._parent(path)
         await self.meta.symlink(parent, name, os.fsencode(target))
 
+    @overload
+    async def readlink(self, path: str) -> str: ...
+    @overload
+    async def readlink(self, path: bytes) -> bytes: ...
     async def readlink(self, path: str | bytes) -> str | bytes:
         """The target of symlink ``path``: bytes for a bytes path, as os.readlink answers."""
         inode = await self._lookup(path, follow=False)

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, overload
 
 from fs3.client.filesystem import File, FileSystem, StatResult
 from fs3.client.mgmtd_client import FORKED_CLIENT_ADVICE
@@ -326,6 +326,10 @@ class SyncFileSystem:
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
         self._call(self.aio.symlink, target, path)
 
+    @overload
+    def readlink(self, path: str) -> str: ...
+    @overload
+    def readlink(self, path: bytes) -> bytes: ...
     def readlink(self, path: str | bytes) -> str | bytes:
         return self._call(self.aio.readlink, path)
 

@@ -722,6 +722,8 @@ def _compare_names(config: Path, local: Path) -> None:
         ("rename e onto sl/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/sl/")),
         ("rename f onto missing/", lambda fs, r: fs.rename(f"{r}/f", f"{r}/missing/")),
         ("rename e onto missing/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/missing/")),
+        ("rename f onto e/", lambda fs, r: fs.rename(f"{r}/f", f"{r}/e/")),
+        ("rename e onto d/", lambda fs, r: fs.rename(f"{r}/e", f"{r}/d/")),
         # the walk to the parent fails first: ENOENT, ENOTDIR, not the dots' answer
         ("rmdir missing/.", lambda fs, r: fs.rmdir(f"{r}/missing/.")),
         ("rmdir f/.", lambda fs, r: fs.rmdir(f"{r}/f/.")),
