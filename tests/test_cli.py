@@ -116,12 +116,23 @@ def test_a_detached_mount_that_fails_says_why_once(tmp_path) -> None:
     assert out.stderr.count("the mount's log is discarded once it runs in the background") == 1, out.stderr
 
 
+def _forked_child(pid: int) -> int:
+    """The detached mount process ``fs3 mount`` (process ``pid``) forks, once it has."""
+    import time
+
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    deadline = time.monotonic() + 30
+    while not children.read_text().split():
+        assert time.monotonic() < deadline, "fs3 mount did not fork"
+        time.sleep(0.02)
+    return int(children.read_text().split()[0])
+
+
 def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -> None:
     """Nothing said why: the command says how the mount process ended, and where its log is."""
     import os
     import signal
     import socket
-    import time
 
     with socket.socket() as silent:  # takes connections and never answers
         silent.bind(("127.0.0.1", 0))
@@ -138,12 +149,7 @@ def test_a_detached_mount_killed_before_it_came_up_points_to_the_log(tmp_path) -
             [*FS3, "mount", str(mnt), "--config", str(cfg)], stderr=subprocess.PIPE, text=True
         )
         try:
-            children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-            deadline = time.monotonic() + 30
-            while not children.read_text().split():  # the detached mount process, once forked
-                assert time.monotonic() < deadline, "fs3 mount did not fork"
-                time.sleep(0.02)
-            os.kill(int(children.read_text().split()[0]), signal.SIGKILL)
+            os.kill(_forked_child(p.pid), signal.SIGKILL)
             err = p.communicate(timeout=30)[1]
         finally:
             if p.poll() is None:
@@ -177,12 +183,7 @@ def test_a_signal_to_a_mount_coming_up_stops_the_mount_too(tmp_path, sig: str) -
         )
         child = 0
         try:
-            children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-            deadline = time.monotonic() + 30
-            while not children.read_text().split():  # the detached mount process, once forked
-                assert time.monotonic() < deadline, "fs3 mount did not fork"
-                time.sleep(0.02)
-            child = int(children.read_text().split()[0])
+            child = _forked_child(p.pid)
             time.sleep(0.5)  # connecting
             p.send_signal(getattr(signal, sig))
             err = p.communicate(timeout=30)[1]
