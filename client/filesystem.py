@@ -973,26 +973,18 @@ class FileSystem:
             raise FS3Error(root, f"{quote_name(p)} is the root")
         parent, name, slash = _split(p)
         if name in (b".", b".."):
-            await self._walk_to_dir(parent)  # ENOENT, ENOTDIR there come first, as Linux's walk
+            await self._directory(parent)  # ENOENT, ENOTDIR there come first, as Linux's walk
             code = root if dots is None else dots[name == b".."]
             raise FS3Error(code, f"{quote_name(p)}: its last name is {name.decode()}")
         if slash and existing:
-            await self._dir_named(p)
+            await self._directory(p.rstrip(b"/"), follow=False)
         return (await self._lookup(parent)).id, name
 
-    async def _walk_to_dir(self, path: bytes) -> m.Inode:
-        """The directory ``path`` names (symlinks followed): ENOENT when missing, ENOTDIR when
-        it is not one, as a path walk through it fails."""
-        ino = await self._lookup(path)
-        if ino.type != m.INODE_DIRECTORY:
-            raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(path)}: not a directory")
-        return ino
-
-    async def _dir_named(self, path: bytes) -> m.Inode:
-        """The directory ``path`` (given with a trailing slash) names itself: ENOTDIR for any
-        other kind, a symlink to a directory included, as Linux's unlink, rmdir and rename take
-        "name/"; ENOENT when it is missing."""
-        ino = await self._lookup(path.rstrip(b"/"), follow=False)
+    async def _directory(self, path: bytes, follow: bool = True) -> m.Inode:
+        """The directory ``path`` names: ENOENT when missing, ENOTDIR when it is not one. With
+        ``follow`` a symlink is followed, as a path walk through it is; without, a symlink to a
+        directory is ENOTDIR too, as Linux's unlink, rmdir and rename take "name/"."""
+        ino = await self._lookup(path, follow)
         if ino.type != m.INODE_DIRECTORY:
             raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(path)}: not a directory")
         return ino
@@ -1149,15 +1141,14 @@ class FileSystem:
         if flags & os.O_DIRECTORY:
             if flags & os.O_CREAT:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{quote_name(p)}: O_CREAT with O_DIRECTORY")
-            if (await self._lookup(p, follow=not flags & os.O_NOFOLLOW)).type != m.INODE_DIRECTORY:
-                raise FS3Error(StatusCode.META_NOT_DIRECTORY, f"{quote_name(p)}: O_DIRECTORY of no directory")
+            await self._directory(p, follow=not flags & os.O_NOFOLLOW)  # ENOTDIR for no directory
             raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)} is a directory")
         nofollow = bool(flags & os.O_NOFOLLOW) and not p.endswith(b"/")  # "link/" follows it
         if flags & os.O_CREAT and p and (not p.strip(b"/") or _split(p)[1] in (b".", b"..")):
             # a directory that exists (the root, "d/.", "d/.."): EEXIST with O_EXCL, as Linux answers
             # (once the walk to it has not failed)
             if p.strip(b"/"):
-                await self._walk_to_dir(_split(p)[0])
+                await self._directory(_split(p)[0])
             code = StatusCode.ALREADY_EXISTS if flags & os.O_EXCL else StatusCode.META_IS_DIRECTORY
             raise FS3Error(code, f"{quote_name(p)}: O_CREAT of a directory")
         if flags & os.O_CREAT and p.endswith(b"/"):
@@ -1632,7 +1623,7 @@ class FileSystem:
                 if (await self._lookup(p)).type == m.INODE_DIRECTORY:
                     return
             elif p.strip(b"/"):
-                await self._walk_to_dir(p.rstrip(b"/").rpartition(b"/")[0] or b"/")  # ENOENT, ENOTDIR first
+                await self._directory(p.rstrip(b"/").rpartition(b"/")[0] or b"/")  # ENOENT, ENOTDIR first
             raise FS3Error(StatusCode.ALREADY_EXISTS, f"{quote_name(p)} exists")
         if parents:
             parent, _, _ = _split(path)
@@ -1673,11 +1664,11 @@ class FileSystem:
             # "dst/": a directory (not a symlink to one) if it exists, and only a directory may
             # move there (a file onto an existing directory "d/" is ENOTDIR, as Linux answers)
             try:
-                await self._dir_named(d)
+                await self._directory(d.rstrip(b"/"), follow=False)
             except FS3Error as e:
                 if e.code != StatusCode.NOT_FOUND:
                     raise
-            await self._dir_named(os.fsencode(src).rstrip(b"/") + b"/")
+            await self._directory(os.fsencode(src).rstrip(b"/"), follow=False)
         (sp, sn), (dp, dn) = await asyncio.gather(
             self._parent(src, root=StatusCode.META_BUSY),
             # onto the root, "d/." or "d/..": with RENAME_NOREPLACE EEXIST, as Linux answers
