@@ -278,10 +278,14 @@ def test_local_cluster_ports_lie_below_the_ephemeral_range() -> None:
 
 
 def test_admin_arguments_that_meant_something_else_are_usage_errors() -> None:
-    """A --mgmtd without a port dialled port 443; --stripe 0 was taken for no --stripe at all
+    """A --mgmtd without a port dialled port 443, an empty one the default address; --stripe 0 was taken for no --stripe at all
     (with another option it was dropped without a word, alone it said none was named)."""
     out = fs3("admin", "--mgmtd", "127.0.0.1", "list-nodes")
     assert out.returncode == 2 and "'127.0.0.1', not host:port" in out.stderr, out.stderr
+    # an empty --mgmtd (a variable that was not set) named no cluster: the default was dialled
+    for empty in ("", " , "):
+        out = fs3("admin", "--mgmtd", empty, "list-nodes")
+        assert out.returncode == 2 and "names no address" in out.stderr, out.stderr
     for flag in ("--stripe", "--chain-table", "--chunk-size"):
         out = fs3("admin", "--mgmtd", "127.0.0.1:1", "set-layout", "/", flag, "0", "--stripe", "2")
         if flag == "--stripe":  # the last one counts

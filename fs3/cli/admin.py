@@ -155,7 +155,7 @@ def _local_dir(args: argparse.Namespace) -> Path | None:
         if not (d / "local.json").exists():
             raise UsageError(f"{d} holds no fs3 local cluster (no local.json)")
         return d
-    if args.mgmtd or os.environ.get("FS3_MGMTD_ADDRESSES"):
+    if args.mgmtd is not None or os.environ.get("FS3_MGMTD_ADDRESSES"):
         return None
     from fs3.cli.local_cluster import default_dir
 
@@ -169,8 +169,10 @@ def connection(args: argparse.Namespace) -> Connection:
     mgmtd: list[str] = []
     # the cluster a --local-dir flag names is the one meant, whatever the environment says
     env: Mapping[str, str] = {} if args.local_dir else os.environ
-    if args.mgmtd:
-        mgmtd = args.mgmtd.split(",")
+    if args.mgmtd is not None:
+        mgmtd = [a.strip() for a in args.mgmtd.split(",") if a.strip()]
+        if not mgmtd:  # `--mgmtd "$UNSET_VAR"`: not the default cluster, which nobody named
+            raise UsageError(f"--mgmtd {args.mgmtd!r} names no address: give host:port[,host:port...]")
     elif env.get("FS3_MGMTD_ADDRESSES"):
         # the same forms the daemons and clients take (fs3.config): a TOML array or a comma list
         found = env_list(env["FS3_MGMTD_ADDRESSES"])
