@@ -329,8 +329,12 @@ class OpenFile:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    async def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
-        """Write ``data`` at ``offset`` (buffered); returns its length."""
+    async def write(
+        self, offset: int, data: bytes | bytearray | memoryview, accepted: Callable[[], None] | None = None
+    ) -> int:
+        """Write ``data`` at ``offset`` (buffered); returns its length. Once the bytes are in the
+        buffer the write counts (``accepted`` is called then): a caller cancelled after that, while
+        it waits for a flush slot, has written them all the same (the flush is under way)."""
         if not self.writable:
             raise FS3Error(StatusCode.META_BAD_HANDLE, "the file is not open for writing")
         self._check_range(offset, memoryview(data).nbytes)
@@ -360,11 +364,13 @@ class OpenFile:
                         self._buf_offset = offset
             self._parts.append(data)
             self._buf_len += n
+            self._wrote(offset + n)
+            if accepted is not None:
+                accepted()
             # A completed chunk leaves at once (sequential writers keep storage busy chunk by
             # chunk); so does a full buffer.
             if self._buf_len >= self.buffer_bytes or (offset + n) % self.chunk_size == 0:
                 await self._start_flush()
-        self._wrote(offset + n)
         return n
 
     def _wrote(self, end: int) -> None:

@@ -526,14 +526,16 @@ class File:
         # The position moves before the write waits (a full buffer waits for a flush slot), as a
         # shared descriptor's does, so that tasks writing through one File take ranges one after
         # another rather than the same one; it moves back if nothing moved it meanwhile and the
-        # write failed.
+        # write failed before its bytes were taken (a write cancelled as it waits for a flush slot
+        # was made: its bytes go to storage, so the position stays past them).
         pos = self.pos
         end = pos + memoryview(data).nbytes
         self.pos = end
+        taken: list[bool] = []
         try:
-            return await self.handle.write(pos, data)
+            return await self.handle.write(pos, data, lambda: taken.append(True))
         except BaseException:
-            if self.pos == end:
+            if self.pos == end and not taken:
                 self.pos = pos
             raise
 

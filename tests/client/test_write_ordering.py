@@ -107,6 +107,27 @@ async def test_a_write_given_up_on_keeps_the_bytes_written_before_it(
     assert data[5 * CHUNK :] == b"F" * CHUNK
 
 
+async def test_a_write_given_up_on_once_its_bytes_were_taken_counts(
+    cluster: FsCluster, fs: FileSystem, other: FileSystem
+) -> None:
+    """A write whose bytes filled the buffer, given up on as it waits for a slot for their flush:
+    the flush goes on, so the write was made and counts. The position and the length stayed before
+    it, its bytes landed past the file's end, and a truncate that later extended the file showed
+    them where zeros belong."""
+    f = await fs.open("/taken", "w")
+    with stalled(cluster, f, 5):
+        await f.pwrite(b"F" * CHUNK, 5 * CHUNK)  # completes a chunk: its flush holds the one slot
+        f.seek(6 * CHUNK)
+        with pytest.raises(TimeoutError):  # a full buffer (64 KiB): its flush waits for the slot
+            await asyncio.wait_for(f.write(b"E" * (64 << 10)), 0.2)
+        assert f.tell() == 6 * CHUNK + (64 << 10)
+    assert (await f.stat()).st_size == 6 * CHUNK + (64 << 10)
+    await f.close()
+    data = await other.read_file("/taken")
+    assert len(data) == 6 * CHUNK + (64 << 10)
+    assert data[6 * CHUNK :] == b"E" * (64 << 10)
+
+
 # -- write-throughs -------------------------------------------------------------------------------
 
 
