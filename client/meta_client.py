@@ -741,7 +741,7 @@ class MetaClient:
         req = m.CreateReq(parent=parent, name=name, mode=mode, flags=flags, umask=umask, open_session=session)
         try:
             rsp = await self.call("Create", req, request_id=True)
-        except FS3Error as e:
+        except (FS3Error, asyncio.CancelledError) as e:
             if session:
                 self._settle_if_unknown(e, req.hdr.request_id, m.CreateRsp)
             raise
@@ -830,7 +830,7 @@ class MetaClient:
         req = m.OpenReq(inode_id=inode_id, flags=flags)
         try:
             rsp, address = await self._call("Open", req, request_id=True)
-        except FS3Error as e:
+        except (FS3Error, asyncio.CancelledError) as e:
             self._settle_if_unknown(e, req.hdr.request_id, m.OpenRsp)
             raise
         if rsp.session_queued:
@@ -840,11 +840,18 @@ class MetaClient:
         return rsp
 
     def _settle_if_unknown(
-        self, e: FS3Error, request_id: int, rsp_cls: type[m.OpenRsp] | type[m.CreateRsp]
+        self,
+        e: FS3Error | asyncio.CancelledError,
+        request_id: int,
+        rsp_cls: type[m.OpenRsp] | type[m.CreateRsp],
     ) -> None:
-        """After an open or create failed: if its outcome is unknown (meta not reached, or its
-        answer lost), have it settled (:meth:`QueuedSessions.settle`)."""
-        if request_id and (e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED):
+        """After an open or create failed: if its outcome is unknown (meta not reached, its answer
+        lost, or its caller cancelled while it was on its way: the request may have been made all
+        the same), have it settled (:meth:`QueuedSessions.settle`)."""
+        unknown = (
+            isinstance(e, asyncio.CancelledError) or e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED
+        )
+        if request_id and unknown:
             self._queued_ends.settle(self, request_id, rsp_cls)
 
     async def capability(self, inode_id: int, rights: int) -> bytes:

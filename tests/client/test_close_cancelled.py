@@ -121,3 +121,37 @@ async def test_a_given_up_close_still_settles_the_files_length_and_content(
     await fs.close()  # waits for the close that goes on in the background
     assert (await other.stat("/kept")).st_size == len(data)
     assert await other.read_file("/kept") == data
+
+
+@pytest.mark.parametrize(("method", "mode"), [("Open", "r+"), ("Create", "x")])
+async def test_an_open_given_up_on_after_meta_opened_its_session_has_it_closed(
+    cluster: FsCluster, other: FileSystem, monkeypatch: pytest.MonkeyPatch, method: str, mode: str
+) -> None:
+    """An open (or a create) whose caller was cancelled once meta had opened the file's session,
+    its answer still on the way: nobody closed that session, which kept the file, once unlinked,
+    from being collected for as long as the client lived. The client now asks meta what became of
+    the request, and closes the session it made."""
+    path = f"/given-up-{method.lower()}"
+    if method == "Open":
+        await other.write_file(path, b"x" * 100)
+    fs = await cluster.connect()
+    real = fs.meta._call
+    made = asyncio.Event()
+
+    async def answer_lost(name: str, *args: Any, **kwargs: Any) -> Any:
+        out = await real(name, *args, **kwargs)
+        if name == method:
+            made.set()
+            await asyncio.Event().wait()  # meta made the session; its answer never comes
+        return out
+
+    monkeypatch.setattr(fs.meta, "_call", answer_lost)
+    task = asyncio.ensure_future(fs.open(path, mode))
+    await asyncio.wait_for(made.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    ino = (await other.stat(path)).st_ino
+    await other.unlink(path)
+    await wait_until(lambda: gone(other, ino), 20, "the unlinked file to be collected")
+    await fs.close()
