@@ -923,6 +923,11 @@ class FileSystem:
         if not files:
             return
         closes = [asyncio.ensure_future(f.close()) for f in files]
+        for task in closes:
+            # kept where a close of this FileSystem cancelled meanwhile finds them: the next close
+            # waits for them before the connections end (the Files count as closed already)
+            self._closing.add(task)
+            task.add_done_callback(self._file_closed)
         done, left = await asyncio.wait(closes, timeout=CLOSE_FILES_S)
         for task in left:
             task.cancel()
@@ -938,6 +943,12 @@ class FileSystem:
                 CLOSE_FILES_S,
             )
         await asyncio.gather(*left, return_exceptions=True)
+
+    def _file_closed(self, task: asyncio.Task[None]) -> None:
+        self._closing.discard(task)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            # (_close_files reports it, unless its caller was cancelled before the close ended)
+            log.debug("a file's close at the client's close failed: %s", e)
 
     async def __aenter__(self) -> FileSystem:
         return self

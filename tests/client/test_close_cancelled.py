@@ -155,3 +155,21 @@ async def test_an_open_given_up_on_after_meta_opened_its_session_has_it_closed(
     await other.unlink(path)
     await wait_until(lambda: gone(other, ino), 20, "the unlinked file to be collected")
     await fs.close()
+
+
+async def test_a_client_close_given_up_on_then_made_again_waits_for_its_files(
+    cluster: FsCluster, other: FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FileSystem.close() cancelled while it closes the files still open, then called again: the
+    second close ended the connections at once (the files counted as closed), under the first
+    one's file closes, whose flushes then failed: the file was left empty."""
+    fs = await cluster.connect()
+    gate = Gate(fs, monkeypatch)
+    data = os.urandom(3 * CHUNK)
+    f = await fs.open("/client-close", "w")
+    await f.write(data)  # three whole chunks: their flushes wait at the gate
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(fs.close(), 0.2)
+    gate.open()
+    await fs.close()
+    assert await other.read_file("/client-close") == data
