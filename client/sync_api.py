@@ -74,10 +74,20 @@ class _LoopThread:
         return call_os_flavoured(self._run, coro)
 
     def _run(self, coro: Awaitable[T]) -> T:
+        started: list[bool] = []
+        ended = threading.Event()
+
+        async def call() -> T:
+            started.append(True)
+            try:
+                return await coro
+            finally:
+                ended.set()
+
         with self._gate:
             if self.closed or os.getpid() != self.pid:
                 self._refuse(coro)
-            fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+            fut: Future[T] = asyncio.run_coroutine_threadsafe(call(), self.loop)
             self._calls.add(fut)
         try:
             return fut.result()
@@ -87,9 +97,35 @@ class _LoopThread:
                     StatusCode.CANCELLED, "the fs3 file system was closed while this call was under way"
                 ) from None
             raise
+        except BaseException:
+            if not fut.done():
+                # The caller gave up (Ctrl-C's KeyboardInterrupt, another signal handler's error):
+                # the call is cancelled, and its end waited for, so that it changes nothing after
+                # the caller has moved on (a read finishing later moved the position past a seek
+                # the caller made since; a write went on writing). A call not started yet never will.
+                self._give_up(fut, coro, started, ended)
+            raise
         finally:
             with self._gate:
                 self._calls.discard(fut)
+
+    def _give_up(
+        self, fut: Future[Any], coro: Awaitable[object], started: list[bool], ended: threading.Event
+    ) -> None:
+        fut.cancel()  # cancels the call's task, in the loop's thread
+
+        def never_started() -> None:
+            # after that cancellation in the loop's queue: a task whose body has not started by
+            # then is cancelled before it does
+            if not started:
+                _discard(coro)
+                ended.set()
+
+        try:
+            self.loop.call_soon_threadsafe(never_started)
+        except RuntimeError:  # the loop is closed: nothing runs any more
+            return
+        ended.wait(_CANCEL_WAIT_S)
 
     def stop(self) -> None:
         """Cancel every call still under way (other threads' calls: they fail with CANCELLED),
