@@ -499,9 +499,29 @@ async def enable_node(conn: Connection, args: argparse.Namespace) -> Result:
     )
 
 
-@command("unregister-node", "forget a node (its targets must be removed first)", _node_arg)
+def _unregister_args(p: argparse.ArgumentParser) -> None:
+    _node_arg(p)
+    p.add_argument(
+        "--force", action="store_true", help="even while the node's daemon runs (it registers again)"
+    )
+
+
+@command(
+    "unregister-node",
+    "forget a node whose daemon is stopped for good (its targets must be removed first)",
+    _unregister_args,
+)
 async def unregister_node(conn: Connection, args: argparse.Namespace) -> Result:
-    await conn.mgmtd_client().unregister_node(args.node_id)
+    client = conn.mgmtd_client()
+    node = next((n for n in await client.list_nodes() if n.node_id == args.node_id), None)
+    if node is not None and node.status == mgmtd_pb2.NODE_STATUS_ACTIVE and not args.force:
+        # its next heartbeat registers it again: "unregistered" would have undone itself unseen
+        raise UsageError(
+            f"node {args.node_id} is ACTIVE (its daemon heartbeated {node.last_heartbeat_age_s:.0f} s "
+            "ago): stop its daemon first, or it registers again at its next heartbeat (--force to "
+            "do it anyway)"
+        )
+    await client.unregister_node(args.node_id)
     return Result(value={"node_id": args.node_id}, message=f"node {args.node_id} unregistered")
 
 
@@ -521,14 +541,40 @@ def _update_chain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mode", choices=("add", "remove"), required=True, help="add the target to the chain or remove it"
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="remove even if the chain is left with one copy of its data, or none SERVING",
+    )
 
 
 @command("update-chain", "add a target to a chain or remove one from it", _update_chain_args)
 async def update_chain(conn: Connection, args: argparse.Namespace) -> Result:
+    client = conn.mgmtd_client()
+    if args.mode == "remove" and not args.force:
+        _check_removal(await client.list_chains(), args.chain_id, args.target_id)
     mode = mgmtd_pb2.CHAIN_UPDATE_ADD if args.mode == "add" else mgmtd_pb2.CHAIN_UPDATE_REMOVE
-    chain = await _drained(conn, await conn.mgmtd_client().update_chain(args.chain_id, args.target_id, mode))
+    chain = await _drained(conn, await client.update_chain(args.chain_id, args.target_id, mode))
     return _chain_result(
         chain, f"target {args.target_id} {'added to' if args.mode == 'add' else 'removed from'} chain"
+    )
+
+
+def _check_removal(chains: list[mgmtd_pb2.ChainInfo], chain_id: int, target_id: int) -> None:
+    """UsageError if removing ``target_id`` from chain ``chain_id`` leaves it one copy of its data
+    or no SERVING target (as disable-node refuses to take a chain's last SERVING target)."""
+    chain = next((c for c in chains if c.chain_id == chain_id), None)
+    if chain is None or target_id not in {t.target_id for t in chain.targets}:
+        return  # mgmtd says what is wrong
+    left = [t for t in chain.targets if t.target_id != target_id]
+    if not any(t.public_state == common_pb2.SERVING for t in left):
+        why = f"no SERVING target left (its data unavailable{' and gone' if not left else ''})"
+    elif len(left) < 2:
+        why = f"one copy of its data left (on target {left[0].target_id}), which one failed disk loses"
+    else:
+        return
+    raise UsageError(
+        f"chain {chain_id} without target {target_id} would have {why} (--force to do it anyway)"
     )
 
 

@@ -258,7 +258,14 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     # a node holding a chain's last SERVING target is not disabled without --force (its data would
     # be unavailable), as offline-target would not take that target
     last = tids[2]
-    assert mgmtd.admin("update-chain", str(chain_id), str(tids[1]), "--mode", "remove").returncode == 0
+    # down to one copy of the chain's data: refused without --force (it said OK with one replica)
+    one = mgmtd.admin("update-chain", str(chain_id), str(tids[1]), "--mode", "remove")
+    assert one.returncode == 2 and f"one copy of its data left (on target {last})" in one.stderr, one.stderr
+    assert len(next(c for c in mgmtd.json("list-chains") if c["chain_id"] == chain_id)["targets"]) == 2
+    forced = mgmtd.admin("update-chain", str(chain_id), str(tids[1]), "--mode", "remove", "--force")
+    assert forced.returncode == 0, forced.stderr
+    none = mgmtd.admin("update-chain", str(chain_id), str(last), "--mode", "remove")
+    assert none.returncode == 2 and "no SERVING target left (its data unavailable and gone)" in none.stderr
     node = next(n for t, n, _ in targets if t == last)
     refused = mgmtd.admin("disable-node", str(node))
     assert refused.returncode == 2 and f"last SERVING target of chains {chain_id}" in refused.stderr
@@ -322,6 +329,22 @@ def test_list_nodes_ages_a_disabled_nodes_last_accepted_heartbeat(mgmtd: Mgmtd) 
     assert row(node)["pid"] == 4002 and row(node)["status"] == "DISABLED"
     assert (row(silent)["pid"], row(silent)["heartbeat_age_s"]) == ("", "")
     assert mgmtd.admin("enable-node", str(node)).returncode == 0
+
+
+def test_unregistering_a_node_whose_daemon_heartbeats_is_refused(mgmtd: Mgmtd) -> None:
+    """A node whose daemon still heartbeats registers again at its next heartbeat: unregister-node
+    said "unregistered" and the node was back, ACTIVE, two seconds later. Refused without --force;
+    a node never heard from (or silent) is forgotten as before."""
+    live, silent = 20004, 20005
+    assert _heartbeat(mgmtd, live, common_pb2.NODE_STORAGE, 1, pid=4004) == ""
+    refused = mgmtd.admin("unregister-node", str(live))
+    assert refused.returncode == 2 and f"node {live} is ACTIVE" in refused.stderr, refused.stderr
+    assert "stop its daemon first" in refused.stderr
+    assert live in {n["node_id"] for n in mgmtd.json("list-nodes")}
+    assert mgmtd.admin("unregister-node", str(live), "--force").returncode == 0
+    assert mgmtd.admin("register-node", str(silent), "storage").returncode == 0
+    assert mgmtd.admin("unregister-node", str(silent)).returncode == 0
+    assert not {live, silent} & {n["node_id"] for n in mgmtd.json("list-nodes")}
 
 
 def test_connection_flags_go_before_or_after_the_command(mgmtd: Mgmtd) -> None:
