@@ -476,6 +476,17 @@ def _check_targets_known(
     for tid, path in zip(target_ids, target_paths, strict=True):
         target = routing.targets.get(tid)
         if target is None:
+            if _recorded_target(Path(path)) == str(tid) and not routing.targets:
+                # Not a target removed from the cluster: a mgmtd that knows none at all is not the
+                # one this target served under (a new or emptied store; a standby mgmtd on
+                # another host with an lmdb store of its own, which serves as a second primary).
+                # Left out, the node would exit saying to delete good replicas' directories.
+                raise FS3Error(
+                    StatusCode.MGMTD_UNKNOWN_TARGET,
+                    f"target {tid} served here, but mgmtd knows no targets at all: it is not the "
+                    "mgmtd of this node's cluster (a new or empty store? a standby mgmtd on another "
+                    "host with its own lmdb store?): check mgmtd_addresses and mgmtd's kv store",
+                )
             if _recorded_target(Path(path)) == str(tid):
                 log.warning(
                     "target %d is no longer known to mgmtd (removed with fs3 admin remove-target?): "

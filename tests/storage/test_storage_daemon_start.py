@@ -206,3 +206,24 @@ async def test_a_target_removed_from_the_cluster_is_left_out_at_the_next_start(t
         with pytest.raises(FS3Error) as e:
             await daemon.start()
         assert "was removed from the cluster" in e.value.message
+
+
+async def test_a_mgmtd_that_knows_no_targets_is_not_taken_to_have_removed_them(tmp_path) -> None:
+    """A storage node asking a mgmtd with an empty store (a second mgmtd host with an lmdb store of
+    its own, which serves as a primary of its own) found all its targets unknown, took them for
+    removed from the cluster and exited, telling the operator to delete their directories: good
+    replicas. It refuses to start now, saying that mgmtd is not its cluster's."""
+    async with Cluster(tmp_path / "c", storage_nodes=1, chains=1, replication=1) as c:
+        node = c.nodes[0]
+        c.kill_storage(0)
+        assert c.mgmtd_proc is not None and c.mgmtd_proc.popen is not None
+        c.mgmtd_proc.popen.kill()
+        c.mgmtd_proc.popen.wait()
+        (c.tmp / "kv").rename(c.tmp / "kv.old")  # the same address, an empty store
+        await c.restart_mgmtd()
+        cfg = load_config(StorageConfig, c.storage_config(node), environ={})
+        daemon = StorageDaemon(cfg, secret=c.secret, registry=CollectorRegistry())
+        with pytest.raises(FS3Error) as e:
+            await daemon.start()
+        assert "mgmtd knows no targets at all" in e.value.message, e.value.message
+        assert all(p.is_dir() for p in node.targets.values())
