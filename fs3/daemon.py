@@ -423,11 +423,17 @@ def run(
     try:
         return runner(serving())
     except FS3Error as e:
+        message = e.message
+        if e.code == StatusCode.UNAUTHENTICATED:
+            # daemons authenticate with the cluster secret alone: theirs is not the cluster's
+            secret = getattr(cfg, "cluster_secret_file", "") or "none set: the built-in development secret"
+            message += f" (cluster_secret_file: {secret}): give it the file mgmtd has"
         if log_cfg.file:  # otherwise the log is standard error, where the line goes anyway
-            log.error("%s failed to start: %s", service, e.message)
-        sys.stderr.write(f"fs3 {service}: {e.message}\n")
-        # a config the daemon found wrong only once it ran (a store path, a target directory):
-        # the units do not start it again for 2 (RestartPreventExitStatus), starting cannot help
-        return 2 if e.code == StatusCode.CONFIG_INVALID else 1
+            log.error("%s failed to start: %s", service, message)
+        sys.stderr.write(f"fs3 {service}: {message}\n")
+        # a config the daemon found wrong only once it ran (a store path, a target directory, a
+        # secret): the units do not start it again for 2 (RestartPreventExitStatus), starting
+        # cannot help
+        return 2 if e.code in (StatusCode.CONFIG_INVALID, StatusCode.UNAUTHENTICATED) else 1
     except KeyboardInterrupt:
         return 130

@@ -487,15 +487,19 @@ async def _disable_meta_node(
 )
 async def enable_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
-    was = next((n.disabled for n in await client.list_nodes() if n.node_id == args.node_id), None)
+    node = next((n for n in await client.list_nodes() if n.node_id == args.node_id), None)
     await client.set_node_enabled(args.node_id, True)  # an unknown node: mgmtd says so
-    if was is False:
+    if node is not None and not node.disabled:
         return Result(
             value={"node_id": args.node_id, "enabled": True}, message=f"node {args.node_id} was not disabled"
         )
+    what = (
+        "mgmtd takes its heartbeats again, and clients that find meta through routing use it again"
+        if node is not None and node.type == common_pb2.NODE_META
+        else "its targets rejoin their chains (SYNCING, then SERVING)"
+    )
     return Result(
-        value={"node_id": args.node_id, "enabled": True},
-        message=f"node {args.node_id} enabled: its targets rejoin their chains (SYNCING, then SERVING)",
+        value={"node_id": args.node_id, "enabled": True}, message=f"node {args.node_id} enabled: {what}"
     )
 
 

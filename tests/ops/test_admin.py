@@ -310,7 +310,9 @@ def test_disabling_a_meta_node_says_what_it_does(mgmtd: Mgmtd) -> None:
         "clients that find meta through routing find no meta node until enable-node"
     )
     assert _heartbeat(mgmtd, meta, common_pb2.NODE_META, 2, pid=4001) == "MGMTD_NODE_DISABLED"
-    assert mgmtd.admin("enable-node", str(meta)).returncode == 0
+    enabled = mgmtd.admin("enable-node", str(meta))
+    assert enabled.returncode == 0 and "targets" not in enabled.stdout, enabled.stdout  # it has none
+    assert "clients that find meta through routing use it again" in enabled.stdout
 
 
 def test_list_nodes_ages_a_disabled_nodes_last_accepted_heartbeat(mgmtd: Mgmtd) -> None:

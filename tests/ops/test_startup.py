@@ -310,3 +310,24 @@ def test_a_binary_cluster_secret_is_refused_in_one_line(tmp_path: Path, service:
     (tmp_path / "secret").write_bytes(bytes(range(200, 240)))
     line = the_line(run_daemon(service, cfg), service)
     assert "printable ASCII" in line and str(tmp_path / "secret") in line
+
+
+def test_a_secret_that_is_not_the_clusters_is_a_bad_config(tmp_path: Path, spawner: Spawner) -> None:
+    """meta and storage whose cluster secret differs from mgmtd's said only "wrong cluster secret",
+    naming no file, and exited 1, which their units restart every few seconds for ever; it is
+    exit 2 now (a bad config, not restarted), naming the secret file."""
+    mgmtd = spawner.start(
+        "mgmtd",
+        [sys.executable, "-m", "fs3.mgmtd", "--config", str(config(tmp_path, "mgmtd")), "--port-file",
+         str(tmp_path / "m.port")],
+    )  # fmt: skip
+    address = f"127.0.0.1:{_port(tmp_path / 'm.port', mgmtd, 'mgmtd')}"
+    for service in ("meta", "storage"):
+        d = tmp_path / service
+        d.mkdir()
+        cfg = config(d, service, "node_id = 10001" if service == "storage" else "", mgmtd=address)
+        (d / "secret").write_text("y" * 32 + "\n")  # not mgmtd's
+        out = run_daemon(service, cfg)
+        line = the_line(out, service)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "wrong cluster secret" in line and str(d / "secret") in line, line
