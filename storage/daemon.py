@@ -300,7 +300,7 @@ class StorageDaemon:
             "storage serving node_id=%d port=%d targets=%s",
             cfg.node_id,
             self.port,
-            ",".join(str(t) for t in cfg.target_ids),
+            ",".join(str(t) for t in (self.targets.targets if self.targets else ())),  # (not those left out)
         )
 
     async def stop(self) -> None:
