@@ -476,7 +476,8 @@ def _check_targets_known(
     for tid, path in zip(target_ids, target_paths, strict=True):
         target = routing.targets.get(tid)
         if target is None:
-            if _recorded_target(Path(path)) == str(tid) and not routing.targets:
+            served_here = _recorded_target(Path(path)) == str(tid)
+            if served_here and not routing.targets:
                 # Not a target removed from the cluster: a mgmtd that knows none at all is not the
                 # one this target served under (a new or emptied store; a standby mgmtd on
                 # another host with an lmdb store of its own, which serves as a second primary).
@@ -487,7 +488,7 @@ def _check_targets_known(
                     "mgmtd of this node's cluster (a new or empty store? a standby mgmtd on another "
                     "host with its own lmdb store?): check mgmtd_addresses and mgmtd's kv store",
                 )
-            if _recorded_target(Path(path)) == str(tid):
+            if served_here:
                 log.warning(
                     "target %d is no longer known to mgmtd (removed with fs3 admin remove-target?): "
                     "left out; remove it from this node's config (target_ids, target_paths), and "
