@@ -232,7 +232,9 @@ class TargetMap:
         t = self.targets.get(target_id)
         if t is None:
             raise FS3Error(
-                StatusCode.MGMTD_UNKNOWN_TARGET, f"target {target_id} is not on node {self.node_id}"
+                StatusCode.MGMTD_UNKNOWN_TARGET,
+                f"node {self.node_id} does not serve target {target_id} (a daemon takes up the "
+                "targets its config names when it starts: restart it after create-targets)",
             )
         return t
 

@@ -227,3 +227,26 @@ async def test_a_mgmtd_that_knows_no_targets_is_not_taken_to_have_removed_them(t
             await daemon.start()
         assert "mgmtd knows no targets at all" in e.value.message, e.value.message
         assert all(p.is_dir() for p in node.targets.values())
+
+
+async def test_a_target_created_for_a_running_node_is_named_as_not_served_yet(tmp_path) -> None:
+    """A target created (create-targets) for a node whose daemon is running is not taken up until
+    that daemon restarts; asked for it meanwhile (fs3 admin checksum), the daemon answered "target
+    T is not on node N" while mgmtd listed it on node N. It says that it does not serve it, and
+    why."""
+    from fs3.proto import mgmtd_pb2
+
+    async with Cluster(tmp_path / "c", storage_nodes=1, chains=1, replication=1) as c:
+        assert c.admin is not None
+        client = await c.storage_client()
+        await c.admin.create_targets([mgmtd_pb2.TargetSpec(target_id=999, node_id=10001, disk_index=5)])
+
+        async def listed() -> bool:
+            await client.routing.refresh()
+            return 999 in client.routing.routing.targets
+
+        await wait_until(listed, 30, "the new target in routing")
+        with pytest.raises(FS3Error) as e:
+            await client.dump_chunk_meta(999)
+        assert "node 10001 does not serve target 999" in e.value.message, e.value.message
+        assert "restart it after create-targets" in e.value.message
