@@ -345,7 +345,8 @@ def apply_pushed_config(
         log.warning("%s applied: %s", source, ", ".join(applied))
     if later:
         log.warning(
-            "%s: %s not applied while running (set in this node's config file, then restart)",
+            "%s: %s not applied: taken only from this node's config file, when it starts (a "
+            "stored config cannot change it, at a restart either)",
             source,
             ", ".join(later),
         )
