@@ -111,7 +111,8 @@ class ResyncWorker:
         self.m_bytes = metrics.counter("fs3_storage_sync_sent_bytes", "bytes resync sent", ("target",), reg)
         self.m_runs = metrics.counter(
             "fs3_storage_sync_runs",
-            "resyncs finished, by outcome: done, failed, or interrupted (the chain changed during the run)",
+            "resyncs finished, by outcome: done, failed, or interrupted (the chain changed during the "
+            "run); exported by the predecessor that sends, labelled with the target it resyncs",
             ("target", "outcome"),
             reg,
         )
@@ -123,7 +124,8 @@ class ResyncWorker:
         )
         self.m_lost = metrics.counter(
             "fs3_storage_sync_lost_chunks",
-            "chunks resync could not read here nor from any other replica, and left out",
+            "chunks resync could not read here nor from any other replica: the target it resyncs is "
+            "sent them marked lost (their reads fail until a write replaces them)",
             ("target",),
             reg,
         )
@@ -195,6 +197,10 @@ class ResyncWorker:
     async def _sync(self, t: LocalTarget, succ_id: int) -> None:
         key = (t.chain_id, succ_id)
         label = str(succ_id)
+        # the series an alert watches exist at 0 from the first run: increase() over a series
+        # that appears at 1 is 0, and the first lost chunk or failed run would go unseen
+        self.m_lost.labels(label)
+        self.m_runs.labels(label, "failed")
         started = time.monotonic()
         version = self.targets.chain(t.chain_id).version
         try:

@@ -128,6 +128,7 @@ class Scrubber:
 
     async def _scrub_target(self, t: LocalTarget) -> tuple[int, int]:
         label = str(t.target_id)
+        self.m_damaged.labels(label)  # at 0 from the first pass: an alert's increase() sees the first
         eng = t.engine.engine
         after = b""
         read = damaged = 0

@@ -41,6 +41,12 @@ INLINE_BATCH_READ_BYTES = 256 << 10
 DUMP_PAGE = 1024  # chunk metadata per reply: building a page stays well under a millisecond
 
 
+#: codes the data-error alert watches (deploy/prometheus/fs3-alerts.yml), and the methods that
+#: write chunks: their series are made at 0 when the service starts
+_ALERTED = (StatusCode.STORAGE_IO_ERROR, StatusCode.STORAGE_CHECKSUM_MISMATCH, StatusCode.INTERNAL)
+_ALERTED_METHODS = ("Write", "Update")
+
+
 class StorageService:
     """Handlers of STORAGE_SERVICE (``fs3.client.storage_client``) for one daemon.
 
@@ -80,6 +86,22 @@ class StorageService:
         # the labelled children, looked up once (labels() takes a lock and builds a key every call)
         self._ops: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
+        self.m_read_failures = metrics.counter(
+            "fs3_storage_read_failures",
+            "reads of batch reads that failed, by code (a batch read is one request, counted OK in "
+            "fs3_storage_requests_total, its reads each with an outcome of their own)",
+            ("code",),
+            reg,
+        )
+        self._read_failures: dict[int, Any] = {}
+        # The series alerts watch exist at 0 from the start: increase() over a series that appears
+        # at 1 (the first event) is 0, so the first disk error or damaged copy went unseen.
+        for code in _ALERTED:
+            self._read_failures[int(code)] = self.m_read_failures.labels(code.name)
+            for method in _ALERTED_METHODS:
+                self._ops[(method, int(code))] = self.m_ops.labels(method, code.name)
+        for target_id in replicator.targets.targets:
+            self._damaged[target_id] = self.m_damaged.labels(str(target_id))
         self.m_reads = metrics.counter(
             "fs3_storage_batched_reads",
             "reads of batch reads by where they were served: inline (event loop thread: page "
@@ -108,6 +130,13 @@ class StorageService:
         if latency is None:
             latency = self._latency[method] = self.m_latency.labels(method)
         latency.observe(time.perf_counter() - start)
+
+    def _read_failed(self, code: int) -> None:
+        counter = self._read_failures.get(code)
+        if counter is None:
+            name = StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
+            counter = self._read_failures[code] = self.m_read_failures.labels(name)
+        counter.inc()
 
     def _refused(self, method: str, e: FS3Error) -> FS3Error:
         self._done(method, time.perf_counter(), int(e.code))
@@ -268,6 +297,7 @@ class StorageService:
                     o = FS3Error(StatusCode.INTERNAL, repr(o))
                 elif o.code == StatusCode.STORAGE_CHECKSUM_MISMATCH and not request.for_repair:
                     self._damaged_read(io.key, o)
+                self._read_failed(int(o.code))
                 res.status.code = int(o.code)
                 res.status.message = o.message
                 continue
@@ -579,7 +609,8 @@ class _TargetMetrics:
         )
         off = GaugeMetricFamily(
             "fs3_storage_cold_reads_off_loop",
-            "1 while the disk is slow and small reads that miss the page cache go to I/O threads",
+            "1 while the disk is slow: small reads that miss the page cache are read off the event "
+            "loop (native AIO, or I/O threads without it)",
             labels=("target",),
         )
         for target, eng in engines:

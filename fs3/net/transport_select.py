@@ -78,7 +78,8 @@ class TransportMetrics:
     def __init__(self, reg: CollectorRegistry | None = None) -> None:
         self.connections: Counter = metrics.counter(
             "fs3_net_transport_connections_total",
-            "connections opened or accepted, by transport and the reason it was chosen",
+            "connections this process opened (not those it accepted), by transport and the reason "
+            "it was chosen",
             ("transport", "reason"),
             reg,
         )

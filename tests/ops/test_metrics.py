@@ -151,6 +151,20 @@ def test_dashboard_and_alert_queries_name_exported_metrics(small_cluster: Path) 
         assert not missing, f"the {what} query metrics no daemon exports: {sorted(missing)}"
 
 
+def test_the_series_alerts_watch_exist_before_their_first_event(small_cluster: Path) -> None:
+    """An alert on increase() misses a labelled counter's first event when the series appears only
+    with it, already at 1: a storage daemon's data-error and damaged-copy series exist at 0 from
+    its start. Failed reads of batch reads are counted by code (the batch read itself is OK)."""
+    m = scrape(small_cluster, "storage-10001")
+    failures = {s.labels["code"] for s in m["fs3_storage_read_failures"]}
+    assert {"STORAGE_IO_ERROR", "STORAGE_CHECKSUM_MISMATCH", "INTERNAL"} <= failures, failures
+    errors = {(s.labels["method"], s.labels["code"]) for s in m["fs3_storage_requests"]}
+    assert ("Write", "STORAGE_IO_ERROR") in errors and ("Update", "STORAGE_CHECKSUM_MISMATCH") in errors
+    targets = {s.labels["target"] for s in m["fs3_storage_target_used_bytes"]}
+    damaged = {s.labels["target"] for s in m["fs3_storage_damaged_reads"]}
+    assert targets and targets <= damaged, (targets, damaged)
+
+
 def test_meta_read_session_metrics(small_cluster: Path) -> None:
     """A read-only open's session, written just after its answer, counts in meta's metrics (a
     real meta daemon: the queue's writer runs on its uvloop)."""
