@@ -465,6 +465,13 @@ def _print_where(lc: LocalCluster) -> None:
             [
                 f"  mgmtd:   {st.mgmtd_address} (metrics http://{format_address(st.host, st.ports['mgmtd_metrics'])}/metrics)",
                 f"  meta:    {format_address(st.host, st.ports['meta'])}",
+                "  metrics: "
+                + ", ".join(
+                    f"{name.removesuffix('_metrics').replace('client', 'mount')} {port}"
+                    for name, port in sorted(st.ports.items())
+                    if name.endswith("_metrics") and port and (st.mount or name != "client_metrics")
+                )
+                + f" (http://{format_address(st.host, 0).rsplit(':', 1)[0]}:PORT/metrics)",
                 f"  configs: {lc.config_dir}   logs: {lc.log_dir}",
                 f"  token:   {lc.user_token_file}   secret: {lc.secret_file}",
                 f"  admin:   {fs3} admin --local-dir {lc.root} list-chains",
