@@ -88,14 +88,30 @@ def _state(pid: int) -> str | None:
 
 
 def is_running(pid: int, mark: str) -> bool:
-    """Whether ``pid`` is a live (not zombie) process whose command line contains ``mark``."""
+    """Whether ``pid`` is a live (not zombie) process whose command line contains ``mark``, or an
+    argument that names the same file as ``mark`` (a config path spelled otherwise: through a
+    symlink, or with ``..``; taken for no daemon of its cluster, its PID file was removed and the
+    daemon left running)."""
     if _state(pid) in (None, "Z", "X"):
         return False
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return mark in cmdline
+    if mark in raw.replace(b"\0", b" ").decode(errors="replace"):
+        return True
+    try:
+        marked = os.stat(mark)
+    except OSError:
+        return False  # not a file: only the text can match
+    for arg in raw.split(b"\0"):
+        if arg.startswith(b"/"):
+            try:
+                if os.path.samestat(os.stat(arg), marked):
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def stop_all(daemons: Sequence[Daemon], timeout_s: float = 20.0) -> list[str]:

@@ -99,7 +99,9 @@ class LocalCluster:
     """The files and daemons of one local cluster directory."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root.expanduser().absolute()
+        # one spelling of the directory whatever the caller's (a symlink, '..'): the daemons are
+        # known by their config paths under it
+        self.root = root.expanduser().resolve()
         self.state_file = self.root / "local.json"
         self.lock_file = self.root / ".lock"  # the lock of older versions (now: flock of root)
         self.secret_file = self.root / "cluster.secret"

@@ -72,3 +72,47 @@ def test_last_error_is_the_last_line(tmp_path: Path) -> None:
     d.start()
     assert d.popen.wait(timeout=20) == 1
     assert d.exited() == 1 and d.last_error() == "fs3 x: it broke"
+
+
+def test_a_daemon_is_known_by_its_config_file_however_its_path_is_spelled(tmp_path: Path) -> None:
+    """fs3 local down --dir ../run (or through a symlink) took the cluster's daemons, started with
+    another spelling of their config paths, for stopped: it removed their PID files and left them
+    running."""
+    import subprocess
+
+    real = tmp_path / "real"
+    real.mkdir()
+    cfg = real / "meta.toml"
+    cfg.write_text("")
+    (tmp_path / "link").symlink_to(real)
+    other = tmp_path / "other.toml"
+    other.write_text("")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "--config",
+            str(tmp_path / "link" / "meta.toml"),
+        ]
+    )
+    try:
+        assert is_running(proc.pid, str(cfg))
+        assert is_running(proc.pid, str(tmp_path / "real" / ".." / "real" / "meta.toml"))
+        assert not is_running(proc.pid, str(other))
+        assert not is_running(proc.pid, str(tmp_path / "missing.toml"))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_local_cluster_directory_has_one_spelling(tmp_path: Path) -> None:
+    from fs3.cli.local_cluster import LocalCluster
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "t").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    roots = {
+        LocalCluster(p).root for p in (tmp_path / "run", tmp_path / "t" / ".." / "run", tmp_path / "link")
+    }
+    assert roots == {(tmp_path / "run").resolve()}
