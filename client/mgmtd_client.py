@@ -216,6 +216,7 @@ class MgmtdClient:
         # addresses this call could not reach: a standby's redirect to one (a primary advertising
         # an address that does not work from here) is not followed again, the list goes on instead
         unreachable: set[str] = set()
+        failing_since: float | None = None  # this call's first failure to reach any mgmtd
         while True:
             candidates = [hinted] if hinted else self._order()
             hinted = None
@@ -246,6 +247,8 @@ class MgmtdClient:
                         if method in _NOT_IDEMPOTENT and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                             raise err from None
                         last = FS3Error(StatusCode.UNAVAILABLE, f"mgmtd {address}: {e.details()}")
+                        if failing_since is None:
+                            failing_since = time.monotonic()
                         unreachable.add(address)
                         if self.primary == address:
                             self.primary = None
@@ -262,16 +265,19 @@ class MgmtdClient:
                 error = last or FS3Error(StatusCode.UNAVAILABLE, "no mgmtd answered")
                 if error.code not in (StatusCode.UNAVAILABLE, StatusCode.MGMTD_NOT_PRIMARY):
                     raise error
-                self._unanswered(method, error)
+                self._unanswered(method, error, failing_since)
                 raise MgmtdUnreachable(error.code, error.message)
             await asyncio.sleep(min(backoff, remaining))
             backoff = min(backoff * 2, 0.5)
 
-    def _unanswered(self, method: str, error: FS3Error) -> None:
+    def _unanswered(self, method: str, error: FS3Error, since: float | None = None) -> None:
+        """A call gave up, having failed to reach mgmtd from ``since`` on: the outage is dated from
+        there, not from the end of the call's retries (its "answers again after" undercounted)."""
         now = time.monotonic()
         self._unreachable_calls += 1
         if self._unreachable_since is None:
-            self._unreachable_since = self._unreachable_logged = now
+            self._unreachable_logged = now
+            self._unreachable_since = now if since is None else since
             log.log(
                 self._outage_level,
                 "mgmtd unreachable (said again every %.0f s while it lasts) addresses=%s call=%s error=%s",

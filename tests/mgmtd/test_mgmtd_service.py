@@ -890,6 +890,7 @@ async def test_an_outage_of_mgmtd_is_logged_once_then_its_end(
     await client.get_routing_info()
     await server.stop(grace_s=0)
     inproc.servers.remove(server)
+    down_at = time.monotonic()
 
     caplog.set_level(logging.DEBUG, logger="fs3.client")
     for _ in range(3):
@@ -921,11 +922,15 @@ async def test_an_outage_of_mgmtd_is_logged_once_then_its_end(
 
     monkeypatch.setattr(mgmtd_client, "UNREACHABLE_REMINDER_S", 60.0)
     caplog.clear()
+    back_at = time.monotonic()
     await inproc.start(1, port=int(port))
     await inproc.primary()
     await wait_until_answered(client)
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert any(m.startswith("mgmtd answers again after") for m in infos), infos
+    again = [m for m in infos if m.startswith("mgmtd answers again after")]
+    assert again, infos
+    # the outage dates from the first call that failed, not from the end of its retries (0.3 s on)
+    assert float(again[0].split()[4]) >= back_at - down_at - 0.05, (again, back_at - down_at)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("fs3.client")]
     # once over, a new outage is a new first line
     assert client._unreachable_since is None
