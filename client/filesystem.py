@@ -1613,7 +1613,7 @@ class FileSystem:
 
     async def scandir(self, path: str | bytes) -> AsyncIterator[m.DirEntry]:
         """The entries of a directory (name, inode id, type), page by page."""
-        inode = await self._lookup(path)
+        inode = await self._directory(os.fsencode(path))  # ENOTDIR naming the path, not an inode id
         async for e in self.meta.listdir(inode.id):
             yield e
 

@@ -1095,8 +1095,9 @@ def _sync_errors(config: Path) -> None:
         fs.write_file("/errs/f", b"x")
         with pytest.raises(FileExistsError):
             fs.mkdir("/errs/d")
-        with pytest.raises(NotADirectoryError):
+        with pytest.raises(NotADirectoryError) as notdir:
             fs.listdir("/errs/f")
+        assert "/errs/f" in str(notdir.value), notdir.value  # the path, not an inode id
         with pytest.raises(IsADirectoryError):
             fs.open("/errs/d")
         for name in ("/errs/new/", "/errs/f/", "/errs/d/"):
