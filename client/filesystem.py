@@ -64,7 +64,7 @@ from typing import Any, overload
 from fs3.capability import CapabilityCache
 from fs3.client.file import InodeState, OpenFile, ScatterBudget, read_many, stamp
 from fs3.client.meta_client import DEV_SECRET, MAX_SYMLINK_FOLLOWS, ROOT_ID, InodeHandles, MetaClient
-from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, session_clock
+from fs3.client.mgmtd_client import ClientSessionKeeper, MgmtdClient, MgmtdUnreachable, session_clock
 from fs3.client.routing import RoutingCache
 from fs3.client.storage_client import RetryPolicy, StorageClient
 from fs3.config import ClientConfig, load_config
@@ -693,8 +693,10 @@ class FileSystem:
         process's uid, gid and groups with the token in ``token_file``; with ``config.user_auth``
         (connections authenticated by that token, not the cluster secret) a non-root token's user
         instead."""
+        defaults = config is None and _local_cluster_config() is None
         if config is None:
             config = _local_cluster_config()
+        where = "" if isinstance(config, ClientConfig) else f" (from {config or 'the built-in defaults'})"
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)
         if config.tune_malloc:
@@ -770,6 +772,15 @@ class FileSystem:
             await rpc.close()
             if isinstance(e, FS3Error) and e.code == StatusCode.UNAUTHENTICATED:
                 raise FS3Error(e.code, f"{e.message}: {_credentials_hint(config)}") from None
+            if isinstance(e, MgmtdUnreachable):
+                # which cluster was tried, as fs3 admin says
+                hint = (
+                    "no cluster was named and there is no fs3 local cluster, so the default mgmtd "
+                    "was tried: pass a client config, or set $FS3_MGMTD_ADDRESSES or $FS3_LOCAL_DIR"
+                    if defaults
+                    else f"is the cluster running? mgmtd_addresses {','.join(config.mgmtd_addresses)}{where}"
+                )
+                raise MgmtdUnreachable(e.code, f"{e.message} ({hint})") from None
             raise
         fs = cls(config, rpc=rpc, mgmtd=mgmtd, routing=routing, meta=meta, storage=storage)
         routing.add_listener(fs._routing_changed)
