@@ -628,6 +628,9 @@ def _mount_locked(args: argparse.Namespace, options: list[str], where: str, lock
     except FS3Error as e:
         sys.stderr.write(f"fs3 mount: {e.message}\n")
         return 2
+    if (loop := os.environ.get("FS3_FUSE_LOOP", "uvloop")) not in ("uvloop", "asyncio"):
+        sys.stderr.write(f"fs3 mount: FS3_FUSE_LOOP is uvloop (the default) or asyncio, not {loop!r}\n")
+        return 2
     if args.log_level:
         cfg.log.level = args.log_level
     if not os.path.lexists(args.mountpoint):

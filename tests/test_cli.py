@@ -104,6 +104,15 @@ def test_mount_refuses_max_read_before_mounting(tmp_path) -> None:
     assert out.stderr.strip().startswith("fs3 mount: -o max_read is not supported: "), out.stderr
 
 
+def test_mount_refuses_an_unknown_event_loop_before_mounting(tmp_path, monkeypatch) -> None:
+    """FS3_FUSE_LOOP=bogus mounted on uvloop without a word."""
+    monkeypatch.setenv("FS3_FUSE_LOOP", "bogus")
+    out = fs3("mount", str(tmp_path), "--foreground")
+    assert (
+        out.returncode == 2 and "FS3_FUSE_LOOP is uvloop (the default) or asyncio, not 'bogus'" in out.stderr
+    )
+
+
 def test_a_detached_mount_that_fails_says_why_once(tmp_path) -> None:
     """The reason is printed: no '(see the log)' after it (it was, even with no log file)."""
     cfg = tmp_path / "dead.toml"
