@@ -400,6 +400,12 @@ def _unreachable_hint(args: argparse.Namespace) -> str:
     return ""
 
 
+def _local_path(path: object) -> bool:
+    """Whether ``path`` (a command's fs3 path) names something on this machine, below its root:
+    most likely a path through a mount, given where a path inside fs3 belongs."""
+    return isinstance(path, str) and path.startswith("/") and path.strip("/") != "" and os.path.exists(path)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 admin``; returns the exit status."""
     args = parser().parse_args(argv)
@@ -417,6 +423,11 @@ def main(argv: list[str]) -> int:
             hint = " (no token given: --token-file, $FS3_TOKEN_FILE or --local-dir)"
         elif e.code in UNREACHABLE:
             hint = _unreachable_hint(args)
+        elif e.code == StatusCode.NOT_FOUND and _local_path(getattr(args, "path", None)):
+            hint = (
+                f" ({args.path} is a path on this machine, a mount's perhaps: fs3 admin takes paths "
+                "inside fs3, from its root)"
+            )
         print(f"fs3 admin {cmd.name}: {e}{hint}", file=sys.stderr)
         return EX_UNAVAILABLE if e.code in UNREACHABLE else EX_FAILED
     except OSError as e:

@@ -40,6 +40,12 @@ def test_ls_and_stat_of_directories_and_symlinks(small_cluster: Path) -> None:
     assert admin_json(small_cluster, "stat", "/d")["type"] == "dir"
     missing = fs3("admin", "stat", "/nope", "--local-dir", str(small_cluster))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "a path on this machine" not in missing.stderr
+    # a path of this machine (through a mount, most likely) is not one inside fs3: said so
+    local = fs3("admin", "ls", str(small_cluster), "--local-dir", str(small_cluster))
+    assert local.returncode == 1 and f"{small_cluster} is a path on this machine" in local.stderr, (
+        local.stderr
+    )
 
 
 def test_stat_layout_and_checksum_with_two_replicas(small_cluster: Path) -> None:
