@@ -173,7 +173,10 @@ class TokenCache:
     async def user_of(self, token: str) -> Any:
         """The ``mgmtd_pb2.User`` ``token`` belongs to; FS3Error UNAUTHENTICATED if none."""
         if not token:
-            raise FS3Error(StatusCode.UNAUTHENTICATED, "the request carries no token")
+            raise FS3Error(
+                StatusCode.UNAUTHENTICATED,
+                "the request carries no user token (a client names its token file in token_file, or $FS3_TOKEN_FILE)",
+            )
         now = time.monotonic()
         hit = self._users.get(token)
         if hit is not None and _expired(hit, now):
