@@ -131,7 +131,15 @@ async def _initialize(lc: LocalCluster) -> None:
         try:
             root_token = await boot.init_cluster("local")
         except FS3Error as e:
-            raise LocalError(f"init-cluster on mgmtd {st.mgmtd_address} failed: {e}") from None
+            raise LocalError(
+                f"init-cluster on mgmtd {st.mgmtd_address} failed: {e}"
+                + (
+                    f" (an earlier start was stopped while it set the cluster up; start afresh with "
+                    f"'fs3 local down --dir {lc.root} --purge')"
+                    if e.code == StatusCode.ALREADY_EXISTS
+                    else ""
+                )
+            ) from None
     write_private(lc.admin_token_file, root_token.encode() + b"\n")
     async with MgmtdClient([st.mgmtd_address], token=root_token, timeout_s=30.0, log_outages=False) as admin:
         for node_id in st.storage_node_ids:
@@ -388,15 +396,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:
-            try:
-                asyncio.run(_initialize(lc))
-            except FS3Error as e:
-                raise LocalError(
-                    f"setting up the new cluster failed: {e}; start afresh with "
-                    f"'fs3 local down --dir {lc.root} --purge' (logs: {lc.log_dir})"
-                ) from None
-            st.initialized = True
-            st.save(lc.state_file)
+            with _signals_deferred():  # a set-up cut short could not be done again
+                try:
+                    asyncio.run(_initialize(lc))
+                except FS3Error as e:
+                    raise LocalError(
+                        f"setting up the new cluster failed: {e}; start afresh with "
+                        f"'fs3 local down --dir {lc.root} --purge' (logs: {lc.log_dir})"
+                    ) from None
+                st.initialized = True
+                st.save(lc.state_file)
             _say("  cluster initialized: targets, chains and chain table 1 created")
         # meta and the storage daemons start together; each is then waited for
         for name in lc.service_names()[1:]:
@@ -439,6 +448,32 @@ def cmd_up(args: argparse.Namespace) -> int:
     _say("  " + mount_line)
     _print_where(lc)
     return 0
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then act on the first one as if it
+    came then. Around the new cluster's set-up: mgmtd's init-cluster answers its root token once,
+    so a start stopped after it and before the set-up was recorded could never set up again
+    (every later up failed with ALREADY_EXISTS until --purge)."""
+    held: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        if not held:
+            sys.stderr.write(
+                "fs3 local: stopping once the new cluster is set up (a set-up cut short cannot be redone)\n"
+            )
+        held.append(signum)
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, hold) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])
 
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
