@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 import time
@@ -743,7 +744,7 @@ class MetaClient:
             rsp = await self.call("Create", req, request_id=True)
         except (FS3Error, asyncio.CancelledError) as e:
             if session:
-                self._settle_if_unknown(e, req.hdr.request_id, m.CreateRsp)
+                self._settle_if_unknown(e, req.hdr.request_id, m.CreateRsp, flags)
             raise
         if rsp.capability and self.capabilities is not None:
             self.capabilities.put(rsp.inode.id, rsp.capability)
@@ -831,7 +832,7 @@ class MetaClient:
         try:
             rsp, address = await self._call("Open", req, request_id=True)
         except (FS3Error, asyncio.CancelledError) as e:
-            self._settle_if_unknown(e, req.hdr.request_id, m.OpenRsp)
+            self._settle_if_unknown(e, req.hdr.request_id, m.OpenRsp, flags)
             raise
         if rsp.session_queued:
             self._queued_ends.opened(address, self, inode_id, rsp.session_id)
@@ -844,13 +845,17 @@ class MetaClient:
         e: FS3Error | asyncio.CancelledError,
         request_id: int,
         rsp_cls: type[m.OpenRsp] | type[m.CreateRsp],
+        flags: int,
     ) -> None:
         """After an open or create failed: if its outcome is unknown (meta not reached, its answer
         lost, or its caller cancelled while it was on its way: the request may have been made all
-        the same), have it settled (:meth:`QueuedSessions.settle`)."""
-        unknown = (
-            isinstance(e, asyncio.CancelledError) or e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED
-        )
+        the same), have it settled (:meth:`QueuedSessions.settle`). Not a cancelled O_TRUNC one:
+        meta may be trimming the file on storage for it, and settled as not done once that trim
+        is made, the file would keep its length over the zeros the trim left."""
+        if isinstance(e, asyncio.CancelledError):
+            unknown = not flags & os.O_TRUNC
+        else:
+            unknown = e.retryable or e.code == StatusCode.DEADLINE_EXCEEDED
         if request_id and unknown:
             self._queued_ends.settle(self, request_id, rsp_cls)
 

@@ -100,9 +100,11 @@ class _LoopThread:
         except BaseException:
             if not fut.done():
                 # The caller gave up (Ctrl-C's KeyboardInterrupt, another signal handler's error):
-                # the call is cancelled, and its end waited for, so that it changes nothing after
-                # the caller has moved on (a read finishing later moved the position past a seek
-                # the caller made since; a write went on writing). A call not started yet never will.
+                # the call is cancelled, and its end waited for, so that this client changes
+                # nothing for it after the caller has moved on (a read finishing later moved the
+                # position past a seek the caller made since; a write went on writing). A call not
+                # started yet never will be. A change a server has taken may still be made (a
+                # truncate meta is trimming storage for), as a syscall's may once under way.
                 self._give_up(fut, coro, started, ended)
             raise
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -173,3 +174,58 @@ async def test_a_client_close_given_up_on_then_made_again_waits_for_its_files(
     gate.open()
     await fs.close()
     assert await other.read_file("/client-close") == data
+
+
+async def test_a_truncate_given_up_on_while_meta_trims_storage_is_made_whole(
+    cluster: FsCluster, other: FileSystem
+) -> None:
+    """A truncate whose caller was cancelled (Ctrl-C in the sync API) while meta waited for storage
+    to trim the file is made once storage answers: meta has trimmed the file by then, so it must
+    not be called off (settled as never to happen, the file kept its length over zeros). The
+    file ends as the truncate leaves it, whole."""
+    data = os.urandom(3 * CHUNK)
+    await other.write_file("/cut-short", data)
+    fs = await cluster.connect()
+    procs = [n.proc.popen.pid for n in cluster.cluster.nodes if n.proc is not None and n.proc.popen]
+    for pid in procs:
+        os.kill(pid, signal.SIGSTOP)  # meta's trim of the file's chunks waits
+    try:
+        task = asyncio.ensure_future(fs.truncate("/cut-short", CHUNK))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(2.0)  # the client asks meta about it (SETTLE_FIRST_S)
+    finally:
+        for pid in procs:
+            os.kill(pid, signal.SIGCONT)
+    await asyncio.sleep(3.0)  # meta's trim goes on once storage answers
+    assert await other.read_file("/cut-short") == data[:CHUNK]
+    await fs.close()
+
+
+async def test_an_o_trunc_open_given_up_on_while_meta_trims_storage_is_made_whole(
+    cluster: FsCluster, other: FileSystem
+) -> None:
+    """As a truncate: an O_TRUNC open cancelled while meta trims the file is not settled as never
+    to happen (the file kept its length, and read zeros where the trim had been), and its session
+    is let expire instead of closed."""
+    data = os.urandom(3 * CHUNK)
+    await other.write_file("/open-cut-short", data)
+    fs = await cluster.connect()
+    procs = [n.proc.popen.pid for n in cluster.cluster.nodes if n.proc is not None and n.proc.popen]
+    for pid in procs:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        task = asyncio.ensure_future(fs.open("/open-cut-short", "w"))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(2.0)
+    finally:
+        for pid in procs:
+            os.kill(pid, signal.SIGCONT)
+    await asyncio.sleep(3.0)
+    assert await other.read_file("/open-cut-short") == b""
+    await fs.close()
