@@ -10,6 +10,8 @@ import asyncio
 import atexit
 import concurrent.futures
 import os
+import signal
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -449,13 +451,37 @@ _OPEN_CLIENTS: weakref.WeakSet[SyncFileSystem] = weakref.WeakSet()
 
 @atexit.register
 def _close_at_exit() -> None:
-    for client in list(_OPEN_CLIENTS):
-        try:
-            client.close()
-        except Exception as e:  # noqa: BLE001 - one client's failure must not keep the others open
-            import logging
+    """Close the clients still open at exit, writing what their open files hold. A first Ctrl-C
+    meanwhile is held (said so): it cancelled the closes, and the writes the program had made,
+    which write() had taken, were lost, the client's session left to expire; a second one
+    abandons them."""
+    clients = list(_OPEN_CLIENTS)
+    if not clients:
+        return
+    held: list[int] = []
 
-            logging.getLogger(__name__).warning("closing an fs3 client at exit failed: %s", e)
+    def hold(_signum: int, _frame: object) -> None:
+        if held:
+            raise KeyboardInterrupt
+        held.append(1)
+        sys.stderr.write("fs3: writing what files left open hold before exit (Ctrl-C again to abandon it)\n")
+
+    previous = (
+        signal.signal(signal.SIGINT, hold) if threading.current_thread() is threading.main_thread() else None
+    )
+    try:
+        for client in clients:
+            try:
+                client.close()
+            except Exception as e:  # noqa: BLE001 - one client's failure must not keep the others open
+                import logging
+
+                logging.getLogger(__name__).warning("closing an fs3 client at exit failed: %s", e)
+    except KeyboardInterrupt:
+        sys.stderr.write("fs3: abandoned the writes of files left open at exit\n")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 __all__ = ["SyncFile", "SyncFileSystem"]
