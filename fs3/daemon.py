@@ -420,7 +420,13 @@ def run(
             watching.cancel()
             signals.remove()
             _signals = None
+            # The stop is not over: the loop, its executors and the log are still to be closed.
+            # asyncio's removal put back SIGINT's KeyboardInterrupt and SIGTERM's default, so a
+            # second stop signal in that window cut the stop short (exit 130, or killed): ignored
+            # until run returns, as a second one during the stop is.
+            ignored.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS})
 
+    ignored: dict[int, Any] = {}
     try:
         return runner(serving())
     except FS3Error as e:
@@ -438,3 +444,6 @@ def run(
         return 2 if e.code in (StatusCode.CONFIG_INVALID, StatusCode.UNAUTHENTICATED) else 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        for sig, handler in ignored.items():
+            signal.signal(sig, handler)

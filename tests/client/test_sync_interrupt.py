@@ -9,12 +9,24 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from fs3.client.sync_api import _LoopThread
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt, as in a program run from a terminal (a test process started
+    in the background, as CI may run it, inherits SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_cancels_the_call_and_waits_for_its_end() -> None:
@@ -72,6 +84,6 @@ def test_ctrl_c_while_files_left_open_are_written_at_exit(capsys, presses: int) 
         assert "Ctrl-C again to abandon it" in err
         assert slow.closed is (presses == 1)
         assert ("abandoned the writes" in err) is (presses == 2)
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (the fixture's)
     finally:
         sync_api._OPEN_CLIENTS.discard(slow)

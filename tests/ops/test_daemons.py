@@ -97,7 +97,8 @@ def test_a_daemon_is_known_by_its_config_file_however_its_path_is_spelled(tmp_pa
         ]
     )
     try:
-        assert is_running(proc.pid, str(cfg))
+        # (until it has exec'd, its command line is this process's)
+        wait_for(lambda: is_running(proc.pid, str(cfg)), 20, "the process to run its command")
         assert is_running(proc.pid, str(tmp_path / "real" / ".." / "real" / "meta.toml"))
         assert not is_running(proc.pid, str(other))
         assert not is_running(proc.pid, str(tmp_path / "missing.toml"))

@@ -621,12 +621,17 @@ def test_a_stop_signal_during_the_new_clusters_set_up_waits_for_its_end(capsys) 
     from fs3.local import _signals_deferred
 
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with _signals_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGTERM)  # only the first is acted on
-            time.sleep(0.05)  # (a handler runs between bytecodes: the set-up goes on)
-            done.append("set up")
+    # as fs3 local runs from a terminal (a background test process inherits SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _signals_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)  # only the first is acted on
+                time.sleep(0.05)  # (a handler runs between bytecodes: the set-up goes on)
+                done.append("set up")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert done == ["set up"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert "stopping once the new cluster is set up" in capsys.readouterr().err
