@@ -47,6 +47,11 @@ _ALERTED = (StatusCode.STORAGE_IO_ERROR, StatusCode.STORAGE_CHECKSUM_MISMATCH, S
 _ALERTED_METHODS = ("Write", "Update")
 
 
+def _code_name(code: int) -> str:
+    """A status code's label value: its name, or the number of one this version does not know."""
+    return StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
+
+
 class StorageService:
     """Handlers of STORAGE_SERVICE (``fs3.client.storage_client``) for one daemon.
 
@@ -123,8 +128,7 @@ class StorageService:
     def _done(self, method: str, start: float, code: int = 0) -> None:
         ops = self._ops.get((method, code))
         if ops is None:
-            name = StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
-            ops = self._ops[(method, code)] = self.m_ops.labels(method, name)
+            ops = self._ops[(method, code)] = self.m_ops.labels(method, _code_name(code))
         ops.inc()
         latency = self._latency.get(method)
         if latency is None:
@@ -134,8 +138,7 @@ class StorageService:
     def _read_failed(self, code: int) -> None:
         counter = self._read_failures.get(code)
         if counter is None:
-            name = StatusCode(code).name if code in StatusCode._value2member_map_ else str(code)
-            counter = self._read_failures[code] = self.m_read_failures.labels(name)
+            counter = self._read_failures[code] = self.m_read_failures.labels(_code_name(code))
         counter.inc()
 
     def _refused(self, method: str, e: FS3Error) -> FS3Error:
