@@ -693,9 +693,9 @@ class FileSystem:
         process's uid, gid and groups with the token in ``token_file``; with ``config.user_auth``
         (connections authenticated by that token, not the cluster secret) a non-root token's user
         instead."""
-        defaults = config is None and _local_cluster_config() is None
         if config is None:
             config = _local_cluster_config()
+        defaults = config is None  # nothing named and no local cluster: the built-in defaults
         where = "" if isinstance(config, ClientConfig) else f" (from {config or 'the built-in defaults'})"
         if not isinstance(config, ClientConfig):
             config = load_config(ClientConfig, config)

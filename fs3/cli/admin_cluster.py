@@ -382,6 +382,11 @@ async def register_node(conn: Connection, args: argparse.Namespace) -> Result:
     )
 
 
+async def _node(client: MgmtdClient, node_id: int) -> mgmtd_pb2.NodeInfo | None:
+    """Node ``node_id`` as mgmtd lists it, None if it has no such node."""
+    return next((n for n in await client.list_nodes() if n.node_id == node_id), None)
+
+
 def _node_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("node_id", type=u32)
 
@@ -487,7 +492,7 @@ async def _disable_meta_node(
 )
 async def enable_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
-    node = next((n for n in await client.list_nodes() if n.node_id == args.node_id), None)
+    node = await _node(client, args.node_id)
     await client.set_node_enabled(args.node_id, True)  # an unknown node: mgmtd says so
     if node is not None and not node.disabled:
         return Result(
@@ -517,7 +522,7 @@ def _unregister_args(p: argparse.ArgumentParser) -> None:
 )
 async def unregister_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
-    node = next((n for n in await client.list_nodes() if n.node_id == args.node_id), None)
+    node = await _node(client, args.node_id)
     if node is not None and node.status == mgmtd_pb2.NODE_STATUS_ACTIVE and not args.force:
         # its next heartbeat registers it again: "unregistered" would have undone itself unseen
         raise UsageError(
