@@ -317,24 +317,38 @@ class SyncFileSystem:
     def _call(self, fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any) -> T:
         return self._loop.run(fn(*args, **kw))
 
+    def _on(
+        self, paths: tuple[str | bytes, ...], fn: Callable[..., Awaitable[T]], *args: Any, **kw: Any
+    ) -> T:
+        """:meth:`_call` for an operation on ``paths``: its OSError names them in ``filename`` (and
+        ``filename2``), as open(), os.stat and os.rename name theirs."""
+        try:
+            return self._call(fn, *args, **kw)
+        except OSError as e:
+            if isinstance(e, FS3Error) and e.filename is None:
+                e.filename = paths[0]
+                if len(paths) > 1:
+                    e.filename2 = paths[1]
+            raise
+
     def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> SyncFile:
-        return SyncFile(self._call(self.aio.open, path, mode, perm), self._loop)
+        return SyncFile(self._on((path,), self.aio.open, path, mode, perm), self._loop)
 
     def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> SyncFile:
-        return SyncFile(self._call(self.aio.open_flags, path, flags, perm), self._loop)
+        return SyncFile(self._on((path,), self.aio.open_flags, path, flags, perm), self._loop)
 
     def read_batch(self, requests: Sequence[tuple[SyncFile | File | str | bytes, int, int]]) -> list[bytes]:
         reqs = [(f.file if isinstance(f, SyncFile) else f, o, n) for f, o, n in requests]
         return self._call(self.aio.read_batch, reqs)
 
     def stat(self, path: str | bytes, follow_symlinks: bool = True) -> StatResult:
-        return self._call(self.aio.stat, path, follow_symlinks)
+        return self._on((path,), self.aio.stat, path, follow_symlinks)
 
     def exists(self, path: str | bytes) -> bool:
-        return self._call(self.aio.exists, path)
+        return self._on((path,), self.aio.exists, path)
 
     def listdir(self, path: str | bytes = "/") -> list[str] | list[bytes]:
-        return self._call(self.aio.listdir, path)
+        return self._on((path,), self.aio.listdir, path)
 
     def scandir(self, path: str | bytes) -> list[m.DirEntry]:
         """The entries of a directory (name, inode id, type), all of them."""
@@ -342,54 +356,54 @@ class SyncFileSystem:
         async def entries() -> list[m.DirEntry]:
             return [e async for e in self.aio.scandir(path)]
 
-        return self._call(entries)
+        return self._on((path,), entries)
 
     def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
-        self._call(self.aio.mkdir, path, mode, parents=parents)
+        self._on((path,), self.aio.mkdir, path, mode, parents=parents)
 
     def makedirs(self, path: str | bytes, mode: int = 0o755) -> None:
-        self._call(self.aio.makedirs, path, mode)
+        self._on((path,), self.aio.makedirs, path, mode)
 
     def rmdir(self, path: str | bytes, *, recursive: bool = False) -> None:
-        self._call(self.aio.rmdir, path, recursive=recursive)
+        self._on((path,), self.aio.rmdir, path, recursive=recursive)
 
     def unlink(self, path: str | bytes) -> None:
-        self._call(self.aio.unlink, path)
+        self._on((path,), self.aio.unlink, path)
 
     remove = unlink
 
     def rename(
         self, src: str | bytes, dst: str | bytes, *, noreplace: bool = False, exchange: bool = False
     ) -> None:
-        self._call(self.aio.rename, src, dst, noreplace=noreplace, exchange=exchange)
+        self._on((src, dst), self.aio.rename, src, dst, noreplace=noreplace, exchange=exchange)
 
     def symlink(self, target: str | bytes, path: str | bytes) -> None:
-        self._call(self.aio.symlink, target, path)
+        self._on((target, path), self.aio.symlink, target, path)
 
     @overload
     def readlink(self, path: str) -> str: ...
     @overload
     def readlink(self, path: bytes) -> bytes: ...
     def readlink(self, path: str | bytes) -> str | bytes:
-        return self._call(self.aio.readlink, path)
+        return self._on((path,), self.aio.readlink, path)
 
     def link(self, src: str | bytes, dst: str | bytes) -> None:
-        self._call(self.aio.link, src, dst)
+        self._on((src, dst), self.aio.link, src, dst)
 
     def mknod(self, path: str | bytes, mode: int, rdev: int = 0) -> None:
-        self._call(self.aio.mknod, path, mode, rdev)
+        self._on((path,), self.aio.mknod, path, mode, rdev)
 
     def chmod(self, path: str | bytes, mode: int) -> None:
-        self._call(self.aio.chmod, path, mode)
+        self._on((path,), self.aio.chmod, path, mode)
 
     def chown(self, path: str | bytes, uid: int = -1, gid: int = -1) -> None:
-        self._call(self.aio.chown, path, uid, gid)
+        self._on((path,), self.aio.chown, path, uid, gid)
 
     def utime(self, path: str | bytes, ns: tuple[int, int] | None = None) -> None:
-        self._call(self.aio.utime, path, ns)
+        self._on((path,), self.aio.utime, path, ns)
 
     def truncate(self, path: str | bytes, size: int) -> None:
-        self._call(self.aio.truncate, path, size)
+        self._on((path,), self.aio.truncate, path, size)
 
     def statfs(self) -> m.StatFsRsp:
         return self._call(self.aio.statfs)
@@ -397,7 +411,8 @@ class SyncFileSystem:
     def set_layout(
         self, path: str | bytes, *, chunk_size: int = 0, stripe_count: int = 0, chain_table_id: int = 0
     ) -> m.Layout:
-        return self._call(
+        return self._on(
+            (path,),
             self.aio.set_layout,
             path,
             chunk_size=chunk_size,
@@ -406,22 +421,22 @@ class SyncFileSystem:
         )
 
     def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
-        return self._call(self.aio.getxattr, path, name)
+        return self._on((path,), self.aio.getxattr, path, name)
 
     def setxattr(self, path: str | bytes, name: str | bytes, value: bytes, flags: int = 0) -> None:
-        self._call(self.aio.setxattr, path, name, value, flags)
+        self._on((path,), self.aio.setxattr, path, name, value, flags)
 
     def listxattr(self, path: str | bytes) -> list[str]:
-        return self._call(self.aio.listxattr, path)
+        return self._on((path,), self.aio.listxattr, path)
 
     def removexattr(self, path: str | bytes, name: str | bytes) -> None:
-        self._call(self.aio.removexattr, path, name)
+        self._on((path,), self.aio.removexattr, path, name)
 
     def read_file(self, path: str | bytes) -> bytes:
-        return self._call(self.aio.read_file, path)
+        return self._on((path,), self.aio.read_file, path)
 
     def write_file(self, path: str | bytes, data: bytes, perm: int = 0o644) -> None:
-        self._call(self.aio.write_file, path, data, perm)
+        self._on((path,), self.aio.write_file, path, data, perm)
 
     @property
     def closed(self) -> bool:

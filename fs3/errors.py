@@ -224,8 +224,14 @@ class FS3Error(Exception):
     def retryable(self) -> bool:
         return self.code in RETRYABLE
 
-    def __reduce__(self):  # keep the code when pickled across processes
-        return (type(self), (int(self.code), self.message))
+    def __reduce__(self):  # keep the code (and an OSError flavour's file names) when pickled
+        names = {k: v for k in ("filename", "filename2") if (v := getattr(self, k, None)) is not None}
+        return (type(self), (int(self.code), self.message), names or None)
+
+    def __str__(self) -> str:
+        # "CODE: message", also for the OSError flavours (os_flavoured): OSError's own would make
+        # "[Errno None] ..." of one given a filename
+        return Exception.__str__(self)
 
 
 # The native Python API (SyncFileSystem, SyncFile, SyncKVCache) raises its errors as these: each is

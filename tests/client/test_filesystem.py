@@ -1087,14 +1087,22 @@ def _sync_errors(config: Path) -> None:
             fs.stat("/no-such-file")
         assert isinstance(missing.value, FS3Error) and missing.value.code == StatusCode.NOT_FOUND
         assert missing.value.errno == errno.ENOENT and missing.value.strerror == os.strerror(errno.ENOENT)
+        # the path in filename, as os.stat gives it, and the message still fs3's
+        assert missing.value.filename == "/no-such-file" and str(missing.value).startswith("NOT_FOUND")
         again = pickle.loads(pickle.dumps(missing.value))
         assert type(again) is type(missing.value) and again.code == StatusCode.NOT_FOUND
-        with pytest.raises(FileNotFoundError):
-            fs.open("/no-such-file")
+        assert again.filename == "/no-such-file"
+        with pytest.raises(FileNotFoundError) as missing:
+            fs.open(b"/no-such-file")
+        assert missing.value.filename == b"/no-such-file"
+        with pytest.raises(FileNotFoundError) as missing:
+            fs.rename("/no-such-file", "/other")
+        assert (missing.value.filename, missing.value.filename2) == ("/no-such-file", "/other")
         fs.makedirs("/errs/d")
         fs.write_file("/errs/f", b"x")
-        with pytest.raises(FileExistsError):
+        with pytest.raises(FileExistsError) as exists:
             fs.mkdir("/errs/d")
+        assert exists.value.filename == "/errs/d"
         with pytest.raises(NotADirectoryError) as notdir:
             fs.listdir("/errs/f")
         assert "/errs/f" in str(notdir.value), notdir.value  # the path, not an inode id
