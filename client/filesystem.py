@@ -279,7 +279,7 @@ def _token_uid(token: str) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
-def _local_cluster_config() -> str | None:
+def local_cluster_config() -> str | None:
     """Without a config: the ``fs3 local`` cluster's client config in its default directory
     (``$FS3_LOCAL_DIR``, else ``~/.local/share/fs3/local``), as ``fs3 admin`` takes that cluster
     without flags, unless ``$FS3_MGMTD_ADDRESSES`` names a cluster; None (the built-in defaults,
@@ -688,13 +688,13 @@ class FileSystem:
         timeout_s: float = 30.0,
     ) -> FileSystem:
         """Connect to the cluster ``config`` names (a ClientConfig, a TOML path, or None: the
-        ``fs3 local`` cluster's client config if there is one, see :func:`_local_cluster_config`,
+        ``fs3 local`` cluster's client config if there is one, see :func:`local_cluster_config`,
         else the defaults; ``FS3_*`` variables override either). ``user`` defaults to this
         process's uid, gid and groups with the token in ``token_file``; with ``config.user_auth``
         (connections authenticated by that token, not the cluster secret) a non-root token's user
         instead."""
         if config is None:
-            config = _local_cluster_config()
+            config = local_cluster_config()
         defaults = config is None  # nothing named and no local cluster: the built-in defaults
         where = "" if isinstance(config, ClientConfig) else f" (from {config or 'the built-in defaults'})"
         if not isinstance(config, ClientConfig):

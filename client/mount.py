@@ -142,7 +142,13 @@ class _AbandonedReplies(logging.Filter):
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fs3 mount", description="Mount fs3 with FUSE.")
     p.add_argument("mountpoint", help="directory to mount on")
-    p.add_argument("--config", metavar="PATH", help="client TOML config (default: built-in defaults)")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="client TOML config (default: the fs3 local cluster's, from $FS3_LOCAL_DIR or "
+        "~/.local/share/fs3/local, where there is one and $FS3_MGMTD_ADDRESSES is unset, as the "
+        "native client and fs3 admin take it; else built-in defaults)",
+    )
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument(
         "-o",
@@ -623,8 +629,10 @@ def _mount_locked(args: argparse.Namespace, options: list[str], where: str, lock
             if not _replace_dead_mount(path):
                 sys.stderr.write(f"fs3 mount: {taken}; unmount it first or pick another directory\n")
                 return 1
+    from fs3.client.filesystem import local_cluster_config
+
     try:
-        cfg = load_config(ClientConfig, args.config)
+        cfg = load_config(ClientConfig, args.config or local_cluster_config())
     except FS3Error as e:
         sys.stderr.write(f"fs3 mount: {e.message}\n")
         return 2

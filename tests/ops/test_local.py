@@ -614,6 +614,22 @@ def test_the_native_client_without_a_config_finds_the_local_cluster(
         SyncFileSystem.connect(timeout_s=2)
 
 
+@pytest.mark.timeout(120)
+def test_fs3_mount_without_a_config_mounts_the_local_cluster(small_cluster: Path, tmp_path: Path) -> None:
+    """``fs3 mount MNT`` without --config takes the fs3 local cluster, as the native client and
+    fs3 admin do (it took the built-in defaults, dialled 127.0.0.1:8000 and failed after its wait)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    up = fs3("mount", str(mnt), env={"FS3_LOCAL_DIR": str(small_cluster)}, timeout=90)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert (mnt / "m.bin").stat().st_size == 100_000
+    finally:
+        if is_mounted(str(mnt)):
+            down = fs3("umount", str(mnt))
+            assert down.returncode == 0, down.stdout + down.stderr
+
+
 def test_a_stop_signal_during_the_new_clusters_set_up_waits_for_its_end(capsys) -> None:
     """mgmtd's init-cluster answers its root token once: an up stopped (Ctrl-C, SIGTERM) after it
     and before the set-up was recorded left a cluster no later up could set up (ALREADY_EXISTS
