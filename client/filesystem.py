@@ -348,6 +348,12 @@ class File:
         self._reading = asyncio.Lock()
         # (offset, bytes) that readline read past the position; dropped when this File seeks or writes
         self._ahead: tuple[int, bytes] | None = None
+        # closed when collected unclosed (``fs.open(p).read()``), as Python's files are: its
+        # session stayed open on meta (keeping an unlinked file's chunks) and its state in memory
+        # until the client closed, one more per sample of a data loader (writers are kept open
+        # until closed, by FileSystem._writers)
+        self._finalizer = weakref.finalize(self, _file_dropped, fs, handle, path)
+        self._finalizer.atexit = False
 
     @property
     def inode_id(self) -> int:
@@ -624,6 +630,7 @@ class File:
         if self.closed:
             return
         self.closed = True
+        self._finalizer.detach()
         self.fs._writers.discard(self)
         await self.fs._close(self.handle)
 
@@ -632,6 +639,19 @@ class File:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _file_dropped(fs: FileSystem, handle: OpenFile, path: bytes) -> None:
+    """A File collected unclosed (in any thread, the sync API's callers' included): its handle
+    is closed in the background, in the client's loop, unless the client is closed already."""
+    loop = fs._loop
+    if fs._closed or loop is None or loop.is_closed():
+        return
+    import warnings
+
+    warnings.warn(f"unclosed fs3 file {quote_name(path)}", ResourceWarning, stacklevel=2)
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+        loop.call_soon_threadsafe(fs._dropped, handle)
 
 
 class FileSystem:
@@ -669,6 +689,7 @@ class FileSystem:
         self._ending_again: set[asyncio.Task[None]] = set()
         self._end_again_now = asyncio.Event()
         self._closed = False
+        self._close_task: asyncio.Future[None] | None = None  # see close
         # the token in config.token_file in use, and the task taking up a new one written there
         self._token = ""
         self._token_watch: asyncio.Task[None] | None = None
@@ -901,6 +922,16 @@ class FileSystem:
                 "FileSystem.close() called in another event loop than the one it was connected "
                 "in: use a FileSystem in its own loop (or fs3.client.SyncFileSystem from threads)"
             )
+        # One close at a time, which every caller waits for: two at once each ended the sessions
+        # and connections, and the second's calls failed (CANCELLED) as the first closed them.
+        # A caller cancelled leaves it to go on; one that failed is made again by the next call.
+        task = self._close_task
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self._close_task = asyncio.ensure_future(self._close_all())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (raised to its callers)
+        await asyncio.shield(task)
+
+    async def _close_all(self) -> None:
         await self._close_files()
         while self._closing:
             await asyncio.wait(list(self._closing))
@@ -1444,6 +1475,11 @@ class FileSystem:
                 session_id,
             )
             return
+
+    def _dropped(self, h: OpenFile) -> None:
+        """Close ``h``, whose File was collected unclosed (see _file_dropped)."""
+        if not self._closed and h in h.state.handles:
+            self._close_later(h)
 
     def _close_later(self, h: OpenFile) -> None:
         """Finish closing ``h`` in a task of its own, kept until it ends (:meth:`close` waits for it)."""

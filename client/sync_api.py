@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar, overload
 from fs3.client.filesystem import File, FileSystem, StatResult
 from fs3.client.mgmtd_client import FORKED_CLIENT_ADVICE
 from fs3.config import ClientConfig
-from fs3.errors import FS3Error, StatusCode, call_os_flavoured
+from fs3.errors import FS3Error, FS3ValueError, StatusCode, call_os_flavoured
 from fs3.proto import common_pb2
 from fs3.proto import meta_pb2 as m
 
@@ -164,9 +164,22 @@ class _LoopThread:
 class SyncFile:
     """The synchronous face of :class:`File` (same methods, blocking)."""
 
-    def __init__(self, file: File, loop: _LoopThread) -> None:
+    def __init__(self, file: File, loop: _LoopThread, client: SyncFileSystem | None = None) -> None:
         self.file = file
         self._loop = loop
+        # the client the file was opened with, kept open while the file is in use: a client no
+        # longer referenced is closed (see SyncFileSystem), and ``connect(cfg).open(p, "wb")``
+        # would have lost its file's writes with it
+        self._client = client
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        if self._loop.closed and os.getpid() == self._loop.pid:
+            # as Python's files once closed (the client's close closed it): ValueError
+            _discard(coro)
+            raise FS3ValueError(
+                StatusCode.META_BAD_HANDLE, "I/O operation on closed file (its fs3 file system was closed)"
+            )
+        return self._loop.run(coro)
 
     @property
     def inode_id(self) -> int:
@@ -181,10 +194,10 @@ class SyncFile:
         return self.file.closed
 
     def read(self, length: int | None = -1) -> bytes:
-        return self._loop.run(self.file.read(length))
+        return self._run(self.file.read(length))
 
     def readinto(self, buf: bytearray | memoryview) -> int:
-        return self._loop.run(self.file.readinto(buf))
+        return self._run(self.file.readinto(buf))
 
     # what io's binary files also offer, so that pickle.load, io.TextIOWrapper, zipfile, tarfile,
     # numpy and torch take an fs3 file where they take a local one
@@ -192,10 +205,10 @@ class SyncFile:
     readinto1 = readinto
 
     def readline(self, size: int | None = -1) -> bytes:
-        return self._loop.run(self.file.readline(size))
+        return self._run(self.file.readline(size))
 
     def readlines(self, hint: int | None = -1) -> list[bytes]:
-        return self._loop.run(self.file.readlines(hint))
+        return self._run(self.file.readlines(hint))
 
     def __iter__(self) -> SyncFile:
         return self
@@ -234,39 +247,39 @@ class SyncFile:
         return self.file.fileno()
 
     def pread(self, length: int, offset: int) -> bytes:
-        return self._loop.run(self.file.pread(length, offset))
+        return self._run(self.file.pread(length, offset))
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        return self._loop.run(self.file.write(data))
+        return self._run(self.file.write(data))
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
-        return self._loop.run(self.file.pwrite(data, offset))
+        return self._run(self.file.pwrite(data, offset))
 
     def write_parallel(
         self, pieces: Iterable[tuple[int, bytes | bytearray | memoryview]], concurrency: int = 16
     ) -> int:
-        return self._loop.run(self.file.write_parallel(list(pieces), concurrency))
+        return self._run(self.file.write_parallel(list(pieces), concurrency))
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         if whence == os.SEEK_END and not self.file.closed:
             # as lseek: from the file's length now, another client's appends and truncates counted
-            self._loop.run(self.file.fs._refresh(self.file.handle))
+            self._run(self.file.fs._refresh(self.file.handle))
         return call_os_flavoured(self.file.seek, offset, whence)
 
     def tell(self) -> int:
         return call_os_flavoured(self.file.tell)
 
     def truncate(self, size: int | None = None) -> int:
-        return self._loop.run(self.file.truncate(size))
+        return self._run(self.file.truncate(size))
 
     def flush(self) -> None:
-        self._loop.run(self.file.flush())
+        self._run(self.file.flush())
 
     def fsync(self) -> None:
-        self._loop.run(self.file.fsync())
+        self._run(self.file.fsync())
 
     def stat(self) -> StatResult:
-        return self._loop.run(self.file.stat())
+        return self._run(self.file.stat())
 
     def close(self) -> None:
         # closing a closed file does nothing, also once its file system is closed; closing an open
@@ -288,6 +301,14 @@ class SyncFileSystem:
     def __init__(self, fs: FileSystem, loop: _LoopThread) -> None:
         self.aio = fs
         self._loop = loop
+        # closes take turns: a second one (another thread's) waits for the first, then does
+        # nothing (it ran alongside, and its calls failed, CANCELLED, as the first ended the loop)
+        self._closing = threading.Lock()
+        # one no longer referenced (``SyncFileSystem.connect(cfg).read_file(p)``; its files keep
+        # it) is closed then, as Python closes a file object it collects: its thread and
+        # connections stayed for the life of the process
+        self._finalizer = weakref.finalize(self, _close_dropped, fs, loop, self._closing)
+        self._finalizer.atexit = False  # at exit: _close_at_exit
 
     def __reduce__(self) -> NoReturn:
         raise TypeError(
@@ -332,10 +353,10 @@ class SyncFileSystem:
             raise
 
     def open(self, path: str | bytes, mode: str = "r", perm: int = 0o644) -> SyncFile:
-        return SyncFile(self._on((path,), self.aio.open, path, mode, perm), self._loop)
+        return SyncFile(self._on((path,), self.aio.open, path, mode, perm), self._loop, self)
 
     def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> SyncFile:
-        return SyncFile(self._on((path,), self.aio.open_flags, path, flags, perm), self._loop)
+        return SyncFile(self._on((path,), self.aio.open_flags, path, flags, perm), self._loop, self)
 
     def read_batch(self, requests: Sequence[tuple[SyncFile | File | str | bytes, int, int]]) -> list[bytes]:
         reqs = [(f.file if isinstance(f, SyncFile) else f, o, n) for f, o, n in requests]
@@ -445,18 +466,49 @@ class SyncFileSystem:
     def close(self) -> None:
         """Close every connection; calls other threads still have under way fail (CANCELLED), and
         so does any call made after. Closing twice does nothing."""
-        if self._loop.closed or os.getpid() != self._loop.pid:
-            return
-        try:
-            self._call(self.aio.close)
-        finally:
-            self._loop.stop()
+        with self._closing:
+            _close(self.aio, self._loop)
+        self._finalizer.detach()
 
     def __enter__(self) -> SyncFileSystem:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close(fs: FileSystem, loop: _LoopThread) -> None:
+    if loop.closed or os.getpid() != loop.pid:
+        return
+    try:
+        loop.run(fs.close())
+    finally:
+        loop.stop()
+
+
+def _close_dropped(fs: FileSystem, loop: _LoopThread, closing: threading.Lock) -> None:
+    """Close the client of a SyncFileSystem that was collected unclosed, in a thread of its own:
+    the collection may happen in the client's loop thread (a close there would wait for itself)
+    or in a thread that must not wait; not a daemon thread, so that an exit waits for the writes."""
+    if loop.closed or os.getpid() != loop.pid:
+        return
+    import warnings
+
+    warnings.warn("an fs3 SyncFileSystem was not closed: closed now", ResourceWarning, stacklevel=2)
+
+    def run() -> None:
+        with closing:
+            try:
+                _close(fs, loop)
+            except Exception as e:  # noqa: BLE001 - nobody is left to raise it to
+                import logging
+
+                logging.getLogger(__name__).warning("closing an unreferenced fs3 client failed: %s", e)
+
+    try:
+        threading.Thread(target=run, name="fs3-client-close").start()
+    except RuntimeError:  # "can't create new thread at interpreter shutdown": too late
+        pass
 
 
 #: clients not closed yet: closed at interpreter exit, so the writes of files still open there are

@@ -112,6 +112,87 @@ out["file_close_after"] = outcome(g.close)  # open when its file system closed, 
 print(json.dumps(out))
 """
 
+_UNCLOSED = r"""
+import asyncio, gc, warnings
+
+from fs3.client import FileSystem
+
+warnings.simplefilter("ignore", ResourceWarning)
+out = {}
+
+
+def client_threads():
+    return sum(t.name.startswith("fs3-client") for t in threading.enumerate())
+
+
+def settle(pred, wait_s=20.0):
+    end = time.monotonic() + wait_s
+    while not pred() and time.monotonic() < end:
+        time.sleep(0.05)
+    return pred()
+
+
+baseline = client_threads()
+with SyncFileSystem.connect(CFG) as fs:
+    fs.write_file("/sample", b"s" * 100_000)
+# clients nobody keeps: each was left open, with its thread and connections, until exit
+for _ in range(10):
+    assert SyncFileSystem.connect(CFG).read_file("/sample") == b"s" * 100_000
+out["threads_left"] = 0 if settle(lambda: client_threads() == baseline) else client_threads() - baseline
+
+
+def open_for_write(path):
+    return SyncFileSystem.connect(CFG).open(path, "wb")  # the file keeps its client open
+
+
+f = open_for_write("/dropped-client")
+f.write(b"w" * 3_000_000)
+out["file_kept_client"] = outcome(lambda: f.stat().st_size)
+del f  # the file and its client go: the client is closed, the writes flushed
+settle(lambda: client_threads() == baseline)
+fs = SyncFileSystem.connect(CFG)
+out["written_by_dropped"] = len(fs.read_file("/dropped-client"))
+
+# files dropped unclosed (a data loader's fs.open(p).read()): each kept its state and meta session
+for _ in range(50):
+    assert fs.open("/sample").read(10) == b"s" * 10
+out["states_left"] = 0 if settle(lambda: not fs.aio._states) else len(fs.aio._states)
+
+# a file of a closed client: ValueError, as a closed Python file
+r = fs.open("/sample")
+fs.close()
+out["read_after_close"] = outcome(lambda: r.read())
+out["pread_after_close"] = outcome(lambda: r.pread(1, 0))
+
+# closes at once, from two threads and from two tasks: each returns, none fails
+outcomes = []
+for _ in range(5):
+    both = SyncFileSystem.connect(CFG)
+    both.stat("/")
+    got = []
+    ts = [threading.Thread(target=lambda: got.append(outcome(both.close)["what"])) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    outcomes.extend(got)
+out["two_thread_closes"] = sorted(set(outcomes))
+
+
+async def two_task_closes():
+    fs = await FileSystem.connect(CFG)
+    await fs.stat("/")
+    return [repr(r) for r in await asyncio.gather(fs.close(), fs.close(), return_exceptions=True)]
+
+
+out["two_task_closes"] = sorted({w for _ in range(5) for w in asyncio.run(two_task_closes())})
+print(json.dumps(out))
+
+# a script that ends with a file of an otherwise dropped client open: written at exit
+g = open_for_write("/written-at-exit")
+g.write(b"e" * 2_000_000)
+"""
+
 _TUNED = r"""
 import resource
 
@@ -190,6 +271,31 @@ async def test_close_ends_other_threads_calls_and_later_calls_fail_clearly(clust
     assert out["pickle"]["what"].startswith("TypeError: ") and "connect" in out["pickle"]["what"], out  # type: ignore[index]
     assert out["file_close_again"]["what"] == "None", out  # type: ignore[index]
     assert out["file_close_after"]["what"] == "None", out  # type: ignore[index]
+
+
+async def test_dropped_clients_and_files_are_closed_and_closes_at_once_agree(cluster: FsCluster) -> None:
+    """A SyncFileSystem nobody kept (``SyncFileSystem.connect(cfg).read_file(p)``) stayed open
+    with its thread and connections until exit; one whose only reference was a file it opened
+    was collected at once and never closed, so the file's writes were lost. Files dropped unclosed
+    (``fs.open(p).read()``) kept their state and meta session until the client closed. Two closes
+    at once failed (CANCELLED) as the first ended the connections under the second; a file of a
+    closed client raised OSError where Python's closed files raise ValueError."""
+    import asyncio
+
+    out = await asyncio.to_thread(_run, _UNCLOSED, cluster.client_config("dropped"))
+    assert out["threads_left"] == 0, out
+    assert out["file_kept_client"]["what"] == "3000000", out  # type: ignore[index]
+    assert out["written_by_dropped"] == 3_000_000, out
+    assert out["states_left"] == 0, out
+    for case in ("read_after_close", "pread_after_close"):
+        assert out[case]["what"].startswith("FS3ValueError: "), out  # type: ignore[index]
+    assert out["two_thread_closes"] == ["None"], out
+    assert out["two_task_closes"] == ["None"], out
+    fs = await cluster.connect()
+    try:
+        assert await fs.read_file("/written-at-exit") == b"e" * 2_000_000
+    finally:
+        await fs.close()
 
 
 async def test_a_call_submitted_while_close_runs_ends_too(monkeypatch: pytest.MonkeyPatch) -> None:
