@@ -690,6 +690,11 @@ class FileSystem:
         self._end_again_now = asyncio.Event()
         self._closed = False
         self._close_task: asyncio.Future[None] | None = None  # see close
+        # Files' closes under way (File.close), and an event set whenever none is: the client's
+        # close waits for them before the connections end (a thread's ``with fs.open(p, "wb")``
+        # closing as another thread closed the client failed, CANCELLED, and lost what it wrote)
+        self._file_closes = 0
+        self._file_closes_ended = asyncio.Event()
         # the token in config.token_file in use, and the task taking up a new one written there
         self._token = ""
         self._token_watch: asyncio.Task[None] | None = None
@@ -933,6 +938,10 @@ class FileSystem:
 
     async def _close_all(self) -> None:
         await self._close_files()
+        if self._file_closes:
+            self._file_closes_ended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._file_closes_ended.wait(), CLOSE_FILES_S)
         while self._closing:
             await asyncio.wait(list(self._closing))
         if self._ending_again:  # one more try each, at once, then they are left to meta's expiry
@@ -1381,14 +1390,20 @@ class FileSystem:
         background: the session outlives the flushes, or a file unlinked meanwhile would be
         collected before they land and their chunks would stay on storage for good."""
         error: Exception | None = None
+        self._file_closes += 1
         try:
-            await h.flush_buffer(report=h.writable)  # a reader's close reports no write error
-        except asyncio.CancelledError:
-            self._close_later(h)
-            raise
-        except Exception as e:
-            error = e
-        ino = await self._end_session(h)
+            try:
+                await h.flush_buffer(report=h.writable)  # a reader's close reports no write error
+            except asyncio.CancelledError:
+                self._close_later(h)
+                raise
+            except Exception as e:
+                error = e
+            ino = await self._end_session(h)
+        finally:
+            self._file_closes -= 1
+            if not self._file_closes:
+                self._file_closes_ended.set()
         if error is not None:
             raise error
         return ino

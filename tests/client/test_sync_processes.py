@@ -186,6 +186,31 @@ async def two_task_closes():
 
 
 out["two_task_closes"] = sorted({w for _ in range(5) for w in asyncio.run(two_task_closes())})
+
+# the client closed while other threads close the files they wrote: their closes end first
+fs = SyncFileSystem.connect(CFG)
+closing = threading.Barrier(5)
+closed = []
+
+
+def writer(i):
+    f = fs.open(f"/closing-{i}", "wb")
+    f.write(bytes([i]) * (8 << 20))
+    closing.wait()
+    closed.append(outcome(f.close)["what"])
+
+
+ts = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+for t in ts:
+    t.start()
+closing.wait()
+time.sleep(0.02)
+fs.close()
+for t in ts:
+    t.join(60)
+out["writer_closes"] = sorted(set(closed))
+with SyncFileSystem.connect(CFG) as fs:
+    out["writer_lengths"] = [fs.stat(f"/closing-{i}").st_size for i in range(4)]
 print(json.dumps(out))
 
 # a script that ends with a file of an otherwise dropped client open: written at exit
@@ -278,8 +303,9 @@ async def test_dropped_clients_and_files_are_closed_and_closes_at_once_agree(clu
     with its thread and connections until exit; one whose only reference was a file it opened
     was collected at once and never closed, so the file's writes were lost. Files dropped unclosed
     (``fs.open(p).read()``) kept their state and meta session until the client closed. Two closes
-    at once failed (CANCELLED) as the first ended the connections under the second; a file of a
-    closed client raised OSError where Python's closed files raise ValueError."""
+    at once failed (CANCELLED) as the first ended the connections under the second, and so did a
+    file's close under way in another thread (its writes lost); a file of a closed client raised
+    OSError where Python's closed files raise ValueError."""
     import asyncio
 
     out = await asyncio.to_thread(_run, _UNCLOSED, cluster.client_config("dropped"))
@@ -291,6 +317,7 @@ async def test_dropped_clients_and_files_are_closed_and_closes_at_once_agree(clu
         assert out[case]["what"].startswith("FS3ValueError: "), out  # type: ignore[index]
     assert out["two_thread_closes"] == ["None"], out
     assert out["two_task_closes"] == ["None"], out
+    assert out["writer_closes"] == ["None"] and out["writer_lengths"] == [8 << 20] * 4, out
     fs = await cluster.connect()
     try:
         assert await fs.read_file("/written-at-exit") == b"e" * 2_000_000
