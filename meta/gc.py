@@ -104,6 +104,7 @@ class Collector:
     async def _round(self) -> None:
         woken, self._woken = self._woken, False
         await self.expire_sessions()
+        await self.ns.finish_abandoned_truncates()
         await self.collect_once(wake_when_ripe=woken)
 
     async def expire_sessions(self) -> int:

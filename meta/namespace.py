@@ -59,6 +59,12 @@ Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not ret
 _TRIM_ATTEMPTS = 8
 # how long a settled stat waits for this process's truncates of the file (Namespace.settled_stat)
 TRUNCATE_WAIT_S = 5.0
+# A truncate's record that it is trimming storage (Inode.truncating_until_ns) lasts until its
+# call's deadline and this margin (a storage request sent before the deadline may be applied a
+# little after); a call without a deadline (in-process use) gets TRUNCATING_NO_DEADLINE_S, as does
+# meta's own finishing of one that was abandoned.
+TRUNCATING_MARGIN_S = 5.0
+TRUNCATING_NO_DEADLINE_S = 120.0
 
 DIRECTORY = meta_pb2.INODE_DIRECTORY
 FILE = meta_pb2.INODE_FILE
@@ -652,12 +658,16 @@ class Namespace:
         truncate: their session's next report finds the truncate and asks storage for the length."""
         if size > max_file_size(ino.layout):
             raise FS3Error(StatusCode.META_FILE_TOO_LARGE, f"size {size} exceeds the layout's maximum")
-        trims.need(ino, min(size, ino.trim_length) if ino.trim_version else size)
+        trim = min(size, ino.trim_length) if ino.trim_version else size
+        if ino.truncating_until_ns:  # another truncate's trim, perhaps made in part: this one's first
+            trim = min(trim, ino.truncating_length)
+        trims.need(ino, trim)
         now = inodes.now_ns()
         # every truncate, even one to the length meta has: a writer may not have reported what it
         # wrote past it yet, and its report must not bring the removed bytes' length back
         ino.truncate_version += 1
         ino.trim_version = ino.trim_length = 0
+        self._truncated(tr, ino)
         ino.size = size
         ino.mtime_ns = ino.ctime_ns = now
         if not cred.is_root:
@@ -666,11 +676,111 @@ class Namespace:
 
     def _settle_owed_trim(self, tr: Transaction, ino: meta_pb2.Inode, trims: Trims) -> None:
         """A trim an older build's truncate left owed in the inode (``trim_version``; this build
-        never leaves one) is made before the file is opened or resized, and cleared."""
+        never leaves one) is made before the file is opened or resized, and cleared; so is a
+        truncate that began trimming and was abandoned (:meth:`_finish_abandoned`)."""
         if ino.trim_version:
             trims.need(ino, ino.trim_length)
             ino.trim_version = ino.trim_length = 0
             inodes.store(tr, ino)
+        self._finish_abandoned(tr, ino, trims)
+
+    @staticmethod
+    def _truncated(tr: Transaction, ino: meta_pb2.Inode) -> None:
+        """Clear the record of truncates trimming storage (a truncate committing has trimmed to
+        it, see :meth:`_truncate_in_txn`)."""
+        if ino.truncating_until_ns:
+            ino.truncating_length = ino.truncating_until_ns = 0
+            tr.clear(schema.truncating_key(ino.id))
+
+    def _finish_abandoned(self, tr: Transaction, ino: meta_pb2.Inode, trims: Trims) -> bool:
+        """Finish the truncate ``ino`` records as trimming storage once no attempt of its call can
+        still trim or commit (``truncating_until_ns`` passed: meta killed, its client gone or out
+        of time, storage down): its trim may have been made in part, the chunks past the length
+        gone under the old size, which would read as zeros for ever. Finished as asked: trimmed
+        (again) and the size set. Whether there was one to finish."""
+        if not ino.truncating_until_ns:
+            return False
+        # (this call's own record, made before its trim, extended the time: see _trimming_first)
+        if ino.truncating_until_ns > inodes.now_ns() and ino.id not in trims.done:
+            return False
+        length = ino.truncating_length
+        trims.need(ino, length)
+        if not trims.missing:  # (the run that commits it, once trimmed)
+            log.warning(
+                "finished a truncate abandoned while it trimmed storage inode=%#x length=%d size was %d",
+                ino.id,
+                length,
+                ino.size,
+            )
+        ino.truncate_version += 1
+        self._truncated(tr, ino)
+        ino.size = length
+        ino.mtime_ns = ino.ctime_ns = inodes.now_ns()
+        inodes.store(tr, ino)
+        return True
+
+    async def _record_truncating(self, inode_id: int, length: int) -> None:
+        """Record in the inode, before a trim of its chunks to ``length``, that a truncate is
+        trimming storage and until when its call may (see ``Inode.truncating_until_ns``)."""
+        left = _time_left("trimming storage")
+        until = inodes.now_ns() + int(
+            ((TRUNCATING_NO_DEADLINE_S if left is None else left) + TRUNCATING_MARGIN_S) * 1e9
+        )
+
+        async def fn(tr: Transaction) -> None:
+            raw = await tr.get(schema.inode_key(inode_id))
+            if raw is None:
+                return
+            ino = meta_pb2.Inode.FromString(raw)
+            if ino.truncating_until_ns:
+                ino.truncating_length = min(ino.truncating_length, length)
+                ino.truncating_until_ns = max(ino.truncating_until_ns, until)
+            else:
+                ino.truncating_length, ino.truncating_until_ns = length, until
+            inodes.store(tr, ino)
+            tr.set(schema.truncating_key(inode_id), b"")
+
+        await self.db.run(fn)
+
+    async def finish_abandoned_truncates(self) -> int:
+        """Finish the truncates that began trimming storage and were abandoned (see
+        :meth:`_finish_abandoned`); returns how many. Run by the collector's rounds."""
+        begin, end = schema.TRNC, prefix_end(schema.TRNC)
+
+        async def scan(tr: Transaction) -> list[int]:
+            return [schema.id_of_truncating_key(k) for k, _ in await tr.snapshot.get_range(begin, end, 256)]
+
+        finished = 0
+        for inode_id in await self.db.run(scan, read_only=True):
+            try:
+                finished += await self._finish_abandoned_of(inode_id)
+            except FS3Error as e:
+                log.warning("finishing an abandoned truncate failed inode=%#x error=%s", inode_id, e)
+        return finished
+
+    async def _finish_abandoned_of(self, inode_id: int) -> bool:
+        trims = Trims()
+        done: list[bool] = []
+
+        async def fn(tr: Transaction) -> None:
+            done.clear()
+            raw = await tr.get(schema.inode_key(inode_id))
+            if raw is None:  # removed since: nothing to finish
+                tr.clear(schema.truncating_key(inode_id))
+                return
+            ino = meta_pb2.Inode.FromString(raw)
+            if not ino.truncating_until_ns:
+                tr.clear(schema.truncating_key(inode_id))
+            elif self._finish_abandoned(tr, ino, trims):
+                done.append(True)
+
+        # its trim within a deadline of its own, as a call's (the record lasts until then)
+        token = CALL_DEADLINE.set(asyncio.get_running_loop().time() + TRUNCATING_NO_DEADLINE_S)
+        try:
+            await self._trimming_first(trims, lambda: self.db.run(trims.txn(fn)))
+        finally:
+            CALL_DEADLINE.reset(token)
+        return bool(done)
 
     async def _trimming_first(self, trims: Trims, run: Callable[[], Awaitable[M]]) -> M:
         """``run()`` a transaction (made with ``trims.txn``) whose truncates need their files
@@ -688,6 +798,9 @@ class Namespace:
                             held.append(inode_id)
                             count, ended = self._truncating.get(inode_id, (0, asyncio.Event()))
                             self._truncating[inode_id] = (count + 1, ended)
+                        # recorded first: a trim made (in part) for a truncate that then never
+                        # commits is finished by meta, not left as zeros under the old size
+                        await self._record_truncating(inode_id, length)
                         await self._trim(inode_id, layout, length)
                         trims.done[inode_id] = (length, state)
             raise FS3Error(StatusCode.ABORTED, "the files to truncate kept changing")

@@ -15,6 +15,8 @@ key                                                 value
 ``DENT`` + parent id (u64) + name                   DirEntry (inode id, type)
 ``INOS`` + inode id (u64) + session id (u64)        FileSession
 ``GCQU`` + inode id (u64)                           GcEntry: chunks / subtree awaiting removal
+``TRNC`` + inode id (u64)                           empty: the inode records a truncate that is
+                                                    trimming storage (Inode.truncating_until_ns)
 ``IDEM`` + request id (u64) + client id (u64)       IdemRecord: a non-idempotent op's result
 ``SING`` + ``meta-inode-alloc-`` + shard (u8)       u64 counter of the id allocator shard
 ``SING`` + ``meta-inode-count``                     u64 little-endian inode count (atomic add)
@@ -34,6 +36,7 @@ INOD = b"INOD"
 DENT = b"DENT"
 INOS = b"INOS"
 GCQU = b"GCQU"
+TRNC = b"TRNC"
 IDEM = b"IDEM"
 SING = b"SING"
 
@@ -86,6 +89,10 @@ def gc_key(inode_id: int) -> bytes:
     return GCQU + _U64.pack(inode_id)
 
 
+def truncating_key(inode_id: int) -> bytes:
+    return TRNC + _U64.pack(inode_id)
+
+
 def idem_key(client_id: int, request_id: int) -> bytes:
     # Request id first: clients draw them from their clocks (see fs3.client.meta_client), so the
     # records of concurrent requests from every client land in the same few B-tree pages, and a
@@ -130,4 +137,8 @@ def id_of_session_key(key: bytes) -> int:
 
 
 def id_of_gc_key(key: bytes) -> int:
+    return _U64.unpack_from(key, 4)[0]
+
+
+def id_of_truncating_key(key: bytes) -> int:
     return _U64.unpack_from(key, 4)[0]

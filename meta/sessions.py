@@ -116,8 +116,8 @@ class SessionOps(Namespace):
                 # two (a local file system's dentry would hold the inode the same way).
                 raise FS3Error(StatusCode.NOT_FOUND, f"inode {inode_id} has been removed")
             if queue is not None:
-                if ino.trim_version or ino.nlink == 0:
-                    # An owed trim is settled in the transaction. An unlinked file's session must
+                if ino.trim_version or ino.truncating_until_ns or ino.nlink == 0:
+                    # An owed trim (or an abandoned truncate) is settled in the transaction. An unlinked file's session must
                     # be in the store before the answer: the collector may be about to claim it
                     # (its grace is counted from the unlink), and the transaction conflicts
                     # with the claim where a queued session would come too late.
