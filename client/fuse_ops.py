@@ -281,7 +281,9 @@ class _ErrorLog:
         self._timers: dict[tuple[str, int], asyncio.TimerHandle] = {}
 
     def failed(self, name: str, e: FS3Error) -> None:
-        if e.code in _CALLERS_OUTCOMES:
+        # (a setxattr finding no room left for the inode's xattrs: ENOSPC, the caller's outcome;
+        # RESOURCE_EXHAUSTED elsewhere, a full disk, is the operator's)
+        if e.code in _CALLERS_OUTCOMES or (name == "setxattr" and e.code == StatusCode.RESOURCE_EXHAUSTED):
             if e.code not in _ROUTINE:
                 log.debug("%s failed error=%s", name, e)
             return

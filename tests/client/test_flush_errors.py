@@ -192,6 +192,8 @@ async def test_the_mounts_error_warnings_are_rate_limited(caplog: pytest.LogCapt
     errors.failed("lookup", timeout)  # another request type: its own line
     errors.failed("getattr", FS3Error(StatusCode.PERMISSION_DENIED, "not yours"))
     errors.failed("lookup", FS3Error(StatusCode.NOT_FOUND, "no such name"))
+    # no room for another xattr: ENOSPC, the caller's (it was a WARNING)
+    errors.failed("setxattr", FS3Error(StatusCode.RESOURCE_EXHAUSTED, "no room for more xattrs"))
     now[0] += WARN_EVERY_S
     errors.failed("getattr", timeout)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -202,7 +204,8 @@ async def test_the_mounts_error_warnings_are_rate_limited(caplog: pytest.LogCapt
         "since the last such line)",
     ]
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
-        "getattr failed error=PERMISSION_DENIED: not yours"
+        "getattr failed error=PERMISSION_DENIED: not yours",
+        "setxattr failed error=RESOURCE_EXHAUSTED: no room for more xattrs",
     ]
 
 
