@@ -122,6 +122,11 @@ class InodeState:
 
     inode: meta_pb2.Inode
     handles: set[OpenFile] = field(default_factory=set)
+    #: those of ``handles`` open for writing: the only ones that buffer, flush or imply a length,
+    #: so the lookups, stats and writes that ask those questions look at them alone (a mount with
+    #: thousands of read-only descriptors on one file spent milliseconds on every stat of it, its
+    #: one event loop blocked meanwhile)
+    writers: set[OpenFile] = field(default_factory=set)
     #: the last flush error of any handle, and how many there were (each handle remembers the
     #: count it last reported, like Linux's errseq_t)
     error: BaseException | None = None
@@ -149,7 +154,7 @@ class InodeState:
         A length meta counted already is not taken from the handles: another client may have
         truncated the file since."""
         n = self.inode.size
-        for h in self.handles:
+        for h in self.writers:
             u = h.unsettled_length
             if u > n:
                 n = u
@@ -159,9 +164,18 @@ class InodeState:
         """``inode``'s mtime and ctime, moved on by this client's writes meta has not been told
         of yet (as each write moves a local file's): a file being written does not keep the time
         it had when opened until its writer's next report."""
-        if self.wrote_ns and any(h.dirty for h in self.handles):
+        if self.wrote_ns and any(h.dirty for h in self.writers):
             return max(inode.mtime_ns, self.wrote_ns), max(inode.ctime_ns, self.wrote_ns)
         return inode.mtime_ns, inode.ctime_ns
+
+    def attach(self, h: OpenFile) -> None:
+        self.handles.add(h)
+        if h.writable:
+            self.writers.add(h)
+
+    def detach(self, h: OpenFile) -> None:
+        self.handles.discard(h)
+        self.writers.discard(h)
 
     def install(self, inode: meta_pb2.Inode) -> None:
         """Take ``inode``: meta's reply to this client's own change of the file (a length report, a
@@ -180,8 +194,8 @@ class InodeState:
     @property
     def settled(self) -> bool:
         """No handle holds buffered data, a flush in flight or an unreported flush error."""
-        for h in self.handles:
-            if h.writable and not h.settled:
+        for h in self.writers:
+            if not h.settled:
                 return False
         return True
 
@@ -193,7 +207,7 @@ class InodeState:
         buffer and are registered as a flush in one step, and a write over another handle's
         buffered bytes flushes them first, so pieces of different handles never overlap."""
         pieces: list[tuple[int, memoryview]] = []
-        for h in self.handles:
+        for h in self.writers:
             if h._buf_len or h._scatter_len:
                 pieces += h._buffered(begin, end)
         waits = [t for t, (b, e) in self.flushes.items() if b < end and begin < e]
@@ -204,9 +218,8 @@ class InodeState:
     async def drain(self) -> None:
         """Flush every handle's buffer and wait for their flushes (before a stat or a truncate).
         A flush error is not raised here: it stays for the handles' next fsync or close."""
-        for h in list(self.handles):
-            if h.writable:
-                await h.flush_buffer(report=False)
+        for h in list(self.writers):
+            await h.flush_buffer(report=False)
 
     def record_error(self, error: BaseException) -> None:
         self.error = error
@@ -216,7 +229,7 @@ class InodeState:
         """The file was truncated to ``size``: no handle may report or imply a longer length
         afterwards."""
         self.inode.size = size
-        for h in self.handles:
+        for h in self.writers:
             h.truncated(size)
 
 
@@ -356,7 +369,7 @@ class OpenFile:
                 else:
                     await self._start_flush()
                 self._buf_offset = offset
-            if len(self.state.handles) > 1:
+            if len(self.state.writers) > 1:
                 # what other handles buffer here is older: it goes first, and what they buffer
                 # never overlaps what this one does (looked at again after each wait, until none)
                 while await self._flush_earlier(offset, offset + n, others=True):
@@ -433,7 +446,7 @@ class OpenFile:
         reach storage before it does and never lie over it in a read. Returns whether there were
         any (if not, it returned without waiting)."""
         found = False
-        for h in list(self.state.handles):
+        for h in list(self.state.writers):
             if others and h is self:
                 continue
             if h._holds(begin, end)[0]:

@@ -1087,7 +1087,7 @@ class FileSystem:
         h.recheck = self._recheck
         h.checked_at = opened_at
         h.unconfirmed = queued
-        h.state.handles.add(h)
+        h.state.attach(h)
         return h
 
     async def _guard(self, h: OpenFile) -> None:
@@ -1448,7 +1448,7 @@ class FileSystem:
         finally:
             if h.session_id:  # (closed, or ended by meta: either way not to be put again)
                 self.meta.forget_session(h.inode_id, h.session_id)
-            h.state.handles.discard(h)
+            h.state.detach(h)
             if not h.state.handles and self._states.get(h.inode_id) is h.state:
                 del self._states[h.inode_id]
                 if self.meta.handles is not None:
@@ -1539,7 +1539,7 @@ class FileSystem:
         await state.drain()
         # What this client wrote is reported first, as the mount does: a report after the
         # truncate would set the file's mtime back to that of the writes before it.
-        for h in list(state.handles):
+        for h in list(state.writers):
             await self._sync(h, raise_errors=False, only_dirty=True)  # a flush error is for fsync/close
         ino = await self.meta.setattr(state.inode.id, size=size, session_id=session_id)
         state.truncated(size)

@@ -717,7 +717,7 @@ class Fs3Operations(pyfuse3.Operations):
             # and the length, and clears setuid/setgid (a write by a non-root opener), which must
             # not land after (and undo) an explicit mtime, a truncate, or the mode of a chmod
             # (install -m 4755).
-            for h in list(st.handles):
+            for h in list(st.writers):
                 await self._report(h, raise_errors=False)  # a flush error is for fsync/close
         if fields.update_size:
             kw["size"] = attr.st_size
@@ -844,7 +844,7 @@ class Fs3Operations(pyfuse3.Operations):
         self._openers[fh] = pid
         inode = handle.state.inode
         mark = _cache_mark(inode)
-        keep = self._seen.get(inode.id) == mark and not handle.state.handles - {handle}
+        keep = self._seen.get(inode.id) == mark and handle.state.handles <= {handle}  # (no copy)
         self._seen[inode.id] = mark
         direct = self.config.direct_io or bool(flags & os.O_DIRECT)
         if flags & os.O_APPEND and handle.writable:
@@ -945,7 +945,7 @@ class Fs3Operations(pyfuse3.Operations):
         """fsync writes out the whole file, as on Linux: every handle's buffer in this mount, not
         only this one's; a flush error of any of them since this handle reported one is raised."""
         handle = self._handles[fh]
-        for h in list(handle.state.handles):
+        for h in list(handle.state.writers):
             if h is not handle:
                 await self._report(h, raise_errors=False)
         await self._report(handle)
