@@ -748,7 +748,15 @@ class Namespace:
         begin, end = schema.TRNC, prefix_end(schema.TRNC)
 
         async def scan(tr: Transaction) -> list[int]:
-            return [schema.id_of_truncating_key(k) for k, _ in await tr.snapshot.get_range(begin, end, 256)]
+            # those whose time has passed (or whose inode is gone or cleared of it): the others'
+            # truncates may still be under way
+            now, found = inodes.now_ns(), []
+            for key, _ in await tr.snapshot.get_range(begin, end, 256):
+                inode_id = schema.id_of_truncating_key(key)
+                raw = await tr.snapshot.get(schema.inode_key(inode_id))
+                if raw is None or meta_pb2.Inode.FromString(raw).truncating_until_ns <= now:
+                    found.append(inode_id)
+            return found
 
         finished = 0
         for inode_id in await self.db.run(scan, read_only=True):
