@@ -61,3 +61,37 @@ async def test_a_truncate_whose_trim_was_made_in_part_is_finished_by_meta(cluste
     # the file goes on as any other: written again, it reads back whole (no chunk of before)
     await other.write_file("/cut", b"x" * (3 * CHUNK))
     assert await other.read_file("/cut") == b"x" * (3 * CHUNK)
+
+
+async def test_a_truncate_cut_short_by_meta_killed_mid_trim_is_finished_after_its_restart(
+    cluster: FsCluster,
+) -> None:
+    """Meta killed while it trims (its client gone with it): the record is in the store, and the
+    restarted meta finishes the truncate once its time has passed (a helper's run left a 24 MiB
+    file of zeros at its old length)."""
+    other = await cluster.connect()
+    data = os.urandom(4 * CHUNK)
+    await other.write_file("/killed", data)
+    fs: FileSystem = await cluster.connect(rpc_timeout_s=3.0)
+    await fs.stat("/killed")
+    stopped = cluster.cluster.nodes[1].proc
+    assert stopped is not None and stopped.popen is not None
+    os.kill(stopped.popen.pid, signal.SIGSTOP)
+    try:
+        task = asyncio.ensure_future(fs.truncate("/killed", CHUNK // 2))
+        await asyncio.sleep(1.0)  # one chain trimmed, the other's trim waiting
+        cluster.kill_meta(0)
+        task.cancel()  # the client gives up with it
+        with contextlib.suppress(asyncio.CancelledError, FS3Error):
+            await task
+    finally:
+        os.kill(stopped.popen.pid, signal.SIGCONT)
+    cluster.start_meta(0)
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(FS3Error):  # (meta starting)
+            if (await other.stat("/killed")).st_size == CHUNK // 2:
+                break
+        assert time.monotonic() < deadline, "the truncate cut short was not finished"
+        await asyncio.sleep(0.5)
+    assert await other.read_file("/killed") == data[: CHUNK // 2]
