@@ -232,18 +232,46 @@ class OpenDir:
     meta: MetaClient
     inode: int
     dots: tuple[tuple[bytes, m.Inode], tuple[bytes, m.Inode]]
-    names: list[bytes] = field(default_factory=list)  # the name at offset _DOTS + 1 + i
-    offsets: dict[bytes, int] = field(default_factory=dict)
+    cookies: DirCookies  # the directory's, shared by its handles
     page: int = _READDIR_PAGE  # entries to ask meta for per READDIR
     filled: bool = False  # a READDIR reply was full: page is what it held
     end: int = -1  # meta had no entry after this offset: a READDIR at it is the end; -1: none
 
+
+@dataclass(slots=True)
+class DirCookies:
+    """The offsets the mount gave out for one directory's names, shared by every handle of it
+    and kept a while after the last one closes (``_IDLE_DIR_COOKIES``): a position told by one
+    open directory resumes on another, as on a local file system (a handle's own offsets made
+    another's telldir read as the end, silently: knfsd, re-exporting the mount, reopens the
+    directory at each READDIR with the cookie of the last). An offset, once given, always stands
+    for the same name; numbers are never reused."""
+
+    names: dict[int, bytes] = field(default_factory=dict)
+    offsets: dict[bytes, int] = field(default_factory=dict)
+    next: int = _DOTS + 1
+    handles: int = 0  # open handles of the directory
+
     def offset_of(self, name: bytes) -> int:
         off = self.offsets.get(name)
         if off is None:
-            self.names.append(name)
-            off = self.offsets[name] = _DOTS + len(self.names)
+            off = self.offsets[name] = self.next
+            self.names[off] = name
+            self.next += 1
         return off
+
+    def forget(self) -> None:
+        """Drop what was given out (later offsets are new ones): memory would grow with every name
+        the directory ever had."""
+        self.names.clear()
+        self.offsets.clear()
+
+
+#: directories whose offsets are kept after their last handle closed (least recently closed go),
+#: each while it has given out no more than _DIR_COOKIES_KEPT (more are forgotten when the last
+#: handle closes, or when a listing from the start begins with no other handle open)
+_IDLE_DIR_COOKIES = 16
+_DIR_COOKIES_KEPT = 16384
 
 
 # What a request may end in as a file system's answer to its caller (no such name, not permitted,
@@ -429,6 +457,10 @@ class Fs3Operations(pyfuse3.Operations):
         self.token = token
         self._handles: dict[int, OpenFile] = {}
         self._dirs: dict[int, OpenDir] = {}
+        # each directory's offsets (DirCookies), kept while open and for the _IDLE_DIR_COOKIES
+        # directories closed last (insertion order: least recently closed first)
+        self._dir_cookies: dict[int, DirCookies] = {}
+        self._idle_dirs: dict[int, None] = {}
         self._next_fh = 1
         self._seen: dict[int, tuple[int, int, int]] = {}  # inode -> _cache_mark the page cache holds
         self._appending: set[int] = set()  # handles opened O_APPEND for writing (see _append)
@@ -989,7 +1021,12 @@ class Fs3Operations(pyfuse3.Operations):
             me = held
         up = m.Inode(id=me.parent or me.id, type=m.INODE_DIRECTORY, mode=0o755, nlink=2)
         fh = self._new_fh()
-        self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)))
+        cookies = self._dir_cookies.get(inode)
+        if cookies is None:
+            cookies = self._dir_cookies[inode] = DirCookies()
+        self._idle_dirs.pop(inode, None)
+        cookies.handles += 1
+        self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)), cookies)
         self._openers[fh] = ctx.pid
         return fh
 
@@ -997,8 +1034,8 @@ class Fs3Operations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         d = self._dirs[fh]
         if start_id == 0:
-            d.names.clear()
-            d.offsets.clear()
+            if d.cookies.handles == 1 and len(d.cookies.offsets) > _DIR_COOKIES_KEPT:
+                d.cookies.forget()
             d.end = -1
         elif start_id == d.end:
             return
@@ -1008,9 +1045,11 @@ class Fs3Operations(pyfuse3.Operations):
                 return
         after = b""
         if start_id > _DOTS:
-            if start_id - _DOTS > len(d.names):
-                return  # no offset this handle gave out
-            after = d.names[start_id - _DOTS - 1]
+            found = d.cookies.names.get(start_id)
+            if found is None:
+                # no offset this mount gave out for the directory (or one forgotten since)
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            after = found
         since = stamp()
         try:
             rsp = await d.meta.readdir(d.inode, after, d.page, with_inodes=True)
@@ -1022,7 +1061,7 @@ class Fs3Operations(pyfuse3.Operations):
         handles = self.fs.meta.handles
         last = max(start_id, _DOTS)
         for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
-            off = d.offset_of(e.name)
+            off = d.cookies.offset_of(e.name)
             if not pyfuse3.readdir_reply(token, e.name, self._entry(ino, since), off):
                 if handles is not None:
                     handles.unpin(ino.id)  # not sent: the kernel counts no lookup of it
@@ -1053,8 +1092,17 @@ class Fs3Operations(pyfuse3.Operations):
         return gone
 
     async def releasedir(self, fh: int) -> None:
-        self._dirs.pop(fh, None)
+        d = self._dirs.pop(fh, None)
         self._openers.pop(fh, None)
+        if d is not None:
+            d.cookies.handles -= 1
+            if not d.cookies.handles and len(d.cookies.offsets) > _DIR_COOKIES_KEPT:
+                del self._dir_cookies[d.inode]
+            elif not d.cookies.handles:
+                self._idle_dirs[d.inode] = None
+                while len(self._idle_dirs) > _IDLE_DIR_COOKIES:
+                    gone = next(iter(self._idle_dirs))
+                    del self._idle_dirs[gone], self._dir_cookies[gone]
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None  # every namespace change is durable once meta acknowledged it

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -1507,6 +1508,61 @@ def _getdents(fd: int, bufsize: int) -> Iterator[str]:
             pos += reclen
     if n < 0:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def _dents(fd: int, bufsize: int = 1 << 16) -> list[tuple[str, int]]:
+    """(name, d_off) of one getdents64 call."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    buf = ctypes.create_string_buffer(bufsize)
+    n = libc.syscall(217, fd, buf, bufsize)  # SYS_getdents64 on x86-64
+    if n < 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    out, pos = [], 0
+    while pos < n:
+        off, reclen = struct.unpack_from("<qH", buf.raw, pos + 8)
+        out.append((buf.raw[pos + 19 : pos + reclen].split(b"\0", 1)[0].decode(), off))
+        pos += reclen
+    return out
+
+
+def _rest_from(d: Path, cookie: int) -> list[str]:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.lseek(fd, cookie, os.SEEK_SET)
+        rest: list[str] = []
+        while batch := _dents(fd):
+            rest += [name for name, _ in batch]
+        return rest
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64 syscall number")
+def test_a_directory_position_resumes_on_another_open_of_it(env: Env) -> None:
+    """A position (telldir, d_off) one open directory gave resumes on another, and after the
+    first is closed, as on ext4 (knfsd re-exporting the mount reopens the directory for each
+    READDIR at the last cookie): offsets were each handle's own, and another read as the end,
+    silently. An offset the mount never gave out is EINVAL, not an empty rest."""
+    d = env.mnt / "cookies"
+    d.mkdir()
+    for i in range(500):
+        (d / f"n{i:04d}").touch()
+    a = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        first = _dents(a, 2048)
+        cookie = first[-1][1]
+        rest_a: list[str] = []
+        while batch := _dents(a):
+            rest_a += [name for name, _ in batch]
+        assert len(first) + len(rest_a) == 502 and len(rest_a) > 400
+        assert _rest_from(d, cookie) == rest_a  # another open, while the first is open
+    finally:
+        os.close(a)
+    assert _rest_from(d, cookie) == rest_a  # and once it is closed
+    with pytest.raises(OSError) as bogus:
+        _rest_from(d, cookie + 100_000)
+    assert bogus.value.errno == errno.EINVAL
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64 syscall number")
