@@ -828,11 +828,24 @@ class Namespace:
         length is still the old one, and the hole would have read as zeros that were never written
         (a reader of a file another process rewrites with O_TRUNC got 4 KiB of zeros in 6% of its
         reads). A truncate run by another meta process is not waited for, nor one that began
-        after this call (the hole was found before it)."""
+        after this call (the hole was found before it). A truncate abandoned while it trimmed,
+        whose time has passed, is finished first (not left to the collector's next round)."""
         busy = self._truncating.get(inode_id)
         if busy is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(busy[1].wait(), TRUNCATE_WAIT_S)
+        tr = self.db.create_transaction()
+        try:
+            raw = await tr.snapshot.get(schema.inode_key(inode_id))
+        finally:
+            tr.cancel()
+        if raw is not None:
+            until = meta_pb2.Inode.FromString(raw).truncating_until_ns
+            if until and until <= inodes.now_ns():
+                try:
+                    await self._finish_abandoned_of(inode_id)
+                except FS3Error as e:  # (the stat says what there is meanwhile)
+                    log.warning("finishing an abandoned truncate failed inode=%#x error=%s", inode_id, e)
         return await self.stat(inode_id, into)
 
     async def _trim(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
