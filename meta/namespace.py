@@ -719,19 +719,24 @@ class Namespace:
         inodes.store(tr, ino)
         return True
 
-    async def _record_truncating(self, inode_id: int, length: int) -> None:
+    async def _record_truncating(self, inode_id: int, length: int, state: tuple[int, ...]) -> bool:
         """Record in the inode, before a trim of its chunks to ``length``, that a truncate is
-        trimming storage and until when its call may (see ``Inode.truncating_until_ns``)."""
+        trimming storage and until when its call may (see ``Inode.truncating_until_ns``); unless
+        the inode is no longer in the ``state`` its transaction found the trim needed in (False):
+        the trim is not made then (a second finisher of an abandoned truncate, finished meanwhile,
+        made a new record and cut what was written since)."""
         left = _time_left("trimming storage")
         until = inodes.now_ns() + int(
             ((TRUNCATING_NO_DEADLINE_S if left is None else left) + TRUNCATING_MARGIN_S) * 1e9
         )
 
-        async def fn(tr: Transaction) -> None:
+        async def fn(tr: Transaction) -> bool:
             raw = await tr.get(schema.inode_key(inode_id))
             if raw is None:
-                return
+                return False
             ino = meta_pb2.Inode.FromString(raw)
+            if (ino.size, ino.mtime_ns, ino.ctime_ns, ino.truncate_version) != state:
+                return False
             if ino.truncating_until_ns:
                 ino.truncating_length = min(ino.truncating_length, length)
                 ino.truncating_until_ns = max(ino.truncating_until_ns, until)
@@ -739,8 +744,9 @@ class Namespace:
                 ino.truncating_length, ino.truncating_until_ns = length, until
             inodes.store(tr, ino)
             tr.set(schema.truncating_key(inode_id), b"")
+            return True
 
-        await self.db.run(fn)
+        return await self.db.run(fn)
 
     async def finish_abandoned_truncates(self) -> int:
         """Finish the truncates that began trimming storage and were abandoned (see
@@ -808,7 +814,10 @@ class Namespace:
                             self._truncating[inode_id] = (count + 1, ended)
                         # recorded first: a trim made (in part) for a truncate that then never
                         # commits is finished by meta, not left as zeros under the old size
-                        await self._record_truncating(inode_id, length)
+                        if not await self._record_truncating(inode_id, length, state):
+                            # changed since (another truncate committed, or finished the one this
+                            # finishes; a writer reported): the trim is asked for again, or not
+                            break
                         await self._trim(inode_id, layout, length)
                         trims.done[inode_id] = (length, state)
             raise FS3Error(StatusCode.ABORTED, "the files to truncate kept changing")
