@@ -647,11 +647,12 @@ def _file_dropped(fs: FileSystem, handle: OpenFile, path: bytes) -> None:
     loop = fs._loop
     if fs._closed or loop is None or loop.is_closed():
         return
-    import warnings
-
-    warnings.warn(f"unclosed fs3 file {quote_name(path)}", ResourceWarning, stacklevel=2)
     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
         loop.call_soon_threadsafe(fs._dropped, handle)
+    import warnings
+
+    # once the close is on its way: a ResourceWarning made an error stops nothing
+    warnings.warn(f"unclosed fs3 file {quote_name(path)}", ResourceWarning, stacklevel=1)
 
 
 class FileSystem:

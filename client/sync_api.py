@@ -489,26 +489,56 @@ def _close(fs: FileSystem, loop: _LoopThread) -> None:
 def _close_dropped(fs: FileSystem, loop: _LoopThread, closing: threading.Lock) -> None:
     """Close the client of a SyncFileSystem that was collected unclosed, in a thread of its own:
     the collection may happen in the client's loop thread (a close there would wait for itself)
-    or in a thread that must not wait; not a daemon thread, so that an exit waits for the writes."""
+    or in a thread that must not wait. An exit and a fork wait for these closes; at exit (an
+    atexit hook dropped it) the close is made at once."""
     if loop.closed or os.getpid() != loop.pid:
         return
-    import warnings
-
-    warnings.warn("an fs3 SyncFileSystem was not closed: closed now", ResourceWarning, stacklevel=2)
 
     def run() -> None:
-        with closing:
-            try:
+        try:
+            with closing:
                 _close(fs, loop)
-            except Exception as e:  # noqa: BLE001 - nobody is left to raise it to
-                import logging
+        except Exception as e:  # noqa: BLE001 - nobody is left to raise it to
+            import logging
 
-                logging.getLogger(__name__).warning("closing an unreferenced fs3 client failed: %s", e)
+            logging.getLogger(__name__).warning("closing an unreferenced fs3 client failed: %s", e)
+        finally:
+            _DROPPED_CLOSES.discard(threading.current_thread())
 
-    try:
-        threading.Thread(target=run, name="fs3-client-close").start()
-    except RuntimeError:  # "can't create new thread at interpreter shutdown": too late
-        pass
+    here = threading.current_thread() is not loop.thread
+    if _EXITING and here:
+        run()  # (threads started now are not waited for)
+    else:
+        thread = threading.Thread(target=run, name="fs3-client-close")
+        _DROPPED_CLOSES.add(thread)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            _DROPPED_CLOSES.discard(thread)
+            if here:
+                run()
+    import warnings
+
+    # once the close is on its way: a ResourceWarning made an error stops nothing
+    warnings.warn("an fs3 SyncFileSystem was not closed: closed now", ResourceWarning, stacklevel=1)
+
+
+#: closes of clients collected unclosed (_close_dropped), in threads of their own: an exit waits
+#: for them (they wrote nothing, the process gone before them), and so does a fork (one inside
+#: gRPC made the child crash, SIGSEGV)
+_DROPPED_CLOSES: set[threading.Thread] = set()
+_EXITING = False
+#: how long a fork waits for those closes
+_FORK_WAIT_S = 10.0
+
+
+def _wait_dropped_closes(timeout_s: float | None = None) -> None:
+    for thread in list(_DROPPED_CLOSES):
+        if thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+
+os.register_at_fork(before=lambda: _wait_dropped_closes(_FORK_WAIT_S))
 
 
 #: clients not closed yet: closed at interpreter exit, so the writes of files still open there are
@@ -522,8 +552,10 @@ def _close_at_exit() -> None:
     meanwhile is held (said so): it cancelled the closes, and the writes the program had made,
     which write() had taken, were lost, the client's session left to expire; a second one
     abandons them."""
+    global _EXITING
+    _EXITING = True
     clients = list(_OPEN_CLIENTS)
-    if not clients:
+    if not clients and not _DROPPED_CLOSES:
         return
     held: list[int] = []
 
@@ -544,6 +576,7 @@ def _close_at_exit() -> None:
                 import logging
 
                 logging.getLogger(__name__).warning("closing an fs3 client at exit failed: %s", e)
+        _wait_dropped_closes()
     except KeyboardInterrupt:
         sys.stderr.write("fs3: abandoned the writes of files left open at exit\n")
     finally:
