@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import itertools
 import logging
 import os
 import signal
@@ -245,19 +246,19 @@ class DirCookies:
     open directory resumes on another, as on a local file system (a handle's own offsets made
     another's telldir read as the end, silently: knfsd, re-exporting the mount, reopens the
     directory at each READDIR with the cookie of the last). An offset, once given, always stands
-    for the same name; numbers are never reused."""
+    for the same name; numbers are never reused, by any directory of the mount (``numbers``), so
+    that an offset of offsets forgotten never names another entry."""
 
+    numbers: Iterator[int]  # the mount's
     names: dict[int, bytes] = field(default_factory=dict)
     offsets: dict[bytes, int] = field(default_factory=dict)
-    next: int = _DOTS + 1
     handles: int = 0  # open handles of the directory
 
     def offset_of(self, name: bytes) -> int:
         off = self.offsets.get(name)
         if off is None:
-            off = self.offsets[name] = self.next
+            off = self.offsets[name] = next(self.numbers)
             self.names[off] = name
-            self.next += 1
         return off
 
     def forget(self) -> None:
@@ -461,6 +462,7 @@ class Fs3Operations(pyfuse3.Operations):
         # directories closed last (insertion order: least recently closed first)
         self._dir_cookies: dict[int, DirCookies] = {}
         self._idle_dirs: dict[int, None] = {}
+        self._dir_offsets = itertools.count(_DOTS + 1)  # every directory's, never reused
         self._next_fh = 1
         self._seen: dict[int, tuple[int, int, int]] = {}  # inode -> _cache_mark the page cache holds
         self._appending: set[int] = set()  # handles opened O_APPEND for writing (see _append)
@@ -1023,7 +1025,7 @@ class Fs3Operations(pyfuse3.Operations):
         fh = self._new_fh()
         cookies = self._dir_cookies.get(inode)
         if cookies is None:
-            cookies = self._dir_cookies[inode] = DirCookies()
+            cookies = self._dir_cookies[inode] = DirCookies(self._dir_offsets)
         self._idle_dirs.pop(inode, None)
         cookies.handles += 1
         self._dirs[fh] = OpenDir(self.fs.meta, inode, ((b".", me), (b"..", up)), cookies)

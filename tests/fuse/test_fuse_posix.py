@@ -1563,6 +1563,14 @@ def test_a_directory_position_resumes_on_another_open_of_it(env: Env) -> None:
     with pytest.raises(OSError) as bogus:
         _rest_from(d, cookie + 100_000)
     assert bogus.value.errno == errno.EINVAL
+    # offsets forgotten (17 other directories listed and closed since) are never another name's
+    for i in range(17):
+        (env.mnt / f"cookies-{i}").mkdir()
+        os.listdir(env.mnt / f"cookies-{i}")
+    assert len(_rest_from(d, 0)) == 502  # the directory listed again: new offsets
+    with pytest.raises(OSError) as forgotten:
+        _rest_from(d, cookie)
+    assert forgotten.value.errno == errno.EINVAL
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="getdents64 syscall number")
