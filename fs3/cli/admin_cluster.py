@@ -644,7 +644,7 @@ def _user_add_args(p: argparse.ArgumentParser) -> None:
 
 @command("user-add", "create a user and issue its first token", _user_add_args)
 async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
-    groups = int_list(args.groups, "--groups", u32)
+    groups = list(dict.fromkeys(int_list(args.groups, "--groups", u32)))  # (once each)
     gid = args.uid if args.gid is None else args.gid
     with _token_out_ready(args.token_out):
         token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
@@ -665,7 +665,10 @@ def _user_fields(u: mgmtd_pb2.User) -> dict[str, Any]:
 
 
 def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    except (OverflowError, OSError, ValueError):  # (a date no calendar here holds: an older build's)
+        return f"{t:.0f} s after the epoch"
 
 
 def _token_fields(u: mgmtd_pb2.User) -> dict[str, Any]:
@@ -718,7 +721,9 @@ async def user_set(conn: Connection, args: argparse.Namespace) -> Result:
         req.gid = args.gid
     if args.groups is not None:
         req.set_groups = True
-        req.groups.extend(int_list(args.groups, "--groups", u32) if args.groups.strip() else [])
+        req.groups.extend(
+            dict.fromkeys(int_list(args.groups, "--groups", u32)) if args.groups.strip() else []
+        )
     if args.admin is not None:
         req.admin = args.admin
     if args.root is not None:
@@ -823,7 +828,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("get", "set"), help="get: print the stored config; set: upload FILE")
     p.add_argument("service", choices=sorted(NODE_TYPES), help="which service's config")
     p.add_argument("file", nargs="?", help="set: the TOML file (checked like the service would)")
-    p.add_argument("--version", type=natural, default=0, help="get: that version (default newest)")
+    p.add_argument("--version", type=natural, default=None, help="get: that version (default newest)")
     p.add_argument("--desc", default="", help="set: description of the change")
 
 
@@ -841,7 +846,7 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
     if args.action == "get":
         if args.file:
             raise UsageError("config get takes no FILE (it prints the stored config)")
-        info = await client.get_config(node_type, args.version)
+        info = await client.get_config(node_type, args.version or 0)
         if info is None:  # a version asked for and missing is NOT_FOUND, raised above
             return Result(
                 value={"service": args.service, "version": 0, "content": ""},
@@ -861,7 +866,7 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
         )
     if not args.file:
         raise UsageError("config set needs a FILE")
-    if args.version:  # versions are mgmtd's to number: set stores the next one
+    if args.version is not None:  # versions are mgmtd's to number: set stores the next one
         raise UsageError("--version is for config get; config set stores the next version")
     try:  # refuse what the service would: a file to mend, exit 2 like the other usage errors
         load_config(SERVICE_CONFIGS[args.service], args.file, environ={})

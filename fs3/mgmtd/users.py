@@ -108,12 +108,21 @@ def check_user_fields(name: str, groups: Sequence[int]) -> None:
         raise FS3Error(StatusCode.INVALID_ARGUMENT, f"at most {MAX_GROUPS} supplementary groups")
 
 
+#: the longest a token may be issued for: its expiry must be a date (one past what the system's
+#: time_t holds was stored, then failed every user-list, and the command that issued it before it
+#: showed the token)
+MAX_TOKEN_TTL_S = 100 * 365.25 * 86400
+
+
 def add_token(
     stored: mgmtd_pb2.StoredUser, now: float, ttl_s: float = 0.0, *, invalidate_existing: bool = False
 ) -> str:
     """Issue a token into ``stored`` (expired ones are dropped, the oldest beyond the limit too)."""
-    if ttl_s < 0:
-        raise FS3Error(StatusCode.INVALID_ARGUMENT, "token ttl must be >= 0 (0 = never expires)")
+    if not 0 <= ttl_s <= MAX_TOKEN_TTL_S:  # (NaN included)
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT,
+            f"token ttl must be from 0 (never expires) to {MAX_TOKEN_TTL_S:.0f} s (100 years), not {ttl_s:g}",
+        )
     token, digest = new_token(stored.user.uid)
     keep = (
         [] if invalidate_existing else [t for t in stored.tokens if t.expires_at == 0 or t.expires_at > now]

@@ -443,6 +443,15 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert again.returncode == 1 and not (tmp_path / "again.token").exists()
     for ttl in ("nan", "-1", "inf"):
         assert mgmtd.admin("user-token", "3001", "--ttl", ttl).returncode == 2, ttl
+    # a ttl past any date is refused before a token is issued (one was stored, the command then
+    # failed formatting its expiry without showing it, and every user-list failed after)
+    tokens = next(u for u in mgmtd.json("user-list") if u["uid"] == 3001)["tokens"]
+    for ttl in ("1e17", "99999999999999999999"):
+        huge = mgmtd.admin("user-token", "3001", "--ttl", ttl)
+        assert huge.returncode == 1 and "100 years" in huge.stderr, huge.stderr + huge.stdout
+    assert next(u for u in mgmtd.json("user-list") if u["uid"] == 3001)["tokens"] == tokens
+    # duplicate groups are kept once
+    assert mgmtd.json("user-set", "3001", "--groups", "5,5,6,5")["groups"] == [5, 6]
 
 
 def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
@@ -459,8 +468,11 @@ def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert refused.returncode == 2 and "gc_intervall_s" in refused.stderr and str(bad) in refused.stderr
     assert mgmtd.admin("config", "set", "meta").returncode == 2
     # --version is get's: given to set it was ignored, the next version stored all the same
-    versioned = mgmtd.admin("config", "set", "meta", str(good), "--version", "1")
-    assert versioned.returncode == 2 and "--version is for config get" in versioned.stderr, versioned.stderr
+    for version in ("1", "0"):  # (0 was taken for none, and a version stored)
+        versioned = mgmtd.admin("config", "set", "meta", str(good), "--version", version)
+        assert versioned.returncode == 2 and "--version is for config get" in versioned.stderr, (
+            versioned.stderr
+        )
     assert mgmtd.json("config", "get", "meta")["version"] == stored["version"]
     assert mgmtd.admin("config", "get", "meta", str(good)).returncode == 2
 
