@@ -375,9 +375,17 @@ def _register_args(p: argparse.ArgumentParser) -> None:
     _register_args,
 )
 async def register_node(conn: Connection, args: argparse.Namespace) -> Result:
-    await conn.mgmtd_client().register_node(args.node_id, NODE_TYPES[args.type])
+    client = conn.mgmtd_client()
+    known = await _node(client, args.node_id)
+    await client.register_node(args.node_id, NODE_TYPES[args.type])  # (another type: mgmtd refuses)
+    if known is not None:  # said so, as enable-node says a node was not disabled
+        return Result(
+            value={"node_id": args.node_id, "type": args.type, "registered": False},
+            message=f"{args.type} node {args.node_id} was registered already "
+            f"({_node_status(known.status).lower()})",
+        )
     return Result(
-        value={"node_id": args.node_id, "type": args.type},
+        value={"node_id": args.node_id, "type": args.type, "registered": True},
         message=f"{args.type} node {args.node_id} registered",
     )
 
@@ -411,6 +419,11 @@ async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
     nodes = await client.list_nodes()
     node = next((n for n in nodes if n.node_id == args.node_id), None)
+    if node is not None and node.disabled:  # said so, as enable-node says a node was not disabled
+        return Result(
+            value={"node_id": args.node_id, "enabled": False, "draining": []},
+            message=f"node {args.node_id} was disabled already",
+        )
     if node is not None and node.type == common_pb2.NODE_META:
         return await _disable_meta_node(client, node, nodes, args.force)
     if node is not None and node.type != common_pb2.NODE_STORAGE:

@@ -137,7 +137,10 @@ async def gen_chains(conn: Connection, args: argparse.Namespace) -> Result:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
-    files = write_placement(placement, Path(args.out))
+    try:
+        files = write_placement(placement, Path(args.out))
+    except OSError as e:  # a path to mend, like the other usage errors (it was a bare errno, exit 1)
+        raise UsageError(f"cannot write the files into --out {args.out}: {e.strerror}") from None
     lo, hi = placement.pair_spread
     value = {
         "targets": len(placement.targets),
@@ -177,6 +180,8 @@ async def create_targets(conn: Connection, args: argparse.Namespace) -> Result:
 
     if args.file:
         specs = read_targets(Path(args.file))
+        if not specs:  # as upload-chains refuses a file of no chains
+            raise UsageError(f"{args.file} holds no targets")
     elif args.target_id is not None and args.node_id is not None:
         specs = [(args.target_id, args.node_id, args.disk_index)]
     else:

@@ -183,6 +183,9 @@ def test_placement_files_with_numbers_out_of_range_are_refused(reader, text: str
 def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     for n in NODES:
         assert mgmtd.admin("register-node", str(n), "storage").returncode == 0
+    # a node registered already is said to be (it said "registered" again)
+    known = mgmtd.admin("register-node", str(NODES[0]), "storage")
+    assert known.returncode == 0 and "was registered already" in known.stdout, known.stdout
     plan = tmp_path / "plan"
     gen = fs3(
         "admin", "gen-chains", "--nodes", "3", "--disks", "1", "--targets-per-disk", "2", "--replicas", "3",
@@ -199,6 +202,9 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert "created 6 targets" in create.stdout, create.stdout
     again = mgmtd.admin("create-targets", "--file", str(plan / "targets.csv"))  # a no-op: said so
     assert again.returncode == 0 and "created 0 targets (6 existed already)" in again.stdout, again.stdout
+    (tmp_path / "empty.csv").write_text("")  # refused, as upload-chains refuses a file of no chains
+    empty = mgmtd.admin("create-targets", "--file", str(tmp_path / "empty.csv"))
+    assert empty.returncode == 2 and "holds no targets" in empty.stderr, empty.stderr
     assert mgmtd.admin("upload-chains", str(plan / "chains.csv")).returncode == 0
     up = mgmtd.json("upload-chain-table", "1", str(plan / "chain-table.csv"), "--desc", "ops")
     assert up["version"] == 1
@@ -251,6 +257,8 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
         "draining": [],
     }
     assert disabled(NODES[1])
+    twice = mgmtd.admin("disable-node", str(NODES[1]))  # said so, as enable-node of an enabled one
+    assert twice.returncode == 0 and f"node {NODES[1]} was disabled already" in twice.stdout, twice.stdout
     assert mgmtd.json("enable-node", str(NODES[1]))["enabled"] is True and not disabled(NODES[1])
     assert mgmtd.admin("disable-node", "424242").returncode == 1
     again = mgmtd.admin("enable-node", str(NODES[1]))
@@ -551,6 +559,11 @@ def test_gen_chains_impossible_shape_is_a_usage_error(tmp_path: Path) -> None:
         "admin", "gen-chains", "--nodes", "2", "--disks", "1", "--targets-per-disk", "1", "--replicas", "3"
     )
     assert out.returncode == 2 and "3" in out.stderr
+    # so is an --out that cannot hold the files (a bare errno, exit 1)
+    (tmp_path / "file").write_text("")
+    bad = fs3("admin", "gen-chains", "--nodes", "3", "--disks", "1", "--targets-per-disk", "1",
+              "--replicas", "3", "--out", str(tmp_path / "file" / "x"))  # fmt: skip
+    assert bad.returncode == 2 and "cannot write the files into --out" in bad.stderr, bad.stderr
 
 
 def test_checksum_compares_every_replica() -> None:
