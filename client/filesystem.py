@@ -55,6 +55,7 @@ import os
 import socket
 import stat as stat_mod
 import time
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -649,8 +650,6 @@ def _file_dropped(fs: FileSystem, handle: OpenFile, path: bytes) -> None:
         return
     with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
         loop.call_soon_threadsafe(fs._dropped, handle)
-    import warnings
-
     # once the close is on its way: a ResourceWarning made an error stops nothing
     warnings.warn(f"unclosed fs3 file {quote_name(path)}", ResourceWarning, stacklevel=1)
 

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -517,8 +518,6 @@ def _close_dropped(fs: FileSystem, loop: _LoopThread, closing: threading.Lock) -
             _DROPPED_CLOSES.discard(thread)
             if here:
                 run()
-    import warnings
-
     # once the close is on its way: a ResourceWarning made an error stops nothing
     warnings.warn("an fs3 SyncFileSystem was not closed: closed now", ResourceWarning, stacklevel=1)
 

@@ -121,6 +121,11 @@ class _TrimFirst(Exception):
     files trimmed on storage first (:attr:`Trims.missing`)."""
 
 
+def _trim_state(ino: meta_pb2.Inode) -> tuple[int, ...]:
+    """What of an inode a trim found needed counts on (see :class:`Trims`)."""
+    return (ino.size, ino.mtime_ns, ino.ctime_ns, ino.truncate_version)
+
+
 class Trims:
     """The storage trims one call's truncates need before its transaction may commit (see
     :meth:`Namespace._truncate_in_txn`): those the call made (inode id -> the length trimmed to,
@@ -136,7 +141,7 @@ class Trims:
         self.missing: list[tuple[int, meta_pb2.Layout, int, tuple[int, ...]]] = []
 
     def need(self, ino: meta_pb2.Inode, length: int) -> None:
-        state = (ino.size, ino.mtime_ns, ino.ctime_ns, ino.truncate_version)
+        state = _trim_state(ino)
         done = self.done.get(ino.id)
         if done is None or done[0] > length or done[1] != state:
             layout = meta_pb2.Layout()
@@ -735,7 +740,7 @@ class Namespace:
             if raw is None:
                 return False
             ino = meta_pb2.Inode.FromString(raw)
-            if (ino.size, ino.mtime_ns, ino.ctime_ns, ino.truncate_version) != state:
+            if _trim_state(ino) != state:
                 return False
             if ino.truncating_until_ns:
                 ino.truncating_length = min(ino.truncating_length, length)
