@@ -657,7 +657,7 @@ def _user_add_args(p: argparse.ArgumentParser) -> None:
 
 @command("user-add", "create a user and issue its first token", _user_add_args)
 async def user_add(conn: Connection, args: argparse.Namespace) -> Result:
-    groups = list(dict.fromkeys(int_list(args.groups, "--groups", u32)))  # (once each)
+    groups = int_list(args.groups, "--groups", u32)
     gid = args.uid if args.gid is None else args.gid
     with _token_out_ready(args.token_out):
         token = await conn.mgmtd_client().add_user(args.uid, args.name, gid, groups, args.admin, args.root)
@@ -734,9 +734,7 @@ async def user_set(conn: Connection, args: argparse.Namespace) -> Result:
         req.gid = args.gid
     if args.groups is not None:
         req.set_groups = True
-        req.groups.extend(
-            dict.fromkeys(int_list(args.groups, "--groups", u32)) if args.groups.strip() else []
-        )
+        req.groups.extend(int_list(args.groups, "--groups", u32) if args.groups.strip() else [])
     if args.admin is not None:
         req.admin = args.admin
     if args.root is not None:

@@ -479,7 +479,12 @@ class Admin:
                 raise FS3Error(StatusCode.ALREADY_EXISTS, f"user {req.uid} exists")
             stored = mgmtd_pb2.StoredUser(
                 user=mgmtd_pb2.User(
-                    uid=req.uid, name=req.name, gid=req.gid, groups=req.groups, admin=req.admin, root=req.root
+                    uid=req.uid,
+                    name=req.name,
+                    gid=req.gid,
+                    groups=dict.fromkeys(req.groups),  # once each, in the order given
+                    admin=req.admin,
+                    root=req.root,
                 )
             )
             out.token = users.add_token(stored, now)
@@ -536,7 +541,7 @@ class Admin:
                 u.gid = req.gid
             if req.set_groups:
                 del u.groups[:]
-                u.groups.extend(req.groups)
+                u.groups.extend(dict.fromkeys(req.groups))  # once each, in the order given
             if req.HasField("admin"):
                 if u.admin and not req.admin and not await self._other_admin_exists(tr, req.uid):
                     raise FS3Error(StatusCode.FAILED_PRECONDITION, f"user {req.uid} is the last admin")
