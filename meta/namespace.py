@@ -771,13 +771,12 @@ class Namespace:
 
         finished = 0
         for inode_id in await self.db.run(scan, read_only=True):
-            try:
-                finished += await self._finish_abandoned_of(inode_id)
-            except FS3Error as e:
-                log.warning("finishing an abandoned truncate failed inode=%#x error=%s", inode_id, e)
+            finished += await self._finish_abandoned_of(inode_id)
         return finished
 
     async def _finish_abandoned_of(self, inode_id: int) -> bool:
+        """:meth:`_finish_abandoned` of ``inode_id`` in a transaction of its own; whether it
+        finished one (a failure is logged: the next round, or the file's next use, tries again)."""
         trims = Trims()
         done: list[bool] = []
 
@@ -797,6 +796,9 @@ class Namespace:
         token = CALL_DEADLINE.set(asyncio.get_running_loop().time() + TRUNCATING_NO_DEADLINE_S)
         try:
             await self._trimming_first(trims, lambda: self.db.run(trims.txn(fn)))
+        except FS3Error as e:
+            log.warning("finishing an abandoned truncate failed inode=%#x error=%s", inode_id, e)
+            return False
         finally:
             CALL_DEADLINE.reset(token)
         return bool(done)
@@ -856,10 +858,7 @@ class Namespace:
         if raw is not None:
             until = meta_pb2.Inode.FromString(raw).truncating_until_ns
             if until and until <= inodes.now_ns():
-                try:
-                    await self._finish_abandoned_of(inode_id)
-                except FS3Error as e:  # (the stat says what there is meanwhile)
-                    log.warning("finishing an abandoned truncate failed inode=%#x error=%s", inode_id, e)
+                await self._finish_abandoned_of(inode_id)  # (failed: the stat says what there is)
         return await self.stat(inode_id, into)
 
     async def _trim(self, inode_id: int, layout: meta_pb2.Layout, length: int) -> None:
