@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -35,7 +36,9 @@ def test_ctrl_c_cancels_the_call_and_waits_for_its_end() -> None:
 
     async def call() -> None:
         try:
-            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the main thread, waiting, gets it
+            # Ctrl-C, to the main thread, waiting (sent to the process, the kernel may hand it to
+            # this thread: the waiting one then saw it only once the call had finished; CI run)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             await asyncio.sleep(2)
             effects.append("finished")  # as a read moving the position would
         except asyncio.CancelledError:
