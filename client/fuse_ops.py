@@ -1093,6 +1093,7 @@ class Fs3Operations(pyfuse3.Operations):
         gone.nlink = 0
         return gone
 
+    @_translate
     async def releasedir(self, fh: int) -> None:
         d = self._dirs.pop(fh, None)
         self._openers.pop(fh, None)
@@ -1106,6 +1107,7 @@ class Fs3Operations(pyfuse3.Operations):
                     gone = next(iter(self._idle_dirs))
                     del self._idle_dirs[gone], self._dir_cookies[gone]
 
+    @_translate
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         return None  # every namespace change is durable once meta acknowledged it
 

@@ -1049,6 +1049,12 @@ def _check_requests(m: Mount, port: int) -> None:
         "--number_ios=400 --size=8m --output=/dev/null",
         m.path,
     )
+    for _ in range(3):  # directories' requests are counted as files' are
+        fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 
     def metric(name: str) -> float:
@@ -1057,6 +1063,12 @@ def _check_requests(m: Mount, port: int) -> None:
     assert metric('fs3_fuse_requests_total{op="write"}') == 8  # one request per 1 MiB write(2)
     assert metric('fs3_fuse_requests_total{op="read"}') <= 9 + 400  # 8 of 1 MiB, the one at EOF; fio's
     assert metric("fs3_fuse_read_bytes_total") == (8 << 20) + 400 * 4096
+    assert metric('fs3_fuse_requests_total{op="fsyncdir"}') == 3
+    assert (
+        metric('fs3_fuse_requests_total{op="releasedir"}')
+        == metric('fs3_fuse_requests_total{op="opendir"}')
+        >= 3
+    )
     assert metric("fs3_client_batched_reads_total") > metric("fs3_client_read_batches_total") > 0
     dev = next(
         line.split()[2]
