@@ -12,6 +12,7 @@ with them, so that ids do not bypass the search permission of the directories ab
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -487,19 +488,26 @@ def _measured(handler: Any, name: str, stats: RequestMetrics, handles: HandleSea
     clock = time.perf_counter
 
     async def measured(req: Any, payload: Any, ctx: CallContext) -> Any:
-        user = ctx.user
-        if user is not None:
-            _bind(req, ctx)
-            if not user.root:
-                handles.check(user.uid, name, req)
-        CALL_DEADLINE.set(ctx.deadline)
+        # every request is counted once, by its outcome, in the requests and in the histogram
         start = clock()
+        user = ctx.user
         try:
+            if user is not None:
+                _bind(req, ctx)
+                if not user.root:
+                    handles.check(user.uid, name, req)
+            CALL_DEADLINE.set(ctx.deadline)
             rsp = await handler(req, payload, ctx)
             if user is not None and not user.root:
                 handles.seal_reply(user.uid, name, req, rsp)
         except FS3Error as e:
             error(name, e.code.name)
+            raise
+        except asyncio.CancelledError:  # the caller went away, or the server stops
+            error(name, StatusCode.CANCELLED.name)
+            raise
+        except Exception:  # answered INTERNAL by the RPC server
+            error(name, StatusCode.INTERNAL.name)
             raise
         finally:
             elapsed = clock() - start

@@ -420,7 +420,6 @@ class ResyncWorker:
             else:
                 io.length = len(data)
                 payload = data
-                self.m_bytes.labels(label).inc(len(data))
         await rep.rpc.call(
             node_address(self.targets.routing, succ_id, backend=True),
             STORAGE_SERVICE["Update"],
@@ -428,6 +427,9 @@ class ResyncWorker:
             payload=payload,
             timeout=rep.rpc_timeout_s,
         )
+        # sent once the successor took it, as the chunk is counted (a failed call sends it again)
+        if payload is not None:
+            self.m_bytes.labels(label).inc(len(payload))
         self.m_sent.labels(label).inc()
 
 

@@ -207,6 +207,9 @@ class StorageService:
         except FS3Error as e:
             self._done(method, start, int(e.code))
             raise
+        except asyncio.CancelledError:  # the caller went away, or the server stops
+            self._done(method, start, int(StatusCode.CANCELLED))
+            raise
         except Exception:
             self._done(method, start, int(StatusCode.INTERNAL))
             raise
@@ -238,11 +241,18 @@ class StorageService:
     ) -> tuple[storage_pb2.BatchReadRsp, bytes | None]:
         start = time.perf_counter()
         if len(request.ios) > MAX_BATCH_READS:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_BATCH_READS} reads in one batch")
+            raise self._refused(
+                "BatchRead",
+                FS3Error(StatusCode.INVALID_ARGUMENT, f"more than {MAX_BATCH_READS} reads in one batch"),
+            )
         total = sum(io.length for io in request.ios)
         if total > MAX_BATCH_READ_BYTES:
-            raise FS3Error(
-                StatusCode.INVALID_ARGUMENT, f"batch asks for {total} bytes, more than {MAX_BATCH_READ_BYTES}"
+            raise self._refused(
+                "BatchRead",
+                FS3Error(
+                    StatusCode.INVALID_ARGUMENT,
+                    f"batch asks for {total} bytes, more than {MAX_BATCH_READ_BYTES}",
+                ),
             )
         outcomes: list[tuple[bytes, int, int] | BaseException | None] = [None] * len(request.ios)
         # a user connection's reads without a capability for their file fail, each on its own

@@ -59,6 +59,7 @@ class Meta:
     rpcs: list[RpcClient]
     clients: list[MetaClient]
     store: MetaStore
+    registry: CollectorRegistry | None = None  # the "measured" service's
 
     def user(
         self,
@@ -101,7 +102,7 @@ async def meta(request: pytest.FixtureRequest) -> AsyncIterator[Meta]:
     host, port = await server.start(("127.0.0.1", 0))
     address = f"{host}:{port}"
     member = MetaClient([address], user=common_pb2.UserInfo(uid=0, gid=0, token="tok-root"), timeout_s=5)
-    env = Meta(address, member, [], [], store)
+    env = Meta(address, member, [], [], store, registry)
     try:
         yield env
     finally:
@@ -258,6 +259,23 @@ async def test_a_user_names_inodes_by_id_only_with_the_handles_meta_gave_it(meta
     # a root token's connection and cluster members name any inode by id
     for client in (meta.user("tok-root", uid=1002, gid=100), meta.member):
         assert (await client.stat(pub.id)).handle == b""
+
+    if meta.registry is not None:
+        # requests refused for want of a handle are counted, by their status, as every other
+        # request is: in the requests and in the latency histogram alike
+        def value(name: str, **labels: str) -> float:
+            return meta.registry.get_sample_value(name, labels) or 0.0  # type: ignore[union-attr]
+
+        assert value("fs3_meta_requests_total", method="Stat", code="PERMISSION_DENIED") >= 5
+        for method in ("Stat", "BatchStat", "Open", "Getxattr", "Readdir", "Lookup"):
+            counted = sum(
+                s.value
+                for metric in meta.registry.collect()
+                if metric.name == "fs3_meta_requests"
+                for s in metric.samples
+                if s.name == "fs3_meta_requests_total" and s.labels["method"] == method
+            )
+            assert counted == value("fs3_meta_request_seconds_count", method=method) > 0, method
 
 
 async def test_a_close_sets_a_time_of_the_callers_choosing_only_for_the_owner(meta: Meta) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cluster import REPO, Cluster, write_config
 
-from fs3.client.storage_client import STORAGE_SERVICE, crc32c, node_address
+from fs3.client.storage_client import MAX_BATCH_READS, STORAGE_SERVICE, crc32c, node_address
 from fs3.errors import FS3Error, StatusCode
 from fs3.net.service import Method
 from fs3.proto import rpc_pb2, storage_pb2
@@ -36,7 +36,7 @@ def write_req(chain_id: int, version: int, data: bytes, **io) -> storage_pb2.Wri
 
 
 async def test_malformed_and_refused_requests(tmp_path):
-    async with Cluster(tmp_path / "c") as c:
+    async with Cluster(tmp_path / "c", metrics=True) as c:
         client = await c.storage_client()
         chain_id = c.chain_ids[0]
         routing = await c.routing()
@@ -86,6 +86,15 @@ async def test_malformed_and_refused_requests(tmp_path):
             io.key.chain_id = chain_id
         e = await call(head, STORAGE_SERVICE["BatchRead"], big)
         assert e.code == StatusCode.INVALID_ARGUMENT
+        many = storage_pb2.BatchReadReq()
+        for _ in range(MAX_BATCH_READS + 1):
+            many.ios.add(offset=0, length=1).key.chain_id = chain_id
+        e = await call(head, STORAGE_SERVICE["BatchRead"], many)
+        assert e.code == StatusCode.INVALID_ARGUMENT and "reads in one batch" in e.message
+        # refused batches are counted among the requests, as other refusals are
+        text = await c.scrape(c.node_of_target(chain.targets[0].target_id).index)
+        assert 'fs3_storage_requests_total{code="INVALID_ARGUMENT",method="BatchRead"} 2.0' in text
+        assert 'fs3_storage_request_seconds_count{method="BatchRead"} 2.0' in text
         e = await call(head, STORAGE_SERVICE["DumpChunkMeta"], storage_pb2.DumpChunkMetaReq(target_id=424242))
         assert e.code == StatusCode.MGMTD_UNKNOWN_TARGET
         # an update from something that is not the predecessor, with nonsense versions
