@@ -36,7 +36,14 @@ def new_token(uid: int) -> tuple[str, bytes]:
 def parse_token(token: str) -> tuple[int, bytes]:
     """The uid a token names and the digest of its secret; UNAUTHENTICATED when malformed."""
     parts = token.split(".")
-    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not parts[1].isdigit() or len(parts[1]) > 10:
+    uid_text = parts[1] if len(parts) == 3 else ""
+    # ASCII digits only: str.isdigit() takes "²" (which int() refuses) and "٣" (which it reads as 3)
+    if (
+        len(parts) != 3
+        or parts[0] != TOKEN_PREFIX
+        or not (uid_text.isascii() and uid_text.isdigit())
+        or len(uid_text) > 10
+    ):
         raise FS3Error(StatusCode.UNAUTHENTICATED, "malformed token")
     try:
         secret = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
@@ -44,7 +51,7 @@ def parse_token(token: str) -> tuple[int, bytes]:
         raise FS3Error(StatusCode.UNAUTHENTICATED, "malformed token") from None
     if len(secret) != _SECRET_BYTES:
         raise FS3Error(StatusCode.UNAUTHENTICATED, "malformed token")
-    uid = int(parts[1])
+    uid = int(uid_text)
     if uid >= 1 << 32:
         raise FS3Error(StatusCode.UNAUTHENTICATED, "malformed token")
     return uid, hashlib.sha256(secret).digest()

@@ -126,6 +126,12 @@ TOKEN_RECHECK_WAIT_S = 2.0
 TOKEN_STALE_S = 3600.0
 
 
+def token_well_formed(token: str) -> bool:
+    """Whether ``token`` could be a user token: up to MAX_TOKEN_CHARS printable ASCII characters
+    (what mgmtd issues, ``fs3u.<uid>.<secret>``, is that; gRPC metadata carries nothing else)."""
+    return len(token) <= MAX_TOKEN_CHARS and token.isascii() and token.isprintable()
+
+
 class TokenCache:
     """Who a user token belongs to, asked of ``verify`` (``MgmtdClient.verify_token``) and kept
     for ``ttl_s`` (a refusal for ``negative_ttl_s``), so that a token costs a dict lookup after its
@@ -177,6 +183,10 @@ class TokenCache:
                 StatusCode.UNAUTHENTICATED,
                 "the request carries no user token (a client names its token file in token_file, or $FS3_TOKEN_FILE)",
             )
+        if not token_well_formed(token):
+            # refused here, as mgmtd would: such a token cannot even be sent to it (gRPC takes
+            # printable ASCII only), and each failed call logged a traceback
+            raise FS3Error(StatusCode.UNAUTHENTICATED, "malformed token")
         now = time.monotonic()
         hit = self._users.get(token)
         if hit is not None and _expired(hit, now):

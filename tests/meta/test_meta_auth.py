@@ -69,6 +69,13 @@ async def test_token_rules_and_cache() -> None:
         if not bad.token:  # says what the client lacks (a member trusted with the secret too)
             assert "token_file, or $FS3_TOKEN_FILE" in e.value.message, e.value.message
     assert v.calls == 2  # the unknown token was asked about once
+    # tokens no mgmtd could have issued (nor gRPC carry to it) are refused without asking: each
+    # such call failed inside gRPC and logged a traceback, unthrottled
+    for garbage in ("caf\u00e9", "a\nb", "x" * 1025):
+        with pytest.raises(FS3Error) as e:
+            await auth.credentials(info(1000, 1000, garbage))
+        assert (e.value.code, e.value.message) == (StatusCode.UNAUTHENTICATED, "malformed token")
+    assert v.calls == 2
     as_bob = await auth.credentials(info(1001, 1001, "root-token", (9,)))
     assert (as_bob.uid, as_bob.gid, as_bob.groups) == (1001, 1001, frozenset({9}))
 

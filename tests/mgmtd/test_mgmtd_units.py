@@ -49,6 +49,16 @@ def test_token_expiry_and_limit() -> None:
     assert len(stored.tokens) == users.MAX_TOKENS_PER_USER
 
 
+@pytest.mark.parametrize(
+    "uid",
+    ["\u00b2", "\uff10", "\u0663"],  # a digit to str.isdigit() but not int(); full-width 0; Arabic-Indic 3
+)
+def test_a_token_whose_uid_is_not_ascii_digits_is_malformed(uid: str) -> None:
+    with pytest.raises(FS3Error) as e:
+        users.parse_token(f"fs3u.{uid}." + "A" * 43)
+    assert (e.value.code, e.value.message) == (StatusCode.UNAUTHENTICATED, "malformed token")
+
+
 @given(st.text(max_size=80))
 def test_garbage_tokens_are_refused_cleanly(text: str) -> None:
     try:
