@@ -507,8 +507,19 @@ class MgmtdClient:
 
     async def client_sessions(self) -> mgmtd_pb2.ListClientSessionsReply:
         """The live client sessions, and whether the list may be ``partial`` (a primary that has
-        not listened for a whole client session timeout yet)."""
-        return await self.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
+        not listened for a whole client session timeout yet): asked for page by page, as one reply."""
+        whole = mgmtd_pb2.ListClientSessionsReply()
+        # as many a page as mgmtd gives (0 would ask for all at once, which may not fit a reply)
+        request = mgmtd_pb2.ListClientSessionsRequest(limit=(1 << 32) - 1)
+        while True:
+            page = await self.call("ListClientSessions", request)
+            whole.sessions.extend(page.sessions)
+            # a page from another primary (a failover between pages) may know fewer sessions
+            whole.partial = whole.partial or page.partial
+            whole.listening_s, whole.session_timeout_s = page.listening_s, page.session_timeout_s
+            if not page.more or not page.sessions:
+                return whole
+            request.start_after = page.sessions[-1].client_id
 
     async def set_config(self, node_type: int, content: str, description: str = "") -> int:
         r = await self.call(

@@ -66,6 +66,10 @@ _LOCAL_STATES = {LocalState.UPTODATE, LocalState.ONLINE, LocalState.OFFLINE}
 # work runs every chain_update_interval_s (1 s by default) and live nodes heartbeat every few seconds,
 # well inside it.
 RESUME_GAP_FRACTION = 0.5
+# Client sessions a user (a non-root token, not a cluster member) may hold at once: each is kept in
+# the primary's memory (up to ~1.5 KB) until it ends or expires, and a user could start them
+# without bound. Many thousands of native clients of one job fit; a flood does not.
+MAX_SESSIONS_PER_USER = 16384
 
 
 @dataclass(slots=True)
@@ -218,6 +222,9 @@ class Cluster:
         # when each session was last extended, on the monotonic clock: expiry counts on this, not
         # on ClientSession.extended_at (wall time, for people), which a clock step would move
         self._extended_mono: dict[str, float] = {}
+        # sessions a user holds (see MAX_SESSIONS_PER_USER): client id -> uid, and uid -> how many
+        self._session_user: dict[str, int] = {}
+        self._user_sessions: dict[int, int] = {}
         self.target_chain: dict[int, int] = {}  # target -> its chain
         self.node_targets: dict[int, list[int]] = {}  # node -> its targets
         self.bootstrapping_until = 0.0
@@ -891,7 +898,19 @@ class Cluster:
         cutoff = self._mono() - self.timing.client_session_timeout_s
         for cid in [cid for cid, at in self._extended_mono.items() if at < cutoff]:
             log.info("client session expired client_id=%s", cid)
-            del self.sessions[cid], self._extended_mono[cid]
+            self._forget_session(cid)
+
+    def _forget_session(self, client_id: str) -> mgmtd_pb2.ClientSession:
+        gone = self.sessions.pop(client_id)
+        self._extended_mono.pop(client_id, None)
+        uid = self._session_user.pop(client_id, None)
+        if uid is not None:
+            left = self._user_sessions[uid] - 1
+            if left:
+                self._user_sessions[uid] = left
+            else:
+                del self._user_sessions[uid]
+        return gone
 
     @serialized
     async def update_chains(self) -> list[int]:
@@ -1072,6 +1091,16 @@ class Cluster:
             raise FS3Error(
                 StatusCode.PERMISSION_DENIED, f"client session {s.client_id} belongs to uid {old.uid}"
             )
+        if old is None and owner is not None:
+            held = self._user_sessions.get(owner, 0)
+            if held >= MAX_SESSIONS_PER_USER:
+                raise FS3Error(
+                    StatusCode.RESOURCE_EXHAUSTED,
+                    f"uid {owner} holds {held} client sessions, as many as a user may: end some"
+                    " (close file systems, unmount) or wait for them to expire",
+                )
+            self._user_sessions[owner] = held + 1
+            self._session_user[s.client_id] = owner
         new = mgmtd_pb2.ClientSession()
         new.CopyFrom(s)
         new.started_at = old.started_at if old is not None else now
@@ -1099,8 +1128,7 @@ class Cluster:
             raise FS3Error(
                 StatusCode.PERMISSION_DENIED, f"client session {client_id} belongs to uid {old.uid}"
             )
-        del self.sessions[client_id]
-        self._extended_mono.pop(client_id, None)
+        self._forget_session(client_id)
         log.info("client session ended client_id=%s host=%s", client_id, old.hostname)
 
 

@@ -20,6 +20,7 @@ A credential that is presented must be valid, whatever the level.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import enum
 import functools
 import hmac
@@ -44,6 +45,9 @@ CREDENTIAL_METADATA_KEY = "fs3-cluster-credential"  # fs3.net.auth.mgmtd_credent
 SECRET_METADATA_KEY = "fs3-cluster-secret"  # the raw secret, as clients before the credential sent it
 PRIMARY_METADATA_KEY = "fs3-primary"
 SERVICE_NAME = "fs3.Mgmtd"
+# Client sessions in one ListClientSessions reply at most: each is up to ~1.5 KB, and a reply must
+# fit in gRPC's 4 MiB message limit (a listing of every session at once stopped fitting at ~3,000).
+SESSIONS_PAGE = 1000
 
 
 class Access(enum.Enum):
@@ -414,8 +418,13 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
     ) -> mgmtd_pb2.ListClientSessionsReply:
         c = self.server.cluster_or_raise()
         c.expire_sessions()
+        ids = sorted(c.sessions)
+        if request.start_after:
+            ids = ids[bisect.bisect_right(ids, request.start_after) :]
+        limit = min(request.limit, SESSIONS_PAGE) if request.limit else len(ids)
         return mgmtd_pb2.ListClientSessionsReply(
-            sessions=[s for _, s in sorted(c.sessions.items())],
+            sessions=[c.sessions[cid] for cid in ids[:limit]],
+            more=len(ids) > limit,
             partial=c.sessions_partial,
             listening_s=c.sessions_heard_s,
             session_timeout_s=c.timing.client_session_timeout_s,

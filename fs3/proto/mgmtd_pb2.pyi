@@ -409,20 +409,26 @@ class EndClientSessionRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ...) -> None: ...
 
 class ListClientSessionsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("start_after", "limit")
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    start_after: str
+    limit: int
+    def __init__(self, start_after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListClientSessionsReply(_message.Message):
-    __slots__ = ("sessions", "partial", "listening_s", "session_timeout_s")
+    __slots__ = ("sessions", "more", "partial", "listening_s", "session_timeout_s")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
     LISTENING_S_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[ClientSession]
+    more: bool
     partial: bool
     listening_s: float
     session_timeout_s: float
-    def __init__(self, sessions: _Optional[_Iterable[_Union[ClientSession, _Mapping]]] = ..., partial: _Optional[bool] = ..., listening_s: _Optional[float] = ..., session_timeout_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, sessions: _Optional[_Iterable[_Union[ClientSession, _Mapping]]] = ..., more: _Optional[bool] = ..., partial: _Optional[bool] = ..., listening_s: _Optional[float] = ..., session_timeout_s: _Optional[float] = ...) -> None: ...
 
 class InitClusterRequest(_message.Message):
     __slots__ = ("cluster_id", "admin_name", "admin_uid", "admin_gid")

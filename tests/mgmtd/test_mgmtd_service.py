@@ -19,7 +19,9 @@ from fs3.client.routing import RoutingCache
 from fs3.config import MetaConfig, MgmtdConfig
 from fs3.errors import FS3Error, StatusCode
 from fs3.meta.daemon import MetaDaemon
+from fs3.mgmtd import cluster as cluster_module
 from fs3.mgmtd import schema
+from fs3.mgmtd import service as service_module
 from fs3.proto import common_pb2, health_pb2, health_pb2_grpc, mgmtd_pb2
 
 pytestmark = pytest.mark.timeout(60)
@@ -656,8 +658,42 @@ async def test_a_user_extends_only_its_own_client_sessions(admin: Admin) -> None
     await admin.client.extend_session(mgmtd_pb2.ClientSession(client_id="a-1", uid=1000))
 
 
-async def list_sessions(c: MgmtdClient) -> mgmtd_pb2.ListClientSessionsReply:
-    return await c.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest())
+async def test_client_sessions_are_listed_in_pages_and_a_user_holds_a_bounded_number(
+    admin: Admin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user could start client sessions without end: 20,000 of them took mgmtd from 57 to 114
+    MB, and listing them all in one reply (28 MB) passed gRPC's 4 MB limit, so `fs3 admin
+    list-clients` failed and meta, unable to list them, expired no dead client's file sessions."""
+    monkeypatch.setattr(cluster_module, "MAX_SESSIONS_PER_USER", 5)
+    monkeypatch.setattr(service_module, "SESSIONS_PAGE", 3)
+    alice = admin.env.client(token=await admin.client.add_user(1000, "alice"))
+    for i in range(5):
+        await alice.extend_session(mgmtd_pb2.ClientSession(client_id=f"a-{i}", description="x" * 1024))
+    e = await expect(
+        StatusCode.RESOURCE_EXHAUSTED, alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-5"))
+    )
+    assert "uid 1000 holds 5 client sessions" in e.message
+    await alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-4"))  # one she holds: extended
+    await alice.end_session("a-0")
+    await alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-5"))  # room again
+    # members (and root tokens) are not counted as a user
+    for i in range(4):
+        await admin.client.extend_session(mgmtd_pb2.ClientSession(client_id=f"m-{i}", uid=1000))
+    page = await list_sessions(admin.client, limit=1000)
+    assert [s.client_id for s in page.sessions] == ["a-1", "a-2", "a-3"] and page.more
+    page = await list_sessions(admin.client, limit=1000, start_after="a-3")
+    assert [s.client_id for s in page.sessions] == ["a-4", "a-5", "m-0"] and page.more
+    page = await list_sessions(admin.client, limit=2, start_after="m-0")
+    assert [s.client_id for s in page.sessions] == ["m-1", "m-2"] and page.more
+    # the client reads every page, as the admin tool and meta do
+    listed = [s.client_id for s in await admin.client.list_client_sessions()]
+    assert listed == ["a-1", "a-2", "a-3", "a-4", "a-5", "m-0", "m-1", "m-2", "m-3"]
+    # 0 asks for all at once (a client from before pages)
+    assert len((await list_sessions(admin.client)).sessions) == 9
+
+
+async def list_sessions(c: MgmtdClient, **request: object) -> mgmtd_pb2.ListClientSessionsReply:
+    return await c.call("ListClientSessions", mgmtd_pb2.ListClientSessionsRequest(**request))
 
 
 async def test_a_new_primary_lists_client_sessions_as_partial(
