@@ -67,8 +67,11 @@ _WARN_REJECTIONS = 10  # per connection
 USER_RECHECK_S = 30.0
 #: user connections one uid may hold open to one server (RpcServer.max_user_connections)
 MAX_USER_CONNECTIONS = 1024
-#: connections not authenticated yet that one server keeps (RpcServer.max_handshaking)
+#: connections not authenticated yet that one server keeps (RpcServer.max_handshaking), and of
+#: them from one host (RpcServer.max_handshaking_per_host): one host's stalled connections must not
+#: take every place and lock every other client out
 MAX_HANDSHAKING = 1024
+MAX_HANDSHAKING_PER_HOST = 256
 # The reply to calls that a stopping server cancels or no longer starts: UNAVAILABLE, which every
 # client retries (after a backoff, elsewhere where it can), not CANCELLED, which a client takes as
 # final (its own RpcClient raises CANCELLED once closed).
@@ -215,9 +218,16 @@ class _ServerSession(FrameReceiver):
         conn.limits = _handshake_limits(conn.limits)
         server._sessions.add(self)
         self._pending = True  # counted in server._pending until authenticated or gone
+        self._host = str(conn.peer).rpartition(":")[0]
+        from_host = server._pending_hosts.get(self._host, 0)
         if server._pending >= server.max_handshaking:
-            self.loop.call_soon(self._refuse, "too many connections not authenticated yet")
+            self.loop.call_soon(self._refuse, "too many connections not authenticated yet", True)
+        elif from_host >= server.max_handshaking_per_host:
+            self.loop.call_soon(
+                self._refuse, "too many connections not authenticated yet from this host", True
+            )
         server._pending += 1
+        server._pending_hosts[self._host] = from_host + 1
 
     # ---- transport hooks ----------------------------------------------------------------------
 
@@ -339,7 +349,13 @@ class _ServerSession(FrameReceiver):
     def _not_pending(self) -> None:
         if self._pending:
             self._pending = False
-            self.server._pending -= 1
+            server = self.server
+            server._pending -= 1
+            left = server._pending_hosts[self._host] - 1
+            if left:
+                server._pending_hosts[self._host] = left
+            else:
+                del server._pending_hosts[self._host]
 
     def _authenticated(self) -> None:
         self._not_pending()
@@ -376,7 +392,7 @@ class _ServerSession(FrameReceiver):
         if server._user_checks >= server.max_user_checks:
             # each check may cost mgmtd a call (a new token, or one refused over a few seconds
             # ago): a flood of made-up tokens waits on the handshake timeout, not on mgmtd
-            self._refuse("too many user tokens being checked")
+            self._refuse("too many user tokens being checked", True)
             return
         self._step = -2  # any handshake frame before the answer is a protocol violation
         server._user_checks += 1
@@ -458,7 +474,10 @@ class _ServerSession(FrameReceiver):
         if not self.ready:
             self._refuse("handshake timeout")
 
-    def _refuse(self, reason: str) -> None:
+    def _refuse(self, reason: str, busy: bool = False) -> None:
+        """Refuse the connection for ``reason`` (logged, within the warning budget). The client is
+        told only "authentication failed", unless the server is ``busy`` (too many handshakes): then
+        UNAVAILABLE and why, which clients retry, rather than a refusal of their credentials."""
         # keyed by the peer's host too: the identity is whatever the client says
         if self.server._warn.allow((str(self.conn.peer).rpartition(":")[0], self.identity, reason)):
             log.warning(
@@ -475,7 +494,9 @@ class _ServerSession(FrameReceiver):
                 0,
                 0,
                 0,
-                error_message(StatusCode.RPC_AUTH_FAILED, "authentication failed"),
+                error_message(StatusCode.UNAVAILABLE, f"server busy: {reason}; try again")
+                if busy
+                else error_message(StatusCode.RPC_AUTH_FAILED, "authentication failed"),
             )
             self.conn.close()
 
@@ -787,7 +808,9 @@ class RpcServer:
         # Connections not authenticated yet, and the most at once (more are closed at once, and
         # unlogged beyond the warning budget): each holds a descriptor until its handshake timeout.
         self.max_handshaking = MAX_HANDSHAKING
+        self.max_handshaking_per_host = MAX_HANDSHAKING_PER_HOST
         self._pending = 0
+        self._pending_hosts: dict[str, int] = {}  # host -> its connections not authenticated yet
         self._warn = _WarnBudget()
         self._accepted: dict[str, float] = {}  # token -> until when it skips the limit (loop time)
         self.identity = identity

@@ -279,8 +279,11 @@ async def test_connections_not_yet_authenticated_are_capped() -> None:
     idle = [await asyncio.open_connection(host, port) for _ in range(5)]
     try:
         async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as member:
-            with pytest.raises(FS3Error):  # refused at once, long before the handshake timeout
+            with pytest.raises(FS3Error) as e:  # refused at once, long before the handshake timeout
                 await asyncio.wait_for(member.call(server.address, PING, rpc_pb2.PingRequest()), 20)
+        # as busy, which clients retry, not as a refusal of their credentials
+        assert e.value.code == StatusCode.UNAVAILABLE, e.value
+        assert "too many connections not authenticated yet" in e.value.message
         reader, writer = await asyncio.open_connection(host, port)
         await asyncio.wait_for(reader.read(), 20)  # an error frame, then the end
         assert reader.at_eof()
@@ -290,6 +293,30 @@ async def test_connections_not_yet_authenticated_are_capped() -> None:
         await wait_until(lambda: server._pending == 0, 10, "the idle ones to count off")  # noqa: SLF001
         async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as member:
             await member.call(server.address, PING, rpc_pb2.PingRequest())
+    finally:
+        for _, w in idle:
+            w.close()
+        await server.stop()
+
+
+async def test_one_hosts_connections_not_yet_authenticated_leave_room_for_other_hosts() -> None:
+    """1,024 stalled connections from one host took every place: each new client, from anywhere,
+    was refused (and told its authentication failed) for as long as the host kept them up."""
+    server = RpcServer(SECRET, limits=dataclasses.replace(TEST_LIMITS, handshake_timeout_s=60.0))
+    await server.start(("127.0.0.1", 0))
+    server.max_handshaking_per_host = 3
+    host, port = server.address
+    # from 127.0.0.2 (this machine too, another host to the server)
+    idle = [await asyncio.open_connection(host, port, local_addr=("127.0.0.2", 0)) for _ in range(4)]
+    try:
+        # the fourth is refused at once, as busy
+        hdr, message, _ = await asyncio.wait_for(rpcwire.read_frame_async(idle[3][0]), 20)
+        status = rpcwire.read_status(message)
+        assert hdr[0] & F_ERROR and status.code == StatusCode.UNAVAILABLE, status
+        assert "too many connections not authenticated yet from this host" in status.message
+        # and a client from another host still gets in
+        async with RpcClient(SECRET, identity="member", limits=TEST_LIMITS) as member:
+            await asyncio.wait_for(member.call(server.address, PING, rpc_pb2.PingRequest()), 20)
     finally:
         for _, w in idle:
             w.close()
