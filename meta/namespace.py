@@ -54,7 +54,30 @@ log = logging.getLogger(__name__)
 _ids = random.SystemRandom()
 
 M = TypeVar("M", bound=Message)
-Idem = tuple[int, int] | None  # (client id, request id); request id 0 = not retried
+# (client id, request id[, the request's message name]); request id 0 = not retried
+Idem = tuple[int, int] | tuple[int, int, str] | None
+
+
+def _request_of(idem: tuple[int, int] | tuple[int, int, str]) -> str:
+    return idem[2] if len(idem) > 2 else ""  # type: ignore[misc]
+
+
+def replayed(idem: tuple[int, int] | tuple[int, int, str], raw: bytes, rsp_cls: type[M]) -> M:
+    """The response recorded (``raw``, an IdemRecord) for the first request with ``idem``'s ids,
+    for its retry; INVALID_ARGUMENT if another kind of request had them (a client that reused
+    request ids: its second request would be answered as done, with the first's response, and
+    never made)."""
+    rec = meta_pb2.IdemRecord.FromString(raw)
+    asked = _request_of(idem)
+    if rec.request and asked and rec.request != asked:
+        raise FS3Error(
+            StatusCode.INVALID_ARGUMENT,
+            f"request id {idem[1]} of client {idem[0]} was used by a {rec.request} already, not by this"
+            f" {asked}: a client must not reuse request ids",
+        )
+    return rsp_cls.FromString(rec.response)
+
+
 # transactions of one call that may ask for a trim first (each trims one more file, or again)
 _TRIM_ATTEMPTS = 8
 # how long a settled stat waits for this process's truncates of the file (Namespace.settled_stat)
@@ -199,14 +222,16 @@ class Namespace:
         _time_left("its transaction")
         if idem is None or not idem[1]:
             return await self.db.run(fn)
-        key = schema.idem_key(*idem)
+        key = schema.idem_key(idem[0], idem[1])
 
         async def once(tr: Transaction) -> M:
             raw = await tr.get(key)
             if raw is not None:
-                return rsp_cls.FromString(meta_pb2.IdemRecord.FromString(raw).response)
+                return replayed(idem, raw, rsp_cls)
             rsp = await fn(tr)
-            rec = meta_pb2.IdemRecord(created_ns=inodes.now_ns(), response=rsp.SerializeToString())
+            rec = meta_pb2.IdemRecord(
+                created_ns=inodes.now_ns(), response=rsp.SerializeToString(), request=_request_of(idem)
+            )
             tr.set(key, rec.SerializeToString())
             return rsp
 

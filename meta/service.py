@@ -79,9 +79,9 @@ class MetaService:
         return await self.auth.credentials(user)
 
     @staticmethod
-    def _idem(req: Any) -> tuple[int, int] | None:
+    def _idem(req: Any) -> tuple[int, int, str] | None:
         hdr = req.hdr
-        return (hdr.client_id, hdr.request_id) if hdr.request_id else None
+        return (hdr.client_id, hdr.request_id, req.DESCRIPTOR.name) if hdr.request_id else None
 
     # ---- reads ---------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from fs3.errors import FS3Error, StatusCode
 from fs3.kv import ReadView, Transaction, prefix_end
 from fs3.meta import inode as inodes
 from fs3.meta import schema
-from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, M, Namespace, Trims, _time_left
+from fs3.meta.namespace import DIRECTORY, FILE, O_TRUNC, Idem, M, Namespace, Trims, _time_left, replayed
 from fs3.meta.permissions import R_OK, Credentials, access_of_flags, check, kill_suid_sgid
 from fs3.meta.read_sessions import MIN_GRACE_S, ReadSessions
 from fs3.proto import meta_pb2
@@ -94,7 +94,7 @@ class SessionOps(Namespace):
         queue = None if flags & (3 | O_TRUNC) else self._queue_read_sessions()
         if queue is not None and idem is not None and idem[1]:
             # a retry queues the same session again, not a second one
-            session_id = queue.session_id(*idem)
+            session_id = queue.session_id(idem[0], idem[1])
         else:
             session_id = _ids.getrandbits(63) + 1
         queued: list[meta_pb2.FileSession] = []
@@ -158,9 +158,9 @@ class SessionOps(Namespace):
 
         async def once(tr: Transaction) -> M:
             if idem is not None and idem[1]:
-                raw = await tr.get(schema.idem_key(*idem))
+                raw = await tr.get(schema.idem_key(idem[0], idem[1]))
                 if raw is not None:
-                    return rsp_cls.FromString(meta_pb2.IdemRecord.FromString(raw).response)
+                    return replayed(idem, raw, rsp_cls)
             return await fn(tr)
 
         return await self.db.run(once, read_only=True)

@@ -753,12 +753,14 @@ class GcEntry(_message.Message):
     def __init__(self, inode_id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., queued_ns: _Optional[int] = ..., sweep_after_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
 
 class IdemRecord(_message.Message):
-    __slots__ = ("created_ns", "response")
+    __slots__ = ("created_ns", "response", "request")
     CREATED_NS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
     created_ns: int
     response: bytes
-    def __init__(self, created_ns: _Optional[int] = ..., response: _Optional[bytes] = ...) -> None: ...
+    request: str
+    def __init__(self, created_ns: _Optional[int] = ..., response: _Optional[bytes] = ..., request: _Optional[str] = ...) -> None: ...
 
 class CapabilityReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "rights")

@@ -1,6 +1,7 @@
 """What the meta service exports about its requests (counts by method and status, latency
 histograms), and that a token's credentials, once verified, keep being honoured and refused as
-before when the service takes them from the authenticator's cache."""
+before when the service takes them from the authenticator's cache; a request id names one
+request, whatever kind of request reuses it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fs3.meta.service import MetaService
 from fs3.meta.store import MetaStore
 from fs3.net import RpcServer
 from fs3.proto import common_pb2, mgmtd_pb2
+from fs3.proto import meta_pb2 as m
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -151,3 +153,31 @@ async def test_header_identities_are_told_apart() -> None:
                 with pytest.raises(FS3Error) as e:
                     await c.stat(ROOT_ID)
                 assert e.value.code == StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_request_id_used_again_by_another_kind_of_request_is_refused() -> None:
+    """A retried request gets its first answer; but a client that reused a request id for another
+    request (an Unlink, a Mkdir, after a Create) was answered OK with the Create's response, and
+    nothing was done: the file stayed, the directory was never made."""
+    async for address, _ in _serve(TrustingAuthenticator(), None):
+        async with MetaClient([address], user=common_pb2.UserInfo(uid=0, gid=0), timeout_s=5) as c:
+
+            def header(req):  # type: ignore[no-untyped-def]
+                req.hdr.request_id = 4242  # the client would give each request its own
+                return req
+
+            made = await c.call("Create", header(m.CreateReq(parent=ROOT_ID, name=b"f", mode=0o644)))
+            again = await c.call("Create", header(m.CreateReq(parent=ROOT_ID, name=b"f", mode=0o644)))
+            assert again.inode.id == made.inode.id  # a retry: the first answer
+            for req in (
+                m.UnlinkReq(parent=ROOT_ID, name=b"f"),
+                m.MkdirReq(parent=ROOT_ID, name=b"d", mode=0o755),
+            ):
+                with pytest.raises(FS3Error) as e:
+                    await c.call(type(req).__name__[:-3], header(req))
+                assert e.value.code == StatusCode.INVALID_ARGUMENT, e.value
+                assert "used by a CreateReq already" in e.value.message
+            assert (await c.lookup(ROOT_ID, b"f")).id == made.inode.id  # not unlinked
+            with pytest.raises(FS3Error) as e:
+                await c.lookup(ROOT_ID, b"d")
+            assert e.value.errno == errno.ENOENT
