@@ -89,13 +89,14 @@ class AttrOps(Namespace):
                         StatusCode.META_NOT_PERMITTED, f"uid {cred.uid} is not in group {request.gid}"
                     )
             if fields & (F.SETATTR_UID | F.SETATTR_GID):
+                in_group = cred.is_root or cred.in_group(ino.gid)  # the group it had
                 if fields & F.SETATTR_UID:
                     ino.uid = request.uid
                 if fields & F.SETATTR_GID:
                     ino.gid = request.gid
                 # Linux's chown_common: root included, whether or not the ids change
                 if ino.type != DIRECTORY:
-                    ino.mode = kill_suid_sgid(ino.mode)
+                    ino.mode = kill_suid_sgid(ino.mode, in_group)
             # Size before mode and times: a truncate sets mtime to now and may clear setuid/setgid;
             # an explicit mode or time in the same request wins.
             if fields & F.SETATTR_SIZE:

@@ -663,6 +663,7 @@ class Namespace:
             # knows the opener, not the writer, so the opener's privilege stands for its writes.
             fsetid=cred.is_root,
             uid=cred.uid,
+            in_group=cred.is_root or cred.in_group(ino.gid),
         )
 
     def _truncate_in_txn(
@@ -701,7 +702,7 @@ class Namespace:
         ino.size = size
         ino.mtime_ns = ino.ctime_ns = now
         if not cred.is_root:
-            ino.mode = kill_suid_sgid(ino.mode)
+            ino.mode = kill_suid_sgid(ino.mode, cred.in_group(ino.gid))
         inodes.store(tr, ino)
 
     def _settle_owed_trim(self, tr: Transaction, ino: meta_pb2.Inode, trims: Trims) -> None:

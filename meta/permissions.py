@@ -58,12 +58,13 @@ def allowed(inode: meta_pb2.Inode, cred: Credentials, want: int) -> bool:
     return bits & want == want
 
 
-def kill_suid_sgid(mode: int) -> int:
-    """``mode`` less the bits Linux clears when someone without CAP_FSETID writes or truncates a
-    file, and when anyone chowns a non-directory (``should_remove_suid``): S_ISUID, and S_ISGID
-    when the group may execute. Without S_IXGRP the setgid bit grants nothing (it marks mandatory
-    locking) and stays."""
-    return mode & ~(S_ISUID | (S_ISGID if mode & S_IXGRP else 0))
+def kill_suid_sgid(mode: int, in_group: bool) -> int:
+    """``mode`` less the bits Linux (6.2 on: ``setattr_should_drop_suidgid``) clears when someone
+    without CAP_FSETID writes or truncates a file, and when anyone chowns a non-directory:
+    S_ISUID, and S_ISGID when the group may execute or the caller is not ``in_group`` (a member
+    of the file's group, or root). A member's write leaves a setgid bit without S_IXGRP (which
+    grants nothing: it marks mandatory locking)."""
+    return mode & ~(S_ISUID | (S_ISGID if mode & S_IXGRP or not in_group else 0))
 
 
 def check(inode: meta_pb2.Inode, cred: Credentials, want: int) -> None:

@@ -580,6 +580,6 @@ def _record_write(
     if length > ino.size:
         ino.size = length
     if not session.fsetid:
-        ino.mode = kill_suid_sgid(ino.mode)
+        ino.mode = kill_suid_sgid(ino.mode, session.in_group)
     ino.mtime_ns = mtime_ns
     ino.ctime_ns = now

@@ -715,7 +715,7 @@ class FallocateReq(_message.Message):
     def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., inode_id: _Optional[int] = ..., mode: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class FileSession(_message.Message):
-    __slots__ = ("inode_id", "session_id", "client_id", "write", "opened_ns", "touched_ns", "truncate_version", "stale_below", "fsetid", "uid")
+    __slots__ = ("inode_id", "session_id", "client_id", "write", "opened_ns", "touched_ns", "truncate_version", "stale_below", "fsetid", "uid", "in_group")
     INODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -726,6 +726,7 @@ class FileSession(_message.Message):
     STALE_BELOW_FIELD_NUMBER: _ClassVar[int]
     FSETID_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
+    IN_GROUP_FIELD_NUMBER: _ClassVar[int]
     inode_id: int
     session_id: int
     client_id: int
@@ -736,7 +737,8 @@ class FileSession(_message.Message):
     stale_below: int
     fsetid: bool
     uid: int
-    def __init__(self, inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., client_id: _Optional[int] = ..., write: _Optional[bool] = ..., opened_ns: _Optional[int] = ..., touched_ns: _Optional[int] = ..., truncate_version: _Optional[int] = ..., stale_below: _Optional[int] = ..., fsetid: _Optional[bool] = ..., uid: _Optional[int] = ...) -> None: ...
+    in_group: bool
+    def __init__(self, inode_id: _Optional[int] = ..., session_id: _Optional[int] = ..., client_id: _Optional[int] = ..., write: _Optional[bool] = ..., opened_ns: _Optional[int] = ..., touched_ns: _Optional[int] = ..., truncate_version: _Optional[int] = ..., stale_below: _Optional[int] = ..., fsetid: _Optional[bool] = ..., uid: _Optional[int] = ..., in_group: _Optional[bool] = ...) -> None: ...
 
 class GcEntry(_message.Message):
     __slots__ = ("inode_id", "type", "queued_ns", "sweep_after_ns", "layout")
