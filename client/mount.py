@@ -678,8 +678,10 @@ def _mount_locked(args: argparse.Namespace, options: list[str], where: str, lock
             log.error("mount failed: %s", reason)
         sys.stderr.write(f"fs3 mount: {reason}\n")
         # 2, as for a config that does not load: one found wrong as the mount started (a refused
-        # token, a secret file that is missing), which the unit does not start again for
-        code = 2 if isinstance(e, FS3Error) and e.code == StatusCode.CONFIG_INVALID else 1
+        # token, a secret file that is missing or not the cluster's), which the unit does not
+        # start again for
+        bad = (StatusCode.CONFIG_INVALID, StatusCode.UNAUTHENTICATED)
+        code = 2 if isinstance(e, FS3Error) and e.code in bad else 1
         failed(code)
         return code
     except KeyboardInterrupt:

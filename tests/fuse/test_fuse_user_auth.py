@@ -148,6 +148,18 @@ async def test_a_member_mount_on_a_non_root_token_is_refused_at_start(tmp_path: 
         finally:
             force_unmount(mnt)
         assert r.returncode == 2 and "without a user token" in r.stderr, r.stderr
+        # a secret file that is not the cluster's: 2 as well (it was 1, which the unit restarts
+        # every few seconds for ever), as meta and storage exit for it
+        wrong = tmp_path / "wrong.secret"
+        wrong.write_text("w" * 32 + "\n")
+        cfg = c.client_config("wrong-secret", token_file=str(token), cluster_secret_file=str(wrong))
+        try:
+            r = await asyncio.to_thread(
+                subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
+            )
+        finally:
+            force_unmount(mnt)
+        assert r.returncode == 2 and "cluster secret" in r.stderr, r.stderr
 
         host_token = tmp_path / "host.token"
         assert c.cluster.admin is not None
