@@ -300,7 +300,7 @@ async def serve(
     if cfg.metrics_port:
         from fs3.metrics import serve as serve_metrics
 
-        metrics_server = serve_metrics(cfg.metrics_port)
+        metrics_server = serve_metrics(cfg.metrics_port, cfg.metrics_host)
     opts = set(pyfuse3.default_options) | {"fsname=fs3", "subtype=fs3", "noatime"}
     if os.getuid() == 0:
         opts.add("allow_other")  # the mount serves every local user; permissions are checked

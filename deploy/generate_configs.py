@@ -20,7 +20,9 @@ from fs3.config import SERVICE_CONFIGS, KvConfig, to_toml
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 SECRET = "/etc/fs3/cluster.secret"
-MGMTD = ["mgmtd1.example:8000", "mgmtd2.example:8000"]
+# One mgmtd: with lmdb (the templates' engine) a standby must share its store, on its host; with
+# kv.engine = "fdb", list each mgmtd, on hosts of their own (deploy/README.md, step 2).
+MGMTD = ["mgmtd.example:8000"]
 
 # What a production node changes from the defaults (which suit one machine and tests).
 PRODUCTION: dict[str, dict[str, Any]] = {
@@ -53,6 +55,7 @@ PRODUCTION: dict[str, dict[str, Any]] = {
         "cluster_secret_file": SECRET,
         "token_file": "/etc/fs3/token",
         "metrics_port": 9300,
+        "metrics_host": "0.0.0.0",  # as the daemons' (their listen_host): Prometheus scrapes from afar
     },
 }
 
@@ -63,7 +66,10 @@ HEADERS = {
         "Install as /etc/fs3/storage-NAME.toml for unit fs3-storage@NAME.service; node_id, target_paths\n"
         "# and target_ids differ per node ('fs3 admin gen-chains' writes the targets of each node)."
     ),
-    "client": "Install as /etc/fs3/client.toml (units fs3-mount@PATH.service, and fs3 admin/bench).",
+    "client": (
+        "Install as /etc/fs3/client.toml (units fs3-mount@PATH.service; a native client's\n"
+        "# FileSystem.connect('/etc/fs3/client.toml')). fs3 admin takes --mgmtd and --secret-file instead."
+    ),
 }
 
 

@@ -515,6 +515,11 @@ class ClientConfig:
     )
     rpc_timeout_s: float = opt(30.0, doc="deadline of each RPC", check=_seconds)
     metrics_port: int = opt(0, doc="Prometheus /metrics port (0 = disabled)", check=_port)
+    metrics_host: str = opt(
+        "127.0.0.1",
+        doc="address the mount's /metrics binds: 0.0.0.0 (or this host's address) for a Prometheus"
+        " on another host",
+    )
     log: LogConfig = opt(doc="logging", factory=LogConfig)
     cluster_secret_file: str = opt(
         "", doc="file holding the shared cluster secret ('' = the development secret)"

@@ -540,8 +540,9 @@ async def unregister_node(conn: Connection, args: argparse.Namespace) -> Result:
         # its next heartbeat registers it again: "unregistered" would have undone itself unseen
         raise UsageError(
             f"node {args.node_id} is ACTIVE (its daemon heartbeated {node.last_heartbeat_age_s:.0f} s "
-            "ago): stop its daemon first, or it registers again at its next heartbeat (--force to "
-            "do it anyway)"
+            "ago): stop its daemon first, or it registers again at its next heartbeat; a stopped "
+            "one is ACTIVE until mgmtd's heartbeat_timeout_s (10 s by default) has passed, then "
+            "FAILED (--force to do it anyway)"
         )
     await client.unregister_node(args.node_id)
     return Result(value={"node_id": args.node_id}, message=f"node {args.node_id} unregistered")

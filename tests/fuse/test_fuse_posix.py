@@ -1033,7 +1033,14 @@ async def test_one_mib_requests_readahead_and_metrics(env: Env) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    m = await env.cluster.mount(env.mnt.parent / "mnt4", name="mount4", metrics_port=port, read_ahead_kb=8192)
+    m = await env.cluster.mount(
+        # on the address set (127.0.0.1 by default; a mount bound it whatever the config said)
+        env.mnt.parent / "mnt4",
+        name="mount4",
+        metrics_port=port,
+        metrics_host="127.0.0.2",
+        read_ahead_kb=8192,
+    )
     try:
         await asyncio.to_thread(_check_requests, m, port)
     finally:
@@ -1055,7 +1062,7 @@ def _check_requests(m: Mount, port: int) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    page = urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10).read().decode()
 
     def metric(name: str) -> float:
         return float(re.search(rf"^{re.escape(name)} (\S+)$", page, re.M).group(1))
