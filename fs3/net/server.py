@@ -475,9 +475,11 @@ class _ServerSession(FrameReceiver):
             self._refuse("handshake timeout")
 
     def _refuse(self, reason: str, busy: bool = False) -> None:
-        """Refuse the connection for ``reason`` (logged, within the warning budget). The client is
-        told only "authentication failed", unless the server is ``busy`` (too many handshakes): then
-        UNAVAILABLE and why, which clients retry, rather than a refusal of their credentials."""
+        """Refuse the connection for ``reason`` (logged, within the warning budget), told to the
+        client as RPC_AUTH_FAILED, or as UNAVAILABLE where the server is ``busy`` (too many
+        handshakes), which clients retry, rather than as a refusal of their credentials. (Told only
+        "authentication failed", a user whose token a meta without authentication refused was sent
+        to get a new token.)"""
         # keyed by the peer's host too: the identity is whatever the client says
         if self.server._warn.allow((str(self.conn.peer).rpartition(":")[0], self.identity, reason)):
             log.warning(
@@ -496,7 +498,7 @@ class _ServerSession(FrameReceiver):
                 0,
                 error_message(StatusCode.UNAVAILABLE, f"server busy: {reason}; try again")
                 if busy
-                else error_message(StatusCode.RPC_AUTH_FAILED, "authentication failed"),
+                else error_message(StatusCode.RPC_AUTH_FAILED, f"authentication failed: {reason}"),
             )
             self.conn.close()
 

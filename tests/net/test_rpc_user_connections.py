@@ -91,6 +91,8 @@ async def test_a_server_without_a_verifier_takes_cluster_members_only(
             await client.call(rpc_server.address, PING, rpc_pb2.PingRequest())
     assert e.value.code == StatusCode.RPC_AUTH_FAILED
     assert any("accepts cluster members only" in r.getMessage() for r in caplog.records)
+    # and the client is told why, not only that it failed (it then blamed its token)
+    assert "a server that accepts cluster members only" in e.value.message, e.value
 
 
 @pytest.mark.parametrize("eager", ["request", "second hello"])
