@@ -423,10 +423,10 @@ def run(
             # The stop is not over: the loop, its executors and the log are still to be closed.
             # asyncio's removal put back SIGINT's KeyboardInterrupt and SIGTERM's default, so a
             # second stop signal in that window cut the stop short (exit 130, or killed): ignored
-            # until run returns, as a second one during the stop is.
-            ignored.update({sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS})
+            # from then on, as a second one during the stop is (see below).
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
 
-    ignored: dict[int, Any] = {}
     try:
         return runner(serving())
     except FS3Error as e:
@@ -444,6 +444,6 @@ def run(
         return 2 if e.code in (StatusCode.CONFIG_INVALID, StatusCode.UNAUTHENTICATED) else 1
     except KeyboardInterrupt:
         return 130
-    finally:
-        for sig, handler in ignored.items():
-            signal.signal(sig, handler)
+    # The stop signals stay ignored: the stop is over, and a second Ctrl-C that came once their
+    # handlers were put back ended the process by SIGINT (KeyboardInterrupt on the way to exit)
+    # instead of with this status. Each daemon process runs this once, then exits.
