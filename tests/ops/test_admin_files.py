@@ -58,6 +58,27 @@ def test_stat_layout_and_checksum_with_two_replicas(small_cluster: Path) -> None
     assert len({r.split(":", 1)[1] for r in report["chunks"][0]["replicas"]}) == 1
 
 
+def test_checksum_of_a_sparse_file_lists_the_chunks_it_holds(small_cluster: Path) -> None:
+    """The check made a row for every chunk place the length spans: a 16 GiB sparse file took
+    seconds and listed 262,144 chunks, one of 256 TiB never ended."""
+
+    async def make() -> None:
+        async with await connect(small_cluster) as fs:
+            await fs.write_file("/sparse.bin", b"head")
+            await fs.truncate("/sparse.bin", 1 << 48)  # 256 TiB: 2**28 chunk places of 1 MiB
+            async with await fs.open("/sparse.bin", "r+") as f:
+                await f.pwrite(b"tail", (1 << 48) - 4)
+
+    asyncio.run(make())
+    out = fs3("admin", "checksum", "/sparse.bin", "--local-dir", str(small_cluster), "--json", timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert [c["chunk"] for c in report["chunks"]] == [0, (1 << 28) - 1], report
+    assert {c["status"] for c in report["chunks"]} == {"ok"}
+    text = fs3("admin", "checksum", "/sparse.bin", "--local-dir", str(small_cluster), timeout=60)
+    assert "2 chunks held (its length spans 268435456)" in text.stdout, text.stdout + text.stderr
+
+
 def test_checksum_reads_every_replica_back_and_finds_a_damaged_one(small_cluster: Path) -> None:
     """Replicas whose metadata agree but whose bytes on one disk are damaged: the metadata
     comparison alone said ok (exit 0); reading each replica back finds the damaged copy, and that
