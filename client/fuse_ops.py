@@ -777,7 +777,12 @@ class Fs3Operations(pyfuse3.Operations):
         with self._changing(inode):
             ino = await meta.setattr(inode, **kw)
             if kill_privs is not None:
-                ino = await self.fs.meta.setattr(inode, mode=kill_privs)
+                # bits to clear, not a mode to set: meta may have cleared more (the setgid bit of
+                # a caller outside the file's group, which the kernel's older rule keeps, so its
+                # mode put the bit back)
+                kill = (stat_mod.S_ISUID | stat_mod.S_ISGID) & ~kill_privs
+                if ino.mode & kill:
+                    ino = await self.fs.meta.setattr(inode, mode=ino.mode & 0o7777 & ~kill)
         st = self.fs._states.get(inode)  # the one open now (the reports above waited)
         if fields.update_size and st is not None:
             st.truncated(attr.st_size)
