@@ -404,15 +404,23 @@ class _ServerSession(FrameReceiver):
                 raise
             except FS3Error as e:
                 self._verifying = None
+                uid = token.split(".")[1][:10] if token.count(".") >= 2 else "?"
                 if e.code == StatusCode.UNAUTHENTICATED:
                     server._note_refusal(host)
-                uid = token.split(".")[1] if token.count(".") >= 2 else "?"
-                self._refuse(f"user token of uid {uid[:10]} refused: {e.message}")
+                    self._refuse(f"user token of uid {uid} refused: {e.message}")
+                else:
+                    # mgmtd did not answer: not the token's fault, and a try later may pass (what
+                    # mgmtd's client said is for this server's log, not for whoever connects)
+                    self._refuse(
+                        f"user token of uid {uid} not verified now: {e.message}",
+                        True,
+                        told="the user token cannot be verified now (mgmtd does not answer)",
+                    )
                 return
             except Exception as e:  # a bug in the verifier: refuse, and say so
                 self._verifying = None
                 log.exception("verifying a user token failed peer=%s", self.conn.peer)
-                self._refuse(f"user token not verified: {type(e).__name__}")
+                self._refuse(f"user token not verified: {type(e).__name__}", told="user token not verified")
                 return
             self._verifying = None
             if self.conn.is_closing or self._step != -2:
@@ -474,12 +482,14 @@ class _ServerSession(FrameReceiver):
         if not self.ready:
             self._refuse("handshake timeout")
 
-    def _refuse(self, reason: str, busy: bool = False) -> None:
+    def _refuse(self, reason: str, busy: bool = False, told: str | None = None) -> None:
         """Refuse the connection for ``reason`` (logged, within the warning budget), told to the
-        client as RPC_AUTH_FAILED, or as UNAVAILABLE where the server is ``busy`` (too many
-        handshakes), which clients retry, rather than as a refusal of their credentials. (Told only
-        "authentication failed", a user whose token a meta without authentication refused was sent
-        to get a new token.)"""
+        client (``told`` instead where the reason holds what only this server's log should) as
+        RPC_AUTH_FAILED, or as UNAVAILABLE where the server is ``busy`` (too many handshakes,
+        mgmtd away), which clients retry, rather than as a refusal of their credentials. (Told
+        only "authentication failed", a user whose token a meta without authentication refused
+        was sent to get a new token.)"""
+        told = reason if told is None else told
         # keyed by the peer's host too: the identity is whatever the client says
         if self.server._warn.allow((str(self.conn.peer).rpartition(":")[0], self.identity, reason)):
             log.warning(
@@ -496,9 +506,9 @@ class _ServerSession(FrameReceiver):
                 0,
                 0,
                 0,
-                error_message(StatusCode.UNAVAILABLE, f"server busy: {reason}; try again")
+                error_message(StatusCode.UNAVAILABLE, f"server busy: {told}; try again")
                 if busy
-                else error_message(StatusCode.RPC_AUTH_FAILED, f"authentication failed: {reason}"),
+                else error_message(StatusCode.RPC_AUTH_FAILED, f"authentication failed: {told}"),
             )
             self.conn.close()
 

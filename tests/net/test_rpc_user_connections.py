@@ -38,6 +38,8 @@ class Verifier:
         self.asked.append(token)
         if self.gate is not None:
             await self.gate.wait()
+        if token == "tok-mgmtd-away":
+            raise FS3Error(StatusCode.UNAVAILABLE, "mgmtd 10.0.0.1:8000: failed to connect to all addresses")
         user = USERS.get(token)
         if user is None:
             raise FS3Error(StatusCode.UNAUTHENTICATED, "unknown token")
@@ -81,6 +83,21 @@ async def test_a_bad_token_is_refused(server: RpcServer, caplog: pytest.LogCaptu
     assert "tok-mallory" in server.verifier.asked  # type: ignore[attr-defined]
     assert any("refused: unknown token" in r.getMessage() for r in caplog.records)
     await poll(lambda: server.connection_count == 0, what="the refused connection to close")
+
+
+async def test_a_token_mgmtd_cannot_verify_now_is_refused_as_busy_and_says_nothing_of_mgmtd(
+    server: RpcServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mgmtd away: the handshake was refused as a failed authentication (not retried; the user
+    told to get a new token), and told whoever connected what mgmtd's client said (its address)."""
+    async with RpcClient(None, token="tok-mgmtd-away", limits=TEST_LIMITS) as client:
+        client.refusal_hint = "the user token in token_file /x"
+        with pytest.raises(FS3Error) as e:
+            await client.call(server.address, PING, rpc_pb2.PingRequest())
+    assert e.value.code == StatusCode.UNAVAILABLE and e.value.retryable, e.value
+    assert "cannot be verified now" in e.value.message, e.value
+    assert "10.0.0.1" not in e.value.message and "token_file" not in e.value.message, e.value
+    assert any("10.0.0.1" in r.getMessage() for r in caplog.records)  # the server's log has it
 
 
 async def test_a_server_without_a_verifier_takes_cluster_members_only(
