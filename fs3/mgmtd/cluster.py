@@ -903,6 +903,11 @@ class Cluster:
     def _forget_session(self, client_id: str) -> mgmtd_pb2.ClientSession:
         gone = self.sessions.pop(client_id)
         self._extended_mono.pop(client_id, None)
+        self._count_off(client_id)
+        return gone
+
+    def _count_off(self, client_id: str) -> None:
+        """The session no longer counts against the user who held it (if one did)."""
         uid = self._session_user.pop(client_id, None)
         if uid is not None:
             left = self._user_sessions[uid] - 1
@@ -910,7 +915,6 @@ class Cluster:
                 self._user_sessions[uid] = left
             else:
                 del self._user_sessions[uid]
-        return gone
 
     @serialized
     async def update_chains(self) -> list[int]:
@@ -1091,16 +1095,22 @@ class Cluster:
             raise FS3Error(
                 StatusCode.PERMISSION_DENIED, f"client session {s.client_id} belongs to uid {old.uid}"
             )
-        if old is None and owner is not None:
-            held = self._user_sessions.get(owner, 0)
-            if held >= MAX_SESSIONS_PER_USER:
-                raise FS3Error(
-                    StatusCode.RESOURCE_EXHAUSTED,
-                    f"uid {owner} holds {held} client sessions, as many as a user may: end some"
-                    " (close file systems, unmount) or wait for them to expire",
-                )
-            self._user_sessions[owner] = held + 1
-            self._session_user[s.client_id] = owner
+        # counted against the user who holds it now: one a member (or root token) extends, which
+        # then takes the uid it names, is no user's any more
+        holder = self._session_user.get(s.client_id)
+        if owner != holder:
+            if owner is not None:
+                held = self._user_sessions.get(owner, 0)
+                if held >= MAX_SESSIONS_PER_USER:
+                    raise FS3Error(
+                        StatusCode.RESOURCE_EXHAUSTED,
+                        f"uid {owner} holds {held} client sessions, as many as a user may: end some"
+                        " (close file systems, unmount) or wait for them to expire",
+                    )
+            self._count_off(s.client_id)
+            if owner is not None:
+                self._user_sessions[owner] = self._user_sessions.get(owner, 0) + 1
+                self._session_user[s.client_id] = owner
         new = mgmtd_pb2.ClientSession()
         new.CopyFrom(s)
         new.started_at = old.started_at if old is not None else now

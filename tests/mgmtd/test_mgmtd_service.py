@@ -679,17 +679,25 @@ async def test_client_sessions_are_listed_in_pages_and_a_user_holds_a_bounded_nu
     # members (and root tokens) are not counted as a user
     for i in range(4):
         await admin.client.extend_session(mgmtd_pb2.ClientSession(client_id=f"m-{i}", uid=1000))
+    # ... nor is a session of hers once a member extends it (it takes the uid the member names)
+    await admin.client.extend_session(mgmtd_pb2.ClientSession(client_id="a-5", uid=0))
+    await alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-6"))  # room for one more
+    await expect(
+        StatusCode.RESOURCE_EXHAUSTED, alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-7"))
+    )
+    await admin.client.end_session("a-6")  # and one a member ends counts off
+    await alice.extend_session(mgmtd_pb2.ClientSession(client_id="a-7"))
     page = await list_sessions(admin.client, limit=1000)
     assert [s.client_id for s in page.sessions] == ["a-1", "a-2", "a-3"] and page.more
     page = await list_sessions(admin.client, limit=1000, start_after="a-3")
-    assert [s.client_id for s in page.sessions] == ["a-4", "a-5", "m-0"] and page.more
-    page = await list_sessions(admin.client, limit=2, start_after="m-0")
-    assert [s.client_id for s in page.sessions] == ["m-1", "m-2"] and page.more
+    assert [s.client_id for s in page.sessions] == ["a-4", "a-5", "a-7"] and page.more
+    page = await list_sessions(admin.client, limit=2, start_after="a-7")
+    assert [s.client_id for s in page.sessions] == ["m-0", "m-1"] and page.more
     # the client reads every page, as the admin tool and meta do
     listed = [s.client_id for s in await admin.client.list_client_sessions()]
-    assert listed == ["a-1", "a-2", "a-3", "a-4", "a-5", "m-0", "m-1", "m-2", "m-3"]
+    assert listed == ["a-1", "a-2", "a-3", "a-4", "a-5", "a-7", "m-0", "m-1", "m-2", "m-3"]
     # 0 asks for all at once (a client from before pages)
-    assert len((await list_sessions(admin.client)).sessions) == 9
+    assert len((await list_sessions(admin.client)).sessions) == 10
 
 
 async def list_sessions(c: MgmtdClient, **request: object) -> mgmtd_pb2.ListClientSessionsReply:
