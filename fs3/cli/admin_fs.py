@@ -84,8 +84,16 @@ async def filesystem(conn: Connection) -> AsyncIterator[Any]:
         await rpc.close()
 
 
+def fs3_path(text: str) -> str:
+    """An argparse type: a path inside fs3, not empty (meta takes the empty path for the root: a
+    script's unset ``$DIR`` changed the root's layout)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the empty path names nothing (the root is /)")
+    return text
+
+
 def _path_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="path inside fs3 (absolute, from its root)")
+    p.add_argument("path", type=fs3_path, help="path inside fs3 (absolute, from its root)")
 
 
 def _mode_string(inode: Any) -> str:
@@ -98,7 +106,7 @@ def _ts(ns: int) -> str:
 
 
 def _ls_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", nargs="?", default="/", help="directory or file (default /)")
+    p.add_argument("path", nargs="?", default="/", type=fs3_path, help="directory or file (default /)")
 
 
 @command("ls", "list a directory with mode, owner, size and time", _ls_args)
@@ -140,7 +148,7 @@ def _stat_args(p: argparse.ArgumentParser) -> None:
 
 
 def _set_layout_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a directory inside fs3 (absolute, from its root)")
+    p.add_argument("path", type=fs3_path, help="a directory inside fs3 (absolute, from its root)")
     p.add_argument(
         "--chunk-size",
         type=parse_size,

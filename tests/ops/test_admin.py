@@ -105,6 +105,17 @@ def test_usage_and_unreachable_exit_statuses(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "argv", [["set-layout", "", "--stripe", "2"], ["stat", ""], ["ls", ""], ["checksum", ""]]
+)
+def test_the_empty_path_is_a_usage_error(argv: list[str]) -> None:
+    """Meta takes the empty path for the root: `set-layout "$DIR"` with DIR unset changed the
+    root's layout, for every new file of the file system."""
+    out = fs3("admin", *argv, "--mgmtd", f"127.0.0.1:{free_port()}", "--timeout", "1")
+    assert out.returncode == 2, out.stderr
+    assert "the empty path names nothing" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["user-add", "-5", "neg"],
