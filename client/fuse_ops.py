@@ -199,6 +199,10 @@ def _pending(pid: int) -> tuple[bool, bool]:
 
 
 _DIR_ATTRS_MAX = 4096  # directories whose attributes a mount keeps (Fs3Operations._dir_attrs)
+# names of directories a mount last gave the kernel (Fs3Operations._dir_names): beyond, the oldest
+# go (a rename onto one then says nothing of what it replaces, as before)
+_DIR_NAMES_MAX = 65536
+RENAME_EXCHANGE = 2  # renameat2's flag, as the kernel passes it on
 _DOTS = 2  # "." and ".." open a listing (offsets 1 and 2 resume after them)
 _READDIR_PAGE = 64  # entries asked of meta for a handle's first READDIR (doubled until one is full)
 _READDIR_PAGE_MAX = 1024
@@ -479,6 +483,10 @@ class Fs3Operations(pyfuse3.Operations):
         self._dir_attrs: dict[int, tuple[m.Inode, float]] = {}
         # directories this mount removed, until the kernel forgets them (see _removed_dir)
         self._removed_dirs: dict[int, m.Inode] = {}
+        # (parent, name) -> the directory this mount last told the kernel the name is (a lookup,
+        # a listing, a mkdir, a rename): what a rename onto the name will replace, as the kernel
+        # sees it (see rename)
+        self._dir_names: dict[tuple[int, bytes], int] = {}
         self._dir_changes = 0
         self.metrics.remembered = lambda: len(self._seen) + len(self._dir_attrs)
         self._abandoned = False
@@ -627,13 +635,28 @@ class Fs3Operations(pyfuse3.Operations):
         try:
             inode = await self.meta(ctx).lookup(parent_inode, name)
         except FS3Error as e:
+            if e.code == StatusCode.NOT_FOUND:
+                self._dir_names.pop((parent_inode, name), None)
             if e.code == StatusCode.NOT_FOUND and self.config.negative_timeout_s > 0:
                 a = pyfuse3.EntryAttributes()  # inode 0: the kernel remembers the name is absent
                 a.st_ino = 0
                 a.entry_timeout = self.config.negative_timeout_s
                 return a
             raise
+        self._named(parent_inode, name, inode)
         return self._entry(inode, since)
+
+    def _named(self, parent: int, name: bytes, inode: m.Inode) -> None:
+        """The kernel is told ``name`` in ``parent`` is ``inode`` (see _dir_names)."""
+        key = (parent, name)
+        if inode.type != m.INODE_DIRECTORY:
+            self._dir_names.pop(key, None)
+            return
+        names = self._dir_names
+        names.pop(key, None)  # to the end: the oldest go first
+        names[key] = inode.id
+        if len(names) > _DIR_NAMES_MAX:
+            del names[next(iter(names))]
 
     async def forget(self, inode_list: Any) -> None:
         # The kernel dropped these inodes, and their page cache with them: what this mount kept of
@@ -820,6 +843,7 @@ class Fs3Operations(pyfuse3.Operations):
         since = stamp()
         with self._changing(parent_inode):  # its link count changes too
             ino = await self.meta(ctx).mkdir(parent_inode, name, mode & 0o7777)
+        self._named(parent_inode, name, ino)
         return self._entry(ino, since)
 
     @_translate
@@ -837,6 +861,7 @@ class Fs3Operations(pyfuse3.Operations):
             except FS3Error:
                 gone = None  # the rmdir says why
             await meta.rmdir(parent_inode, name)
+        self._dir_names.pop((parent_inode, name), None)
         if gone is not None and gone.type == m.INODE_DIRECTORY:
             gone.nlink = 0
             gone.handle = b""
@@ -863,8 +888,29 @@ class Fs3Operations(pyfuse3.Operations):
         flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> None:
-        with self._changing(all_dirs=True):  # a directory moved changes too (ctime, "..")
-            await self.meta(ctx).rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+        old, new = (parent_inode_old, name_old), (parent_inode_new, name_new)
+        names = self._dir_names
+        # A directory the kernel takes the new name to be is marked dead once the rename succeeds,
+        # for as long as the kernel holds its inode (a listing ENOENT, no create in it). Another
+        # client may have moved it away and put something else there since the kernel looked: meta
+        # then refuses (ESTALE) and the kernel looks the names up again and retries; else the
+        # directory, alive under its new name, stayed dead to this mount.
+        replaces = names.get(new, 0) if not flags & RENAME_EXCHANGE else 0
+        try:
+            with self._changing(all_dirs=True):  # a directory moved changes too (ctime, "..")
+                await self.meta(ctx).rename(
+                    parent_inode_old, name_old, parent_inode_new, name_new, flags, replaces=replaces
+                )
+        except FS3Error as e:
+            if e.code == StatusCode.META_STALE:
+                names.pop(new, None)
+                names.pop(old, None)
+            raise
+        moved, there = names.pop(old, None), names.pop(new, None)
+        if moved is not None:
+            names[new] = moved
+        if flags & RENAME_EXCHANGE and there is not None:
+            names[old] = there
 
     @_translate
     async def link(
@@ -1069,6 +1115,8 @@ class Fs3Operations(pyfuse3.Operations):
         last = max(start_id, _DOTS)
         for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
             off = d.cookies.offset_of(e.name)
+            if ino.type == m.INODE_DIRECTORY:
+                self._named(d.inode, e.name, ino)
             if not pyfuse3.readdir_reply(token, e.name, self._entry(ino, since), off):
                 if handles is not None:
                     handles.unpin(ino.id)  # not sent: the kernel counts no lookup of it

@@ -773,10 +773,23 @@ class MetaClient:
         await self.call("Rmdir", m.RmdirReq(parent=parent, name=name, recursive=recursive), request_id=True)
 
     async def rename(
-        self, old_parent: int, old_name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+        self,
+        old_parent: int,
+        old_name: bytes,
+        new_parent: int,
+        new_name: bytes,
+        flags: int = 0,
+        *,
+        replaces: int = 0,
     ) -> None:
+        """``replaces``: see RenameReq."""
         req = m.RenameReq(
-            old_parent=old_parent, old_name=old_name, new_parent=new_parent, new_name=new_name, flags=flags
+            old_parent=old_parent,
+            old_name=old_name,
+            new_parent=new_parent,
+            new_name=new_name,
+            flags=flags,
+            replaces=replaces,
         )
         await self.call("Rename", req, request_id=True)
 

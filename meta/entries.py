@@ -246,9 +246,12 @@ class EntryOps(Namespace):
         new_name: bytes,
         flags: int = 0,
         idem: Idem = None,
+        *,
+        replaces: int = 0,
     ) -> None:
         """Atomically rename an entry, replacing a file or an empty directory at the destination;
-        refuses (EINVAL) to move a directory into its own subtree."""
+        refuses (EINVAL) to move a directory into its own subtree. ``replaces``: the inode the
+        caller takes the destination to be (0: not said; see RenameReq), else META_STALE."""
         check_name(old_name)
         check_name(new_name)
         if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE):
@@ -265,6 +268,11 @@ class EntryOps(Namespace):
             dst_key = schema.dentry_key(new_parent, new_name)
             raw = await tr.get(dst_key)
             dst = None
+            if replaces and (raw is None or meta_pb2.DirEntry.FromString(raw).inode_id != replaces):
+                raise FS3Error(
+                    StatusCode.META_STALE,
+                    f"{quote_name(new_name)} is no longer inode {replaces}: changed by another client",
+                )
             if raw is not None:
                 dst_id = meta_pb2.DirEntry.FromString(raw).inode_id
                 if flags & RENAME_NOREPLACE:  # checked first, as Linux does

@@ -231,6 +231,7 @@ class MetaService:
             req.new_name,
             req.flags,
             self._idem(req),
+            replaces=req.replaces,
         )
         return m.EmptyRsp()
 

@@ -439,20 +439,22 @@ class EmptyRsp(_message.Message):
     def __init__(self) -> None: ...
 
 class RenameReq(_message.Message):
-    __slots__ = ("hdr", "old_parent", "old_name", "new_parent", "new_name", "flags")
+    __slots__ = ("hdr", "old_parent", "old_name", "new_parent", "new_name", "flags", "replaces")
     HDR_FIELD_NUMBER: _ClassVar[int]
     OLD_PARENT_FIELD_NUMBER: _ClassVar[int]
     OLD_NAME_FIELD_NUMBER: _ClassVar[int]
     NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
     NEW_NAME_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    REPLACES_FIELD_NUMBER: _ClassVar[int]
     hdr: MetaRequestHeader
     old_parent: int
     old_name: bytes
     new_parent: int
     new_name: bytes
     flags: int
-    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., old_parent: _Optional[int] = ..., old_name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., flags: _Optional[int] = ...) -> None: ...
+    replaces: int
+    def __init__(self, hdr: _Optional[_Union[MetaRequestHeader, _Mapping]] = ..., old_parent: _Optional[int] = ..., old_name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., flags: _Optional[int] = ..., replaces: _Optional[int] = ...) -> None: ...
 
 class ReaddirReq(_message.Message):
     __slots__ = ("hdr", "inode_id", "after", "limit", "with_inodes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 
 import pytest
 from cycles import cycles_kept, frames
@@ -190,6 +191,31 @@ async def test_rename_replaces_file_and_empty_dir(tree: Tree) -> None:
     with pytest.raises(FS3Error):
         await s.stat(d2.id)
     assert (await s.lookup_path(ROOT, b"/pub/d2/inside")).type == m.INODE_FILE
+
+
+async def test_a_rename_that_says_what_it_replaces_is_refused_if_that_changed(tree: Tree) -> None:
+    """A mount's kernel marks the directory it believes a rename replaces dead for good: the
+    mount says which one it is, and meta refuses (ESTALE: the kernel looks the names up again and
+    retries) when another client has put something else there, or nothing, since."""
+    s = tree.store
+    x = await s.mkdir(ROOT, tree["/pub"], b"T", 0o755)
+    await s.create(ROOT, x.id, b"kept", 0o644)
+    src = await s.mkdir(ROOT, tree["/pub"], b"S", 0o755)
+    await s.rename(ROOT, tree["/pub"], b"T", tree["/pub"], b"T2")  # another client's moves
+    z = await s.mkdir(ROOT, tree["/pub"], b"T", 0o755)
+    with pytest.raises(FS3Error) as e:
+        await s.rename(ROOT, tree["/pub"], b"S", tree["/pub"], b"T", replaces=x.id)
+    assert e.value.code == StatusCode.META_STALE and e.value.errno == errno.ESTALE
+    assert (await s.lookup(ROOT, tree["/pub"], b"T")).id == z.id  # nothing done
+    assert (await s.lookup(ROOT, tree["/pub"], b"S")).id == src.id
+    await s.rmdir(ROOT, tree["/pub"], b"T")
+    with pytest.raises(FS3Error) as e:  # nothing there any more: refused as well
+        await s.rename(ROOT, tree["/pub"], b"S", tree["/pub"], b"T", replaces=z.id)
+    assert e.value.code == StatusCode.META_STALE
+    z = await s.mkdir(ROOT, tree["/pub"], b"T", 0o755)
+    await s.rename(ROOT, tree["/pub"], b"S", tree["/pub"], b"T", replaces=z.id)  # as it is: done
+    assert (await s.lookup(ROOT, tree["/pub"], b"T")).id == src.id
+    assert (await s.lookup_path(ROOT, b"/pub/T2/kept")).type == m.INODE_FILE
 
 
 async def test_rename_exchange_swaps_two_entries(tree: Tree) -> None:
