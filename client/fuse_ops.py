@@ -1115,14 +1115,13 @@ class Fs3Operations(pyfuse3.Operations):
         last = max(start_id, _DOTS)
         for n, (e, ino) in enumerate(zip(rsp.entries, rsp.inodes, strict=True)):
             off = d.cookies.offset_of(e.name)
-            if ino.type == m.INODE_DIRECTORY:
-                self._named(d.inode, e.name, ino)
             if not pyfuse3.readdir_reply(token, e.name, self._entry(ino, since), off):
                 if handles is not None:
                     handles.unpin(ino.id)  # not sent: the kernel counts no lookup of it
                 d.page = n + 1  # about what the kernel's buffer holds: ask meta for no more
                 d.filled = True
                 return
+            self._named(d.inode, e.name, ino)
             last = off
         if not rsp.more:
             d.end = last
