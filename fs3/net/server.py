@@ -182,6 +182,8 @@ class _ServerSession(FrameReceiver):
         "_inflight_bytes",
         "_throttled",
         "_rejections",
+        "_held",
+        "_host",
     )
 
     def __init__(self, server: RpcServer, conn: Connection) -> None:
@@ -210,6 +212,9 @@ class _ServerSession(FrameReceiver):
         self._inflight_bytes = 0
         self._throttled = False
         self._rejections = 0
+        # a user connection's calls that wait for its token to be asked about again (see
+        # _recheck_user): None while none is being asked about
+        self._held: list[tuple[int, int, int, int, bytes, memoryview | None]] | None = None
         self._handshake_timer: asyncio.TimerHandle | None = self.loop.call_later(
             conn.limits.handshake_timeout_s, self._handshake_timeout
         )
@@ -447,33 +452,44 @@ class _ServerSession(FrameReceiver):
     def _recheck_user(self) -> None:
         """Ask again whom a user connection's token belongs to (it may have been revoked or have
         expired since the handshake), and close the connection if it belongs to nobody now. The
-        call that brought us here is served meanwhile; an unreachable mgmtd changes nothing."""
+        calls that come meanwhile wait for the answer (``_held``); an unreachable mgmtd changes
+        nothing."""
         verify = self.server.verify_user
         self._recheck_at = self.loop.time() + self.server.user_recheck_s
         if self._verifying is not None or verify is None:
             return
 
         async def recheck() -> None:
+            revoked = False
             try:
                 await verify(self.token)
             except asyncio.CancelledError:
+                revoked = True  # the connection is going: nothing held is served
                 raise
             except FS3Error as e:
-                if e.code == StatusCode.UNAUTHENTICATED and not self.conn.is_closing:
-                    log.warning(
-                        "closing user connection peer=%s identity=%s reason=%r",
-                        self.conn.peer,
-                        self.identity,
-                        e.message,
-                    )
-                    self._send_error(
-                        0, StatusCode.RPC_AUTH_FAILED, f"user token no longer valid: {e.message}"
-                    )
-                    self.conn.close()
+                if e.code == StatusCode.UNAUTHENTICATED:
+                    revoked = True
+                    if not self.conn.is_closing:
+                        log.warning(
+                            "closing user connection peer=%s identity=%s reason=%r",
+                            self.conn.peer,
+                            self.identity,
+                            e.message,
+                        )
+                        self._send_error(
+                            0, StatusCode.RPC_AUTH_FAILED, f"user token no longer valid: {e.message}"
+                        )
+                        self.conn.close()
             except Exception:  # a bug in the verifier: keep serving, and say so
                 log.exception("checking a user token again failed peer=%s", self.conn.peer)
             finally:
                 self._verifying = None
+                held, self._held = self._held or [], None
+                for call in held:
+                    if revoked or self.conn.is_closing:
+                        self._release(call[5])
+                    else:
+                        self._dispatch(*call)
 
         self._verifying = self.loop.create_task(recheck())
 
@@ -523,8 +539,18 @@ class _ServerSession(FrameReceiver):
         message: memoryview | bytes,
         payload: memoryview | None,
     ) -> None:
-        if self.user is not None and self.loop.time() >= self._recheck_at:
-            self._recheck_user()
+        if self.user is not None:
+            held = self._held
+            if held is None and self.loop.time() >= self._recheck_at:
+                self._recheck_user()
+                if self._verifying is not None:
+                    held = self._held = []
+            if held is not None:
+                # the token is being asked about again: served once it is still someone's (a
+                # revoked user's calls on a connection idle past the recheck were all served, a
+                # burst of writes up to his capabilities' expiry, before the check closed it)
+                held.append((request_id, service_id, method_id, timeout_ms, bytes(message), payload))
+                return
         entry = self._handlers.get((service_id << 16) | method_id)
         if entry is None:
             if service_id in self.server._services:

@@ -217,6 +217,22 @@ async def test_a_connection_whose_token_is_revoked_is_closed(
             await client.call(server.address, PING, rpc_pb2.PingRequest())
         assert e.value.code == StatusCode.RPC_AUTH_FAILED  # a new connection is refused
     assert any("closing user connection" in r.getMessage() for r in caplog.records)
+    # a connection left idle past the recheck: the calls that wake it wait for the answer, and
+    # none of them is served once the token belongs to nobody (all of a burst of calls were)
+    monkeypatch.setitem(USERS, "tok-carol", mgmtd_pb2.User(uid=1003, name="carol", gid=100))
+    handlers = server.handlers  # type: ignore[attr-defined]
+    handlers.gate.set()
+    async with RpcClient(None, token="tok-carol", limits=TEST_LIMITS) as client:
+        await client.call(server.address, BLOCK, rpc_pb2.EchoRequest(data=b"before"))
+        served = len(handlers.contexts)
+        del USERS["tok-carol"]
+        await asyncio.sleep(0.3)
+        burst = await asyncio.gather(
+            *(client.call(server.address, BLOCK, rpc_pb2.EchoRequest(data=b"after")) for _ in range(20)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, FS3Error) for r in burst), burst
+        assert len(handlers.contexts) == served  # not one of them reached its handler
     # a token still valid keeps its connection however long it is used
     async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
         for _ in range(4):
