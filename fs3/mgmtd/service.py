@@ -33,7 +33,7 @@ import grpc
 
 from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode, grpc_code_name
 from fs3.net.auth import mgmtd_credential
-from fs3.proto import health_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
+from fs3.proto import common_pb2, health_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
 
 if TYPE_CHECKING:
     from fs3.mgmtd.server import MgmtdServer
@@ -78,6 +78,16 @@ class Caller:
 
 
 Handler = Callable[[Any, Any, Caller], Awaitable[Any]]
+
+
+def _may_read_config(caller: Caller, node_type: int) -> bool:
+    """Whether ``caller`` may read the stored config of ``node_type``: the client config anyone
+    (a mount on a user token takes it up), a daemon's only a cluster member or an admin."""
+    return (
+        node_type == common_pb2.NODE_CLIENT
+        or caller.service
+        or (caller.user is not None and caller.user.admin)
+    )
 
 
 def rpc(access: Access, *, primary: bool = True) -> Callable[[Handler], Callable[..., Awaitable[Any]]]:
@@ -224,7 +234,11 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
             session_lost=lost,
         )
         cfg = cluster.rec.configs.get(session.type) if session.type else None
-        if cfg is not None and cfg.version > request.config_version:
+        if (
+            cfg is not None
+            and cfg.version > request.config_version
+            and _may_read_config(caller, session.type)
+        ):
             reply.config.CopyFrom(cfg)
         return reply
 
@@ -247,6 +261,11 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
     async def GetConfig(
         self, request: mgmtd_pb2.GetConfigRequest, caller: Caller
     ) -> mgmtd_pb2.GetConfigReply:
+        if not _may_read_config(caller, request.node_type):
+            raise FS3Error(
+                StatusCode.PERMISSION_DENIED,
+                "a user reads the client config only: the daemons' configs are for cluster members and admins",
+            )
         cfg = await self.server.admin_or_raise().get_config(request.node_type, request.version)
         return mgmtd_pb2.GetConfigReply(config=cfg) if cfg is not None else mgmtd_pb2.GetConfigReply()
 

@@ -772,6 +772,16 @@ async def test_configs(admin: Admin) -> None:
     req = node.request()
     req.config_version = 2
     assert not (await c.heartbeat(req)).HasField("config")
+    # a user reads the client config only (any token read every daemon's)
+    assert await c.set_config(common_pb2.NODE_CLIENT, "rpc_timeout_s = 20.0\n") == 1
+    bob = admin.env.client(token=await c.add_user(1001, "bob"))
+    e = await expect(StatusCode.PERMISSION_DENIED, bob.get_config(common_pb2.NODE_STORAGE))
+    assert "client config only" in e.message
+    assert "20.0" in (await bob.get_config(common_pb2.NODE_CLIENT)).content
+    session = mgmtd_pb2.ClientSession(client_id="bob-1", type=common_pb2.NODE_STORAGE)
+    assert not (await bob.extend_session(session)).HasField("config")
+    session = mgmtd_pb2.ClientSession(client_id="bob-2", type=common_pb2.NODE_CLIENT)
+    assert (await bob.extend_session(session)).config.version == 1
 
 
 # ---- health and election -------------------------------------------------------------------------
