@@ -392,7 +392,9 @@ class _ServerSession(FrameReceiver):
         host = self.conn.peer.rpartition(":")[0]
         if server._refused_too_often(host, token):
             # a peer trying made-up tokens: it costs mgmtd nothing more for a while
-            self._refuse("too many refused user tokens from this host; try again later")
+            # as busy (retried): the host's other users, whose new tokens wait out the flood,
+            # were told their token failed
+            self._refuse("too many refused user tokens from this host", True)
             return
         if server._user_checks >= server.max_user_checks:
             # each check may cost mgmtd a call (a new token, or one refused over a few seconds
