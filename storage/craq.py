@@ -710,7 +710,18 @@ class Replicator:
                     return await self._update_parallel(
                         t, cid, chain_id, op, parallel, chain_ver, serving, tag
                     )
-            kind, meta, new = await self._apply(t, cid, op, version, chain_ver, tail)
+            try:
+                kind, meta, new = await self._apply(t, cid, op, version, chain_ver, tail)
+            except FS3Error as e:
+                if e.code != StatusCode.STORAGE_NO_SPACE:
+                    raise
+                # The disk found full by this update itself: nothing of it is stored here, nor
+                # forwarded (this round stores before it forwards), so no replica after this one
+                # holds it. Refused as the space kept free is, so that the predecessors drop their
+                # pending copies (_drop_refused): kept, they settled the version once there was
+                # room, and the write the client was told failed came back with the chunk's next
+                # update (or a truncate over it).
+                raise FS3Error(StatusCode.STORAGE_SPACE_KEPT, e.message) from None
             if kind == "settle":
                 assert meta is not None
                 await self._settle_locked(t, cid, chain_id, meta, serving)
@@ -1471,7 +1482,10 @@ def _check_room(t: LocalTarget, op: Op) -> None:
     before anything of it is stored: STORAGE_SPACE_KEPT, which the client reports as ENOSPC and a
     predecessor passes back without retrying, dropping its pending copy (``_drop_refused``). A
     disk found full by the write itself (other users of it, or a race) is STORAGE_NO_SPACE: the
-    target stays online (ChunkEngine._error), and the predecessor retries for NO_SPACE_RETRY_S,
-    then fails the update with it, the version left pending to be settled once there is room."""
+    target stays online (ChunkEngine._error); a replica that found it so storing the update before
+    forwarding it passes it back as STORAGE_SPACE_KEPT (see Replicator._update_locked), one that
+    stored it while forwarding it (a whole chunk's write) as STORAGE_NO_SPACE, which the
+    predecessor retries for NO_SPACE_RETRY_S, then fails the update with, the version left pending
+    to be settled once there is room (a successor may hold it)."""
     if op.type in (storage_pb2.UPDATE_WRITE, storage_pb2.UPDATE_REPLACE):
         t.engine.engine.check_room(op.length)
