@@ -229,6 +229,7 @@ class ReadSessions:
             self._wake()
 
     async def _write(self, tr: Transaction) -> tuple[int, int, int]:
+        tr.use_reserve()  # readers' sessions go on in a full store (a reader adds nothing else)
         puts = clears = dropped = 0
         for key, (inode_id, value, _) in self._writing.items():
             if value is None:

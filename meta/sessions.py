@@ -128,6 +128,10 @@ class SessionOps(Namespace):
                 self._truncate_in_txn(tr, cred, ino, 0, trims)
             else:
                 self._settle_owed_trim(tr, ino, trims)
+            if not flags & (3 | O_TRUNC):
+                # a reader's session goes in however full the store is: a full store refuses
+                # only what adds data (a reader's open failed with ENOSPC)
+                tr.use_reserve()
             self._open_session(tr, cred, ino, session_id, client_id, write=bool(flags & 3))
             return meta_pb2.OpenRsp(inode=inodes.public(ino), session_id=session_id)
 

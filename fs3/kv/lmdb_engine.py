@@ -66,7 +66,8 @@ MAX_BATCH_BYTES = 64 << 20
 #: Once the room ahead of LMDB's data (see FileExtender) is below this and cannot be extended (the
 #: disk is full, or the map), only transactions that remove something are committed: the rest fail
 #: with KV_STORE_FULL (ENOSPC), so that unlinks, rmdirs and garbage collection, which need a few
-#: new pages themselves (LMDB copies on write), can still free room.
+#: new pages themselves (LMDB copies on write), can still free room; and the few small writes that
+#: must go on however full it is (Transaction.use_reserve: mgmtd's lease, readers' sessions).
 RESERVE = 2 << 20
 #: A file system with less than this available counts as full (see file_system_full).
 FULL_BYTES = 2 * MAX_BATCH_BYTES
@@ -315,7 +316,7 @@ class _Committer:
                     if fut.cancelled():
                         continue
                     req.refused = None
-                    if full and not req.frees:
+                    if full and not (req.frees or req.reserved):
                         req.refused = self._full_error(room)
                         self._refused += 1
                         continue

@@ -165,6 +165,8 @@ class CommitRequest:
     ok: bool = field(default=False)
     # The engine did not apply it, for this reason (a full store; see lmdb_engine's reserve).
     refused: FS3Error | None = field(default=None)
+    # It may commit into a full store's reserve (Transaction.use_reserve).
+    reserved: bool = False
 
     @property
     def frees(self) -> bool:
@@ -285,6 +287,7 @@ class BufferedTransaction(Transaction):
         self._digests: list[RangeDigest] = []
         self._explicit: list[tuple[bytes, bytes]] = []  # add_read_conflict_range, read at commit
         self._size = 0
+        self._reserved = False
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -595,8 +598,12 @@ class BufferedTransaction(Transaction):
                 clears=self._clears,
                 points=self._points,
                 size=self._size,
+                reserved=self._reserved,
             )
         )
+
+    def use_reserve(self) -> None:
+        self._reserved = True
 
     def cancel(self) -> None:
         self._closed = True

@@ -228,6 +228,19 @@ async def test_a_full_store_refuses_what_adds_with_enospc_and_still_takes_remova
         async def remove(tr: Transaction, key: bytes) -> None:
             tr.clear(key)
 
+        # what must go on however full the store is (mgmtd's lease, a reader's session) may use
+        # the room kept: a full store refused mgmtd's lease, and it lost its role over and over
+        async def renew(tr: Transaction, reserve: bool) -> None:
+            if reserve:
+                tr.use_reserve()
+            tr.set(b"lease", os.urandom(100))
+
+        with pytest.raises(FS3Error) as refused:
+            await db.run(lambda tr: renew(tr, False))
+        assert refused.value.code == StatusCode.KV_STORE_FULL
+        for _ in range(50):
+            await db.run(lambda tr: renew(tr, True))
+
         # one batch: the refusal of the one that adds is its own, the removal commits
         outcomes = await asyncio.gather(
             put(db, b"refused", value), db.run(lambda tr: remove(tr, b"k0001")), return_exceptions=True

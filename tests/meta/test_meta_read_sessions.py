@@ -4,6 +4,7 @@ what waits for the queue, and what a clean stop keeps."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -213,8 +214,43 @@ async def test_read_session_ids_are_not_derivable_from_the_request(tmp_path: Pat
         await db.close()
 
 
+async def test_a_full_store_still_takes_readers_sessions(tmp_path: Path) -> None:
+    """A store full to its reserve refuses what adds data, but readers' sessions may use the room
+    kept (a reader's open failed with ENOSPC, while the README said reads go on): opens for
+    reading are answered and their sessions go in; an open for writing is refused."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=16 << 20)
+    s = MetaStore(db, gc_grace_s=2.0)
+    rs = s.read_sessions
+    assert rs is not None
+    try:
+        await s.start(background=False)
+        f = (await s.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+
+        async def put(tr: Transaction, i: int) -> None:
+            tr.set(b"zz-fill-%d" % i, os.urandom(50_000))
+
+        with pytest.raises(FS3Error) as full:
+            for i in range(100_000):
+                await db.run(lambda tr, i=i: put(tr, i))
+        assert full.value.code == StatusCode.KV_STORE_FULL
+        sids = [(await s.open(ROOT, f, 0))[1] for _ in range(3)]
+        await asyncio.wait_for(rs.settled(), 10)
+        assert sorted(x.session_id for x in await s.sessions_of(f)) == sorted(sids) and rs.accepting(2.0)
+        s.read_sessions = None  # sessions in the open's own transaction, as with a short grace
+        _, sid = await s.open(ROOT, f, 0)
+        assert sid in {x.session_id for x in await s.sessions_of(f)}
+        with pytest.raises(FS3Error) as e:
+            await s.open(ROOT, f, os.O_WRONLY)
+        assert e.value.code == StatusCode.KV_STORE_FULL
+        s.read_sessions = rs
+    finally:
+        await s.stop()
+        await db.close()
+
+
 async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(tmp_path: Path) -> None:
-    """A store that fails the queue's batch (full here): the batch is kept and tried again, and
+    """A store that fails the queue's batch (full here, to the last page: the reserve kept for
+    removals and readers' sessions used up too): the batch is kept and tried again, and
     meanwhile opens write their sessions in their own transactions, so they fail visibly instead
     of being answered without a session."""
     db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=1 << 20)
@@ -226,6 +262,7 @@ async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(t
         f = (await s.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
 
         async def put(tr: Transaction, i: int, size: int) -> None:
+            tr.use_reserve()
             tr.set(b"zz-fill-%d-%d" % (size, i), b"x" * size)
 
         async def clear(tr: Transaction) -> None:
