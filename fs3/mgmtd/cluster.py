@@ -900,11 +900,10 @@ class Cluster:
             log.info("client session expired client_id=%s", cid)
             self._forget_session(cid)
 
-    def _forget_session(self, client_id: str) -> mgmtd_pb2.ClientSession:
-        gone = self.sessions.pop(client_id)
+    def _forget_session(self, client_id: str) -> None:
+        del self.sessions[client_id]
         self._extended_mono.pop(client_id, None)
         self._count_off(client_id)
-        return gone
 
     def _count_off(self, client_id: str) -> None:
         """The session no longer counts against the user who held it (if one did)."""
