@@ -87,6 +87,8 @@ END_AGAIN_MAX_S = 30.0
 END_AGAIN_AT_CLOSE_S = 5.0
 #: how long FileSystem.close waits for the Files still open to close (flush) first
 CLOSE_FILES_S = 30.0
+#: how long the length report after a failed flush may take (see FileSystem._sync)
+FAILED_FLUSH_REPORT_S = 5.0
 #: how long a read that found a hole waits for meta's length (see FileSystem._recheck)
 RECHECK_S = 1.0
 #: and, once meta did not answer it, how long such reads of that file do not ask again
@@ -1343,9 +1345,18 @@ class FileSystem:
             try:
                 if h.session_lost:
                     raise _session_lost_error(h)
-                ino = await self.meta.sync(
-                    h.inode_id, h.session_id, length, wrote=wrote, mtime_ns=h.state.wrote_ns if wrote else 0
-                )
+                # After a failed flush the report is made again at the next fsync or close, and the
+                # caller hears the flush's error either way: it gets a few seconds, not meta's whole
+                # deadline (meta asks storage for the length, which fails too while storage is
+                # away: a flush failed after its 60 s of retries returned EIO ~30 s later)
+                async with asyncio.timeout(FAILED_FLUSH_REPORT_S if error is not None else None):
+                    ino = await self.meta.sync(
+                        h.inode_id,
+                        h.session_id,
+                        length,
+                        wrote=wrote,
+                        mtime_ns=h.state.wrote_ns if wrote else 0,
+                    )
             except BaseException as e:
                 if not self._ended_by_meta(h, e, wrote):
                     if wrote:

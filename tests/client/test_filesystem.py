@@ -465,6 +465,36 @@ async def test_a_write_back_that_storage_never_answered_is_eio(tmp_path: Path) -
         await f.close()
 
 
+async def test_a_failed_write_back_is_reported_without_waiting_out_metas_deadline(tmp_path: Path) -> None:
+    """After a flush failed (storage away past the client's retries), the length report to meta
+    (which then asks storage for the length, away too) took meta's whole deadline before fsync
+    returned EIO: 60 s of retries became 80-90 s. The report now gets FAILED_FLUSH_REPORT_S."""
+    from fs3.client.filesystem import FAILED_FLUSH_REPORT_S
+    from fs3.client.storage_client import RetryPolicy
+
+    meta_deadline_s = 60.0
+    async with FsCluster(tmp_path, chains=1, stripe=1) as c:
+        fs = await c.connect(rpc_timeout_s=meta_deadline_s)
+        fs.storage.retry = RetryPolicy(total_s=2.0, rpc_timeout_s=1.0)
+        f = await fs.open("/wb", "w")
+        await f.write(b"x" * 5000)  # buffered
+        stopped = [p.popen.pid for p in c.cluster.procs if p.name.startswith("storage-") and p.popen]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(FS3Error) as e:
+                await f.fsync()
+            took = time.monotonic() - start
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        assert e.value.errno == errno.EIO and "write-back failed" in e.value.message, e.value
+        # not a timing measure: the bound is half of meta's deadline, which it waited out
+        assert took < meta_deadline_s / 2, f"fsync took {took:.1f} s (report bound {FAILED_FLUSH_REPORT_S} s)"
+        await f.close()
+
+
 @pytest.mark.timeout(300)
 async def test_calls_to_a_hung_meta_server_fail_over_when_mgmtd_declares_it_failed(tmp_path: Path) -> None:
     """A call in flight to a meta server that hangs ends when mgmtd declares the server failed
