@@ -486,12 +486,14 @@ class _ServerSession(FrameReceiver):
                 log.exception("checking a user token again failed peer=%s", self.conn.peer)
             finally:
                 self._verifying = None
-                held, self._held = self._held or [], None
-                for call in held:
+                held, self._held = self._held, None
+                for call in held or ():
                     if revoked or self.conn.is_closing:
                         self._release(call[5])
                     else:
                         self._dispatch(*call)
+                if held is not None and not self._throttled and not self.conn.is_closing:
+                    self.conn.pause_receiving(False)
 
         self._verifying = self.loop.create_task(recheck())
 
@@ -547,6 +549,9 @@ class _ServerSession(FrameReceiver):
                 self._recheck_user()
                 if self._verifying is not None:
                     held = self._held = []
+                    # no more is read meanwhile: held calls are not counted as running ones,
+                    # whose payloads pause reading past a bound
+                    self.conn.pause_receiving(True)
             if held is not None:
                 # the token is being asked about again: served once it is still someone's (a
                 # revoked user's calls on a connection idle past the recheck were all served, a
