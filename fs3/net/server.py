@@ -65,6 +65,9 @@ _WARN_REJECTIONS = 10  # per connection
 # how often an open user connection's token is checked again while it is used (the verifier's
 # own cache may answer for a while longer): a revoked token loses its open connections
 USER_RECHECK_S = 30.0
+#: how long a user connection's calls wait for that recheck at most: then they are served while it
+#: goes on (an unreachable mgmtd changes nothing; a reachable one answers a revocation at once)
+USER_RECHECK_HOLD_S = 2.0
 #: user connections one uid may hold open to one server (RpcServer.max_user_connections)
 MAX_USER_CONNECTIONS = 1024
 #: connections not authenticated yet that one server keeps (RpcServer.max_handshaking), and of
@@ -451,15 +454,16 @@ class _ServerSession(FrameReceiver):
         self._verifying = self.loop.create_task(check())
         self._verifying.add_done_callback(checked)
 
-    def _recheck_user(self) -> None:
+    def _recheck_user(self) -> bool:
         """Ask again whom a user connection's token belongs to (it may have been revoked or have
         expired since the handshake), and close the connection if it belongs to nobody now. The
-        calls that come meanwhile wait for the answer (``_held``); an unreachable mgmtd changes
-        nothing."""
+        calls that come meanwhile wait for the answer (``_held``), USER_RECHECK_HOLD_S at most;
+        an unreachable mgmtd changes nothing. Returns whether a check began (not: one is still
+        under way)."""
         verify = self.server.verify_user
         self._recheck_at = self.loop.time() + self.server.user_recheck_s
         if self._verifying is not None or verify is None:
-            return
+            return False
 
         async def recheck() -> None:
             revoked = False
@@ -486,16 +490,31 @@ class _ServerSession(FrameReceiver):
                 log.exception("checking a user token again failed peer=%s", self.conn.peer)
             finally:
                 self._verifying = None
-                held, self._held = self._held, None
-                for call in held or ():
-                    if revoked or self.conn.is_closing:
-                        self._release(call[5])
+                held = self._held
+                if held is not None:
+                    if revoked:
+                        self._held = None
+                        for call in held:
+                            self._release(call[5])
                     else:
-                        self._dispatch(*call)
-                if held is not None and not self._throttled and not self.conn.is_closing:
-                    self.conn.pause_receiving(False)
+                        self._serve_held(held)
 
         self._verifying = self.loop.create_task(recheck())
+        return True
+
+    def _serve_held(self, held: list[tuple[int, int, int, int, bytes, memoryview | None]]) -> None:
+        """Serve the calls ``held`` for a recheck (if they still are: once its answer came, or
+        USER_RECHECK_HOLD_S passed), and read again."""
+        if self._held is not held:
+            return  # served already, or dropped with the connection
+        self._held = None
+        for call in held:
+            if self.conn.is_closing:
+                self._release(call[5])
+            else:
+                self._dispatch(*call)
+        if not self._throttled and not self.conn.is_closing:
+            self.conn.pause_receiving(False)
 
     def _handshake_timeout(self) -> None:
         self._handshake_timer = None
@@ -545,13 +564,12 @@ class _ServerSession(FrameReceiver):
     ) -> None:
         if self.user is not None:
             held = self._held
-            if held is None and self.loop.time() >= self._recheck_at:
-                self._recheck_user()
-                if self._verifying is not None:
-                    held = self._held = []
-                    # no more is read meanwhile: held calls are not counted as running ones,
-                    # whose payloads pause reading past a bound
-                    self.conn.pause_receiving(True)
+            if held is None and self.loop.time() >= self._recheck_at and self._recheck_user():
+                held = self._held = []
+                # no more is read meanwhile: held calls are not counted as running ones, whose
+                # payloads pause reading past a bound
+                self.conn.pause_receiving(True)
+                self.loop.call_later(USER_RECHECK_HOLD_S, self._serve_held, held)
             if held is not None:
                 # the token is being asked about again: served once it is still someone's (a
                 # revoked user's calls on a connection idle past the recheck were all served, a
@@ -661,7 +679,8 @@ class _ServerSession(FrameReceiver):
                 and self._inflight_bytes <= limits.max_inflight_payload_bytes // 2
             ):
                 self._throttled = False
-                self.conn.pause_receiving(False)
+                if self._held is None:  # else reading resumes once the held calls are served
+                    self.conn.pause_receiving(False)
 
     async def _finish(
         self, key: int, request_id: int, method: Method, aw: Any, payload: memoryview | None

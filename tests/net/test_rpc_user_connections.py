@@ -16,6 +16,7 @@ from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer, auth
+from fs3.net import server as server_module
 from fs3.net.frame import F_ERROR, F_HANDSHAKE, F_REQUEST
 from fs3.net.system import PING
 from fs3.proto import mgmtd_pb2, rpc_pb2
@@ -233,6 +234,19 @@ async def test_a_connection_whose_token_is_revoked_is_closed(
         )
         assert all(isinstance(r, FS3Error) for r in burst), burst
         assert len(handlers.contexts) == served  # not one of them reached its handler
+    # a recheck mgmtd does not answer holds the calls USER_RECHECK_HOLD_S at most: then they are
+    # served while it goes on (an unreachable mgmtd changes nothing)
+    monkeypatch.setattr(server_module, "USER_RECHECK_HOLD_S", 0.3)
+    async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
+        await client.call(server.address, PING, rpc_pb2.PingRequest())
+        verifier = server.verifier  # type: ignore[attr-defined]
+        verifier.gate = asyncio.Event()  # mgmtd hangs
+        try:
+            await asyncio.sleep(0.3)
+            await asyncio.wait_for(client.call(server.address, PING, rpc_pb2.PingRequest()), 10)
+        finally:
+            verifier.gate.set()
+            verifier.gate = None
     # a token still valid keeps its connection however long it is used
     async with RpcClient(None, token="tok-alice", limits=TEST_LIMITS) as client:
         for _ in range(4):
