@@ -96,10 +96,11 @@ class Transaction(ReadView):
     def add_int(self, key: bytes, delta: int, width: int = 8) -> None:
         self.add(key, (delta % (1 << (8 * width))).to_bytes(width, "little"))
 
-    def use_reserve(self) -> None:
+    def use_reserve(self, whole: bool = False) -> None:
         """Let this small transaction commit into the room a full store keeps for removals (the
-        lmdb engine's RESERVE): for what must go on however full the store is (mgmtd's lease, a
-        reader's open). Engines without such a reserve ignore it."""
+        lmdb engine's RESERVE): for what must go on however full the store is (a reader's open:
+        half of it at most; mgmtd's lease, ``whole``: all of it). Engines without such a reserve
+        ignore it."""
 
     @abc.abstractmethod
     def add_read_conflict_range(self, begin: bytes, end: bytes) -> None:

@@ -316,7 +316,11 @@ class _Committer:
                     if fut.cancelled():
                         continue
                     req.refused = None
-                    if full and not (req.frees or req.reserved):
+                    # what may use the reserve takes half of it at most (mgmtd's lease all):
+                    # the rest stays the removals' (readers' sessions could take it all)
+                    if full and not (
+                        req.frees or req.reserved == 2 or (req.reserved == 1 and room >= self._reserve // 2)
+                    ):
                         req.refused = self._full_error(room)
                         self._refused += 1
                         continue

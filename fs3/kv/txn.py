@@ -165,8 +165,9 @@ class CommitRequest:
     ok: bool = field(default=False)
     # The engine did not apply it, for this reason (a full store; see lmdb_engine's reserve).
     refused: FS3Error | None = field(default=None)
-    # It may commit into a full store's reserve (Transaction.use_reserve).
-    reserved: bool = False
+    # It may commit into a full store's reserve (Transaction.use_reserve): 0 no, 1 its first half,
+    # 2 all of it.
+    reserved: int = 0
 
     @property
     def frees(self) -> bool:
@@ -287,7 +288,7 @@ class BufferedTransaction(Transaction):
         self._digests: list[RangeDigest] = []
         self._explicit: list[tuple[bytes, bytes]] = []  # add_read_conflict_range, read at commit
         self._size = 0
-        self._reserved = False
+        self._reserved = 0
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -602,8 +603,8 @@ class BufferedTransaction(Transaction):
             )
         )
 
-    def use_reserve(self) -> None:
-        self._reserved = True
+    def use_reserve(self, whole: bool = False) -> None:
+        self._reserved = max(self._reserved, 2 if whole else 1)
 
     def cancel(self) -> None:
         self._closed = True

@@ -120,7 +120,7 @@ class Election:
             read[:] = [(raw, self._mono())]
             # a full store refuses what adds data: not the lease, or mgmtd loses its role over
             # and over while the store is full (and every daemon with it)
-            tr.use_reserve()
+            tr.use_reserve(whole=True)
             cur = decode_lease(raw)
             # ours: the lease this mgmtd holds, or the one an attempt of this tick took, committed
             # with its outcome unknown (FoundationDB's commit_unknown_result is retried as a
