@@ -130,35 +130,30 @@ async def test_a_member_mount_on_a_non_root_token_is_refused_at_start(tmp_path: 
         mnt = tmp_path / "mnt"
         mnt.mkdir()
         argv = [sys.executable, "-m", "fs3.cli.main", "mount", str(mnt), "--foreground", "--config"]
+
+        async def mount_once(cfg: Path) -> subprocess.CompletedProcess[str]:
+            """``fs3 mount`` of ``cfg`` in the foreground, expected to refuse at start."""
+            try:
+                return await asyncio.to_thread(
+                    subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
+                )
+            finally:
+                force_unmount(mnt)  # should it have come up (and been killed by the timeout)
+
         cfg = c.client_config("member", token_file=str(token))
-        try:
-            r = await asyncio.to_thread(
-                subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
-            )
-        finally:
-            force_unmount(mnt)  # should it have come up (and been killed by the timeout)
+        r = await mount_once(cfg)
         assert r.returncode == 2, r.stderr  # a config to mend: the unit does not restart it
         assert "acts only for uid 1000 (alice)" in r.stderr and "--root" in r.stderr, r.stderr
         # no token at all: meta (which authenticates) would refuse every request as well
         cfg = c.client_config("member-without-token", token_file="")
-        try:
-            r = await asyncio.to_thread(
-                subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
-            )
-        finally:
-            force_unmount(mnt)
+        r = await mount_once(cfg)
         assert r.returncode == 2 and "without a user token" in r.stderr, r.stderr
         # a secret file that is not the cluster's: 2 as well (it was 1, which the unit restarts
         # every few seconds for ever), as meta and storage exit for it
         wrong = tmp_path / "wrong.secret"
         wrong.write_text("w" * 32 + "\n")
         cfg = c.client_config("wrong-secret", token_file=str(token), cluster_secret_file=str(wrong))
-        try:
-            r = await asyncio.to_thread(
-                subprocess.run, [*argv, str(cfg)], capture_output=True, text=True, timeout=60
-            )
-        finally:
-            force_unmount(mnt)
+        r = await mount_once(cfg)
         assert r.returncode == 2 and "cluster secret" in r.stderr, r.stderr
 
         host_token = tmp_path / "host.token"
