@@ -4,17 +4,19 @@ what waits for the queue, and what a clean stop keeps."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from test_meta_gc import FakeChunks
 
 from fs3.errors import FS3Error, StatusCode
-from fs3.kv import Transaction, open_database, prefix_end
+from fs3.kv import Database, Transaction, open_database, prefix_end
 from fs3.meta import schema
 from fs3.meta.permissions import ROOT
-from fs3.meta.read_sessions import MIN_GRACE_S
+from fs3.meta.read_sessions import MIN_GRACE_S, ReadSessions
 from fs3.meta.schema import ROOT_ID
 from fs3.meta.store import MetaStore
 
@@ -214,17 +216,29 @@ async def test_read_session_ids_are_not_derivable_from_the_request(tmp_path: Pat
         await db.close()
 
 
-async def test_a_full_store_still_takes_readers_sessions(tmp_path: Path) -> None:
-    """A store full to its reserve refuses what adds data, but readers' sessions may use the room
-    kept (a reader's open failed with ENOSPC, while the README said reads go on): opens for
-    reading are answered and their sessions go in; an open for writing is refused."""
-    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=16 << 20)
+@contextlib.asynccontextmanager
+async def _store_with_file(
+    tmp_path: Path, map_size: int
+) -> AsyncIterator[tuple[Database, MetaStore, ReadSessions, int]]:
+    """An lmdb store of ``map_size`` with meta over it (read sessions queued) and a file; its
+    database, meta, the queue and the file's inode id."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=map_size)
     s = MetaStore(db, gc_grace_s=2.0)
     rs = s.read_sessions
     assert rs is not None
     try:
         await s.start(background=False)
-        f = (await s.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+        yield db, s, rs, (await s.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+    finally:
+        await s.stop()
+        await db.close()
+
+
+async def test_a_full_store_still_takes_readers_sessions(tmp_path: Path) -> None:
+    """A store full to its reserve refuses what adds data, but readers' sessions may use the room
+    kept (a reader's open failed with ENOSPC, while the README said reads go on): opens for
+    reading are answered and their sessions go in; an open for writing is refused."""
+    async with _store_with_file(tmp_path, map_size=16 << 20) as (db, s, rs, f):
 
         async def put(tr: Transaction, i: int) -> None:
             tr.set(b"zz-fill-%d" % i, os.urandom(50_000))
@@ -243,9 +257,6 @@ async def test_a_full_store_still_takes_readers_sessions(tmp_path: Path) -> None
             await s.open(ROOT, f, os.O_WRONLY)
         assert e.value.code == StatusCode.KV_STORE_FULL
         s.read_sessions = rs
-    finally:
-        await s.stop()
-        await db.close()
 
 
 async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(tmp_path: Path) -> None:
@@ -253,13 +264,7 @@ async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(t
     removals and readers' sessions used up too): the batch is kept and tried again, and
     meanwhile opens write their sessions in their own transactions, so they fail visibly instead
     of being answered without a session."""
-    db = await open_database("lmdb", path=str(tmp_path / "kv"), map_size=1 << 20)
-    s = MetaStore(db, gc_grace_s=2.0)
-    rs = s.read_sessions
-    assert rs is not None
-    try:
-        await s.start(background=False)
-        f = (await s.create(ROOT, ROOT_ID, b"f", 0o644)).inode.id
+    async with _store_with_file(tmp_path, map_size=1 << 20) as (db, s, rs, f):
 
         async def put(tr: Transaction, i: int, size: int) -> None:
             tr.use_reserve()
@@ -285,6 +290,3 @@ async def test_a_store_that_refuses_the_queue_makes_opens_write_their_sessions(t
         await db.run(clear)
         await asyncio.wait_for(rs.settled(), 10)
         assert [x.session_id for x in await s.sessions_of(f)] == [sid] and rs.accepting(2.0)
-    finally:
-        await s.stop()
-        await db.close()
