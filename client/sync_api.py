@@ -32,6 +32,23 @@ T = TypeVar("T")
 #: how long a close waits for the calls it cancelled to end
 _CANCEL_WAIT_S = 5.0
 
+#: a blocked call wakes this often to see whether a signal came (see :func:`_result`)
+_SIGNAL_CHECK_S = 0.2
+
+
+def _result(fut: Future[T]) -> T:
+    """``fut.result()``, waking every :data:`_SIGNAL_CHECK_S` so that a signal (Ctrl-C) is acted on
+    while the call is still under way. A wait without end missed one that came just as this thread
+    went to sleep (CPython handles a signal on its next bytecode; the lock wait it was entering is
+    not interrupted by one already handled in C): the KeyboardInterrupt came only once the call had
+    finished, too late to cancel it (a CI run)."""
+    while True:
+        try:
+            return fut.result(_SIGNAL_CHECK_S)
+        except concurrent.futures.TimeoutError:
+            if fut.done():  # the call's own TimeoutError, or it ended just now
+                return fut.result()
+
 
 def _discard(coro: Awaitable[object]) -> None:
     """Close a coroutine that will not run (no "never awaited" warning)."""
@@ -93,7 +110,7 @@ class _LoopThread:
             fut: Future[T] = asyncio.run_coroutine_threadsafe(call(), self.loop)
             self._calls.add(fut)
         try:
-            return fut.result()
+            return _result(fut)
         except concurrent.futures.CancelledError:
             if self.closed:
                 raise FS3Error(

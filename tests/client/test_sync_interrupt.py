@@ -57,6 +57,33 @@ def test_ctrl_c_cancels_the_call_and_waits_for_its_end() -> None:
         loop.stop()
 
 
+def test_ctrl_c_handled_by_another_thread_still_cancels_the_call() -> None:
+    """A Ctrl-C whose C-level handler ran while the caller was going to sleep, or in another
+    thread (here: the caller's thread blocks SIGINT, so the kernel gives it to the loop's), did not
+    wake the caller: Python ran its handler only once the call had finished (a CI run: the
+    KeyboardInterrupt came after "finished")."""
+    loop = _LoopThread()  # its thread starts before the mask below: it takes SIGINT
+    effects: list[str] = []
+
+    async def call() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(2)
+            effects.append("finished")
+        except asyncio.CancelledError:
+            effects.append("cancelled")
+            raise
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run(call())
+        assert effects == ["cancelled"]
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        loop.stop()
+
+
 class _SlowClient:
     """Stands for a SyncFileSystem whose close writes what its open files hold; the user presses
     Ctrl-C ``presses`` times meanwhile."""
