@@ -190,6 +190,34 @@ class StatResult:
 #: (uid_t)-1: chown's "leave it as it is", as -1
 _NO_ID = 0xFFFFFFFF
 
+
+_SPECIAL = {
+    m.INODE_FIFO: "FIFO",
+    m.INODE_SOCKET: "socket",
+    m.INODE_CHAR_DEVICE: "character device",
+    m.INODE_BLOCK_DEVICE: "block device",
+}
+
+
+def _fspath(path: str | bytes) -> bytes:
+    """A path or name as bytes; one with a NUL is refused as os refuses it (ValueError): no name
+    holds one, and meta's error for it named no cause."""
+    p = os.fsencode(path)
+    if b"\0" in p:
+        raise ValueError("embedded null byte")
+    return p
+
+
+def _c_int(what: str, value: int) -> int:
+    """``value`` as os takes a mode or flags (a C int): TypeError for None or a float,
+    OverflowError outside the int's range. Masked as it was (chmod(p, 2**40) set mode 000,
+    open(p, "w", None) made a file of mode 000)."""
+    value = operator.index(value)
+    if not -(1 << 31) <= value < 1 << 31:
+        raise OverflowError(f"{what} {value} is out of range")
+    return value
+
+
 #: lookup errors that mean a path names nothing (FileSystem.exists)
 _NAMES_NOTHING = frozenset(
     (
@@ -229,28 +257,30 @@ def _size_arg(size: int | None, what: str, *, negative: bool = False) -> int:
 
 
 def _flags_of(mode: str) -> int:
-    """open(2) flags of a Python-style mode string ("r", "w", "a", "x", "r+", with optional "b")."""
-    base = mode.replace("b", "")
-    table = {
-        "r": os.O_RDONLY,
-        "r+": os.O_RDWR,
-        "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-        "w+": os.O_RDWR | os.O_CREAT | os.O_TRUNC,
-        "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-        "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
-        "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-        "x+": os.O_RDWR | os.O_CREAT | os.O_EXCL,
-    }
-    if base not in table:
+    """open(2) flags of a Python-style mode string: one of "r", "w", "a", "x", then "+" and "b" in
+    any order, each at most once, as Python's :func:`open` takes them ("rb+", "+r"); files here are
+    binary whatever the mode says ("t" is refused)."""
+    if not isinstance(mode, str):
+        raise TypeError(f"open() argument 'mode' must be str, not {type(mode).__name__}")
+    kinds = [c for c in mode if c in "rwax"]
+    if len(kinds) != 1 or len(set(mode)) != len(mode) or set(mode) - set("rwax+b"):
         raise ValueError(f"invalid mode {mode!r}")
-    return table[base]
+    flags = {
+        "r": os.O_RDONLY,
+        "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+    }[kinds[0]]
+    if "+" in mode:
+        flags = flags & ~os.O_WRONLY | os.O_RDWR
+    return flags
 
 
 def _split(path: str | bytes) -> tuple[bytes, bytes, bool]:
     """(the parent's path, the last name, whether a slash followed it). Only the last name is cut
     off: the parent's path, ".." and symlinks in it included, is for meta to resolve as the kernel
     would ("a/link/.." is the parent of where link points, not "a"; "missing/.." does not exist)."""
-    p = os.fsencode(path)
+    p = _fspath(path)
     if not p:
         raise FS3Error(StatusCode.NOT_FOUND, "the empty path names nothing")
     if not p.startswith(b"/"):
@@ -638,6 +668,7 @@ class File:
         await self.fs._close(self.handle)
 
     async def __aenter__(self) -> File:
+        self._check()  # a closed file refuses ``with``, as Python's do
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -1012,7 +1043,7 @@ class FileSystem:
     # -- paths ------------------------------------------------------------------------------------
 
     async def _lookup(self, path: str | bytes, follow: bool = True) -> m.Inode:
-        p = os.fsencode(path)
+        p = _fspath(path)
         if not p:
             raise FS3Error(StatusCode.NOT_FOUND, "the empty path names nothing")  # as os does
         if not p.startswith(b"/"):
@@ -1034,7 +1065,7 @@ class FileSystem:
         the call fails with ``root`` (for "." and ".." with ``dots`` when given), the code Linux's
         call answers (EEXIST to make it, EBUSY to rename it, EISDIR to unlink it; rmdir: EBUSY,
         EINVAL, ENOTEMPTY)."""
-        p = os.fsencode(path)
+        p = _fspath(path)
         if p and not p.strip(b"/"):
             raise FS3Error(root, f"{quote_name(p)} is the root")
         parent, name, slash = _split(p)
@@ -1201,8 +1232,16 @@ class FileSystem:
     async def open_flags(self, path: str | bytes, flags: int, perm: int = 0o644) -> File:
         """Open with open(2) flags (O_CREAT, O_EXCL, O_TRUNC, O_APPEND, O_ACCMODE, O_NOFOLLOW:
         ELOOP for a symlink, O_DIRECTORY: ENOTDIR for a file, EISDIR for a directory, which
-        this API does not open as a file; EINVAL with O_CREAT, as Linux 6.4 and later answer)."""
-        p = os.fsencode(path)
+        this API does not open as a file; EINVAL with O_CREAT, as Linux 6.4 and later answer).
+        A FIFO, socket or device node is not opened (EOPNOTSUPP): this API has no way to do what
+        the kernel does for them (the mount does)."""
+        p = _fspath(path)
+        flags = _c_int("flags", flags)
+        perm = _c_int("mode", perm) & 0o7777
+        if flags & os.O_ACCMODE == os.O_ACCMODE:
+            # Linux's "neither read nor write" (ioctl only) mode: what read and write answer EBADF,
+            # taken here as read and write both
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{quote_name(p)}: access mode O_WRONLY|O_RDWR")
         since, opened_at = stamp(), session_clock()
         if flags & os.O_DIRECTORY:
             if flags & os.O_CREAT:
@@ -1245,7 +1284,7 @@ class FileSystem:
                 p = target if target.startswith(b"/") else _split(p)[0].rstrip(b"/") + b"/" + target
             else:
                 raise FS3Error(
-                    StatusCode.META_TOO_MANY_SYMLINKS, f"{quote_name(os.fsencode(path))}: too many symlinks"
+                    StatusCode.META_TOO_MANY_SYMLINKS, f"{quote_name(_fspath(path))}: too many symlinks"
                 )
             inode, session_id, queued = rsp.inode, rsp.session_id, False
         else:
@@ -1268,10 +1307,17 @@ class FileSystem:
                         raise
             inode, session_id = rsp.inode, rsp.session_id
             queued = rsp.session_queued
-        if inode.type == m.INODE_DIRECTORY:
+        if inode.type != m.INODE_FILE:
             if session_id:
                 await self.meta.close_file(inode.id, session_id)
-            raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)} is a directory")
+            if inode.type == m.INODE_DIRECTORY:
+                raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(p)} is a directory")
+            # it opened as a file of no chains: writes taken were lost at close (EINVAL)
+            raise FS3Error(
+                StatusCode.META_NOT_SUPPORTED,
+                f"{quote_name(p)} is a {_SPECIAL.get(inode.type, 'special file')}: the native API "
+                "opens regular files only (a mount opens it as the kernel does)",
+            )
         if flags & os.O_TRUNC:
             st = self._states.get(inode.id)
             if st is not None:
@@ -1570,7 +1616,7 @@ class FileSystem:
                 raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative offset or length in {offset}+{length}")
             if isinstance(f, File):
                 f._check_readable()
-        paths = {os.fsencode(f) for f, _, _ in requests if not isinstance(f, File)}
+        paths = {_fspath(f) for f, _, _ in requests if not isinstance(f, File)}
         looked = await asyncio.gather(*(self._lookup(p) for p in paths))
         for p, ino in zip(paths, looked, strict=True):
             if ino.type == m.INODE_DIRECTORY:
@@ -1601,7 +1647,7 @@ class FileSystem:
                 st = f.handle.state
                 ino = st.inode
             else:
-                ino = inodes[os.fsencode(f)]
+                ino = inodes[_fspath(f)]
                 st = states.get(ino.id)
             if st is not None:
                 ino = m.Inode()
@@ -1676,6 +1722,8 @@ class FileSystem:
         False for a path that cannot name anything ("file/x", a symlink loop, a name too long,
         a NUL byte) or that this user may not search. Errors of the cluster (meta unreachable)
         are raised, not taken for "missing"."""
+        if b"\0" in os.fsencode(path):
+            return False
         try:
             await self._lookup(path)
         except FS3Error as e:
@@ -1686,7 +1734,7 @@ class FileSystem:
 
     async def scandir(self, path: str | bytes) -> AsyncIterator[m.DirEntry]:
         """The entries of a directory (name, inode id, type), page by page."""
-        inode = await self._directory(os.fsencode(path))  # ENOTDIR naming the path, not an inode id
+        inode = await self._directory(_fspath(path))  # ENOTDIR naming the path, not an inode id
         async for e in self.meta.listdir(inode.id):
             yield e
 
@@ -1698,7 +1746,8 @@ class FileSystem:
 
     async def mkdir(self, path: str | bytes, mode: int = 0o755, *, parents: bool = False) -> None:
         """Make a directory (and its missing parents with ``parents``, ignoring existing ones)."""
-        p = os.fsencode(path)
+        p = _fspath(path)
+        mode = _c_int("mode", mode) & 0o7777
         if p and (not p.strip(b"/") or p.rstrip(b"/").rsplit(b"/", 1)[-1] in (b".", b"..")):
             # the root, or a name for a directory that exists already whatever it is: EEXIST, as
             # mkdir(2) says (makedirs goes on, as os.makedirs does)
@@ -1745,7 +1794,7 @@ class FileSystem:
     ) -> None:
         """Atomically rename ``src`` to ``dst`` (replacing a file or an empty directory); with
         ``exchange``, swap the two, which must both exist (renameat2's RENAME_EXCHANGE)."""
-        d = os.fsencode(dst)
+        d = _fspath(dst)
         if d.strip(b"/") and d.endswith(b"/") and not exchange:
             # "dst/": a directory (not a symlink to one) if it exists, and only a directory may
             # move there (a file onto an existing directory "d/" is ENOTDIR, as Linux answers)
@@ -1754,7 +1803,7 @@ class FileSystem:
             except FS3Error as e:
                 if e.code != StatusCode.NOT_FOUND:
                     raise
-            await self._directory(os.fsencode(src).rstrip(b"/"), follow=False)
+            await self._directory(_fspath(src).rstrip(b"/"), follow=False)
         (sp, sn), (dp, dn) = await asyncio.gather(
             self._parent(src, root=StatusCode.META_BUSY),
             # onto the root, "d/." or "d/..": with RENAME_NOREPLACE EEXIST, as Linux answers
@@ -1767,7 +1816,7 @@ class FileSystem:
     async def symlink(self, target: str | bytes, path: str | bytes) -> None:
         """Make ``path`` a symbolic link to ``target``."""
         parent, name = await self._parent(path)
-        await self.meta.symlink(parent, name, os.fsencode(target))
+        await self.meta.symlink(parent, name, _fspath(target))
 
     @overload
     async def readlink(self, path: str) -> str: ...
@@ -1787,11 +1836,16 @@ class FileSystem:
 
     async def mknod(self, path: str | bytes, mode: int, rdev: int = 0) -> None:
         """Make a FIFO, socket or device node (``mode`` with its type bits)."""
+        mode = _c_int("mode", mode) & 0xFFFF
+        rdev = operator.index(rdev)
+        if not 0 <= rdev < 1 << 64:
+            raise OverflowError(f"device {rdev} is out of range")
         parent, name = await self._parent(path)
         await self.meta.mknod(parent, name, mode, rdev)
 
     async def chmod(self, path: str | bytes, mode: int) -> None:
-        await self.meta.setattr((await self._lookup(path)).id, mode=mode & 0o7777)
+        mode = _c_int("mode", mode) & 0o7777
+        await self.meta.setattr((await self._lookup(path)).id, mode=mode)
 
     async def chown(self, path: str | bytes, uid: int = -1, gid: int = -1) -> None:
         """As os.chown: -1 (or (uid_t)-1, 4294967295) leaves that id as it is."""
@@ -1806,6 +1860,10 @@ class FileSystem:
 
     async def utime(self, path: str | bytes, ns: tuple[int, int] | None = None) -> None:
         """Set (atime_ns, mtime_ns), or both to now when ``ns`` is None."""
+        if ns is not None:
+            if not isinstance(ns, tuple) or len(ns) != 2:
+                raise TypeError("utime: 'ns' must be a tuple of two ints")
+            ns = (operator.index(ns[0]), operator.index(ns[1]))
         inode = await self._lookup(path)
         if ns is None:
             await self.meta.setattr(inode.id, atime_ns=None, mtime_ns=None)
@@ -1836,16 +1894,22 @@ class FileSystem:
         return ino.layout
 
     async def getxattr(self, path: str | bytes, name: str | bytes) -> bytes:
-        return await self.meta.getxattr((await self._lookup(path)).id, os.fsencode(name))
+        return await self.meta.getxattr((await self._lookup(path)).id, _fspath(name))
 
     async def setxattr(self, path: str | bytes, name: str | bytes, value: bytes, flags: int = 0) -> None:
-        await self.meta.setxattr((await self._lookup(path)).id, os.fsencode(name), value, flags)
+        """As os.setxattr: ``value`` any bytes-like object; ``flags`` 0, os.XATTR_CREATE or
+        os.XATTR_REPLACE (EINVAL for other bits)."""
+        value = bytes(memoryview(value))  # TypeError for None, a str
+        flags = _c_int("flags", flags)
+        if flags & ~(os.XATTR_CREATE | os.XATTR_REPLACE):
+            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"setxattr flags {flags:#x}")
+        await self.meta.setxattr((await self._lookup(path)).id, _fspath(name), value, flags)
 
     async def listxattr(self, path: str | bytes) -> list[str]:
         return [os.fsdecode(n) for n in await self.meta.listxattr((await self._lookup(path)).id)]
 
     async def removexattr(self, path: str | bytes, name: str | bytes) -> None:
-        await self.meta.removexattr((await self._lookup(path)).id, os.fsencode(name))
+        await self.meta.removexattr((await self._lookup(path)).id, _fspath(name))
 
     async def read_file(self, path: str | bytes) -> bytes:
         """The whole content of a file."""

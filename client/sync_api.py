@@ -306,6 +306,7 @@ class SyncFile:
             self._loop.run(self.file.close())
 
     def __enter__(self) -> SyncFile:
+        self.file._check()  # a closed file refuses ``with``, as Python's do
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1077,6 +1077,71 @@ async def test_paths_and_arguments_os_takes_alike(fs: FileSystem) -> None:
         await expect_errno(errno.EINVAL, f.write_parallel([(0, b"y")], concurrency=0))
 
 
+async def test_bad_modes_flags_and_values_are_refused_as_os_refuses_them(fs: FileSystem) -> None:
+    """Arguments os refuses were taken and turned into something else (helper review): a mode of
+    None or 2**40 made a file or directory of mode 000, chmod(2**32 + 0o644) set 0o644, a FIFO
+    opened as a file whose writes were lost at close, O_WRONLY|O_RDWR opened for both, "rbb" was
+    a mode and "+r" was not, setxattr took None as b"" and refused a bytearray, a NUL in a path
+    was EINVAL, ``with`` took a closed file."""
+    await fs.mkdir("/args")
+    for bad in (None, 1.5, "644"):
+        with pytest.raises(TypeError):
+            await fs.open("/args/f", "w", bad)
+        with pytest.raises(TypeError):
+            await fs.mkdir("/args/d", bad)
+    with pytest.raises(OverflowError):
+        await fs.open("/args/f", "w", 1 << 40)
+    with pytest.raises(OverflowError):
+        await fs.open_flags("/args/f", 1 << 40)
+    assert not await fs.exists("/args/f") and not await fs.exists("/args/d")
+    await fs.write_file("/args/f", b"data", 0o640)
+    for bad in (1 << 40, (1 << 32) + 0o644):
+        with pytest.raises(OverflowError):
+            await fs.chmod("/args/f", bad)
+    with pytest.raises(TypeError):
+        await fs.chmod("/args/f", None)
+    assert stat.S_IMODE((await fs.stat("/args/f")).st_mode) == 0o640
+    await fs.mkdir("/args/neg", -1)  # os takes -1 as every bit; mkdir(2) keeps 0o1777 of them
+    assert stat.S_IMODE((await fs.stat("/args/neg")).st_mode) == 0o1777
+
+    for mode in ("+r", "b+r", "rb+", "r+b"):
+        async with await fs.open("/args/f", mode) as f:
+            assert await f.read() == b"data"
+    for bad in ("rbb", "rw", "r++", "", "rt", "z"):
+        with pytest.raises(ValueError):
+            await fs.open("/args/f", bad)
+    await expect_errno(errno.EINVAL, fs.open_flags("/args/f", os.O_WRONLY | os.O_RDWR))
+
+    await fs.mknod("/args/fifo", stat.S_IFIFO | 0o644)
+    for mode in ("rb", "wb", "r+b", "ab"):
+        await expect_errno(errno.EOPNOTSUPP, fs.open("/args/fifo", mode))
+    with pytest.raises(FS3Error, match="is a FIFO"):
+        await fs.open("/args/fifo")
+    assert stat.S_ISFIFO((await fs.stat("/args/fifo")).st_mode)
+
+    with pytest.raises(TypeError):
+        await fs.setxattr("/args/f", "user.a", None)
+    await fs.setxattr("/args/f", "user.a", bytearray(b"ba"))
+    await fs.setxattr("/args/f", "user.b", memoryview(b"mv"))
+    assert await fs.getxattr("/args/f", "user.a") == b"ba"
+    assert await fs.getxattr("/args/f", "user.b") == b"mv"
+    await expect_errno(errno.EINVAL, fs.setxattr("/args/f", "user.c", b"x", -1))
+    await expect_errno(errno.EINVAL, fs.setxattr("/args/f", "user.c", b"x", 4))
+    assert "user.c" not in await fs.listxattr("/args/f")
+
+    for bad in ((1,), (1, 2, 3), [1, 2], (1.5, 2)):
+        with pytest.raises(TypeError):
+            await fs.utime("/args/f", ns=bad)
+    for call in (fs.stat("/args/f\0x"), fs.mkdir("/args/\0"), fs.open("/args/a\0b", "w")):
+        with pytest.raises(ValueError, match="null byte"):
+            await call
+    f = await fs.open("/args/f")
+    await f.close()
+    with pytest.raises(ValueError):
+        async with f:
+            pass
+
+
 async def test_the_sync_api_raises_the_oserror_python_raises(cluster: FsCluster) -> None:
     """SyncFileSystem's errors are the OSError subclasses open() and os raise for the same mistake
     (``except FileNotFoundError`` catches a missing file) and still FS3Errors with their codes; an
