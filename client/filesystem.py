@@ -603,9 +603,12 @@ class File:
         return written
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        """Move the position (SEEK_SET, SEEK_CUR, SEEK_END); returns it. SEEK_END counts from the
-        length this client knows (``size``), not asked of meta here: ``await stat()`` first takes
-        another client's appends and truncates (the synchronous SyncFile.seek asks itself)."""
+        """Move the position (SEEK_SET, SEEK_CUR, SEEK_END, SEEK_DATA, SEEK_HOLE); returns it.
+        SEEK_END counts from the length this client knows (``size``), not asked of meta here:
+        ``await stat()`` first takes another client's appends and truncates (the synchronous
+        SyncFile.seek asks itself). SEEK_DATA and SEEK_HOLE take the whole file as data, as Linux
+        does for a file system that does not track holes: SEEK_DATA stays, SEEK_HOLE goes to the
+        end; both ENXIO at or past the end."""
         self._check()
         offset, whence = operator.index(offset), operator.index(whence)
         if whence == os.SEEK_SET:
@@ -614,6 +617,11 @@ class File:
             pos = self.pos + offset
         elif whence == os.SEEK_END:
             pos = self.handle.state.size + offset
+        elif whence in (os.SEEK_DATA, os.SEEK_HOLE):
+            size = self.handle.state.size
+            if not 0 <= offset < size:
+                raise FS3Error(StatusCode.META_NO_SUCH_DEVICE, f"offset {offset}: no data at or past the end")
+            pos = offset if whence == os.SEEK_DATA else size
         else:
             raise FS3ValueError(StatusCode.INVALID_ARGUMENT, f"whence value {whence} unsupported")
         if pos < 0:

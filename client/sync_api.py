@@ -279,7 +279,7 @@ class SyncFile:
         return self._run(self.file.write_parallel(list(pieces), concurrency))
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        if whence == os.SEEK_END and not self.file.closed:
+        if whence in (os.SEEK_END, os.SEEK_DATA, os.SEEK_HOLE) and not self.file.closed:
             # as lseek: from the file's length now, another client's appends and truncates counted
             self._run(self.file.fs._refresh(self.file.handle))
         return call_os_flavoured(self.file.seek, offset, whence)

@@ -84,6 +84,7 @@ class StatusCode(enum.IntEnum):
     META_NOT_SUPPORTED = 315
     META_TOO_BIG = 316
     META_STALE = 317  # the directory a request named by inode is gone (its name may be another's now)
+    META_NO_SUCH_DEVICE = 318
 
     # cluster manager (400-499)
     MGMTD_NOT_PRIMARY = 400
@@ -166,6 +167,7 @@ ERRNO: dict[StatusCode, int] = {
     StatusCode.META_NOT_SUPPORTED: _errno.EOPNOTSUPP,
     StatusCode.META_TOO_BIG: _errno.E2BIG,
     StatusCode.META_STALE: _errno.ESTALE,
+    StatusCode.META_NO_SUCH_DEVICE: _errno.ENXIO,
     StatusCode.STORAGE_NO_SPACE: _errno.ENOSPC,
     StatusCode.STORAGE_SPACE_KEPT: _errno.ENOSPC,
     StatusCode.STORAGE_CAPABILITY: _errno.EACCES,

@@ -60,6 +60,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     META_NOT_SUPPORTED: _ClassVar[StatusCode]
     META_TOO_BIG: _ClassVar[StatusCode]
     META_STALE: _ClassVar[StatusCode]
+    META_NO_SUCH_DEVICE: _ClassVar[StatusCode]
     MGMTD_NOT_PRIMARY: _ClassVar[StatusCode]
     MGMTD_UNKNOWN_NODE: _ClassVar[StatusCode]
     MGMTD_NODE_DISABLED: _ClassVar[StatusCode]
@@ -158,6 +159,7 @@ META_READ_ONLY: StatusCode
 META_NOT_SUPPORTED: StatusCode
 META_TOO_BIG: StatusCode
 META_STALE: StatusCode
+META_NO_SUCH_DEVICE: StatusCode
 MGMTD_NOT_PRIMARY: StatusCode
 MGMTD_UNKNOWN_NODE: StatusCode
 MGMTD_NODE_DISABLED: StatusCode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import io
+import itertools
 import os
 import random
 import signal
@@ -854,6 +855,13 @@ def _compare_os(cluster: FsCluster, local: Path) -> None:
             assert f.seek(0, os.SEEK_END) == 13
             other.truncate("/os/f", 2)
             assert f.seek(-1, os.SEEK_END) == 1 and f.read() == b"1"
+        # SEEK_DATA and SEEK_HOLE of a file written whole: as lseek on a local file (ValueError)
+        fs.write_file("/os/f", b"0123456789")
+        with fs.open("/os/f") as f, open(f"{local}/f", "rb") as g:
+            for offset, whence in itertools.product((0, 3, 9, 10, 11, -1), (os.SEEK_DATA, os.SEEK_HOLE)):
+                ours = _outcome(lambda o=offset, w=whence: (f.seek(o, w), f.tell()))
+                theirs = _outcome(lambda o=offset, w=whence: (g.seek(o, w), g.tell()))
+                assert ours == theirs, (offset, whence, ours, theirs)
 
 
 async def test_storage_daemon_killed_mid_workload(tmp_path: Path) -> None:
