@@ -11,6 +11,7 @@ the ids below ``2**BLOCK_BITS`` stay free for fixed inodes (the root is 1).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 from collections import deque
 
@@ -41,16 +42,21 @@ class InodeIdAllocator:
         """One fresh inode id."""
         ids = self._ids
         if len(ids) < (1 << self._block_bits) // 2 and self._refill is None:
-            self._refill = asyncio.ensure_future(self._fill())
+            self._refill = self._start_fill()
         while not ids:
             refill = self._refill
             if refill is None:
-                refill = self._refill = asyncio.ensure_future(self._fill())
+                refill = self._refill = self._start_fill()
             try:
                 await asyncio.shield(refill)
             finally:
                 del refill  # a failure's traceback holds this frame: no cycle through the task
         return ids.popleft()
+
+    def _start_fill(self) -> asyncio.Task[None]:
+        # in a context of its own: the block serves every caller, not only the one whose call's
+        # deadline (fs3.kv.txn.COMMIT_DEADLINE) would call its commit off
+        return asyncio.get_running_loop().create_task(self._fill(), context=contextvars.Context())
 
     async def _fill(self) -> None:
         try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import random
 import uuid
@@ -25,6 +24,7 @@ from google.protobuf.message import Message
 from fs3.client.meta_client import MAX_SYMLINK_FOLLOWS
 from fs3.errors import FS3Error, StatusCode, quote_name
 from fs3.kv import Database, ReadView, Transaction, prefix_end
+from fs3.kv.txn import COMMIT_DEADLINE
 from fs3.meta import inode as inodes
 from fs3.meta import schema
 from fs3.meta.idalloc import InodeIdAllocator
@@ -104,9 +104,8 @@ YIELD_EVERY = 256  # entries handled between returns to the event loop (about a 
 # its caller has given up on is not started (see _time_left). The client retries a timed-out call,
 # on another meta server too; a first attempt that went on here, late, would commit or trim storage
 # after its retry and after what the client did next.
-CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "fs3_meta_call_deadline", default=None
-)
+# It bounds the call's commits too (fs3.kv.retry.COMMIT_DEADLINE, the same variable).
+CALL_DEADLINE = COMMIT_DEADLINE
 
 
 def _time_left(what: str) -> float | None:

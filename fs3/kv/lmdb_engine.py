@@ -51,7 +51,7 @@ import lmdb
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import CommitStats, Database, StoreSpace, Transaction
 from fs3.kv.lmdb_layout import Snapshot, WriteView
-from fs3.kv.txn import BufferedTransaction, CommitRequest, validate_and_apply
+from fs3.kv.txn import COMMIT_DEADLINE, BufferedTransaction, CommitRequest, validate_and_apply
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,14 @@ class _Committer:
         self._flusher.start()
 
     async def submit(self, req: CommitRequest) -> None:
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        deadline = COMMIT_DEADLINE.get()
+        if deadline is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise _late()
+            req.deadline = time.monotonic() + left  # the commit thread's clock
+        fut = loop.create_future()
         failed = self._failed
         if failed is not None:
             raise FS3Error(failed.code, failed.message)
@@ -311,11 +318,18 @@ class _Committer:
                 full = room < self._reserve
                 view = WriteView(txn)
                 validated = conflicts = 0
+                now = time.monotonic()  # the write lock is held from here: what begins now is made
                 for req, fut in batch:
                     # A caller that gave up will not look at the outcome; skipping is allowed.
                     if fut.cancelled():
                         continue
                     req.refused = None
+                    if req.deadline is not None and now >= req.deadline:
+                        # its caller has given up (waiting for the write lock, held by another
+                        # process): made now, the change would come after the caller was told
+                        # it failed, and after what it did next
+                        req.refused = _late()
+                        continue
                     # what may use the reserve takes half of it at most (mgmtd's lease all):
                     # the rest stays the removals' (readers' sessions could take it all)
                     if full and not (
@@ -546,6 +560,12 @@ class FileExtender:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _late() -> FS3Error:
+    return FS3Error(
+        StatusCode.DEADLINE_EXCEEDED, "the caller gave up before the transaction could be committed: not done"
+    )
 
 
 def _deliver(batch: Batch, error: FS3Error | None, rejoin: _Rejoin | None = None) -> None:

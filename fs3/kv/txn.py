@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import hashlib
 import itertools
 import struct
@@ -146,6 +147,16 @@ class RangeDigest(NamedTuple):
     digest: bytes  # RowHash.digest() of the rows, in ascending order
 
 
+# The event-loop time after which nobody waits for this task's commits (a served call's deadline;
+# meta sets it). A commit the engine has not begun by then fails DEADLINE_EXCEEDED instead of being
+# made (lmdb: one queued behind the write lock another process holds). It was made after its caller
+# had given up: a change the caller had been told failed (a meta server frozen while it held the
+# lock; the other's queued mkdir was made at the thaw).
+COMMIT_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "fs3_kv_commit_deadline", default=None
+)
+
+
 @dataclass(slots=True)
 class CommitRequest:
     """Everything an engine needs to validate and apply one transaction."""
@@ -168,6 +179,8 @@ class CommitRequest:
     # It may commit into a full store's reserve (Transaction.use_reserve): 0 no, 1 its first half,
     # 2 all of it.
     reserved: int = 0
+    # time.monotonic() after which the engine must not begin it (see COMMIT_DEADLINE).
+    deadline: float | None = None
 
     @property
     def frees(self) -> bool:

@@ -5,6 +5,7 @@ survivors from reusing freed pages."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import errno
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 from fs3.daemon import wait_for_shutdown
 from fs3.errors import FS3Error, StatusCode, to_errno
 from fs3.kv import Database, Transaction, lmdb_engine, open_database, open_database_sync
+from fs3.kv.txn import COMMIT_DEADLINE
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -359,3 +361,61 @@ def _fill(path: Path, nbytes: int) -> None:
         for _ in range(nbytes >> 20):
             f.write(piece)
         os.fsync(f.fileno())
+
+
+_HOLD_WRITE_LOCK = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], map_size=1 << 30, max_dbs=0)
+with env.begin(write=True):
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
+
+
+async def test_a_commit_whose_caller_gave_up_while_another_process_held_the_lock_is_not_made(
+    tmp_path: Path,
+) -> None:
+    """A commit queued behind the write lock another process held (a meta server frozen while
+    committing) was made once the lock came free, long after its caller's deadline: a change the
+    caller had been told failed (ETIMEDOUT) was there after all (helper: mkdir, unlink on the
+    other meta server). One not begun by the deadline of the call it serves fails instead."""
+    path = tmp_path / "kv"
+    db = await open_database("lmdb", path=str(path))
+    await put(db, b"before", b"x")
+    holder = subprocess.Popen(  # noqa: ASYNC220 - started once, before anything waits
+        [sys.executable, "-c", _HOLD_WRITE_LOCK, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        loop = asyncio.get_running_loop()
+        token = COMMIT_DEADLINE.set(loop.time() + 0.5)
+        try:
+            late = loop.create_task(put(db, b"late", b"x"))  # in a copy of this context
+            unbounded = loop.create_task(put(db, b"no-deadline", b"x"), context=contextvars.Context())
+        finally:
+            COMMIT_DEADLINE.reset(token)
+        await asyncio.sleep(1.5)
+        assert not late.done() and not unbounded.done()  # both wait for the lock
+        assert holder.stdin is not None
+        holder.stdin.write(b"go\n")
+        holder.stdin.flush()
+        with pytest.raises(FS3Error) as e:
+            await asyncio.wait_for(late, 10)
+        assert e.value.code == StatusCode.DEADLINE_EXCEEDED
+        await asyncio.wait_for(unbounded, 10)
+        assert await get(db, b"late") is None
+        assert await get(db, b"no-deadline") == b"x"
+        token = COMMIT_DEADLINE.set(loop.time() + 5)
+        try:
+            await put(db, b"in-time", b"x")  # a deadline not reached is no obstacle
+        finally:
+            COMMIT_DEADLINE.reset(token)
+        assert await get(db, b"in-time") == b"x"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=10)
+        for stream in (holder.stdin, holder.stdout):
+            if stream:
+                stream.close()
+        await db.close()
