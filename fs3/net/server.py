@@ -75,6 +75,9 @@ MAX_USER_CONNECTIONS = 1024
 #: take every place and lock every other client out
 MAX_HANDSHAKING = 1024
 MAX_HANDSHAKING_PER_HOST = 256
+#: the server's loop beats this often (see _Pulse); beats this far apart mean it did not run
+PULSE_S = 0.25
+STALL_S = 1.0
 # The reply to calls that a stopping server cancels or no longer starts: UNAVAILABLE, which every
 # client retries (after a backoff, elsewhere where it can), not CANCELLED, which a client takes as
 # final (its own RpcClient raises CANCELLED once closed).
@@ -116,6 +119,39 @@ def _resume(coro: Any, pending: Any) -> Generator[Any, Any, Any]:
                 pending = coro.send(value)
             except StopIteration as stop:
                 return stop.value
+
+
+class _Pulse:
+    """When a call was received, for its deadline (the client's timeout counted from then).
+
+    Received is when it is read, but for a process that did not run for a while (frozen by
+    SIGSTOP, a paused VM): what it reads first after that may have waited in its socket all along,
+    and is taken as received when the stall began. A meta server frozen for longer than a call's
+    timeout made the call at its thaw, with the whole timeout still before it, after the client had
+    given up on it, been told it failed, and gone on (a mkdir the client was told had timed out).
+    The loop beats every PULSE_S; a beat STALL_S or more after the one before marks a stall, which
+    counts until the next beat (libuv runs its timers before it reads, asyncio after)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.last = loop.time()
+        self.stalled_from: float | None = None
+        self._handle = loop.call_later(PULSE_S, self._beat)
+
+    def _beat(self) -> None:
+        now = self.loop.time()
+        self.stalled_from = self.last if now - self.last >= STALL_S else None
+        self.last = now
+        self._handle = self.loop.call_later(PULSE_S, self._beat)
+
+    def received(self) -> float:
+        now = self.loop.time()
+        if now - self.last >= STALL_S:  # a stall whose beat has not run yet
+            return self.last
+        return now if self.stalled_from is None else self.stalled_from
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 class _WarnBudget:
@@ -613,7 +649,11 @@ class _ServerSession(FrameReceiver):
             )
             self._release(payload)
             return
-        deadline = self.loop.time() + timeout_ms / 1000 if timeout_ms else None
+        if timeout_ms:
+            pulse = self.server._pulse
+            deadline = (pulse.received() if pulse is not None else self.loop.time()) + timeout_ms / 1000
+        else:
+            deadline = None
         ctx = CallContext(
             self.conn.peer, self.identity, request_id, method, deadline, self.user, self.token, self._is_lost
         )
@@ -886,6 +926,7 @@ class RpcServer:
         self._handlers: dict[int, tuple[Method, Handler, bool]] = {}
         self._sessions: set[_ServerSession] = set()
         self._listener: Listener | None = None
+        self._pulse: _Pulse | None = None
         self._stopping = False
         self.add_service(SYSTEM_SERVICE, SystemService(identity, limits))
 
@@ -959,6 +1000,7 @@ class RpcServer:
             parse_address(address), lambda conn: _ServerSession(self, conn), limits=self.limits
         )
         log.info("listening address=%s:%d identity=%s", *self._listener.address, self.identity)
+        self._pulse = _Pulse(asyncio.get_running_loop())
         return self._listener.address
 
     @property
@@ -979,6 +1021,9 @@ class RpcServer:
         which clients retry. Queued replies go out first, for up to ``CLOSE_GRACE_S``; a client
         not reading them by then (a stopped process) has its connection aborted."""
         self._stopping = True
+        if self._pulse is not None:
+            self._pulse.stop()
+            self._pulse = None
         if self._listener is not None:
             self._listener.close()
             await self._listener.wait_closed()

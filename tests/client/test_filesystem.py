@@ -442,6 +442,32 @@ async def test_a_hung_meta_server_is_failed_over_from(tmp_path: Path) -> None:
             os.kill(popen.pid, signal.SIGCONT)
 
 
+async def test_a_change_sent_to_a_frozen_meta_server_is_not_made_at_its_thaw(tmp_path: Path) -> None:
+    """A meta server frozen (SIGSTOP) while a client's mkdir waited in its socket read it at the
+    thaw and made it with the client's whole timeout before it, seconds after the client had been
+    told it failed (ETIMEDOUT) and had gone on; a call read after its server did not run for a
+    while counts as received when the stall began (helper review)."""
+    async with FsCluster(tmp_path, metas=1, chains=1, stripe=1) as c:
+        fs = await c.connect(rpc_timeout_s=2.0)
+        await fs.mkdir("/d")
+        await fs.write_file("/d/f", b"x")
+        d = (await fs.stat("/d")).st_ino
+        popen = c.meta_procs[0].popen
+        assert popen is not None
+        os.kill(popen.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(FS3Error) as e:
+                await fs.meta.mkdir(d, b"late", 0o755)  # sent at once: no lookup before it
+            assert e.value.errno == errno.ETIMEDOUT
+            with pytest.raises(FS3Error) as e:
+                await fs.meta.unlink(d, b"f")
+            assert e.value.errno == errno.ETIMEDOUT
+        finally:
+            os.kill(popen.pid, signal.SIGCONT)
+        await asyncio.sleep(1.5)  # what waited in its socket is read and answered by now
+        assert sorted(await fs.listdir("/d")) == ["f"]
+
+
 async def test_a_write_back_that_storage_never_answered_is_eio(tmp_path: Path) -> None:
     """Storage that stops answering past the client's retries fails a buffered write's flush as
     Linux reports a failed write-back, EIO (the README says so); it was ETIMEDOUT, the errno of a
