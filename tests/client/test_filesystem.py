@@ -1231,6 +1231,33 @@ def _sync_errors(config: Path) -> None:
         assert fs.listdir(b"/errs") == [b"d", b"f"] and fs.listdir("/errs") == ["d", "f"]
 
 
+async def test_clients_connected_and_closed_while_another_stays_open_leave_nothing_behind(
+    cluster: FsCluster,
+) -> None:
+    """Each SyncFileSystem connected and closed while another stayed open left its event loop
+    alive for good (gRPC keeps every loop its channels were used on): ~0.25 MiB a cycle, 50 MiB
+    in 200 (helper review). gRPC's calls now run on one loop of the process's."""
+    await asyncio.to_thread(_connect_and_close_many, cluster.client_config("cycles"))
+
+
+def _connect_and_close_many(config: Path) -> None:
+    import gc
+
+    def loops() -> int:
+        gc.collect()
+        return sum(isinstance(o, asyncio.AbstractEventLoop) for o in gc.get_objects())
+
+    with SyncFileSystem.connect(config) as keeper:
+        keeper.write_file("/cycles", b"x")
+        before = loops()
+        for _ in range(20):
+            fs = SyncFileSystem.connect(config)
+            assert fs.read_file("/cycles") == b"x"
+            fs.close()
+            del fs
+        assert loops() <= before + 2
+
+
 async def test_native_files_serve_as_python_binary_files(cluster: FsCluster) -> None:
     """pickle.load, line iteration, io.TextIOWrapper with csv, zipfile and tarfile take a SyncFile as they
     take a local binary file (pickle.load needs readline; TextIOWrapper readable() and read1)."""
