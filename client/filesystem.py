@@ -218,6 +218,15 @@ def _c_int(what: str, value: int) -> int:
     return value
 
 
+def _off_t(what: str, value: int) -> int:
+    """``value`` as os takes a length or offset (an off_t): TypeError for None or a float,
+    OverflowError outside its range (protobuf's ValueError reached the caller)."""
+    value = operator.index(value)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise OverflowError(f"{what} {value} is out of range")
+    return value
+
+
 #: lookup errors that mean a path names nothing (FileSystem.exists)
 _NAMES_NOTHING = frozenset(
     (
@@ -644,7 +653,7 @@ class File:
                 StatusCode.INVALID_ARGUMENT, "truncate: the file is not open for writing"
             )
         self._ahead = None
-        size = self.pos if size is None else operator.index(size)
+        size = self.pos if size is None else _off_t("length", size)
         if size < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {size}")
         await self.fs._truncate(self.handle.state, size, self.handle.session_id)
@@ -1881,6 +1890,7 @@ class FileSystem:
     async def truncate(self, path: str | bytes, size: int) -> None:
         """Cut or extend a file to ``size`` bytes; the cut-off data is gone, an extension reads as
         zeros."""
+        size = _off_t("length", size)
         if size < 0:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"negative length {size}")  # as truncate(2)
         inode = await self._lookup(path)

@@ -1163,6 +1163,16 @@ async def test_bad_modes_flags_and_values_are_refused_as_os_refuses_them(fs: Fil
     await expect_errno(errno.EINVAL, fs.setxattr("/args/f", "user.c", b"x", 4))
     assert "user.c" not in await fs.listxattr("/args/f")
 
+    with pytest.raises(OverflowError):
+        await fs.truncate("/args/f", 1 << 64)
+    with pytest.raises(TypeError):
+        await fs.truncate("/args/f", None)
+    await fs.truncate("/args/f", True)  # a bool is an int to os.truncate: length 1
+    assert (await fs.stat("/args/f")).st_size == 1
+    async with await fs.open("/args/f", "r+") as f:
+        with pytest.raises(OverflowError):
+            await f.truncate(1 << 64)
+    await fs.write_file("/args/f", b"data", 0o640)
     for bad in ((1,), (1, 2, 3), [1, 2], (1.5, 2)):
         with pytest.raises(TypeError):
             await fs.utime("/args/f", ns=bad)
