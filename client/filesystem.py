@@ -219,7 +219,7 @@ def _c_int(what: str, value: int) -> int:
 
 
 def _off_t(what: str, value: int) -> int:
-    """``value`` as os takes a length or offset (an off_t): TypeError for None or a float,
+    """``value`` as os takes a length, an offset or nanoseconds (64 bits): TypeError for None or a float,
     OverflowError outside its range (protobuf's ValueError reached the caller)."""
     value = operator.index(value)
     if not -(1 << 63) <= value < 1 << 63:
@@ -1880,7 +1880,7 @@ class FileSystem:
         if ns is not None:
             if not isinstance(ns, tuple) or len(ns) != 2:
                 raise TypeError("utime: 'ns' must be a tuple of two ints")
-            ns = (operator.index(ns[0]), operator.index(ns[1]))
+            ns = (_off_t("time", ns[0]), _off_t("time", ns[1]))
         inode = await self._lookup(path)
         if ns is None:
             await self.meta.setattr(inode.id, atime_ns=None, mtime_ns=None)

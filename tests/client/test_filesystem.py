@@ -1173,6 +1173,8 @@ async def test_bad_modes_flags_and_values_are_refused_as_os_refuses_them(fs: Fil
         with pytest.raises(OverflowError):
             await f.truncate(1 << 64)
     await fs.write_file("/args/f", b"data", 0o640)
+    with pytest.raises(OverflowError):
+        await fs.utime("/args/f", ns=(1 << 70, 0))
     for bad in ((1,), (1, 2, 3), [1, 2], (1.5, 2)):
         with pytest.raises(TypeError):
             await fs.utime("/args/f", ns=bad)
