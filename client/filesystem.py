@@ -1907,6 +1907,13 @@ class FileSystem:
         self, path: str | bytes, *, chunk_size: int = 0, stripe_count: int = 0, chain_table_id: int = 0
     ) -> m.Layout:
         """Set a directory's default layout for files created in it later (0 keeps a field)."""
+        for what, value, bits in (
+            ("chunk_size", chunk_size, 64),
+            ("stripe_count", stripe_count, 32),
+            ("chain_table_id", chain_table_id, 32),
+        ):
+            if not 0 <= operator.index(value) < 1 << bits:
+                raise FS3Error(StatusCode.INVALID_ARGUMENT, f"{what} {value} is out of range")
         inode = await self._lookup(path)
         ino = await self.meta.set_layout(inode.id, chain_table_id, chunk_size, stripe_count)
         return ino.layout

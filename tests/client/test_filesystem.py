@@ -1175,6 +1175,10 @@ async def test_bad_modes_flags_and_values_are_refused_as_os_refuses_them(fs: Fil
     await fs.write_file("/args/f", b"data", 0o640)
     with pytest.raises(OverflowError):
         await fs.utime("/args/f", ns=(1 << 70, 0))
+    for layout in ({"chunk_size": -1}, {"stripe_count": 1 << 32}, {"chain_table_id": -5}):
+        await expect_errno(errno.EINVAL, fs.set_layout("/args", **layout))
+    with pytest.raises(TypeError):
+        await fs.set_layout("/args", stripe_count=None)
     for bad in ((1,), (1, 2, 3), [1, 2], (1.5, 2)):
         with pytest.raises(TypeError):
             await fs.utime("/args/f", ns=bad)
