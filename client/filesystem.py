@@ -745,6 +745,10 @@ class FileSystem:
         # closing as another thread closed the client failed, CANCELLED, and lost what it wrote)
         self._file_closes = 0
         self._file_closes_ended = asyncio.Event()
+        # handles whose writes a background close is flushing, and the closes that lost theirs (a
+        # flush failed, or the client's close gave up on it): a mount exits 1 if any did
+        self._flushing_in_background: set[OpenFile] = set()
+        self.lost_closes = 0
         # the token in config.token_file in use, and the task taking up a new one written there
         self._token = ""
         self._token_watch: asyncio.Task[None] | None = None
@@ -987,13 +991,32 @@ class FileSystem:
         await asyncio.shield(task)
 
     async def _close_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + CLOSE_FILES_S  # for the flushes of every file, all at once
         await self._close_files()
         if self._file_closes:
             self._file_closes_ended.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._file_closes_ended.wait(), CLOSE_FILES_S)
+                await asyncio.wait_for(self._file_closes_ended.wait(), max(until - loop.time(), 0.1))
         while self._closing:
-            await asyncio.wait(list(self._closing))
+            # closes going on in the background (their callers cancelled: a mount's at unmount),
+            # which retry their flushes for as long as storage takes to come back: bounded, or a
+            # mount stopped with the cluster down took 95 s and systemd killed it (TimeoutStopSec)
+            _, left = await asyncio.wait(list(self._closing), timeout=max(until - loop.time(), 0.1))
+            if left and loop.time() >= until:
+                lost = len(self._flushing_in_background)
+                for task in left:
+                    task.cancel()
+                await asyncio.gather(*left, return_exceptions=True)
+                if lost:
+                    self.lost_closes += lost
+                    log.error(
+                        "gave up writing out files closed in the background after %.0f s: what they "
+                        "had buffered is lost count=%d",
+                        CLOSE_FILES_S,
+                        lost,
+                    )
+                break
         if self._ending_again:  # one more try each, at once, then they are left to meta's expiry
             self._end_again_now.set()
             _, left = await asyncio.wait(list(self._ending_again), timeout=END_AGAIN_AT_CLOSE_S)
@@ -1581,10 +1604,15 @@ class FileSystem:
         and length count for the file) until its flushes are done, then its session ends. Errors
         are logged; nobody is left to raise them to. Cancelled, it leaves the session open."""
         error: Exception | None = None
+        if h.writable:
+            self._flushing_in_background.add(h)
         try:
             await h.flush_buffer(report=h.writable)
         except Exception as e:
             error = e
+            self.lost_closes += h.writable
+        finally:
+            self._flushing_in_background.discard(h)
         try:
             await self._end_session(h)
         except Exception as e:

@@ -461,6 +461,7 @@ class Fs3Operations(pyfuse3.Operations):
         self.config = config
         self.token = token
         self._handles: dict[int, OpenFile] = {}
+        self.failed_at_unmount = 0  # files open for writing whose close at unmount failed
         self._dirs: dict[int, OpenDir] = {}
         # each directory's offsets (DirCookies), kept while open and for the _IDLE_DIR_COOKIES
         # directories closed last (insertion order: least recently closed first)
@@ -1264,6 +1265,8 @@ class Fs3Operations(pyfuse3.Operations):
         try:
             await self.fs._close(handle)
         except FS3Error as e:
+            self.failed_at_unmount += handle.writable
             log.warning("closing inode=%#x at unmount failed error=%s", handle.inode_id, e)
         except Exception:
+            self.failed_at_unmount += handle.writable
             log.exception("closing inode=%#x at unmount failed", handle.inode_id)

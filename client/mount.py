@@ -292,6 +292,9 @@ async def serve(
     from fs3.daemon import settle_gc, stack_dump_on_signal
 
     stack_dump_on_signal()  # first: a mount that hangs while it connects can be asked too
+    if any(o.startswith("subtype=") for o in options):
+        # fs3 umount and the replacement of a dead mount know an fs3 mount by it
+        raise FS3Error(StatusCode.CONFIG_INVALID, "-o subtype: the subtype of an fs3 mount is fs3")
     pyfuse3.asyncio.enable()
     logging.getLogger("pyfuse3").addFilter(_AbandonedReplies())
     if os.environ.get("FS3_FUSE_WAIT", "fs3") != "pyfuse3":
@@ -301,10 +304,13 @@ async def serve(
         from fs3.metrics import serve as serve_metrics
 
         metrics_server = serve_metrics(cfg.metrics_port, cfg.metrics_host)
-    opts = set(pyfuse3.default_options) | {"fsname=fs3", "subtype=fs3", "noatime"}
+    # In order, the user's last, as mount(8) takes them: libfuse reads them one after another and
+    # the last of two that disagree wins ("-o ro" over the default rw). A set's order changed with
+    # every process: "-o rw,ro" mounted rw or ro at random.
+    opts = [*sorted(pyfuse3.default_options), "fsname=fs3", "subtype=fs3", "noatime"]
     if os.getuid() == 0:
-        opts.add("allow_other")  # the mount serves every local user; permissions are checked
-    opts.update(o for o in options if o)
+        opts.append("allow_other")  # the mount serves every local user; permissions are checked
+    opts += [o for o in options if o]
     fs = await FileSystem.connect(cfg, timeout_s=cfg.rpc_timeout_s)
     try:
         token = read_token(cfg.token_file)
@@ -317,14 +323,24 @@ async def serve(
         try:
             pyfuse3.init(ops, mountpoint, opts)
         except RuntimeError as e:
-            if "fuse_session_new" not in str(e):
-                raise
-            # libfuse said which on standard error ("fuse: unknown option(s)"): an option to mend,
-            # exit 2 like a bad config (the unit does not start it again)
-            raise FS3Error(
-                StatusCode.CONFIG_INVALID,
-                f"libfuse refused the mount options ({', '.join(sorted(o for o in options if o))}): {e}",
-            ) from None
+            if "fuse_session_new" in str(e):
+                # libfuse said which on standard error ("fuse: unknown option(s)"): an option to
+                # mend, exit 2 like a bad config (the unit does not start it again)
+                raise FS3Error(
+                    StatusCode.CONFIG_INVALID,
+                    f"libfuse refused the mount options ({', '.join(o for o in options if o)}): {e}",
+                ) from None
+            if "fuse_session_mount" in str(e):
+                # the kernel or fusermount3 refused it, and said why on standard error: an option
+                # the kernel takes not (-o blksize=), allow_other for a user without
+                # user_allow_other in /etc/fuse.conf; exit 2 too, the unit starting it again every
+                # 5 s would fail the same way
+                raise FS3Error(
+                    StatusCode.CONFIG_INVALID,
+                    f"the mount was refused (fusermount3's or the kernel's reason is on the line "
+                    f"above; options {','.join(opts)}): {e}",
+                ) from None
+            raise
     except BaseException:
         await fs.close()
         raise
@@ -343,7 +359,7 @@ async def serve(
         loop.add_signal_handler(sig, stop)
     fd = fuse_device_fd()
     ending = loop.create_task(end_reads_when_over(fd, stopping, ops))
-    log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, sorted(opts))
+    log.info("mounted mountpoint=%s loop=%s options=%s", mountpoint, type(loop).__module__, ",".join(opts))
     settle_gc()
     trim = memory_trimmer(
         cfg.memory_trim_interval_s, lambda: ops.metrics.read_bytes + ops.metrics.write_bytes
@@ -383,6 +399,16 @@ async def serve(
             )
         pyfuse3.close(unmount=not covered)
         await fs.close()
+        lost = ops.failed_at_unmount + fs.lost_closes
+        if lost:
+            # not written out (the cluster out of reach): the writers had no error from close or
+            # fsync, which they never made, but the stop was not a clean one
+            log.error(
+                "files open for writing at unmount could not be written out and closed: what they "
+                "had buffered is lost count=%d",
+                lost,
+            )
+            status = 1
         if metrics_server is not None:
             metrics_server.close()
         if trim is not None:

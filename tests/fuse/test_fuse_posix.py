@@ -2031,6 +2031,60 @@ async def test_a_caller_waiting_on_stopped_storage_can_be_killed(env: Env) -> No
     assert out.decode().split() == ["0", "0"], out  # fsync succeeded once storage was back
 
 
+_WRITE_AND_HOLD = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"w" * (1 << 20))
+print("written", flush=True)
+time.sleep(600)
+"""
+
+
+async def test_an_unmount_that_cannot_write_out_what_files_hold_says_so_and_ends_in_time(env: Env) -> None:
+    """A mount stopped (SIGTERM) while a writer's bytes were buffered and storage did not answer
+    exited 0 after 95 s, the bytes lost with warnings only: systemd (TimeoutStopSec=60) would have
+    killed it and left a dead mount. It gives up within its bounds now, says what is lost, and
+    exits 1 (helper review)."""
+    path = env.mnt.parent / "mnt-lost"
+    path.mkdir()
+    log = env.mnt.parent / "mnt-lost.log"
+    with open(log, "wb") as out:  # noqa: ASYNC230 - before anything runs
+        mount = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fs3.cli.main", "mount", str(path), "--config", str(env.mount.config),
+            "--foreground", stderr=out,
+        )  # fmt: skip
+    storage = [n.proc.pid for n in env.cluster.cluster.nodes if n.proc is not None]
+    writer = None
+    stopped = False
+    try:
+        await wait_until(lambda: is_mounted(path) and os.path.isdir(path), timeout_s=60)
+        writer = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _WRITE_AND_HOLD, str(path / "held"), stdout=subprocess.PIPE
+        )
+        assert writer.stdout is not None
+        assert await asyncio.wait_for(writer.stdout.readline(), 60) == b"written\n"
+        for pid in storage:
+            os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        stopped = True
+        start = time.monotonic()
+        mount.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(mount.wait(), 120)
+        took = time.monotonic() - start
+        said = log.read_text()[-3000:]
+        assert mount.returncode == 1, said
+        assert "what they had buffered is lost count=1" in said, said
+        assert took < 50, took  # (95 s before)
+    finally:
+        if stopped:
+            for pid in storage:
+                os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+        for proc in (writer, mount):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        force_unmount(path)
+
+
 def test_an_option_libfuse_does_not_know_is_a_usage_error(env: Env) -> None:
     """fs3 mount -o bogus exited 1, as for a cluster that could not be reached, so systemd started
     it again and again; an option to mend exits 2, in the background as in the foreground."""
@@ -2047,6 +2101,22 @@ def test_an_option_libfuse_does_not_know_is_a_usage_error(env: Env) -> None:
                 assert time.monotonic() < deadline, "the failed mount's process did not end"
                 time.sleep(0.05)
             assert not is_mounted(path)
+        # one the kernel refuses (exited 1: the unit started it again every 5 s), and a subtype
+        # (fs3 umount knows an fs3 mount by its own)
+        for option, said in (("blksize=4096", "the mount was refused"), ("subtype=xx", "subtype")):
+            r = subprocess.run([*base, "-o", option], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2 and said in r.stderr, (option, r.stderr)
+            assert not is_mounted(path)
+        # options in the order given, the last of two that disagree winning as with mount(8): a
+        # set's order changed with each process, and "-o rw,ro" mounted rw or ro at random
+        for options, mode in (("rw,ro", "ro"), ("ro,rw", "rw")):
+            r = subprocess.run([*base, "-o", options], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            try:
+                flags = next(line.split()[3] for line in open("/proc/mounts") if line.split()[1] == str(path))
+                assert flags.split(",")[0] == mode, (options, flags)
+            finally:
+                subprocess.run(["fusermount3", "-u", str(path)], check=True, timeout=60)
     finally:
         for pid in _pids_serving(path):
             os.kill(pid, signal.SIGKILL)
