@@ -448,8 +448,10 @@ class MgmtdClient:
     async def unregister_node(self, node_id: int) -> None:
         await self.call("UnregisterNode", mgmtd_pb2.UnregisterNodeRequest(node_id=node_id))
 
-    async def set_node_enabled(self, node_id: int, enabled: bool) -> None:
-        await self.call("SetNodeEnabled", mgmtd_pb2.SetNodeEnabledRequest(node_id=node_id, enabled=enabled))
+    async def set_node_enabled(self, node_id: int, enabled: bool, force: bool = False) -> None:
+        await self.call(
+            "SetNodeEnabled", mgmtd_pb2.SetNodeEnabledRequest(node_id=node_id, enabled=enabled, force=force)
+        )
 
     async def create_targets(self, targets: Sequence[mgmtd_pb2.TargetSpec]) -> None:
         await self.call("CreateTargets", mgmtd_pb2.CreateTargetsRequest(targets=targets))
@@ -479,9 +481,12 @@ class MgmtdClient:
         )
         return r.version
 
-    async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:
+    async def update_chain(
+        self, chain_id: int, target_id: int, mode: int, force: bool = False
+    ) -> mgmtd_pb2.ChainInfo:
         r = await self.call(
-            "UpdateChain", mgmtd_pb2.UpdateChainRequest(chain_id=chain_id, target_id=target_id, mode=mode)
+            "UpdateChain",
+            mgmtd_pb2.UpdateChainRequest(chain_id=chain_id, target_id=target_id, mode=mode, force=force),
         )
         return r.chain
 

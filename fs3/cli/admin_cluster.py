@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -432,21 +432,10 @@ async def disable_node(conn: Connection, args: argparse.Namespace) -> Result:
             "nodes can be disabled"
         )
     mine = {t.target_id for t in await client.list_targets() if t.node_id == args.node_id}
-    if not args.force:
-        # as offline-target refuses to take a chain's last SERVING target without --force
-        stranded = [
-            c.chain_id
-            for c in await client.list_chains()
-            if (serving := {t.target_id for t in c.targets if t.public_state == common_pb2.SERVING})
-            and serving <= mine
-        ]
-        if stranded:
-            raise UsageError(
-                f"node {args.node_id} holds the last SERVING target of chains "
-                f"{' '.join(map(str, stranded))}: disabled, their data would be unavailable until "
-                "enable-node (--force to do it anyway)"
-            )
-    await client.set_node_enabled(args.node_id, False)
+    # a node holding a chain's last SERVING target is refused without --force (by mgmtd, as
+    # offline-target refuses to take that target)
+    async with _refused_without_force():
+        await client.set_node_enabled(args.node_id, False, force=args.force)
     # one listing per poll, waiting for this node's targets only (see _drained)
     deadline = time.monotonic() + _DRAIN_WAIT_S
     while True:
@@ -574,42 +563,61 @@ def _update_chain_args(p: argparse.ArgumentParser) -> None:
 @command("update-chain", "add a target to a chain or remove one from it", _update_chain_args)
 async def update_chain(conn: Connection, args: argparse.Namespace) -> Result:
     client = conn.mgmtd_client()
-    if args.mode == "remove" and not args.force:
-        _check_removal(await client.list_chains(), args.chain_id, args.target_id)
     mode = mgmtd_pb2.CHAIN_UPDATE_ADD if args.mode == "add" else mgmtd_pb2.CHAIN_UPDATE_REMOVE
-    chain = await _drained(conn, await client.update_chain(args.chain_id, args.target_id, mode))
+    async with _refused_without_force():  # a removal leaving fewer than two SERVING targets
+        changed = await client.update_chain(args.chain_id, args.target_id, mode, force=args.force)
+    chain = await _drained(conn, changed)
     return _chain_result(
         chain, f"target {args.target_id} {'added to' if args.mode == 'add' else 'removed from'} chain"
     )
 
 
-def _check_removal(chains: list[mgmtd_pb2.ChainInfo], chain_id: int, target_id: int) -> None:
-    """UsageError if removing ``target_id`` from chain ``chain_id`` leaves it one copy of its data
-    or no SERVING target (as disable-node refuses to take a chain's last SERVING target)."""
-    chain = next((c for c in chains if c.chain_id == chain_id), None)
-    if chain is None or target_id not in {t.target_id for t in chain.targets}:
-        return  # mgmtd says what is wrong
-    left = [t for t in chain.targets if t.target_id != target_id]
-    if not any(t.public_state == common_pb2.SERVING for t in left):
-        why = f"no SERVING target left (its data unavailable{' and gone' if not left else ''})"
-    elif len(left) < 2:
-        why = f"one copy of its data left (on target {left[0].target_id}), which one failed disk loses"
-    else:
-        return
-    raise UsageError(
-        f"chain {chain_id} without target {target_id} would have {why} (--force to do it anyway)"
-    )
+@contextlib.asynccontextmanager
+async def _refused_without_force() -> AsyncIterator[None]:
+    """mgmtd's refusal of what --force would do (it checks, one admin request at a time) as a
+    usage error, exit status 2: the command line is what to mend."""
+    try:
+        yield
+    except FS3Error as e:
+        if e.code == StatusCode.FAILED_PRECONDITION and "(--force to do it anyway)" in e.message:
+            raise UsageError(e.message) from None
+        raise
 
 
 def _chain_id_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("chain_id", type=u32)
 
 
+def _rotate_lastsrv_args(p: argparse.ArgumentParser) -> None:
+    _chain_id_arg(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="even though the LASTSRV target may hold writes no other target has (they are lost)",
+    )
+
+
 @command(
-    "rotate-lastsrv", "make the next target of a chain with no SERVING target its LASTSRV", _chain_id_arg
+    "rotate-lastsrv",
+    "make the next target of a chain with no SERVING target its LASTSRV (writes only the old LASTSRV "
+    "holds are lost: for a target that will not come back)",
+    _rotate_lastsrv_args,
 )
 async def rotate_lastsrv(conn: Connection, args: argparse.Namespace) -> Result:
-    chain = await conn.mgmtd_client().rotate_lastsrv(args.chain_id)
+    client = conn.mgmtd_client()
+    if not args.force:
+        # it said "LASTSRV rotated", and writes acknowledged while the LASTSRV target served alone
+        # were gone without a word (helper review)
+        chain = next((c for c in await client.list_chains() if c.chain_id == args.chain_id), None)
+        last = chain and next((t for t in chain.targets if t.public_state == common_pb2.LASTSRV), None)
+        if last:
+            raise UsageError(
+                f"target {last.target_id} is chain {args.chain_id}'s last server: writes acknowledged "
+                "while it served alone are on it only, and are lost once another target serves in "
+                f"its place; bring target {last.target_id} back instead if it can be (--force to do "
+                "it anyway)"
+            )
+    chain = await client.rotate_lastsrv(args.chain_id)
     return _chain_result(chain, "LASTSRV rotated")
 
 

@@ -313,7 +313,13 @@ class Admin:
             on[node] = tid
 
     @serialized
-    async def update_chain(self, chain_id: int, target_id: int, mode: int) -> mgmtd_pb2.ChainInfo:
+    async def update_chain(
+        self, chain_id: int, target_id: int, mode: int, force: bool = True
+    ) -> mgmtd_pb2.ChainInfo:
+        """Add a target to a chain or remove one. Without ``force`` a removal that leaves the chain
+        fewer than two SERVING targets (one copy of its data, or none to read) is refused: here,
+        one admin request at a time, where the CLI's own check of a listing let two removals at
+        once both pass (a chain left one copy), and another OFFLINE target counted as a copy."""
         self._require_init()
         chain = self._chain(chain_id)
         self._target(target_id)
@@ -331,6 +337,8 @@ class Admin:
             new = chain_state.add_target(chain_targets(chain), target_id)
         elif mode == mgmtd_pb2.CHAIN_UPDATE_REMOVE:
             self._refuse_last_once_drained(chain, target_id, "removed")
+            if not force:
+                _refuse_losing_copies(chain, target_id)
             # (make_chain keeps the preferred order to the chain's members)
             new = chain_state.remove_target(chain_targets(chain), target_id)
             return await self._take_out(chain_id, new, remove=True)
@@ -660,3 +668,24 @@ def _validate_config(service: str, content: str) -> None:
         raise FS3Error(StatusCode.CONFIG_INVALID, e.message.replace(path, "the uploaded config")) from None
     finally:
         os.unlink(path)
+
+
+def _refuse_losing_copies(chain: mgmtd_pb2.ChainInfo, target_id: int) -> None:
+    """FAILED_PRECONDITION if removing ``target_id`` from ``chain`` leaves it fewer than two
+    SERVING targets (an OFFLINE one holds no current copy)."""
+    if target_id not in {t.target_id for t in chain.targets}:
+        return  # (update_chain's removal says what is wrong)
+    # a target draining (on its way out: removed or taken offline a moment ago) counts for none
+    going = {d.target_id for d in chain.draining} | {target_id}
+    left = [t for t in chain.targets if t.target_id not in going]
+    serving = [t.target_id for t in left if t.public_state == common_pb2.SERVING]
+    if not serving:
+        why = f"no SERVING target left (its data unavailable{' and gone' if not left else ''})"
+    elif len(serving) < 2:
+        why = f"one copy of its data left (on target {serving[0]}), which one failed disk loses"
+    else:
+        return
+    raise FS3Error(
+        StatusCode.FAILED_PRECONDITION,
+        f"chain {chain.chain_id} without target {target_id} would have {why} (--force to do it anyway)",
+    )

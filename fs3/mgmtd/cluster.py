@@ -710,14 +710,32 @@ class Cluster:
         return reply
 
     @serialized
-    async def set_node_enabled(self, node_id: int, enabled: bool) -> None:
+    async def set_node_enabled(self, node_id: int, enabled: bool, force: bool = True) -> None:
         """Enable or disable a node. A disabled node's heartbeats are refused and its targets go
         OFFLINE; those SERVING in a chain that has another SERVING target drain first (as an admin
         offline-target does, see :meth:`_take_out_drained`): taken out at once, its daemon, still
-        on the older routing and its lease, served reads of data its chains no longer wrote to it."""
+        on the older routing and its lease, served reads of data its chains no longer wrote to it.
+        Without ``force`` a node holding a chain's last SERVING targets is not disabled (checked
+        here, one request at a time: the CLI's check of a listing let two nodes disabled at once
+        leave a chain UNAVAILABLE)."""
         node = self._node(node_id)
         if node.disabled == (not enabled):
             return
+        if not enabled and not force:
+            mine = set(self.node_targets.get(node_id, ()))
+            stranded = [
+                c.chain_id
+                for c in self.rec.chains.values()
+                if (serving := {t.target_id for t in c.targets if t.public_state == common_pb2.SERVING})
+                and serving <= mine
+            ]
+            if stranded:
+                raise FS3Error(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"node {node_id} holds the last SERVING target of chains "
+                    f"{' '.join(map(str, sorted(stranded)))}: disabled, their data would be unavailable "
+                    "until enable-node (--force to do it anyway)",
+                )
         updated = mgmtd_pb2.NodeInfo()
         updated.CopyFrom(node)
         updated.disabled = not enabled

@@ -288,7 +288,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
     async def SetNodeEnabled(
         self, request: mgmtd_pb2.SetNodeEnabledRequest, caller: Caller
     ) -> mgmtd_pb2.MgmtdEmpty:
-        await self.server.cluster_or_raise().set_node_enabled(request.node_id, request.enabled)
+        await self.server.cluster_or_raise().set_node_enabled(request.node_id, request.enabled, request.force)
         return mgmtd_pb2.MgmtdEmpty()
 
     @rpc(Access.ADMIN)
@@ -331,7 +331,7 @@ class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):
         self, request: mgmtd_pb2.UpdateChainRequest, caller: Caller
     ) -> mgmtd_pb2.ChainReply:
         admin = self.server.admin_or_raise()
-        chain = await admin.update_chain(request.chain_id, request.target_id, request.mode)
+        chain = await admin.update_chain(request.chain_id, request.target_id, request.mode, request.force)
         return mgmtd_pb2.ChainReply(chain=chain)
 
     @rpc(Access.ADMIN)

@@ -307,12 +307,14 @@ class UnregisterNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[int] = ...) -> None: ...
 
 class SetNodeEnabledRequest(_message.Message):
-    __slots__ = ("node_id", "enabled")
+    __slots__ = ("node_id", "enabled", "force")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ENABLED_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     node_id: int
     enabled: bool
-    def __init__(self, node_id: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
+    force: bool
+    def __init__(self, node_id: _Optional[int] = ..., enabled: _Optional[bool] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class TargetHeartbeat(_message.Message):
     __slots__ = ("target_id", "local_state", "chain_version", "used_bytes", "low_space", "disk_index")
@@ -513,14 +515,16 @@ class UploadChainTableReply(_message.Message):
     def __init__(self, version: _Optional[int] = ...) -> None: ...
 
 class UpdateChainRequest(_message.Message):
-    __slots__ = ("chain_id", "target_id", "mode")
+    __slots__ = ("chain_id", "target_id", "mode", "force")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     chain_id: int
     target_id: int
     mode: ChainUpdateMode
-    def __init__(self, chain_id: _Optional[int] = ..., target_id: _Optional[int] = ..., mode: _Optional[_Union[ChainUpdateMode, str]] = ...) -> None: ...
+    force: bool
+    def __init__(self, chain_id: _Optional[int] = ..., target_id: _Optional[int] = ..., mode: _Optional[_Union[ChainUpdateMode, str]] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class RotateLastSrvRequest(_message.Message):
     __slots__ = ("chain_id",)

@@ -7,8 +7,11 @@ import asyncio
 import contextlib
 import logging
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -387,7 +390,9 @@ async def test_a_node_restarted_with_its_clock_set_back_is_heard_once_the_old_pr
         await restarted.heartbeat()  # and its next ones are newer than its own
 
 
-async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin: Admin) -> None:
+async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(
+    admin: Admin, tmp_path: Path
+) -> None:
     async with heartbeating(admin) as (nodes, hb, cache):
         await cache.wait_for(
             lambda r: (
@@ -414,8 +419,21 @@ async def test_failure_detection_moves_a_silent_target_to_the_end_and_back(admin
         hb.paused.update({10, 11, 12})
         await cache.wait_for(lambda r: r.chain(1).targets[0].public_state == LASTSRV, 5)
         assert [s for _, s in chain_states(cache)] == [LASTSRV, OFFLINE, OFFLINE]
-        # an admin may give up on it: the next target becomes the last server
+        # an admin may give up on it: the next target becomes the last server. fs3 admin asks for
+        # --force first: writes acknowledged while the last server served alone are lost (it said
+        # "LASTSRV rotated" and nothing else; helper review)
         before = [t for t, _ in chain_states(cache)]
+        token = tmp_path / "token"
+        token.write_text(admin.token)
+        cli = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "fs3.cli.main", "admin", "rotate-lastsrv", "1",
+             "--mgmtd", admin.server.address, "--token-file", str(token)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 2, cli.stderr
+        assert f"target {before[0]} is chain 1's last server" in cli.stderr and "--force" in cli.stderr
+        assert [t for t, _ in chain_states(cache)] == before
         chain = await admin.client.rotate_lastsrv(1)
         assert [(t.target_id, t.public_state) for t in chain.targets] == [
             (before[1], LASTSRV),
@@ -621,6 +639,44 @@ async def test_admin_chain_operations(admin: Admin) -> None:
     listed = await c.list_targets(chain_id=1)
     assert [t.target_id for t in listed] == [111, 112, 110]
     assert all(t.chain_id == 1 and t.used_bytes == 123 for t in listed)
+
+
+async def test_removals_and_disables_leaving_too_few_copies_are_refused_by_mgmtd(admin: Admin) -> None:
+    """Only the CLI checked a listing before removing a target or disabling a node: two removals
+    (or two disables) at once both passed and left a chain one copy (or UNAVAILABLE), any other
+    API client was not checked at all, and an OFFLINE target counted as a copy (helper review).
+    mgmtd checks now, one admin request at a time; force does it anyway."""
+    c = admin.client
+    nodes = await storage_cluster(admin, 3)
+    for n in nodes:
+        await n.heartbeat()
+    remove = mgmtd_pb2.CHAIN_UPDATE_REMOVE
+    both = await asyncio.gather(
+        c.update_chain(1, 110, remove), c.update_chain(1, 111, remove), return_exceptions=True
+    )
+    refused = [r for r in both if isinstance(r, FS3Error)]
+    assert len(refused) == 1 and refused[0].code == StatusCode.FAILED_PRECONDITION, both
+    assert "one copy of its data left" in refused[0].message and "--force" in refused[0].message
+    await wait_until(lambda: _chain_of(c, 1, lambda ch: not ch.draining), 5, "the drain")
+    gone = 110 if isinstance(both[1], FS3Error) else 111
+    kept = 111 if gone == 110 else 110
+    chain = await c.update_chain(1, gone, mgmtd_pb2.CHAIN_UPDATE_ADD)  # back, OFFLINE until it syncs
+    assert [(t.target_id, t.public_state) for t in chain.targets] == [
+        (kept, SERVING),
+        (112, SERVING),
+        (gone, OFFLINE),
+    ]
+    # an OFFLINE target holds no current copy: one SERVING target left is one copy
+    with pytest.raises(FS3Error, match=r"one copy of its data left \(on target 112\)"):
+        await c.update_chain(1, kept, remove)
+    # a node holding a chain's last SERVING target is not disabled
+    await c.offline_target(kept)
+    await wait_until(lambda: _chain_of(c, 1, lambda ch: not ch.draining), 5, "the drain")
+    with pytest.raises(FS3Error, match="holds the last SERVING target of chains 1"):
+        await c.set_node_enabled(12, False)
+    assert not next(n for n in await c.list_nodes() if n.node_id == 12).disabled
+    await c.set_node_enabled(12, False, force=True)
+    assert next(n for n in await c.list_nodes() if n.node_id == 12).disabled
 
 
 def _chain_of(c: MgmtdClient, chain_id: int, pred):  # type: ignore[no-untyped-def]

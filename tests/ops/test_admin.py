@@ -254,7 +254,7 @@ def test_placement_upload_and_listings(mgmtd: Mgmtd, tmp_path: Path) -> None:
     assert mgmtd.admin("remove-target", str(tids[0])).returncode == 0
     missing = mgmtd.admin("remove-target", "999999")
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
-    rot = mgmtd.admin("rotate-lastsrv", str(chain_id))
+    rot = mgmtd.admin("rotate-lastsrv", str(chain_id), "--force")
     assert rot.returncode in (0, 1) and (rot.returncode == 0 or rot.stderr.count("\n") == 1)
 
     # a node out of service until enabled again (offline-target lasts only until its daemon reports;
