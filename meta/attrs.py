@@ -296,7 +296,7 @@ class AttrOps(Namespace):
         """Set a directory's default layout for new children (zero keeps a field); once per
         request id."""
         check_layout_params(chunk_size, stripe)
-        if chain_table_id and not self.layouts.has_table(chain_table_id):
+        if chain_table_id and not await self.layouts.knows_table(chain_table_id):
             # files made there would get no chains: their writes would fail, at close at best
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"chain table {chain_table_id} does not exist")
 

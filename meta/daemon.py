@@ -70,6 +70,10 @@ class MetaDaemon:
         self.store: MetaStore | None = None
         self.port = 0
 
+    async def _refresh_routing(self) -> None:
+        if self.routing is not None:
+            await self.routing.refresh(timeout_s=5.0)
+
     def _table(self, table_id: int) -> ChainTable | None:
         if self.routing is None:
             return None
@@ -140,6 +144,7 @@ class MetaDaemon:
             default_table=cfg.default_chain_table,
             default_chunk_size=cfg.default_chunk_size,
             default_stripe=cfg.default_stripe,
+            refresh=self._refresh_routing,
         )
         self.store = MetaStore(
             self.db,

@@ -15,8 +15,9 @@ storage has no room left, as they would on any full file system).
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from fs3.errors import FS3Error, StatusCode
@@ -72,9 +73,11 @@ class ChainAllocator:
         default_chunk_size: int = DEFAULT_CHUNK_SIZE,
         default_stripe: int = DEFAULT_STRIPE,
         rng: random.Random | None = None,
+        refresh: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         check_layout_params(default_chunk_size, default_stripe)
         self._tables = tables
+        self._refresh = refresh
         self._rng = rng or random.Random()
         self._counters: dict[tuple[int, int], int] = {}
         self.default = meta_pb2.Layout(
@@ -85,6 +88,16 @@ class ChainAllocator:
         """Whether chain table ``table_id`` exists (with chains), as routing has it now."""
         table = self._tables(table_id)
         return table is not None and bool(table.chains)
+
+    async def knows_table(self, table_id: int) -> bool:
+        """:meth:`has_table`, asking mgmtd first where routing has no such table yet: one uploaded
+        a moment ago was refused until the next routing refresh (2 s) reached this process."""
+        if self.has_table(table_id):
+            return True
+        if self._refresh is not None:
+            with contextlib.suppress(FS3Error, TimeoutError):
+                await self._refresh()
+        return self.has_table(table_id)
 
     def file_layout(self, template: meta_pb2.Layout | None) -> meta_pb2.Layout:
         """A new file's layout from its directory's default ``template`` (zero fields: defaults).

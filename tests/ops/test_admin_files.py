@@ -4,11 +4,15 @@ cluster."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
 
 import pytest
+from cluster import expect_errno
 from ops_helpers import fs3, wait_for
+
+from fs3.net.transport import format_address
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -169,6 +173,27 @@ def test_set_layout_applies_to_files_created_later(small_cluster: Path) -> None:
         lines = out.stderr.strip().splitlines()
         assert words in out.stderr.lower() and (status == 2 or len(lines) == 1), (args, out.stderr)
     assert admin_json(small_cluster, "stat", "/lay")["type"] == "dir"
+
+
+def test_set_layout_takes_a_chain_table_uploaded_a_moment_ago(small_cluster: Path) -> None:
+    """set-layout --chain-table N right after upload-chain-table N was refused ("does not exist")
+    until meta's next routing refresh, 2 s later (helper review): meta asks mgmtd first."""
+    from fs3.client.mgmtd_client import MgmtdClient
+
+    chain_ids = [c["chain_id"] for c in admin_json(small_cluster, "list-chains")]
+    state = json.loads((small_cluster / "local.json").read_text())
+    mgmtd = format_address(state["host"], state["ports"]["mgmtd"])
+    token = (small_cluster / "admin.token").read_text().strip()
+
+    async def upload_then_set() -> None:
+        async with await connect(small_cluster) as fs, MgmtdClient([mgmtd], token=token) as admin:
+            await fs.mkdir("/table7")
+            await admin.upload_chain_table(7, chain_ids)
+            layout = await fs.set_layout("/table7", chain_table_id=7)  # at once
+            assert layout.chain_table_id == 7
+            await expect_errno(errno.EINVAL, fs.set_layout("/table7", chain_table_id=8))
+
+    asyncio.run(upload_then_set())
 
 
 def test_set_layout_with_a_stripe_above_the_chain_table_says_what_files_get(small_cluster: Path) -> None:
