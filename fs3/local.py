@@ -32,6 +32,7 @@ import getpass
 import importlib.util
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -318,6 +319,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if st.replicas > st.storage_nodes:
             raise LocalError(
                 f"--replicas {st.replicas} needs at least as many storage nodes (--storage-nodes {st.storage_nodes})",
+                EX_USAGE,
+            )
+        if (st.storage_nodes * st.targets_per_node) % st.replicas:
+            per = _default_targets_per_node(st.storage_nodes, st.replicas)
+            raise LocalError(
+                f"--storage-nodes {st.storage_nodes} × --targets-per-node {st.targets_per_node} targets "
+                f"do not make chains of --replicas {st.replicas}: the product must be a multiple of it "
+                f"(--targets-per-node {per}, say)",
                 EX_USAGE,
             )
         placement = _placement(st)
@@ -786,7 +795,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--storage-nodes", type=int, default=None, help="storage daemons (default 3)")
     up.add_argument("--replicas", type=int, default=None, help="targets per chain (default 3)")
     up.add_argument(
-        "--targets-per-node", type=int, default=None, help="targets on each storage node (default 4)"
+        "--targets-per-node",
+        type=int,
+        default=None,
+        help="targets on each storage node (default 4, or the nearest number making whole chains)",
     )
     up.add_argument("--host", default="127.0.0.1", help="address every daemon binds (default 127.0.0.1)")
 
@@ -836,6 +848,16 @@ def _exclusive(lc: LocalCluster, creating: bool = False) -> Iterator[None]:
                 lc.root.rmdir()  # only if still empty
 
 
+def _default_targets_per_node(nodes: int, replicas: int) -> int:
+    """4, or the number nearest it that makes every target one of a chain's ``replicas``: the
+    targets, ``nodes`` times it, a multiple of ``replicas`` (--storage-nodes 4 was refused
+    with the default 4 and 3 replicas)."""
+    if nodes < 1 or replicas < 1:
+        return 4  # (refused below, naming the flag)
+    step = replicas // math.gcd(nodes, replicas)
+    return max(step, round(4 / step) * step)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 local``; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -848,7 +870,7 @@ def main(argv: list[str]) -> int:
                 if args.replicas is None:
                     args.replicas = min(3, max(args.storage_nodes, 1))
                 if args.targets_per_node is None:
-                    args.targets_per_node = 4
+                    args.targets_per_node = _default_targets_per_node(args.storage_nodes, args.replicas)
             for flag in ("storage_nodes", "replicas", "targets_per_node"):
                 v = getattr(args, flag)
                 if v is not None and v < 1:

@@ -544,6 +544,11 @@ def test_bad_shapes_are_usage_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
     out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--storage-nodes", "0")
     assert out.returncode == 2
+    # targets that make no whole chains: the flags named, and a value that does (it said "nodes ×
+    # targets per disk (4 × 4) must be a multiple of replicas (3)", naming no flag)
+    out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--storage-nodes", "4", "--targets-per-node", "4")
+    assert out.returncode == 2 and "--targets-per-node 3" in out.stderr, out.stderr
+    assert not (tmp_path / "c").exists()
     out = fs3("local", "up", "--dir", str(tmp_path / "c"), "--host", "0.0.0.0")
     assert out.returncode == 2 and "0.0.0.0" in out.stderr
     assert not (tmp_path / "c").exists()
@@ -651,3 +656,12 @@ def test_a_stop_signal_during_the_new_clusters_set_up_waits_for_its_end(capsys) 
         signal.signal(signal.SIGINT, previous)
     assert done == ["set up"]
     assert "stopping once the new cluster is set up" in capsys.readouterr().err
+
+
+def test_the_default_targets_per_node_make_whole_chains() -> None:
+    """--storage-nodes 4 alone was refused: 4 targets on each of 4 nodes make no chains of 3."""
+    from fs3.local import _default_targets_per_node
+
+    for nodes, replicas, per in ((3, 3, 4), (4, 3, 3), (5, 3, 3), (6, 3, 4), (2, 2, 4), (1, 1, 4), (7, 5, 5)):
+        assert _default_targets_per_node(nodes, replicas) == per, (nodes, replicas)
+        assert nodes * per % replicas == 0
