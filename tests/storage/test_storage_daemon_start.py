@@ -167,7 +167,8 @@ async def test_a_target_removed_from_the_cluster_is_left_out_at_the_next_start(t
         client = await c.storage_client()
         node = c.nodes[0]
         kept, gone = sorted(node.targets)  # 101 (chain 1), 102 (chain 2)
-        await c.admin.update_chain(2, gone, mgmtd_pb2.CHAIN_UPDATE_REMOVE)
+        # (one copy left: forced, as an operator replacing a node knowingly does)
+        await c.admin.update_chain(2, gone, mgmtd_pb2.CHAIN_UPDATE_REMOVE, force=True)
         assert c.admin is not None
         admin = c.admin
 
