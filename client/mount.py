@@ -405,7 +405,8 @@ async def serve(
             # fsync, which they never made, but the stop was not a clean one
             log.error(
                 "files open for writing at unmount could not be written out and closed: what they "
-                "had buffered is lost count=%d",
+                "had buffered may be lost (meta settles their lengths from storage once this "
+                "client's session expires) count=%d",
                 lost,
             )
             status = 1
