@@ -968,10 +968,13 @@ class FileSystem:
                 self.meta.addresses[:] = found
                 self.meta._current %= len(found)
 
-    async def close(self) -> None:
+    async def close(self, *, give_up_s: float | None = None) -> None:
         """Close the Files still open (flushing what they wrote, for up to CLOSE_FILES_S: their
         writes were lost without a word), then every connection. File closes that were cancelled
-        and go on in the background end first. Closing again does nothing."""
+        and go on in the background end first: for as long as they take (their flushes retry
+        while storage comes back), or with ``give_up_s`` for that long at most, what they could
+        not write out then counted in ``lost_closes`` (a mount's stop, which systemd ends after
+        TimeoutStopSec, leaving a dead mount). Closing again does nothing."""
         if self._closed:
             return
         if self._loop is not None and asyncio.get_running_loop() is not self._loop:
@@ -986,23 +989,26 @@ class FileSystem:
         # A caller cancelled leaves it to go on; one that failed is made again by the next call.
         task = self._close_task
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self._close_task = asyncio.ensure_future(self._close_all())
+            task = self._close_task = asyncio.ensure_future(self._close_all(give_up_s))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (raised to its callers)
         await asyncio.shield(task)
 
-    async def _close_all(self) -> None:
+    async def _close_all(self, give_up_s: float | None = None) -> None:
         loop = asyncio.get_running_loop()
-        until = loop.time() + CLOSE_FILES_S  # for the flushes of every file, all at once
+        until = math.inf if give_up_s is None else loop.time() + give_up_s
         await self._close_files()
         if self._file_closes:
             self._file_closes_ended.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._file_closes_ended.wait(), max(until - loop.time(), 0.1))
+                await asyncio.wait_for(
+                    self._file_closes_ended.wait(), max(min(until - loop.time(), CLOSE_FILES_S), 0.1)
+                )
         while self._closing:
             # closes going on in the background (their callers cancelled: a mount's at unmount),
-            # which retry their flushes for as long as storage takes to come back: bounded, or a
-            # mount stopped with the cluster down took 95 s and systemd killed it (TimeoutStopSec)
-            _, left = await asyncio.wait(list(self._closing), timeout=max(until - loop.time(), 0.1))
+            # which retry their flushes for as long as storage takes to come back; bounded where
+            # asked (a mount stopped with the cluster down took 95 s, and systemd killed it)
+            timeout = None if give_up_s is None else max(until - loop.time(), 0.1)
+            _, left = await asyncio.wait(list(self._closing), timeout=timeout)
             if left and loop.time() >= until:
                 lost = len(self._flushing_in_background)
                 for task in left:
@@ -1013,7 +1019,7 @@ class FileSystem:
                     log.error(
                         "gave up writing out files closed in the background after %.0f s: what they "
                         "had buffered is lost count=%d",
-                        CLOSE_FILES_S,
+                        give_up_s,
                         lost,
                     )
                 break

@@ -1240,7 +1240,8 @@ class Fs3Operations(pyfuse3.Operations):
         once, and log the count of failed requests that no warning has told of yet. Closes still
         going after ``wait_s`` (meta does not answer) are cancelled: one cancelled while it flushes
         goes on in the background, flush and session end, which :meth:`FileSystem.close` waits for
-        (so buffered data is not given up; the session end is bounded by the RPC deadline); one
+        (up to the mount's UNMOUNT_GIVE_UP_S: then what it could not write out is given up and
+        counted, and the mount exits 1; the session end is bounded by the RPC deadline); one
         cancelled in its session end leaves the session to meta, which ends the sessions of a
         client gone (after its ``session_timeout_s``), settling the file's length from storage."""
         self.errors.flush()

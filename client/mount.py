@@ -80,6 +80,9 @@ MAX_WORKERS = 256
 # storage that does not answer would otherwise keep the process (and, after a signal, the mount
 # point: nobody serves it until the process unmounts it) for the whole retry budget, a minute.
 READ_GRACE_S = 2.0
+#: at unmount, how long the client's close waits for the writes of files closed in the background
+#: (after Fs3Operations.close_all's own wait): the whole stop stays within systemd's TimeoutStopSec
+UNMOUNT_GIVE_UP_S = 30.0
 SESSION_CHECK_S = 0.5
 
 
@@ -398,7 +401,8 @@ async def serve(
                 mountpoint,
             )
         pyfuse3.close(unmount=not covered)
-        await fs.close()
+        # within systemd's TimeoutStopSec (60 s) with close_all's wait before it
+        await fs.close(give_up_s=UNMOUNT_GIVE_UP_S)
         lost = ops.failed_at_unmount + fs.lost_closes
         if lost:
             # not written out (the cluster out of reach): the writers had no error from close or

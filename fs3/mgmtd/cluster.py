@@ -726,7 +726,12 @@ class Cluster:
             stranded = [
                 c.chain_id
                 for c in self.rec.chains.values()
-                if (serving := {t.target_id for t in c.targets if t.public_state == common_pb2.SERVING})
+                # a draining target (its node disabled a moment ago) is on its way out: it counts
+                # for none (two disables at once both passed, the chain left UNAVAILABLE)
+                if (
+                    serving := {t.target_id for t in c.targets if t.public_state == common_pb2.SERVING}
+                    - {d.target_id for d in c.draining}
+                )
                 and serving <= mine
             ]
             if stranded:

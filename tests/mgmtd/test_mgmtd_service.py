@@ -679,6 +679,27 @@ async def test_removals_and_disables_leaving_too_few_copies_are_refused_by_mgmtd
     assert next(n for n in await c.list_nodes() if n.node_id == 12).disabled
 
 
+async def test_two_disables_at_once_cannot_strand_a_chain(admin: Admin) -> None:
+    """The first disable's target drains, SERVING until it has: counted as serving, it let the
+    second disable through, and the chain was left UNAVAILABLE (attack on 8dd94ad)."""
+    c = admin.client
+    nodes = await storage_cluster(admin, 3)
+    for n in nodes:
+        await n.heartbeat()
+    await c.offline_target(110)
+    await wait_until(lambda: _chain_of(c, 1, lambda ch: not ch.draining), 5, "the drain")
+    version = next(ch for ch in await c.list_chains() if ch.chain_id == 1).version
+    nodes[1].chain_version[111] = version  # acts on no later version: a drain of 111 lasts
+    for n in nodes[1:]:
+        await n.heartbeat()  # live: a disabled node's SERVING target drains
+    both = await asyncio.gather(
+        c.set_node_enabled(11, False), c.set_node_enabled(12, False), return_exceptions=True
+    )
+    refused = [r for r in both if isinstance(r, FS3Error)]
+    assert len(refused) == 1 and "holds the last SERVING target of chains 1" in refused[0].message, both
+    assert sum(n.disabled for n in await c.list_nodes() if n.node_id in (11, 12)) == 1
+
+
 def _chain_of(c: MgmtdClient, chain_id: int, pred):  # type: ignore[no-untyped-def]
     async def check() -> bool:
         return any(ch.chain_id == chain_id and pred(ch) for ch in await c.list_chains())
