@@ -376,10 +376,17 @@ class KVCache:
             raise
 
     async def _touch(self, path: str) -> None:
+        """Refresh an entry's modification time, for eviction's order only: a reader who may not
+        write the entry (another user's, in a cache it may read) gets its values all the same
+        (get_many raised PermissionError, and lost every value of the batch)."""
         try:
             await self.fs.utime(path)
         except FS3Error as e:
-            if e.code != StatusCode.NOT_FOUND:
+            if e.code not in (
+                StatusCode.NOT_FOUND,
+                StatusCode.PERMISSION_DENIED,
+                StatusCode.META_NOT_PERMITTED,
+            ):
                 raise
 
     # -- upkeep -----------------------------------------------------------------------------------
