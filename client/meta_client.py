@@ -486,6 +486,14 @@ _FAILOVER = frozenset(
 )
 
 
+def _may_trim(method: str, request: Message) -> bool:
+    """Whether meta may have cut the file on storage for ``request`` before its commit (a cut it
+    then finishes whether or not the request commits)."""
+    if method in ("Open", "Create"):
+        return bool(request.flags & os.O_TRUNC)  # type: ignore[attr-defined]
+    return method == "Setattr" and bool(request.fields & m.SETATTR_SIZE)  # type: ignore[attr-defined]
+
+
 class MetaClient:
     """A client of the meta service, acting as ``user`` (see the module docstring).
 
@@ -623,6 +631,15 @@ class MetaClient:
                         settled = await self._settled(hdr.request_id, meth)
                         if settled is not None:
                             return settled
+                    if _may_trim(method, request):
+                        # "not done" is no answer for the file's length: meta finishes a trim it
+                        # began, commit or no commit (an O_TRUNC open that timed out, settled as
+                        # not done, left the file empty seconds later; helper review)
+                        raise FS3Error(
+                            e.code,
+                            f"{e.message} (the truncate it asked for may have been made all the same: "
+                            "meta cuts the file on storage before it commits)",
+                        ) from None
                     raise
                 tried += 1
                 if tried % max(len(self.addresses), 1) == 0:

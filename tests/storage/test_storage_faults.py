@@ -108,9 +108,12 @@ async def test_reads_are_linearizable_while_a_replica_dies(tmp_path, position):
             c.kill_storage(c.node_of_target(victim).index)
             await c.wait_chains(lambda ch: len(ch.serving) == 2, what=f"the {position} to go")
             await progress(50)
+            # reads after the failover too, however slow they are on a loaded machine (a CI run
+            # with another cluster beside it made 75 in all while the writes went on)
+            await wait_progress(lambda: reads, 50, tasks, what="reads after the failover")
         finally:
             await finish_workers(stop, tasks)
-        assert reads > 100 and newest_seen <= written
+        assert reads > 50 and newest_seen <= written
 
 
 async def test_restart_of_all_daemons_keeps_acknowledged_data(tmp_path):
