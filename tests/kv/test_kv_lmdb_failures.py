@@ -41,6 +41,16 @@ async def get(db: Database, key: bytes) -> bytes | None:
     return await db.run(body, read_only=True)
 
 
+def _end_child(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` (started by the test) if it still runs, reap it, close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+    for stream in (proc.stdin, proc.stdout):
+        if stream:
+            stream.close()
+
+
 class _CommitFailsOnce:
     """The committer's LMDB environment, whose next write transaction's commit raises ``error``
     (what py-lmdb raises for it) instead of committing."""
@@ -199,12 +209,7 @@ def test_a_reader_killed_mid_transaction_does_not_keep_freed_pages_from_reuse(
         asyncio.run(overwrite())
         assert os.path.getsize(path / "data.mdb") < 40 << 20
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait(timeout=10)
-        for stream in (holder.stdin, holder.stdout):
-            if stream:
-                stream.close()
+        _end_child(holder)
         asyncio.run(db.close())
 
 
@@ -412,10 +417,5 @@ async def test_a_commit_whose_caller_gave_up_while_another_process_held_the_lock
             COMMIT_DEADLINE.reset(token)
         assert await get(db, b"in-time") == b"x"
     finally:
-        if holder.poll() is None:
-            holder.kill()
-        holder.wait(timeout=10)
-        for stream in (holder.stdin, holder.stdout):
-            if stream:
-                stream.close()
+        _end_child(holder)
         await db.close()
