@@ -602,17 +602,26 @@ async def test_two_mounts_see_each_others_files(env: Env) -> None:
         assert other.unmount() == 0
 
 
+async def _across_mounts(
+    env: Env, name: str, fn: Callable[[Path, Path], None], sub: str = "", **overrides: object
+) -> None:
+    """Run ``fn(here, there)`` in a thread: ``here`` the path ``sub`` on the test's mount, ``there``
+    the same path on a second mount of the cluster (``overrides``: its client options), which is
+    unmounted after."""
+    other = await env.cluster.mount(env.mnt.parent / f"mnt-{name}", name=name, **overrides)
+    try:
+        await asyncio.to_thread(fn, env.mnt / sub, other.path / sub)
+    finally:
+        assert other.unmount() == 0
+
+
 async def test_a_name_another_mount_replaced_is_looked_up_again(env: Env) -> None:
     """A symlink swapped by rename (the usual switch of a "current" release) or a directory
     replaced: the other mount's cached name led to the removed inode, and readlink, the path walk
     through it, lookups in it and opendir answered ENOENT for as long as its entry timeout (here
     60 s), though the name existed all along. They answer ESTALE (meta: META_STALE for a lookup in
     a directory that is gone), and the kernel looks the name up again."""
-    other = await env.cluster.mount(env.mnt.parent / "mnt-swap", name="swap", entry_timeout_s=60.0)
-    try:
-        await asyncio.to_thread(_replace_under, env.mnt / "releases", other.path / "releases")
-    finally:
-        assert other.unmount() == 0
+    await _across_mounts(env, "swap", _replace_under, "releases", entry_timeout_s=60.0)
 
 
 def _replace_under(here: Path, there: Path) -> None:
@@ -646,11 +655,7 @@ async def test_a_rename_onto_a_directory_another_mount_moved_away_leaves_it_aliv
     directory moved away stays alive, here too. (The race itself, another client's move between
     that lookup and the rename reaching meta, is tested on meta: a stress of two mounts renaming
     over each other left 143 of 1,185 live directories listing as empty on one mount before.)"""
-    other = await env.cluster.mount(env.mnt.parent / "mnt-moved", name="moved", entry_timeout_s=60.0)
-    try:
-        await asyncio.to_thread(_rename_onto_moved, env.mnt / "moved-away", other.path / "moved-away")
-    finally:
-        assert other.unmount() == 0
+    await _across_mounts(env, "moved", _rename_onto_moved, "moved-away", entry_timeout_s=60.0)
 
 
 def _rename_onto_moved(here: Path, there: Path) -> None:
@@ -757,11 +762,7 @@ async def test_opens_in_another_mount_never_miss_a_name_replaced_again_and_again
     rename is atomic, so no open may fail (it did, ENOENT, about one in eight: the kernel looked
     the name up, then the open reached meta after the inode it found had been replaced), and each
     read is one whole version."""
-    other = await env.cluster.mount(env.mnt.parent / "mnt-replace", name="replace")
-    try:
-        await asyncio.to_thread(_replace_while_reading, env.mnt, other.path)
-    finally:
-        assert other.unmount() == 0
+    await _across_mounts(env, "replace", _replace_while_reading)
 
 
 def _version(v: int) -> bytes:
