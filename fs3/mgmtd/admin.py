@@ -27,6 +27,7 @@ from fs3.mgmtd.cluster import (
     draining_chain,
     make_chain,
     serialized,
+    serving_staying,
 )
 from fs3.proto import common_pb2, mgmtd_pb2
 
@@ -675,12 +676,12 @@ def _refuse_losing_copies(chain: mgmtd_pb2.ChainInfo, target_id: int) -> None:
     SERVING targets (an OFFLINE one holds no current copy)."""
     if target_id not in {t.target_id for t in chain.targets}:
         return  # (update_chain's removal says what is wrong)
-    # a target draining (on its way out: removed or taken offline a moment ago) counts for none
-    going = {d.target_id for d in chain.draining} | {target_id}
-    left = [t for t in chain.targets if t.target_id not in going]
-    serving = [t.target_id for t in left if t.public_state == common_pb2.SERVING]
+    # a target draining (removed or taken offline a moment ago) counts for none
+    serving = serving_staying(chain, (target_id,))
     if not serving:
-        why = f"no SERVING target left (its data unavailable{' and gone' if not left else ''})"
+        draining = {d.target_id for d in chain.draining}
+        gone = all(t.target_id == target_id or t.target_id in draining for t in chain.targets)
+        why = f"no SERVING target left (its data unavailable{' and gone' if gone else ''})"
     elif len(serving) < 2:
         why = f"one copy of its data left (on target {serving[0]}), which one failed disk loses"
     else:

@@ -134,6 +134,17 @@ def chain_targets(chain: mgmtd_pb2.ChainInfo) -> list[ChainTarget]:
     return [ChainTarget(t.target_id, PublicState(t.public_state)) for t in chain.targets]
 
 
+def serving_staying(chain: mgmtd_pb2.ChainInfo, leaving: Iterable[int] = ()) -> list[int]:
+    """The chain's SERVING targets that stay (in chain order): not draining, which are on their
+    way out and leave no one to read from, and not in ``leaving``."""
+    going = {d.target_id for d in chain.draining}.union(leaving)
+    return [
+        t.target_id
+        for t in chain.targets
+        if t.public_state == common_pb2.SERVING and t.target_id not in going
+    ]
+
+
 def draining_chain(
     chain: mgmtd_pb2.ChainInfo, target_ids: Iterable[int], *, remove: bool = False, force: bool = False
 ) -> mgmtd_pb2.ChainInfo:
@@ -726,13 +737,9 @@ class Cluster:
             stranded = [
                 c.chain_id
                 for c in self.rec.chains.values()
-                # a draining target (its node disabled a moment ago) is on its way out: it counts
-                # for none (two disables at once both passed, the chain left UNAVAILABLE)
-                if (
-                    serving := {t.target_id for t in c.targets if t.public_state == common_pb2.SERVING}
-                    - {d.target_id for d in c.draining}
-                )
-                and serving <= mine
+                # a draining target (its node disabled a moment ago) counts for none: two disables
+                # at once both passed, the chain left UNAVAILABLE
+                if (serving := set(serving_staying(c))) and serving <= mine
             ]
             if stranded:
                 raise FS3Error(
@@ -799,12 +806,7 @@ class Cluster:
             chain = self.rec.chains.get(self.target_chain.get(tid, 0))
             if chain is None or self._draining(tid):
                 continue
-            # targets already draining are leaving: they leave no one to read from
-            serving = [
-                t.target_id
-                for t in chain.targets
-                if t.public_state == common_pb2.SERVING and not self._draining(t.target_id)
-            ]
+            serving = serving_staying(chain)
             if tid in serving and len(serving) >= 2:
                 out.append(draining_chain(chain, [tid]))
         return out
