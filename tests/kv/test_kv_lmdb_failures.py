@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -368,9 +370,12 @@ def _fill(path: Path, nbytes: int) -> None:
         os.fsync(f.fileno())
 
 
+# Another process's committer stopped mid-commit (a meta server frozen by SIGSTOP): it holds the
+# store's write baton (see lmdb_engine._Committer._baton), then LMDB's write lock.
 _HOLD_WRITE_LOCK = """
-import sys, lmdb
+import fcntl, os, sys, lmdb
 env = lmdb.open(sys.argv[1], map_size=1 << 30, max_dbs=0)
+fcntl.flock(os.open(os.path.join(sys.argv[1], "data.mdb"), os.O_RDONLY), fcntl.LOCK_EX)
 with env.begin(write=True):
     print("locked", flush=True)
     sys.stdin.readline()
@@ -401,6 +406,9 @@ async def test_a_commit_whose_caller_gave_up_while_another_process_held_the_lock
             COMMIT_DEADLINE.reset(token)
         await asyncio.sleep(1.5)
         assert not late.done() and not unbounded.done()  # both wait for the lock
+        # ... on the commit thread: this event loop goes on serving (it never waits for another
+        # process's lock, though it commits its own transactions while the disk is fast)
+        assert await asyncio.wait_for(get(db, b"before"), 5) == b"x"
         assert holder.stdin is not None
         holder.stdin.write(b"go\n")
         holder.stdin.flush()
@@ -418,4 +426,95 @@ async def test_a_commit_whose_caller_gave_up_while_another_process_held_the_lock
         assert await get(db, b"in-time") == b"x"
     finally:
         _end_child(holder)
+        await db.close()
+
+
+async def test_commits_go_to_the_commit_thread_while_flushes_are_slow_and_come_back_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the disk is fast the event loop commits its callers' transactions itself (no thread
+    switches: a quarter of a meta server's CPU per create); once flushes are slow, the commit
+    thread does, so that the loop serves reads while a flush waits; once fast again, the loop."""
+    monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 0.02)  # a slow CI disk is faster than this
+    db = await open_database("lmdb", path=str(tmp_path / "kv"))
+    disk = _SlowFlushes(db._shared.committer)  # noqa: SLF001
+    loop_thread = threading.get_ident()
+    try:
+        await put(db, b"a", b"1")
+        assert disk.flushed_on == [loop_thread]  # the loop flushed its own commit
+        disk.slow_s = 0.05
+        for i in range(10):  # the average flush grows past LOOP_COMMIT_MAX_S
+            await put(db, b"slow%d" % i, b"x")
+        disk.flushed_on.clear()
+        disk.release.clear()
+        writer = asyncio.create_task(put(db, b"b", b"2"))
+        # the flush waits for this read, which the loop serves meanwhile
+        assert await asyncio.wait_for(get(db, b"a"), 5) == b"1"
+        assert not writer.done()
+        disk.release.set()
+        await asyncio.wait_for(writer, 10)
+        assert disk.flushed_on and loop_thread not in disk.flushed_on
+        disk.slow_s = 0.0
+        for i in range(40):  # fast again: the average falls
+            await put(db, b"fast%d" % i, b"x")
+        disk.flushed_on.clear()
+        await put(db, b"c", b"3")
+        assert disk.flushed_on == [loop_thread]
+        assert [await get(db, k) for k in (b"a", b"b", b"c")] == [b"1", b"2", b"3"]
+    finally:
+        disk.release.set()
+        await db.close()
+
+
+class _SlowFlushes:
+    """The committer's LMDB environment with flushes (``sync``) that take ``slow_s`` longer and
+    wait for ``release``; ``flushed_on``: the threads that flushed."""
+
+    def __init__(self, committer: lmdb_engine._Committer) -> None:
+        self._env = committer._env  # noqa: SLF001
+        self.slow_s = 0.0
+        self.release = threading.Event()
+        self.release.set()
+        self.flushed_on: list[int] = []
+        committer._env = self  # type: ignore[assignment]  # noqa: SLF001
+
+    def sync(self, force: bool) -> None:
+        self.flushed_on.append(threading.get_ident())
+        time.sleep(self.slow_s)
+        self.release.wait(10)  # the test sets it once it has read during the flush
+        self._env.sync(force)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._env, name)
+
+
+async def test_event_loops_of_two_threads_and_the_commit_thread_lose_no_update(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Increments from two event loops (each committing its own while it can, else handing its
+    batch to the commit thread) and from the commit thread (forced by a zero threshold part of the
+    time): every one counted once."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"))
+    rounds = 300
+
+    async def incr(tr: Transaction) -> None:
+        raw = await tr.get(b"n")
+        tr.set(b"n", b"%d" % (int(raw or b"0") + 1))
+
+    async def worker() -> None:
+        for i in range(rounds):
+            if i % 100 == 50:
+                monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 0.0)  # thread path for a while
+            elif i % 100 == 75:
+                monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 1.0)
+            await asyncio.gather(*(db.run(incr) for _ in range(4)))
+
+    try:
+        other = threading.Thread(target=lambda: asyncio.run(worker()))
+        other.start()
+        await worker()
+        await asyncio.to_thread(other.join, 60)
+        assert not other.is_alive()
+        assert await get(db, b"n") == b"%d" % (2 * rounds * 4)
+    finally:
         await db.close()
