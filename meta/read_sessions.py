@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 MIN_GRACE_S = 0.5
 #: sessions put or cleared in one transaction at most
 BATCH = 512
+#: how long the writer lets sessions gather before it writes a batch of fewer than BATCH
+GATHER_S = 0.002
 #: waits between attempts when a batch fails (a store that refuses commits), doubling up to the last
 _RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -172,6 +174,10 @@ class ReadSessions:
     async def _run(self) -> None:
         try:
             while self._queued:
+                if len(self._queued) < BATCH and not self._stopped:
+                    # let opens and closes gather: a commit per few sessions would hold up the
+                    # event loop, where the store commits on a fast disk (fs3.kv.lmdb_engine)
+                    await asyncio.sleep(GATHER_S)
                 keys = list(self._queued)[:BATCH]
                 self._writing = {key: self._queued.pop(key) for key in keys}
                 self._writing_since = time.monotonic()
