@@ -287,12 +287,14 @@ class _Committer:
                     committed, failed = self._write(batch)
                 finally:
                     self._baton_release()
+                for items, error in failed:
+                    _deliver(items, error, here=loop)
+                if committed:
+                    # still holding the writer lock, which stop() waits for: the flush is done
+                    # before the environment closes (a flush of a closed one failed the store)
+                    self._committed(committed, here=loop)
             finally:
                 self._writer.release()
-            for items, error in failed:
-                _deliver(items, error, here=loop)
-            if committed:
-                self._committed(committed, here=loop)
 
     def _baton(self, *, wait: bool) -> bool:
         """Take this store's write baton for this process: an exclusive flock of its data file, which
@@ -335,6 +337,8 @@ class _Committer:
     def stop(self) -> None:
         """Commit and flush whatever is queued, then end the threads (blocks until they have)."""
         with self._cond:
+            if self._stopping:
+                return
             self._stopping = True
             # what event loops have not committed yet: the thread commits it, answering through
             # their loops (a loop that has closed never hears)
@@ -346,7 +350,7 @@ class _Committer:
             self._flush_stopping = True
             self._flush_cond.notify()
         self._flusher.join()
-        with self._writer:  # an event loop's commit under way ends first; later ones see _stopping
+        with self._writer:  # an event loop's commit and flush under way end first; later ones see _stopping
             self._extender.close()
             os.close(self._baton_fd)
 

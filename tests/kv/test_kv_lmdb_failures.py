@@ -518,3 +518,47 @@ async def test_event_loops_of_two_threads_and_the_commit_thread_lose_no_update(
         assert await get(db, b"n") == b"%d" % (2 * rounds * 4)
     finally:
         await db.close()
+
+
+async def test_a_store_closed_while_the_event_loop_flushes_its_commit_waits_for_that_flush(
+    tmp_path: Path,
+) -> None:
+    """The loop commits, lets go of the write baton, then flushes: a close that came in between
+    closed the environment under that flush, whose failure failed the store and told callers
+    whose transactions were in it KV_STORE_FAILED (helper review, with the loop descheduled
+    there). The close now waits for the loop's flush."""
+    db = await open_database("lmdb", path=str(tmp_path / "kv"))
+    await put(db, b"warm", b"x")
+    committer = db._shared.committer  # noqa: SLF001
+    real = committer._sync  # noqa: SLF001
+    stopper: threading.Thread | None = None
+    stopped = threading.Event()
+    stopped_during_flush: list[bool] = []
+
+    def stop() -> None:
+        committer.stop()
+        stopped.set()
+
+    def sync() -> None:
+        nonlocal stopper
+        if stopper is None:  # the close comes while this loop is about to flush
+            stopper = threading.Thread(target=stop)
+            stopper.start()
+            stopped.wait(0.5)
+            stopped_during_flush.append(stopped.is_set())
+        real()
+
+    committer._sync = sync  # noqa: SLF001
+    try:
+        await put(db, b"k", b"v")
+        assert stopped_during_flush == [False]
+        assert stopper is not None
+        await asyncio.to_thread(stopper.join, 10)
+        assert stopped.is_set()
+    finally:
+        await db.close()
+    db = await open_database("lmdb", path=str(tmp_path / "kv"))
+    try:
+        assert await get(db, b"k") == b"v"
+    finally:
+        await db.close()
