@@ -253,12 +253,15 @@ class _Committer:
         self, loop: asyncio.AbstractEventLoop, item: tuple[CommitRequest, asyncio.Future[None]]
     ) -> None:
         # (not in submit: a local naming the batch would hold a failure's traceback in a cycle)
-        here = self._here.get(loop)
-        if here is None:
-            here = self._here[loop] = []
-            # after the callbacks ready now: the transactions they queue join this batch
-            loop.call_soon(self._commit_here, loop)
-        here.append(item)
+        with self._cond:  # not while stop() moves what loops queued to the thread
+            if self._stopping:
+                raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
+            here = self._here.get(loop)
+            if here is None:
+                here = self._here[loop] = []
+                # after the callbacks ready now: the transactions they queue join this batch
+                loop.call_soon(self._commit_here, loop)
+            here.append(item)
 
     def _to_thread(self, batch: Batch) -> None:
         with self._cond:
