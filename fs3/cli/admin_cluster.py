@@ -721,7 +721,7 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
 
 def _user_set_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=u32)
-    p.add_argument("--name", default="", help="a new name")
+    p.add_argument("--name", default=None, help="a new name")
     p.add_argument("--gid", type=u32, default=None, help="a new primary group")
     p.add_argument(
         "--groups",
@@ -738,6 +738,8 @@ def _user_set_args(p: argparse.ArgumentParser) -> None:
 
 @command("user-set", "change a user's name, groups or flags; its tokens stay valid", _user_set_args)
 async def user_set(conn: Connection, args: argparse.Namespace) -> Result:
+    if args.name == "":  # mgmtd reads an empty name as "unchanged"
+        raise UsageError("--name '': a user name is 1..255 bytes without '/' or NUL")
     req = mgmtd_pb2.SetUserRequest(uid=args.uid, name=args.name)
     if args.gid is not None:
         req.gid = args.gid
@@ -749,7 +751,11 @@ async def user_set(conn: Connection, args: argparse.Namespace) -> Result:
     if args.root is not None:
         req.root = args.root
     if not (
-        args.name or args.gid is not None or req.set_groups or req.HasField("admin") or req.HasField("root")
+        args.name is not None
+        or args.gid is not None
+        or req.set_groups
+        or req.HasField("admin")
+        or req.HasField("root")
     ):
         raise UsageError("name at least one of --name, --gid, --groups, --admin/--no-admin, --root/--no-root")
     u = await conn.mgmtd_client().set_user(req)
@@ -895,7 +901,12 @@ async def config(conn: Connection, args: argparse.Namespace) -> Result:
             raise
         raise UsageError(e.message) from None
     content = _read_text(args.file)
-    version = await client.set_config(node_type, content, args.desc)
+    try:
+        version = await client.set_config(node_type, content, args.desc)
+    except FS3Error as e:
+        if e.code != StatusCode.CONFIG_INVALID:  # what only mgmtd checks: per-node keys, sizes
+            raise
+        raise UsageError(e.message) from None
     if args.service == "mgmtd":
         applied = "mgmtd applies none of it while running (its own config file says how it runs)"
     else:

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MAX_CHAIN_LENGTH = 32
 MAX_TABLE_CHAINS = 100_000
 MAX_CONFIG_BYTES = 64 * 1024
+MAX_CONFIG_DESCRIPTION_BYTES = 4096
 
 _CONFIG_SERVICE = {
     common_pb2.NODE_MGMTD: "mgmtd",
@@ -607,7 +608,15 @@ class Admin:
         if service is None:
             raise FS3Error(StatusCode.INVALID_ARGUMENT, f"no config for node type {req.node_type}")
         if len(req.content.encode()) > MAX_CONFIG_BYTES:
-            raise FS3Error(StatusCode.INVALID_ARGUMENT, f"config larger than {MAX_CONFIG_BYTES} bytes")
+            raise FS3Error(StatusCode.CONFIG_INVALID, f"config larger than {MAX_CONFIG_BYTES} bytes")
+        if len(req.description.encode()) > MAX_CONFIG_DESCRIPTION_BYTES:
+            # (content and description are one store value: a long one failed with the store's
+            # KV_VALUE_TOO_LARGE, naming neither)
+            raise FS3Error(
+                StatusCode.CONFIG_INVALID,
+                f"config description of {len(req.description.encode())} bytes is longer than "
+                f"{MAX_CONFIG_DESCRIPTION_BYTES}",
+            )
         await asyncio.to_thread(_validate_config, service, req.content)
         old = self.c.rec.configs.get(req.node_type)
         cfg = mgmtd_pb2.ConfigInfo(

@@ -120,12 +120,31 @@ def rpc(access: Access, *, primary: bool = True) -> Callable[[Handler], Callable
     return deco
 
 
+#: the longest error message sent to a client, in bytes: gRPC sends it in the trailing metadata,
+#: which a client refuses whole past 16 KiB (the reason was lost: a message quoting a 17,000-byte
+#: user name reached the admin as RESOURCE_EXHAUSTED "received metadata size exceeds hard limit")
+MAX_DETAILS_BYTES = 4096
+
+
+def error_details(message: str) -> str:
+    """``message``, cut in the middle (where a quoted input would be; the reason comes after it) to
+    MAX_DETAILS_BYTES of UTF-8 if longer, saying so."""
+    raw = message.encode()
+    if len(raw) <= MAX_DETAILS_BYTES:
+        return message
+    keep = (MAX_DETAILS_BYTES - 64) // 2
+    head, tail = raw[:keep].decode(errors="ignore"), raw[-keep:].decode(errors="ignore")
+    return f"{head} ...({len(raw) - 2 * keep} bytes cut)... {tail}"
+
+
 async def abort(context: grpc.aio.ServicerContext, e: FS3Error) -> None:
     md: list[tuple[str, str]] = [(GRPC_METADATA_KEY, str(int(e.code)))]
     if isinstance(e, NotPrimaryError) and e.primary_address:
         md.append((PRIMARY_METADATA_KEY, e.primary_address))
     context.set_trailing_metadata(tuple(md))
-    await context.abort(getattr(grpc.StatusCode, grpc_code_name(e.code)), e.message or e.code.name)
+    await context.abort(
+        getattr(grpc.StatusCode, grpc_code_name(e.code)), error_details(e.message or e.code.name)
+    )
 
 
 class MgmtdServicer(mgmtd_pb2_grpc.MgmtdServicer):

@@ -403,6 +403,13 @@ def test_users_and_tokens(mgmtd: Mgmtd, tmp_path: Path) -> None:
     token_file.chmod(0o644)  # an existing file: the token must not stay readable by all
     add = mgmtd.admin("user-add", "1000", "alice", "--groups", "10,20", "--token-out", str(token_file))
     assert add.returncode == 0, add.stderr
+    # mgmtd's error quoting a long name reached the admin whole in gRPC's trailing metadata,
+    # which the client refuses past 16 KiB: RESOURCE_EXHAUSTED instead of the reason (a review)
+    long_name = mgmtd.admin("user-add", "1001", "n" * 17_000)
+    assert long_name.returncode == 1 and "must be 1..255 bytes" in long_name.stderr, long_name.stderr
+    assert "bytes cut" in long_name.stderr and len(long_name.stderr) < 5000
+    empty = mgmtd.admin("user-set", "1000", "--name", "")  # was "name at least one of --name, ..."
+    assert empty.returncode == 2 and "a user name is 1..255 bytes" in empty.stderr, empty.stderr
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     users = {u["uid"]: u for u in mgmtd.json("user-list")}
     assert users[1000]["name"] == "alice" and users[1000]["groups"] == [10, 20] and not users[1000]["admin"]
@@ -494,6 +501,15 @@ def test_config_set_and_get(mgmtd: Mgmtd, tmp_path: Path) -> None:
         )
     assert mgmtd.json("config", "get", "meta")["version"] == stored["version"]
     assert mgmtd.admin("config", "get", "meta", str(good)).returncode == 2
+    # what only mgmtd checks is a file (or description) to mend too: exit 2, not 1 (a review)
+    per_node = tmp_path / "storage.toml"
+    per_node.write_text("node_id = 5\n")
+    refused = mgmtd.admin("config", "set", "storage", str(per_node))
+    assert refused.returncode == 2 and "node_id: each node's own" in refused.stderr, refused.stderr
+    # a long description failed deep in the store (KV_VALUE_TOO_LARGE, naming neither)
+    refused = mgmtd.admin("config", "set", "meta", str(good), "--desc", "é" * 60_000)
+    assert refused.returncode == 2 and "description of 120000 bytes" in refused.stderr, refused.stderr
+    assert mgmtd.json("config", "get", "meta")["version"] == stored["version"]
 
 
 def test_config_get_with_nothing_stored_says_so_and_succeeds(mgmtd: Mgmtd) -> None:
