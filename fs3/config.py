@@ -328,7 +328,10 @@ class MetaConfig:
         doc="how long a capability meta issues at open (to clients on user connections, see the client's"
         " user_auth) lets storage serve the file; a client renews it, and loses access it lost"
         " (chmod, chown) at the latest this long after, plus the minute of clock skew storage allows",
-        check=lambda v: None if 1 <= v < 1 << 32 else "must be from 1 to 2^32-1 (seconds)",
+        # a capability carries whole seconds: 1.9 was taken as 1
+        check=lambda v: (
+            None if 1 <= v < 1 << 32 and v == int(v) else "must be whole seconds from 1 to 2^32-1"
+        ),
     )
     kv: KvConfig = opt(doc="metadata store", factory=KvConfig)
     log: LogConfig = opt(doc="logging", factory=LogConfig)

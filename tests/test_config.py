@@ -62,6 +62,7 @@ def test_file_sets_fields_and_tables(tmp_path):
         ("capability_ttl_s = inf\n", "must be a finite number"),  # TOML has inf and nan
         ("idem_ttl_s = nan\n", "must be a finite number"),
         ("capability_ttl_s = 5000000000\n", "from 1 to 2^32-1"),  # a capability's field is 32 bits
+        ("capability_ttl_s = 1.9\n", "must be whole seconds"),  # taken as 1 (a review)
         ("idem_ttl_s = 1e300\n", "at most 1e9"),  # overflowed where it becomes nanoseconds
         ("[kv]\nmap_size = 99999999999999999999\n", "at most 2^46"),  # an OverflowError at start
         ('mgmtd_addresses = ["m1:8000", "m2"]\n', "not host:port"),
