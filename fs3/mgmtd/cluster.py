@@ -145,6 +145,16 @@ def serving_staying(chain: mgmtd_pb2.ChainInfo, leaving: Iterable[int] = ()) -> 
     ]
 
 
+def _holding(chain: mgmtd_pb2.ChainInfo) -> set[int]:
+    """The SERVING targets that hold ``chain``'s data for good: those that stay; a draining target
+    (its node disabled a moment ago) counts for none while another stays (two disables at once both
+    passed, the chain left UNAVAILABLE), but when none does, the draining ones are the chain's last
+    servers, whose drain never ends (see Cluster._take_out_drained): they count."""
+    return set(serving_staying(chain)) or {
+        t.target_id for t in chain.targets if t.public_state == common_pb2.SERVING
+    }
+
+
 def draining_chain(
     chain: mgmtd_pb2.ChainInfo, target_ids: Iterable[int], *, remove: bool = False, force: bool = False
 ) -> mgmtd_pb2.ChainInfo:
@@ -735,11 +745,7 @@ class Cluster:
         if not enabled and not force:
             mine = set(self.node_targets.get(node_id, ()))
             stranded = [
-                c.chain_id
-                for c in self.rec.chains.values()
-                # a draining target (its node disabled a moment ago) counts for none: two disables
-                # at once both passed, the chain left UNAVAILABLE
-                if (serving := set(serving_staying(c))) and serving <= mine
+                c.chain_id for c in self.rec.chains.values() if (serving := _holding(c)) and serving <= mine
             ]
             if stranded:
                 raise FS3Error(

@@ -344,3 +344,27 @@ async def test_a_target_removed_while_its_daemon_reports_it_fails_not_the_node(e
         await env.cluster.tick()
     assert env.cluster.node_rt[10].status == mgmtd_pb2.NODE_STATUS_ACTIVE
     assert env.states() == [(110, SERVING), (111, SERVING), (112, SERVING)]
+
+
+async def test_a_node_whose_draining_target_is_its_chains_last_server_is_not_disabled(env: Env) -> None:
+    """A draining target counts for none when another SERVING target stays (two disables at once
+    both passed); but the drain of a chain's last server never ends (it stays, see
+    Cluster._take_out_drained): disabling its node sent it OFFLINE as LASTSRV, the chain
+    UNAVAILABLE, without --force (a review: offline-target, then the other server's daemon
+    stopped, then disable-node)."""
+    await env.admin.offline_target(111, False)
+    env.catch_up(11)
+    await env.run(1)
+    assert env.states() == [(110, SERVING), (112, SERVING), (111, OFFLINE)]
+    await env.admin.offline_target(110, False)  # drains: 112 serves on
+    assert env.draining() == [110]
+    env.seq[12] += 1  # 112's daemon stops (its disk gone): 110, draining, is the last server
+    beat = storage_heartbeat(12, env.seq[12], env.acting[12])
+    beat.targets[0].local_state = common_pb2.LOCAL_OFFLINE
+    await env.cluster.heartbeat(beat)
+    await env.cluster.tick()
+    assert dict(env.states())[112] == OFFLINE and dict(env.states())[110] == SERVING
+    assert env.draining() == [110]
+    with pytest.raises(FS3Error, match="holds the last SERVING target of chains 1"):
+        await env.cluster.set_node_enabled(10, False, force=False)
+    assert dict(env.states())[110] == SERVING
