@@ -687,15 +687,25 @@ def _refuse_losing_copies(chain: mgmtd_pb2.ChainInfo, target_id: int) -> None:
         return  # (update_chain's removal says what is wrong)
     # a target draining (removed or taken offline a moment ago) counts for none
     serving = serving_staying(chain, (target_id,))
-    if not serving:
+    state = next(t.public_state for t in chain.targets if t.target_id == target_id)
+    if state == common_pb2.LASTSRV:
+        why = (
+            f"target {target_id} is its LASTSRV, the only one holding its last writes: removed, they are lost"
+        )
+    elif not serving:
         draining = {d.target_id for d in chain.draining}
         gone = all(t.target_id == target_id or t.target_id in draining for t in chain.targets)
-        why = f"no SERVING target left (its data unavailable{' and gone' if gone else ''})"
-    elif len(serving) < 2:
-        why = f"one copy of its data left (on target {serving[0]}), which one failed disk loses"
-    else:
+        why = f"without target {target_id} it would have no SERVING target left (its data unavailable{' and gone' if gone else ''})"
+    elif len(serving) >= 2:
         return
-    raise FS3Error(
-        StatusCode.FAILED_PRECONDITION,
-        f"chain {chain.chain_id} without target {target_id} would have {why} (--force to do it anyway)",
-    )
+    elif target_id in serving_staying(chain):
+        why = (
+            f"without target {target_id} it would have one copy of its data left (on target "
+            f"{serving[0]}), which one failed disk loses"
+        )
+    else:  # it does not lower the copies; it is the way back to a second one
+        why = (
+            f"it has one copy of its data (on target {serving[0]}); target {target_id} "
+            f"({common_pb2.PublicTargetState.Name(state)}) would make a second one when it returns"
+        )
+    raise FS3Error(StatusCode.FAILED_PRECONDITION, f"chain {chain.chain_id}: {why} (--force to do it anyway)")

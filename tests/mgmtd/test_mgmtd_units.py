@@ -18,6 +18,7 @@ from fs3.client.routing import Routing, RoutingCache
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv import open_database
 from fs3.mgmtd import schema, users
+from fs3.mgmtd.admin import _refuse_losing_copies
 from fs3.mgmtd.election import Election
 from fs3.proto import common_pb2, mgmtd_pb2
 
@@ -599,3 +600,26 @@ def test_a_routing_refresh_failing_on_and_on_is_warned_of_once_a_minute(
     assert "(29 more failures since the last warning)" not in warned[0]
     assert "(29 more failures since the last warning)" in warned[1]
     assert "PERMISSION_DENIED" in warned[2] and "since the last warning" not in warned[2]
+
+
+def test_a_refused_removal_says_what_it_would_cost() -> None:
+    """Removing an OFFLINE target from a chain with one SERVING target said the chain "would have
+    one copy of its data left", as if the removal lowered it; removing a LASTSRV target said only
+    that no SERVING target would be left, not that its last writes are lost (a review)."""
+
+    def chain(*states: int) -> mgmtd_pb2.ChainInfo:
+        targets = [mgmtd_pb2.ChainTarget(target_id=i + 1, public_state=s) for i, s in enumerate(states)]
+        return mgmtd_pb2.ChainInfo(chain_id=7, targets=targets)
+
+    serving, offline, lastsrv = common_pb2.SERVING, common_pb2.OFFLINE, common_pb2.LASTSRV
+    _refuse_losing_copies(chain(serving, serving, offline), 3)  # two copies stay: allowed
+    with pytest.raises(FS3Error) as e:
+        _refuse_losing_copies(chain(serving, offline), 2)
+    assert "has one copy of its data (on target 1); target 2 (OFFLINE) would make a second" in e.value.message
+    with pytest.raises(FS3Error) as e:
+        _refuse_losing_copies(chain(serving, serving), 2)
+    assert "without target 2 it would have one copy of its data left (on target 1)" in e.value.message
+    with pytest.raises(FS3Error) as e:
+        _refuse_losing_copies(chain(lastsrv, offline), 1)
+    assert "target 1 is its LASTSRV, the only one holding its last writes" in e.value.message
+    assert "--force" in e.value.message
