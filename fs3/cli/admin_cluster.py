@@ -470,13 +470,11 @@ async def _disable_meta_node(
         if n.type == common_pb2.NODE_META
         and n.node_id != node.node_id
         and n.status == mgmtd_pb2.NODE_STATUS_ACTIVE
+        and not n.disabled
     ]
-    if not others and not force:
-        raise UsageError(
-            f"node {node.node_id} is the only active meta node: disabled, clients that find meta "
-            "through routing would find none until enable-node (--force to do it anyway)"
-        )
-    await client.set_node_enabled(node.node_id, False)
+    # the only active meta node is refused without --force (by mgmtd, one request at a time)
+    async with _refused_without_force():
+        await client.set_node_enabled(node.node_id, False, force=force)
     return Result(
         value={"node_id": node.node_id, "enabled": False, "draining": []},
         message=f"node {node.node_id} disabled (a meta node: it has no targets): mgmtd refuses its "

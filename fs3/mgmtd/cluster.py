@@ -742,7 +742,25 @@ class Cluster:
         node = self._node(node_id)
         if node.disabled == (not enabled):
             return
-        if not enabled and not force:
+        if not enabled and not force and node.type == common_pb2.NODE_META:
+            # here, one request at a time: the CLI's check of a listing let two meta nodes
+            # disabled at once leave clients none
+            others = [
+                n.node_id
+                for n in self.rec.nodes.values()
+                if n.type == common_pb2.NODE_META
+                and n.node_id != node_id
+                and not n.disabled
+                and (rt := self.node_rt.get(n.node_id)) is not None
+                and rt.status == mgmtd_pb2.NODE_STATUS_ACTIVE
+            ]
+            if not others:
+                raise FS3Error(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"node {node_id} is the only active meta node: disabled, clients that find meta "
+                    "through routing would find none until enable-node (--force to do it anyway)",
+                )
+        elif not enabled and not force:
             mine = set(self.node_targets.get(node_id, ()))
             stranded = [
                 c.chain_id for c in self.rec.chains.values() if (serving := _holding(c)) and serving <= mine

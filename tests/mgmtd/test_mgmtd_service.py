@@ -700,6 +700,28 @@ async def test_two_disables_at_once_cannot_strand_a_chain(admin: Admin) -> None:
     assert sum(n.disabled for n in await c.list_nodes() if n.node_id in (11, 12)) == 1
 
 
+async def test_two_meta_disables_at_once_leave_one_meta_node_active(admin: Admin) -> None:
+    """Only the CLI checked a listing before disabling the last active meta node: two disables at
+    once both passed and left clients that find meta through routing none (a review, by reading).
+    mgmtd checks now, one request at a time; force does it anyway."""
+    c = admin.client
+    for nid in (20, 21):
+        await c.register_node(nid, common_pb2.NODE_META)
+        await c.heartbeat(
+            mgmtd_pb2.HeartbeatRequest(node_id=nid, type=common_pb2.NODE_META, incarnation=1, sequence=1)
+        )
+    both = await asyncio.gather(
+        c.set_node_enabled(20, False), c.set_node_enabled(21, False), return_exceptions=True
+    )
+    refused = [r for r in both if isinstance(r, FS3Error)]
+    assert len(refused) == 1 and "is the only active meta node" in refused[0].message, both
+    assert refused[0].code == StatusCode.FAILED_PRECONDITION and "--force" in refused[0].message
+    assert sum(n.disabled for n in await c.list_nodes() if n.node_id in (20, 21)) == 1
+    left = 21 if isinstance(both[1], FS3Error) else 20
+    await c.set_node_enabled(left, False, force=True)
+    assert all(n.disabled for n in await c.list_nodes() if n.node_id in (20, 21))
+
+
 def _chain_of(c: MgmtdClient, chain_id: int, pred):  # type: ignore[no-untyped-def]
     async def check() -> bool:
         return any(ch.chain_id == chain_id and pred(ch) for ch in await c.list_chains())
