@@ -279,7 +279,8 @@ class _Committer:
         while queued:
             count = _batch_length(queued)
             batch, queued = queued[:count], queued[count:]
-            if not self._writer.acquire(blocking=False):
+            # the store's file is to grow: the thread writes the zeros, the loop serves on
+            if self._extender.low() or not self._writer.acquire(blocking=False):
                 self._to_thread(batch + queued)
                 return
             try:
@@ -625,6 +626,11 @@ class FileExtender:
         # The file's size as last seen: it only grows (here, in LMDB, or in another process's
         # extender), so while this says there is room there is, and no fstat is needed per commit.
         self._size = os.fstat(self._fd).st_size
+
+    def low(self) -> bool:
+        """Whether the room ahead of LMDB's data was last seen below LOW: the next
+        :meth:`extend_if_needed` may write and flush megabytes of zeros (about 8 ms here)."""
+        return self._size - (self._env.info()["last_pgno"] + 1) * self._page < self.LOW
 
     def extend_if_needed(self) -> int:
         """Extend the room ahead of LMDB's data if it runs low; return the room there is (bytes
