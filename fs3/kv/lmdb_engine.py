@@ -259,8 +259,10 @@ class _Committer:
             here = self._here.get(loop)
             if here is None:
                 here = self._here[loop] = []
-                # after the callbacks ready now: the transactions they queue join this batch
-                loop.call_soon(self._commit_here, loop)
+                # after the callbacks ready now and one more turn of the loop: the transactions
+                # of requests its next poll reads join this batch (with two clients' connections,
+                # batches took each one's requests in turn: 8,000 creates/s against 7,200)
+                loop.call_soon(loop.call_soon, self._commit_here, loop)
             here.append(item)
 
     def _to_thread(self, batch: Batch) -> None:
