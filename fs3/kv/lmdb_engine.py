@@ -423,6 +423,7 @@ class _Committer:
         try:
             with self._env.begin(write=True) as txn:
                 room = self._extender.extend_if_needed()  # under the write lock, see FileExtender
+                growing = time.perf_counter() - start  # (not the loop's: see _commit_here)
                 if room < self._reserve:
                     room += self._extender.reusable()
                 full = room < self._reserve
@@ -453,7 +454,7 @@ class _Committer:
                         conflicts += 1
             took = time.perf_counter() - start
             self._commit_seconds += took
-            self._commit_avg += (took - self._commit_avg) * _AVERAGE_WEIGHT
+            self._commit_avg += (took - growing - self._commit_avg) * _AVERAGE_WEIGHT
             self._batches += 1
             self._transactions += validated
             self._conflicts += conflicts
