@@ -281,12 +281,13 @@ class _Committer:
         while queued:
             count = _batch_length(queued)
             batch, queued = queued[:count], queued[count:]
-            # the store's file is to grow: the thread writes the zeros, the loop serves on
-            if self._extender.low() or not self._writer.acquire(blocking=False):
+            if not self._writer.acquire(blocking=False):
                 self._to_thread(batch + queued)
                 return
             try:
-                if self._stopping or not self._baton(wait=False):
+                # (the writer lock first: stop() closes nothing while it is held) a store whose
+                # file is to grow: the thread writes the zeros, the loop serves on
+                if self._stopping or self._extender.low() or not self._baton(wait=False):
                     self._to_thread(batch + queued)  # fails them once stopping
                     return
                 try:
