@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -300,6 +301,27 @@ def test_admin_arguments_that_meant_something_else_are_usage_errors() -> None:
         if flag == "--stripe":  # the last one counts
             out = fs3("admin", "--mgmtd", "127.0.0.1:1", "set-layout", "/", "--chunk-size", "1M", flag, "0")
         assert out.returncode == 2 and f"{flag} must be from 1 to" in out.stderr, out.stderr
+
+
+def test_admin_text_that_is_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
+    """A --desc (or a user name) of bytes that are not UTF-8 reached protobuf as surrogates and
+    ended in a traceback (UnicodeEncodeError), exit 1 (a review)."""
+    cfg = tmp_path / "meta.toml"
+    cfg.write_text("gc_interval_s = 7.5\n")
+    bad = b"\xe9" * 8
+    for args in (
+        [b"config", b"set", b"meta", str(cfg).encode(), b"--desc", bad],
+        [b"user-add", b"5000", bad],
+        [b"user-set", b"5000", b"--name", bad],
+        [b"upload-chain-table", b"1", b"table.txt", b"--desc", bad],
+    ):
+        out = subprocess.run(
+            [*map(os.fsencode, FS3), b"admin", b"--mgmtd", b"127.0.0.1:1", *args],
+            capture_output=True,
+            timeout=60,
+        )
+        assert out.returncode == 2 and b"is not valid UTF-8" in out.stderr, (args, out.stderr)
+        assert b"Traceback" not in out.stderr
 
 
 def test_mount_locks_leave_no_files_behind_and_still_exclude(tmp_path: Path, monkeypatch) -> None:

@@ -86,6 +86,16 @@ def u32(text: str) -> int:
     return _whole(text, 0, (1 << 32) - 1)
 
 
+def utf8_text(value: str) -> str:
+    """An argparse type: text that is UTF-8 (Python hands bytes that are not on as surrogates, which
+    the protobuf request refused with a traceback: a description, a user name)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not valid UTF-8") from None
+    return value
+
+
 def int_list(text: str, option: str, item: Callable[[str], int] = natural) -> list[int]:
     """A comma-separated list of whole numbers (each read by ``item``) from option ``option``
     (UsageError if it is not one)."""

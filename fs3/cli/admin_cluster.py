@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fs3.cli import seconds
-from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32
+from fs3.cli.admin import Connection, Result, UsageError, command, int_list, natural, u32, utf8_text
 from fs3.errors import FS3Error, StatusCode
 from fs3.mgmtd.users import MAX_TOKENS_PER_USER, TOKEN_PREFIX
 from fs3.net.auth import TOKEN_CACHE_S, TOKEN_STALE_S
@@ -654,7 +654,7 @@ async def rotate_as_preferred_order(conn: Connection, args: argparse.Namespace) 
 
 def _user_add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=u32)
-    p.add_argument("name")
+    p.add_argument("name", type=utf8_text)
     p.add_argument("--gid", type=u32, default=None, help="primary group (default: the uid)")
     p.add_argument("--groups", default="", help="comma-separated supplementary groups")
     p.add_argument("--admin", action="store_true", help="may use the admin API")
@@ -719,7 +719,7 @@ async def user_list(conn: Connection, args: argparse.Namespace) -> Result:
 
 def _user_set_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("uid", type=u32)
-    p.add_argument("--name", default=None, help="a new name")
+    p.add_argument("--name", type=utf8_text, default=None, help="a new name")
     p.add_argument("--gid", type=u32, default=None, help="a new primary group")
     p.add_argument(
         "--groups",
@@ -853,7 +853,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("service", choices=sorted(NODE_TYPES), help="which service's config")
     p.add_argument("file", nargs="?", help="set: the TOML file (checked like the service would)")
     p.add_argument("--version", type=natural, default=None, help="get: that version (default newest)")
-    p.add_argument("--desc", default="", help="set: description of the change")
+    p.add_argument("--desc", type=utf8_text, default="", help="set: description of the change")
 
 
 @command(

@@ -16,7 +16,18 @@ import csv
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from fs3.cli.admin import EX_OK, Connection, Progress, Result, UsageError, command, int_list, natural, u32
+from fs3.cli.admin import (
+    EX_OK,
+    Connection,
+    Progress,
+    Result,
+    UsageError,
+    command,
+    int_list,
+    natural,
+    u32,
+    utf8_text,
+)
 
 TARGETS_FILE = "targets.csv"
 CHAINS_FILE = "chains.csv"
@@ -225,7 +236,7 @@ async def upload_chains(conn: Connection, args: argparse.Namespace) -> Result:
 def _upload_table_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("table_id", type=u32, help="chain table id")
     p.add_argument("file", help=f"a {CHAIN_TABLE_FILE} (one chain id per line, in table order)")
-    p.add_argument("--desc", default="", help="description")
+    p.add_argument("--desc", type=utf8_text, default="", help="description")
 
 
 @command("upload-chain-table", "upload a new version of a chain table", _upload_table_args)
