@@ -168,6 +168,8 @@ class Replicator:
         # (target id, chunk) -> (version, tag): whoever settles that version records its result
         # under the tag, so the client's retry is answered, not applied again over later writes.
         self._pending_tags: dict[tuple[int, bytes], tuple[int, storage_pb2.UpdateTag]] = {}
+        # successor target id -> when a forward to it was last warned about (see FORWARD_WARN_AFTER_S)
+        self._forward_warned: dict[int, float] = {}
         # Native AIO for the cold reads of multi-read requests, and of a slow disk (read_many)
         self.aio = aio
         # (target, chunk) -> the repair a failed read started (see repair_soon)
@@ -915,6 +917,33 @@ class Replicator:
             if entry[0] == version:
                 self.results.store(entry[1], result)
 
+    def _warn_failing_forward(
+        self, target_id: int, succ: int, chain_id: int, failing_s: float, error: FS3Error
+    ) -> None:
+        """Log a forward to ``succ`` that has failed ``failing_s`` (see FORWARD_WARN_AFTER_S)."""
+        now = time.monotonic()
+        if (
+            failing_s < FORWARD_WARN_AFTER_S
+            or now - self._forward_warned.get(succ, -1e9) < FORWARD_WARN_EVERY_S
+        ):
+            return
+        self._forward_warned[succ] = now
+        try:
+            address: object = node_address(self.targets.routing, succ, backend=True)
+        except FS3Error:
+            address = "unknown"
+        log.warning(
+            "forwarding to the next target of the chain keeps failing target_id=%d succ=%d address=%s "
+            "chain_id=%d failing_s=%.1f forward_timeout_s=%.0f error=%s",
+            target_id,
+            succ,
+            address,
+            chain_id,
+            failing_s,
+            self.forward_timeout_s,
+            error,
+        )
+
     async def _forward(
         self,
         t: LocalTarget,
@@ -936,7 +965,8 @@ class Replicator:
         it. ``meta`` (the local metadata, when known) checks the successor's checksum. ``serving``:
         whether ``t`` was SERVING when the round began (see :meth:`_check_round`). ``settle``: the
         version finishes a pending one, which no successor refuses for space."""
-        deadline = time.monotonic() + self.forward_timeout_s
+        began = time.monotonic()
+        deadline = began + self.forward_timeout_s
         # (SYNCING successor, when the first of its failed tries began): the grace it gets
         failing: tuple[int, float] | None = None
         no_room_until: float | None = None  # see NO_SPACE_RETRY_S
@@ -1049,6 +1079,7 @@ class Replicator:
                         f"{succ.target_id} failed: {e}",
                     ) from None
                 log.debug("forward retry target_id=%d succ=%d error=%s", t.target_id, succ.target_id, e)
+                self._warn_failing_forward(t.target_id, succ.target_id, chain_id, now - began, e)
                 self.routing.refresh_soon()
                 await asyncio.sleep(min(backoff, remaining))
                 backoff = min(backoff * 2, 0.5)
@@ -1468,6 +1499,11 @@ _NO_ROOM = frozenset({StatusCode.STORAGE_SPACE_KEPT, StatusCode.STORAGE_NO_SPACE
 #: retried for the whole forward timeout, the client's own deadline (as long) ran out first and
 #: its write failed after a minute with ETIMEDOUT
 NO_SPACE_RETRY_S = 2.0
+#: a forward to one successor that has failed this long is logged as a WARNING (at most one per
+#: successor every FORWARD_WARN_EVERY_S): a successor this daemon cannot reach while it still
+#: heartbeats mgmtd is not taken out of its chains (README), and its writes wait meanwhile
+FORWARD_WARN_AFTER_S = 5.0
+FORWARD_WARN_EVERY_S = 30.0
 #: a local update failing with these (the process, or the machine, out of file descriptors)
 #: takes the target out of its chain to be resynced (see Replicator._apply)
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})

@@ -501,3 +501,28 @@ async def test_a_refused_update_keeps_no_bytes_in_a_reference_cycle(daemon) -> N
         assert await released(watch), "a refused update's bytes are still referenced"
     finally:
         gc.enable()
+
+
+async def test_a_forward_that_keeps_failing_is_logged_once_naming_the_successor(
+    daemon, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A successor this daemon cannot reach while it still heartbeats mgmtd is not taken out of its
+    chains (a network fault between two storage hosts): writes waited and failed with nothing in
+    any log above DEBUG to say which link was down (partition review). After
+    FORWARD_WARN_AFTER_S a WARNING names it, once per FORWARD_WARN_EVERY_S."""
+    monkeypatch.setattr(craq, "FORWARD_WARN_AFTER_S", 0.2)
+    d = await daemon(2, ALL_SERVING)
+    d.rep.forward_timeout_s = 0.6
+
+    async def unreachable(req: storage_pb2.UpdateReq) -> None:
+        raise FS3Error(StatusCode.RPC_CONNECTION_CLOSED, "connection to target 3 closed")
+
+    d.chain.on_update = unreachable
+    caplog.set_level(logging.WARNING)
+    for _ in range(2):
+        with pytest.raises(FS3Error) as e:
+            await asyncio.wait_for(d.rep.chain_update(forwarded(b"z" * 10), memoryview(b"z" * 10)), 10)
+        assert e.value.code == StatusCode.UNAVAILABLE
+    warned = [r.getMessage() for r in caplog.records if "keeps failing" in r.getMessage()]
+    assert len(warned) == 1, warned  # the second failure within FORWARD_WARN_EVERY_S is not repeated
+    assert "target_id=2 succ=3" in warned[0] and "connection to target 3 closed" in warned[0]
