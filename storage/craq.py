@@ -63,6 +63,7 @@ from fs3.background import cancel_and_wait
 from fs3.client.routing import ChainView, RoutingCache
 from fs3.client.storage_client import STORAGE_SERVICE, node_address
 from fs3.errors import FS3Error, StatusCode
+from fs3.log import Repeats
 from fs3.net import RpcClient
 from fs3.proto import common_pb2, storage_pb2
 
@@ -168,8 +169,8 @@ class Replicator:
         # (target id, chunk) -> (version, tag): whoever settles that version records its result
         # under the tag, so the client's retry is answered, not applied again over later writes.
         self._pending_tags: dict[tuple[int, bytes], tuple[int, storage_pb2.UpdateTag]] = {}
-        # successor target id -> when a forward to it was last warned about (see FORWARD_WARN_AFTER_S)
-        self._forward_warned: dict[int, float] = {}
+        # successors whose failing forwards were warned about lately (see FORWARD_WARN_AFTER_S)
+        self._forward_warned = Repeats(FORWARD_WARN_EVERY_S)
         # Native AIO for the cold reads of multi-read requests, and of a slow disk (read_many)
         self.aio = aio
         # (target, chunk) -> the repair a failed read started (see repair_soon)
@@ -921,13 +922,8 @@ class Replicator:
         self, target_id: int, succ: int, chain_id: int, failing_s: float, error: FS3Error
     ) -> None:
         """Log a forward to ``succ`` that has failed ``failing_s`` (see FORWARD_WARN_AFTER_S)."""
-        now = time.monotonic()
-        if (
-            failing_s < FORWARD_WARN_AFTER_S
-            or now - self._forward_warned.get(succ, -1e9) < FORWARD_WARN_EVERY_S
-        ):
+        if failing_s < FORWARD_WARN_AFTER_S or not self._forward_warned.due(succ):
             return
-        self._forward_warned[succ] = now
         try:
             address: object = node_address(self.targets.routing, succ, backend=True)
         except FS3Error:
