@@ -332,6 +332,19 @@ def fresh_error(error: BaseException) -> BaseException:
     return fresh
 
 
+def cut_middle(message: str, limit: int) -> str:
+    """``message`` as text of at most ``limit`` bytes of UTF-8, for an error sent to another process:
+    a character UTF-8 cannot carry (a lone surrogate, left by bytes that were not UTF-8) shows as a
+    backslash escape, and a longer message is cut in the middle, where a quoted input would be (the
+    reason comes after it), saying how many bytes were cut. ``limit`` is at least 128."""
+    raw = message.encode("utf-8", errors="backslashreplace")
+    if len(raw) <= limit:
+        return raw.decode()
+    keep = (limit - 64) // 2
+    head, tail = raw[:keep].decode(errors="ignore"), raw[-keep:].decode(errors="ignore")
+    return f"{head} ...({len(raw) - 2 * keep} bytes cut)... {tail}"
+
+
 def quote_name(name: bytes, limit: int = 64) -> str:
     """A file, path or xattr name as an error message shows it: text in single quotes, not a bytes
     repr. A byte that is not UTF-8, an unprintable character and a backslash show as backslash

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from fs3.errors import ERRNO, FS3Error, StatusCode, grpc_code_name, quote_name, to_errno
+from fs3.errors import ERRNO, FS3Error, StatusCode, cut_middle, grpc_code_name, quote_name, to_errno
 from fs3.proto import common_pb2
 
 
@@ -101,3 +101,12 @@ def test_grpc_mapping_names_real_grpc_codes():
 )
 def test_quote_name(name, shown):
     assert quote_name(name) == shown
+
+
+def test_cut_middle_keeps_both_ends_within_its_limit_as_utf8() -> None:
+    assert cut_middle("short", 128) == "short"
+    assert cut_middle("name '\udce9' is bad", 128) == "name '\\udce9' is bad"  # sendable text
+    text = "why: '" + "\u00e9" * 3000 + "' is too long"
+    cut = cut_middle(text, 1024)
+    assert cut.startswith("why: '\u00e9") and cut.endswith("\u00e9' is too long")
+    assert "bytes cut" in cut and len(cut.encode()) <= 1024

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode, grpc_code_name
+from fs3.errors import GRPC_METADATA_KEY, FS3Error, StatusCode, cut_middle, grpc_code_name
 from fs3.net.auth import mgmtd_credential
 from fs3.proto import common_pb2, health_pb2, health_pb2_grpc, mgmtd_pb2, mgmtd_pb2_grpc
 
@@ -127,14 +127,9 @@ MAX_DETAILS_BYTES = 4096
 
 
 def error_details(message: str) -> str:
-    """``message``, cut in the middle (where a quoted input would be; the reason comes after it) to
-    MAX_DETAILS_BYTES of UTF-8 if longer, saying so."""
-    raw = message.encode()
-    if len(raw) <= MAX_DETAILS_BYTES:
-        return message
-    keep = (MAX_DETAILS_BYTES - 64) // 2
-    head, tail = raw[:keep].decode(errors="ignore"), raw[-keep:].decode(errors="ignore")
-    return f"{head} ...({len(raw) - 2 * keep} bytes cut)... {tail}"
+    """``message`` as an error's details: valid UTF-8 of MAX_DETAILS_BYTES at most, cut in the middle
+    if longer (see fs3.errors.cut_middle)."""
+    return cut_middle(message, MAX_DETAILS_BYTES)
 
 
 async def abort(context: grpc.aio.ServicerContext, e: FS3Error) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from fs3.errors import FS3Error, StatusCode
+from fs3.errors import FS3Error, StatusCode, cut_middle
 from fs3.log import Repeats
 from fs3.net import auth
 from fs3.net.buffers import BufferPool, default_pool
@@ -60,7 +60,8 @@ from fs3.proto import common_pb2, rpc_pb2
 
 log = logging.getLogger(__name__)
 
-_MAX_ERROR_MESSAGE = 1024
+#: the longest message of an error reply, in bytes of UTF-8 (a handshake's replies must fit in 4 KiB)
+MAX_ERROR_MESSAGE_BYTES = 1024
 _WARN_REJECTIONS = 10  # per connection
 # how often an open user connection's token is checked again while it is used (the verifier's
 # own cache may answer for a while longer): a revoked token loses its open connections
@@ -91,8 +92,11 @@ def _handshake_limits(limits: RpcLimits) -> RpcLimits:
 
 
 def error_message(code: int, message: str) -> bytes:
-    """The message bytes of an error frame."""
-    return common_pb2.Status(code=int(code), message=message[:_MAX_ERROR_MESSAGE]).SerializeToString()
+    """The message bytes of an error frame: ``message`` cut in the middle to MAX_ERROR_MESSAGE_BYTES
+    if longer, and sent even where it holds text that is not UTF-8 (see fs3.errors.cut_middle)."""
+    return common_pb2.Status(
+        code=int(code), message=cut_middle(message, MAX_ERROR_MESSAGE_BYTES)
+    ).SerializeToString()
 
 
 @types.coroutine
