@@ -227,7 +227,7 @@ async def _with_cluster(args: argparse.Namespace) -> dict[str, list[dict[str, fl
     from fs_cluster import FsCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="fs3-fio-bench-", dir=args.tmp))
-    if (note := ext4_without_journal_note(tmp)) is not None:
+    if (note := ext4_without_journal_note(tmp, measure=True)) is not None:
         print(f"note: {note} (see the README)", file=sys.stderr)
     try:
         # The daemons run as deployed (the test fixture gives them 8 I/O threads to spare the

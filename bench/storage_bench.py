@@ -266,7 +266,7 @@ def main() -> int:
     if args.tune_malloc and not tune_malloc():
         print("note: --tune-malloc: the C library is not glibc; nothing changed", file=sys.stderr)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-storage-bench-"))
-    if (note := ext4_without_journal_note(root)) is not None:
+    if (note := ext4_without_journal_note(root, measure=True)) is not None:
         print(f"note: {note} (see the README)", file=sys.stderr)
     try:
         import uvloop

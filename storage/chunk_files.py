@@ -62,12 +62,15 @@ buffer (a 1 MiB memmove, ~8% of a daemon's CPU per 1 MiB read). Other callers ge
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import logging
 import mmap
 import os
+import shutil
 import struct
+import tempfile
 import threading
 import time
 import weakref
@@ -140,7 +143,7 @@ def ext4_without_journal(path: Path) -> bool:
     told. Such a file system, when it allocates an inode, passes over every free inode of the group
     that was deleted in the last one to six minutes (``recently_deleted`` in the kernel's
     ``ialloc.c``; only without a journal), so after a large removal each new chunk file costs up to
-    ~0.3 ms of kernel CPU instead of ~15 µs (on the development VM: a replicated 1 MiB write run
+    ~0.6 ms of kernel CPU instead of ~15 µs (on the development VM: a replicated 1 MiB write run
     fell from 276–344 to 164 MiB/s, 30% of the CPU in that scan). It also needs e2fsck after a
     crash. The storage daemon warns about targets on one."""
     try:
@@ -154,16 +157,37 @@ def ext4_without_journal(path: Path) -> bool:
         return False
 
 
-def ext4_without_journal_note(path: Path) -> str | None:
+def ext4_without_journal_note(path: Path, *, measure: bool = False) -> str | None:
     """What to tell the user about ``path`` when it is on ext4 without a journal (the storage
-    daemon logs it per target, the benchmarks print it); None elsewhere."""
+    daemon logs it per target, the benchmarks print it, with ``measure`` what a new file costs
+    there now: see :func:`file_create_cost`); None elsewhere."""
     if not ext4_without_journal(path):
         return None
+    now = ""
+    if measure:
+        with contextlib.suppress(OSError):
+            now = f" (here, now: {file_create_cost(path) * 1e6:.0f} us)"
     return (
         f"{path} is on ext4 without a journal: for minutes after large removals each new chunk file"
-        " costs up to ~0.3 ms of kernel CPU (the inode allocator skips recently deleted inodes), so"
-        " write figures drop, and a crash needs e2fsck; XFS or ext4 with a journal avoids both"
+        f" costs up to ~0.6 ms of kernel CPU instead of ~15 us{now} (the inode allocator skips"
+        " recently deleted inodes), so write figures drop, and a crash needs e2fsck; XFS or ext4"
+        " with a journal avoids both"
     )
+
+
+def file_create_cost(path: Path, files: int = 200) -> float:
+    """Seconds of CPU that making one empty file in directory ``path`` costs now: ``files`` are
+    made in a new directory there, timed, and removed. A benchmark prints it where the inode
+    allocator's scan of recently deleted inodes may slow new chunk files (see
+    :func:`ext4_without_journal`)."""
+    probe = Path(tempfile.mkdtemp(prefix=".create-cost-", dir=path))
+    try:
+        start = time.thread_time()
+        for i in range(files):
+            os.close(os.open(probe / f"{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+        return (time.thread_time() - start) / files
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
 
 
 @dataclass(slots=True, frozen=True)

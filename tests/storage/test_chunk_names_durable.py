@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -28,7 +29,13 @@ from mounts import unmount
 
 from fs3.storage import chunk_files
 from fs3.storage.chunk_engine import ChunkEngine
-from fs3.storage.chunk_files import ChunkFiles, ext4_without_journal, file_fsync_persists_names, mount_fstype
+from fs3.storage.chunk_files import (
+    ChunkFiles,
+    ext4_without_journal,
+    ext4_without_journal_note,
+    file_fsync_persists_names,
+    mount_fstype,
+)
 from fs3.storage.chunk_meta import ChunkMeta, ChunkVersion
 from fs3.storage.chunk_meta_store import ChunkMetaStore
 
@@ -163,6 +170,12 @@ def test_ext4_without_a_journal_is_told_apart(tmp_path: Path, fstype: str, caplo
             ChunkEngine(mnt / "target").close()
         warned = [r for r in caplog.records if "ext4 without a journal" in r.getMessage()]
         assert len(warned) == (fstype == "ext4-nojournal")
+        # a benchmark's note says what a new file costs there now, and leaves nothing behind
+        note = ext4_without_journal_note(mnt, measure=True)
+        assert (note is not None) == (fstype == "ext4-nojournal")
+        if note is not None:
+            assert re.search(r"\(here, now: \d+ us\)", note), note
+        assert sorted(p.name for p in mnt.iterdir() if p.name != "lost+found") == ["target"]
     assert not ext4_without_journal(Path("/dev/shm")) and not ext4_without_journal(tmp_path / "gone")
 
 
