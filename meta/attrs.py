@@ -109,7 +109,9 @@ class AttrOps(Namespace):
                 # Chunks past the new end may exist whatever the settled size says (writes not yet
                 # reported, by this caller or another client), so every truncate trims them, an
                 # extension of the settled size included (first: see _truncate_in_txn).
-                self._truncate_in_txn(tr, cred, ino, request.size, trims)
+                # at the request's one time: its ctime is set to ``now`` below (a truncate that read
+                # the clock again left the ctime before the mtime)
+                self._truncate_in_txn(tr, cred, ino, request.size, trims, now)
             if fields & F.SETATTR_MODE:
                 if ino.type == SYMLINK:  # Linux: fchmodat(AT_SYMLINK_NOFOLLOW) is EOPNOTSUPP
                     raise FS3Error(StatusCode.META_NOT_SUPPORTED, f"inode {inode_id} is a symlink: no mode")

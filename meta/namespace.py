@@ -672,9 +672,11 @@ class Namespace:
         ino: meta_pb2.Inode,
         size: int,
         trims: Trims,
+        now: int | None = None,
     ) -> None:
-        """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC); as on Linux a caller
-        other than root clears setuid/setgid (see :func:`kill_suid_sgid`). The chunks past
+        """Set the length of file ``ino`` for ``cred`` (truncate, O_TRUNC) at time ``now`` (its mtime
+        and ctime; the clock's when None); as on Linux a caller other than root clears
+        setuid/setgid (see :func:`kill_suid_sgid`). The chunks past
         ``size`` must be gone from storage before this commits, whatever the settled size (a
         writer's unreported bytes may lie past it): unless this call has trimmed them, ``trims``
         notes them missing, its transaction (:meth:`Trims.txn`) commits nothing, and
@@ -692,7 +694,8 @@ class Namespace:
         if ino.truncating_until_ns:  # another truncate's trim, perhaps made in part: this one's first
             trim = min(trim, ino.truncating_length)
         trims.need(ino, trim)
-        now = inodes.now_ns()
+        if now is None:
+            now = inodes.now_ns()
         # every truncate, even one to the length meta has: a writer may not have reported what it
         # wrote past it yet, and its report must not bring the removed bytes' length back
         ino.truncate_version += 1
