@@ -628,6 +628,12 @@ def _replace_dead_mount(path: str) -> bool:
     return True
 
 
+# Options asking the kernel to move atime on reads: fs3 mounts noatime (a read would be a metadata
+# commit), and libfuse took "-o atime" (the mount table then said relatime) while reads moved
+# nothing; it refuses the other two as unknown options.
+_ATIME_OPTIONS = frozenset({"atime", "strictatime", "relatime"})
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``fs3 mount``; returns the exit status."""
     ensure_std_fds()
@@ -638,6 +644,12 @@ def main(argv: list[str]) -> int:
             "fs3 mount: -o max_read is not supported: libfuse refuses the session with it under "
             "pyfuse3 ('init() and fuse_session_new() requested different maximum read size'); "
             "reads reach 1 MiB per request without it\n"
+        )
+        return 2
+    if timed := [o for o in options if o in _ATIME_OPTIONS]:
+        sys.stderr.write(
+            f"fs3 mount: -o {timed[0]} is not supported: fs3 keeps no access times (the mount is "
+            "noatime: reads never move atime; touch -a and utime set it)\n"
         )
         return 2
     where = os.path.abspath(args.mountpoint)

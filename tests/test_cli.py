@@ -105,6 +105,17 @@ def test_mount_refuses_max_read_before_mounting(tmp_path) -> None:
     assert out.stderr.strip().startswith("fs3 mount: -o max_read is not supported: "), out.stderr
 
 
+def test_mount_refuses_atime_options_before_mounting(tmp_path) -> None:
+    """fs3 keeps no access times: "-o atime" was taken (the mount table said relatime) and reads
+    moved nothing."""
+    for option in ("atime", "rw,strictatime", "relatime"):
+        out = fs3("mount", str(tmp_path), "-o", option)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().startswith(
+            f"fs3 mount: -o {option.split(',')[-1]} is not supported: fs3 keeps no access times"
+        ), out.stderr
+
+
 def test_mount_refuses_an_unknown_event_loop_before_mounting(tmp_path, monkeypatch) -> None:
     """FS3_FUSE_LOOP=bogus mounted on uvloop without a word."""
     monkeypatch.setenv("FS3_FUSE_LOOP", "bogus")
