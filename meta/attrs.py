@@ -140,6 +140,8 @@ class AttrOps(Namespace):
                 ino.mtime_ns = now
             elif fields & F.SETATTR_MTIME:
                 ino.mtime_ns = request.mtime_ns
+            if fields & (F.SETATTR_MTIME_NOW | F.SETATTR_MTIME):
+                ino.times_set_ns = now  # writes reported later that were made before keep it
             ino.ctime_ns = request.ctime_ns if fields & F.SETATTR_CTIME else now
             self._store_attrs(tr, ino)
             return inodes.public(ino)

@@ -98,13 +98,15 @@ async def load_full(rv: ReadView, inode_id: int) -> meta_pb2.Inode:
 
 def public(ino: meta_pb2.Inode) -> meta_pb2.Inode:
     """``ino`` without the fields replies do not carry (extended attributes, an owed trim, how
-    long write capabilities of it last, the collector's claim, a truncate under way)."""
+    long write capabilities of it last, the collector's claim, a truncate under way, when its
+    mtime was set)."""
     if ino.xattrs:
         del ino.xattrs[:]
     ino.trim_version = ino.trim_length = 0
     ino.write_caps_until_ns = 0
     ino.collecting = False
     ino.truncating_length = ino.truncating_until_ns = 0
+    ino.times_set_ns = 0
     return ino
 
 

@@ -585,5 +585,6 @@ def _record_write(
         ino.size = length
     if not session.fsetid:
         ino.mode = kill_suid_sgid(ino.mode, session.in_group)
-    ino.mtime_ns = mtime_ns
+    if mtime_ns >= ino.times_set_ns:  # (else made before a time set since, which stands)
+        ino.mtime_ns = mtime_ns
     ino.ctime_ns = now

@@ -152,7 +152,7 @@ class Xattr(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class Inode(_message.Message):
-    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length", "write_caps_until_ns", "handle", "collecting", "truncating_length", "truncating_until_ns")
+    __slots__ = ("id", "type", "mode", "uid", "gid", "nlink", "size", "rdev", "atime_ns", "mtime_ns", "ctime_ns", "layout", "symlink_target", "parent", "generation", "xattrs", "truncate_version", "trim_version", "trim_length", "write_caps_until_ns", "handle", "collecting", "truncating_length", "truncating_until_ns", "times_set_ns")
     ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class Inode(_message.Message):
     COLLECTING_FIELD_NUMBER: _ClassVar[int]
     TRUNCATING_LENGTH_FIELD_NUMBER: _ClassVar[int]
     TRUNCATING_UNTIL_NS_FIELD_NUMBER: _ClassVar[int]
+    TIMES_SET_NS_FIELD_NUMBER: _ClassVar[int]
     id: int
     type: InodeType
     mode: int
@@ -201,7 +202,8 @@ class Inode(_message.Message):
     collecting: bool
     truncating_length: int
     truncating_until_ns: int
-    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ..., write_caps_until_ns: _Optional[int] = ..., handle: _Optional[bytes] = ..., collecting: _Optional[bool] = ..., truncating_length: _Optional[int] = ..., truncating_until_ns: _Optional[int] = ...) -> None: ...
+    times_set_ns: int
+    def __init__(self, id: _Optional[int] = ..., type: _Optional[_Union[InodeType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., nlink: _Optional[int] = ..., size: _Optional[int] = ..., rdev: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., layout: _Optional[_Union[Layout, _Mapping]] = ..., symlink_target: _Optional[bytes] = ..., parent: _Optional[int] = ..., generation: _Optional[int] = ..., xattrs: _Optional[_Iterable[_Union[Xattr, _Mapping]]] = ..., truncate_version: _Optional[int] = ..., trim_version: _Optional[int] = ..., trim_length: _Optional[int] = ..., write_caps_until_ns: _Optional[int] = ..., handle: _Optional[bytes] = ..., collecting: _Optional[bool] = ..., truncating_length: _Optional[int] = ..., truncating_until_ns: _Optional[int] = ..., times_set_ns: _Optional[int] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("parent", "name", "inode_id", "type")
