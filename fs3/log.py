@@ -69,7 +69,13 @@ def setup_logging(cfg: LogConfig, service: str) -> None:
         root.removeHandler(h)
         h.close()
     handler: logging.Handler
-    handler = logging.FileHandler(cfg.file) if cfg.file else logging.StreamHandler(sys.stderr)
+    # (a message holding text that is not UTF-8, a name's undecodable bytes, is written with
+    # backslash escapes, as standard error writes it: strict encoding lost the record)
+    handler = (
+        logging.FileHandler(cfg.file, encoding="utf-8", errors="backslashreplace")
+        if cfg.file
+        else logging.StreamHandler(sys.stderr)
+    )
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%Y-%m-%dT%H:%M:%S"))
     handler.addFilter(_ServiceFilter(service))
     root.addHandler(handler)

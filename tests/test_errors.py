@@ -110,3 +110,29 @@ def test_cut_middle_keeps_both_ends_within_its_limit_as_utf8() -> None:
     cut = cut_middle(text, 1024)
     assert cut.startswith("why: '\u00e9") and cut.endswith("\u00e9' is too long")
     assert "bytes cut" in cut and len(cut.encode()) <= 1024
+
+
+def test_a_log_file_takes_text_that_is_not_utf8(tmp_path) -> None:
+    """A record holding a lone surrogate (a name's undecodable bytes) is written with backslash
+    escapes, as standard error writes it: the log file's strict UTF-8 lost it ("Logging error")."""
+    import logging
+
+    from fs3.config import LogConfig
+    from fs3.log import setup_logging
+
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    path = tmp_path / "daemon.log"
+    try:
+        setup_logging(LogConfig(file=str(path), level="INFO"), "test")
+        logging.getLogger("fs3.test").warning("cannot open '%s'", "a\udce9b")
+        for h in root.handlers:
+            h.flush()
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+            h.close()
+        for h in saved:
+            root.addHandler(h)
+        root.setLevel(level)
+    assert "cannot open 'a\\udce9b'" in path.read_text(encoding="utf-8")
