@@ -237,7 +237,7 @@ class _Committer:
         if failed is not None:
             raise FS3Error(failed.code, failed.message)
         if self._stopping:
-            raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
+            raise self._closed()
         if self._commit_avg + self._sync_avg < LOOP_COMMIT_MAX_S:
             self._queue_here(loop, (req, fut))
         else:
@@ -255,7 +255,7 @@ class _Committer:
         # (not in submit: a local naming the batch would hold a failure's traceback in a cycle)
         with self._cond:  # not while stop() moves what loops queued to the thread
             if self._stopping:
-                raise FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
+                raise self._closed()
             here = self._here.get(loop)
             if here is None:
                 here = self._here[loop] = []
@@ -265,10 +265,13 @@ class _Committer:
                 loop.call_soon(loop.call_soon, self._commit_here, loop)
             here.append(item)
 
+    def _closed(self) -> FS3Error:
+        return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
+
     def _to_thread(self, batch: Batch) -> None:
         with self._cond:
             if self._stopping:
-                _deliver(batch, FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed"))
+                _deliver(batch, self._closed())
                 return
             self._queue += batch
             if self._idle:
