@@ -27,6 +27,7 @@ from fs3 import capability, metrics
 from fs3.capability import CapabilityIssuer
 from fs3.client.meta_client import MAX_BATCH_STAT, MAX_END_READ_SESSIONS, META_SERVICE
 from fs3.errors import FS3Error, StatusCode
+from fs3.kv.txn import COMMIT_CALLER
 from fs3.meta.auth import Authenticator
 from fs3.meta.handles import HandleSealer
 from fs3.meta.namespace import CALL_DEADLINE, FILE
@@ -498,6 +499,7 @@ def _measured(handler: Any, name: str, stats: RequestMetrics, handles: HandleSea
                 if not user.root:
                     handles.check(user.uid, name, req)
             CALL_DEADLINE.set(ctx.deadline)
+            COMMIT_CALLER.set(ctx.peer)
             rsp = await handler(req, payload, ctx)
             if user is not None and not user.root:
                 handles.seal_reply(user.uid, name, req, rsp)
@@ -534,6 +536,7 @@ def _plain(handler: Any, name: str, handles: HandleSealer) -> Any:
             if not user.root:
                 handles.check(user.uid, name, req)
         CALL_DEADLINE.set(ctx.deadline)
+        COMMIT_CALLER.set(ctx.peer)
         rsp = await handler(req, payload, ctx)
         if user is not None and not user.root:
             handles.seal_reply(user.uid, name, req, rsp)

@@ -16,9 +16,10 @@ How it works, and why:
   forth at every key: about 20 thread switches per batch here, which cost the meta server more CPU
   than the commits themselves (a create: 134 us of server CPU, 100 with the loop committing). So
   while a batch's commit and flush take less than :data:`LOOP_COMMIT_MAX_S` on average, the loop
-  commits the transactions its callers queued in one iteration itself, flushes, and answers them:
-  the loop stands still for that time (about half a millisecond per batch on an SSD), no thread
-  runs. A slower disk (or a larger average batch) sends commits to the commit thread, so reads are
+  commits the transactions its callers queued itself, flushes, and answers them: the loop stands
+  still for that time (about half a millisecond per batch on an SSD), no thread runs. Its batch
+  takes what comes within a turn or two of the loop, longer while callers of its previous batch
+  have yet to come back (see :meth:`_Committer._gather`). A slower disk (or a larger average batch) sends commits to the commit thread, so reads are
   served while a flush waits; so does a write lock that another writer holds (see
   :meth:`_Committer._baton`): the loop never waits for another process.
 * **Durability by group commit.** The environment runs with LMDB's ``metasync=False``: committing
@@ -62,7 +63,13 @@ import lmdb
 from fs3.errors import FS3Error, StatusCode
 from fs3.kv.base import CommitStats, Database, StoreSpace, Transaction
 from fs3.kv.lmdb_layout import Snapshot, WriteView
-from fs3.kv.txn import COMMIT_DEADLINE, BufferedTransaction, CommitRequest, validate_and_apply
+from fs3.kv.txn import (
+    COMMIT_CALLER,
+    COMMIT_DEADLINE,
+    BufferedTransaction,
+    CommitRequest,
+    validate_and_apply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +79,14 @@ DEFAULT_MAX_READERS = 1024
 #: the event loop commits its callers' transactions itself while a batch's commit and flush take less
 #: than this on average (see the module docstring); otherwise the commit thread does
 LOOP_COMMIT_MAX_S = 0.002
+#: at most how long a batch the event loop gathers stays open for callers of the loop's previous
+#: batch that have not sent their next transaction yet (see _Committer._gather), and never longer
+#: than a batch's commit and flush take on average
+GATHER_WAIT_MAX_S = 0.001
+#: a batch stays open while transactions keep coming for at most this long
+GATHER_OPEN_MAX_S = 0.002
+#: how long the loop sleeps between two looks for them when nothing else has come
+GATHER_NAP_S = 0.00003
 #: weight of the newest batch in that average
 _AVERAGE_WEIGHT = 0.2
 #: how often the committer clears the reader slots of dead processes (see the module docstring)
@@ -147,6 +162,19 @@ def _disk_failure(exc: OSError | lmdb.Error) -> bool:
     return type(exc) is lmdb.Error
 
 
+class _Gathering:
+    """The transactions an event loop has queued for its next batch (see _Committer._gather)."""
+
+    __slots__ = ("items", "callers", "since", "seen", "napped")
+
+    def __init__(self, since: float) -> None:
+        self.items: Batch = []
+        self.callers: set[object] = set()  # their COMMIT_CALLERs
+        self.since = since  # when the first was queued, time.monotonic()
+        self.seen = 0  # how many there were at the last look
+        self.napped = 0.0  # seconds the loop slept waiting for more
+
+
 class _Rejoin:
     """Signals that the event loops of a batch's callers have run them after their acknowledgement.
 
@@ -189,8 +217,11 @@ class _Committer:
         # across processes, the baton (see _baton) comes first.
         self._writer = threading.Lock()
         self._baton_fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_CLOEXEC)
-        # Transactions each event loop will commit itself at its next turn (see _commit_here).
-        self._here: dict[asyncio.AbstractEventLoop, Batch] = {}
+        # Transactions each event loop will commit itself shortly (see _gather and _commit_here).
+        self._here: dict[asyncio.AbstractEventLoop, _Gathering] = {}
+        # The loop that committed the last batch here, and who that batch's callers were (_gather).
+        self._last_loop: asyncio.AbstractEventLoop | None = None
+        self._last_callers: set[object] = set()
         # Averages of a batch's commit and of a flush, seconds (see LOOP_COMMIT_MAX_S).
         self._commit_avg = 0.0
         self._sync_avg = 0.0
@@ -258,12 +289,50 @@ class _Committer:
                 raise self._closed()
             here = self._here.get(loop)
             if here is None:
-                here = self._here[loop] = []
-                # after the callbacks ready now and one more turn of the loop: the transactions
-                # of requests its next poll reads join this batch (with two clients' connections,
-                # batches took each one's requests in turn: 8,000 creates/s against 7,200)
-                loop.call_soon(loop.call_soon, self._commit_here, loop)
-            here.append(item)
+                here = self._here[loop] = _Gathering(time.monotonic())
+                loop.call_soon(self._gather, loop)
+            here.items.append(item)
+            caller = COMMIT_CALLER.get()
+            if caller is not None:
+                here.callers.add(caller)
+
+    def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``, a turn after transactions were queued here: commit them (_commit_here)
+        unless more may be about to join. The batch stays open
+
+        * while transactions keep coming (for at most GATHER_OPEN_MAX_S): some came in the loop's
+          last turn, so requests its next poll reads may bring more (with two clients' connections,
+          batches that took what one turn brought took each one's requests in turn: 8,000
+          creates/s against 7,200);
+        * while a caller of the loop's previous batch has sent nothing yet (COMMIT_CALLER): the
+          loop sleeps a few microseconds at a time, and polls, for no longer in all than a batch's
+          commit and flush take on average (and GATHER_WAIT_MAX_S), since waiting longer would
+          cost more than the commit it saves; a caller that went away is thus waited for once.
+          Callers answered together come back at slightly different times (their processes
+          share cores), and a batch committed as soon as the first are back splits them into
+          groups that alternate between batches, each half as full, each costing a commit and a
+          flush: 16 clients on two connections made batches of 8 at 7,300 creates/s and 106 us of
+          server CPU per create, against batches of 16 at 8,200/s and 89 us.
+        """
+        here = self._here.get(loop)
+        if here is None:  # stop() took them
+            return
+        count = len(here.items)
+        if count > here.seen and time.monotonic() - here.since < GATHER_OPEN_MAX_S:
+            here.seen = count
+            loop.call_soon(self._gather, loop)
+            return
+        if (
+            self._last_loop is loop
+            and not self._last_callers <= here.callers
+            and here.napped < min(GATHER_WAIT_MAX_S, self._commit_avg + self._sync_avg)
+        ):
+            time.sleep(GATHER_NAP_S)
+            here.napped += GATHER_NAP_S
+            loop.call_soon(self._gather, loop)
+            return
+        self._last_loop, self._last_callers = loop, here.callers
+        self._commit_here(loop)
 
     def _closed(self) -> FS3Error:
         return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
@@ -280,7 +349,8 @@ class _Committer:
     def _commit_here(self, loop: asyncio.AbstractEventLoop) -> None:
         """On ``loop``: commit and flush the transactions it queued, and answer them; or hand them to
         the commit thread when this process's commit thread or another process is writing."""
-        queued = self._here.pop(loop, None)
+        here = self._here.pop(loop, None)
+        queued = here.items if here is not None else None
         while queued:
             count = _batch_length(queued)
             batch, queued = queued[:count], queued[count:]
@@ -352,8 +422,10 @@ class _Committer:
             self._stopping = True
             # what event loops have not committed yet: the thread commits it, answering through
             # their loops (a loop that has closed never hears)
-            for loop in list(self._here):
-                self._queue += self._here.pop(loop, [])
+            for here in self._here.values():
+                self._queue += here.items
+            self._here.clear()
+            self._last_loop = None
             self._cond.notify()
         self._thread.join()
         with self._flush_cond:

@@ -251,3 +251,47 @@ async def test_engines_without_group_commit_report_no_stats() -> None:
     db = await open_database("mem")
     assert db.commit_stats() is None
     await db.close()
+
+
+async def test_lmdb_batch_waits_for_the_callers_of_the_loop_s_previous_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callers answered together come back at slightly different times; a batch committed as soon
+    as the first are back would split them into groups alternating between half-full batches. The
+    event loop holds its batch open (briefly) for callers of its previous batch still to come."""
+    from fs3.kv import lmdb_engine
+    from fs3.kv.txn import COMMIT_CALLER
+
+    monkeypatch.setattr(lmdb_engine, "GATHER_WAIT_MAX_S", 5.0)
+    monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 10.0)  # the loop commits (not the thread)
+    db = await open_database("lmdb", path=str(tmp_path))
+    committer = db._shared.committer  # noqa: SLF001
+
+    async def put_as(caller: str, key: bytes, turns: int = 0) -> None:
+        COMMIT_CALLER.set(caller)  # (run as a task: in its context only)
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await db.run(lambda tr: _set(tr, key, caller.encode()))
+
+    # (the first commit grows the new store's file, on the thread)
+    await asyncio.create_task(put_as("warm", b"w"))
+    await asyncio.gather(put_as("A", b"a1"), put_as("B", b"b1"))  # one batch: A's and B's
+    # (waits are bounded by how long a commit and a flush take on average; this disk's may be
+    # faster than a few turns of the loop)
+    committer._sync_avg = 1.0  # noqa: SLF001
+    before = db.commit_stats()
+    # B is back at once, A three turns of the loop later: they still make one batch
+    await asyncio.gather(put_as("B", b"b2"), put_as("A", b"a2", turns=3))
+    after = db.commit_stats()
+    assert (after.batches - before.batches, after.transactions - before.transactions) == (1, 2)
+
+    # A caller that does not come back is waited for once: the batch after it is B's alone
+    committer._sync_avg = 0.0  # noqa: SLF001 (no wait: B's commit does not stand for A)
+    await asyncio.create_task(put_as("B", b"b3"))
+    assert committer._last_callers == {"B"}  # noqa: SLF001
+    # transactions of nobody in particular (no COMMIT_CALLER) wait for nobody
+    await db.run(lambda tr: _set(tr, b"n", b"x"))
+    assert committer._last_callers == set()  # noqa: SLF001
+    values = [await db.run(lambda tr, k=k: tr.get(k), read_only=True) for k in (b"a1", b"a2", b"b2", b"b3")]
+    assert values == [b"A", b"A", b"B", b"B"]
+    await db.close()

@@ -104,3 +104,43 @@ async def test_a_client_other_than_root_prunes_only_sessions_its_uid_opened(clie
 def _as(c: MetaClient, uid: int) -> MetaClient:
     other = MetaClient(c.addresses, user=common_pb2.UserInfo(uid=uid, gid=uid), rpc=c.rpc, timeout_s=5)
     return other
+
+
+async def test_commits_of_a_call_name_its_connection_for_the_group_commit() -> None:
+    """The lmdb engine's group commit waits for the callers of its previous batch: each call's
+    transactions are its connection's (COMMIT_CALLER), told apart from another connection's."""
+    from fs3.kv.txn import COMMIT_CALLER
+
+    db = await open_database("mem")
+    store = MetaStore(db, layouts=ChainAllocator(static_tables([ChainTable(1, 1, (11, 12, 13))])))
+    await store.start(background=False)
+    seen: list[object] = []
+    real_create, real_mkdir = store.create, store.mkdir
+
+    async def create(*args: object, **kwargs: object) -> m.CreateRsp:
+        seen.append(COMMIT_CALLER.get())
+        return await real_create(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def mkdir(*args: object, **kwargs: object) -> m.Inode:
+        seen.append(COMMIT_CALLER.get())
+        return await real_mkdir(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.create, store.mkdir = create, mkdir  # type: ignore[method-assign]
+    server = RpcServer(DEV_SECRET)
+    MetaService(store, TrustingAuthenticator()).register(server)
+    host, port = await server.start(("127.0.0.1", 0))
+    root = common_pb2.UserInfo(uid=0, gid=0)
+    one = MetaClient([f"{host}:{port}"], user=root, timeout_s=5)
+    two = MetaClient([f"{host}:{port}"], user=root, timeout_s=5)
+    try:
+        await one.mkdir(ROOT_ID, b"d1", 0o755)
+        await one.create(ROOT_ID, b"f1", 0o644, flags=2)
+        await two.create(ROOT_ID, b"f2", 0o644, flags=2)
+    finally:
+        await one.close()
+        await two.close()
+        await server.stop()
+        await store.stop()
+        await db.close()
+    assert all(isinstance(c, str) and c.startswith("127.0.0.1:") for c in seen)
+    assert seen[0] == seen[1] != seen[2]
