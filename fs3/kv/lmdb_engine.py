@@ -222,6 +222,7 @@ class _Committer:
         # The loop that committed the last batch here, and who that batch's callers were (_gather).
         self._last_loop: asyncio.AbstractEventLoop | None = None
         self._last_callers: set[object] = set()
+        self._last_at = 0.0  # when it was committed, time.monotonic()
         # Averages of a batch's commit and of a flush, seconds (see LOOP_COMMIT_MAX_S).
         self._commit_avg = 0.0
         self._sync_avg = 0.0
@@ -304,8 +305,9 @@ class _Committer:
           last turn, so requests its next poll reads may bring more (with two clients' connections,
           batches that took what one turn brought took each one's requests in turn: 8,000
           creates/s against 7,200);
-        * while a caller of the loop's previous batch has sent nothing yet (COMMIT_CALLER): the
-          loop sleeps a few microseconds at a time, and polls, for no longer in all than a batch's
+        * while a caller of the loop's previous batch, answered just before this batch began
+          (within GATHER_WAIT_MAX_S), has sent nothing yet (COMMIT_CALLER): the loop sleeps a few
+          microseconds at a time, and polls, for no longer in all than a batch's
           commit and flush take on average (and GATHER_WAIT_MAX_S), since waiting longer would
           cost more than the commit it saves; a caller that went away is thus waited for once.
           Callers answered together come back at slightly different times (their processes
@@ -324,6 +326,7 @@ class _Committer:
             return
         if (
             self._last_loop is loop
+            and here.since - self._last_at < GATHER_WAIT_MAX_S
             and not self._last_callers <= here.callers
             and here.napped < min(GATHER_WAIT_MAX_S, self._commit_avg + self._sync_avg)
         ):
@@ -333,6 +336,7 @@ class _Committer:
             return
         self._last_loop, self._last_callers = loop, here.callers
         self._commit_here(loop)
+        self._last_at = time.monotonic()
 
     def _closed(self) -> FS3Error:
         return FS3Error(StatusCode.KV_STORE_FAILED, f"kv store {self._path} is closed")
