@@ -313,8 +313,10 @@ class _Committer:
           Callers answered together come back at slightly different times (their processes
           share cores), and a batch committed as soon as the first are back splits them into
           groups that alternate between batches, each half as full, each costing a commit and a
-          flush: 16 clients on two connections made batches of 8 at 7,300 creates/s and 106 us of
-          server CPU per create, against batches of 16 at 8,200/s and 89 us.
+          flush. ``bench/meta_bench.py``, 16 clients: with a connection each, batches of 8 and
+          6,600-6,800 creates/s (116-118 us of server CPU each) before, batches of 16 and
+          8,300-8,500/s (93-96 us) since; on two shared connections 7,000-7,800/s (101-110 us)
+          before, 7,500-7,900/s (94-97 us) since.
         """
         here = self._here.get(loop)
         if here is None:  # stop() took them
