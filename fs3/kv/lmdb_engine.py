@@ -19,9 +19,10 @@ How it works, and why:
   commits the transactions its callers queued itself, flushes, and answers them: the loop stands
   still for that time (about half a millisecond per batch on an SSD), no thread runs. Its batch
   takes what comes within a turn or two of the loop, longer while callers of its previous batch
-  have yet to come back (see :meth:`_Committer._gather`). A slower disk (or a larger average batch) sends commits to the commit thread, so reads are
-  served while a flush waits; so does a write lock that another writer holds (see
-  :meth:`_Committer._baton`): the loop never waits for another process.
+  have yet to come back (see :meth:`_Committer._gather`). A slower disk (or a larger average
+  batch) sends commits to the commit thread, so reads are served while a flush waits; so does a
+  write lock that another writer holds (see :meth:`_Committer._baton`): the loop never waits for
+  another process.
 * **Durability by group commit.** The environment runs with LMDB's ``metasync=False``: committing
   a batch writes its pages, fsyncs them, then writes the new meta page without an fsync. A flush
   thread then fsyncs the file, and only then are the batch's callers acknowledged. A batch of any
@@ -307,9 +308,9 @@ class _Committer:
           creates/s against 7,200);
         * while a caller of the loop's previous batch, answered just before this batch began
           (within GATHER_WAIT_MAX_S), has sent nothing yet (COMMIT_CALLER): the loop sleeps a few
-          microseconds at a time, and polls, for no longer in all than a batch's
-          commit and flush take on average (and GATHER_WAIT_MAX_S), since waiting longer would
-          cost more than the commit it saves; a caller that went away is thus waited for once.
+          microseconds at a time, and polls, for no longer in all than a batch's commit and flush
+          take on average (and GATHER_WAIT_MAX_S), since waiting longer would cost more than the
+          commit it saves; a caller that went away is thus waited for once.
           Callers answered together come back at slightly different times (their processes
           share cores), and a batch committed as soon as the first are back splits them into
           groups that alternate between batches, each half as full, each costing a commit and a
