@@ -499,7 +499,7 @@ def _measured(handler: Any, name: str, stats: RequestMetrics, handles: HandleSea
                 if not user.root:
                     handles.check(user.uid, name, req)
             CALL_DEADLINE.set(ctx.deadline)
-            COMMIT_CALLER.set(ctx.peer)
+            COMMIT_CALLER.set(_caller(req, ctx))
             rsp = await handler(req, payload, ctx)
             if user is not None and not user.root:
                 handles.seal_reply(user.uid, name, req, rsp)
@@ -526,6 +526,15 @@ def _unknown(_user: Any) -> None:
     return None
 
 
+def _caller(req: Any, ctx: CallContext) -> object:
+    """Who a call's commits are for, as the group commit tells callers apart (COMMIT_CALLER): the
+    client its header names, else its connection. Not the connection alone: one client spreads its
+    calls over several (a mount over two), and each would be a caller the batch waits for."""
+    hdr = getattr(req, "hdr", None)
+    client_id = hdr.client_id if hdr is not None else 0
+    return client_id or ctx.peer
+
+
 def _plain(handler: Any, name: str, handles: HandleSealer) -> Any:
     """``handler`` as the server calls it without metrics (inline if ``name`` is in INLINE)."""
 
@@ -536,7 +545,7 @@ def _plain(handler: Any, name: str, handles: HandleSealer) -> Any:
             if not user.root:
                 handles.check(user.uid, name, req)
         CALL_DEADLINE.set(ctx.deadline)
-        COMMIT_CALLER.set(ctx.peer)
+        COMMIT_CALLER.set(_caller(req, ctx))
         rsp = await handler(req, payload, ctx)
         if user is not None and not user.root:
             handles.seal_reply(user.uid, name, req, rsp)

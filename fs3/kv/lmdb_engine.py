@@ -333,8 +333,9 @@ class _Committer:
             and not self._last_callers <= here.callers
             and here.napped < min(GATHER_WAIT_MAX_S, self._commit_avg + self._sync_avg)
         ):
-            time.sleep(GATHER_NAP_S)
-            here.napped += GATHER_NAP_S
+            start = time.monotonic()
+            time.sleep(GATHER_NAP_S)  # (about 100 us here: the timer slack)
+            here.napped += time.monotonic() - start
             loop.call_soon(self._gather, loop)
             return
         self._last_loop, self._last_callers = loop, here.callers
@@ -429,9 +430,10 @@ class _Committer:
             self._stopping = True
             # what event loops have not committed yet: the thread commits it, answering through
             # their loops (a loop that has closed never hears)
-            for here in self._here.values():
-                self._queue += here.items
-            self._here.clear()
+            for loop in list(self._here):  # (an event loop may pop its own meanwhile)
+                here = self._here.pop(loop, None)
+                if here is not None:
+                    self._queue += here.items
             self._last_loop = None
             self._cond.notify()
         self._thread.join()

@@ -156,7 +156,7 @@ COMMIT_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "fs3_kv_commit_deadline", default=None
 )
 
-# Who this task's commits are for (meta sets the connection its call came on): the lmdb engine's
+# Who this task's commits are for (meta sets the client its call came from): the lmdb engine's
 # group commit holds a batch open a little while callers of its previous batch have not sent their
 # next transaction yet, so that callers answered together stay in one batch (see
 # fs3.kv.lmdb_engine._Committer._gather).

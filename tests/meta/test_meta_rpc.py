@@ -106,10 +106,13 @@ def _as(c: MetaClient, uid: int) -> MetaClient:
     return other
 
 
-async def test_commits_of_a_call_name_its_connection_for_the_group_commit() -> None:
+async def test_commits_of_a_call_name_its_client_for_the_group_commit() -> None:
     """The lmdb engine's group commit waits for the callers of its previous batch: each call's
-    transactions are its connection's (COMMIT_CALLER), told apart from another connection's."""
+    transactions are its client's (COMMIT_CALLER), told apart from another client's, and the same
+    over each of the connections one client spreads its calls over (a mount has two: were they
+    two callers, each batch of a lone mount would wait for the connection it did not use)."""
     from fs3.kv.txn import COMMIT_CALLER
+    from fs3.net import RpcClient
 
     db = await open_database("mem")
     store = MetaStore(db, layouts=ChainAllocator(static_tables([ChainTable(1, 1, (11, 12, 13))])))
@@ -130,17 +133,19 @@ async def test_commits_of_a_call_name_its_connection_for_the_group_commit() -> N
     MetaService(store, TrustingAuthenticator()).register(server)
     host, port = await server.start(("127.0.0.1", 0))
     root = common_pb2.UserInfo(uid=0, gid=0)
-    one = MetaClient([f"{host}:{port}"], user=root, timeout_s=5)
+    rpc = RpcClient(DEV_SECRET, identity="two-connections", connections_per_peer=2)
+    one = MetaClient([f"{host}:{port}"], user=root, rpc=rpc, timeout_s=5)
     two = MetaClient([f"{host}:{port}"], user=root, timeout_s=5)
     try:
         await one.mkdir(ROOT_ID, b"d1", 0o755)
-        await one.create(ROOT_ID, b"f1", 0o644, flags=2)
-        await two.create(ROOT_ID, b"f2", 0o644, flags=2)
+        for i in range(4):  # over both of its connections
+            await one.create(ROOT_ID, b"f%d" % i, 0o644, flags=2)
+        await two.create(ROOT_ID, b"g", 0o644, flags=2)
     finally:
         await one.close()
         await two.close()
+        await rpc.close()
         await server.stop()
         await store.stop()
         await db.close()
-    assert all(isinstance(c, str) and c.startswith("127.0.0.1:") for c in seen)
-    assert seen[0] == seen[1] != seen[2]
+    assert seen == [one.client_id] * 5 + [two.client_id]
