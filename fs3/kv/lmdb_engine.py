@@ -55,6 +55,7 @@ import collections
 import errno
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
@@ -166,7 +167,7 @@ def _disk_failure(exc: OSError | lmdb.Error) -> bool:
 class _Gathering:
     """The transactions an event loop has queued for its next batch (see _Committer._gather)."""
 
-    __slots__ = ("items", "callers", "since", "seen", "napped")
+    __slots__ = ("items", "callers", "since", "seen", "napped", "deadline")
 
     def __init__(self, since: float) -> None:
         self.items: Batch = []
@@ -174,6 +175,7 @@ class _Gathering:
         self.since = since  # when the first was queued, time.monotonic()
         self.seen = 0  # how many there were at the last look
         self.napped = 0.0  # seconds the loop slept waiting for more
+        self.deadline = math.inf  # the earliest of their deadlines (CommitRequest.deadline)
 
 
 class _Rejoin:
@@ -294,6 +296,9 @@ class _Committer:
                 here = self._here[loop] = _Gathering(time.monotonic())
                 loop.call_soon(self._gather, loop)
             here.items.append(item)
+            deadline = item[0].deadline
+            if deadline is not None and deadline < here.deadline:
+                here.deadline = deadline
             caller = COMMIT_CALLER.get()
             if caller is not None:
                 here.callers.add(caller)
@@ -332,6 +337,8 @@ class _Committer:
             and here.since - self._last_at < GATHER_WAIT_MAX_S
             and not self._last_callers <= here.callers
             and here.napped < min(GATHER_WAIT_MAX_S, self._commit_avg + self._sync_avg)
+            # nor while a caller whose deadline comes first would be told its commit failed
+            and here.deadline - time.monotonic() > GATHER_WAIT_MAX_S + self._commit_avg + self._sync_avg
         ):
             start = time.monotonic()
             time.sleep(GATHER_NAP_S)  # (about 100 us here: the timer slack)

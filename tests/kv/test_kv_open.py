@@ -295,3 +295,31 @@ async def test_lmdb_batch_waits_for_the_callers_of_the_loop_s_previous_batch(
     values = [await db.run(lambda tr, k=k: tr.get(k), read_only=True) for k in (b"a1", b"a2", b"b2", b"b3")]
     assert values == [b"A", b"A", b"B", b"B"]
     await db.close()
+
+
+async def test_lmdb_batch_does_not_wait_past_its_callers_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for callers of the previous batch ends before a queued caller's deadline would
+    pass: its commit is made, not refused as too late."""
+    from fs3.kv import lmdb_engine
+    from fs3.kv.txn import COMMIT_CALLER, COMMIT_DEADLINE
+
+    monkeypatch.setattr(lmdb_engine, "GATHER_WAIT_MAX_S", 5.0)
+    monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 10.0)  # the loop commits (not the thread)
+    db = await open_database("lmdb", path=str(tmp_path))
+    committer = db._shared.committer  # noqa: SLF001
+
+    async def put_as(caller: str, key: bytes, within_s: float | None = None) -> None:
+        COMMIT_CALLER.set(caller)  # (run as a task: in its context only)
+        if within_s is not None:
+            COMMIT_DEADLINE.set(asyncio.get_running_loop().time() + within_s)
+        await db.run(lambda tr: _set(tr, key, caller.encode()))
+
+    await asyncio.create_task(put_as("warm", b"w"))
+    await asyncio.gather(put_as("A", b"a1"), put_as("B", b"b1"))  # one batch: A's and B's
+    committer._sync_avg = 1.0  # noqa: SLF001 (a wait of up to a second for A)
+    # B alone, with half a second left, while A does not come back: made in time
+    await asyncio.wait_for(asyncio.create_task(put_as("B", b"b2", within_s=0.5)), 30)
+    assert await db.run(lambda tr: tr.get(b"b2"), read_only=True) == b"B"
+    await db.close()
