@@ -328,21 +328,22 @@ class _Committer:
         if here is None:  # stop() took them
             return
         count = len(here.items)
-        if count > here.seen and time.monotonic() - here.since < GATHER_OPEN_MAX_S:
+        now = time.monotonic()
+        if count > here.seen and now - here.since < GATHER_OPEN_MAX_S:
             here.seen = count
             loop.call_soon(self._gather, loop)
             return
+        commit_s = self._commit_avg + self._sync_avg
         if (
             self._last_loop is loop
             and here.since - self._last_at < GATHER_WAIT_MAX_S
             and not self._last_callers <= here.callers
-            and here.napped < min(GATHER_WAIT_MAX_S, self._commit_avg + self._sync_avg)
+            and here.napped < min(GATHER_WAIT_MAX_S, commit_s)
             # nor while a caller whose deadline comes first would be told its commit failed
-            and here.deadline - time.monotonic() > GATHER_WAIT_MAX_S + self._commit_avg + self._sync_avg
+            and here.deadline - now > GATHER_WAIT_MAX_S + commit_s
         ):
-            start = time.monotonic()
             time.sleep(GATHER_NAP_S)  # (about 100 us here: the timer slack)
-            here.napped += time.monotonic() - start
+            here.napped += time.monotonic() - now
             loop.call_soon(self._gather, loop)
             return
         self._last_loop, self._last_callers = loop, here.callers

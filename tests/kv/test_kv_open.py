@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import lmdb
 import pytest
@@ -253,41 +254,54 @@ async def test_engines_without_group_commit_report_no_stats() -> None:
     await db.close()
 
 
+async def _put_as(db: Any, caller: str, key: bytes, *, turns: int = 0, within_s: float | None = None) -> None:
+    """Commit ``key`` = ``caller`` as COMMIT_CALLER ``caller`` (run it as a task: the context
+    variables are set in its context only), after ``turns`` turns of the loop, with ``within_s``
+    seconds left before a COMMIT_DEADLINE."""
+    from fs3.kv.txn import COMMIT_CALLER, COMMIT_DEADLINE
+
+    COMMIT_CALLER.set(caller)
+    if within_s is not None:
+        COMMIT_DEADLINE.set(asyncio.get_running_loop().time() + within_s)
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    await db.run(lambda tr: _set(tr, key, caller.encode()))
+
+
+async def _after_a_batch_of_a_and_b(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """An lmdb store whose event loop committed callers A and B in one batch last, waiting for
+    either of them for up to a second: (database, its committer)."""
+    from fs3.kv import lmdb_engine
+
+    monkeypatch.setattr(lmdb_engine, "GATHER_WAIT_MAX_S", 5.0)
+    monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 10.0)  # the loop commits (not the thread)
+    db = await open_database("lmdb", path=str(tmp_path))
+    committer = db._shared.committer  # noqa: SLF001
+    # (the first commit grows the new store's file, on the thread)
+    await asyncio.create_task(_put_as(db, "warm", b"w"))
+    await asyncio.gather(_put_as(db, "A", b"a1"), _put_as(db, "B", b"b1"))  # one batch: A's and B's
+    # (waits are bounded by how long a commit and a flush take on average; this disk's may be
+    # faster than a few turns of the loop)
+    committer._sync_avg = 1.0  # noqa: SLF001
+    return db, committer
+
+
 async def test_lmdb_batch_waits_for_the_callers_of_the_loop_s_previous_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Callers answered together come back at slightly different times; a batch committed as soon
     as the first are back would split them into groups alternating between half-full batches. The
     event loop holds its batch open (briefly) for callers of its previous batch still to come."""
-    from fs3.kv import lmdb_engine
-    from fs3.kv.txn import COMMIT_CALLER
-
-    monkeypatch.setattr(lmdb_engine, "GATHER_WAIT_MAX_S", 5.0)
-    monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 10.0)  # the loop commits (not the thread)
-    db = await open_database("lmdb", path=str(tmp_path))
-    committer = db._shared.committer  # noqa: SLF001
-
-    async def put_as(caller: str, key: bytes, turns: int = 0) -> None:
-        COMMIT_CALLER.set(caller)  # (run as a task: in its context only)
-        for _ in range(turns):
-            await asyncio.sleep(0)
-        await db.run(lambda tr: _set(tr, key, caller.encode()))
-
-    # (the first commit grows the new store's file, on the thread)
-    await asyncio.create_task(put_as("warm", b"w"))
-    await asyncio.gather(put_as("A", b"a1"), put_as("B", b"b1"))  # one batch: A's and B's
-    # (waits are bounded by how long a commit and a flush take on average; this disk's may be
-    # faster than a few turns of the loop)
-    committer._sync_avg = 1.0  # noqa: SLF001
+    db, committer = await _after_a_batch_of_a_and_b(tmp_path, monkeypatch)
     before = db.commit_stats()
     # B is back at once, A three turns of the loop later: they still make one batch
-    await asyncio.gather(put_as("B", b"b2"), put_as("A", b"a2", turns=3))
+    await asyncio.gather(_put_as(db, "B", b"b2"), _put_as(db, "A", b"a2", turns=3))
     after = db.commit_stats()
     assert (after.batches - before.batches, after.transactions - before.transactions) == (1, 2)
 
     # A caller that does not come back is waited for once: the batch after it is B's alone
     committer._sync_avg = 0.0  # noqa: SLF001 (no wait: B's commit does not stand for A)
-    await asyncio.create_task(put_as("B", b"b3"))
+    await asyncio.create_task(_put_as(db, "B", b"b3"))
     assert committer._last_callers == {"B"}  # noqa: SLF001
     # transactions of nobody in particular (no COMMIT_CALLER) wait for nobody
     await db.run(lambda tr: _set(tr, b"n", b"x"))
@@ -302,24 +316,8 @@ async def test_lmdb_batch_does_not_wait_past_its_callers_deadline(
 ) -> None:
     """The wait for callers of the previous batch ends before a queued caller's deadline would
     pass: its commit is made, not refused as too late."""
-    from fs3.kv import lmdb_engine
-    from fs3.kv.txn import COMMIT_CALLER, COMMIT_DEADLINE
-
-    monkeypatch.setattr(lmdb_engine, "GATHER_WAIT_MAX_S", 5.0)
-    monkeypatch.setattr(lmdb_engine, "LOOP_COMMIT_MAX_S", 10.0)  # the loop commits (not the thread)
-    db = await open_database("lmdb", path=str(tmp_path))
-    committer = db._shared.committer  # noqa: SLF001
-
-    async def put_as(caller: str, key: bytes, within_s: float | None = None) -> None:
-        COMMIT_CALLER.set(caller)  # (run as a task: in its context only)
-        if within_s is not None:
-            COMMIT_DEADLINE.set(asyncio.get_running_loop().time() + within_s)
-        await db.run(lambda tr: _set(tr, key, caller.encode()))
-
-    await asyncio.create_task(put_as("warm", b"w"))
-    await asyncio.gather(put_as("A", b"a1"), put_as("B", b"b1"))  # one batch: A's and B's
-    committer._sync_avg = 1.0  # noqa: SLF001 (a wait of up to a second for A)
+    db, _ = await _after_a_batch_of_a_and_b(tmp_path, monkeypatch)
     # B alone, with half a second left, while A does not come back: made in time
-    await asyncio.wait_for(asyncio.create_task(put_as("B", b"b2", within_s=0.5)), 30)
+    await asyncio.wait_for(asyncio.create_task(_put_as(db, "B", b"b2", within_s=0.5)), 30)
     assert await db.run(lambda tr: tr.get(b"b2"), read_only=True) == b"B"
     await db.close()
