@@ -226,7 +226,12 @@ async def test_a_call_whose_task_had_not_started_when_the_server_stopped_is_answ
     address = await server.start(("127.0.0.1", 0))
     client = RpcClient(SECRET, limits=TEST_LIMITS, transport=TcpTransport())
     try:
-        await client.call(address, PING, rpc_pb2.PingRequest(), timeout=5)
+        # Three calls at once: the connection's writes then carry several frames, so the next
+        # requests sent together also go out together (a connection whose writes carried one frame
+        # each writes a request at once: see TcpConnection.send_frame).
+        await asyncio.gather(
+            *(client.call(address, PING, rpc_pb2.PingRequest(), timeout=5) for _ in range(3))
+        )
         (session,) = server._sessions  # noqa: SLF001
         # Both requests go out in one write and are dispatched in one read: the Trigger's stop()
         # is scheduled before the task of the call after it, so it finds that task not started.

@@ -12,7 +12,7 @@ from rpcwire import SECRET
 
 from fs3.errors import FS3Error, StatusCode
 from fs3.net import RpcClient, RpcServer
-from fs3.net.frame import F_REQUEST, F_RESPONSE, FrameError, encode_header
+from fs3.net.frame import F_REQUEST, F_RESPONSE, HEADER_SIZE, FrameError, encode_header
 from fs3.net.system import PING, SINK, SOURCE
 from fs3.net.tcp import TcpConnection, TcpTransport
 from fs3.net.transport import FrameReceiver
@@ -272,3 +272,46 @@ async def test_on_sent_comes_once_the_frame_has_left_not_once_all_that_is_queued
     t.unsent = 0
     c.resume_writing()
     assert sent == [1, 2]
+
+
+class _Writes(_Transport):
+    """Records the bytes of each write, which the kernel takes whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(len(data))
+
+    def writelines(self, data: list[Any]) -> None:
+        self.writes.append(sum(memoryview(d).nbytes for d in data))
+
+
+async def test_a_frame_goes_out_at_once_on_a_connection_whose_writes_carry_one_frame_each() -> None:
+    # (16 clients with a connection each, one request at a time: each frame waiting for the loop's
+    # next turn waited for every other ready task too, ~250 us a round; see TcpConnection.send_frame)
+    c = TcpConnection(asyncio.get_running_loop(), TEST_LIMITS, lambda _: _Receiver(), server_side=False)
+    t = _Writes()
+    c.connection_made(t)  # type: ignore[arg-type]
+    h = HEADER_SIZE
+    c.send_frame(F_REQUEST, 1, 0, 0, b"")
+    assert t.writes == [h]  # before the event loop has turned
+    await asyncio.sleep(0)
+    for rid in (2, 3, 4):
+        c.send_frame(F_REQUEST, rid, 0, 0, b"")
+    assert t.writes == [h, h]  # the first of them at once, the others together a turn later
+    await poll(lambda: len(t.writes) == 3, what="the frames sent with it")
+    assert t.writes == [h, h, 2 * h]
+    # Its writes now carry several frames: the next frames wait for those sent in the same turn.
+    for rid in (5, 6):
+        c.send_frame(F_REQUEST, rid, 0, 0, b"")
+    assert t.writes == [h, h, 2 * h]
+    await poll(lambda: len(t.writes) == 4, what="the next write")
+    assert t.writes == [h, h, 2 * h, 2 * h]
+    # ... until a write carries one frame again
+    await asyncio.sleep(0)
+    c.send_frame(F_REQUEST, 7, 0, 0, b"")
+    await poll(lambda: len(t.writes) == 5, what="a lone frame")
+    c.send_frame(F_REQUEST, 8, 0, 0, b"")
+    assert t.writes == [h, h, 2 * h, 2 * h, h, h]
