@@ -5,11 +5,12 @@ small frames land in the connection's receive buffer and are handed up as views 
 frame's header says a payload follows, the rest of that payload is read directly into the buffer
 the receiver supplied (pooled, or a caller's destination), with no intermediate copy. Sending
 gathers every frame queued during one loop iteration into a single write (``writelines`` when
-payloads are involved, so payloads are never concatenated or copied). A large write goes to the
-socket with ``os.writev`` when the transport has nothing queued: the event loop's own write holds
-the GIL while the kernel copies a megabyte (39% of a storage daemon's GIL-holding samples while
-serving 1 MiB reads), ``writev`` releases it, so the daemon's I/O threads run meanwhile; what
-does not fit goes to the transport as before.
+payloads are involved, so payloads are never concatenated or copied), except that on a connection
+whose writes have been carrying one frame each, a turn's first frame is written at once (see
+``send_frame``). A large write goes to the socket with ``os.writev`` when the transport has
+nothing queued: the event loop's own write holds the GIL while the kernel copies a megabyte (39% of
+a storage daemon's GIL-holding samples while serving 1 MiB reads), ``writev`` releases it, so the
+daemon's I/O threads run meanwhile; what does not fit goes to the transport as before.
 """
 
 from __future__ import annotations
