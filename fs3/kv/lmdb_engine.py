@@ -68,9 +68,9 @@ from fs3.kv.lmdb_layout import Snapshot, WriteView
 from fs3.kv.txn import (
     COMMIT_CALLER,
     COMMIT_DEADLINE,
+    BatchValidator,
     BufferedTransaction,
     CommitRequest,
-    validate_and_apply,
 )
 
 log = logging.getLogger(__name__)
@@ -521,6 +521,8 @@ class _Committer:
                     room += self._extender.reusable()
                 full = room < self._reserve
                 view = WriteView(txn)
+                # a write transaction's id is the last committed one's plus one
+                check = BatchValidator(txn.id() - 1)
                 validated = conflicts = 0
                 now = time.monotonic()  # the write lock is held from here: what begins now is made
                 for req, fut in batch:
@@ -543,7 +545,7 @@ class _Committer:
                         self._refused += 1
                         continue
                     validated += 1
-                    if not validate_and_apply(view, req):
+                    if not check.validate_and_apply(view, req):
                         conflicts += 1
             took = time.perf_counter() - start
             self._commit_seconds += took

@@ -114,6 +114,10 @@ class Snapshot(View):
     def release(self) -> None:
         self.txn.abort()
 
+    def version(self) -> int:
+        """The id of the last transaction committed before this snapshot was taken."""
+        return self.txn.id()
+
 
 class WriteView(View):
     """The committer's view: reads see earlier writes of the same batch."""

@@ -73,6 +73,9 @@ class _MemSnapshot:
     def release(self) -> None:
         self._pins.discard(id(self))
 
+    def version(self) -> None:
+        return None  # (this engine validates each commit by reading; see fs3.kv.txn.BatchValidator)
+
     def __del__(self) -> None:  # an abandoned transaction must not pin its state forever
         self._pins.discard(id(self))
 

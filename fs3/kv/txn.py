@@ -105,6 +105,11 @@ class Snapshot(Protocol):
 
     def release(self) -> None: ...
 
+    def version(self) -> int | None:
+        """Which committed state of the store this is, where the engine numbers them (see
+        :class:`BatchValidator`); None where it does not."""
+        ...
+
 
 class Store(Protocol):
     """The live store as an engine's committer sees it while it validates and applies."""
@@ -187,6 +192,8 @@ class CommitRequest:
     reserved: int = 0
     # time.monotonic() after which the engine must not begin it (see COMMIT_DEADLINE).
     deadline: float | None = None
+    # The version of the snapshot its reads observed (Snapshot.version), if any.
+    version: int | None = None
 
     @property
     def frees(self) -> bool:
@@ -239,6 +246,45 @@ def validate_and_apply(store: Store, req: CommitRequest) -> bool:
     if req.ok:
         apply(store, req)
     return req.ok
+
+
+class BatchValidator:
+    """Validates and applies the members of one batch in turn, as :func:`validate_and_apply` does,
+    but without reading again what a member read where it cannot have changed.
+
+    ``base`` is the version of the store the batch began on (None: unknown). A member whose
+    snapshot is that version saw the store as it stands, but for what the members before it in
+    the batch wrote: its observations still hold unless one of its point reads is a key they wrote,
+    or it read a range while they wrote anything, or they cleared a range. Only then is it
+    validated by reading (and every member whose snapshot is older, or of another version).
+    """
+
+    __slots__ = ("_base", "_written", "_cleared")
+
+    def __init__(self, base: int | None) -> None:
+        self._base = base
+        self._written: set[bytes] = set()  # keys the batch's applied members wrote
+        self._cleared = False  # whether one of them cleared a range
+
+    def validate_and_apply(self, store: Store, req: CommitRequest) -> bool:
+        written = self._written
+        if (
+            req.version is not None
+            and req.version == self._base
+            and not self._cleared
+            and (not written or (not req.ranges and not req.digests and written.isdisjoint(req.reads)))
+        ):
+            req.ok = True
+        elif not validate(store, req):
+            req.ok = False
+            return False
+        else:
+            req.ok = True
+        apply(store, req)
+        written.update(req.points)
+        if req.clears:
+            self._cleared = True
+        return True
 
 
 def check_key(key: bytes, *, point: bool = True) -> None:
@@ -609,6 +655,8 @@ class BufferedTransaction(Transaction):
         if self._explicit:
             await self._read_explicit_ranges()
         self._closed = True
+        snap = self._snap
+        version = snap.version() if snap is not None else None
         self._release()
         await self._submit(
             CommitRequest(
@@ -619,6 +667,7 @@ class BufferedTransaction(Transaction):
                 points=self._points,
                 size=self._size,
                 reserved=self._reserved,
+                version=version,
             )
         )
 

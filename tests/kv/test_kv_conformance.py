@@ -274,6 +274,60 @@ async def test_read_write_conflict(db: Database) -> None:
     assert await read(db, b"acct") == b"150"
 
 
+async def _commit_together(*trs: Transaction) -> list[StatusCode | None]:
+    """Commit ``trs`` at once (on lmdb: one batch, in this order); each one's error code, or None."""
+    outcomes = await asyncio.gather(*(tr.commit() for tr in trs), return_exceptions=True)
+    for o in outcomes:
+        if o is not None and not isinstance(o, FS3Error):
+            raise o
+    return [o.code if isinstance(o, FS3Error) else None for o in outcomes]
+
+
+async def _readers(db: Database, n: int, *keys_read: bytes) -> list[Transaction]:
+    trs = [db.create_transaction() for _ in range(n)]
+    for tr in trs:
+        for key in keys_read:
+            await tr.get(key)
+    return trs
+
+
+async def test_transactions_committed_together_conflict_on_what_the_others_wrote(db: Database) -> None:
+    """Transactions that read the latest state and commit at once: the one whose read another
+    wrote first conflicts (lmdb reads that key again; a later member's other reads it need not)."""
+    await put(db, {b"acct": b"100", b"other": b"1"})
+    t1, t2 = await _readers(db, 2, b"acct")
+    t1.set(b"acct", b"150")
+    t2.set(b"acct", b"80")
+    (t3,) = await _readers(db, 1, b"other", b"missing")
+    t3.set(b"other", b"2")
+    codes = await _commit_together(t1, t2, t3)
+    assert set(codes[:2]) == {None, StatusCode.KV_CONFLICT}  # one of the two
+    assert codes[2] is None  # it read nothing the others wrote
+    assert await read(db, b"acct") == (b"150" if codes[0] is None else b"80")
+    assert await read(db, b"other") == b"2"
+
+
+async def test_transactions_committed_together_conflict_on_a_range_another_wrote_into(db: Database) -> None:
+    await put(db, {b"d/a": b"1"})
+    trs = [db.create_transaction() for _ in range(2)]
+    for n, tr in enumerate(trs):
+        assert keys(await tr.get_range(b"d/", b"d0")) == [b"d/a"]
+        tr.set(b"d/%d" % n, b"new")
+    codes = await _commit_together(*trs)
+    assert set(codes) == {None, StatusCode.KV_CONFLICT}  # one of the two
+    assert len(await rows(db, b"d/", b"d0")) == 2
+
+
+async def test_transactions_committed_together_conflict_on_a_key_another_cleared(db: Database) -> None:
+    await put(db, {b"c/x": b"1", b"c/y": b"1"})
+    t1, t2 = await _readers(db, 2, b"c/x")
+    t1.clear_range(b"c/", b"c0")
+    t2.set(b"c/z", b"2")
+    codes = await _commit_together(t1, t2)
+    assert set(codes) == {None, StatusCode.KV_CONFLICT}  # one of the two
+    assert keys(await rows(db, b"c/", b"c0")) == ([] if codes[0] is None else [b"c/x", b"c/y", b"c/z"])
+
+
 async def test_a_conflicting_transaction_is_freed_by_reference_counting(db: Database) -> None:
     """What a conflicting commit wrote is gone once the caller drops it: the conflict's traceback
     holds no cycle (through the commit's future) that would keep it until a cyclic collection."""
