@@ -84,7 +84,7 @@ def apply_max(base: bytes | None, operand: bytes) -> bytes:
         return operand
     width = len(operand)
     old = base[:width].ljust(width, b"\0")
-    return max(old, operand, key=lambda v: int.from_bytes(v, "little"))
+    return old if int.from_bytes(old, "little") > int.from_bytes(operand, "little") else operand
 
 
 def resolve_point(op: PointOp, base: bytes | None) -> bytes | None:
@@ -607,18 +607,30 @@ class BufferedTransaction(Transaction):
         self._atomic(key, operand, apply_max)
 
     def _atomic(self, key: bytes, operand: bytes, fn: Callable[[bytes | None, bytes], bytes]) -> None:
-        self._writable()
-        check_write_key(key)
-        check_value(operand)
-        operand = bytes(operand)
-        op = self._points.get(key, _MISSING)
+        # (a create makes two: the checks of _writable and _put_point are inlined, as in set)
+        if self._closed:
+            self._writable()
+        if not key or len(key) > MAX_KEY_SIZE or key >= SYSTEM_KEYS:
+            check_write_key(key)
+        if len(operand) > MAX_VALUE_SIZE:
+            check_value(operand)
+        if type(operand) is not bytes:
+            operand = bytes(operand)
+        points = self._points
+        op = points.get(key, _MISSING)
         if op is _MISSING:
-            new: PointOp = fn(None, operand) if self._cleared(key) else Atomics([(fn, operand)])
+            new: PointOp = (
+                fn(None, operand) if self._clears and self._cleared(key) else Atomics([(fn, operand)])
+            )
+            self._sorted_points = None
         elif isinstance(op, Atomics):
             new = Atomics([*op.ops, (fn, operand)])
         else:
             new = fn(op, operand)  # type: ignore[arg-type]
-        self._put_point(key, new, len(key) + len(operand))
+        self._size += len(key) + len(operand)
+        if self._size > MAX_TXN_SIZE:
+            self._check_size()
+        points[key] = new
 
     def clear_range(self, begin: bytes, end: bytes) -> None:
         self._writable()
