@@ -11,7 +11,9 @@ processes sharing one LMDB environment detect each other's conflicts for free. A
 than :data:`EXACT_RANGE_ROWS` rows is carried as the count and a hash of its rows rather than the
 rows themselves (a :class:`RangeDigest`), so a transaction's memory stays bounded; validation
 re-reads the range and compares, so a large read, like a small one, conflicts only with changes
-inside the range it read.
+inside the range it read. An engine that numbers its states (lmdb) need not re-read what a
+transaction read from the state its batch begins on, but only what earlier members of the batch
+wrote (see :class:`BatchValidator`).
 
 Writes are kept normalised so that commit order does not depend on call order: a set of merged
 cleared ranges (applied first) and a map of point operations (applied after), where a point operation
