@@ -30,8 +30,8 @@ millisecond (commits and fsyncs run on threads).
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
-from typing import NamedTuple, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NamedTuple, TypeVar
 
 from fs3.errors import FS3Error
 from fs3.kv.retry import run_transaction
@@ -156,17 +156,18 @@ class Database(abc.ABC):
     @abc.abstractmethod
     def create_transaction(self) -> Transaction: ...
 
-    async def run(
+    def run(
         self,
         fn: Callable[[Transaction], Awaitable[T]],
         *,
         max_attempts: int = 20,
         read_only: bool = False,
-    ) -> T:
+    ) -> Coroutine[Any, Any, T]:
         """Run ``fn`` in a fresh transaction and commit, retrying on conflict (see module docstring).
 
-        With ``read_only=True`` nothing is committed (the result reflects one snapshot)."""
-        return await run_transaction(self, fn, max_attempts=max_attempts, read_only=read_only)
+        With ``read_only=True`` nothing is committed (the result reflects one snapshot). (The
+        coroutine of :func:`run_transaction` itself, awaited as this one's would be: a frame fewer.)"""
+        return run_transaction(self, fn, max_attempts=max_attempts, read_only=read_only)
 
     @abc.abstractmethod
     async def close(self) -> None:
