@@ -517,7 +517,7 @@ class Namespace:
     ) -> meta_pb2.Inode:
         """Make a directory; it inherits the parent's default layout (and setgid bit)."""
         check_name(name)
-        inode_id = await self.ids.allocate()
+        inode_id = self.ids.take() or await self.ids.allocate()
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             # As Linux's vfs_mkdir: of the special bits only the sticky bit is the caller's to
@@ -539,7 +539,7 @@ class Namespace:
             raise FS3Error(StatusCode.META_NAME_TOO_LONG, f"symlink target of {len(target)} bytes")
         if b"\0" in target:
             raise FS3Error(StatusCode.META_INVALID_NAME, "symlink target contains NUL")
-        inode_id = await self.ids.allocate()
+        inode_id = self.ids.take() or await self.ids.allocate()
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
             _, ino = await self._new_entry(
@@ -568,7 +568,7 @@ class Namespace:
             )
         if itype in (meta_pb2.INODE_CHAR_DEVICE, meta_pb2.INODE_BLOCK_DEVICE) and not cred.is_root:
             raise FS3Error(StatusCode.META_NOT_PERMITTED, "only root may make device nodes")
-        inode_id = await self.ids.allocate()
+        inode_id = self.ids.take() or await self.ids.allocate()
         extra = {"rdev": rdev} if itype in (meta_pb2.INODE_CHAR_DEVICE, meta_pb2.INODE_BLOCK_DEVICE) else {}
 
         async def fn(tr: Transaction) -> meta_pb2.InodeRsp:
@@ -596,7 +596,7 @@ class Namespace:
         empties it). With ``session`` the reply carries a new session id (see
         :mod:`fs3.meta.sessions`)."""
         check_name(name)
-        inode_id = await self.ids.allocate()
+        inode_id = self.ids.take() or await self.ids.allocate()
         session_id = _ids.getrandbits(63) + 1 if session else 0
         trims = Trims()
 
@@ -628,7 +628,9 @@ class Namespace:
                 sid = session_id
             else:
                 sid = 0
-            return meta_pb2.CreateRsp(inode=inodes.public(ino), session_id=sid, created=created)
+            # (a new inode has none of the fields public() clears)
+            shown = ino if created else inodes.public(ino)
+            return meta_pb2.CreateRsp(inode=shown, session_id=sid, created=created)
 
         if flags & O_EXCL:
             # an existing file is refused before anything could need trimming (the usual create:
