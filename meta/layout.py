@@ -99,8 +99,11 @@ class ChainAllocator:
                 await self._refresh()
         return self.has_table(table_id)
 
-    def file_layout(self, template: meta_pb2.Layout | None) -> meta_pb2.Layout:
-        """A new file's layout from its directory's default ``template`` (zero fields: defaults).
+    def file_layout(
+        self, template: meta_pb2.Layout | None, into: meta_pb2.Layout | None = None
+    ) -> meta_pb2.Layout:
+        """A new file's layout from its directory's default ``template`` (zero fields: defaults),
+        made in ``into`` (an empty Layout, such as a new inode's: no copy) when given.
 
         Without a chain table the file gets no chains (it can hold no data: writes fail at the
         client), so the namespace still works before storage is set up."""
@@ -108,7 +111,9 @@ class ChainAllocator:
         table_id = (template.chain_table_id if template is not None else 0) or d.chain_table_id
         chunk = (template.chunk_size if template is not None else 0) or d.chunk_size
         stripe = (template.stripe_count if template is not None else 0) or d.stripe_count
-        layout = meta_pb2.Layout(chain_table_id=table_id, chunk_size=chunk, shuffle_algorithm=0)
+        layout = meta_pb2.Layout() if into is None else into
+        layout.chain_table_id = table_id
+        layout.chunk_size = chunk
         table = self._tables(table_id)
         if table is None or not table.chains:
             layout.stripe_count = stripe

@@ -499,7 +499,7 @@ class Namespace:
                 mode &= ~S_ISGID
         ino = inodes.new_inode(inode_id, itype, mode, cred.uid, gid, now, **fields)
         if itype == FILE:
-            ino.layout.CopyFrom(self.layouts.file_layout(p.layout))
+            self.layouts.file_layout(p.layout, into=ino.layout)
         elif itype == DIRECTORY:
             ino.parent = parent
             ino.layout.CopyFrom(p.layout)
