@@ -49,9 +49,10 @@ class InodeIdAllocator:
 
     async def allocate(self) -> int:
         """One fresh inode id."""
+        inode_id = self.take()
+        if inode_id:
+            return inode_id
         ids = self._ids
-        if len(ids) < (1 << self._block_bits) // 2 and self._refill is None:
-            self._refill = self._start_fill()
         while not ids:
             refill = self._refill
             if refill is None:
