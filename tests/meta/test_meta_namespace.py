@@ -449,6 +449,19 @@ async def test_ids_unique_across_allocators(store: MetaStore) -> None:
     assert a.blocks_reserved + b.blocks_reserved >= 400 // 16
 
 
+async def test_ids_taken_at_once_run_out_with_the_block_and_allocate_waits_for_the_next(
+    store: MetaStore,
+) -> None:
+    a = InodeIdAllocator(store.db, block_bits=4)
+    first = await a.allocate()  # the first block (16 ids); taking the 9th starts the next's refill
+    taken = [first]
+    while (i := a.take()) != 0:
+        taken.append(i)
+    assert len(taken) == 16  # the block's ids, and no more: the refill has not run yet
+    taken += [await a.allocate() for _ in range(40)]
+    assert len(set(taken)) == len(taken) and min(taken) > ROOT_ID and a.blocks_reserved >= 4
+
+
 async def test_statfs_counts_inodes(tree: Tree) -> None:
     s = tree.store
     before = (await s.statfs(100, 40)).inodes
