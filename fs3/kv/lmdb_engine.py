@@ -286,7 +286,6 @@ class _Committer:
     def _queue_here(
         self, loop: asyncio.AbstractEventLoop, item: tuple[CommitRequest, asyncio.Future[None]]
     ) -> None:
-        # (not in submit: a local naming the batch would hold a failure's traceback in a cycle)
         with self._cond:  # not while stop() moves what loops queued to the thread
             if self._stopping:
                 raise self._closed()
