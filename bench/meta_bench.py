@@ -55,6 +55,7 @@ from fs3.net import RpcClient  # noqa: E402
 from fs3.proto import common_pb2  # noqa: E402
 
 PHASES = ("mkdir", "create", "stat", "open", "unlink")
+LAYOUTS = ("one-dir", "many-dirs")
 O_EXCL_RDWR = 0o200 | 2
 
 
@@ -331,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", help="host:port of a running meta server (default: start one)")
     p.add_argument("--secret-file", help="the cluster secret (default: the development secret)")
     p.add_argument("--clients", default="1,16", help="comma-separated client counts")
-    p.add_argument("--layout", default="one-dir,many-dirs", help="one-dir, many-dirs or both")
+    p.add_argument(
+        "--layout", default="both", help="one-dir, many-dirs, or both (also written one-dir,many-dirs)"
+    )
     p.add_argument("--items", type=int, default=1000, help="entries per client per phase")
     p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
     p.add_argument("--dir", help="where a started daemon keeps its store (default: a temp dir)")
@@ -344,6 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
+    layouts = list(LAYOUTS) if args.layout == "both" else args.layout.split(",")
+    if bad := [name for name in layouts if name not in LAYOUTS]:
+        p.error(f"--layout: unknown {', '.join(map(repr, bad))} (one-dir, many-dirs or both)")
+    try:
+        counts = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        p.error(f"--clients: {args.clients!r} is not a list of positive counts (e.g. 1,16)")
+    if args.items < 1 or args.procs < 1:
+        p.error("--items and --procs must be positive")
     secret = Path(args.secret_file).read_bytes().strip() if args.secret_file else None
     tmp = None
     proc = None
@@ -354,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         proc, address, metrics = start_daemon(tmp)
     results: list[Result] = []
     try:
-        for layout in args.layout.split(","):
-            for clients in (int(c) for c in args.clients.split(",")):
+        for layout in layouts:
+            for clients in counts:
                 pid = proc.pid if proc is not None else args.server_pid
                 results += run_case(
                     address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc, metrics

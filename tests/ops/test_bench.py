@@ -43,3 +43,22 @@ def test_meta_bench_reports_rates_and_the_stores_group_commit() -> None:
     assert all(r["ops"] == 40 and r["rate"] > 0 for r in rows.values())
     for phase in ("mkdir", "create", "unlink"):
         assert rows[phase]["kv_tx_per_batch"] >= 1 and rows[phase]["kv_commit_ms"] > 0, rows[phase]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--layout", "sideways"], "'sideways'"),
+        (["--layout", "one-dir,many"], "'many'"),
+        (["--clients", "16,x"], "'16,x'"),
+        (["--clients", "0"], "'0'"),
+        (["--items", "0"], "--items"),
+    ],
+)
+def test_meta_bench_refuses_what_it_cannot_run(args, named) -> None:  # type: ignore[no-untyped-def]
+    """A usage error naming the bad value, before any daemon starts (a layout it did not know
+    once ran as many-dirs, and its rows were labelled with the name given)."""
+    out = fs3("bench", "meta", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert named in out.stderr and "Traceback" not in out.stderr
+    assert not out.stdout
