@@ -20,7 +20,9 @@ Each of ``clients`` native clients (fs3.client.meta_client.MetaClient, one per c
 requests and replies then travel in shared writes). A rate is all clients' operations divided by
 the wall time from the first client's start to the last one's end; CPU per operation is shown for
 the server (when its pid is known) and for the client processes together. Without ``--address`` the
-benchmark starts a meta daemon on an lmdb store in a temporary directory and stops it afterwards.
+benchmark starts a meta daemon for each case (layout and client count), each on an lmdb store of its
+own in a temporary directory, and stops it after the case: the files one case's unlink phase leaves
+to the collector are not collected during the next case.
 
 When the server's ``/metrics`` is known (a started daemon's, or ``--metrics HOST:PORT``), each phase
 also shows the store's group commit: transactions per write batch (``tx/batch``), milliseconds per
@@ -337,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--items", type=int, default=1000, help="entries per client per phase")
     p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
-    p.add_argument("--dir", help="where a started daemon keeps its store (default: a temp dir)")
+    p.add_argument(
+        "--dir", help="where the started daemons keep their stores, a folder per case (default: a temp dir)"
+    )
     p.add_argument("--server-pid", type=int, help="pid of a --address server on this host, for its CPU use")
     p.add_argument("--metrics", help="host:port of the --address server's /metrics, for its group commit")
     p.add_argument(
@@ -360,24 +364,29 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--items and --procs must be positive")
     secret = Path(args.secret_file).read_bytes().strip() if args.secret_file else None
     tmp = None
-    proc = None
-    address = args.address
-    metrics = args.metrics
-    if address is None:
+    if args.address is None:
         tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-meta-bench-"))
-        proc, address, metrics = start_daemon(tmp)
     results: list[Result] = []
     try:
         for layout in layouts:
             for clients in counts:
-                pid = proc.pid if proc is not None else args.server_pid
-                results += run_case(
-                    address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc, metrics
-                )
+                proc = None
+                address, pid, metrics = args.address, args.server_pid, args.metrics
+                if tmp is not None:
+                    # A daemon of its own for each case, on a store of its own: what a case leaves
+                    # behind (the files its unlink phase queued for the collector, whose rounds
+                    # would take the server's CPU in the next case's phases) is not the next one's.
+                    proc, address, metrics = start_daemon(tmp / f"{layout}-{clients}")
+                    pid = proc.pid
+                try:
+                    results += run_case(
+                        address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc, metrics
+                    )
+                finally:
+                    if proc is not None:
+                        proc.terminate()
+                        proc.wait(timeout=30)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
         if tmp is not None and not args.dir:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
