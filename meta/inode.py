@@ -135,17 +135,32 @@ async def touch_dir(tr: Transaction, dir_id: int, now: int) -> None:
 
 
 def new_inode(
-    inode_id: int, itype: int, mode: int, uid: int, gid: int, now: int, **fields: object
+    inode_id: int,
+    itype: int,
+    mode: int,
+    uid: int,
+    gid: int,
+    now: int,
+    into: meta_pb2.Inode | None = None,
+    **fields: object,
 ) -> meta_pb2.Inode:
-    return _Inode(
-        id=inode_id,
-        type=itype,
-        mode=mode,
-        uid=uid,
-        gid=gid,
-        nlink=1 if itype != DIRECTORY else 2,
-        atime_ns=now,
-        mtime_ns=now,
-        ctime_ns=now,
-        **fields,
-    )
+    """A new inode; made in ``into`` (an empty Inode) when given."""
+    nlink = 1 if itype != DIRECTORY else 2
+    if into is None:
+        return _Inode(
+            id=inode_id,
+            type=itype,
+            mode=mode,
+            uid=uid,
+            gid=gid,
+            nlink=nlink,
+            atime_ns=now,
+            mtime_ns=now,
+            ctime_ns=now,
+            **fields,
+        )
+    into.id, into.type, into.mode, into.uid, into.gid, into.nlink = inode_id, itype, mode, uid, gid, nlink
+    into.atime_ns = into.mtime_ns = into.ctime_ns = now
+    for name, value in fields.items():
+        setattr(into, name, value)
+    return into

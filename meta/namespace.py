@@ -483,9 +483,11 @@ class Namespace:
         itype: int,
         mode: int,
         inode_id: int,
+        into: meta_pb2.Inode | None = None,
         **fields: object,
     ) -> meta_pb2.Inode:
-        """Insert a new inode under the (checked absent) entry ``key`` of directory ``p``."""
+        """Insert a new inode under the (checked absent) entry ``key`` of directory ``p``; made in
+        ``into`` (an empty Inode, such as a reply's) when given."""
         parent = p.id
         check(p, cred, W_OK | X_OK)
         now = inodes.now_ns()
@@ -497,7 +499,7 @@ class Namespace:
                 # Linux's mode_strip_sgid: the inherited group is not the caller's, and an
                 # executable setgid file would run with a group the caller was never given.
                 mode &= ~S_ISGID
-        ino = inodes.new_inode(inode_id, itype, mode, cred.uid, gid, now, **fields)
+        ino = inodes.new_inode(inode_id, itype, mode, cred.uid, gid, now, into=into, **fields)
         if itype == FILE:
             self.layouts.file_layout(p.layout, into=ino.layout)
         elif itype == DIRECTORY:
@@ -598,16 +600,22 @@ class Namespace:
         check_name(name)
         inode_id = self.ids.take() or await self.ids.allocate()
         session_id = _ids.getrandbits(63) + 1 if session else 0
-        trims = Trims()
+        # (an O_EXCL create trims nothing: an existing file is refused first)
+        trims = None if flags & O_EXCL else Trims()
 
         async def fn(tr: Transaction) -> meta_pb2.CreateRsp:
             p = await inodes.load_dir(tr, parent)
             check(p, cred, X_OK)
             key = schema.dentry_key(parent, name)
             raw = await tr.get(key)
+            rsp = None
             if raw is None:
-                ino = await self._insert(tr, cred, p, key, FILE, mode & 0o7777 & ~umask, inode_id)
-                created = True
+                # made in the reply itself rather than copied into it (a new inode has none of
+                # the fields public() clears)
+                rsp = meta_pb2.CreateRsp(created=True)
+                ino = await self._insert(
+                    tr, cred, p, key, FILE, mode & 0o7777 & ~umask, inode_id, into=rsp.inode
+                )
             else:
                 if flags & O_EXCL:
                     raise FS3Error(
@@ -617,25 +625,27 @@ class Namespace:
                 if ino.type == DIRECTORY:
                     raise FS3Error(StatusCode.META_IS_DIRECTORY, f"{quote_name(name)} is a directory")
                 check(ino, cred, access_of_flags(flags))
-                created = False
+                assert trims is not None  # (not O_EXCL)
                 if flags & O_TRUNC and ino.type == FILE:
                     self._truncate_in_txn(tr, cred, ino, 0, trims)
                 else:
                     self._settle_owed_trim(tr, ino, trims)
             if session_id and ino.type == FILE:
-                write = bool(flags & 3) or created
+                write = bool(flags & 3) or rsp is not None
                 self._open_session(tr, cred, ino, session_id, client_id, write=write)
                 sid = session_id
             else:
                 sid = 0
-            # (a new inode has none of the fields public() clears)
-            shown = ino if created else inodes.public(ino)
-            return meta_pb2.CreateRsp(inode=shown, session_id=sid, created=created)
+            if rsp is None:
+                rsp = meta_pb2.CreateRsp(inode=inodes.public(ino), created=False)
+            rsp.session_id = sid
+            return rsp
 
         if flags & O_EXCL:
             # an existing file is refused before anything could need trimming (the usual create:
             # two coroutine levels fewer)
             return await self._mutate(idem, meta_pb2.CreateRsp, fn)
+        assert trims is not None
         return await self._trimming_first(
             trims, lambda: self._mutate(idem, meta_pb2.CreateRsp, trims.txn(fn))
         )
