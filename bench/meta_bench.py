@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/meta_bench.py                       # starts one meta daemon over lmdb
     .venv/bin/python bench/meta_bench.py --clients 1,16 --items 2000 --procs 2 --json
+    .venv/bin/python bench/meta_bench.py --clients 16 --layout many-dirs --items 2000 --runs 5
     .venv/bin/python bench/meta_bench.py --address 10.0.0.5:8100 --secret-file /etc/fs3/secret
 
 Each of ``clients`` native clients (fs3.client.meta_client.MetaClient, one per coroutine, spread over
@@ -22,7 +23,9 @@ the wall time from the first client's start to the last one's end; CPU per opera
 the server (when its pid is known) and for the client processes together. Without ``--address`` the
 benchmark starts a meta daemon for each case (layout and client count), each on an lmdb store of its
 own in a temporary directory, and stops it after the case: the files one case's unlink phase leaves
-to the collector are not collected during the next case.
+to the collector are not collected during the next case. ``--runs N`` runs each case N times and
+ends with each phase's lowest, median and highest rate: on a shared or virtual machine, runs
+minutes apart can differ by a quarter.
 
 When the server's ``/metrics`` is known (a started daemon's, or ``--metrics HOST:PORT``), each phase
 also shows the store's group commit: transactions per write batch (``tx/batch``), milliseconds per
@@ -34,11 +37,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import os
 import queue
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +76,7 @@ class Result:
     server_cpu_s: float | None = None  # CPU the meta server used in the phase (when it runs here)
     client_cpu_s: float = 0.0  # CPU the client processes used in the phase
     kv: dict[str, float] | None = None  # the phase's increase of the server's fs3_kv_* counters
+    run: int = 1  # which of the case's --runs
 
     @property
     def kv_per_batch(self) -> tuple[float, float, float] | None:
@@ -340,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=1000, help="entries per client per phase")
     p.add_argument("--procs", type=int, default=2, help="client processes to spread the clients over")
     p.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="run each case this many times (each on a fresh daemon, unless --address) and show the medians",
+    )
+    p.add_argument(
         "--dir", help="where the started daemons keep their stores, a folder per case (default: a temp dir)"
     )
     p.add_argument("--server-pid", type=int, help="pid of a --address server on this host, for its CPU use")
@@ -360,32 +372,34 @@ def main(argv: list[str] | None = None) -> int:
         counts = []
     if not counts or min(counts) < 1:
         p.error(f"--clients: {args.clients!r} is not a list of positive counts (e.g. 1,16)")
-    if args.items < 1 or args.procs < 1:
-        p.error("--items and --procs must be positive")
+    if args.items < 1 or args.procs < 1 or args.runs < 1:
+        p.error("--items, --procs and --runs must be positive")
     secret = Path(args.secret_file).read_bytes().strip() if args.secret_file else None
     tmp = None
     if args.address is None:
         tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fs3-meta-bench-"))
     results: list[Result] = []
     try:
-        for layout in layouts:
-            for clients in counts:
-                proc = None
-                address, pid, metrics = args.address, args.server_pid, args.metrics
-                if tmp is not None:
-                    # A daemon of its own for each case, on a store of its own: what a case leaves
-                    # behind (the files its unlink phase queued for the collector, whose rounds
-                    # would take the server's CPU in the next case's phases) is not the next one's.
-                    proc, address, metrics = start_daemon(tmp / f"{layout}-{clients}")
-                    pid = proc.pid
-                try:
-                    results += run_case(
-                        address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc, metrics
-                    )
-                finally:
-                    if proc is not None:
-                        proc.terminate()
-                        proc.wait(timeout=30)
+        for layout, clients, run in itertools.product(layouts, counts, range(1, args.runs + 1)):
+            proc = None
+            address, pid, metrics = args.address, args.server_pid, args.metrics
+            if tmp is not None:
+                # A daemon of its own for each case, on a store of its own: what a case leaves
+                # behind (the files its unlink phase queued for the collector, whose rounds
+                # would take the server's CPU in the next case's phases) is not the next one's.
+                case = f"{layout}-{clients}" + (f"-run{run}" if args.runs > 1 else "")
+                proc, address, metrics = start_daemon(tmp / case)
+                pid = proc.pid
+            try:
+                for r in run_case(
+                    address, secret, layout, clients, args.items, args.procs, pid, args.share_rpc, metrics
+                ):
+                    r.run = run
+                    results.append(r)
+            finally:
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(timeout=30)
     finally:
         if tmp is not None and not args.dir:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -416,7 +430,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r.layout:<10} {r.clients:>7} {r.phase:<7} {r.ops:>8} {r.seconds:>8.2f} {r.rate:>9.0f} {us}"
                 f" {r.client_us_per_op:9.0f}{group}"
             )
+        if args.runs > 1:
+            print(f"\nmedians of {args.runs} runs (ops/s: lowest, median, highest)")
+            print(
+                f"{'layout':<10} {'clients':>7} {'phase':<7} {'lowest':>9} {'median':>9} {'highest':>9} {'srv us/op':>9}"
+            )
+            for (layout, clients, phase), rs in _by_case(results).items():
+                rates = sorted(r.rate for r in rs)
+                cpu = [r.server_us_per_op for r in rs if r.server_us_per_op is not None]
+                us = f"{statistics.median(cpu):9.0f}" if cpu else f"{'-':>9}"
+                print(
+                    f"{layout:<10} {clients:>7} {phase:<7} {rates[0]:>9.0f} {statistics.median(rates):>9.0f}"
+                    f" {rates[-1]:>9.0f} {us}"
+                )
     return 0
+
+
+def _by_case(results: list[Result]) -> dict[tuple[str, int, str], list[Result]]:
+    """Each case's phase (layout, clients, phase) and its results, one a run, in order."""
+    cases: dict[tuple[str, int, str], list[Result]] = {}
+    for r in results:
+        cases.setdefault((r.layout, r.clients, r.phase), []).append(r)
+    return cases
 
 
 if __name__ == "__main__":

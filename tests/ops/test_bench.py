@@ -53,6 +53,7 @@ def test_meta_bench_reports_rates_and_the_stores_group_commit() -> None:
         (["--clients", "16,x"], "'16,x'"),
         (["--clients", "0"], "'0'"),
         (["--items", "0"], "--items"),
+        (["--runs", "0"], "--runs"),
     ],
 )
 def test_meta_bench_refuses_what_it_cannot_run(args, named) -> None:  # type: ignore[no-untyped-def]
@@ -62,3 +63,28 @@ def test_meta_bench_refuses_what_it_cannot_run(args, named) -> None:  # type: ig
     assert out.returncode == 2, out.stdout + out.stderr
     assert named in out.stderr and "Traceback" not in out.stderr
     assert not out.stdout
+
+
+def test_meta_bench_runs_each_case_again_and_shows_the_medians(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--runs 2: every phase twice, each run on a store (and daemon) of its own, then the medians."""
+    import json
+
+    args = ("bench", "meta", "--clients", "2", "--layout", "many-dirs", "--items", "10", "--procs", "1")
+    out = fs3(*args, "--runs", "2", "--json", "--dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many-dirs-2-run1", "many-dirs-2-run2"]
+    assert all(
+        (tmp_path / name / "kv" / "data.mdb").exists() for name in ("many-dirs-2-run1", "many-dirs-2-run2")
+    )
+    rows = json.loads(out.stdout)
+    assert sorted((r["run"], r["phase"]) for r in rows) == sorted(
+        (run, phase) for run in (1, 2) for phase in ("mkdir", "create", "stat", "open", "unlink")
+    )
+    assert all(r["ops"] == 20 and r["rate"] > 0 for r in rows)
+    out = fs3(*args, "--runs", "2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    at = lines.index("medians of 2 runs (ops/s: lowest, median, highest)")
+    medians = [line.split() for line in lines[at + 2 :]]
+    assert [m[2] for m in medians] == ["mkdir", "create", "stat", "open", "unlink"]
+    assert all(0 < float(m[3]) <= float(m[4]) <= float(m[5]) for m in medians), medians
