@@ -234,8 +234,7 @@ def _start_service(lc: LocalCluster, name: str, timeout_s: float) -> str:
     if d.pid() is not None:
         return f"{name}: already running (pid {d.pid()})"
     lc.port_file(name).unlink(missing_ok=True)
-    pid = d.start()
-    lc.launched.append(d)
+    pid = _launch(lc, d)
     port = _wait_port(d, lc.port_file(name), timeout_s)
     return f"{name}: pid {pid}, port {port}"
 
@@ -284,8 +283,7 @@ def _mount(lc: LocalCluster, timeout_s: float) -> str:
             _say(
                 f"  warning: {mp} is not empty; what it holds is hidden while the cluster is mounted over it"
             )
-    pid = d.start()
-    lc.launched.append(d)
+    pid = _launch(lc, d)
     deadline = time.monotonic() + timeout_s
     while not is_mounted(str(mp)):
         code = d.exited()
@@ -405,7 +403,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         _say("  " + _start_service(lc, "mgmtd", args.timeout))
         if not st.initialized:
-            with _signals_deferred():  # a set-up cut short could not be done again
+            with _signals_deferred(SET_UP_HOLDS):  # a set-up cut short could not be done again
                 try:
                     asyncio.run(_initialize(lc))
                 except FS3Error as e:
@@ -421,8 +419,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             d = lc.daemon(name)
             if d.pid() is None:
                 lc.port_file(name).unlink(missing_ok=True)
-                d.start()
-                lc.launched.append(d)
+                _launch(lc, d)
         for d in list(lc.launched):
             if d.name in ("mgmtd", "mount"):
                 continue
@@ -459,19 +456,32 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what a stop signal during the new cluster's set-up is told (see _signals_deferred)
+SET_UP_HOLDS = "stopping once the new cluster is set up (a set-up cut short cannot be redone)"
+
+
+def _launch(lc: LocalCluster, d: Daemon) -> int:
+    """Start ``d`` and record it among what this up launched (and stops again if the up fails),
+    with stop signals held in between: a SIGTERM during the start (the Popen takes milliseconds
+    here) ended this command before the daemon was recorded, and left it running."""
+    with _signals_deferred():
+        pid = d.start()
+        lc.launched.append(d)
+    return pid
+
+
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def _signals_deferred(why: str | None = None) -> Iterator[None]:
     """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then act on the first one as if it
-    came then. Around the new cluster's set-up: mgmtd's init-cluster answers its root token once,
-    so a start stopped after it and before the set-up was recorded could never set up again
-    (every later up failed with ALREADY_EXISTS until --purge)."""
+    came then (saying ``why`` when one comes). Around the new cluster's set-up: mgmtd's
+    init-cluster answers its root token once, so a start stopped after it and before the set-up
+    was recorded could never set up again (every later up failed with ALREADY_EXISTS until
+    --purge). Around each daemon's start, see :func:`_launch`."""
     held: list[int] = []
 
     def hold(signum: int, _frame: object) -> None:
-        if not held:
-            sys.stderr.write(
-                "fs3 local: stopping once the new cluster is set up (a set-up cut short cannot be redone)\n"
-            )
+        if not held and why:
+            sys.stderr.write(f"fs3 local: {why}\n")
         held.append(signum)
 
     stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

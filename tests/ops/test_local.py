@@ -14,6 +14,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -639,14 +640,14 @@ def test_a_stop_signal_during_the_new_clusters_set_up_waits_for_its_end(capsys) 
     """mgmtd's init-cluster answers its root token once: an up stopped (Ctrl-C, SIGTERM) after it
     and before the set-up was recorded left a cluster no later up could set up (ALREADY_EXISTS
     until --purge). The signal is held until the set-up ends, then acted on."""
-    from fs3.local import _signals_deferred
+    from fs3.local import SET_UP_HOLDS, _signals_deferred
 
     done = []
     # as fs3 local runs from a terminal (a background test process inherits SIGINT ignored)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            with _signals_deferred():
+            with _signals_deferred(SET_UP_HOLDS):
                 os.kill(os.getpid(), signal.SIGINT)
                 os.kill(os.getpid(), signal.SIGTERM)  # only the first is acted on
                 time.sleep(0.05)  # (a handler runs between bytecodes: the set-up goes on)
@@ -665,3 +666,40 @@ def test_the_default_targets_per_node_make_whole_chains() -> None:
     for nodes, replicas, per in ((3, 3, 4), (4, 3, 3), (5, 3, 3), (6, 3, 4), (2, 2, 4), (1, 1, 4), (7, 5, 5)):
         assert _default_targets_per_node(nodes, replicas) == per, (nodes, replicas)
         assert nodes * per % replicas == 0
+
+
+def test_a_stop_signal_during_a_daemons_start_leaves_it_recorded_for_the_clean_up(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A SIGTERM that lands while `fs3 local up` starts a daemon (its Popen takes milliseconds)
+    ended up before it recorded the daemon, so the clean-up did not stop it (seen in CI: a daemon
+    left running). The signal is now held until the daemon is recorded, then acted on."""
+    import types
+
+    from fs3 import local
+    from fs3.cli.daemons import Daemon, stop_all
+
+    real_popen = subprocess.Popen
+
+    def popen_then_sigterm(*args, **kwargs):  # type: ignore[no-untyped-def]
+        proc = real_popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # as if it came during the start
+        time.sleep(0.05)  # (its handler runs between two bytecodes: here, or after)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_sigterm)
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", str(tmp_path)]
+    d = Daemon("sleeper", argv, str(tmp_path), tmp_path / "sleeper.pid", tmp_path / "sleeper.log")
+    lc = types.SimpleNamespace(launched=[])
+    previous = signal.signal(signal.SIGTERM, local._exit_on_signal)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            local._launch(lc, d)  # type: ignore[arg-type]
+        assert exited.value.code == 128 + signal.SIGTERM
+        assert lc.launched == [d] and d.pid() == d.popen.pid  # type: ignore[union-attr]
+        assert stop_all(lc.launched, timeout_s=10.0) == []
+        assert _procs_naming(str(tmp_path)) == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for pid in _procs_naming(str(tmp_path)):  # what a failed run left (this test's only)
+            os.kill(pid, signal.SIGKILL)
